@@ -1,0 +1,192 @@
+"""The ``pyscheduler`` command line."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import threading
+import time
+import warnings
+from types import ModuleType
+
+import click
+
+from . import __version__, migrate as migrations
+from .config import kafka_settings_option, option, servers_options
+from .daemon import RunContext, install_signal_handlers, run_daemons
+from .errors import SchedulerError
+
+log = logging.getLogger("pyscheduler")
+
+# Capabilities in the order run and demo take them. Each is a package
+# pyscheduler/<name>/ whose cli.py follows the contract in daemon.py.
+CAPABILITIES = {
+    "delay": "delay queue",
+    "tasks": "leased tasks",
+    "schedules": "recurring schedules",
+    "checks": "future checks",
+}
+
+
+def capability(name: str) -> ModuleType | None:
+    """The capability's cli module, or None while it is not built."""
+    try:
+        return importlib.import_module(f"pyscheduler.{name}.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name in (f"pyscheduler.{name}", f"pyscheduler.{name}.cli"):
+            return None
+        raise
+
+
+class Main(click.Group):
+    """Turns pyscheduler's own errors into one line on stderr and exit code 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SchedulerError as exc:
+            click.echo(f"error: {exc}", err=True)
+            if getattr(exc, "hint", None):
+                click.echo(f"hint: {exc.hint}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pyscheduler")
+@option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
+                                                          case_sensitive=False))
+def main(log_level: str) -> None:
+    """Time-based work on PostgreSQL: delay queue, leased tasks, schedules, checks."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warnings.filterwarnings("ignore", module="platformdirs")
+
+
+def require_dsn(dsn: str | None) -> str:
+    if not dsn:
+        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    return dsn
+
+
+@main.command("migrate")
+@servers_options
+@click.option("--list", "list_", is_flag=True, help="Show applied and pending migrations; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Show what would run; change nothing.")
+@option("--client-role", default=None, help="Name of the client role (default pyscheduler_client).")
+@option("--worker-role", default=None, help="Name of the worker role (default pyscheduler_worker).")
+@option("--admin-role", default=None, help="Name of the admin role (default pyscheduler_admin).")
+def migrate_cmd(dsn, kafka_bootstrap, redis_url, list_, dry_run, client_role, worker_role, admin_role) -> None:
+    """Create or upgrade the schema and reload every SQL function."""
+    dsn = require_dsn(dsn)
+    if list_ or dry_run:
+        report = migrations.status(dsn)
+        for mid in report.applied:
+            click.echo(f"applied  {mid}")
+        for mid in report.pending:
+            click.echo(f"pending  {mid}")
+        if dry_run:
+            how = "fresh install of the current schema" if report.fresh_install else (
+                f"{len(report.pending)} pending migration(s)")
+            click.echo(f"would run: {how}; then reload {', '.join(report.functions)}")
+        return
+    roles = {k: v for k, v in (("client_role", client_role), ("worker_role", worker_role),
+                               ("admin_role", admin_role)) if v}
+    started = time.monotonic()
+    report = migrations.migrate(dsn, roles=roles)
+    what = ("fresh install" if report.fresh_install else
+            f"applied {', '.join(report.applied)}" if report.applied else "schema up to date")
+    click.echo(f"migrated: {what}; functions reloaded from {len(report.functions)} files "
+               f"in {time.monotonic() - started:.2f}s")
+
+
+def _stack(dsn, kafka_bootstrap, redis_url):
+    from .embedded import Stack
+
+    if dsn:  # configured servers only; a capability whose server is missing is skipped
+        return Stack(dsn=dsn, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
+    click.echo("no database configured: starting the embedded PostgreSQL, Kafka broker and Redis ...")
+    return Stack(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url).start()
+
+
+def _print_connect(stack) -> None:
+    click.echo("connect with:")
+    click.echo(f"  psql '{stack.dsn}'")
+    if stack.kafka_bootstrap:
+        click.echo(f"  Kafka bootstrap: {stack.kafka_bootstrap}")
+    if stack.redis_url:
+        click.echo(f"  Redis: {stack.redis_url}")
+
+
+@main.command("run")
+@servers_options
+@kafka_settings_option
+@click.option("--no-migrate", is_flag=True, help="Do not migrate before starting.")
+def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate) -> None:
+    """Run the daemons of every capability (embedded servers when no DSN is configured)."""
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    stack = _stack(dsn, kafka_bootstrap, redis_url)
+    try:
+        if not no_migrate:
+            migrations.migrate(stack.dsn)
+        ctx = RunContext(dsn=stack.dsn, kafka_bootstrap=stack.kafka_bootstrap, redis_url=stack.redis_url,
+                         kafka_settings=kafka_settings, stop=stop)
+        daemons = []
+        for name, title in CAPABILITIES.items():
+            module = capability(name)
+            if module is None:
+                log.info("%s: not built yet", title)
+                continue
+            daemons += module.daemons(ctx)
+        _print_connect(stack)
+        click.echo(f"running {', '.join(d.name for d in daemons) or 'no daemons'}; Ctrl-C or SIGTERM stops")
+        sys.stdout.flush()
+        code = run_daemons(daemons, stop)
+    finally:
+        stack.stop()
+    click.echo("stopped")
+    sys.exit(code)
+
+
+@main.command("demo")
+@servers_options
+@kafka_settings_option
+def demo_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings) -> None:
+    """Bring up the stack, drive sample work through every capability, print what happened."""
+    stack = _stack(dsn, kafka_bootstrap, redis_url)
+    try:
+        started = time.monotonic()
+        report = migrations.migrate(stack.dsn)
+        click.echo(f"migrated ({'fresh install' if report.fresh_install else 'upgrade'}) "
+                   f"in {time.monotonic() - started:.2f}s")
+        _print_connect(stack)
+        ctx = RunContext(dsn=stack.dsn, kafka_bootstrap=stack.kafka_bootstrap, redis_url=stack.redis_url,
+                         kafka_settings=kafka_settings)
+        for name, title in CAPABILITIES.items():
+            module = capability(name)
+            click.echo(f"\n== {title} ==")
+            if module is None:
+                click.echo("not built yet")
+                continue
+            module.demo(ctx, click.echo)
+    finally:
+        stack.stop()
+    click.echo("\ndemo finished")
+
+
+@main.group("bench")
+def bench_group() -> None:
+    """Benchmarks (throughput and latency percentiles) against real servers."""
+
+
+def _register_capabilities() -> None:
+    for name in CAPABILITIES:
+        module = capability(name)
+        if module is None:
+            continue
+        main.add_command(module.group, name)
+        if getattr(module, "bench", None) is not None:
+            bench_group.add_command(module.bench, name)
+
+
+_register_capabilities()

@@ -1,0 +1,61 @@
+"""Configuration: flags, each mirrored by an environment variable (flags win).
+
+Every command that talks to a server takes its address from the same options,
+so ``--dsn`` / ``PYSCHEDULER_DSN`` mean the same thing everywhere. Values are
+checked by click, so a bad flag or environment value is a usage error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+ENV_PREFIX = "PYSCHEDULER_"
+
+
+def env(name: str) -> str:
+    return ENV_PREFIX + name.upper().replace("-", "_")
+
+
+def option(*decls: str, **kwargs: Any) -> Callable:
+    """A click option whose environment variable is PYSCHEDULER_<NAME>."""
+    long = next(d for d in decls if d.startswith("--"))
+    kwargs.setdefault("envvar", env(long[2:]))
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*decls, **kwargs)
+
+
+dsn_option = option("--dsn", default=None, metavar="DSN",
+                    help="PostgreSQL connection string (libpq URI or key=value).")
+bootstrap_option = option("--bootstrap-servers", "kafka_bootstrap", default=None, metavar="HOST:PORT",
+                          envvar=env("kafka_bootstrap"),
+                          help="Kafka bootstrap servers.")
+redis_option = option("--redis-url", default=None, metavar="URL", help="Redis URL (redis://host:port/db).")
+
+
+def kafka_settings_option(f: Callable) -> Callable:
+    """``-X key=value`` (repeatable): extra librdkafka settings, e.g. security."""
+    return option("-X", "--kafka-setting", "kafka_settings", multiple=True, metavar="KEY=VALUE",
+                  envvar=env("kafka_settings"), callback=_parse_settings,
+                  help="Extra librdkafka setting (repeatable), e.g. -X security.protocol=SASL_SSL. "
+                       "In the environment: space-separated KEY=VALUE pairs.")(f)
+
+
+def _parse_settings(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx=ctx, param=param)
+        out[key.strip()] = value
+    return out
+
+
+def servers_options(f: Callable) -> Callable:
+    """--dsn, --bootstrap-servers, --redis-url."""
+    for deco in (redis_option, bootstrap_option, dsn_option):
+        f = deco(f)
+    return f
+

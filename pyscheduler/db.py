@@ -1,0 +1,220 @@
+"""One way Python calls SQL.
+
+* ``Database``: a psycopg-pool pool; ``call()`` runs ``pyscheduler.<fn>(a => ..)``
+  with named arguments and returns rows as dicts; errors are translated in one
+  place (``pyscheduler.errors.translate``).
+* ``Listener``: a dedicated LISTEN connection in a thread that hands each
+  notification to a callback, reconnecting with backoff.
+* ``Wakeup``: an event a sleeper waits on; notifications set it, polling with
+  random jitter is the fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+import psycopg_pool
+from psycopg_pool import ConnectionPool
+
+from .errors import DatabaseUnavailable, translate
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "pyscheduler"
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+__all__ = ["Database", "Jsonb", "Listener", "Wakeup", "Outage", "connect", "translating"]
+
+
+@contextlib.contextmanager
+def translating() -> Iterator[None]:
+    """Re-raise psycopg errors as pyscheduler exceptions."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        new = translate(exc)
+        if new is exc:
+            raise
+        raise new from exc
+    except psycopg_pool.PoolTimeout as exc:
+        raise DatabaseUnavailable(f"no database connection available: {exc}") from exc
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
+    """One autocommit connection with dict rows, errors translated."""
+    with translating():
+        return psycopg.connect(dsn, autocommit=True, row_factory=dict_row, **kwargs)
+
+
+def _function_call(function: str, args: dict[str, Any]) -> sql.Composed:
+    if not _IDENT.match(function):
+        raise ValueError(f"not a pyscheduler function name: {function!r}")
+    params = []
+    for name in args:
+        if not _IDENT.match(name):
+            raise ValueError(f"not a parameter name: {name!r}")
+        params.append(sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name)))
+    return sql.SQL("SELECT * FROM {}.{}({})").format(
+        sql.Identifier(SCHEMA), sql.Identifier(function), sql.SQL(", ").join(params)
+    )
+
+
+class Database:
+    """A pool of autocommit connections to one database."""
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8, name: str = "pyscheduler",
+                 timeout: float = 30.0):
+        self.dsn = dsn
+        self.pool = ConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            name=name,
+            timeout=timeout,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            check=ConnectionPool.check_connection,
+        )
+
+    def open(self, wait: bool = True, timeout: float = 30.0) -> "Database":
+        with translating():
+            self.pool.open(wait=wait, timeout=timeout)
+        return self
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> "Database":
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        with translating(), self.pool.connection() as conn:
+            yield conn
+
+    def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        """``SELECT * FROM pyscheduler.function(name => value, ...)``; rows as dicts."""
+        query = _function_call(function, args)
+        with self.connection() as conn:
+            return conn.execute(query, args).fetchall()
+
+    def call_one(self, function: str, /, **args: Any) -> dict[str, Any] | None:
+        rows = self.call(function, **args)
+        return rows[0] if rows else None
+
+    def call_value(self, function: str, /, **args: Any) -> Any:
+        """The single value a scalar function returns."""
+        row = self.call_one(function, **args)
+        return None if row is None else next(iter(row.values()))
+
+    def query(self, query: str | sql.Composable, params: Any = None) -> list[dict[str, Any]]:
+        """A read-only query on views (admin and tests); functions go through call()."""
+        with self.connection() as conn:
+            return conn.execute(query, params).fetchall()
+
+
+class Wakeup:
+    """Sleep until poked or until the poll interval (plus jitter) has passed."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def poke(self, *_: object) -> None:
+        self._event.set()
+
+    def wait(self, seconds: float, jitter: float = 0.2) -> bool:
+        """Wait ``seconds`` * (1 + random()*jitter); True when poked."""
+        poked = self._event.wait(max(0.0, seconds * (1.0 + random.random() * jitter)))
+        self._event.clear()
+        return poked
+
+
+class Outage:
+    """Logs an outage once when it starts and once when it ends; gives the backoff."""
+
+    def __init__(self, what: str, logger: logging.Logger = log, first: float = 0.1, cap: float = 5.0):
+        self.what, self.log, self.first, self.cap = what, logger, first, cap
+        self.down_since: float | None = None
+        self.delay = first
+
+    def failed(self, exc: BaseException) -> float:
+        """Record a failure; return how long to wait before the next try."""
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            self.log.warning("%s unavailable, retrying with backoff: %s", self.what, _one_line(exc))
+            self.delay = self.first
+        else:
+            self.delay = min(self.cap, self.delay * 2)
+        return self.delay * (0.5 + random.random() / 2)
+
+    def ok(self) -> None:
+        if self.down_since is not None:
+            self.log.warning("%s back after %.1fs", self.what, time.monotonic() - self.down_since)
+            self.down_since = None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Listener:
+    """LISTEN on channels in a thread; hand (channel, payload) to a callback.
+
+    The connection is dedicated (notifications need a session that stays
+    open); it reconnects with backoff after an outage and then calls
+    ``on_reconnect`` so sleepers can poll once for anything they missed.
+    """
+
+    def __init__(self, dsn: str, channels: Iterable[str], callback: Callable[[str, str], None],
+                 *, on_reconnect: Callable[[], None] | None = None, logger: logging.Logger = log):
+        self.dsn = dsn
+        self.channels = list(channels)
+        self.callback = callback
+        self.on_reconnect = on_reconnect
+        self.log = logger
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"listen:{','.join(self.channels)}",
+                                        daemon=True)
+        self.ready = threading.Event()
+
+    def start(self) -> "Listener":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        outage = Outage(f"LISTEN {','.join(self.channels)}", self.log)
+        first = True
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    for channel in self.channels:
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    outage.ok()
+                    self.ready.set()
+                    if not first and self.on_reconnect:
+                        self.on_reconnect()
+                    first = False
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self.callback(note.channel, note.payload)
+            except psycopg.Error as exc:
+                self._stop.wait(outage.failed(exc))

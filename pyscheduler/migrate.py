@@ -1,0 +1,199 @@
+"""Schema migrations (yoyo, forward-only) and the function loader.
+
+``migrate()`` serialises concurrent callers with an advisory lock, then:
+
+1. on an empty database, installs the current schema in one step from
+   ``sql/schema/*.sql`` and marks every migration applied (the fresh install);
+   otherwise applies the pending ``migrations/`` in order;
+2. records the configured role names in ``pyscheduler.settings``;
+3. runs yoyo's post-apply step, which reloads every ``sql/*.sql`` file
+   (``common.sql``, ``roles.sql``, then the capabilities in name order) so the
+   functions always match the code, even when no migration was pending.
+
+A test builds one database each way and compares their catalog dumps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from . import __version__
+from .db import translating
+from .errors import SchemaError
+
+_HERE = Path(__file__).resolve().parent
+LOCK_KEY = 0x7079736368  # 'pysch': pg_advisory_lock key of migrate
+MIGRATION_TABLE = "_yoyo_migration"
+FIRST_FILES = ("common.sql", "roles.sql")
+ROLE_SETTINGS = ("client_role", "worker_role", "admin_role")
+
+
+def _resource(name: str) -> Path:
+    """sql/ and migrations/ sit beside the package in a checkout, inside it in a wheel."""
+    packaged = _HERE / f"_{name}"
+    return packaged if packaged.is_dir() else _HERE.parent / name
+
+
+SQL_DIR = _resource("sql")
+MIGRATIONS_DIR = _resource("migrations")
+
+
+def function_files() -> list[Path]:
+    files = sorted(SQL_DIR.glob("*.sql"))
+    first = [SQL_DIR / name for name in FIRST_FILES]
+    return first + [f for f in files if f.name not in FIRST_FILES]
+
+
+def schema_files() -> list[Path]:
+    return sorted((SQL_DIR / "schema").glob("*.sql"))
+
+
+def load_functions(conn: psycopg.Connection) -> None:
+    """Run every function file, then take PUBLIC's privileges away again."""
+    for path in function_files():
+        try:
+            conn.execute(path.read_text())
+        except psycopg.Error as exc:
+            raise SchemaError(f"{path.name}: {exc}") from exc
+    conn.execute("SELECT pyscheduler._finish_grants()")
+    conn.execute(
+        "INSERT INTO pyscheduler.settings (name, value) VALUES ('code_version', %s) "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        (__version__,),
+    )
+
+
+def yoyo_uri(dsn: str) -> str:
+    """A yoyo URI for a libpq DSN (URI or key=value); yoyo's tables go in schema pyscheduler."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    user = urllib.parse.quote(str(params.pop("user", "")), safe="")
+    password = params.pop("password", None)
+    host = params.pop("host", "") or ""
+    port = params.pop("port", None)
+    dbname = urllib.parse.quote(str(params.pop("dbname", "")), safe="")
+    auth = user + (":" + urllib.parse.quote(str(password), safe="") if password is not None else "")
+    netloc = (auth + "@" if auth else "") + (f"[{host}]" if ":" in str(host) else str(host))
+    netloc += f":{port}" if port else ""
+    params["schema"] = "pyscheduler"
+    return f"postgresql+psycopg://{netloc}/{dbname}?{urllib.parse.urlencode(params)}"
+
+
+@dataclass
+class Report:
+    fresh_install: bool = False
+    applied: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    functions: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _locked(dsn: str) -> Iterator[psycopg.Connection]:
+    with translating(), psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (LOCK_KEY,))
+        try:
+            yield conn
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+
+
+def _backend(dsn: str):
+    from yoyo import get_backend
+
+    return get_backend(yoyo_uri(dsn), migration_table=MIGRATION_TABLE)
+
+
+def _migrations():
+    from yoyo import read_migrations
+
+    return read_migrations(str(MIGRATIONS_DIR))
+
+
+def _applied_ids(conn: psycopg.Connection) -> list[str] | None:
+    """Applied migration ids, or None when yoyo has never run here."""
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"pyscheduler.{MIGRATION_TABLE}",)).fetchone()[0]
+    if not exists:
+        return None
+    rows = conn.execute(
+        sql.SQL("SELECT migration_id FROM pyscheduler.{} ORDER BY applied_at_utc, migration_id")
+        .format(sql.Identifier(MIGRATION_TABLE))
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _check_not_newer(applied: list[str], known: list[str]) -> None:
+    unknown = [m for m in applied if m not in set(known)]
+    if unknown:
+        raise SchemaError(
+            f"the database schema is newer than this pyscheduler {__version__}: it has migrations "
+            f"this version does not know ({', '.join(unknown)}); upgrade pyscheduler"
+        )
+
+
+def status(dsn: str) -> Report:
+    """What is applied and what is pending, without changing anything."""
+    migrations = _migrations()
+    known = [m.id for m in migrations]
+    with translating(), psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        applied = _applied_ids(conn) or []
+    _check_not_newer(applied, known)
+    return Report(
+        fresh_install=not applied,
+        applied=applied,
+        pending=[m for m in known if m not in applied],
+        functions=[f.name for f in function_files()],
+    )
+
+
+def migrate(dsn: str, *, dry_run: bool = False, roles: dict[str, str] | None = None) -> Report:
+    """Bring the database to this version's schema and functions (idempotent)."""
+    if dry_run:
+        return status(dsn)
+    migrations = _migrations()
+    known = [m.id for m in migrations]
+    report = Report(functions=[f.name for f in function_files()])
+    with _locked(dsn) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS pyscheduler")
+        applied = _applied_ids(conn)
+        _check_not_newer(applied or [], known)
+        backend = _backend(dsn)
+        try:
+            with translating():
+                if not applied and not _has_tables(conn):
+                    with conn.transaction():
+                        for path in schema_files():
+                            conn.execute(path.read_text())
+                    backend.mark_migrations(migrations)
+                    report.fresh_install = True
+                    report.applied = known
+                else:
+                    pending = backend.to_apply(migrations)
+                    backend.apply_migrations_only(pending)
+                    report.applied = [m.id for m in pending]
+                if roles:
+                    _set_roles(conn, roles)
+                backend.run_post_apply(migrations)
+        finally:
+            backend.connection.close()
+    return report
+
+
+def _has_tables(conn: psycopg.Connection) -> bool:
+    return conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_class WHERE relnamespace = 'pyscheduler'::regnamespace "
+        "AND relkind IN ('r', 'p') AND relname NOT LIKE %s AND relname <> 'yoyo_lock')",
+        ("\\_yoyo%",),
+    ).fetchone()[0]
+
+
+def _set_roles(conn: psycopg.Connection, roles: dict[str, str]) -> None:
+    for key, value in roles.items():
+        if key not in ROLE_SETTINGS:
+            raise ValueError(f"unknown role setting {key!r}")
+        conn.execute("UPDATE pyscheduler.settings SET value = %s WHERE name = %s", (value, key))

@@ -1,0 +1,96 @@
+-- pyscheduler: roles. Loaded right after common.sql on every migrate.
+--
+-- Three group roles (NOLOGIN), their names in pyscheduler.settings
+-- (pyscheduler migrate --client-role/--worker-role/--admin-role):
+--   client  submit, view, cancel
+--   worker  lease, heartbeat, finish
+--   admin   everything, including monitor and cleanup functions
+-- Grant one to a login role: GRANT pyscheduler_client TO app_user;
+-- PUBLIC gets nothing on the schema. API functions are SECURITY DEFINER with a
+-- pinned search_path, so the roles need no privileges on the tables.
+-- Each capability's file grants its own functions with pyscheduler._grant().
+
+CREATE OR REPLACE FUNCTION pyscheduler._role(p_audience text)
+RETURNS name
+LANGUAGE sql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT pyscheduler._setting(p_audience || '_role')::name;
+$$;
+
+DO $roles$
+DECLARE
+    v_audience text;
+    v_role name;
+BEGIN
+    FOREACH v_audience IN ARRAY ARRAY['client', 'worker', 'admin'] LOOP
+        v_role := pyscheduler._role(v_audience);
+        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
+            BEGIN
+                EXECUTE format('CREATE ROLE %I NOLOGIN', v_role);
+            EXCEPTION WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- created concurrently by a migrate of another database
+            END;
+        END IF;
+        EXECUTE format('GRANT USAGE ON SCHEMA pyscheduler TO %I', v_role);
+    END LOOP;
+END
+$roles$;
+
+REVOKE ALL ON SCHEMA pyscheduler FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES IN SCHEMA pyscheduler REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+
+-- _grant(audience, VARIADIC names): EXECUTE on the functions, SELECT on the
+-- views of those names in schema pyscheduler, to the audience's role (and
+-- always to the admin role).
+CREATE OR REPLACE FUNCTION pyscheduler._grant(p_audience text, VARIADIC p_names text[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_name text;
+    v_role name;
+    v_fn regprocedure;
+    v_found boolean;
+BEGIN
+    FOREACH v_role IN ARRAY ARRAY[pyscheduler._role(p_audience), pyscheduler._role('admin')] LOOP
+        FOREACH v_name IN ARRAY p_names LOOP
+            v_found := false;
+            FOR v_fn IN
+                SELECT p.oid::regprocedure FROM pg_proc p
+                 WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = v_name
+            LOOP
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', v_fn, v_role);
+                v_found := true;
+            END LOOP;
+            IF EXISTS (SELECT 1 FROM pg_class c
+                        WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relname = v_name
+                          AND c.relkind IN ('v', 'm')) THEN
+                EXECUTE format('GRANT SELECT ON pyscheduler.%I TO %I', v_name, v_role);
+                v_found := true;
+            END IF;
+            IF NOT v_found THEN
+                RAISE EXCEPTION 'nothing named % to grant', v_name USING ERRCODE = 'PS001';
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
+
+-- _finish_grants(): run by the loader after every file: PUBLIC keeps no
+-- EXECUTE on any function (CREATE OR REPLACE keeps old privileges, a new
+-- function gets PUBLIC's by default).
+CREATE OR REPLACE FUNCTION pyscheduler._finish_grants()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pyscheduler FROM PUBLIC;
+    REVOKE ALL ON ALL TABLES IN SCHEMA pyscheduler FROM PUBLIC;
+END
+$$;
+
+SELECT pyscheduler._grant('client', 'version');
+SELECT pyscheduler._grant('worker', 'version');
