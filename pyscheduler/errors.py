@@ -54,6 +54,27 @@ class Conflict(SchedulerError):
     """The object is not in a state that allows the operation."""
 
 
+# leased tasks
+class TaskNotFound(NotFound):
+    """PS200: no task with this rn (never existed, or cleaned up)."""
+
+
+class TaskNotOwned(Conflict):
+    """PS201: the task is leased by another worker (this lease expired)."""
+
+
+class TaskNotRunning(Conflict):
+    """PS202: the task is not running (reset to ready, or finished)."""
+
+
+class TaskCancelled(Conflict):
+    """PS203: a client cancelled the task; stop working on it."""
+
+
+class TaskFinished(Conflict):
+    """PS209: the task is already completed or aborted and cannot be cancelled."""
+
+
 # SQLSTATE -> exception class. Capabilities add their codes here, next to the
 # code's meaning, and nowhere else.
 CODES: dict[str, type[SchedulerError]] = {
@@ -61,6 +82,17 @@ CODES: dict[str, type[SchedulerError]] = {
     # foundation
     "PS001": InvalidArgument,  # invalid argument to a foundation function
     "PS002": SchemaError,  # schema setting missing or corrupt
+    # leased tasks
+    "PS200": TaskNotFound,  # unknown task
+    "PS201": TaskNotOwned,  # not the owner of the task
+    "PS202": TaskNotRunning,  # task not running
+    "PS203": TaskCancelled,  # task cancelled
+    "PS204": InvalidArgument,  # invalid priority
+    "PS205": InvalidArgument,  # invalid progress
+    "PS206": InvalidArgument,  # invalid spec
+    "PS207": InvalidArgument,  # invalid errors
+    "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, status, retention)
+    "PS209": TaskFinished,  # cancel of a completed or aborted task
 }
 
 

@@ -1,0 +1,39 @@
+-- depends: 0001_foundation
+-- Leased tasks (seeds/scylla.md): the task table, worker id sequence, indexes.
+CREATE TYPE pyscheduler.task_status AS ENUM ('ready', 'running', 'completed', 'aborted', 'cancelled');
+
+-- Worker ids ('worker-27') come from this sequence: unique across processes
+-- and restarts (register_worker()).
+CREATE SEQUENCE pyscheduler.worker_id_seq;
+
+-- One row per task. rn is the task id: unique on its own, so (queue, rn), the
+-- seed's composite key, is unique too. Times come from the database clock.
+CREATE TABLE pyscheduler.tasks (
+    rn       uuid NOT NULL,
+    queue    text NOT NULL,
+    spec     jsonb NOT NULL,
+    priority bigint NOT NULL,
+    status   pyscheduler.task_status NOT NULL,
+    progress double precision NOT NULL,
+    created  timestamptz NOT NULL,
+    updated  timestamptz NOT NULL,
+    errors   jsonb NOT NULL,
+    owner    text,
+    deadline timestamptz,
+    history  jsonb NOT NULL,
+    CONSTRAINT tasks_pkey PRIMARY KEY (rn),
+    CONSTRAINT tasks_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40),
+    CONSTRAINT tasks_priority_check CHECK (priority BETWEEN 0 AND 4294967295),
+    CONSTRAINT tasks_progress_check CHECK (progress BETWEEN 0 AND 1),
+    CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL))
+);
+
+-- The claim scans exactly this: ready rows of one queue in claim order.
+CREATE INDEX tasks_ready_idx ON pyscheduler.tasks (queue, priority DESC, created, rn)
+    WHERE status = 'ready';
+-- The monitor's scan for expired leases.
+CREATE INDEX tasks_running_deadline_idx ON pyscheduler.tasks (deadline)
+    WHERE status = 'running';
+-- Cleanup's scan for terminal tasks past retention.
+CREATE INDEX tasks_terminal_updated_idx ON pyscheduler.tasks (updated)
+    WHERE status IN ('completed', 'aborted', 'cancelled');
