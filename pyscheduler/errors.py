@@ -54,6 +54,11 @@ class Conflict(SchedulerError):
     """The object is not in a state that allows the operation."""
 
 
+# delay queue
+class InvalidMessage(InvalidArgument):
+    """A delay-queue message is malformed: bad id, missing deadline, bad headers."""
+
+
 # leased tasks
 class TaskNotFound(NotFound):
     """PS200: no task with this rn (never existed, or cleaned up)."""
@@ -82,6 +87,19 @@ CODES: dict[str, type[SchedulerError]] = {
     # foundation
     "PS001": InvalidArgument,  # invalid argument to a foundation function
     "PS002": SchemaError,  # schema setting missing or corrupt
+    # delay queue
+    "PS101": InvalidMessage,  # message id NULL, empty or longer than 128 characters
+    "PS102": InvalidMessage,  # message without a deadline
+    "PS103": InvalidArgument,  # array arguments of different lengths
+    "PS104": InvalidMessage,  # headers not a JSON array of single-pair objects
+    "PS105": InvalidArgument,  # bad interval or count (advance, hold, max_count) or NULL node
+    # the server went away mid-session (restart, failover): an outage, not a bug
+    "57P01": DatabaseUnavailable,  # admin_shutdown
+    "57P02": DatabaseUnavailable,  # crash_shutdown
+    "57P03": DatabaseUnavailable,  # cannot_connect_now (starting up, shutting down)
+    "08000": DatabaseUnavailable,  # connection_exception
+    "08003": DatabaseUnavailable,  # connection_does_not_exist
+    "08006": DatabaseUnavailable,  # connection_failure
     # leased tasks
     "PS200": TaskNotFound,  # unknown task
     "PS201": TaskNotOwned,  # not the owner of the task

@@ -1,0 +1,22 @@
+-- depends: 0001_foundation
+-- Delay queue (chronos.md): messages waiting for their deadline or readied for firing.
+-- waiting: readied_at IS NULL; ready: readied_at/readied_by set by the node that claimed it.
+CREATE TABLE pyscheduler.delay_messages (
+    id         text        NOT NULL,
+    deadline   timestamptz NOT NULL,
+    readied_at timestamptz,
+    readied_by uuid,
+    headers    jsonb       NOT NULL DEFAULT '[]'::jsonb,
+    key        bytea,
+    value      bytea,
+    CONSTRAINT delay_messages_pkey PRIMARY KEY (id),
+    CONSTRAINT delay_messages_id_length CHECK (length(id) BETWEEN 1 AND 128),
+    CONSTRAINT delay_messages_readied_pair CHECK ((readied_at IS NULL) = (readied_by IS NULL)),
+    CONSTRAINT delay_messages_headers_array CHECK (jsonb_typeof(headers) = 'array')
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02);
+
+-- ready_and_claim scans only waiting rows, in deadline order: its cost does not
+-- grow with the number of ready rows.
+CREATE INDEX delay_messages_waiting_idx ON pyscheduler.delay_messages (deadline) WHERE readied_at IS NULL;
+-- reset_stuck scans only ready rows, oldest first.
+CREATE INDEX delay_messages_ready_idx ON pyscheduler.delay_messages (readied_at) WHERE readied_at IS NOT NULL;

@@ -1,0 +1,390 @@
+-- pyscheduler: the delay queue (seeds/chronos.md). Reloaded on every migrate.
+--
+-- A message is `waiting` (readied_at IS NULL) until its deadline minus the
+-- timing advance, then `ready` (claimed by one node: readied_at/readied_by),
+-- then fired (published by the relay and deleted). A node that holds a ready
+-- message longer than the hold time is suspected of failure and the message
+-- goes back to waiting (reset_stuck), so another node fires it: at least once.
+--
+-- SQLSTATEs (PS100-PS199):
+--   PS101  invalid message id (NULL, empty or longer than 128 characters)
+--   PS102  missing deadline
+--   PS103  array arguments of different lengths
+--   PS104  headers are not a JSON array of single-pair objects
+--   PS105  invalid interval or count argument (negative advance, hold <= 0, max_count < 1, NULL node)
+
+-- _delay_check_headers(headers): PS104 unless headers is NULL or a JSON array
+-- of objects with exactly one key each (the seed's [{"k1": "v1"}, {"k2": "v2"}]).
+CREATE OR REPLACE FUNCTION pyscheduler._delay_check_headers(p_headers jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_headers IS NULL THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_headers) <> 'array' OR EXISTS (
+            SELECT 1 FROM jsonb_array_elements(p_headers) h
+             WHERE jsonb_typeof(h) <> 'object'
+                OR (SELECT count(*) FROM jsonb_object_keys(h)) <> 1) THEN
+        RAISE EXCEPTION 'headers must be a JSON array of single-pair objects, got %', left(p_headers::text, 200)
+            USING ERRCODE = 'PS104',
+                  HINT = 'Write headers as [{"name": "value"}, ...]; a name may repeat.';
+    END IF;
+END
+$$;
+
+-- _delay_check_interval(name, value, allow_zero): PS105 for a NULL or negative
+-- (or zero, unless allowed) interval argument.
+CREATE OR REPLACE FUNCTION pyscheduler._delay_check_interval(p_name text, p_value interval, p_allow_zero boolean)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NULL OR p_value < interval '0' OR (p_value = interval '0' AND NOT p_allow_zero) THEN
+        RAISE EXCEPTION '% must be % interval, got %', p_name,
+                        CASE WHEN p_allow_zero THEN 'a non-negative' ELSE 'a positive' END, p_value
+            USING ERRCODE = 'PS105', HINT = format('Pass %s => ''50 milliseconds'' or similar.', p_name);
+    END IF;
+END
+$$;
+
+-- enqueue_messages: the batch form; enqueue_message calls it with one element.
+CREATE OR REPLACE FUNCTION pyscheduler.enqueue_messages(
+    ids          text[],
+    deadlines    timestamptz[],
+    keys         bytea[]     DEFAULT NULL,
+    vals         bytea[]     DEFAULT NULL,
+    header_lists jsonb[]     DEFAULT NULL,
+    advance      interval    DEFAULT '50 milliseconds',
+    now          timestamptz DEFAULT NULL,
+    wake_within  interval    DEFAULT '100 milliseconds')
+RETURNS TABLE (ord integer, id text, outcome text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* enqueue_messages(ids, deadlines, keys, vals, header_lists, advance, now, wake_within)
+     -> TABLE (ord, id, outcome)
+
+   Store a batch of delayed messages in one round trip. Element i of every
+   array describes message i; keys, vals and header_lists may be NULL (all
+   NULL) or have one element per id (an element may be NULL: no key, a NULL
+   value, no headers).
+
+   outcome per message, in input order (ord is the 1-based position):
+     enqueued   stored, waiting for its deadline
+     duplicate  a message with this id is already waiting or ready (or came
+                earlier in this batch): ignored, nothing stored
+     late       deadline <= now + advance and the id is not present: NOT
+                stored; the caller must publish it at once
+
+   advance      the timing advance (default 50 ms)
+   now          the current time for tests (NULL: the clock)
+   wake_within  a message due within this time that is earlier than every
+                waiting message sends a (throttled) NOTIFY pyscheduler_delay
+                so sleeping relays wake early
+
+   Errors: PS101 bad id, PS102 NULL deadline, PS103 array lengths differ,
+           PS104 bad headers, PS105 negative advance. */
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := coalesce(enqueue_messages.now, clock_timestamp());
+    v_n    integer     := coalesce(cardinality(enqueue_messages.ids), 0);
+    v_head timestamptz;
+    v_new  timestamptz;
+    v_h    jsonb;
+BEGIN
+    PERFORM pyscheduler._delay_check_interval('advance', enqueue_messages.advance, true);
+    IF coalesce(cardinality(enqueue_messages.deadlines), 0) <> v_n
+       OR cardinality(enqueue_messages.keys) <> v_n
+       OR cardinality(enqueue_messages.vals) <> v_n
+       OR cardinality(enqueue_messages.header_lists) <> v_n THEN
+        RAISE EXCEPTION 'ids, deadlines, keys, vals and header_lists must have the same length'
+            USING ERRCODE = 'PS103', HINT = 'Pass NULL for keys, vals or header_lists to leave them all empty.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(enqueue_messages.ids) i WHERE i IS NULL OR length(i) NOT BETWEEN 1 AND 128) THEN
+        RAISE EXCEPTION 'every message id must have 1 to 128 characters'
+            USING ERRCODE = 'PS101', HINT = 'The id is the chronosMessageId header: free-form text, unique per message.';
+    END IF;
+    IF array_position(enqueue_messages.deadlines, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'every message needs a deadline'
+            USING ERRCODE = 'PS102', HINT = 'The deadline is the chronosDeadline header.';
+    END IF;
+    FOREACH v_h IN ARRAY coalesce(enqueue_messages.header_lists, '{}') LOOP
+        PERFORM pyscheduler._delay_check_headers(v_h);
+    END LOOP;
+
+    -- What sleepers expect next, read before this batch is inserted.
+    SELECT m.deadline INTO v_head FROM pyscheduler.delay_messages m
+     WHERE m.readied_at IS NULL ORDER BY m.deadline LIMIT 1;
+    SELECT min(d) INTO v_new FROM unnest(enqueue_messages.deadlines) d WHERE d > v_now + enqueue_messages.advance;
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.id, u.deadline, u.key, u.value, u.headers, u.ord::integer AS ord
+          FROM unnest(enqueue_messages.ids, enqueue_messages.deadlines, enqueue_messages.keys,
+                      enqueue_messages.vals, enqueue_messages.header_lists)
+               WITH ORDINALITY AS u(id, deadline, key, value, headers, ord)
+    ), first AS (   -- the first occurrence of each id in the batch
+        SELECT DISTINCT ON (i.id) i.* FROM input i ORDER BY i.id, i.ord
+    ), late AS (
+        SELECT f.ord FROM first f
+         WHERE f.deadline <= v_now + enqueue_messages.advance
+           AND NOT EXISTS (SELECT 1 FROM pyscheduler.delay_messages m WHERE m.id = f.id)
+    ), inserted AS (
+        INSERT INTO pyscheduler.delay_messages AS m (id, deadline, headers, key, value)
+        SELECT f.id, f.deadline, coalesce(f.headers, '[]'::jsonb), f.key, f.value
+          FROM first f
+         WHERE f.deadline > v_now + enqueue_messages.advance
+        ON CONFLICT ON CONSTRAINT delay_messages_pkey DO NOTHING
+        RETURNING m.id
+    )
+    SELECT i.ord, i.id,
+           CASE WHEN EXISTS (SELECT 1 FROM late l WHERE l.ord = i.ord) THEN 'late'
+                WHEN EXISTS (SELECT 1 FROM first f JOIN inserted s ON s.id = f.id WHERE f.ord = i.ord)
+                    THEN 'enqueued'
+                ELSE 'duplicate' END
+      FROM input i
+     ORDER BY i.ord;
+
+    IF v_new IS NOT NULL AND v_new - enqueue_messages.advance <= v_now + enqueue_messages.wake_within
+       AND (v_head IS NULL OR v_new < v_head) THEN
+        PERFORM pyscheduler._notify_throttled('pyscheduler_delay', v_new::text, interval '10 milliseconds');
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval, timestamptz, interval) IS
+    'Delay queue: store a batch of messages idempotently; per message enqueued, duplicate or late (publish it now).';
+
+CREATE OR REPLACE FUNCTION pyscheduler.enqueue_message(
+    id          text,
+    deadline    timestamptz,
+    key         bytea       DEFAULT NULL,
+    value       bytea       DEFAULT NULL,
+    headers     jsonb       DEFAULT '[]',
+    advance     interval    DEFAULT '50 milliseconds',
+    now         timestamptz DEFAULT NULL,
+    wake_within interval    DEFAULT '100 milliseconds')
+RETURNS text
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* enqueue_message(id, deadline, key, value, headers, advance, now, wake_within) -> text
+
+   Store one delayed message; idempotent on id. Returns
+     'enqueued'   stored, waiting for its deadline
+     'duplicate'  a message with this id is already waiting or ready: ignored
+     'late'       deadline <= now + advance and the id is not present: NOT
+                  stored; the caller publishes it at once
+   headers: a JSON array of single-pair objects, [{"name": "value"}, ...].
+   See enqueue_messages for the other parameters and the errors. */
+    SELECT e.outcome
+      FROM pyscheduler.enqueue_messages(
+               ids => ARRAY[enqueue_message.id], deadlines => ARRAY[enqueue_message.deadline],
+               keys => ARRAY[enqueue_message.key], vals => ARRAY[enqueue_message.value],
+               header_lists => ARRAY[enqueue_message.headers], advance => enqueue_message.advance,
+               now => enqueue_message.now, wake_within => enqueue_message.wake_within) e;
+$$;
+COMMENT ON FUNCTION pyscheduler.enqueue_message(text, timestamptz, bytea, bytea, jsonb, interval, timestamptz, interval) IS
+    'Delay queue: store one message idempotently; returns enqueued, duplicate or late (publish it now).';
+
+CREATE OR REPLACE FUNCTION pyscheduler.ready_and_claim(
+    node      uuid,
+    advance   interval    DEFAULT '50 milliseconds',
+    max_count integer     DEFAULT 1000,
+    now       timestamptz DEFAULT NULL)
+RETURNS TABLE (id text, deadline timestamptz, headers jsonb, key bytea, value bytea, readied_at timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* ready_and_claim(node, advance, max_count, now) -> TABLE (id, deadline, headers, key, value, readied_at)
+
+   Phase 1 of firing: in one statement, mark up to max_count waiting messages
+   whose deadline <= now + advance as ready (readied_at = now, readied_by =
+   node), earliest deadline first, skipping rows another node is claiming
+   (FOR UPDATE SKIP LOCKED): two nodes never claim the same message. Returns
+   the claimed messages; publish them, then call delete_fired.
+
+   node       the caller's node id (a random UUID per process)
+   advance    the timing advance (default 50 ms)
+   max_count  batch size (default 1000)
+   now        the current time for tests (NULL: the clock)
+
+   Errors: PS105 NULL node, negative advance or max_count < 1. */
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(ready_and_claim.now, clock_timestamp());
+BEGIN
+    PERFORM pyscheduler._delay_check_interval('advance', ready_and_claim.advance, true);
+    IF ready_and_claim.node IS NULL OR ready_and_claim.max_count IS NULL OR ready_and_claim.max_count < 1 THEN
+        RAISE EXCEPTION 'node must be set and max_count >= 1 (got %, %)', ready_and_claim.node, ready_and_claim.max_count
+            USING ERRCODE = 'PS105', HINT = 'Pass node => gen_random_uuid(), max_count => 1000.';
+    END IF;
+    RETURN QUERY
+    WITH due AS (
+        SELECT m.id FROM pyscheduler.delay_messages m
+         WHERE m.readied_at IS NULL AND m.deadline <= v_now + ready_and_claim.advance
+         ORDER BY m.deadline
+         LIMIT ready_and_claim.max_count
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE pyscheduler.delay_messages m
+       SET readied_at = v_now, readied_by = ready_and_claim.node
+      FROM due
+     WHERE m.id = due.id
+    RETURNING m.id, m.deadline, m.headers, m.key, m.value, m.readied_at;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.ready_and_claim(uuid, interval, integer, timestamptz) IS
+    'Delay queue: claim a batch of due messages for this node (SKIP LOCKED) and return them for firing.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.delete_fired(ids text[], node uuid DEFAULT NULL)
+RETURNS TABLE (id text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* delete_fired(ids, node) -> TABLE (id)
+
+   Phase 2 of firing: delete messages whose publication the broker confirmed.
+   With node, only rows this node readied are deleted (a message that was
+   reset and re-claimed by a peer, or forgotten and enqueued again with the
+   same id, is left alone). Returns the ids that were not deleted: normal after
+   a falsely suspected failure (a peer fired the message too); log a warning. */
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH gone AS (
+        DELETE FROM pyscheduler.delay_messages m
+         WHERE m.id = ANY (delete_fired.ids)
+           AND m.readied_at IS NOT NULL
+           AND (delete_fired.node IS NULL OR m.readied_by = delete_fired.node)
+        RETURNING m.id
+    )
+    SELECT DISTINCT i FROM unnest(delete_fired.ids) i
+     WHERE i IS NOT NULL AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = i);
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.delete_fired(text[], uuid) IS
+    'Delay queue: delete fired messages; returns the ids that were already gone (a peer fired them).';
+
+CREATE OR REPLACE FUNCTION pyscheduler.reset_stuck(
+    hold      interval    DEFAULT '5 seconds',
+    max_count integer     DEFAULT 10000,
+    now       timestamptz DEFAULT NULL)
+RETURNS TABLE (id text, suspected_node uuid, readied_at timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* reset_stuck(hold, max_count, now) -> TABLE (id, suspected_node, readied_at)
+
+   Failure detection and recovery: messages readied longer ago than the hold
+   time are stuck (their node is suspected of failure). Each is reset to
+   waiting only if its readied_by and readied_at are still what was read, and
+   rows being claimed or deleted right now are skipped. Returns one row per
+   reset: log "suspected failure of {suspected_node} for message {id}".
+
+   hold       the hold time (default 5 s)
+   max_count  most rows reset per call (default 10000)
+   now        the current time for tests (NULL: the clock)
+
+   Errors: PS105 hold <= 0 or max_count < 1. */
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := coalesce(reset_stuck.now, clock_timestamp());
+BEGIN
+    PERFORM pyscheduler._delay_check_interval('hold', reset_stuck.hold, false);
+    IF reset_stuck.max_count IS NULL OR reset_stuck.max_count < 1 THEN
+        RAISE EXCEPTION 'max_count must be >= 1, got %', reset_stuck.max_count
+            USING ERRCODE = 'PS105', HINT = 'Pass max_count => 10000.';
+    END IF;
+    RETURN QUERY
+    WITH stuck AS (   -- first query: what looks stuck, as read now
+        SELECT m.id, m.readied_by, m.readied_at FROM pyscheduler.delay_messages m
+         WHERE m.readied_at IS NOT NULL AND m.readied_at < v_now - reset_stuck.hold
+         ORDER BY m.readied_at
+         LIMIT reset_stuck.max_count
+           FOR UPDATE SKIP LOCKED
+    ), reset AS (     -- second: reset each only if unchanged since
+        UPDATE pyscheduler.delay_messages m
+           SET readied_at = NULL, readied_by = NULL
+          FROM stuck s
+         WHERE m.id = s.id AND m.readied_by = s.readied_by AND m.readied_at = s.readied_at
+        RETURNING m.id, s.readied_by, s.readied_at
+    )
+    SELECT r.id, r.readied_by, r.readied_at FROM reset r ORDER BY r.readied_at, r.id;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.reset_stuck(interval, integer, timestamptz) IS
+    'Delay queue: reset messages held ready longer than the hold time; returns (id, suspected node) per reset.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.next_deadline()
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* next_deadline() -> timestamptz
+
+   The earliest deadline among waiting messages (NULL when none wait). Relays
+   sleep until this minus the timing advance, or the poll interval, whichever
+   comes first. One index probe. */
+    SELECT m.deadline FROM pyscheduler.delay_messages m
+     WHERE m.readied_at IS NULL ORDER BY m.deadline LIMIT 1;
+$$;
+COMMENT ON FUNCTION pyscheduler.next_deadline() IS
+    'Delay queue: the earliest deadline among waiting messages, or NULL.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.cancel_message(id text)
+RETURNS boolean
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* cancel_message(id) -> boolean
+
+   Remove a waiting message so it never fires. True when it was waiting;
+   false when there is no such message or it is already ready (being fired:
+   too late to cancel). */
+    WITH gone AS (
+        DELETE FROM pyscheduler.delay_messages m
+         WHERE m.id = cancel_message.id AND m.readied_at IS NULL
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM gone);
+$$;
+COMMENT ON FUNCTION pyscheduler.cancel_message(text) IS
+    'Delay queue: cancel a waiting message; false when absent or already being fired.';
+
+-- Views for psql. now() is the transaction time of the query.
+CREATE OR REPLACE VIEW pyscheduler.delay_queue AS
+SELECT count(*) FILTER (WHERE readied_at IS NULL)                      AS waiting,
+       count(*) FILTER (WHERE readied_at IS NOT NULL)                  AS ready,
+       count(*) FILTER (WHERE readied_at IS NULL AND deadline <= now()) AS overdue,
+       min(deadline) FILTER (WHERE readied_at IS NULL)                 AS next_deadline,
+       now() - min(readied_at)                                         AS oldest_ready_age
+  FROM pyscheduler.delay_messages;
+COMMENT ON VIEW pyscheduler.delay_queue IS
+    'Delay queue: waiting, ready and overdue counts, the next deadline and the age of the oldest ready message.';
+
+CREATE OR REPLACE VIEW pyscheduler.delay_ready_by_node AS
+SELECT readied_by              AS node,
+       count(*)                AS ready,
+       min(readied_at)         AS oldest_readied_at,
+       now() - min(readied_at) AS oldest_ready_age
+  FROM pyscheduler.delay_messages
+ WHERE readied_at IS NOT NULL
+ GROUP BY readied_by;
+COMMENT ON VIEW pyscheduler.delay_ready_by_node IS
+    'Delay queue: ready (claimed, not yet fired) messages per node; an old one points at a stuck node.';
+
+SELECT pyscheduler._grant('client', 'enqueue_message', 'enqueue_messages', 'cancel_message', 'next_deadline',
+                          'delay_queue', 'delay_ready_by_node');
+SELECT pyscheduler._grant('worker', 'enqueue_message', 'enqueue_messages', 'ready_and_claim', 'delete_fired',
+                          'reset_stuck', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
