@@ -1,0 +1,558 @@
+"""Leased tasks, SQL API: every transition and error code, interleavings, concurrency."""
+
+from __future__ import annotations
+
+import queue as queue_mod
+import threading
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from pyscheduler import errors
+from pyscheduler.db import Jsonb, Listener
+
+T0 = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def submit(db, queue="q", spec=None, **kw):
+    return db.call_value("submit_task", queue=queue, spec=Jsonb(spec or {"n": 1}), **kw)
+
+
+def lease(db, queue="q", worker="w1", **kw):
+    return db.call_value("lease_task", queue=queue, worker=worker, **kw)
+
+
+def code_of(exc_info) -> str:
+    return exc_info.value.sqlstate
+
+
+# ------------------------------------------------------------------ submit / get / list
+
+
+def test_submit_returns_a_ready_task_in_the_seed_shape(db):
+    task = submit(db, spec={"orderId": "233"}, now=T0)
+    assert set(task) == {"rn", "spec", "queue", "priority", "status", "progress", "created", "updated",
+                         "errors", "owner", "deadline", "history"}
+    assert uuid.UUID(task["rn"])
+    assert task["spec"] == {"orderId": "233"}
+    assert (task["queue"], task["priority"], task["status"], task["progress"]) == ("q", 50, "ready", 0)
+    assert datetime.fromisoformat(task["created"]) == T0 == datetime.fromisoformat(task["updated"])
+    assert (task["errors"], task["owner"], task["deadline"], task["history"]) == ([], None, None, [])
+    assert db.call_value("get_task", rn=task["rn"]) == task
+
+
+def test_times_come_from_the_database_clock(db):
+    task = submit(db)
+    db_now = db.query("SELECT now() AS n")[0]["n"]
+    assert abs((db_now - datetime.fromisoformat(task["created"])).total_seconds()) < 5
+
+
+def test_submit_tasks_batch(db):
+    tasks = [r["task"] for r in db.call("submit_tasks", queue="b", specs=Jsonb([{"i": i} for i in range(5)]),
+                                        priority=7)]
+    assert sorted(t["spec"]["i"] for t in tasks) == list(range(5))
+    assert {t["priority"] for t in tasks} == {7} and len({t["rn"] for t in tasks}) == 5
+
+
+@pytest.mark.parametrize("priority", [-1, 4294967296])
+def test_priority_out_of_range_is_ps204(db, priority):
+    with pytest.raises(errors.InvalidArgument) as info:
+        submit(db, priority=priority)
+    assert code_of(info) == "PS204" and "priority" in str(info.value)
+
+
+def test_priority_bounds_are_accepted(db):
+    assert submit(db, priority=0)["priority"] == 0
+    assert submit(db, priority=4294967295)["priority"] == 4294967295
+
+
+@pytest.mark.parametrize("spec", [[1, 2], "text", 3, None])
+def test_spec_must_be_a_json_object_ps206(db, spec):
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("submit_task", queue="q", spec=Jsonb(spec) if spec is not None else None)
+    assert code_of(info) == "PS206"
+
+
+@pytest.mark.parametrize("specs", [{"a": 1}, [{"a": 1}, 2]])
+def test_batch_specs_must_be_an_array_of_objects_ps206(db, specs):
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("submit_tasks", queue="q", specs=Jsonb(specs))
+    assert code_of(info) == "PS206"
+    assert db.call("list_tasks") == []
+
+
+@pytest.mark.parametrize("queue", ["", "x" * 41, None])
+def test_bad_queue_is_ps208(db, queue):
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("submit_task", queue=queue, spec=Jsonb({}))
+    assert code_of(info) == "PS208" and "queue" in str(info.value)
+
+
+def test_get_unknown_task_is_ps200(db):
+    with pytest.raises(errors.TaskNotFound) as info:
+        db.call_value("get_task", rn=uuid.uuid4())
+    assert code_of(info) == "PS200"
+
+
+def test_list_tasks_filters_and_limit(db):
+    a = submit(db, queue="a", now=at(1))
+    b = submit(db, queue="b", now=at(2))
+    a2 = submit(db, queue="a", now=at(3))
+    leased = lease(db, queue="a", worker="w9")
+    assert leased["rn"] == a["rn"]
+    rns = lambda **kw: [r["task"]["rn"] for r in db.call("list_tasks", **kw)]  # noqa: E731
+    assert len(rns()) == 3
+    assert rns(queue="a") == [a2["rn"], a["rn"]]  # newest first
+    assert rns(queue="b") == [b["rn"]]
+    assert rns(status="running") == [leased["rn"]]
+    assert rns(owner="w9") == [leased["rn"]]
+    assert rns(queue="a", status="ready", owner="w9") == []
+    assert len(rns(max_tasks=2)) == 2
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("list_tasks", status="done")
+    assert code_of(info) == "PS208"
+    with pytest.raises(errors.InvalidArgument):
+        db.call("list_tasks", max_tasks=0)
+
+
+# ------------------------------------------------------------------ workers and leasing
+
+
+def test_register_worker_gives_unique_ids_from_a_sequence(db):
+    ids = [db.call_value("register_worker") for _ in range(3)]
+    nums = [int(i.removeprefix("worker-")) for i in ids]
+    assert all(i.startswith("worker-") for i in ids) and nums == sorted(set(nums))
+
+
+def test_lease_makes_the_task_running_with_owner_deadline_and_history(db):
+    rn = submit(db, now=at(0))["rn"]
+    task = lease(db, worker="worker-27", timeout=timedelta(seconds=30), now=at(5))
+    assert task["rn"] == rn and task["status"] == "running" and task["owner"] == "worker-27"
+    assert datetime.fromisoformat(task["deadline"]) == at(35)
+    assert datetime.fromisoformat(task["updated"]) == at(5)
+    assert task["history"] == [{"_typ": "TaskAssignment", "worker": "worker-27", "time": task["updated"]}]
+    assert lease(db, worker="worker-28") is None  # nothing else is ready
+
+
+def test_default_timeout_is_ten_seconds(db):
+    submit(db)
+    task = lease(db, now=at(0))
+    assert datetime.fromisoformat(task["deadline"]) == at(10)
+
+
+def test_priority_is_numeric_10_beats_9_beats_2(db):
+    for p in (2, 9, 10):
+        submit(db, priority=p, spec={"p": p})
+    assert [lease(db)["priority"] for _ in range(3)] == [10, 9, 2]
+
+
+def test_equal_priority_oldest_first_and_queues_are_separate(db):
+    submit(db, spec={"i": "new"}, now=at(20))
+    submit(db, spec={"i": "old"}, now=at(10))
+    submit(db, queue="other", spec={"i": "other"}, now=at(0))
+    assert [lease(db)["spec"]["i"] for _ in range(2)] == ["old", "new"]
+    assert lease(db) is None
+
+
+def test_lease_tasks_takes_n_in_claim_order(db):
+    db.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(5)]), priority=1)
+    top = submit(db, priority=3)
+    got = [r["task"] for r in db.call("lease_tasks", queue="q", worker="w", n=3)]
+    assert len(got) == 3 and top["rn"] in {t["rn"] for t in got}
+    assert len(db.call("lease_tasks", queue="q", worker="w", n=10)) == 3
+
+
+@pytest.mark.parametrize("args", [dict(n=0), dict(timeout=timedelta(0)), dict(worker=""),
+                                  dict(worker=None), dict(queue=""), dict(aging_rate=-1)])
+def test_bad_lease_arguments_are_ps208(db, args):
+    call = dict(queue="q", worker="w", n=1) | args
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("lease_tasks", **call)
+    assert code_of(info) == "PS208"
+
+
+# ------------------------------------------------------------------ heartbeat
+
+
+def test_heartbeat_extends_the_deadline_and_reports_progress(db):
+    submit(db)
+    rn = lease(db, now=at(0))["rn"]
+    task = db.call_value("heartbeat_task", rn=rn, worker="w1", progress=0.25,
+                         timeout=timedelta(seconds=60), now=at(8))
+    assert datetime.fromisoformat(task["deadline"]) == at(68) and task["progress"] == 0.25
+    task = db.call_value("heartbeat_task", rn=rn, worker="w1", now=at(9))
+    assert task["progress"] == 0.25 and datetime.fromisoformat(task["deadline"]) == at(19)
+    assert task["status"] == "running" and len(task["history"]) == 1
+
+
+@pytest.mark.parametrize("progress", [-0.1, 1.5, float("nan")])
+def test_heartbeat_progress_outside_0_1_is_ps205(db, progress):
+    submit(db)
+    rn = lease(db)["rn"]
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("heartbeat_task", rn=rn, worker="w1", progress=progress)
+    assert code_of(info) == "PS205"
+
+
+def test_heartbeat_error_codes(db):
+    submit(db)
+    rn = lease(db, worker="w1")["rn"]
+    with pytest.raises(errors.TaskNotFound) as info:
+        db.call("heartbeat_task", rn=uuid.uuid4(), worker="w1")
+    assert code_of(info) == "PS200"
+    with pytest.raises(errors.TaskNotOwned) as info:
+        db.call("heartbeat_task", rn=rn, worker="w2")
+    assert code_of(info) == "PS201"
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("heartbeat_task", rn=rn, worker="w1", timeout=timedelta(seconds=-1))
+    assert code_of(info) == "PS208"
+    db.call("complete_task", rn=rn, worker="w1")
+    with pytest.raises(errors.TaskNotRunning) as info:
+        db.call("heartbeat_task", rn=rn, worker="w1")
+    assert code_of(info) == "PS202"
+
+
+def test_heartbeat_after_timeout_and_release_is_not_the_owner(db):
+    submit(db)
+    rn = lease(db, worker="w1", now=at(0))["rn"]
+    db.call("reset_expired_tasks", now=at(11))
+    with pytest.raises(errors.TaskNotRunning):
+        db.call("heartbeat_task", rn=rn, worker="w1", now=at(12))
+    assert lease(db, worker="w2", now=at(13))["rn"] == rn
+    with pytest.raises(errors.TaskNotOwned):
+        db.call("heartbeat_task", rn=rn, worker="w1", now=at(14))
+
+
+# ------------------------------------------------------------------ complete / abort / yield
+
+
+def test_complete_sets_progress_one(db):
+    submit(db)
+    rn = lease(db)["rn"]
+    db.call("heartbeat_task", rn=rn, worker="w1", progress=0.4)
+    task = db.call_value("complete_task", rn=rn, worker="w1", now=at(100))
+    assert (task["status"], task["progress"], task["owner"], task["deadline"]) == ("completed", 1, "w1", None)
+    assert datetime.fromisoformat(task["updated"]) == at(100)
+    with pytest.raises(errors.TaskNotRunning) as info:
+        db.call("complete_task", rn=rn, worker="w1")
+    assert code_of(info) == "PS202"
+
+
+def test_complete_by_another_worker_or_unknown_task(db):
+    submit(db)
+    rn = lease(db)["rn"]
+    with pytest.raises(errors.TaskNotOwned):
+        db.call("complete_task", rn=rn, worker="w2")
+    with pytest.raises(errors.TaskNotFound):
+        db.call("complete_task", rn=uuid.uuid4(), worker="w1")
+    assert db.call_value("get_task", rn=rn)["status"] == "running"
+
+
+def test_complete_tasks_batch_reports_what_it_did_not_complete(db):
+    db.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(4)]))
+    mine = [r["task"]["rn"] for r in db.call("lease_tasks", queue="q", worker="w1", n=3)]
+    theirs = lease(db, worker="w2")["rn"]
+    db.call("cancel_task", rn=mine[2])
+    unknown = str(uuid.uuid4())
+    failed = {str(r["rn"]): r["sqlstate"] for r in
+              db.call("complete_tasks", rns=mine + [theirs, unknown], worker="w1")}
+    assert failed == {mine[2]: "PS203", theirs: "PS201", unknown: "PS200"}
+    assert [db.call_value("get_task", rn=rn)["status"] for rn in mine] == ["completed", "completed", "cancelled"]
+    again = db.call("complete_tasks", rns=mine[:1], worker="w1")
+    assert [r["sqlstate"] for r in again] == ["PS202"]
+
+
+def test_abort_records_errors_in_the_seed_shape(db):
+    submit(db)
+    rn = lease(db)["rn"]
+    task = db.call_value("abort_task", rn=rn, worker="w1", errors=Jsonb([
+        {"code": "new task added", "args": {"id": 2}, "description": "new task superseded"},
+        {"code": "bare"}]))
+    assert task["status"] == "aborted" and task["deadline"] is None
+    assert task["errors"] == [{"code": "new task added", "args": {"id": 2}, "description": "new task superseded"},
+                              {"code": "bare", "args": {}, "description": ""}]
+    with pytest.raises(errors.TaskNotRunning):
+        db.call("abort_task", rn=rn, worker="w1", errors=Jsonb([{"code": "x"}]))
+
+
+@pytest.mark.parametrize("errs", [[], {"code": "x"}, [{"args": {}}], [{"code": 1}], [{"code": "x", "args": []}],
+                                  [{"code": "x", "description": 3}], ["x"], None])
+def test_abort_with_malformed_errors_is_ps207(db, errs):
+    submit(db)
+    rn = lease(db)["rn"]
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("abort_task", rn=rn, worker="w1", errors=Jsonb(errs) if errs is not None else None)
+    assert code_of(info) == "PS207"
+    assert db.call_value("get_task", rn=rn)["status"] == "running"
+
+
+def test_yield_returns_to_ready_without_a_timeout_entry(db):
+    submit(db)
+    rn = lease(db, worker="w1", now=at(0))["rn"]
+    db.call("heartbeat_task", rn=rn, worker="w1", progress=0.1, now=at(1))
+    task = db.call_value("yield_task", rn=rn, worker="w1", now=at(2))
+    assert datetime.fromisoformat(task["deadline"]) == at(1) and task["status"] == "running"
+    assert task["history"][-1] == {"_typ": "TaskYield", "worker": "w1", "progress": 0.1, "time": task["updated"]}
+    reset = [r["task"] for r in db.call("reset_expired_tasks", now=at(2))]
+    assert [t["rn"] for t in reset] == [rn]
+    assert [h["_typ"] for h in reset[0]["history"]] == ["TaskAssignment", "TaskYield"]
+    assert (reset[0]["status"], reset[0]["owner"], reset[0]["progress"]) == ("ready", None, 0)
+    assert lease(db, worker="w2", now=at(3))["rn"] == rn
+
+
+def test_yield_error_codes(db):
+    submit(db)
+    rn = lease(db)["rn"]
+    with pytest.raises(errors.TaskNotOwned):
+        db.call("yield_task", rn=rn, worker="w2")
+    with pytest.raises(errors.TaskNotFound):
+        db.call("yield_task", rn=uuid.uuid4(), worker="w1")
+    db.call("cancel_task", rn=rn)
+    with pytest.raises(errors.TaskCancelled):
+        db.call("yield_task", rn=rn, worker="w1")
+
+
+# ------------------------------------------------------------------ cancel
+
+
+def test_cancel_ready_task_is_terminal_and_never_leased(db):
+    rn = submit(db)["rn"]
+    task = db.call_value("cancel_task", rn=rn)
+    assert task["status"] == "cancelled" and task["owner"] is None
+    assert lease(db) is None
+    assert db.call_value("cancel_task", rn=rn) == task  # idempotent
+
+
+def test_cancel_running_task_the_owner_learns_on_heartbeat_and_completion_keeps_it_cancelled(db):
+    submit(db)
+    rn = lease(db, worker="w1")["rn"]
+    task = db.call_value("cancel_task", rn=rn)
+    assert (task["status"], task["owner"], task["deadline"]) == ("cancelled", "w1", None)
+    with pytest.raises(errors.TaskCancelled) as info:
+        db.call("heartbeat_task", rn=rn, worker="w1", progress=0.5)
+    assert code_of(info) == "PS203"
+    with pytest.raises(errors.TaskCancelled):
+        db.call("complete_task", rn=rn, worker="w1")
+    with pytest.raises(errors.TaskCancelled):
+        db.call("abort_task", rn=rn, worker="w1", errors=Jsonb([{"code": "x"}]))
+    assert db.call_value("get_task", rn=rn)["status"] == "cancelled"
+    assert db.call("reset_expired_tasks", now=at(10**6)) == []
+
+
+def test_cancel_finished_or_unknown_task(db):
+    submit(db)
+    rn = lease(db)["rn"]
+    db.call("complete_task", rn=rn, worker="w1")
+    with pytest.raises(errors.TaskFinished) as info:
+        db.call("cancel_task", rn=rn)
+    assert code_of(info) == "PS209"
+    with pytest.raises(errors.TaskNotFound):
+        db.call("cancel_task", rn=uuid.uuid4())
+
+
+# ------------------------------------------------------------------ monitor
+
+
+def test_reset_expired_only_after_the_deadline_with_task_timeout(db):
+    submit(db)
+    rn = lease(db, worker="w1", now=at(0))["rn"]
+    db.call("heartbeat_task", rn=rn, worker="w1", progress=0.23, now=at(5))  # deadline 15
+    assert db.call("reset_expired_tasks", now=at(14)) == []
+    [row] = db.call("reset_expired_tasks", now=at(16))
+    task = row["task"]
+    assert (task["status"], task["owner"], task["progress"], task["deadline"]) == ("ready", None, 0, None)
+    assert task["history"][-1] == {"_typ": "TaskTimeout", "worker": "w1", "progress": 0.23,
+                                   "time": task["updated"]}
+    assert db.call("reset_expired_tasks", now=at(100)) == []
+
+
+def test_reset_expired_tasks_in_batches(db):
+    db.call("submit_tasks", queue="q", specs=Jsonb([{}] * 5))
+    db.call("lease_tasks", queue="q", worker="w", n=5, now=at(0))
+    assert len(db.call("reset_expired_tasks", max_tasks=3, now=at(20))) == 3
+    assert len(db.call("reset_expired_tasks", max_tasks=3, now=at(20))) == 2
+
+
+def test_cleanup_keeps_tasks_within_retention_and_unfinished_ones(db):
+    old_done = submit(db, spec={"k": "old_done"}, now=at(0))["rn"]
+    recent_done = submit(db, spec={"k": "recent_done"}, now=at(0))["rn"]
+    old_ready = submit(db, spec={"k": "old_ready"}, now=at(0))["rn"]
+    db.call("cancel_task", rn=old_done, now=at(0))
+    db.call("cancel_task", rn=recent_done, now=at(3000))
+    hour = timedelta(hours=1)
+    assert db.call_value("cleanup_tasks", retention=hour, now=at(3599)) == 0  # not yet past retention
+    assert db.call_value("cleanup_tasks", retention=hour, now=at(3700)) == 1
+    assert {r["task"]["rn"] for r in db.call("list_tasks")} == {recent_done, old_ready}
+    assert db.call_value("cleanup_tasks", retention=hour, now=at(3700)) == 0
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("cleanup_tasks", retention=-hour)
+    assert code_of(info) == "PS208"
+
+
+def test_views_for_psql(db):
+    submit(db, queue="a", now=at(0))
+    submit(db, queue="a", now=at(1))
+    submit(db, queue="b", now=at(2))
+    an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)  # the views read the real clock
+    lease(db, queue="b", timeout=timedelta(seconds=1), now=an_hour_ago)
+    counts = {(r["queue"], r["status"]): r["tasks"] for r in db.query("SELECT * FROM pyscheduler.task_counts")}
+    assert counts == {("a", "ready"): 2, ("b", "running"): 1}
+    assert [r["queue"] for r in db.query("SELECT * FROM pyscheduler.expired_leases")] == ["b"]
+    oldest = db.query("SELECT * FROM pyscheduler.oldest_ready_tasks")
+    assert [(r["queue"], r["created"]) for r in oldest] == [("a", at(0))]
+
+
+# ------------------------------------------------------------------ interleavings and concurrency
+
+
+def _session(dsn):
+    return psycopg.connect(dsn, row_factory=dict_row)  # not autocommit: explicit transactions
+
+
+def test_interleaving_a_open_lease_b_skips_the_locked_row(dsn, db):
+    first = submit(db, priority=9)["rn"]
+    second = submit(db, priority=1)["rn"]
+    with _session(dsn) as a, _session(dsn) as b:
+        got_a = a.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'A') AS t").fetchone()["t"]
+        assert got_a["rn"] == first  # A holds the row lock, transaction still open
+        got_b = b.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'B') AS t").fetchone()["t"]
+        assert got_b["rn"] == second  # B did not wait for A and did not take A's row
+        b.commit()
+        a.rollback()  # A crashed before committing: its task is ready again
+    assert lease(db, worker="C")["rn"] == first
+
+
+def test_interleaving_heartbeat_waits_for_cancel_and_sees_it(dsn, db):
+    submit(db)
+    rn = lease(db, worker="w1")["rn"]
+    with _session(dsn) as a:
+        a.execute("SELECT pyscheduler.cancel_task(rn => %s)", (rn,))  # open, row locked
+        result: queue_mod.Queue = queue_mod.Queue()
+
+        def beat():
+            try:
+                db.call("heartbeat_task", rn=rn, worker="w1")
+                result.put("ok")
+            except errors.SchedulerError as exc:
+                result.put(exc.sqlstate)
+
+        t = threading.Thread(target=beat)
+        t.start()
+        # the heartbeat blocks on the row lock until the cancel commits
+        deadline = threading.Event()
+        for _ in range(200):
+            waiting = db.query("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                               " AND datname = current_database()")[0]["n"]
+            if waiting:
+                break
+            deadline.wait(0.02)
+        assert waiting, "heartbeat did not wait for the cancel's row lock"
+        a.commit()
+        t.join(10)
+    assert result.get(timeout=1) == "PS203"
+
+
+def test_concurrent_workers_never_hold_the_same_task(dsn, db):
+    total, workers = 400, 4
+    db.call("submit_tasks", queue="c", specs=Jsonb([{"i": i} for i in range(total)]))
+    leased: list[list[str]] = [[] for _ in range(workers)]
+    barrier = threading.Barrier(workers)
+
+    def work(k: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            barrier.wait()
+            while True:
+                rows = c.execute("SELECT task ->> 'rn' FROM pyscheduler.lease_tasks("
+                                 "queue => 'c', worker => %s, n => 7)", (f"w{k}",)).fetchall()
+                if not rows:
+                    return
+                leased[k] += [r[0] for r in rows]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everything = [rn for part in leased for rn in part]
+    assert len(everything) == total == len(set(everything))
+    owners = db.query("SELECT owner, count(*) AS n FROM pyscheduler.tasks GROUP BY owner")
+    assert sum(r["n"] for r in owners) == total and all(r["owner"] for r in owners)
+    assert {r["owner"]: r["n"] for r in owners} == {f"w{k}": len(leased[k]) for k in range(workers)
+                                                      if leased[k]}
+
+
+# ------------------------------------------------------------------ fairness (aging)
+
+
+def test_aging_lets_an_old_low_priority_task_through_a_stream_of_high_ones(db):
+    def stream(queue: str, aging_rate: float) -> int | None:
+        """Each second a priority-100 task arrives and one task is leased; when does low go?"""
+        low = submit(db, queue=queue, priority=1, spec={"k": "low"}, now=at(0))["rn"]
+        for second in range(1, 150):
+            submit(db, queue=queue, priority=100, now=at(second))
+            task = lease(db, queue=queue, aging_rate=aging_rate, aging_cap=255, now=at(second))
+            if task["rn"] == low:
+                return second
+        return None
+
+    assert stream("off", 0) is None  # aging off (the default): starved
+    # on: 1 + 1/s * age reaches the fresh task's 100 after ~99 s (ties go to the older task)
+    assert stream("on", 1.0) == 99
+
+
+def test_aging_never_lowers_a_priority_above_the_cap(db):
+    submit(db, priority=1000, spec={"k": "high"}, now=at(10))
+    submit(db, priority=1, spec={"k": "old"}, now=at(0))
+    assert lease(db, aging_rate=100.0, aging_cap=255, now=at(20))["spec"]["k"] == "high"
+
+
+# ------------------------------------------------------------------ notifications and roles
+
+
+def test_submit_and_cancel_notify(dsn, db):
+    got: queue_mod.Queue = queue_mod.Queue()
+    listener = Listener(dsn, ["pyscheduler_tasks:q", "pyscheduler_cancel:w1"],
+                        lambda ch, payload: got.put(ch)).start()
+    try:
+        assert listener.ready.wait(10)
+        rn = submit(db)["rn"]
+        assert got.get(timeout=10) == "pyscheduler_tasks:q"
+        lease(db, worker="w1")
+        db.call("cancel_task", rn=rn)
+        assert got.get(timeout=10) == "pyscheduler_cancel:w1"
+    finally:
+        listener.stop()
+
+
+def test_roles_split_client_worker_admin(dsn, db):
+    suffix = uuid.uuid4().hex[:8]
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for audience in ("client", "worker"):
+            c.execute(f"CREATE ROLE t_{audience}_{suffix} LOGIN IN ROLE pyscheduler_{audience}")
+    try:
+        rn = submit(db)["rn"]
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        with psycopg.connect(**(params | {"user": f"t_client_{suffix}"}), autocommit=True) as client:
+            client.execute("SELECT pyscheduler.get_task(rn => %s)", (rn,))
+            client.execute("SELECT * FROM pyscheduler.task_counts")
+            for call in ("SELECT pyscheduler.lease_task(queue => 'q', worker => 'x')",
+                         "SELECT * FROM pyscheduler.reset_expired_tasks()"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    client.execute(call)
+        with psycopg.connect(**(params | {"user": f"t_worker_{suffix}"}), autocommit=True) as worker:
+            assert worker.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'x')").fetchone()[0]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                worker.execute("SELECT pyscheduler.cleanup_tasks()")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                worker.execute("SELECT pyscheduler.cancel_task(rn => %s)", (rn,))
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            for audience in ("client", "worker"):
+                c.execute(f"DROP ROLE t_{audience}_{suffix}")
