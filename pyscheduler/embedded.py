@@ -43,6 +43,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _die_with_parent(sig: int) -> Callable[[], None] | None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -83,6 +89,8 @@ class Server:
 
     def start(self) -> "Server":
         started = time.monotonic()
+        if port_in_use(self.port):  # else another server would answer for ours
+            raise EmbeddedError(f"{self.name}: port {self.port} on 127.0.0.1 is already in use")
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(
                 self.command(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -151,8 +151,13 @@ def status(dsn: str) -> Report:
     )
 
 
-def migrate(dsn: str, *, dry_run: bool = False, roles: dict[str, str] | None = None) -> Report:
-    """Bring the database to this version's schema and functions (idempotent)."""
+def migrate(dsn: str, *, dry_run: bool = False, roles: dict[str, str] | None = None,
+            step_by_step: bool = False) -> Report:
+    """Bring the database to this version's schema and functions (idempotent).
+
+    ``step_by_step`` applies every migration even on an empty database instead
+    of the one-step fresh install (the drift test builds both ways).
+    """
     if dry_run:
         return status(dsn)
     migrations = _migrations()
@@ -165,7 +170,7 @@ def migrate(dsn: str, *, dry_run: bool = False, roles: dict[str, str] | None = N
         backend = _backend(dsn)
         try:
             with translating():
-                if not applied and not _has_tables(conn):
+                if not applied and not step_by_step and not _has_tables(conn):
                     with conn.transaction():
                         for path in schema_files():
                             conn.execute(path.read_text())

@@ -98,6 +98,22 @@ def empty_dsn(pg: PgServer) -> str:
 
 
 @pytest.fixture
+def pg_db_factory(pg: PgServer):
+    """Make more empty databases in one test: pg_db_factory() -> dsn."""
+    janitors = []
+
+    def make() -> str:
+        name = f"f{os.getpid()}_{next(_counter)}"
+        janitors.append(pg.janitor(name))
+        janitors[-1].init()
+        return pg.dsn(name)
+
+    yield make
+    for janitor in janitors:
+        janitor.drop()
+
+
+@pytest.fixture
 def db(dsn: str) -> Database:
     """A pool on this test's database; call SQL as db.call('fn', arg=...)."""
     with Database(dsn, max_size=4) as database:

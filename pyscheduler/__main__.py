@@ -1,0 +1,3 @@
+from pyscheduler.cli import main
+
+main()

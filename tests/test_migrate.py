@@ -1,0 +1,167 @@
+"""pyscheduler migrate: fresh install, upgrades, idempotence, concurrency, drift, bad input."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+from pyscheduler import migrate
+
+CLI = [sys.executable, "-m", "pyscheduler"]
+
+
+def pyscheduler(*args, env=None, timeout=120):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def schema_dump(pg, dsn: str) -> str:
+    """The catalog of schema pyscheduler as pg_dump prints it (no data)."""
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    out = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "pg_dump"), "--schema-only", "--schema=pyscheduler", "--no-owner", dsn],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return "\n".join(line for line in out.splitlines() if not line.startswith("-- Dumped"))
+
+
+def test_migrations_step_by_step_equal_the_fresh_install(pg, empty_dsn, pg_db_factory):
+    fresh = pg_db_factory()
+    assert migrate.migrate(fresh).fresh_install
+    stepped = migrate.migrate(empty_dsn, step_by_step=True)
+    assert not stepped.fresh_install
+    assert stepped.applied == [m.id for m in migrate._migrations()]
+    assert schema_dump(pg, empty_dsn) == schema_dump(pg, fresh)
+
+
+def test_upgrade_from_the_first_migration_equals_the_fresh_install(pg, empty_dsn, pg_db_factory):
+    from yoyo import get_backend
+
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA pyscheduler")
+    backend = get_backend(migrate.yoyo_uri(empty_dsn), migration_table=migrate.MIGRATION_TABLE)
+    first = migrate._migrations()[:1]
+    backend.apply_migrations_only(backend.to_apply(first))
+    backend.connection.close()
+    report = migrate.migrate(empty_dsn)
+    assert report.applied == [m.id for m in migrate._migrations()][1:]
+    fresh = pg_db_factory()
+    migrate.migrate(fresh)
+    assert schema_dump(pg, empty_dsn) == schema_dump(pg, fresh)
+
+
+def test_migrate_twice_changes_nothing(pg, empty_dsn):
+    first = pyscheduler("migrate", "--dsn", empty_dsn)
+    assert first.returncode == 0, first.stderr
+    assert "fresh install" in first.stdout
+    before = schema_dump(pg, empty_dsn)
+    second = pyscheduler("migrate", "--dsn", empty_dsn)
+    assert second.returncode == 0, second.stderr
+    assert "schema up to date" in second.stdout
+    assert schema_dump(pg, empty_dsn) == before
+
+
+def test_two_processes_migrating_at_once_both_succeed(pg, empty_dsn, pg_db_factory):
+    # Hold migrate's lock, start two migrations, wait until both queue on the
+    # lock, then let them race for it.
+    with psycopg.connect(empty_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (migrate.LOCK_KEY,))
+        procs = [subprocess.Popen(CLI + ["migrate", "--dsn", empty_dsn], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while holder.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()[0] < 2:
+            assert time.monotonic() < deadline, "migrations never queued on the lock"
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.05)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (migrate.LOCK_KEY,))
+    results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+    assert [r[2] for r in results] == [0, 0], results
+    outputs = sorted(r[0] for r in results)
+    assert "fresh install" in outputs[0] and "schema up to date" in outputs[1]
+    fresh = pg_db_factory()
+    migrate.migrate(fresh)
+    assert schema_dump(pg, empty_dsn) == schema_dump(pg, fresh)
+
+
+def test_list_and_dry_run_change_nothing(empty_dsn):
+    dry = pyscheduler("migrate", "--dsn", empty_dsn, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "pending  0001_foundation" in dry.stdout
+    assert "would run: fresh install" in dry.stdout
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT to_regnamespace('pyscheduler')").fetchone()[0] is None
+    pyscheduler("migrate", "--dsn", empty_dsn)
+    listed = pyscheduler("migrate", "--dsn", empty_dsn, "--list")
+    assert listed.returncode == 0
+    assert "applied  0001_foundation" in listed.stdout and "pending" not in listed.stdout
+
+
+def test_functions_are_reloaded_on_every_migrate(dsn):
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE OR REPLACE FUNCTION pyscheduler.version(OUT code_version text, OUT migrations text[])"
+                  " LANGUAGE sql AS $$ SELECT 'tampered', ARRAY[]::text[] $$")
+        migrate.migrate(dsn)
+        assert c.execute("SELECT code_version FROM pyscheduler.version()").fetchone()[0] != "tampered"
+
+
+def one_line_error(result) -> str:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_unreachable_database_is_one_line():
+    line = one_line_error(pyscheduler("migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/none"))
+    assert "Connection refused" in line
+
+
+def test_wrong_password_is_one_line(pg, dsn):
+    if pg.server is None:
+        pytest.skip("needs the embedded server to require a password")
+    hba = pg.server.pgdata / "pg_hba.conf"
+    original = hba.read_text()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE ROLE pw_user LOGIN PASSWORD 'right'")
+        try:
+            hba.write_text("host all pw_user 127.0.0.1/32 scram-sha-256\n" + original)
+            c.execute("SELECT pg_reload_conf()")
+            wrong = dsn.replace("user=postgres", "user=pw_user password=wrong")
+            line = one_line_error(pyscheduler("migrate", "--dsn", wrong))
+            assert "password authentication failed" in line
+        finally:
+            hba.write_text(original)
+            c.execute("SELECT pg_reload_conf()")
+            c.execute("DROP ROLE pw_user")
+
+
+def test_schema_from_a_newer_version_is_refused(dsn):
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("INSERT INTO pyscheduler._yoyo_migration (migration_hash, migration_id, applied_at_utc) "
+                  "VALUES ('f00', '9999_from_the_future', now())")
+    line = one_line_error(pyscheduler("migrate", "--dsn", dsn))
+    assert "newer" in line and "9999_from_the_future" in line
+
+
+def test_unknown_flag_is_a_usage_error():
+    result = pyscheduler("migrate", "--no-such-flag")
+    assert result.returncode == 2 and "No such option" in result.stderr
+
+
+def test_bad_environment_value_is_a_usage_error():
+    result = pyscheduler("migrate", "--list", env={"PYSCHEDULER_LOG_LEVEL": "LOUD"})
+    assert result.returncode == 2
+    assert "LOUD" in result.stderr and "log-level" in result.stderr
+
+
+def test_missing_dsn_is_a_usage_error():
+    env = {k: v for k, v in os.environ.items() if k != "PYSCHEDULER_DSN"}
+    result = subprocess.run(CLI + ["migrate"], capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "PYSCHEDULER_DSN" in result.stderr
