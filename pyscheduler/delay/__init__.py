@@ -1,0 +1,6 @@
+"""The delay queue (seeds/chronos.md): a Kafka topic that adds a delay.
+
+SQL API in sql/delay.sql (enqueue_message(s), ready_and_claim, delete_fired,
+reset_stuck, next_deadline, cancel_message, views delay_queue and
+delay_ready_by_node); the relay daemon in relay.py; commands in cli.py.
+"""

@@ -1,0 +1,214 @@
+"""``pyscheduler delay ...``: the delay queue's commands and its capability contract.
+
+Every flag of ``delay run`` has an environment variable PYSCHEDULER_DELAY_<FLAG>
+(the servers keep the shared PYSCHEDULER_DSN / PYSCHEDULER_KAFKA_BOOTSTRAP /
+PYSCHEDULER_KAFKA_SETTINGS). ``pyscheduler run`` reads the same variables, with
+the default topics ``pyscheduler.delay.input`` / ``pyscheduler.delay.output``,
+which it creates when missing (on the embedded broker, or any broker that
+allows it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import click
+
+from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, option
+from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..db import Database
+from ..errors import ConfigError
+from .relay import HEADER_DEADLINE, HEADER_ID, Relay, RelayConfig
+
+log = logging.getLogger("pyscheduler.delay")
+
+DEFAULT_INPUT = "pyscheduler.delay.input"
+DEFAULT_OUTPUT = "pyscheduler.delay.output"
+DEFAULTS = {"group_id": "pyscheduler-delay", "timing_advance_ms": 50, "hold_ms": 5000, "poll_ms": 100,
+            "detect_ms": 500, "consume_batch": 2000, "fire_batch": 2000}
+
+
+def _env(name: str) -> str:
+    return env("delay_" + name)
+
+
+def relay_options(f):
+    """The relay's flags; each mirrored by PYSCHEDULER_DELAY_<FLAG>."""
+    opts = [
+        option("--input-topic", envvar=_env("input_topic"), default=DEFAULT_INPUT,
+               help="Topic applications publish delayed messages to."),
+        option("--output-topic", envvar=_env("output_topic"), default=DEFAULT_OUTPUT,
+               help="Topic the delayed messages are published to."),
+        option("--group-id", envvar=_env("group_id"), default=DEFAULTS["group_id"],
+               help="Consumer group of the input topic (all nodes share it)."),
+        option("--dlq-topic", envvar=_env("dlq_topic"), default=None,
+               help="Dead-letter topic for malformed messages (default: log and drop)."),
+        option("--timing-advance-ms", envvar=_env("timing_advance_ms"), type=click.IntRange(min=0),
+               default=DEFAULTS["timing_advance_ms"], help="Fire this long before the deadline."),
+        option("--hold-ms", envvar=_env("hold_ms"), type=click.IntRange(min=1), default=DEFAULTS["hold_ms"],
+               help="A node holding a ready message longer than this is suspected of failure."),
+        option("--poll-ms", envvar=_env("poll_ms"), type=click.IntRange(min=1), default=DEFAULTS["poll_ms"],
+               help="Longest sleep between two claims (plus random jitter)."),
+        option("--detect-ms", envvar=_env("detect_ms"), type=click.IntRange(min=1), default=DEFAULTS["detect_ms"],
+               help="Interval of the stuck-message scan (plus random jitter)."),
+        option("--consume-batch", envvar=_env("consume_batch"), type=click.IntRange(min=1),
+               default=DEFAULTS["consume_batch"], help="Most input messages enqueued per round trip."),
+        option("--fire-batch", envvar=_env("fire_batch"), type=click.IntRange(min=1),
+               default=DEFAULTS["fire_batch"], help="Most messages claimed per round trip."),
+        option("--metrics-port", envvar=_env("metrics_port"), type=click.IntRange(min=1, max=65535), default=None,
+               help="Serve Prometheus metrics on this port."),
+    ]
+    for deco in reversed(opts):
+        f = deco(f)
+    return f
+
+
+@click.group("delay")
+def group() -> None:
+    """Delay queue: a Kafka topic that adds a delay (input topic -> PostgreSQL -> output topic)."""
+
+
+@group.command("run")
+@dsn_option
+@bootstrap_option
+@kafka_settings_option
+@relay_options
+def run_cmd(dsn, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None:
+    """Run one relay node until SIGTERM/Ctrl-C (finishes in-flight fires, commits, exits 0)."""
+    if not dsn:
+        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    if not kafka_bootstrap:
+        raise click.UsageError("no Kafka: pass --bootstrap-servers or set PYSCHEDULER_KAFKA_BOOTSTRAP")
+    relay = Relay(RelayConfig(dsn=dsn, bootstrap_servers=kafka_bootstrap, kafka_settings=kafka_settings, **flags))
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
+        log.info("metrics on http://0.0.0.0:%d/metrics", metrics_port)
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    raise SystemExit(run_daemons([relay], stop))
+
+
+@group.command("status")
+@dsn_option
+def status_cmd(dsn) -> None:
+    """Print the delay_queue and delay_ready_by_node views."""
+    if not dsn:
+        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    with Database(dsn, max_size=1) as db:
+        for view in ("delay_queue", "delay_ready_by_node"):
+            for row in db.query(f"SELECT * FROM pyscheduler.{view}"):
+                click.echo(f"{view}: " + ", ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def _config_from_env(ctx: RunContext) -> RelayConfig:
+    """The relay of ``pyscheduler run``: PYSCHEDULER_DELAY_* variables, else the defaults."""
+    values = {"input_topic": DEFAULT_INPUT, "output_topic": DEFAULT_OUTPUT, "dlq_topic": None, **DEFAULTS}
+    for name, default in list(values.items()):
+        raw = os.environ.get(_env(name))
+        if raw:
+            try:
+                values[name] = int(raw) if isinstance(default, int) else raw
+            except ValueError:
+                raise ConfigError(f"{_env(name)} must be an integer, got {raw!r}") from None
+    return RelayConfig(dsn=ctx.dsn, bootstrap_servers=ctx.kafka_bootstrap, kafka_settings=ctx.kafka_settings,
+                       **values)
+
+
+def daemons(ctx: RunContext) -> list:
+    """One relay node for ``pyscheduler run``; none without Kafka."""
+    if not ctx.kafka_bootstrap:
+        log.info("delay queue: no Kafka configured, relay skipped")
+        return []
+    from ..embedded import create_topics
+
+    cfg = _config_from_env(ctx)
+    topics = [cfg.input_topic, cfg.output_topic] + ([cfg.dlq_topic] if cfg.dlq_topic else [])
+    try:
+        create_topics(ctx.kafka_bootstrap, topics, settings=ctx.kafka_settings)
+    except Exception as exc:  # the relay's start check names what is missing
+        log.warning("delay queue: could not create topics %s: %s", ", ".join(topics), exc)
+    log.info("delay queue: relay %s -> %s", cfg.input_topic, cfg.output_topic)
+    return [Relay(cfg)]
+
+
+# -- demo and bench -----------------------------------------------------------
+
+def delayed_headers(message_id: str, deadline: datetime) -> list[tuple[str, bytes]]:
+    """The two Chronos headers of an input message."""
+    return [(HEADER_ID, message_id.encode()), (HEADER_DEADLINE, deadline.isoformat().encode())]
+
+
+def percentiles(values: list[float], points=(50, 99, 99.9)) -> dict[str, float]:
+    """Nearest-rank percentiles plus max, in the values' unit."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    out = {f"p{p:g}": ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered))) - 1))]
+           for p in points}
+    out["max"] = ordered[-1]
+    return out
+
+
+def demo(ctx: RunContext, echo) -> None:
+    """Publish delayed messages through a relay, print throughput and jitter from the output topic."""
+    if not ctx.kafka_bootstrap:
+        echo("no Kafka configured: delay queue demo skipped")
+        return
+    from confluent_kafka import Producer
+
+    from ..embedded import create_topics
+    from .bench import OutputReader
+
+    suffix = uuid.uuid4().hex[:6]
+    cfg = RelayConfig(dsn=ctx.dsn, bootstrap_servers=ctx.kafka_bootstrap, kafka_settings=ctx.kafka_settings,
+                      input_topic=f"demo.delay.in.{suffix}", output_topic=f"demo.delay.out.{suffix}",
+                      group_id=f"demo-{suffix}")
+    create_topics(ctx.kafka_bootstrap, [cfg.input_topic, cfg.output_topic], settings=ctx.kafka_settings)
+    reader = OutputReader(ctx.kafka_bootstrap, cfg.output_topic, ctx.kafka_settings)
+    stop = threading.Event()
+    relay = Relay(cfg)
+    thread = threading.Thread(target=relay.run, args=(stop,), name="demo-relay", daemon=True)
+    thread.start()
+    count, spread = 3000, 2.0
+    echo(f"relay node {relay.node}: {cfg.input_topic} -> {cfg.output_topic}")
+    echo(f"publishing {count} messages over {spread:.0f}s, each delayed 1-3 s ...")
+    producer = Producer({"bootstrap.servers": ctx.kafka_bootstrap, "linger.ms": 5, **ctx.kafka_settings})
+    start = time.time()
+    for i in range(count):
+        due = start + spread * i / count
+        while time.time() < due:
+            time.sleep(0.001)
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=1 + 2 * (i % 100) / 100)
+        producer.produce(cfg.input_topic, value=f"{deadline.timestamp():.6f}".encode(), key=f"k{i % 10}".encode(),
+                         headers=[*delayed_headers(f"demo-{suffix}-{i}", deadline), ("app", b"demo")])
+        producer.poll(0)
+    producer.flush(10)
+    try:
+        got = reader.read(count, timeout=30)
+    finally:
+        stop.set()
+        thread.join(30)
+        reader.close()
+    lags = [(ts - float(value)) * 1000 for ts, value in got]
+    if not lags:
+        echo("no message arrived on the output topic")
+        return
+    first, last = min(ts for ts, _ in got), max(ts for ts, _ in got)
+    echo(f"received {len(got)}/{count} on the output topic; "
+         f"{len(got) / max(last - first, 1e-3):.0f} msg/s while firing")
+    echo("fire time minus deadline (ms; negative = early, the timing advance is "
+         f"{cfg.timing_advance_ms} ms): " + ", ".join(f"{k} {v:.1f}" for k, v in percentiles(lags).items()))
+    with Database(ctx.dsn, max_size=1) as db:
+        row = db.query("SELECT * FROM pyscheduler.delay_queue")[0]
+    echo(f"left in the database: {row['waiting']} waiting, {row['ready']} ready "
+         "(psql: SELECT * FROM pyscheduler.delay_queue;)")
+
+
+from .bench import bench  # noqa: E402  (the `pyscheduler bench delay` command)

@@ -1,0 +1,552 @@
+"""The delay-queue relay: input topic -> PostgreSQL -> output topic (seeds/chronos.md).
+
+One ``Relay`` is one queuing node. It has a random node id (logged at start)
+and runs three loops in threads, as the seed prescribes:
+
+1. consume + enqueue: read a batch from the input topic, parse the Chronos
+   headers, store the batch with one ``enqueue_messages`` call, publish the
+   ``late`` ones at once, dead-letter the malformed ones, and only then commit
+   the batch's offsets;
+2. ready + fire: ``ready_and_claim`` a batch, publish it, and after the
+   broker confirmed delivery ``delete_fired`` it; then sleep until the next
+   deadline minus the timing advance or the poll interval (with jitter),
+   whichever is first; a NOTIFY from ``enqueue_messages`` wakes it early;
+3. detect + recover: ``reset_stuck`` messages held ready longer than the
+   hold time, logging the suspected node.
+
+Every scheduling decision is in SQL; this module moves bytes and retries.
+PostgreSQL or Kafka outages are retried with backoff and logged once.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..db import Database, Jsonb, Listener, Outage, Wakeup
+from ..errors import ConfigError, DatabaseUnavailable, SchedulerError
+
+log = logging.getLogger("pyscheduler.delay")
+
+HEADER_ID = "chronosMessageId"
+HEADER_DEADLINE = "chronosDeadline"
+MAX_ID_LENGTH = 128
+NOTIFY_CHANNEL = "pyscheduler_delay"
+DLQ_REASON_HEADER = "pyscheduler.delay.error"
+DLQ_SOURCE_HEADER = "pyscheduler.delay.source"
+
+CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
+ENQUEUED = Counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
+DUPLICATES = Counter("pyscheduler_delay_duplicates", "Messages ignored: id already waiting or ready")
+LATE = Counter("pyscheduler_delay_late", "Messages published at once: deadline within the timing advance")
+FIRED = Counter("pyscheduler_delay_fired", "Messages published on the output topic (late ones included)")
+DEAD_LETTERED = Counter("pyscheduler_delay_dead_lettered", "Malformed messages (sent to the DLQ when configured)")
+RESETS = Counter("pyscheduler_delay_resets", "Ready messages reset after a suspected node failure")
+ALREADY_GONE = Counter("pyscheduler_delay_already_gone", "Fired messages a peer had already deleted")
+BACKLOG = Gauge("pyscheduler_delay_backlog", "Messages in the database (waiting + ready)")
+FIRE_LAG = Histogram("pyscheduler_delay_fire_lag_seconds", "Fire time minus deadline",
+                     buckets=(-0.1, -0.05, -0.025, -0.01, 0, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+
+@dataclass
+class RelayConfig:
+    """Settings of one relay node; the CLI flags map one to one."""
+
+    dsn: str
+    bootstrap_servers: str
+    input_topic: str
+    output_topic: str
+    group_id: str = "pyscheduler-delay"
+    dlq_topic: str | None = None
+    timing_advance_ms: int = 50
+    hold_ms: int = 5000
+    poll_ms: int = 100
+    detect_ms: int = 500
+    consume_batch: int = 2000
+    fire_batch: int = 2000
+    kafka_settings: dict[str, str] = field(default_factory=dict)
+    node: uuid.UUID = field(default_factory=uuid.uuid4)
+
+    def __post_init__(self) -> None:
+        for name in ("timing_advance_ms", "hold_ms", "poll_ms", "detect_ms", "consume_batch", "fire_batch"):
+            value = getattr(self, name)
+            if value < (0 if name == "timing_advance_ms" else 1):
+                raise ConfigError(f"{name.replace('_', '-')} must be positive, got {value}")
+        for name in ("dsn", "bootstrap_servers", "input_topic", "output_topic", "group_id"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name.replace('_', '-')} is required")
+
+    @property
+    def advance(self) -> timedelta:
+        return timedelta(milliseconds=self.timing_advance_ms)
+
+
+# -- message format -----------------------------------------------------------
+
+class Malformed(ValueError):
+    """An input message that cannot be scheduled; the text is the reason."""
+
+
+@dataclass
+class Delayed:
+    """A parsed input message: what enqueue_messages stores."""
+
+    id: str
+    deadline: datetime
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def parse_deadline(raw: bytes) -> datetime:
+    """ISO-8601, with or without a UTC offset (none means UTC), fractional seconds allowed."""
+    try:
+        text = raw.decode("utf-8").strip()
+        deadline = datetime.fromisoformat(text)
+    except (UnicodeDecodeError, ValueError):
+        raise Malformed(f"{HEADER_DEADLINE} is not an ISO-8601 date-time: {raw[:64]!r}") from None
+    return deadline.replace(tzinfo=timezone.utc) if deadline.tzinfo is None else deadline
+
+
+def parse(msg: Message) -> Delayed:
+    """The Chronos headers of an input message, checked; Malformed names what is wrong."""
+    ident = deadline = None
+    rest: list[tuple[str, bytes | None]] = []
+    for name, value in msg.headers() or []:
+        if name == HEADER_ID:
+            ident = value
+        elif name == HEADER_DEADLINE:
+            deadline = value
+        else:
+            rest.append((name, value))
+    if ident is None:
+        raise Malformed(f"header {HEADER_ID} is missing")
+    if deadline is None:
+        raise Malformed(f"header {HEADER_DEADLINE} is missing")
+    try:
+        text = ident.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Malformed(f"{HEADER_ID} is not UTF-8 text") from None
+    if not text:
+        raise Malformed(f"{HEADER_ID} is empty")
+    if len(text) > MAX_ID_LENGTH:
+        raise Malformed(f"{HEADER_ID} is longer than {MAX_ID_LENGTH} characters ({len(text)})")
+    if "\x00" in text:
+        raise Malformed(f"{HEADER_ID} contains a NUL character")
+    return Delayed(text, parse_deadline(deadline), msg.key(), msg.value(), rest)
+
+
+def headers_to_json(headers: Sequence[tuple[str, bytes | None]]) -> list[dict[str, Any]]:
+    """Kafka headers as the seed's [{"name": "value"}, ...]; bytes that are not
+    text become {"base64": "..."} and a NULL header value stays null."""
+    out = []
+    for name, value in headers:
+        if value is None:
+            out.append({name: None})
+            continue
+        try:
+            text = value.decode("utf-8")
+            if "\x00" in text:
+                raise UnicodeDecodeError("utf-8", value, 0, 1, "NUL is not allowed in jsonb")
+            out.append({name: text})
+        except UnicodeDecodeError:
+            out.append({name: {"base64": base64.b64encode(value).decode("ascii")}})
+    return out
+
+
+def headers_from_json(headers: list[dict[str, Any]]) -> list[tuple[str, bytes | None]]:
+    out: list[tuple[str, bytes | None]] = []
+    for pair in headers or []:
+        for name, value in pair.items():
+            if value is None:
+                out.append((name, None))
+            elif isinstance(value, dict) and isinstance(value.get("base64"), str):
+                try:
+                    out.append((name, base64.b64decode(value["base64"], validate=True)))
+                except binascii.Error:
+                    out.append((name, str(value).encode()))
+            else:
+                out.append((name, value.encode("utf-8") if isinstance(value, str) else str(value).encode()))
+    return out
+
+
+def where(msg: Message) -> str:
+    return f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+
+
+# -- publishing ---------------------------------------------------------------
+
+@dataclass
+class Outgoing:
+    """One message to publish; ``tag`` comes back with the delivery report."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    tag: Any = None
+
+
+class Publisher:
+    """A producer whose ``publish`` returns once the broker confirmed every message.
+
+    Failed deliveries are retried (with backoff, the outage logged once) until
+    they succeed or ``give_up`` says to stop (then the undelivered are returned).
+    """
+
+    def __init__(self, settings: dict[str, Any], outage: Outage):
+        self.producer = Producer(settings)
+        self.outage = outage
+
+    def publish(self, items: Sequence[Outgoing], give_up: Callable[[], bool],
+                on_sent: Callable[[Outgoing, Message], None] | None = None) -> list[Outgoing]:
+        """Publish all; returns the ones not delivered (empty unless ``give_up``)."""
+        pending = list(items)
+        while pending:
+            failed: list[Outgoing] = []
+            errors: list[KafkaError] = []
+
+            def report(item: Outgoing, err: KafkaError | None, msg: Message) -> None:
+                if err is not None:
+                    failed.append(item)
+                    errors.append(err)
+                elif on_sent is not None:
+                    on_sent(item, msg)
+
+            for item in pending:
+                self._produce(item, report)
+            while len(self.producer) > 0:
+                self.producer.flush(1.0)
+                if give_up() and len(self.producer) > 0:
+                    # stopping: wait a bounded time for in-flight deliveries
+                    self.producer.flush(10.0)
+                    break
+            if not failed:
+                if pending:
+                    self.outage.ok()
+                return []
+            if give_up():
+                return failed
+            time.sleep(self.outage.failed(KafkaException(errors[0])))
+            pending = failed
+        return []
+
+    def _produce(self, item: Outgoing, report: Callable) -> None:
+        while True:
+            try:
+                self.producer.produce(item.topic, item.value, item.key, headers=item.headers or None,
+                                      on_delivery=lambda err, msg, item=item: report(item, err, msg))
+                return
+            except BufferError:  # local queue full: serve delivery reports, then retry
+                self.producer.poll(0.1)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.producer.flush(timeout)
+
+
+# -- the relay ----------------------------------------------------------------
+
+class Relay:
+    """One queuing node: three loops in threads; ``run(stop)`` until stop is set."""
+
+    def __init__(self, config: RelayConfig):
+        self.cfg = config
+        self.node = config.node
+        self.name = f"delay-relay-{str(self.node)[:8]}"
+        self.db: Database | None = None
+        self.wakeup = Wakeup()
+        self.stop = threading.Event()
+        self.kafka_outage = Outage("Kafka", log)
+
+    # -- configuration ---------------------------------------------------------
+
+    def _kafka(self, **extra: Any) -> dict[str, Any]:
+        return {"bootstrap.servers": self.cfg.bootstrap_servers, "logger": log,
+                "error_cb": self._kafka_error, **extra, **self.cfg.kafka_settings}
+
+    def _kafka_error(self, err: KafkaError) -> None:
+        if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE):
+            self.kafka_outage.failed(KafkaException(err))
+        else:
+            log.warning("Kafka: %s", err)
+
+    def check_topics(self) -> None:
+        """ConfigError naming the missing topics; retries while Kafka is unreachable."""
+        admin = AdminClient(self._kafka())
+        outage = Outage(f"Kafka at {self.cfg.bootstrap_servers}", log)
+        while True:
+            try:
+                existing = set(admin.list_topics(timeout=10).topics)
+                outage.ok()
+                break
+            except KafkaException as exc:
+                if self.stop.wait(outage.failed(exc)):
+                    return
+        wanted = [self.cfg.input_topic, self.cfg.output_topic] + ([self.cfg.dlq_topic] if self.cfg.dlq_topic else [])
+        missing = [t for t in wanted if t not in existing]
+        if missing:
+            raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {self.cfg.bootstrap_servers}; "
+                              f"create them first (input, output{' and dead-letter' if self.cfg.dlq_topic else ''})")
+
+    # -- running ---------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop``; then finish in-flight fires, commit, return."""
+        self.stop = stop
+        cfg = self.cfg
+        log.info("delay relay node %s starting: %s -> %s (group %s, advance %dms, hold %dms, poll %dms, "
+                 "detect %dms, dead letters %s)", self.node, cfg.input_topic, cfg.output_topic, cfg.group_id,
+                 cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms, cfg.dlq_topic or "dropped")
+        self.check_topics()
+        self.db = Database(cfg.dsn, min_size=1, max_size=4, name=self.name, timeout=5.0).open(wait=False)
+        listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
+                            logger=log).start()
+        crashed: list[BaseException] = []
+
+        def guard(loop: Callable[[], None]) -> Callable[[], None]:
+            def target() -> None:
+                try:
+                    loop()
+                except BaseException as exc:  # a bug: stop the node rather than limp on
+                    log.exception("delay relay %s: %s crashed", self.node, loop.__name__)
+                    crashed.append(exc)
+                    stop.set()
+                    self.wakeup.poke()
+            return target
+
+        threads = [threading.Thread(target=guard(loop), name=f"{self.name}:{loop.__name__}")
+                   for loop in (self.consume_loop, self.fire_loop, self.detect_loop)]
+        for t in threads:
+            t.start()
+        try:
+            stop.wait()
+            self.wakeup.poke()
+            for t in threads:
+                t.join()
+        finally:
+            listener.stop()
+            self.db.close()
+        log.info("delay relay node %s stopped", self.node)
+        if crashed:
+            raise crashed[0]
+
+    def _db_call(self, outage: Outage, function: str, give_up: Callable[[], bool], **args: Any) -> list[dict] | None:
+        """``db.call`` retried with backoff while the database is unavailable; None when giving up."""
+        while True:
+            try:
+                rows = self.db.call(function, **args)
+                outage.ok()
+                return rows
+            except DatabaseUnavailable as exc:
+                if give_up():
+                    return None
+                time.sleep(outage.failed(exc))
+
+    # -- 1. consume and enqueue -------------------------------------------------
+
+    def consume_loop(self) -> None:
+        cfg = self.cfg
+        consumer = Consumer(self._kafka(**{
+            "group.id": cfg.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 100}))
+        publisher = Publisher(self._kafka(**{"linger.ms": 2}), self.kafka_outage)
+        db_outage = Outage("PostgreSQL (enqueue)", log)
+        consumer.subscribe([cfg.input_topic])
+        try:
+            while not self.stop.is_set():
+                msgs = consumer.consume(cfg.consume_batch, 0.2)
+                if msgs:
+                    self._handle_batch(consumer, publisher, db_outage, msgs)
+        finally:
+            publisher.close()
+            consumer.close()
+
+    def _handle_batch(self, consumer: Consumer, publisher: Publisher, db_outage: Outage,
+                      msgs: list[Message]) -> None:
+        good: list[tuple[Message, Delayed]] = []
+        bad: list[tuple[Message, str]] = []
+        for msg in msgs:
+            if msg.error() is not None:
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("input topic: %s", msg.error())
+                continue
+            CONSUMED.inc()
+            try:
+                good.append((msg, parse(msg)))
+            except Malformed as exc:
+                bad.append((msg, str(exc)))
+        stopping = self.stop.is_set
+        outcomes = self._enqueue(good, bad, db_outage, stopping)
+        if outcomes is None:
+            return  # stopping during an outage: nothing committed, the batch is read again
+        out: list[Outgoing] = []
+        for (msg, d), outcome in zip(good, outcomes):
+            if outcome == "late":
+                out.append(Outgoing(self.cfg.output_topic, d.key, d.value, d.headers, d.deadline))
+        for msg, reason in bad:
+            log.error("malformed message at %s: %s%s", where(msg), reason,
+                      f"; sent to {self.cfg.dlq_topic}" if self.cfg.dlq_topic else "; dropped")
+            DEAD_LETTERED.inc()
+            if self.cfg.dlq_topic:
+                out.append(Outgoing(self.cfg.dlq_topic, msg.key(), msg.value(), [
+                    *(msg.headers() or []), (DLQ_REASON_HEADER, reason.encode()),
+                    (DLQ_SOURCE_HEADER, where(msg).encode())]))
+        if out and publisher.publish(out, stopping, self._sent):
+            return  # stopping before the broker took them: not committed, read again
+        offsets: dict[tuple[str, int], int] = {}
+        for msg in msgs:
+            if msg.error() is None:
+                key = (msg.topic(), msg.partition())
+                offsets[key] = max(offsets.get(key, -1), msg.offset() + 1)
+        try:
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                            asynchronous=False)
+        except KafkaException as exc:  # e.g. a rebalance: the batch may be read again, duplicates are ignored
+            log.warning("could not commit input offsets (the batch may be read again): %s", exc)
+
+    def _enqueue(self, good: list[tuple[Message, Delayed]], bad: list[tuple[Message, str]],
+                 outage: Outage, give_up: Callable[[], bool]) -> list[str] | None:
+        """Outcome per good message; a message the database rejects moves to ``bad``."""
+        if not good:
+            return []
+        try:
+            rows = self._enqueue_call([d for _, d in good], outage, give_up)
+        except (SchedulerError, psycopg.Error) as exc:
+            # Rejected as a whole: find the culprit(s) one by one so neighbours still go through.
+            log.warning("batch of %d rejected (%s); enqueueing one by one", len(good), exc)
+            outcomes: list[str] = []
+            for msg, d in list(good):
+                try:
+                    rows = self._enqueue_call([d], outage, give_up)
+                except (SchedulerError, psycopg.Error) as one:
+                    bad.append((msg, f"rejected by the database: {one}"))
+                    outcomes.append("rejected")
+                    continue
+                if rows is None:
+                    return None
+                outcomes.append(rows[0]["outcome"])
+            self._count(outcomes)
+            return outcomes
+        if rows is None:
+            return None
+        outcomes = [r["outcome"] for r in rows]
+        self._count(outcomes)
+        return outcomes
+
+    def _enqueue_call(self, batch: list[Delayed], outage: Outage, give_up: Callable[[], bool]) -> list[dict] | None:
+        keys = [d.key for d in batch]
+        vals = [d.value for d in batch]
+        return self._db_call(
+            outage, "enqueue_messages", give_up,
+            ids=[d.id for d in batch], deadlines=[d.deadline for d in batch],
+            keys=keys if any(k is not None for k in keys) else None,
+            vals=vals if any(v is not None for v in vals) else None,
+            header_lists=[Jsonb(headers_to_json(d.headers)) for d in batch],
+            advance=self.cfg.advance)
+
+    @staticmethod
+    def _count(outcomes: list[str]) -> None:
+        for name, counter in (("enqueued", ENQUEUED), ("duplicate", DUPLICATES), ("late", LATE)):
+            n = outcomes.count(name)
+            if n:
+                counter.inc(n)
+
+    @staticmethod
+    def _sent(item: Outgoing, msg: Message) -> None:
+        """Delivery confirmed: count fired messages and their lag (tag = deadline)."""
+        if isinstance(item.tag, datetime):
+            FIRED.inc()
+            FIRE_LAG.observe(msg.timestamp()[1] / 1000.0 - item.tag.timestamp())
+
+    # -- 2. ready and fire ------------------------------------------------------
+
+    def fire_loop(self) -> None:
+        cfg = self.cfg
+        publisher = Publisher(self._kafka(**{"linger.ms": 1}), self.kafka_outage)
+        outage = Outage("PostgreSQL (fire)", log)
+        poll = cfg.poll_ms / 1000.0
+        try:
+            while not self.stop.is_set():
+                rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, node=self.node,
+                                     advance=cfg.advance, max_count=cfg.fire_batch)
+                if rows is None:
+                    break
+                if rows:
+                    self._fire(publisher, outage, rows)
+                    if len(rows) >= cfg.fire_batch:
+                        continue  # more are due: no sleep
+                self.wakeup.wait(self._sleep_time(outage, poll), jitter=0.2)
+        finally:
+            publisher.close()
+
+    def _sleep_time(self, outage: Outage, poll: float) -> float:
+        """Until the next deadline minus the advance, at most the poll interval."""
+        try:
+            nxt = self.db.call_value("next_deadline")
+            outage.ok()
+        except DatabaseUnavailable as exc:
+            return outage.failed(exc)
+        if nxt is None:
+            return poll
+        due_in = (nxt - self.cfg.advance).timestamp() - time.time()
+        return min(poll, max(0.0, due_in))
+
+    def _fire(self, publisher: Publisher, outage: Outage, rows: list[dict]) -> None:
+        out = [Outgoing(self.cfg.output_topic, r["key"], r["value"], headers_from_json(r["headers"]),
+                        (r["id"], r["deadline"])) for r in rows]
+        delivered: list[str] = []
+
+        def sent(item: Outgoing, msg: Message) -> None:
+            delivered.append(item.tag[0])
+            FIRED.inc()
+            FIRE_LAG.observe(msg.timestamp()[1] / 1000.0 - item.tag[1].timestamp())
+
+        # Once stopping, in-flight fires still finish (bounded); undelivered ones stay
+        # ready and are reset by a peer (or this node's successor) after the hold time.
+        publisher.publish(out, self.stop.is_set, sent)
+        if not delivered:
+            return
+        deadline = time.monotonic() + self.cfg.hold_ms / 1000.0
+        gone = self._db_call(outage, "delete_fired", lambda: self.stop.is_set() and time.monotonic() > deadline,
+                             ids=delivered, node=self.node)
+        for row in gone or []:
+            ALREADY_GONE.inc()
+            log.warning("fired message %s was already gone (a peer suspected this node %s and fired it too)",
+                        row["id"], self.node)
+
+    # -- 3. detect and recover --------------------------------------------------
+
+    def detect_loop(self) -> None:
+        cfg = self.cfg
+        outage = Outage("PostgreSQL (detect)", log)
+        hold = timedelta(milliseconds=cfg.hold_ms)
+        next_backlog = 0.0
+        while not self.stop.wait(cfg.detect_ms / 1000.0 * (1.0 + random.random() * 0.2)):
+            try:
+                rows = self.db.call("reset_stuck", hold=hold)
+                if time.monotonic() >= next_backlog:
+                    BACKLOG.set(self.db.query("SELECT waiting + ready AS n FROM pyscheduler.delay_queue")[0]["n"])
+                    next_backlog = time.monotonic() + 5.0
+                outage.ok()
+            except DatabaseUnavailable as exc:
+                self.stop.wait(outage.failed(exc))
+                continue
+            for row in rows:
+                RESETS.inc()
+                log.warning("suspected failure of %s for message %s", row["suspected_node"], row["id"])
+            if rows:
+                self.wakeup.poke()

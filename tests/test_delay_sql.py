@@ -1,0 +1,320 @@
+"""The delay queue's SQL functions, called directly (sql/delay.sql)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from pyscheduler import errors
+from pyscheduler.db import Jsonb
+
+T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+MS = timedelta(milliseconds=1)
+S = timedelta(seconds=1)
+
+
+def enqueue(db, id, deadline, now=T0, **kw):
+    return db.call_value("enqueue_message", id=id, deadline=deadline, now=now, **kw)
+
+
+def claim(db, node, now=T0, **kw):
+    return db.call("ready_and_claim", node=node, now=now, **kw)
+
+
+def rows(conn):
+    return conn.execute("SELECT id, readied_at, readied_by FROM pyscheduler.delay_messages ORDER BY id").fetchall()
+
+
+# -- enqueue ------------------------------------------------------------------
+
+def test_enqueue_stores_the_message_and_is_idempotent_on_id(db, conn):
+    headers = [{"trace": "abc"}, {"trace": "def"}, {"bin": {"base64": "AP8="}}]
+    assert enqueue(db, "m1", T0 + 5 * S, key=b"k", value=b"\x00\xffnot json", headers=Jsonb(headers)) == "enqueued"
+    assert enqueue(db, "m1", T0 + 9 * S, value=b"other") == "duplicate"
+    row = conn.execute("SELECT * FROM pyscheduler.delay_messages").fetchone()
+    assert (row["id"], row["deadline"], row["key"], row["value"], row["headers"]) == (
+        "m1", T0 + 5 * S, b"k", b"\x00\xffnot json", headers)
+    assert row["readied_at"] is None and row["readied_by"] is None
+
+
+def test_enqueue_late_message_is_not_stored_unless_already_present(db, conn):
+    # within the timing advance: late, the caller publishes it now
+    assert enqueue(db, "late", T0 + 40 * MS, advance=timedelta(milliseconds=50)) == "late"
+    assert enqueue(db, "past", T0 - 3 * S) == "late"
+    assert rows(conn) == []
+    # just outside the advance: stored
+    assert enqueue(db, "ok", T0 + 60 * MS, advance=timedelta(milliseconds=50)) == "enqueued"
+    # an id already waiting is a duplicate even when the new copy is late
+    assert enqueue(db, "ok", T0 - S) == "duplicate"
+    assert [r["id"] for r in rows(conn)] == ["ok"]
+
+
+def test_enqueue_messages_reports_each_message_in_input_order(db, conn):
+    enqueue(db, "old", T0 + 10 * S)
+    out = db.call("enqueue_messages", ids=["a", "b", "a", "old", "c"],
+                  deadlines=[T0 + S, T0 - S, T0 + 2 * S, T0 + S, T0 + 3 * S],
+                  keys=[b"ka", None, b"ka2", None, b"kc"], vals=[b"va", b"vb", b"va2", b"vo", None],
+                  header_lists=[Jsonb([{"h": "1"}]), None, None, None, Jsonb([])], now=T0)
+    assert [(r["ord"], r["id"], r["outcome"]) for r in out] == [
+        (1, "a", "enqueued"), (2, "b", "late"), (3, "a", "duplicate"), (4, "old", "duplicate"), (5, "c", "enqueued")]
+    stored = {r["id"]: r for r in conn.execute("SELECT * FROM pyscheduler.delay_messages").fetchall()}
+    assert sorted(stored) == ["a", "c", "old"]
+    assert (stored["a"]["key"], stored["a"]["value"], stored["a"]["headers"]) == (b"ka", b"va", [{"h": "1"}])
+    assert stored["c"]["value"] is None and stored["c"]["headers"] == []
+
+
+def test_enqueue_messages_with_only_ids_and_deadlines(db):
+    out = db.call("enqueue_messages", ids=["x", "y"], deadlines=[T0 + S, T0 + S], now=T0)
+    assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
+    assert db.call("enqueue_messages", ids=[], deadlines=[], now=T0) == []
+
+
+@pytest.mark.parametrize("args, code", [
+    (dict(id="", deadline=T0), "PS101"),
+    (dict(id="x" * 129, deadline=T0), "PS101"),
+    (dict(id=None, deadline=T0), "PS101"),
+    (dict(id="x", deadline=None), "PS102"),
+    (dict(id="x", deadline=T0, headers=Jsonb({"a": "b"})), "PS104"),
+    (dict(id="x", deadline=T0, headers=Jsonb([{"a": "b", "c": "d"}])), "PS104"),
+    (dict(id="x", deadline=T0, headers=Jsonb(["a"])), "PS104"),
+    (dict(id="x", deadline=T0, advance=timedelta(seconds=-1)), "PS105"),
+])
+def test_enqueue_rejects_bad_arguments_with_their_code(db, args, code):
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call_value("enqueue_message", **args)
+    assert info.value.sqlstate == code
+
+
+def test_enqueue_accepts_an_id_of_128_characters(db):
+    assert enqueue(db, "x" * 128, T0 + S) == "enqueued"
+
+
+def test_enqueue_messages_rejects_arrays_of_different_lengths(db, conn):
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("enqueue_messages", ids=["a", "b"], deadlines=[T0 + S], now=T0)
+    assert info.value.sqlstate == "PS103"
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("enqueue_messages", ids=["a"], deadlines=[T0 + S], keys=[b"1", b"2"], now=T0)
+    assert info.value.sqlstate == "PS103"
+    assert rows(conn) == []
+
+
+# -- claim ---------------------------------------------------------------------
+
+def test_ready_and_claim_takes_due_messages_earliest_first_in_batches(db, conn):
+    node = uuid.uuid4()
+    for i, offset in enumerate([3, 1, 2, 60]):
+        enqueue(db, f"m{i}", T0 + offset * S)
+    # nothing due yet: deadline minus advance is later than now
+    assert claim(db, node, now=T0 + 900 * MS) == []
+    assert [r["id"] for r in claim(db, node, now=T0 + 960 * MS)] == ["m1"]  # 1 s - 50 ms advance
+    got = claim(db, node, now=T0 + 10 * S, max_count=1)
+    assert [r["id"] for r in got] == ["m2"]
+    got = claim(db, node, now=T0 + 10 * S)
+    assert [r["id"] for r in got] == ["m0"]
+    assert got[0]["readied_at"] == T0 + 10 * S
+    by = {r["id"]: r for r in rows(conn)}
+    assert by["m0"]["readied_by"] == node and by["m3"]["readied_at"] is None
+    # claimed rows are not claimed again
+    assert claim(db, uuid.uuid4(), now=T0 + 10 * S) == []
+
+
+def test_ready_and_claim_returns_what_to_publish(db):
+    enqueue(db, "m", T0 + S, key=b"key", value=b"\x01\x02", headers=Jsonb([{"a": "1"}]))
+    (row,) = claim(db, uuid.uuid4(), now=T0 + 2 * S)
+    assert (row["id"], row["deadline"], row["key"], row["value"], row["headers"]) == (
+        "m", T0 + S, b"key", b"\x01\x02", [{"a": "1"}])
+
+
+@pytest.mark.parametrize("args", [dict(node=None), dict(max_count=0), dict(advance=timedelta(seconds=-1))])
+def test_ready_and_claim_rejects_bad_arguments(db, args):
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("ready_and_claim", **{"node": uuid.uuid4(), **args})
+    assert info.value.sqlstate == "PS105"
+
+
+def test_two_connections_claiming_at_once_never_get_the_same_row(dsn, db):
+    n = 400
+    db.call("enqueue_messages", ids=[f"m{i}" for i in range(n)], deadlines=[T0 + S] * n, now=T0)
+    # First: an open transaction holding a claim makes the other skip, not wait.
+    with psycopg.connect(dsn) as a, psycopg.connect(dsn, autocommit=True) as b:
+        first = a.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 50, now => %s)",
+                          (uuid.uuid4(), T0 + 2 * S)).fetchall()
+        b.execute("SET lock_timeout = '2s'")
+        second = b.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 50, now => %s)",
+                           (uuid.uuid4(), T0 + 2 * S)).fetchall()
+        assert len(first) == len(second) == 50
+        assert not {r[0] for r in first} & {r[0] for r in second}
+        a.rollback()  # a's 50 go back to waiting; b's 50 stay claimed
+    # Then: two threads racing in small batches claim every remaining row exactly once.
+    claimed: dict[str, list[str]] = {"x": [], "y": []}
+    barrier = threading.Barrier(2)
+
+    def worker(name: str) -> None:
+        node = uuid.uuid4()
+        with psycopg.connect(dsn, autocommit=True) as c:
+            barrier.wait()
+            while True:
+                got = c.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 7, now => %s)",
+                                (node, T0 + 2 * S)).fetchall()
+                if not got:
+                    return
+                claimed[name] += [r[0] for r in got]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in claimed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everything = claimed["x"] + claimed["y"]
+    assert len(everything) == len(set(everything)) == n - 50
+    assert not set(everything) & {r[0] for r in second}
+
+
+def test_claim_uses_the_partial_index_on_waiting_rows(conn):
+    conn.execute("SET enable_seqscan = off")
+    plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+        "EXPLAIN SELECT id FROM pyscheduler.delay_messages WHERE readied_at IS NULL AND deadline <= now() "
+        "ORDER BY deadline LIMIT 10 FOR UPDATE SKIP LOCKED").fetchall())
+    assert "delay_messages_waiting_idx" in plan
+    indexdef = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'delay_messages_waiting_idx'"
+                            ).fetchone()["indexdef"]
+    assert "WHERE (readied_at IS NULL)" in indexdef
+
+
+# -- delete --------------------------------------------------------------------
+
+def test_delete_fired_deletes_and_reports_what_was_already_gone(db, conn):
+    node, peer = uuid.uuid4(), uuid.uuid4()
+    for i in range(3):
+        enqueue(db, f"m{i}", T0 + S)
+    claim(db, node, now=T0 + 2 * S)
+    gone = db.call("delete_fired", ids=["m0", "m1", "nope"], node=node)
+    assert [r["id"] for r in gone] == ["nope"]
+    assert [r["id"] for r in rows(conn)] == ["m2"]
+    # a peer's delete leaves this node's ready row alone and reports it
+    assert [r["id"] for r in db.call("delete_fired", ids=["m2"], node=peer)] == ["m2"]
+    assert [r["id"] for r in db.call("delete_fired", ids=["m2"])] == []
+    assert rows(conn) == []
+
+
+def test_delete_fired_never_deletes_a_waiting_message(db, conn):
+    # fired, forgotten, and enqueued again with the same id: a late delete must not lose it
+    node = uuid.uuid4()
+    enqueue(db, "m", T0 + S)
+    claim(db, node, now=T0 + 2 * S)
+    assert db.call("delete_fired", ids=["m"], node=node) == []
+    assert enqueue(db, "m", T0 + 10 * S, now=T0 + 2 * S) == "enqueued"
+    assert [r["id"] for r in db.call("delete_fired", ids=["m"], node=node)] == ["m"]
+    assert [r["id"] for r in rows(conn)] == ["m"]
+
+
+# -- reset ---------------------------------------------------------------------
+
+def test_reset_stuck_resets_only_rows_held_longer_than_the_hold_time(db, conn):
+    stale, fresh = uuid.uuid4(), uuid.uuid4()
+    enqueue(db, "old", T0 + S)
+    enqueue(db, "new", T0 + 3 * S)
+    claim(db, stale, now=T0 + 2 * S)            # readied at T0+2s
+    claim(db, fresh, now=T0 + 6 * S)            # readied at T0+6s
+    hold = timedelta(seconds=5)
+    assert db.call("reset_stuck", hold=hold, now=T0 + 7 * S) == []
+    out = db.call("reset_stuck", hold=hold, now=T0 + 7500 * MS)
+    assert [(r["id"], r["suspected_node"], r["readied_at"]) for r in out] == [("old", stale, T0 + 2 * S)]
+    by = {r["id"]: r for r in rows(conn)}
+    assert by["old"]["readied_at"] is None and by["old"]["readied_by"] is None
+    assert by["new"]["readied_by"] == fresh
+    # the reset message is claimable again, by another node
+    assert [r["id"] for r in claim(db, fresh, now=T0 + 8 * S)] == ["old"]
+
+
+def test_reset_stuck_skips_a_row_whose_owner_is_busy_with_it(dsn, db, conn):
+    node = uuid.uuid4()
+    enqueue(db, "m", T0 + S)
+    claim(db, node, now=T0 + 2 * S)
+    with psycopg.connect(dsn) as owner:  # the owner is deleting it right now (uncommitted)
+        owner.execute("SELECT * FROM pyscheduler.delete_fired(ids => ARRAY['m'], node => %s)", (node,))
+        assert db.call("reset_stuck", hold=timedelta(seconds=1), now=T0 + 10 * S) == []
+        owner.commit()
+    assert rows(conn) == []
+
+
+def test_reset_stuck_rejects_a_non_positive_hold(db):
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("reset_stuck", hold=timedelta(0))
+    assert info.value.sqlstate == "PS105"
+
+
+# -- wake-ups, cancel, views, roles ---------------------------------------------
+
+def test_enqueue_notifies_when_a_message_is_due_before_what_sleepers_expect(dsn, db):
+    def soon(ms: int) -> datetime:
+        return datetime.now(timezone.utc) + timedelta(milliseconds=ms)
+
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pyscheduler_delay")
+
+        def notes() -> list:
+            return list(listener.notifies(timeout=0.3, stop_after=5))
+
+        # due in 1 minute: the poll will find it, no notification
+        db.call_value("enqueue_message", id="far", deadline=soon(60_000))
+        assert notes() == []
+        # due within the poll interval and earlier than everything waiting: wake sleepers
+        db.call_value("enqueue_message", id="soon", deadline=soon(120))
+        assert [n.channel for n in notes()] == ["pyscheduler_delay"]
+        # later than the head of the queue: sleepers already expect an earlier one
+        db.call_value("enqueue_message", id="after", deadline=soon(140))
+        assert notes() == []
+
+
+def test_next_deadline_is_the_earliest_waiting_one(db):
+    assert db.call_value("next_deadline") is None
+    enqueue(db, "a", T0 + 5 * S)
+    enqueue(db, "b", T0 + 3 * S)
+    assert db.call_value("next_deadline") == T0 + 3 * S
+    claim(db, uuid.uuid4(), now=T0 + 4 * S)
+    assert db.call_value("next_deadline") == T0 + 5 * S
+
+
+def test_cancel_message_removes_only_waiting_messages(db):
+    enqueue(db, "a", T0 + S)
+    enqueue(db, "b", T0 + 9 * S)
+    claim(db, uuid.uuid4(), now=T0 + 2 * S)
+    assert db.call_value("cancel_message", id="b") is True
+    assert db.call_value("cancel_message", id="a") is False  # being fired
+    assert db.call_value("cancel_message", id="zz") is False
+
+
+def test_views_show_counts_next_deadline_and_ready_per_node(db):
+    now = datetime.now(timezone.utc)
+    node = uuid.uuid4()
+    db.call("enqueue_messages", ids=["a", "b", "c", "d"],
+            deadlines=[now + timedelta(minutes=1), now + timedelta(minutes=2), now + timedelta(minutes=3),
+                       now + timedelta(hours=1)], now=now - timedelta(hours=1))
+    db.call("ready_and_claim", node=node, max_count=2, now=now + timedelta(minutes=2, seconds=30))
+    stats = db.query("SELECT * FROM pyscheduler.delay_queue")[0]
+    assert (stats["waiting"], stats["ready"], stats["overdue"]) == (2, 2, 0)
+    assert stats["next_deadline"] == now + timedelta(minutes=3)
+    assert stats["oldest_ready_age"] < timedelta(0)  # readied "in the future" by the test clock
+    (per_node,) = db.query("SELECT * FROM pyscheduler.delay_ready_by_node")
+    assert (per_node["node"], per_node["ready"]) == (node, 2)
+
+
+def test_worker_and_client_roles_get_their_functions(conn):
+    def can(role: str, fn: str) -> bool:
+        return conn.execute("SELECT has_function_privilege(%s, p.oid, 'EXECUTE') AS ok FROM pg_proc p "
+                            "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = %s",
+                            (role, fn)).fetchone()["ok"]
+
+    for fn in ("enqueue_messages", "ready_and_claim", "delete_fired", "reset_stuck", "next_deadline"):
+        assert can("pyscheduler_worker", fn)
+    assert can("pyscheduler_client", "enqueue_message") and can("pyscheduler_client", "cancel_message")
+    assert not can("pyscheduler_client", "ready_and_claim")
+    assert not can("public", "enqueue_message")
+    assert conn.execute("SELECT has_table_privilege('pyscheduler_client', 'pyscheduler.delay_queue', 'SELECT') AS ok"
+                        ).fetchone()["ok"]
