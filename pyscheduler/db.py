@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 SCHEMA = "pyscheduler"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
-__all__ = ["Database", "Jsonb", "Listener", "Wakeup", "Outage", "connect", "translating"]
+__all__ = ["Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "connect", "translating"]
 
 
 @contextlib.contextmanager
@@ -70,7 +70,35 @@ def _function_call(function: str, args: dict[str, Any]) -> sql.Composed:
     )
 
 
-class Database:
+class _Calls:
+    """call_one / call_value on top of a ``call`` (Database and Session)."""
+
+    def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def call_one(self, function: str, /, **args: Any) -> dict[str, Any] | None:
+        rows = self.call(function, **args)
+        return rows[0] if rows else None
+
+    def call_value(self, function: str, /, **args: Any) -> Any:
+        """The single value a scalar function returns."""
+        row = self.call_one(function, **args)
+        return None if row is None else next(iter(row.values()))
+
+
+class Session(_Calls):
+    """``call`` on one connection held from the pool (``Database.session()``):
+    no pool checkout per call, for tight loops such as a worker's."""
+
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        with translating():
+            return self.conn.execute(_function_call(function, args), args).fetchall()
+
+
+class Database(_Calls):
     """A pool of autocommit connections to one database."""
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8, name: str = "pyscheduler",
@@ -112,14 +140,11 @@ class Database:
         with self.connection() as conn:
             return conn.execute(query, args).fetchall()
 
-    def call_one(self, function: str, /, **args: Any) -> dict[str, Any] | None:
-        rows = self.call(function, **args)
-        return rows[0] if rows else None
-
-    def call_value(self, function: str, /, **args: Any) -> Any:
-        """The single value a scalar function returns."""
-        row = self.call_one(function, **args)
-        return None if row is None else next(iter(row.values()))
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """Hold one connection for many calls: ``with db.session() as s: s.call(...)``."""
+        with self.connection() as conn:
+            yield Session(conn)
 
     def query(self, query: str | sql.Composable, params: Any = None) -> list[dict[str, Any]]:
         """A read-only query on views (admin and tests); functions go through call()."""
