@@ -332,6 +332,8 @@ AS $$
    Fairness (off by default): with aging_rate > 0 a ready task's effective
    priority is priority + aging_rate * seconds since it became ready, capped at
    greatest(priority, aging_cap); this path sorts every ready task of the queue.
+   Commits asynchronously (synchronous_commit = off for the calling
+   transaction): a lease lost in a database crash is a lease that expired.
    Errors: PS208 queue, worker, n < 1, timeout <= 0, aging_rate < 0. */
 #variable_conflict use_column
 DECLARE
@@ -347,6 +349,10 @@ BEGIN
         RAISE EXCEPTION 'aging_rate must be >= 0 and aging_cap given, got % and %', aging_rate, aging_cap
             USING ERRCODE = 'PS208', HINT = 'aging_rate => 0 turns aging off.';
     END IF;
+    -- A lease lost in a database crash equals a lease that expired: the task
+    -- is ready again (at-least-once, as the seed requires), so the lease
+    -- need not wait for its WAL flush (this transaction commits asynchronously).
+    PERFORM set_config('synchronous_commit', 'off', true);
     IF aging_rate = 0 THEN
         -- The normal claim: an index scan of tasks_ready_idx in claim order.
         RETURN QUERY
@@ -415,6 +421,8 @@ AS $$
        -> task jsonb
    Extend the lease: deadline = now + timeout, and set progress (0..1; NULL
    keeps it), in one statement guarded by owner = worker and status = running.
+   Commits asynchronously, like lease_tasks: a heartbeat lost in a crash only
+   makes the lease shorter.
    Errors: PS200 unknown, PS201 not the owner, PS202 not running,
    PS203 cancelled (stop working), PS205 progress, PS208 timeout. */
 #variable_conflict use_column
@@ -424,6 +432,7 @@ DECLARE
 BEGIN
     PERFORM _check_task_args(p_timeout => coalesce(heartbeat_task.timeout, interval '0'));
     PERFORM _check_progress(heartbeat_task.progress);
+    PERFORM set_config('synchronous_commit', 'off', true);  -- a lost heartbeat is a shorter lease
     UPDATE tasks t
        SET deadline = v_now + heartbeat_task.timeout, updated = v_now,
            progress = coalesce(heartbeat_task.progress, t.progress)

@@ -1,0 +1,198 @@
+"""``pyscheduler bench tasks``: throughput and latency of leased tasks.
+
+Three measurements, each on its own queue (removed afterwards, so it is safe
+on a database with real tasks), all through the SQL API via pyscheduler.db:
+
+1. batch lease+complete: N tasks submitted with submit_tasks, then W
+   connections loop lease_tasks(n => batch) + complete_tasks(rns) until none
+   is left; tasks/s = N / elapsed.
+2. single lease+complete: W connections loop lease_task + complete_task.
+3. submit-to-lease latency with idle workers: Worker instances (the library,
+   woken by NOTIFY) wait on a queue; tasks are submitted one at a time and the
+   time from the submit call to the handler starting is recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import click
+
+from ..config import dsn_option
+from ..db import Database, Jsonb
+from .worker import TaskContext, Worker, wait_for
+
+TARGETS = {"batch": 25_000, "single": 2_500, "p99_ms": 20.0}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def _drop_queue(db: Database, queue: str) -> None:
+    # The bench's own rows only; nothing else in the database is touched.
+    with db.connection() as conn:
+        conn.execute("DELETE FROM pyscheduler.tasks WHERE queue = %s", (queue,))
+
+
+def submit_bulk(db: Database, queue: str, total: int, chunk: int = 5000) -> float:
+    """Submit ``total`` tasks in chunks; seconds taken."""
+    started = time.perf_counter()
+    left = total
+    while left:
+        n = min(chunk, left)
+        db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(n)]))
+        left -= n
+    return time.perf_counter() - started
+
+
+def _run_threads(workers: int, target) -> float:
+    barrier = threading.Barrier(workers + 1)
+    threads = [threading.Thread(target=target, args=(k, barrier)) for k in range(workers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
+def batch_lease_complete(db: Database, queue: str, workers: int, batch: int) -> tuple[int, float]:
+    done = [0] * workers
+
+    def work(k: int, barrier: threading.Barrier) -> None:
+        worker = f"bench-batch-{k}"
+        with db.session() as s:
+            barrier.wait()
+            while True:
+                rows = s.call("lease_tasks", queue=queue, worker=worker, n=batch, timeout=timedelta(seconds=60))
+                if not rows:
+                    return
+                failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows], worker=worker)
+                assert not failed, failed
+                done[k] += len(rows)
+
+    elapsed = _run_threads(workers, work)
+    return sum(done), elapsed
+
+
+def single_lease_complete(db: Database, queue: str, workers: int, seconds: float) -> tuple[int, float]:
+    done = [0] * workers
+
+    def work(k: int, barrier: threading.Barrier) -> None:
+        worker = f"bench-single-{k}"
+        with db.session() as s:
+            barrier.wait()
+            until = time.perf_counter() + seconds
+            while time.perf_counter() < until:
+                task = s.call_value("lease_task", queue=queue, worker=worker, timeout=timedelta(seconds=60))
+                if task is None:
+                    return
+                s.call("complete_task", rn=task["rn"], worker=worker)
+                done[k] += 1
+
+    elapsed = _run_threads(workers, work)
+    return sum(done), elapsed
+
+
+def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, workers: int,
+                            gap: float) -> list[float]:
+    """Milliseconds from each submit call to its handler starting, with idle workers."""
+    latencies: list[float] = []
+    got = threading.Event()
+
+    def handler(ctx: TaskContext) -> None:
+        latencies.append((time.perf_counter() - ctx.spec["t"]) * 1000)
+        got.set()
+
+    running = [Worker(dsn, queue, handler, capacity=1, poll_interval=5.0).start() for _ in range(workers)]
+    try:
+        wait_for(lambda: all(r.worker.registered.is_set() for r in running), timeout=30)
+        time.sleep(0.5)  # let the workers' LISTEN connections settle into their idle wait
+        for _ in range(samples):
+            got.clear()
+            db.call("submit_task", queue=queue, spec=Jsonb({"t": time.perf_counter()}))
+            got.wait(10)
+            time.sleep(gap)
+    finally:
+        for r in running:
+            r.stop()
+    return latencies
+
+
+def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
+    ok = value >= target if higher_is_better else value <= target
+    return f"{'meets' if ok else 'MISSES'} target {target:,.0f}" if higher_is_better else (
+        f"{'meets' if ok else 'MISSES'} target {target:.0f} ms")
+
+
+@click.command("tasks")
+@dsn_option
+@click.option("--tasks", "total", type=click.IntRange(1), default=100_000, show_default=True,
+              help="Tasks for the batch lease+complete run.")
+@click.option("--batch", type=click.IntRange(1), default=1000, show_default=True, help="Tasks per lease.")
+@click.option("--workers", type=click.IntRange(1), default=2, show_default=True,
+              help="Concurrent connections leasing (2 cores: 2).")
+@click.option("--single-seconds", type=float, default=10.0, show_default=True,
+              help="Duration of the single lease+complete run.")
+@click.option("--samples", type=click.IntRange(1), default=300, show_default=True,
+              help="Submit-to-lease latency samples.")
+@click.option("--gap", type=float, default=0.02, show_default=True, help="Seconds between latency samples.")
+def bench(dsn, total, batch, workers, single_seconds, samples, gap) -> None:
+    """Leased tasks: batch and single lease+complete tasks/s, submit-to-lease latency."""
+    from .. import migrate as migrations
+
+    server = None
+    if not dsn:
+        from ..embedded import Postgres
+        import tempfile
+
+        click.echo("no --dsn: starting the embedded PostgreSQL ...")
+        server = Postgres(Path(tempfile.mkdtemp(prefix="pyscheduler-bench-"))).start()
+        dsn = server.dsn()
+    try:
+        migrations.migrate(dsn)
+        tag = f"bench-{os.getpid()}"
+        with Database(dsn, min_size=workers + 1, max_size=workers + 2) as db:
+            try:
+                q = f"{tag}-batch"
+                secs = submit_bulk(db, q, total)
+                click.echo(f"submit (submit_tasks, 5000 per call): {total:,} tasks in {secs:.2f}s = "
+                           f"{total / secs:,.0f} tasks/s")
+                n, secs = batch_lease_complete(db, q, workers, batch)
+                rate = n / secs
+                click.echo(f"batch lease+complete (lease_tasks n={batch} + complete_tasks, {workers} workers): "
+                           f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
+                           f"({_verdict(rate, TARGETS['batch'])})")
+                _drop_queue(db, q)
+
+                q = f"{tag}-single"
+                expected = int(single_seconds * 6000) + 1000
+                submit_bulk(db, q, expected)
+                n, secs = single_lease_complete(db, q, workers, single_seconds)
+                rate = n / secs
+                click.echo(f"single lease+complete (lease_task + complete_task, {workers} workers): "
+                           f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
+                           f"({_verdict(rate, TARGETS['single'])})")
+                _drop_queue(db, q)
+
+                q = f"{tag}-latency"
+                lat = submit_to_lease_latency(dsn, db, q, samples, workers, gap)
+                p50, p99 = _percentile(lat, 50), _percentile(lat, 99)
+                click.echo(f"submit-to-lease latency ({len(lat)} samples, {workers} idle workers, NOTIFY): "
+                           f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(lat):.2f} ms, "
+                           f"mean {statistics.mean(lat):.2f} ms ({_verdict(p99, TARGETS['p99_ms'], False)})")
+                _drop_queue(db, q)
+            finally:
+                for suffix in ("batch", "single", "latency"):
+                    _drop_queue(db, f"{tag}-{suffix}")
+    finally:
+        if server is not None:
+            server.stop()

@@ -1,0 +1,247 @@
+"""``pyscheduler tasks ...``: the monitor daemon, admin commands, a sample worker,
+the demo and the benchmark (the capability contract of pyscheduler/daemon.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import click
+
+from ..config import dsn_option, env, option
+from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..db import Database
+from .client import STATUSES, TaskClient
+from .monitor import Monitor
+from .worker import TaskContext, Worker, wait_for
+
+log = logging.getLogger(__name__)
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class Duration(click.ParamType):
+    """Seconds, or a number with a unit: 500ms, 10s, 5m, 2h, 7d."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, timedelta):
+            return value
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(value))
+        if not m:
+            self.fail(f"expected a duration such as 30s, 5m, 2h or 7d, got {value!r}", param, ctx)
+        return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2) or "s"])
+
+
+DURATION = Duration()
+
+
+def _monitor_options(f):
+    f = option("--batch", type=click.IntRange(1), default=1000, envvar=env("tasks_batch"),
+               help="Tasks reset per statement.")(f)
+    f = option("--cleanup-interval", type=DURATION, default="60s", envvar=env("tasks_cleanup_interval"),
+               help="How often terminal tasks past retention are deleted.")(f)
+    f = option("--retention", type=DURATION, default="7d", envvar=env("tasks_retention"),
+               help="How long completed, aborted and cancelled tasks are kept.")(f)
+    f = option("--reset-interval", type=DURATION, default="1s", envvar=env("tasks_reset_interval"),
+               help="How often expired leases are looked for (a yield wakes the monitor at once).")(f)
+    return f
+
+
+def _monitor(dsn: str, reset_interval: timedelta, retention: timedelta, cleanup_interval: timedelta,
+             batch: int) -> Monitor:
+    return Monitor(dsn, reset_interval=reset_interval.total_seconds(), retention=retention,
+                   cleanup_interval=cleanup_interval.total_seconds(), batch=batch)
+
+
+def _require_dsn(dsn: str | None) -> str:
+    if not dsn:
+        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    return dsn
+
+
+def _client(dsn: str | None) -> tuple[Database, TaskClient]:
+    db = Database(_require_dsn(dsn), max_size=1).open()
+    return db, TaskClient(db)
+
+
+def _echo_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+@click.group("tasks")
+def group() -> None:
+    """Leased tasks: queues, priorities, leases, heartbeats, cancel, yield, monitor."""
+
+
+@group.command("monitor")
+@dsn_option
+@_monitor_options
+def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch) -> None:
+    """Run the monitor: reset expired leases, delete old finished tasks."""
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    sys.exit(run_daemons([_monitor(_require_dsn(dsn), reset_interval, retention, cleanup_interval, batch)], stop))
+
+
+@group.command("submit")
+@dsn_option
+@click.argument("queue")
+@click.argument("spec")
+@click.option("--priority", type=click.IntRange(0, 4_294_967_295), default=50, show_default=True)
+def submit_cmd(dsn, queue, spec, priority) -> None:
+    """Submit a task: QUEUE and SPEC (a JSON object)."""
+    try:
+        spec_obj = json.loads(spec)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="SPEC") from exc
+    db, client = _client(dsn)
+    with db:
+        _echo_json(client.submit(queue, spec_obj, priority))
+
+
+@group.command("get")
+@dsn_option
+@click.argument("rn")
+def get_cmd(dsn, rn) -> None:
+    """Show one task."""
+    db, client = _client(dsn)
+    with db:
+        _echo_json(client.get(rn))
+
+
+@group.command("list")
+@dsn_option
+@click.option("--queue", default=None)
+@click.option("--status", type=click.Choice(STATUSES), default=None)
+@click.option("--owner", default=None)
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+def list_cmd(dsn, queue, status, owner, limit) -> None:
+    """List tasks, newest first."""
+    db, client = _client(dsn)
+    with db:
+        for t in client.list(queue, status, owner, limit):
+            click.echo(f"{t['rn']}  {t['queue']:<12} {t['status']:<9} p={t['priority']:<5} "
+                       f"progress={t['progress']:.2f} owner={t['owner'] or '-'}")
+
+
+@group.command("cancel")
+@dsn_option
+@click.argument("rn")
+def cancel_cmd(dsn, rn) -> None:
+    """Cancel a ready or running task."""
+    db, client = _client(dsn)
+    with db:
+        _echo_json(client.cancel(rn))
+
+
+def sleep_handler(ctx: TaskContext) -> None:
+    """The sample handler: sleeps spec['seconds'] in steps, reporting progress."""
+    seconds = float(ctx.spec.get("seconds", 0))
+    print(f"leased {ctx.rn} {json.dumps(ctx.spec)}", flush=True)
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < seconds:
+        if ctx.stopping.wait(min(0.1, seconds - elapsed)):
+            print(f"stopped {ctx.rn} ({ctx.reason})", flush=True)
+            return
+        ctx.progress(min(1.0, elapsed / seconds))
+    print(f"done {ctx.rn}", flush=True)
+
+
+@group.command("work")
+@dsn_option
+@click.option("--queue", required=True)
+@option("--capacity", type=click.IntRange(1), default=1, envvar=env("tasks_capacity"),
+        help="Tasks worked at once.")
+@option("--lease-timeout", type=DURATION, default="10s", envvar=env("tasks_lease_timeout"),
+        help="Lease length; heartbeats extend it every third of it.")
+def work_cmd(dsn, queue, capacity, lease_timeout) -> None:
+    """A sample worker: sleeps spec.seconds per task (for demos and crash tests)."""
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    worker = Worker(_require_dsn(dsn), queue, sleep_handler, capacity=capacity,
+                    timeout=lease_timeout.total_seconds(), poll_interval=0.5)
+    sys.exit(run_daemons([worker], stop))
+
+
+def daemons(ctx: RunContext) -> list:
+    """The monitor, configured from the same environment variables as ``tasks monitor``."""
+    values = {}
+    for p in monitor_cmd.params:
+        if p.name in ("reset_interval", "retention", "cleanup_interval", "batch"):
+            raw = os.environ.get(p.envvar) or p.default
+            values[p.name] = p.type.convert(raw, p, None) if not isinstance(raw, int) else raw
+    return [_monitor(ctx.dsn, **values)]
+
+
+def worker_command(dsn: str, queue: str, lease_timeout: str = "2s", capacity: int = 1) -> list[str]:
+    """argv of a sample worker process (``pyscheduler tasks work``)."""
+    return [sys.executable, "-c", "from pyscheduler.cli import main; main()", "tasks", "work", "--dsn", dsn,
+            "--queue", queue, "--lease-timeout", lease_timeout, "--capacity", str(capacity)]
+
+
+def demo(ctx: RunContext, echo) -> None:
+    """Mixed priorities, two worker processes, one killed with -9: timeout and re-lease."""
+    from .. import migrate as migrations
+
+    migrations.migrate(ctx.dsn)
+    stop = threading.Event()
+    monitor = Monitor(ctx.dsn, reset_interval=0.5)
+    mon_thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
+    mon_thread.start()
+    procs: list[subprocess.Popen] = []
+    with Database(ctx.dsn, max_size=2) as db:
+        client = TaskClient(db)
+        queue = f"demo-{os.getpid()}"
+        long = client.submit(queue, {"name": "long report", "seconds": 3}, priority=100)
+        for p in (2, 9, 10):
+            client.submit(queue, {"name": f"priority {p}", "seconds": 0.2}, priority=p)
+        echo("submitted: 'long report' (priority 100, 3 s) and three short tasks of priorities 2, 9, 10")
+        victim = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE, text=True)
+        procs.append(victim)
+        line = victim.stdout.readline().strip()
+        echo(f"worker A (pid {victim.pid}): {line}")
+        held = wait_for(lambda: client.get(long["rn"])["owner"], timeout=30)
+        echo(f"the highest priority went first: 'long report' is leased by {held}; "
+             f"killing worker A with SIGKILL (no yield, no goodbye)")
+        victim.kill()
+        victim.wait()
+        rescuer = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE, text=True)
+        procs.append(rescuer)
+        order = []
+        while len(order) < 3:
+            line = rescuer.stdout.readline()
+            if not line:
+                break
+            if line.startswith("leased"):
+                order.append(line.strip())
+        echo("worker B leases in priority order, numerically (10 before 9 before 2):")
+        for line in order:
+            echo(f"  {line}")
+        task = wait_for(lambda: (t := client.get(long["rn"]))["owner"] not in (None, held) and t, timeout=30)
+        echo(f"after its 2 s lease expired the monitor reset 'long report'; now leased by {task['owner']}")
+        done = wait_for(lambda: (t := client.get(long["rn"]))["status"] == "completed" and t, timeout=30)
+        echo("history of 'long report':")
+        for h in done["history"]:
+            extra = f" progress={h['progress']:.2f}" if "progress" in h else ""
+            echo(f"  {h['_typ']:<15} {h['worker']:<10} {h['time']}{extra}")
+        counts = db.query("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = %s ORDER BY status",
+                          (queue,))
+        echo("task_counts: " + ", ".join(f"{r['status']}={r['tasks']}" for r in counts))
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(10)
+    stop.set()
+    mon_thread.join(10)
+
+
+from .bench import bench  # noqa: E402  (the ``pyscheduler bench tasks`` command)

@@ -1,0 +1,86 @@
+"""The monitor of leased tasks: failure detector and cleanup (seeds/scylla.md).
+
+Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it
+calls ``reset_expired_tasks`` until nothing is left, which makes running tasks
+past their deadline ready again; every ``cleanup_interval`` it deletes
+terminal tasks older than ``retention`` with ``cleanup_tasks``. Replicas are
+safe: both functions skip rows another monitor is working on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from ..db import Database, Listener, Outage, Wakeup
+from ..errors import DatabaseUnavailable
+from .worker import poke_on
+
+log = logging.getLogger(__name__)
+
+MONITOR_CHANNEL = "pyscheduler_tasks_monitor"
+
+
+class Monitor:
+    name = "tasks-monitor"
+
+    def __init__(self, dsn: str, *, reset_interval: float = 1.0, retention: timedelta = timedelta(days=7),
+                 cleanup_interval: float = 60.0, batch: int = 1000):
+        self.dsn = dsn
+        self.reset_interval = reset_interval
+        self.retention = retention
+        self.cleanup_interval = cleanup_interval
+        self.batch = batch
+        self.resets = 0
+        self.deleted = 0
+
+    def run(self, stop: threading.Event) -> None:
+        wakeup = Wakeup()
+        poke_on(stop, wakeup)
+        listener = Listener(self.dsn, [MONITOR_CHANNEL], wakeup.poke, on_reconnect=wakeup.poke, logger=log).start()
+        outage = Outage("tasks monitor", log)
+        next_cleanup = 0.0
+        with Database(self.dsn, min_size=1, max_size=1, name="pyscheduler-tasks-monitor") as db:
+            while not stop.is_set():
+                try:
+                    self.reset_once(db)
+                    if time.monotonic() >= next_cleanup:
+                        self.cleanup_once(db)
+                        next_cleanup = time.monotonic() + self.cleanup_interval
+                    outage.ok()
+                except DatabaseUnavailable as exc:
+                    stop.wait(outage.failed(exc))
+                    continue
+                wakeup.wait(self.reset_interval)
+        listener.stop()
+
+    def reset_once(self, db: Database) -> int:
+        """Reset every expired lease now; how many."""
+        total = 0
+        while True:
+            rows = db.call("reset_expired_tasks", max_tasks=self.batch)
+            for row in rows:
+                task = row["task"]
+                last = task["history"][-1]["_typ"] if task["history"] else None
+                log.info("reset task %s of queue %s to ready (%s)", task["rn"], task["queue"],
+                         "yielded" if last == "TaskYield" else "lease timed out")
+            total += len(rows)
+            if len(rows) < self.batch:
+                break
+        self.resets += total
+        return total
+
+    def cleanup_once(self, db: Database) -> int:
+        """Delete every terminal task past retention now; how many."""
+        total = 0
+        while True:
+            n = db.call_value("cleanup_tasks", retention=self.retention, max_tasks=self.batch * 10)
+            total += n
+            if n < self.batch * 10:
+                break
+        if total:
+            log.info("deleted %d finished tasks older than %s", total, self.retention)
+        self.deleted += total
+        return total

@@ -1,0 +1,303 @@
+"""The worker library of leased tasks (seeds/scylla.md).
+
+A ``Worker`` registers (a unique id from a database sequence), then leases
+tasks of one queue while it has capacity, runs each in a thread with the
+application's handler, and keeps every held lease alive from a heartbeat
+thread that also reports the handler's progress. A handler that returns
+completes its task; one that raises ``Abort`` (or any exception) aborts it
+with errors. Cancellation reaches the handler through ``ctx.cancelled``: at
+once by NOTIFY, at the latest on the next heartbeat. On stop (SIGTERM in
+``pyscheduler run`` or your own shutdown hook) the worker yields the tasks it
+still holds so the monitor hands them to another worker at once.
+
+    def handle(ctx: TaskContext) -> None:
+        for i, item in enumerate(ctx.spec["items"]):
+            if ctx.stopping.is_set():
+                return            # cancelled, lease lost, or worker stopping
+            process(item)
+            ctx.progress(i / len(ctx.spec["items"]))
+
+    Worker(dsn, "orders", handle, capacity=4).run(stop_event)
+
+Leasing is woken by NOTIFY on submit; polling every ``poll_interval`` (with
+jitter) is the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from ..db import Database, Jsonb, Listener, Outage, Wakeup
+from ..errors import (DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled, TaskNotOwned,
+                      TaskNotRunning)
+
+log = logging.getLogger(__name__)
+
+LOST = (TaskNotOwned, TaskNotRunning)
+
+
+class Abort(Exception):
+    """Raise from a handler to abort the task with these errors (never retried)."""
+
+    def __init__(self, code: str, description: str = "", args: dict[str, Any] | None = None):
+        super().__init__(description or code)
+        self.error = {"code": code, "args": args or {}, "description": description}
+
+
+class TaskContext:
+    """What a handler gets: the task, a progress reporter and stop signals."""
+
+    def __init__(self, task: dict[str, Any]):
+        self.task = task
+        self.rn: str = task["rn"]
+        self.spec: dict[str, Any] = task["spec"]
+        self._progress: float | None = None
+        self.cancelled = threading.Event()  # a client cancelled the task
+        self.stopping = threading.Event()  # cancelled, lease lost, or the worker is stopping
+        self.reason: str | None = None
+
+    def progress(self, value: float) -> None:
+        """Report progress (0..1); sent with the next heartbeat."""
+        if not 0.0 <= value <= 1.0:
+            raise InvalidArgument(f"progress must be in 0..1, got {value!r}")
+        self._progress = value
+
+    def _stop(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if reason == "cancelled":
+            self.cancelled.set()
+        self.stopping.set()
+
+
+Handler = Callable[[TaskContext], Any]
+
+
+def poke_on(stop: threading.Event, *wakeups: Wakeup) -> None:
+    """Poke the wakeups when ``stop`` is set, so sleepers notice at once."""
+
+    def wait() -> None:
+        stop.wait()
+        for w in wakeups:
+            w.poke()
+
+    threading.Thread(target=wait, name="poke-on-stop", daemon=True).start()
+
+
+def task_channel(queue: str) -> str:
+    """The NOTIFY channel of a queue (sql/tasks.sql, _task_channel)."""
+    return f"pyscheduler_tasks:{queue}"
+
+
+class Worker:
+    """Leases and works tasks of one queue; a daemon (``name``, ``run(stop)``)."""
+
+    def __init__(self, dsn: str, queue: str, handler: Handler, *, capacity: int = 1, timeout: float = 10.0,
+                 heartbeat_interval: float | None = None, poll_interval: float = 1.0,
+                 aging_rate: float = 0.0, aging_cap: int = 4_294_967_295, yield_on_stop: bool = True,
+                 db: Database | None = None):
+        if capacity < 1:
+            raise InvalidArgument(f"capacity must be at least 1, got {capacity}")
+        if timeout <= 0:
+            raise InvalidArgument(f"timeout must be positive seconds, got {timeout}")
+        self.dsn, self.queue, self.handler = dsn, queue, handler
+        self.capacity = capacity
+        self.timeout = timedelta(seconds=timeout)
+        self.heartbeat_interval = heartbeat_interval if heartbeat_interval is not None else timeout / 3
+        self.poll_interval = poll_interval
+        self.aging = {"aging_rate": aging_rate, "aging_cap": aging_cap}
+        self.yield_on_stop = yield_on_stop
+        self._own_db = db is None
+        self.db = db or Database(dsn, min_size=1, max_size=2, name="pyscheduler-worker")
+        self.worker_id: str | None = None
+        self.name = f"tasks-worker:{queue}"
+        self.held: dict[str, TaskContext] = {}
+        self._lock = threading.Lock()
+        self._lease_wake = Wakeup()
+        self._beat_wake = Wakeup()
+        self.registered = threading.Event()
+
+    # -- the daemon
+
+    def run(self, stop: threading.Event) -> None:
+        if self._own_db:
+            self.db.open()
+        outage = Outage(f"worker on queue {self.queue}", log)
+        while self.worker_id is None and not stop.is_set():
+            try:
+                self.worker_id = self.db.call_value("register_worker")
+                outage.ok()
+            except DatabaseUnavailable as exc:
+                stop.wait(outage.failed(exc))
+        if self.worker_id is None:
+            return
+        self.name = f"tasks-worker:{self.queue}:{self.worker_id}"
+        log.info("%s registered for queue %s (capacity %d)", self.worker_id, self.queue, self.capacity)
+        listener = Listener(self.dsn, [task_channel(self.queue), f"pyscheduler_cancel:{self.worker_id}"],
+                            self._notified, on_reconnect=self._poke_all, logger=log).start()
+        poke_on(stop, self._lease_wake)
+        beats_stop = threading.Event()  # heartbeats outlive the lease loop while handlers drain
+        poke_on(beats_stop, self._beat_wake)
+        beat = threading.Thread(target=self._heartbeats, args=(beats_stop,), name=f"heartbeat:{self.worker_id}",
+                                daemon=True)
+        beat.start()
+        pool = ThreadPoolExecutor(self.capacity, thread_name_prefix=f"task:{self.worker_id}")
+        self.registered.set()
+        try:
+            self._lease_loop(stop, pool, outage)
+        finally:
+            self._shutdown(pool)
+            beats_stop.set()
+            listener.stop()
+            beat.join(5)
+            if self._own_db:
+                self.db.close()
+
+    def _notified(self, channel: str, _payload: str) -> None:
+        if channel.startswith("pyscheduler_cancel:"):
+            self._beat_wake.poke()
+        else:
+            self._lease_wake.poke()
+
+    def _poke_all(self) -> None:
+        self._lease_wake.poke()
+        self._beat_wake.poke()
+
+    def _lease_loop(self, stop: threading.Event, pool: ThreadPoolExecutor, outage: Outage) -> None:
+        while not stop.is_set():
+            free = self.capacity - len(self.held)
+            got = 0
+            if free > 0:
+                try:
+                    rows = self.db.call("lease_tasks", queue=self.queue, worker=self.worker_id, n=free,
+                                        timeout=self.timeout, **self.aging)
+                    outage.ok()
+                except DatabaseUnavailable as exc:
+                    stop.wait(outage.failed(exc))
+                    continue
+                got = len(rows)
+                for row in rows:
+                    ctx = TaskContext(row["task"])
+                    with self._lock:
+                        self.held[ctx.rn] = ctx
+                    pool.submit(self._work, ctx)
+            if got and got == free:
+                continue  # maybe more ready: lease again while capacity lasts
+            if self._lease_wake.wait(self.poll_interval) and not stop.is_set() and got == 0:
+                # A NOTIFY is throttled per queue: one that arrived while we
+                # were leasing may stand for a later submit. Look once more shortly.
+                self._lease_wake.wait(0.02, jitter=0)
+                self._lease_wake.poke()
+
+    def _work(self, ctx: TaskContext) -> None:
+        try:
+            try:
+                self.handler(ctx)
+                if ctx.reason == "yielded":
+                    return  # handed back on shutdown; another worker will do it
+            except Abort as exc:
+                self._finish(ctx, "abort_task", errors=Jsonb([exc.error]))
+            except Exception as exc:  # the handler failed: abort (errors are unrecoverable)
+                if ctx.reason == "yielded":
+                    return
+                log.exception("task %s failed", ctx.rn)
+                self._finish(ctx, "abort_task", errors=Jsonb([{
+                    "code": type(exc).__name__, "args": {}, "description": str(exc)}]))
+            else:
+                self._finish(ctx, "complete_task")
+        finally:
+            with self._lock:
+                self.held.pop(ctx.rn, None)
+            self._lease_wake.poke()  # capacity freed
+
+    def _finish(self, ctx: TaskContext, function: str, **args: Any) -> None:
+        try:
+            self.db.call(function, rn=ctx.rn, worker=self.worker_id, **args)
+        except TaskCancelled:
+            log.info("task %s was cancelled before it finished; it stays cancelled", ctx.rn)
+        except LOST as exc:
+            log.warning("task %s: lease lost before it finished (%s)", ctx.rn, exc)
+        except SchedulerError as exc:
+            log.error("task %s: could not record the outcome (%s); the monitor will reset it", ctx.rn, exc)
+
+    # -- heartbeats
+
+    def _heartbeats(self, stop: threading.Event) -> None:
+        outage = Outage(f"heartbeats of {self.worker_id}", log)
+        while not stop.is_set():
+            self._beat_wake.wait(self.heartbeat_interval, jitter=0.1)
+            if stop.is_set():
+                return
+            with self._lock:
+                held = list(self.held.values())
+            for ctx in held:
+                if ctx.stopping.is_set():
+                    continue
+                try:
+                    self.db.call("heartbeat_task", rn=ctx.rn, worker=self.worker_id, progress=ctx._progress,
+                                 timeout=self.timeout)
+                    outage.ok()
+                except TaskCancelled:
+                    log.info("task %s was cancelled: telling its handler", ctx.rn)
+                    ctx._stop("cancelled")
+                except LOST as exc:
+                    log.warning("task %s: lease lost (%s): telling its handler", ctx.rn, exc)
+                    ctx._stop("lost")
+                except DatabaseUnavailable as exc:
+                    stop.wait(outage.failed(exc))
+                    break
+
+    # -- shutdown: the seed's K8s rebalancing hook
+
+    def _shutdown(self, pool: ThreadPoolExecutor) -> None:
+        with self._lock:
+            held = list(self.held.values())
+        for ctx in held:
+            if not self.yield_on_stop:
+                continue
+            ctx._stop("yielded")
+            try:
+                self.db.call("yield_task", rn=ctx.rn, worker=self.worker_id)
+                log.info("yielded task %s", ctx.rn)
+            except SchedulerError as exc:
+                log.warning("could not yield task %s: %s", ctx.rn, exc)
+        for ctx in held:
+            ctx._stop("stopping")
+        pool.shutdown(wait=not self.yield_on_stop, cancel_futures=True)
+
+    # -- running in the background (tests, embedding)
+
+    def start(self) -> "RunningWorker":
+        stop = threading.Event()
+        thread = threading.Thread(target=self.run, args=(stop,), name=self.name, daemon=True)
+        thread.start()
+        return RunningWorker(self, stop, thread)
+
+
+class RunningWorker:
+    """A worker running in a thread: ``stop()`` it (yields held tasks)."""
+
+    def __init__(self, worker: Worker, stop: threading.Event, thread: threading.Thread):
+        self.worker, self.stop_event, self.thread = worker, stop, thread
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``condition`` until it is truthy; its value, or TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(interval)
