@@ -48,6 +48,9 @@ MAX_ID_LENGTH = 128
 NOTIFY_CHANNEL = "pyscheduler_delay"
 DLQ_REASON_HEADER = "pyscheduler.delay.error"
 DLQ_SOURCE_HEADER = "pyscheduler.delay.source"
+CONSUMER_ONLY = {"session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "group.instance.id",
+                 "partition.assignment.strategy", "auto.offset.reset", "fetch.wait.max.ms", "fetch.min.bytes",
+                 "fetch.max.bytes", "max.partition.fetch.bytes", "isolation.level", "enable.auto.commit"}
 
 CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
 ENQUEUED = Counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
@@ -274,9 +277,11 @@ class Relay:
 
     # -- configuration ---------------------------------------------------------
 
-    def _kafka(self, **extra: Any) -> dict[str, Any]:
+    def _kafka(self, producer: bool = False, **extra: Any) -> dict[str, Any]:
+        settings = {k: v for k, v in self.cfg.kafka_settings.items()
+                    if not (producer and k in CONSUMER_ONLY)}  # librdkafka warns about them
         return {"bootstrap.servers": self.cfg.bootstrap_servers, "logger": log,
-                "error_cb": self._kafka_error, **extra, **self.cfg.kafka_settings}
+                "error_cb": self._kafka_error, **extra, **settings}
 
     def _kafka_error(self, err: KafkaError) -> None:
         if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE):
@@ -363,7 +368,7 @@ class Relay:
         consumer = Consumer(self._kafka(**{
             "group.id": cfg.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": 100}))
-        publisher = Publisher(self._kafka(**{"linger.ms": 2}), self.kafka_outage)
+        publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 2}), self.kafka_outage)
         db_outage = Outage("PostgreSQL (enqueue)", log)
         consumer.subscribe([cfg.input_topic])
         try:
@@ -476,7 +481,7 @@ class Relay:
 
     def fire_loop(self) -> None:
         cfg = self.cfg
-        publisher = Publisher(self._kafka(**{"linger.ms": 1}), self.kafka_outage)
+        publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 1}), self.kafka_outage)
         outage = Outage("PostgreSQL (fire)", log)
         poll = cfg.poll_ms / 1000.0
         try:

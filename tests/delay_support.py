@@ -1,0 +1,182 @@
+"""Helpers of the delay-queue relay tests (real Postgres, real broker)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from pyscheduler.delay.bench import OutputReader, relay_command
+from pyscheduler.delay.cli import delayed_headers
+from pyscheduler.delay.relay import Relay, RelayConfig
+
+# tansu: a consumer-group join takes about half the session timeout
+GROUP_SETTINGS = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
+FAST = dict(hold_ms=1500, poll_ms=50, detect_ms=100)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``condition`` until it returns something truthy; fail naming ``what``."""
+    end = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Topics:
+    input: str
+    output: str
+    dlq: str
+    group: str = field(default_factory=lambda: f"g-{uuid.uuid4().hex[:8]}")
+
+
+class Sender:
+    """Publishes input messages (Chronos headers added) and flushes each call."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        self.topic = topic
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+
+    def send(self, message_id: str | None, deadline: datetime | str | None, value: bytes | None = b"v",
+             key: bytes | None = None, headers: list | None = None, partition: int | None = None,
+             raw_headers: list | None = None) -> None:
+        if raw_headers is None:
+            raw_headers = []
+            if message_id is not None:
+                raw_headers.append(("chronosMessageId", message_id.encode()))
+            if deadline is not None:
+                text = deadline.isoformat() if isinstance(deadline, datetime) else deadline
+                raw_headers.append(("chronosDeadline", text.encode()))
+        kwargs = {} if partition is None else {"partition": partition}
+        self.producer.produce(self.topic, value=value, key=key, headers=raw_headers + (headers or []), **kwargs)
+
+    def flush(self) -> None:
+        assert self.producer.flush(10) == 0
+
+
+class Output:
+    """Everything that arrived on a topic so far, read in the background."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        self.reader = OutputReader(bootstrap, topic)
+        self.messages: list = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for m in self.reader.consumer.consume(1000, 0.1):
+                if m.error() is None:
+                    with self._lock:
+                        self.messages.append((time.time(), m))
+
+    def values(self) -> list[bytes]:
+        with self._lock:
+            return [m.value() for _, m in self.messages]
+
+    def wait_values(self, wanted, timeout: float = 30) -> list:
+        """Wait until every value in ``wanted`` arrived; returns the (arrival, message) pairs."""
+        wanted = set(wanted)
+        wait_for(lambda: wanted <= set(self.values()), timeout,
+                 f"{len(wanted - set(self.values()))} of {len(wanted)} messages on the output")
+        with self._lock:
+            return [(t, m) for t, m in self.messages if m.value() in wanted]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.reader.close()
+
+
+class InProcessRelay:
+    """A Relay in a thread of the test process."""
+
+    def __init__(self, dsn: str, bootstrap: str, topics: Topics, **overrides):
+        settings = {**FAST, "dlq_topic": topics.dlq, **overrides}
+        self.relay = Relay(RelayConfig(dsn=dsn, bootstrap_servers=bootstrap, input_topic=topics.input,
+                                       output_topic=topics.output, group_id=topics.group,
+                                       kafka_settings=dict(GROUP_SETTINGS), **settings))
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=self.relay.name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.relay.run(self.stop_event)
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def stop(self, timeout: float = 30) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "relay did not stop"
+        if self.error:
+            raise self.error
+
+
+class RelayProcess:
+    """``python -m pyscheduler.delay run ...`` in a subprocess, log in a file."""
+
+    def __init__(self, dsn: str, bootstrap: str, topics: Topics, log: Path, *extra: str, hold_ms: int = 1500):
+        args = ["--group-id", topics.group, "--hold-ms", str(hold_ms), "--poll-ms", "50", "--detect-ms", "100",
+                *[f"-X{k}={v}" for k, v in GROUP_SETTINGS.items()], *extra]
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(relay_command(dsn, bootstrap, topics.input, topics.output, *args),
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def node(self, timeout: float = 30) -> str:
+        def found():
+            for line in self.text().splitlines():
+                if "delay relay node " in line and " starting" in line:
+                    return line.split("delay relay node ")[1].split()[0]
+            assert self.proc.poll() is None, f"relay exited:\n{self.text()}"
+            return None
+        return wait_for(found, timeout, "the relay's start line")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def warm_up(sender: Sender, output: Output, partitions: int, timeout: float = 40) -> None:
+    """One due message per input partition through the relay: its consumers have joined."""
+    tag = uuid.uuid4().hex[:8]
+    values = [f"warmup-{tag}-{p}".encode() for p in range(partitions)]
+    for p, value in enumerate(values):
+        sender.send(f"warmup-{tag}-{p}", utcnow(), value=value, partition=p)
+    sender.flush()
+    output.wait_values(values, timeout)
+
+
+def fire_time(message) -> float:
+    """When the relay published the message (its CreateTime), epoch seconds."""
+    return message.timestamp()[1] / 1000.0
+
+
+
