@@ -25,7 +25,7 @@ import click
 
 from ..config import dsn_option
 from ..db import Database, Jsonb
-from .worker import TaskContext, Worker, wait_for
+from .worker import TaskContext, Worker
 
 TARGETS = {"batch": 25_000, "single": 2_500, "p99_ms": 20.0}
 
@@ -114,8 +114,8 @@ def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, wo
 
     running = [Worker(dsn, queue, handler, capacity=1, poll_interval=5.0).start() for _ in range(workers)]
     try:
-        wait_for(lambda: all(r.worker.registered.is_set() for r in running), timeout=30)
-        time.sleep(0.5)  # let the workers' LISTEN connections settle into their idle wait
+        for r in running:
+            r.wait_idle(timeout=30)
         for _ in range(samples):
             got.clear()
             db.call("submit_task", queue=queue, spec=Jsonb({"t": time.perf_counter()}))

@@ -122,6 +122,8 @@ class Worker:
         self._lease_wake = Wakeup()
         self._beat_wake = Wakeup()
         self.registered = threading.Event()
+        self.listener: Listener | None = None
+        self.polls = 0  # lease calls made (tests and benches wait for the first one)
 
     # -- the daemon
 
@@ -139,8 +141,9 @@ class Worker:
             return
         self.name = f"tasks-worker:{self.queue}:{self.worker_id}"
         log.info("%s registered for queue %s (capacity %d)", self.worker_id, self.queue, self.capacity)
-        listener = Listener(self.dsn, [task_channel(self.queue), f"pyscheduler_cancel:{self.worker_id}"],
-                            self._notified, on_reconnect=self._poke_all, logger=log).start()
+        listener = self.listener = Listener(
+            self.dsn, [task_channel(self.queue), f"pyscheduler_cancel:{self.worker_id}"],
+            self._notified, on_reconnect=self._poke_all, logger=log).start()
         poke_on(stop, self._lease_wake)
         beats_stop = threading.Event()  # heartbeats outlive the lease loop while handlers drain
         poke_on(beats_stop, self._beat_wake)
@@ -182,6 +185,7 @@ class Worker:
                     stop.wait(outage.failed(exc))
                     continue
                 got = len(rows)
+                self.polls += 1
                 for row in rows:
                     ctx = TaskContext(row["task"])
                     with self._lock:
@@ -285,6 +289,11 @@ class RunningWorker:
 
     def __init__(self, worker: Worker, stop: threading.Event, thread: threading.Thread):
         self.worker, self.stop_event, self.thread = worker, stop, thread
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until the worker listens for NOTIFY and has made its first lease call."""
+        wait_for(lambda: self.worker.listener is not None and self.worker.listener.ready.is_set()
+                 and self.worker.polls > 0, timeout=timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stop_event.set()

@@ -1,0 +1,272 @@
+"""Leased tasks, Python side: worker library, monitor daemon, crashes (kill -9), CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from click.testing import CliRunner
+
+from pyscheduler import errors
+from pyscheduler.cli import main
+from pyscheduler.daemon import RunContext
+from pyscheduler.tasks import Abort, Monitor, TaskClient, TaskContext, Worker
+from pyscheduler.tasks.cli import daemons, worker_command
+from pyscheduler.tasks.worker import wait_for
+
+
+@pytest.fixture
+def client(db):
+    return TaskClient(db)
+
+
+@pytest.fixture
+def monitor(dsn):
+    """A monitor daemon in a thread, resetting expired leases every 0.2 s."""
+    stop = threading.Event()
+    mon = Monitor(dsn, reset_interval=0.2)
+    thread = threading.Thread(target=mon.run, args=(stop,), daemon=True)
+    thread.start()
+    yield mon
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def status(client, rn):
+    return client.get(rn)["status"]
+
+
+def types(task):
+    return [h["_typ"] for h in task["history"]]
+
+
+def test_worker_completes_tasks_and_reports_progress(dsn, client):
+    release = threading.Event()
+
+    def handler(ctx: TaskContext) -> None:
+        ctx.progress(0.5)
+        release.wait(10)
+
+    running = Worker(dsn, "w", handler, timeout=3, heartbeat_interval=0.1).start()
+    try:
+        rn = client.submit("w", {"x": 1})["rn"]
+        wait_for(lambda: client.get(rn)["progress"] == 0.5)  # sent by the heartbeat thread
+        task = client.get(rn)
+        assert task["status"] == "running" and task["owner"] == running.worker.worker_id
+        release.set()
+        wait_for(lambda: status(client, rn) == "completed")
+        assert client.get(rn)["progress"] == 1
+    finally:
+        running.stop()
+
+
+def test_worker_respects_capacity(dsn, client):
+    active, peak, lock, release = [0], [0], threading.Lock(), threading.Event()
+
+    def handler(ctx: TaskContext) -> None:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        release.wait(10)
+        with lock:
+            active[0] -= 1
+
+    running = Worker(dsn, "cap", handler, capacity=2).start()
+    try:
+        rns = [t["rn"] for t in client.submit_many("cap", [{"i": i} for i in range(5)])]
+        wait_for(lambda: len(client.list("cap", status="running")) == 2)
+        assert len(client.list("cap", status="ready")) == 3
+        release.set()
+        wait_for(lambda: all(status(client, rn) == "completed" for rn in rns))
+        assert peak[0] == 2
+    finally:
+        running.stop()
+
+
+def test_idle_worker_is_woken_by_notify_not_polling(dsn, client):
+    started = threading.Event()
+    running = Worker(dsn, "n", lambda ctx: started.set(), poll_interval=60).start()
+    try:
+        running.wait_idle()  # listening, first (empty) lease done; it polls again only after 60 s
+        client.submit("n", {})
+        assert started.wait(5), "an idle worker was not woken by the submit's NOTIFY"
+    finally:
+        running.stop()
+
+
+def test_cancellation_reaches_the_handler_at_once_and_the_task_stays_cancelled(dsn, client):
+    seen = threading.Event()
+
+    def handler(ctx: TaskContext) -> None:
+        if ctx.cancelled.wait(20):
+            seen.set()
+
+    # heartbeats every 30 s: only the cancel NOTIFY can tell the handler quickly
+    running = Worker(dsn, "c", handler, timeout=90, heartbeat_interval=30).start()
+    try:
+        rn = client.submit("c", {})["rn"]
+        wait_for(lambda: status(client, rn) == "running")
+        client.cancel(rn)
+        assert seen.wait(5), "the handler did not learn of the cancellation"
+        wait_for(lambda: not running.worker.held)  # handler returned; complete_task refused with PS203
+        assert status(client, rn) == "cancelled"
+    finally:
+        running.stop()
+
+
+def test_handler_errors_abort_the_task(dsn, client):
+    def handler(ctx: TaskContext) -> None:
+        if ctx.spec["kind"] == "abort":
+            raise Abort("superseded", "new task superseded", {"by": 2})
+        raise ValueError("bad input")
+
+    running = Worker(dsn, "e", handler, capacity=2).start()
+    try:
+        a = client.submit("e", {"kind": "abort"})["rn"]
+        b = client.submit("e", {"kind": "crash"})["rn"]
+        wait_for(lambda: status(client, a) == "aborted" and status(client, b) == "aborted")
+        assert client.get(a)["errors"] == [{"code": "superseded", "args": {"by": 2},
+                                            "description": "new task superseded"}]
+        assert client.get(b)["errors"] == [{"code": "ValueError", "args": {}, "description": "bad input"}]
+    finally:
+        running.stop()
+
+
+def test_stop_yields_held_tasks_and_another_worker_takes_them(dsn, client, monitor):
+    def block(ctx: TaskContext) -> None:
+        ctx.stopping.wait(30)
+
+    first = Worker(dsn, "y", block, timeout=60).start()
+    rn = client.submit("y", {})["rn"]
+    wait_for(lambda: status(client, rn) == "running")
+    first.stop()
+    assert not first.thread.is_alive()
+    # the yield wakes the monitor at once (NOTIFY), long before the 60 s lease would end
+    second = Worker(dsn, "y", lambda ctx: None).start()
+    try:
+        wait_for(lambda: status(client, rn) == "completed")
+        task = client.get(rn)
+        assert types(task) == ["TaskAssignment", "TaskYield", "TaskAssignment"]
+        assert task["owner"] == second.worker.worker_id != first.worker.worker_id
+    finally:
+        second.stop()
+
+
+def test_monitor_resets_expired_leases_and_cleans_up(dsn, db, client):
+    rn = client.submit("m", {})["rn"]
+    db.call("lease_task", queue="m", worker="gone", timeout=timedelta(milliseconds=300))
+    done = client.submit("m", {})["rn"]
+    db.call("lease_task", queue="m", worker="w")
+    db.call("complete_task", rn=done, worker="w")
+    stop = threading.Event()
+    mon = Monitor(dsn, reset_interval=0.1, retention=timedelta(0), cleanup_interval=0.1)
+    thread = threading.Thread(target=mon.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: status(client, rn) == "ready")
+        assert types(client.get(rn)) == ["TaskAssignment", "TaskTimeout"]
+        wait_for(lambda: mon.deleted == 1)
+        with pytest.raises(errors.TaskNotFound):
+            client.get(done)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive() and mon.resets == 1
+
+
+def _spawn_worker(dsn, queue, capacity=1, lease_timeout="1s"):
+    return subprocess.Popen(worker_command(dsn, queue, lease_timeout=lease_timeout, capacity=capacity),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def test_worker_killed_with_sigkill_loses_its_leases_to_another_worker(dsn, client, monitor):
+    rns = [t["rn"] for t in client.submit_many("k", [{"seconds": 30}, {"seconds": 30}])]
+    proc = _spawn_worker(dsn, "k", capacity=2)
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        assert all(line.startswith("leased") for line in lines), lines
+        victim = client.get(rns[0])["owner"]
+        assert {client.get(rn)["owner"] for rn in rns} == {victim}
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # after the 1 s deadline the monitor resets both: TaskTimeout naming the dead worker
+    for rn in rns:
+        wait_for(lambda: status(client, rn) == "ready", timeout=15)
+        timeout = client.get(rn)["history"][-1]
+        assert timeout["_typ"] == "TaskTimeout" and timeout["worker"] == victim
+    rescuer = Worker(dsn, "k", lambda ctx: None, capacity=2).start()
+    try:
+        for rn in rns:
+            wait_for(lambda: status(client, rn) == "completed")
+            task = client.get(rn)
+            assert types(task) == ["TaskAssignment", "TaskTimeout", "TaskAssignment"]
+            assert task["owner"] == rescuer.worker.worker_id
+    finally:
+        rescuer.stop()
+
+
+def test_worker_process_yields_on_sigterm(dsn, client, monitor):
+    rn = client.submit("t", {"seconds": 30})["rn"]
+    proc = _spawn_worker(dsn, "t", lease_timeout="60s")
+    try:
+        assert proc.stdout.readline().startswith("leased")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_for(lambda: status(client, rn) == "ready")  # long before the 60 s lease would expire
+    assert types(client.get(rn)) == ["TaskAssignment", "TaskYield"]
+
+
+# ------------------------------------------------------------------ client and CLI
+
+
+def test_client_checks_arguments_before_sql(client):
+    with pytest.raises(errors.InvalidArgument, match="spec"):
+        client.submit("q", ["not", "an", "object"])
+    with pytest.raises(errors.InvalidArgument, match="priority"):
+        client.submit("q", {}, priority=-1)
+    with pytest.raises(errors.InvalidArgument, match=r"specs\[1\]"):
+        client.submit_many("q", [{}, {"x": object()}])
+    with pytest.raises(errors.InvalidArgument, match="rn"):
+        client.get("nope")
+    with pytest.raises(errors.InvalidArgument, match="status"):
+        client.list(status="done")
+    with pytest.raises(errors.InvalidArgument, match="capacity"):
+        Worker("dsn", "q", lambda ctx: None, capacity=0)
+
+
+def test_cli_submit_get_list_cancel(dsn):
+    runner = CliRunner()
+    out = runner.invoke(main, ["tasks", "submit", "--dsn", dsn, "cli", '{"a": 1}', "--priority", "7"])
+    assert out.exit_code == 0, out.output
+    rn = next(line.split('"')[3] for line in out.output.splitlines() if '"rn"' in line)
+    out = runner.invoke(main, ["tasks", "list", "--dsn", dsn, "--queue", "cli"])
+    assert rn in out.output and "ready" in out.output
+    out = runner.invoke(main, ["tasks", "cancel", "--dsn", dsn, rn])
+    assert out.exit_code == 0 and '"cancelled"' in out.output
+    out = runner.invoke(main, ["tasks", "cancel", "--dsn", dsn, rn])
+    assert out.exit_code == 0
+    out = runner.invoke(main, ["tasks", "get", "--dsn", dsn, "00000000-0000-0000-0000-000000000000"])
+    assert out.exit_code == 1 and "unknown task" in out.output
+    out = runner.invoke(main, ["tasks", "submit", "--dsn", dsn, "cli", "{not json"])
+    assert out.exit_code == 2 and "SPEC" in out.output
+
+
+def test_monitor_flags_and_environment(dsn, monkeypatch):
+    monkeypatch.setenv("PYSCHEDULER_TASKS_RETENTION", "2h")
+    monkeypatch.setenv("PYSCHEDULER_TASKS_RESET_INTERVAL", "500ms")
+    [mon] = daemons(RunContext(dsn=dsn))
+    assert (mon.retention, mon.reset_interval, mon.cleanup_interval) == (timedelta(hours=2), 0.5, 60.0)
+    out = CliRunner().invoke(main, ["tasks", "monitor", "--dsn", dsn, "--retention", "soon"])
+    assert out.exit_code == 2 and "--retention" in out.output
