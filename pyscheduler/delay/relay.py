@@ -256,6 +256,9 @@ class Publisher:
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)
+            except KafkaException as exc:  # refused locally (e.g. too large): a failed delivery
+                report(item, exc.args[0], None)
+                return
 
     def close(self, timeout: float = 10.0) -> None:
         self.producer.flush(timeout)
