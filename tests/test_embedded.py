@@ -2,10 +2,10 @@
 
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psycopg
@@ -21,22 +21,36 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if not k.startswith("PYSCHEDULER_")}
 
 
-def read_until(proc, pattern, timeout=120.0):
-    """Read proc's stdout until a line matches; return everything read."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(timeout=0.5):
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            if re.search(pattern, line):
-                return "".join(seen)
-    proc.kill()
-    raise AssertionError(f"{pattern!r} not seen; output:\n{''.join(seen)}\n{proc.stderr.read()}")
+class Output:
+    """A child's stdout, read in a thread, that a test can wait on line by line."""
+
+    def __init__(self, proc):
+        self.proc, self.lines, self.done = proc, [], threading.Event()
+        self.changed = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.done.set()
+            self.changed.notify_all()
+
+    def wait_for(self, pattern, timeout=120.0) -> str:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not any(re.search(pattern, line) for line in self.lines):
+                left = deadline - time.monotonic()
+                if self.done.is_set() or left <= 0:
+                    self.proc.kill()
+                    raise AssertionError(f"{pattern!r} not seen:\n{self.text()}\n{self.proc.stderr.read()}")
+                self.changed.wait(left)
+            return self.text()
+
+    def text(self) -> str:
+        return "".join(self.lines)
 
 
 def test_stack_starts_each_server_on_a_free_loopback_port_and_stops_it_by_pid(tmp_path):
@@ -71,14 +85,14 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path):
 def test_run_starts_the_embedded_stack_and_stops_cleanly(sig):
     proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", "run"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=clean_env())
-    out = read_until(proc, r"^running ")
+    output = Output(proc)
+    out = output.wait_for(r"^running ")
     dsn = re.search(r"psql '([^']+)'", out).group(1)
     with psycopg.connect(dsn) as c:  # migrated and reachable as printed
         assert c.execute("SELECT code_version FROM pyscheduler.version()").fetchone()[0]
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
-    assert "stopped" in stdout
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    assert output.wait_for(r"^stopped")
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(dsn, connect_timeout=2)
 
