@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
 import threading
 import time
@@ -153,6 +154,7 @@ def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate) -> None
 @kafka_settings_option
 def demo_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings) -> None:
     """Bring up the stack, drive sample work through every capability, print what happened."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the embedded servers on the way out
     stack = _stack(dsn, kafka_bootstrap, redis_url)
     try:
         started = time.monotonic()

@@ -165,3 +165,10 @@ def test_missing_dsn_is_a_usage_error():
     env = {k: v for k, v in os.environ.items() if k != "PYSCHEDULER_DSN"}
     result = subprocess.run(CLI + ["migrate"], capture_output=True, text=True, env=env)
     assert result.returncode == 2 and "PYSCHEDULER_DSN" in result.stderr
+
+
+def test_a_flag_wins_over_the_environment(dsn):
+    result = pyscheduler("migrate", "--dsn", dsn, "--list",
+                         env={"PYSCHEDULER_DSN": "postgresql://postgres@127.0.0.1:1/none"})
+    assert result.returncode == 0, result.stderr
+    assert "applied  0001_foundation" in result.stdout
