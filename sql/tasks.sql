@@ -489,19 +489,25 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := coalesce(complete_tasks.now, now());
+    v_done uuid[];
 BEGIN
-    RETURN QUERY
     WITH done AS (
         UPDATE tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = v_now
          WHERE t.rn = ANY (complete_tasks.rns) AND t.owner = complete_tasks.worker AND t.status = 'running'
         RETURNING t.rn)
+    SELECT coalesce(array_agg(d.rn), '{}') INTO v_done FROM done d;
+    IF cardinality(v_done) = cardinality(complete_tasks.rns) THEN
+        RETURN;  -- the common case: all completed
+    END IF;
+    -- the rest were not touched by the update above: their current state says why
+    RETURN QUERY
     SELECT r.rn, CASE WHEN t.rn IS NULL THEN 'PS200'
                       WHEN t.status = 'cancelled' THEN 'PS203'
                       WHEN t.status <> 'running' THEN 'PS202'
                       ELSE 'PS201' END
       FROM unnest(complete_tasks.rns) AS r(rn)
       LEFT JOIN tasks t ON t.rn = r.rn
-     WHERE NOT EXISTS (SELECT 1 FROM done d WHERE d.rn = r.rn);
+     WHERE r.rn <> ALL (v_done);
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.complete_tasks(uuid[], text, timestamptz) IS

@@ -190,9 +190,6 @@ def worker_command(dsn: str, queue: str, lease_timeout: str = "2s", capacity: in
 
 def demo(ctx: RunContext, echo) -> None:
     """Mixed priorities, two worker processes, one killed with -9: timeout and re-lease."""
-    from .. import migrate as migrations
-
-    migrations.migrate(ctx.dsn)
     stop = threading.Event()
     monitor = Monitor(ctx.dsn, reset_interval=0.5)
     mon_thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
@@ -205,16 +202,19 @@ def demo(ctx: RunContext, echo) -> None:
         for p in (2, 9, 10):
             client.submit(queue, {"name": f"priority {p}", "seconds": 0.2}, priority=p)
         echo("submitted: 'long report' (priority 100, 3 s) and three short tasks of priorities 2, 9, 10")
-        victim = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE, text=True)
+        victim = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
         procs.append(victim)
         line = victim.stdout.readline().strip()
         echo(f"worker A (pid {victim.pid}): {line}")
         held = wait_for(lambda: client.get(long["rn"])["owner"], timeout=30)
-        echo(f"the highest priority went first: 'long report' is leased by {held}; "
-             f"killing worker A with SIGKILL (no yield, no goodbye)")
+        progress = wait_for(lambda: client.get(long["rn"])["progress"], timeout=30)  # sent by a heartbeat
+        echo(f"the highest priority went first: 'long report' is leased by {held}, heartbeat progress "
+             f"{progress:.2f}; killing worker A with SIGKILL (no yield, no goodbye)")
         victim.kill()
         victim.wait()
-        rescuer = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE, text=True)
+        rescuer = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True)
         procs.append(rescuer)
         order = []
         while len(order) < 3:
