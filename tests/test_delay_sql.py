@@ -313,8 +313,8 @@ def test_worker_and_client_roles_get_their_functions(conn):
 
     for fn in ("enqueue_messages", "ready_and_claim", "delete_fired", "reset_stuck", "next_deadline"):
         assert can("pyscheduler_worker", fn)
-    assert can("pyscheduler_client", "enqueue_message") and can("pyscheduler_client", "cancel_message")
-    assert not can("pyscheduler_client", "ready_and_claim")
+    assert can("pyscheduler_client", "cancel_message") and can("pyscheduler_client", "next_deadline")
+    assert not can("pyscheduler_client", "ready_and_claim") and not can("pyscheduler_client", "enqueue_messages")
     assert not can("public", "enqueue_message")
     assert conn.execute("SELECT has_table_privilege('pyscheduler_client', 'pyscheduler.delay_queue', 'SELECT') AS ok"
                         ).fetchone()["ok"]
