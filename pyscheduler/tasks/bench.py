@@ -127,6 +127,32 @@ def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, wo
     return latencies
 
 
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "tasks_peer_procrastinate.py"
+
+
+def run_peer(db: Database, dsn: str, python: str, jobs: int, concurrency: int) -> dict:
+    """Run procrastinate (in the virtualenv of ``python``) in a scratch database of the same server."""
+    import json
+    import subprocess
+
+    from psycopg import sql
+    from psycopg.conninfo import make_conninfo
+
+    name = f"pyscheduler_peer_{os.getpid()}"
+    with db.connection() as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        out = subprocess.run([python, str(PEER_SCRIPT), make_conninfo(dsn, dbname=name), str(jobs),
+                              str(concurrency)], capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise click.ClickException(f"peer run failed: {out.stderr.strip()[-2000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        with db.connection() as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     ok = value >= target if higher_is_better else value <= target
     return f"{'meets' if ok else 'MISSES'} target {target:,.0f}" if higher_is_better else (
@@ -145,7 +171,13 @@ def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
 @click.option("--samples", type=click.IntRange(1), default=300, show_default=True,
               help="Submit-to-lease latency samples.")
 @click.option("--gap", type=float, default=0.02, show_default=True, help="Seconds between latency samples.")
-def bench(dsn, total, batch, workers, single_seconds, samples, gap) -> None:
+@click.option("--peer-python", default=None, metavar="PYTHON",
+              help="Python of a virtualenv with procrastinate installed: run it side by side "
+                   "(bench/tasks_peer_procrastinate.py) and print the ratios.")
+@click.option("--peer-jobs", type=click.IntRange(1), default=3000, show_default=True)
+@click.option("--peer-concurrency", type=click.IntRange(1), default=10, show_default=True)
+def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python, peer_jobs,
+          peer_concurrency) -> None:
     """Leased tasks: batch and single lease+complete tasks/s, submit-to-lease latency."""
     from .. import migrate as migrations
 
@@ -167,7 +199,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap) -> None:
                 click.echo(f"submit (submit_tasks, 5000 per call): {total:,} tasks in {secs:.2f}s = "
                            f"{total / secs:,.0f} tasks/s")
                 n, secs = batch_lease_complete(db, q, workers, batch)
-                rate = n / secs
+                rate = batch_rate = n / secs
                 click.echo(f"batch lease+complete (lease_tasks n={batch} + complete_tasks, {workers} workers): "
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['batch'])})")
@@ -177,7 +209,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap) -> None:
                 expected = int(single_seconds * 6000) + 1000
                 submit_bulk(db, q, expected)
                 n, secs = single_lease_complete(db, q, workers, single_seconds)
-                rate = n / secs
+                rate = single_rate = n / secs
                 click.echo(f"single lease+complete (lease_task + complete_task, {workers} workers): "
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['single'])})")
@@ -190,6 +222,13 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap) -> None:
                            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(lat):.2f} ms, "
                            f"mean {statistics.mean(lat):.2f} ms ({_verdict(p99, TARGETS['p99_ms'], False)})")
                 _drop_queue(db, q)
+
+                if peer_python:
+                    peer = run_peer(db, dsn, peer_python, peer_jobs, peer_concurrency)
+                    click.echo(f"peer {peer['peer']} (same server, same run, no-op jobs, concurrency "
+                               f"{peer_concurrency}): {peer['jobs']:,} jobs in {peer['seconds']:.2f}s = "
+                               f"{peer['jobs_per_s']:,.0f} jobs/s; ratio single {single_rate / peer['jobs_per_s']:.1f}x, "
+                               f"batch {batch_rate / peer['jobs_per_s']:.1f}x")
             finally:
                 for suffix in ("batch", "single", "latency"):
                     _drop_queue(db, f"{tag}-{suffix}")

@@ -61,6 +61,7 @@ class TaskContext:
         self.cancelled = threading.Event()  # a client cancelled the task
         self.stopping = threading.Event()  # cancelled, lease lost, or the worker is stopping
         self.reason: str | None = None
+        self.finishing = False  # the handler returned; its outcome is being recorded
 
     def progress(self, value: float) -> None:
         """Report progress (0..1); sent with the next heartbeat."""
@@ -201,24 +202,27 @@ class Worker:
 
     def _work(self, ctx: TaskContext) -> None:
         try:
-            try:
-                self.handler(ctx)
-                if ctx.reason == "yielded":
-                    return  # handed back on shutdown; another worker will do it
-            except Abort as exc:
-                self._finish(ctx, "abort_task", errors=Jsonb([exc.error]))
-            except Exception as exc:  # the handler failed: abort (errors are unrecoverable)
-                if ctx.reason == "yielded":
-                    return
-                log.exception("task %s failed", ctx.rn)
-                self._finish(ctx, "abort_task", errors=Jsonb([{
-                    "code": type(exc).__name__, "args": {}, "description": str(exc)}]))
-            else:
-                self._finish(ctx, "complete_task")
+            function, args = self._run_handler(ctx)
+            ctx.finishing = True  # heartbeats leave it alone from here
+            if ctx.reason != "yielded":  # a yielded task is another worker's now
+                self._finish(ctx, function, **args)
         finally:
             with self._lock:
                 self.held.pop(ctx.rn, None)
             self._lease_wake.poke()  # capacity freed
+
+    def _run_handler(self, ctx: TaskContext) -> tuple[str, dict[str, Any]]:
+        """The handler's outcome as the SQL call that records it."""
+        try:
+            self.handler(ctx)
+        except Abort as exc:
+            return "abort_task", {"errors": Jsonb([exc.error])}
+        except Exception as exc:  # the handler failed: abort (errors are unrecoverable)
+            if ctx.reason != "yielded":
+                log.exception("task %s failed", ctx.rn)
+            return "abort_task", {"errors": Jsonb([{"code": type(exc).__name__, "args": {},
+                                                    "description": str(exc)}])}
+        return "complete_task", {}
 
     def _finish(self, ctx: TaskContext, function: str, **args: Any) -> None:
         try:
@@ -241,18 +245,21 @@ class Worker:
             with self._lock:
                 held = list(self.held.values())
             for ctx in held:
-                if ctx.stopping.is_set():
+                if ctx.stopping.is_set() or ctx.finishing:
                     continue
                 try:
                     self.db.call("heartbeat_task", rn=ctx.rn, worker=self.worker_id, progress=ctx._progress,
                                  timeout=self.timeout)
                     outage.ok()
-                except TaskCancelled:
-                    log.info("task %s was cancelled: telling its handler", ctx.rn)
-                    ctx._stop("cancelled")
-                except LOST as exc:
-                    log.warning("task %s: lease lost (%s): telling its handler", ctx.rn, exc)
-                    ctx._stop("lost")
+                except (TaskCancelled, *LOST) as exc:
+                    if ctx.finishing:
+                        continue  # finished meanwhile: _finish reports the outcome
+                    if isinstance(exc, TaskCancelled):
+                        log.info("task %s was cancelled: telling its handler", ctx.rn)
+                        ctx._stop("cancelled")
+                    else:
+                        log.warning("task %s: lease lost (%s): telling its handler", ctx.rn, exc)
+                        ctx._stop("lost")
                 except DatabaseUnavailable as exc:
                     stop.wait(outage.failed(exc))
                     break
