@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 from confluent_kafka import Producer
 
-from pyscheduler.delay.bench import OutputReader, relay_command
-from pyscheduler.delay.cli import delayed_headers
+from pyscheduler.delay.bench import OutputReader, relay_command, send_warm_up
 from pyscheduler.delay.relay import Relay, RelayConfig
 
 # tansu: a consumer-group join takes about half the session timeout
@@ -166,12 +164,7 @@ class RelayProcess:
 
 def warm_up(sender: Sender, output: Output, partitions: int, timeout: float = 40) -> None:
     """One due message per input partition through the relay: its consumers have joined."""
-    tag = uuid.uuid4().hex[:8]
-    values = [f"warmup-{tag}-{p}".encode() for p in range(partitions)]
-    for p, value in enumerate(values):
-        sender.send(f"warmup-{tag}-{p}", utcnow(), value=value, partition=p)
-    sender.flush()
-    output.wait_values(values, timeout)
+    output.wait_values(send_warm_up(sender.producer, sender.topic, partitions), timeout)
 
 
 def fire_time(message) -> float:

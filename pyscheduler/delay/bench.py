@@ -24,6 +24,7 @@ from pathlib import Path
 import click
 
 from ..config import bootstrap_option, dsn_option, kafka_settings_option
+from .relay import delayed_headers
 
 
 class OutputReader:
@@ -51,6 +52,29 @@ class OutputReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def percentiles(values: list[float], points=(50, 99, 99.9)) -> dict[str, float]:
+    """Nearest-rank percentiles plus max, in the values' unit."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    out = {f"p{p:g}": ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered))) - 1))]
+           for p in points}
+    out["max"] = ordered[-1]
+    return out
+
+
+def send_warm_up(producer, topic: str, partitions: int) -> list[bytes]:
+    """One due message per input partition; once all came out, every relay has joined the group.
+    Returns their values."""
+    tag = uuid.uuid4().hex[:8]
+    values = [f"warmup-{tag}-{p}".encode() for p in range(partitions)]
+    for p, value in enumerate(values):
+        producer.produce(topic, value=value, partition=p,
+                         headers=delayed_headers(value.decode(), datetime.now(timezone.utc)))
+    producer.flush(10)
+    return values
 
 
 def relay_command(dsn: str, bootstrap: str, input_topic: str, output_topic: str, *extra: str) -> list[str]:
@@ -100,7 +124,6 @@ def bench(dsn, kafka_bootstrap, kafka_settings, rate, duration, min_delay, max_d
 
     from .. import migrate
     from ..embedded import create_topics
-    from .cli import delayed_headers, percentiles
 
     with _servers(dsn, kafka_bootstrap) as (dsn, bootstrap):
         migrate.migrate(dsn)
@@ -119,10 +142,7 @@ def bench(dsn, kafka_bootstrap, kafka_settings, rate, duration, min_delay, max_d
             reader = OutputReader(bootstrap, output_topic, kafka_settings)
             producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **kafka_settings})
             click.echo(f"{nodes} relay node(s) starting; waiting for a warm-up message to come through ...")
-            for p in range(partitions):  # one per input partition: every node has joined the group
-                producer.produce(input_topic, value=b"warmup", partition=p,
-                                 headers=delayed_headers(f"{run}-warmup-{p}", datetime.now(timezone.utc)))
-            producer.flush(10)
+            send_warm_up(producer, input_topic, partitions)
             if len(reader.messages(partitions, 60)) < partitions:
                 raise click.ClickException("the relay did not pass the warm-up messages within 60s")
             total = int(rate * duration)

@@ -23,7 +23,8 @@ from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, o
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
 from ..errors import ConfigError
-from .relay import HEADER_DEADLINE, HEADER_ID, Relay, RelayConfig
+from .bench import OutputReader, bench, percentiles, send_warm_up  # noqa: F401  (bench: `pyscheduler bench delay`)
+from .relay import Relay, RelayConfig, delayed_headers
 
 log = logging.getLogger("pyscheduler.delay")
 
@@ -84,7 +85,12 @@ def run_cmd(dsn, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None
         raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
     if not kafka_bootstrap:
         raise click.UsageError("no Kafka: pass --bootstrap-servers or set PYSCHEDULER_KAFKA_BOOTSTRAP")
-    relay = Relay(RelayConfig(dsn=dsn, bootstrap_servers=kafka_bootstrap, kafka_settings=kafka_settings, **flags))
+    try:
+        relay = Relay(RelayConfig(dsn=dsn, bootstrap_servers=kafka_bootstrap, kafka_settings=kafka_settings,
+                                  **flags))
+        relay.check_topics()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     if metrics_port:
         from prometheus_client import start_http_server
 
@@ -140,22 +146,6 @@ def daemons(ctx: RunContext) -> list:
 
 # -- demo and bench -----------------------------------------------------------
 
-def delayed_headers(message_id: str, deadline: datetime) -> list[tuple[str, bytes]]:
-    """The two Chronos headers of an input message."""
-    return [(HEADER_ID, message_id.encode()), (HEADER_DEADLINE, deadline.isoformat().encode())]
-
-
-def percentiles(values: list[float], points=(50, 99, 99.9)) -> dict[str, float]:
-    """Nearest-rank percentiles plus max, in the values' unit."""
-    if not values:
-        return {}
-    ordered = sorted(values)
-    out = {f"p{p:g}": ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered))) - 1))]
-           for p in points}
-    out["max"] = ordered[-1]
-    return out
-
-
 def demo(ctx: RunContext, echo) -> None:
     """Publish delayed messages through a relay, print throughput and jitter from the output topic."""
     if not ctx.kafka_bootstrap:
@@ -164,7 +154,6 @@ def demo(ctx: RunContext, echo) -> None:
     from confluent_kafka import Producer
 
     from ..embedded import create_topics
-    from .bench import OutputReader
 
     suffix = uuid.uuid4().hex[:6]
     cfg = RelayConfig(dsn=ctx.dsn, bootstrap_servers=ctx.kafka_bootstrap, kafka_settings=ctx.kafka_settings,
@@ -177,9 +166,14 @@ def demo(ctx: RunContext, echo) -> None:
     thread = threading.Thread(target=relay.run, args=(stop,), name="demo-relay", daemon=True)
     thread.start()
     count, spread = 3000, 2.0
-    echo(f"relay node {relay.node}: {cfg.input_topic} -> {cfg.output_topic}")
-    echo(f"publishing {count} messages over {spread:.0f}s, each delayed 1-3 s ...")
+    echo(f"relay node {relay.node}: {cfg.input_topic} -> {cfg.output_topic}; waiting for it to join ...")
     producer = Producer({"bootstrap.servers": ctx.kafka_bootstrap, "linger.ms": 5, **ctx.kafka_settings})
+    send_warm_up(producer, cfg.input_topic, 1)
+    if not reader.messages(1, 60):
+        stop.set()
+        echo("the relay did not pass a warm-up message within 60s; demo skipped")
+        return
+    echo(f"publishing {count} messages over {spread:.0f}s, each delayed 1-3 s ...")
     start = time.time()
     for i in range(count):
         due = start + spread * i / count
@@ -201,14 +195,11 @@ def demo(ctx: RunContext, echo) -> None:
         echo("no message arrived on the output topic")
         return
     first, last = min(ts for ts, _ in got), max(ts for ts, _ in got)
-    echo(f"received {len(got)}/{count} on the output topic; "
-         f"{len(got) / max(last - first, 1e-3):.0f} msg/s while firing")
+    echo(f"received {len(got)}/{count} on the output topic: {len(got) / max(last - first, 1e-3):.0f} msg/s "
+         f"over the firing window (published at {count / spread:.0f} msg/s)")
     echo("fire time minus deadline (ms; negative = early, the timing advance is "
          f"{cfg.timing_advance_ms} ms): " + ", ".join(f"{k} {v:.1f}" for k, v in percentiles(lags).items()))
     with Database(ctx.dsn, max_size=1) as db:
         row = db.query("SELECT * FROM pyscheduler.delay_queue")[0]
     echo(f"left in the database: {row['waiting']} waiting, {row['ready']} ready "
          "(psql: SELECT * FROM pyscheduler.delay_queue;)")
-
-
-from .bench import bench  # noqa: E402  (the `pyscheduler bench delay` command)

@@ -187,6 +187,11 @@ def headers_from_json(headers: list[dict[str, Any]]) -> list[tuple[str, bytes | 
     return out
 
 
+def delayed_headers(message_id: str, deadline: datetime) -> list[tuple[str, bytes]]:
+    """The two Chronos headers of an input message."""
+    return [(HEADER_ID, message_id.encode()), (HEADER_DEADLINE, deadline.isoformat().encode())]
+
+
 def where(msg: Message) -> str:
     return f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
 
@@ -368,9 +373,10 @@ class Relay:
 
     def consume_loop(self) -> None:
         cfg = self.cfg
+        # A 10 s session (Kafka's default is 45 s): a crashed node's partitions move on sooner.
         consumer = Consumer(self._kafka(**{
             "group.id": cfg.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 100}))
+            "fetch.wait.max.ms": 100, "session.timeout.ms": 10000, "heartbeat.interval.ms": 2000}))
         publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 2}), self.kafka_outage)
         db_outage = Outage("PostgreSQL (enqueue)", log)
         consumer.subscribe([cfg.input_topic])

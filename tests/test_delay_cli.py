@@ -1,0 +1,78 @@
+"""The delay queue's commands and capability contract: run, demo, flags, metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+
+from delay_support import Output, RelayProcess, Sender, Topics, wait_for, warm_up
+from pyscheduler.daemon import RunContext
+from pyscheduler.delay import cli
+from pyscheduler.delay.relay import Relay
+from pyscheduler.embedded import free_port
+
+
+def test_run_without_kafka_skips_the_relay(dsn):
+    assert cli.daemons(RunContext(dsn=dsn)) == []
+
+
+def test_run_uses_the_default_topics_and_the_environment(dsn, kafka, monkeypatch):
+    from confluent_kafka.admin import AdminClient
+
+    monkeypatch.setenv("PYSCHEDULER_DELAY_HOLD_MS", "7000")
+    (relay,) = cli.daemons(RunContext(dsn=dsn, kafka_bootstrap=kafka))
+    assert isinstance(relay, Relay)
+    assert (relay.cfg.input_topic, relay.cfg.output_topic, relay.cfg.hold_ms) == (
+        "pyscheduler.delay.input", "pyscheduler.delay.output", 7000)
+    topics = AdminClient({"bootstrap.servers": kafka}).list_topics(timeout=10).topics
+    assert {"pyscheduler.delay.input", "pyscheduler.delay.output"} <= set(topics)
+
+
+def test_relay_command_refuses_missing_topics_with_a_clear_error(dsn, kafka):
+    proc = subprocess.run([sys.executable, "-m", "pyscheduler.delay", "run", "--dsn", dsn, "--bootstrap-servers", kafka,
+                           "--input-topic", "no-such-input", "--output-topic", "no-such-output"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "no-such-input, no-such-output do not exist" in proc.stderr
+
+
+def test_bad_flag_values_are_usage_errors_naming_the_flag(dsn, kafka, monkeypatch):
+    monkeypatch.setenv("PYSCHEDULER_DELAY_POLL_MS", "0")
+    proc = subprocess.run([sys.executable, "-m", "pyscheduler.delay", "run", "--dsn", dsn, "--bootstrap-servers", kafka],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--poll-ms" in proc.stderr
+
+
+def test_demo_prints_throughput_and_jitter_percentiles(dsn, kafka):
+    lines: list[str] = []
+    cli.demo(RunContext(dsn=dsn, kafka_bootstrap=kafka), lines.append)
+    text = "\n".join(lines)
+    assert "received 3000/3000 on the output topic" in text, text
+    assert "p50" in text and "p99.9" in text and "max" in text
+    assert "0 waiting, 0 ready" in text
+
+
+def test_metrics_count_what_the_relay_did(dsn, kafka, topic, tmp_path):
+    topics = Topics(input=topic("in"), output=topic("out"), dlq=topic("dlq"))
+    port = free_port()
+    output = Output(kafka, topics.output)
+    relay = RelayProcess(dsn, kafka, topics, tmp_path / "relay.log", "--metrics-port", str(port))
+    try:
+        relay.node()
+        sender = Sender(kafka, topics.input)
+        warm_up(sender, output, partitions=1)
+        sender.send(None, None, value=b"malformed")
+        sender.flush()
+
+        def metrics() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+        text = wait_for(lambda: "pyscheduler_delay_dead_lettered_total 1.0" in metrics() and metrics(), 20,
+                        "the dead letter to be counted")
+        for line in ("pyscheduler_delay_consumed_total 2.0", "pyscheduler_delay_late_total 1.0",
+                     "pyscheduler_delay_fired_total 1.0", "pyscheduler_delay_fire_lag_seconds_count 1.0"):
+            assert line in text
+    finally:
+        relay.close()
+        output.close()
