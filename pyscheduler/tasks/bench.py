@@ -41,6 +41,12 @@ def _drop_queue(db: Database, queue: str) -> None:
         conn.execute("DELETE FROM pyscheduler.tasks WHERE queue = %s", (queue,))
 
 
+def _vacuum(db: Database) -> None:
+    """Between runs, as pgbench does: one run's dead rows must not slow the next one."""
+    with db.connection() as conn:
+        conn.execute("VACUUM (ANALYZE) pyscheduler.tasks")
+
+
 def submit_bulk(db: Database, queue: str, total: int, chunk: int = 5000) -> float:
     """Submit ``total`` tasks in chunks; seconds taken."""
     started = time.perf_counter()
@@ -195,6 +201,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python,
         with Database(dsn, min_size=workers + 1, max_size=workers + 2) as db:
             try:
                 q = f"{tag}-batch"
+                _vacuum(db)
                 secs = submit_bulk(db, q, total)
                 click.echo(f"submit (submit_tasks, 5000 per call): {total:,} tasks in {secs:.2f}s = "
                            f"{total / secs:,.0f} tasks/s")
@@ -204,10 +211,12 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python,
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['batch'])})")
                 _drop_queue(db, q)
+                _vacuum(db)
 
                 q = f"{tag}-single"
                 expected = int(single_seconds * 6000) + 1000
                 submit_bulk(db, q, expected)
+                _vacuum(db)
                 n, secs = single_lease_complete(db, q, workers, single_seconds)
                 rate = single_rate = n / secs
                 click.echo(f"single lease+complete (lease_task + complete_task, {workers} workers): "
