@@ -108,11 +108,13 @@ class Output:
 class InProcessRelay:
     """A Relay in a thread of the test process."""
 
-    def __init__(self, dsn: str, bootstrap: str, topics: Topics, **overrides):
+    def __init__(self, dsn: str, bootstrap: str, topics: Topics, kafka_settings_extra: dict | None = None,
+                 **overrides):
         settings = {**FAST, "dlq_topic": topics.dlq, **overrides}
         self.relay = Relay(RelayConfig(dsn=dsn, bootstrap_servers=bootstrap, input_topic=topics.input,
                                        output_topic=topics.output, group_id=topics.group,
-                                       kafka_settings=dict(GROUP_SETTINGS), **settings))
+                                       kafka_settings={**GROUP_SETTINGS, **(kafka_settings_extra or {})},
+                                       **settings))
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=self.relay.name, daemon=True)

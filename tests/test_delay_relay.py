@@ -172,3 +172,18 @@ def test_missing_topics_are_a_clear_error_at_start(dsn, kafka, topics):
 def test_bad_settings_name_the_setting():
     with pytest.raises(ConfigError, match="hold-ms"):
         RelayConfig(dsn="x", bootstrap_servers="y", input_topic="i", output_topic="o", hold_ms=0)
+
+
+def test_a_message_the_broker_refuses_does_not_stall_the_ones_behind_it(wired, db):
+    sender, output, _, start = wired
+    # this node's producer refuses messages over 1000 bytes (as a broker would a too-large record)
+    start(hold_ms=1000, kafka_settings_extra={"message.max.bytes": "1000"})
+    warm_up(sender, output, partitions=2)
+    soon = utcnow() + timedelta(milliseconds=300)
+    sender.send("too-big", soon, value=b"x" * 2000, partition=0)
+    sender.send("small", soon + timedelta(milliseconds=100), value=b"small", partition=0)
+    sender.flush()
+    output.wait_values([b"small"], timeout=20)
+    # the refused one is kept (ready or waiting again), never lost; the delivered one is deleted
+    wait_for(lambda: [r["id"] for r in db.query("SELECT id FROM pyscheduler.delay_messages")] == ["too-big"],
+             10, "only the refused message to remain")

@@ -219,10 +219,13 @@ class Publisher:
     def __init__(self, settings: dict[str, Any], outage: Outage):
         self.producer = Producer(settings)
         self.outage = outage
+        self.last_error: KafkaError | None = None
 
     def publish(self, items: Sequence[Outgoing], give_up: Callable[[], bool],
-                on_sent: Callable[[Outgoing, Message], None] | None = None) -> list[Outgoing]:
-        """Publish all; returns the ones not delivered (empty unless ``give_up``)."""
+                on_sent: Callable[[Outgoing, Message], None] | None = None,
+                until: float | None = None) -> list[Outgoing]:
+        """Publish all; returns the ones not delivered (empty unless ``give_up`` or
+        the monotonic time ``until`` came first; ``last_error`` says why)."""
         pending = list(items)
         while pending:
             failed: list[Outgoing] = []
@@ -247,7 +250,8 @@ class Publisher:
                 if pending:
                     self.outage.ok()
                 return []
-            if give_up():
+            self.last_error = errors[0]
+            if give_up() or (until is not None and time.monotonic() >= until):
                 return failed
             time.sleep(self.outage.failed(KafkaException(errors[0])))
             pending = failed
@@ -531,7 +535,14 @@ class Relay:
 
         # Once stopping, in-flight fires still finish (bounded); undelivered ones stay
         # ready and are reset by a peer (or this node's successor) after the hold time.
-        publisher.publish(out, self.stop.is_set, sent)
+        # Retries stop at the hold time too, so a message the broker keeps refusing
+        # (too large, say) never stalls the messages behind it.
+        undelivered = publisher.publish(out, self.stop.is_set, sent,
+                                        until=time.monotonic() + self.cfg.hold_ms / 1000.0)
+        if undelivered and not self.stop.is_set():
+            log.error("could not publish %d message(s) within the hold time (%s), e.g. %s; they stay ready "
+                      "and are tried again once reset", len(undelivered), publisher.last_error,
+                      ", ".join(str(item.tag[0]) for item in undelivered[:5]))
         if not delivered:
             return
         deadline = time.monotonic() + self.cfg.hold_ms / 1000.0
