@@ -399,15 +399,18 @@ CREATE OR REPLACE FUNCTION pyscheduler.lease_task(
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295,
     now timestamptz DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-    /* lease_task(queue, worker, timeout => '10 seconds', aging_rate => 0,
-                  aging_cap => 4294967295, now => NULL) -> task jsonb or NULL
-       lease_tasks with n => 1: the task leased, or NULL when none is ready. */
-    SELECT task FROM pyscheduler.lease_tasks(queue => $1, worker => $2, n => 1, timeout => $3,
-                                             aging_rate => $4, aging_cap => $5, now => $6);
+/* lease_task(queue, worker, timeout => '10 seconds', aging_rate => 0,
+              aging_cap => 4294967295, now => NULL) -> task jsonb or NULL
+   lease_tasks with n => 1: the task leased, or NULL when none is ready.
+   (PL/pgSQL rather than SQL: its statement plan is cached across calls.) */
+BEGIN
+    RETURN (SELECT l.task FROM lease_tasks(queue => $1, worker => $2, n => 1, timeout => $3,
+                                           aging_rate => $4, aging_cap => $5, now => $6) l);
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_task(text, text, interval, double precision, bigint, timestamptz) IS
     'Lease the next ready task of a queue (NULL when none); see lease_tasks.';

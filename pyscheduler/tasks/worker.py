@@ -115,7 +115,7 @@ class Worker:
         self.aging = {"aging_rate": aging_rate, "aging_cap": aging_cap}
         self.yield_on_stop = yield_on_stop
         self._own_db = db is None
-        self.db = db or Database(dsn, min_size=1, max_size=2, name="pyscheduler-worker")
+        self.db = db or Database(dsn, min_size=1, max_size=2 + min(capacity, 8), name="pyscheduler-worker")
         self.worker_id: str | None = None
         self.name = f"tasks-worker:{queue}"
         self.held: dict[str, TaskContext] = {}
