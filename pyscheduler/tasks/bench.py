@@ -70,39 +70,31 @@ def _run_threads(workers: int, target) -> float:
     return time.perf_counter() - started
 
 
-def batch_lease_complete(db: Database, queue: str, workers: int, batch: int) -> tuple[int, float]:
+def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
+                   seconds: float = float("inf")) -> tuple[int, float]:
+    """W connections lease and complete until the queue is empty or ``seconds`` pass:
+    batch None: lease_task + complete_task per task; else lease_tasks(n => batch) + complete_tasks."""
     done = [0] * workers
+    lease = timedelta(seconds=60)
+
+    def cycle(s, worker: str) -> int:
+        if batch is None:
+            task = s.call_value("lease_task", queue=queue, worker=worker, timeout=lease)
+            if task is not None:
+                s.call("complete_task", rn=task["rn"], worker=worker)
+            return task is not None
+        rows = s.call("lease_tasks", queue=queue, worker=worker, n=batch, timeout=lease)
+        if rows:
+            failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows], worker=worker)
+            assert not failed, failed
+        return len(rows)
 
     def work(k: int, barrier: threading.Barrier) -> None:
-        worker = f"bench-batch-{k}"
-        with db.session() as s:
-            barrier.wait()
-            while True:
-                rows = s.call("lease_tasks", queue=queue, worker=worker, n=batch, timeout=timedelta(seconds=60))
-                if not rows:
-                    return
-                failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows], worker=worker)
-                assert not failed, failed
-                done[k] += len(rows)
-
-    elapsed = _run_threads(workers, work)
-    return sum(done), elapsed
-
-
-def single_lease_complete(db: Database, queue: str, workers: int, seconds: float) -> tuple[int, float]:
-    done = [0] * workers
-
-    def work(k: int, barrier: threading.Barrier) -> None:
-        worker = f"bench-single-{k}"
         with db.session() as s:
             barrier.wait()
             until = time.perf_counter() + seconds
-            while time.perf_counter() < until:
-                task = s.call_value("lease_task", queue=queue, worker=worker, timeout=timedelta(seconds=60))
-                if task is None:
-                    return
-                s.call("complete_task", rn=task["rn"], worker=worker)
-                done[k] += 1
+            while time.perf_counter() < until and (n := cycle(s, f"bench-{k}")):
+                done[k] += n
 
     elapsed = _run_threads(workers, work)
     return sum(done), elapsed
@@ -205,7 +197,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python,
                 secs = submit_bulk(db, q, total)
                 click.echo(f"submit (submit_tasks, 5000 per call): {total:,} tasks in {secs:.2f}s = "
                            f"{total / secs:,.0f} tasks/s")
-                n, secs = batch_lease_complete(db, q, workers, batch)
+                n, secs = lease_complete(db, q, workers, batch)
                 rate = batch_rate = n / secs
                 click.echo(f"batch lease+complete (lease_tasks n={batch} + complete_tasks, {workers} workers): "
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
@@ -217,7 +209,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python,
                 expected = int(single_seconds * 6000) + 1000
                 submit_bulk(db, q, expected)
                 _vacuum(db)
-                n, secs = single_lease_complete(db, q, workers, single_seconds)
+                n, secs = lease_complete(db, q, workers, None, single_seconds)
                 rate = single_rate = n / secs
                 click.echo(f"single lease+complete (lease_task + complete_task, {workers} workers): "
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "

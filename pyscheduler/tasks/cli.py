@@ -68,9 +68,10 @@ def _require_dsn(dsn: str | None) -> str:
     return dsn
 
 
-def _client(dsn: str | None) -> tuple[Database, TaskClient]:
-    db = Database(_require_dsn(dsn), max_size=1).open()
-    return db, TaskClient(db)
+def _with_client(dsn: str | None, action):
+    """``action(TaskClient)`` on a short-lived pool; its result."""
+    with Database(_require_dsn(dsn), max_size=1) as db:
+        return action(TaskClient(db))
 
 
 def _echo_json(obj) -> None:
@@ -103,9 +104,7 @@ def submit_cmd(dsn, queue, spec, priority) -> None:
         spec_obj = json.loads(spec)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="SPEC") from exc
-    db, client = _client(dsn)
-    with db:
-        _echo_json(client.submit(queue, spec_obj, priority))
+    _echo_json(_with_client(dsn, lambda client: client.submit(queue, spec_obj, priority)))
 
 
 @group.command("get")
@@ -113,9 +112,7 @@ def submit_cmd(dsn, queue, spec, priority) -> None:
 @click.argument("rn")
 def get_cmd(dsn, rn) -> None:
     """Show one task."""
-    db, client = _client(dsn)
-    with db:
-        _echo_json(client.get(rn))
+    _echo_json(_with_client(dsn, lambda client: client.get(rn)))
 
 
 @group.command("list")
@@ -126,11 +123,9 @@ def get_cmd(dsn, rn) -> None:
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
 def list_cmd(dsn, queue, status, owner, limit) -> None:
     """List tasks, newest first."""
-    db, client = _client(dsn)
-    with db:
-        for t in client.list(queue, status, owner, limit):
-            click.echo(f"{t['rn']}  {t['queue']:<12} {t['status']:<9} p={t['priority']:<5} "
-                       f"progress={t['progress']:.2f} owner={t['owner'] or '-'}")
+    for t in _with_client(dsn, lambda client: client.list(queue, status, owner, limit)):
+        click.echo(f"{t['rn']}  {t['queue']:<12} {t['status']:<9} p={t['priority']:<5} "
+                   f"progress={t['progress']:.2f} owner={t['owner'] or '-'}")
 
 
 @group.command("cancel")
@@ -138,9 +133,7 @@ def list_cmd(dsn, queue, status, owner, limit) -> None:
 @click.argument("rn")
 def cancel_cmd(dsn, rn) -> None:
     """Cancel a ready or running task."""
-    db, client = _client(dsn)
-    with db:
-        _echo_json(client.cancel(rn))
+    _echo_json(_with_client(dsn, lambda client: client.cancel(rn)))
 
 
 def sleep_handler(ctx: TaskContext) -> None:
