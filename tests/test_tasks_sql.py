@@ -459,6 +459,36 @@ def test_interleaving_heartbeat_waits_for_cancel_and_sees_it(dsn, db):
     assert result.get(timeout=1) == "PS203"
 
 
+def test_interleaving_monitor_skips_a_task_whose_heartbeat_is_in_flight(dsn, db):
+    submit(db)
+    rn = lease(db, worker="w1", now=at(0))["rn"]  # deadline at(10)
+    with _session(dsn) as a:
+        # A: the heartbeat at at(9) extends the deadline to at(19), not yet committed
+        a.execute("SELECT pyscheduler.heartbeat_task(rn => %s, worker => 'w1', now => %s)", (rn, at(9)))
+        # the monitor at at(12) sees the old deadline as expired but must not wait for, nor reset, the row
+        assert db.call("reset_expired_tasks", now=at(12)) == []
+        a.commit()
+    assert db.call("reset_expired_tasks", now=at(12)) == []  # the committed heartbeat holds until at(19)
+    assert db.call_value("get_task", rn=rn)["owner"] == "w1"
+    assert [r["task"]["rn"] for r in db.call("reset_expired_tasks", now=at(20))] == [rn]
+
+
+def test_interleaving_completion_racing_the_monitor_wins_once(dsn, db):
+    submit(db)
+    rn = lease(db, worker="w1", now=at(0))["rn"]
+    with _session(dsn) as a:
+        a.execute("SELECT pyscheduler.complete_task(rn => %s, worker => 'w1', now => %s)", (rn, at(11)))
+        assert db.call("reset_expired_tasks", now=at(12)) == []  # skipped: locked by the completion
+        a.commit()
+    assert db.call("reset_expired_tasks", now=at(12)) == []
+    task = db.call_value("get_task", rn=rn)
+    assert task["status"] == "completed" and types_of(task) == ["TaskAssignment"]
+
+
+def types_of(task):
+    return [h["_typ"] for h in task["history"]]
+
+
 def test_concurrent_workers_never_hold_the_same_task(dsn, db):
     total, workers = 400, 4
     db.call("submit_tasks", queue="c", specs=Jsonb([{"i": i} for i in range(total)]))
