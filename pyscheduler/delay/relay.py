@@ -253,7 +253,8 @@ class Publisher:
             self.last_error = errors[0]
             if give_up() or (until is not None and time.monotonic() >= until):
                 return failed
-            time.sleep(self.outage.failed(KafkaException(errors[0])))
+            pause = self.outage.failed(KafkaException(errors[0]))
+            time.sleep(pause if until is None else min(pause, max(0.0, until - time.monotonic())))
             pending = failed
         return []
 
@@ -535,13 +536,14 @@ class Relay:
 
         # Once stopping, in-flight fires still finish (bounded); undelivered ones stay
         # ready and are reset by a peer (or this node's successor) after the hold time.
-        # Retries stop at the hold time too, so a message the broker keeps refusing
-        # (too large, say) never stalls the messages behind it.
+        # Retries stop at half the hold time, so a message the broker keeps refusing (too
+        # large, say) never stalls the messages behind it, and the delivered ones of the
+        # batch are deleted before the detector would reset them.
         undelivered = publisher.publish(out, self.stop.is_set, sent,
-                                        until=time.monotonic() + self.cfg.hold_ms / 1000.0)
+                                        until=time.monotonic() + self.cfg.hold_ms / 2000.0)
         if undelivered and not self.stop.is_set():
-            log.error("could not publish %d message(s) within the hold time (%s), e.g. %s; they stay ready "
-                      "and are tried again once reset", len(undelivered), publisher.last_error,
+            log.error("could not publish %d message(s) within half the hold time (%s), e.g. %s; they stay "
+                      "ready and are tried again once reset", len(undelivered), publisher.last_error,
                       ", ".join(str(item.tag[0]) for item in undelivered[:5]))
         if not delivered:
             return
