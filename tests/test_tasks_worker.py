@@ -270,3 +270,19 @@ def test_monitor_flags_and_environment(dsn, monkeypatch):
     assert (mon.retention, mon.reset_interval, mon.cleanup_interval) == (timedelta(hours=2), 0.5, 60.0)
     out = CliRunner().invoke(main, ["tasks", "monitor", "--dsn", dsn, "--retention", "soon"])
     assert out.exit_code == 2 and "--retention" in out.output
+
+
+def test_worker_survives_its_connections_being_terminated(dsn, db, client):
+    done = threading.Event()
+    running = Worker(dsn, "r", lambda ctx: done.set(), poll_interval=0.2).start()
+    try:
+        running.wait_idle()
+        killed = db.query("SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")[0]["n"]
+        assert killed >= 2  # its LISTEN connection and its pool
+        rn = client.submit("r", {})["rn"]
+        assert done.wait(15), "the worker did not recover from losing its connections"
+        wait_for(lambda: status(client, rn) == "completed")
+        assert running.thread.is_alive()
+    finally:
+        running.stop()

@@ -15,8 +15,7 @@ import time
 from datetime import timedelta
 
 from ..db import Database, Listener, Outage, Wakeup
-from ..errors import DatabaseUnavailable
-from .worker import poke_on
+from .worker import TRANSIENT, poke_on
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ class Monitor:
                         self.cleanup_once(db)
                         next_cleanup = time.monotonic() + self.cleanup_interval
                     outage.ok()
-                except DatabaseUnavailable as exc:
+                except TRANSIENT as exc:
                     stop.wait(outage.failed(exc))
                     continue
                 wakeup.wait(self.reset_interval)

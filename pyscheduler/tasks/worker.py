@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+
 from ..db import Database, Jsonb, Listener, Outage, Wakeup
 from ..errors import (DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled, TaskNotOwned,
                       TaskNotRunning)
@@ -40,6 +42,8 @@ from ..errors import (DatabaseUnavailable, InvalidArgument, SchedulerError, Task
 log = logging.getLogger(__name__)
 
 LOST = (TaskNotOwned, TaskNotRunning)
+# Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
+TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
 
 
 class Abort(Exception):
@@ -103,6 +107,8 @@ class Worker:
                  heartbeat_interval: float | None = None, poll_interval: float = 1.0,
                  aging_rate: float = 0.0, aging_cap: int = 4_294_967_295, yield_on_stop: bool = True,
                  db: Database | None = None):
+        if not 1 <= len(queue.encode()) <= 40:
+            raise InvalidArgument(f"queue must be 1 to 40 bytes long, got {queue!r}")
         if capacity < 1:
             raise InvalidArgument(f"capacity must be at least 1, got {capacity}")
         if timeout <= 0:
@@ -136,7 +142,7 @@ class Worker:
             try:
                 self.worker_id = self.db.call_value("register_worker")
                 outage.ok()
-            except DatabaseUnavailable as exc:
+            except TRANSIENT as exc:
                 stop.wait(outage.failed(exc))
         if self.worker_id is None:
             return
@@ -182,7 +188,7 @@ class Worker:
                     rows = self.db.call("lease_tasks", queue=self.queue, worker=self.worker_id, n=free,
                                         timeout=self.timeout, **self.aging)
                     outage.ok()
-                except DatabaseUnavailable as exc:
+                except TRANSIENT as exc:
                     stop.wait(outage.failed(exc))
                     continue
                 got = len(rows)
@@ -260,9 +266,11 @@ class Worker:
                     else:
                         log.warning("task %s: lease lost (%s): telling its handler", ctx.rn, exc)
                         ctx._stop("lost")
-                except DatabaseUnavailable as exc:
+                except TRANSIENT as exc:
                     stop.wait(outage.failed(exc))
                     break
+                except SchedulerError as exc:  # never let the heartbeat thread die
+                    log.error("heartbeat of task %s failed: %s", ctx.rn, exc)
 
     # -- shutdown: the seed's K8s rebalancing hook
 
