@@ -125,30 +125,53 @@ def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, wo
     return latencies
 
 
-PEER_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "tasks_peer_procrastinate.py"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
-def run_peer(db: Database, dsn: str, python: str, jobs: int, concurrency: int) -> dict:
-    """Run procrastinate (in the virtualenv of ``python``) in a scratch database of the same server."""
+def run_peer(db: Database, dsn: str, command: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run a peer's bench script (``command`` + [scratch DSN]) in a scratch database of the same
+    server; the script prints one line of JSON: peer, jobs, seconds, jobs_per_s."""
     import json
     import subprocess
 
+    from urllib.parse import quote
+
     from psycopg import sql
-    from psycopg.conninfo import make_conninfo
+    from psycopg.conninfo import conninfo_to_dict
 
     name = f"pyscheduler_peer_{os.getpid()}"
+    params = conninfo_to_dict(dsn)
+    host, port = params.get("host") or "127.0.0.1", params.get("port") or "5432"
+    auth = quote(params.get("user") or "", safe="") + (
+        ":" + quote(params["password"], safe="") if params.get("password") else "")
+    where = f"{host}:{port}/{name}" if not host.startswith("/") else f"/{name}?host={quote(host)}&port={port}"
+    uri = f"postgresql://{auth}@{where}"  # a URI: node-postgres does not read key=value strings
     with db.connection() as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        out = subprocess.run([python, str(PEER_SCRIPT), make_conninfo(dsn, dbname=name), str(jobs),
-                              str(concurrency)], capture_output=True, text=True, timeout=600)
+        out = subprocess.run(command[:2] + [uri] + command[2:],
+                             capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
         if out.returncode != 0:
             raise click.ClickException(f"peer run failed: {out.stderr.strip()[-2000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         with db.connection() as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def peer_commands(peer_python: str | None, peer_node_modules: str | None, jobs: int,
+                  concurrency: int) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv without the DSN, environment) of each peer run asked for."""
+    runs = []
+    if peer_python:
+        runs.append(([peer_python, str(BENCH_DIR / "tasks_peer_procrastinate.py"), str(jobs), str(concurrency)], {}))
+    if peer_node_modules:
+        script = str(BENCH_DIR / "tasks_peer_graphile.js")
+        for local_queue in ("500", "0"):
+            runs.append((["node", script, str(jobs * 10), str(concurrency), local_queue],
+                         {"NODE_PATH": peer_node_modules}))
+    return runs
 
 
 def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
@@ -172,9 +195,12 @@ def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
 @click.option("--peer-python", default=None, metavar="PYTHON",
               help="Python of a virtualenv with procrastinate installed: run it side by side "
                    "(bench/tasks_peer_procrastinate.py) and print the ratios.")
+@click.option("--peer-node-modules", default=None, metavar="DIR",
+              help="node_modules with graphile-worker installed: run it side by side, with and without "
+                   "its local queue (bench/tasks_peer_graphile.js), 10x --peer-jobs jobs.")
 @click.option("--peer-jobs", type=click.IntRange(1), default=3000, show_default=True)
 @click.option("--peer-concurrency", type=click.IntRange(1), default=10, show_default=True)
-def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python, peer_jobs,
+def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python, peer_node_modules, peer_jobs,
           peer_concurrency) -> None:
     """Leased tasks: batch and single lease+complete tasks/s, submit-to-lease latency."""
     from .. import migrate as migrations
@@ -224,8 +250,8 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python,
                            f"mean {statistics.mean(lat):.2f} ms ({_verdict(p99, TARGETS['p99_ms'], False)})")
                 _drop_queue(db, q)
 
-                if peer_python:
-                    peer = run_peer(db, dsn, peer_python, peer_jobs, peer_concurrency)
+                for command, env in peer_commands(peer_python, peer_node_modules, peer_jobs, peer_concurrency):
+                    peer = run_peer(db, dsn, command, env)
                     click.echo(f"peer {peer['peer']} (same server, same run, no-op jobs, concurrency "
                                f"{peer_concurrency}): {peer['jobs']:,} jobs in {peer['seconds']:.2f}s = "
                                f"{peer['jobs_per_s']:,.0f} jobs/s; ratio single {single_rate / peer['jobs_per_s']:.1f}x, "
