@@ -286,3 +286,17 @@ def test_worker_survives_its_connections_being_terminated(dsn, db, client):
         assert running.thread.is_alive()
     finally:
         running.stop()
+
+
+def test_many_short_tasks_each_run_once_with_batched_completions(dsn, db, client):
+    ran: list[str] = []
+    rns = [t["rn"] for t in client.submit_many("many", [{"i": i} for i in range(300)])]
+    workers = [Worker(dsn, "many", lambda ctx: ran.append(ctx.rn), capacity=8).start() for _ in range(2)]
+    try:
+        wait_for(lambda: len(client.list("many", status="completed", limit=1000)) == 300, timeout=30)
+    finally:
+        for w in workers:
+            w.stop()
+    assert sorted(ran) == sorted(rns)  # each exactly once
+    tasks = client.list("many", limit=1000)
+    assert all(t["progress"] == 1 and types(t) == ["TaskAssignment"] for t in tasks)

@@ -26,6 +26,7 @@ jitter) is the fallback.
 from __future__ import annotations
 
 import logging
+import queue as queue_mod
 import threading
 import time
 from collections.abc import Callable
@@ -131,6 +132,7 @@ class Worker:
         self.registered = threading.Event()
         self.listener: Listener | None = None
         self.polls = 0  # lease calls made (tests and benches wait for the first one)
+        self._done: queue_mod.SimpleQueue[TaskContext] = queue_mod.SimpleQueue()
 
     # -- the daemon
 
@@ -157,12 +159,18 @@ class Worker:
         beat = threading.Thread(target=self._heartbeats, args=(beats_stop,), name=f"heartbeat:{self.worker_id}",
                                 daemon=True)
         beat.start()
+        completer_stop = threading.Event()
+        completer = threading.Thread(target=self._completer, args=(completer_stop,),
+                                     name=f"complete:{self.worker_id}", daemon=True)
+        completer.start()
         pool = ThreadPoolExecutor(self.capacity, thread_name_prefix=f"task:{self.worker_id}")
         self.registered.set()
         try:
             self._lease_loop(stop, pool, outage)
         finally:
             self._shutdown(pool)
+            completer_stop.set()  # it records what is queued, then returns
+            completer.join(30)
             beats_stop.set()
             listener.stop()
             beat.join(5)
@@ -207,15 +215,27 @@ class Worker:
                 self._lease_wake.poke()
 
     def _work(self, ctx: TaskContext) -> None:
+        queued = False
         try:
             function, args = self._run_handler(ctx)
-            ctx.finishing = True  # heartbeats leave it alone from here
-            if ctx.reason != "yielded":  # a yielded task is another worker's now
+            with self._lock:
+                ctx.finishing = True  # heartbeats and the shutdown yield leave it alone from here
+                yielded = ctx.reason == "yielded"
+            if yielded:
+                return  # handed back on shutdown: another worker's now
+            if function == "complete_task":
+                self._done.put(ctx)  # the completer records it (batched) and frees the slot
+                queued = True
+            else:
                 self._finish(ctx, function, **args)
         finally:
-            with self._lock:
-                self.held.pop(ctx.rn, None)
-            self._lease_wake.poke()  # capacity freed
+            if not queued:
+                self._release(ctx)
+
+    def _release(self, ctx: TaskContext) -> None:
+        with self._lock:
+            self.held.pop(ctx.rn, None)
+        self._lease_wake.poke()  # capacity freed
 
     def _run_handler(self, ctx: TaskContext) -> tuple[str, dict[str, Any]]:
         """The handler's outcome as the SQL call that records it."""
@@ -239,6 +259,45 @@ class Worker:
             log.warning("task %s: lease lost before it finished (%s)", ctx.rn, exc)
         except SchedulerError as exc:
             log.error("task %s: could not record the outcome (%s); the monitor will reset it", ctx.rn, exc)
+
+    # -- completions, batched: one complete_tasks call for all that finished meanwhile
+
+    def _completer(self, stop: threading.Event) -> None:
+        while True:
+            try:
+                batch = [self._done.get(timeout=0.1)]
+            except queue_mod.Empty:
+                if stop.is_set():
+                    return
+                continue
+            while len(batch) < 1000:
+                try:
+                    batch.append(self._done.get_nowait())
+                except queue_mod.Empty:
+                    break
+            self._complete(batch)
+
+    def _complete(self, batch: list[TaskContext]) -> None:
+        outage = Outage(f"completions of {self.worker_id}", log)
+        failed: list[dict[str, Any]] = []
+        for _ in range(6):  # then give up: the monitor resets the tasks and they run again
+            try:
+                failed = self.db.call("complete_tasks", rns=[c.rn for c in batch], worker=self.worker_id)
+                outage.ok()
+                break
+            except TRANSIENT as exc:
+                time.sleep(outage.failed(exc))
+            except SchedulerError as exc:
+                log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
+                break
+        why = {str(r["rn"]): r["sqlstate"] for r in failed}
+        for ctx in batch:
+            code = why.get(ctx.rn)
+            if code == "PS203":
+                log.info("task %s was cancelled before it finished; it stays cancelled", ctx.rn)
+            elif code:
+                log.warning("task %s: lease lost before it finished (SQLSTATE %s)", ctx.rn, code)
+            self._release(ctx)
 
     # -- heartbeats
 
@@ -277,10 +336,10 @@ class Worker:
     def _shutdown(self, pool: ThreadPoolExecutor) -> None:
         with self._lock:
             held = list(self.held.values())
-        for ctx in held:
-            if not self.yield_on_stop:
-                continue
-            ctx._stop("yielded")
+            to_yield = [c for c in held if self.yield_on_stop and not c.finishing]
+            for ctx in to_yield:
+                ctx._stop("yielded")
+        for ctx in to_yield:
             try:
                 self.db.call("yield_task", rn=ctx.rn, worker=self.worker_id)
                 log.info("yielded task %s", ctx.rn)
