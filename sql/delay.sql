@@ -52,6 +52,9 @@ END
 $$;
 
 -- enqueue_messages: the batch form; enqueue_message calls it with one element.
+-- (store_late was added after the first version: drop that signature.)
+DROP FUNCTION IF EXISTS pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval,
+                                                     timestamptz, interval);
 CREATE OR REPLACE FUNCTION pyscheduler.enqueue_messages(
     ids          text[],
     deadlines    timestamptz[],
@@ -60,13 +63,14 @@ CREATE OR REPLACE FUNCTION pyscheduler.enqueue_messages(
     header_lists jsonb[]     DEFAULT NULL,
     advance      interval    DEFAULT '50 milliseconds',
     now          timestamptz DEFAULT NULL,
-    wake_within  interval    DEFAULT '100 milliseconds')
+    wake_within  interval    DEFAULT '100 milliseconds',
+    store_late   boolean     DEFAULT false)
 RETURNS TABLE (ord integer, id text, outcome text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* enqueue_messages(ids, deadlines, keys, vals, header_lists, advance, now, wake_within)
+/* enqueue_messages(ids, deadlines, keys, vals, header_lists, advance, now, wake_within, store_late)
      -> TABLE (ord, id, outcome)
 
    Store a batch of delayed messages in one round trip. Element i of every
@@ -86,6 +90,9 @@ AS $$
    wake_within  a message due within this time that is earlier than every
                 waiting message sends a (throttled) NOTIFY pyscheduler_delay
                 so sleeping relays wake early
+   store_late   store late messages too (outcome enqueued): the relay uses it
+                for late messages the broker would not take at once, so they
+                are fired (and retried) from the table instead
 
    Errors: PS101 bad id, PS102 NULL deadline, PS103 array lengths differ,
            PS104 bad headers, PS105 negative advance. */
@@ -120,7 +127,8 @@ BEGIN
     -- What sleepers expect next, read before this batch is inserted.
     SELECT m.deadline INTO v_head FROM pyscheduler.delay_messages m
      WHERE m.readied_at IS NULL ORDER BY m.deadline LIMIT 1;
-    SELECT min(d) INTO v_new FROM unnest(enqueue_messages.deadlines) d WHERE d > v_now + enqueue_messages.advance;
+    SELECT min(d) INTO v_new FROM unnest(enqueue_messages.deadlines) d
+     WHERE enqueue_messages.store_late OR d > v_now + enqueue_messages.advance;
 
     RETURN QUERY
     WITH input AS (
@@ -132,13 +140,13 @@ BEGIN
         SELECT DISTINCT ON (i.id) i.* FROM input i ORDER BY i.id, i.ord
     ), late AS (
         SELECT f.ord FROM first f
-         WHERE f.deadline <= v_now + enqueue_messages.advance
+         WHERE NOT enqueue_messages.store_late AND f.deadline <= v_now + enqueue_messages.advance
            AND NOT EXISTS (SELECT 1 FROM pyscheduler.delay_messages m WHERE m.id = f.id)
     ), inserted AS (
         INSERT INTO pyscheduler.delay_messages AS m (id, deadline, headers, key, value)
         SELECT f.id, f.deadline, coalesce(f.headers, '[]'::jsonb), f.key, f.value
           FROM first f
-         WHERE f.deadline > v_now + enqueue_messages.advance
+         WHERE enqueue_messages.store_late OR f.deadline > v_now + enqueue_messages.advance
         ON CONFLICT ON CONSTRAINT delay_messages_pkey DO NOTHING
         RETURNING m.id
     )
@@ -156,7 +164,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval, timestamptz, interval) IS
+COMMENT ON FUNCTION pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval, timestamptz, interval, boolean) IS
     'Delay queue: store a batch of messages idempotently; per message enqueued, duplicate or late (publish it now).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.enqueue_message(

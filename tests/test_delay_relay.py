@@ -187,3 +187,20 @@ def test_a_message_the_broker_refuses_does_not_stall_the_ones_behind_it(wired, d
     # the refused one is kept (ready or waiting again), never lost; the delivered one is deleted
     wait_for(lambda: [r["id"] for r in db.query("SELECT id FROM pyscheduler.delay_messages")] == ["too-big"],
              10, "only the refused message to remain")
+
+
+def test_a_late_message_the_broker_refuses_is_stored_and_the_input_moves_on(wired, db):
+    sender, output, _, start = wired
+    start(hold_ms=1000, kafka_settings_extra={"message.max.bytes": "1000"})
+    warm_up(sender, output, partitions=2)
+    sender.send("late-big", utcnow() - timedelta(seconds=1), value=b"x" * 2000, partition=0)
+    sender.send("late-small", utcnow() - timedelta(seconds=1), value=b"late-small", partition=0)
+    sender.flush()
+    output.wait_values([b"late-small"], timeout=20)
+    # the input was not stalled behind it: a message sent afterwards comes through too
+    sender.send("after", utcnow() + timedelta(milliseconds=200), value=b"after", partition=0)
+    sender.flush()
+    output.wait_values([b"after"], timeout=20)
+    # and the refused one is not lost: it waits in the table to be fired (and retried) from there
+    wait_for(lambda: [r["id"] for r in db.query("SELECT id FROM pyscheduler.delay_messages")] == ["late-big"],
+             10, "the refused late message to be stored")

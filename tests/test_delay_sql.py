@@ -67,6 +67,12 @@ def test_enqueue_messages_reports_each_message_in_input_order(db, conn):
     assert stored["c"]["value"] is None and stored["c"]["headers"] == []
 
 
+def test_enqueue_messages_can_store_late_messages(db, conn):
+    out = db.call("enqueue_messages", ids=["late", "later"], deadlines=[T0 - S, T0 + S], now=T0, store_late=True)
+    assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
+    assert [r["id"] for r in claim(db, uuid.uuid4(), now=T0)] == ["late"]
+
+
 def test_enqueue_messages_with_only_ids_and_deadlines(db):
     out = db.call("enqueue_messages", ids=["x", "y"], deadlines=[T0 + S, T0 + S], now=T0)
     assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]

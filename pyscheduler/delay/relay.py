@@ -415,7 +415,7 @@ class Relay:
         out: list[Outgoing] = []
         for (msg, d), outcome in zip(good, outcomes):
             if outcome == "late":
-                out.append(Outgoing(self.cfg.output_topic, d.key, d.value, d.headers, d.deadline))
+                out.append(Outgoing(self.cfg.output_topic, d.key, d.value, d.headers, d))
         for msg, reason in bad:
             log.error("malformed message at %s: %s%s", where(msg), reason,
                       f"; sent to {self.cfg.dlq_topic}" if self.cfg.dlq_topic else "; dropped")
@@ -424,8 +424,8 @@ class Relay:
                 out.append(Outgoing(self.cfg.dlq_topic, msg.key(), msg.value(), [
                     *(msg.headers() or []), (DLQ_REASON_HEADER, reason.encode()),
                     (DLQ_SOURCE_HEADER, where(msg).encode())]))
-        if out and publisher.publish(out, stopping, self._sent):
-            return  # stopping before the broker took them: not committed, read again
+        if out and not self._publish_or_store(publisher, db_outage, out):
+            return  # stopping before the broker (or the table) took them: not committed, read again
         offsets: dict[tuple[str, int], int] = {}
         for msg in msgs:
             if msg.error() is None:
@@ -466,7 +466,33 @@ class Relay:
         self._count(outcomes)
         return outcomes
 
-    def _enqueue_call(self, batch: list[Delayed], outage: Outage, give_up: Callable[[], bool]) -> list[dict] | None:
+    def _publish_or_store(self, publisher: Publisher, outage: Outage, out: list[Outgoing]) -> bool:
+        """Publish late and dead-letter messages; False when stopping first.
+
+        A late message the broker does not take within half the hold time is
+        stored instead (enqueue_messages(store_late)), so the fire loop retries
+        it and the input never stalls; a dead letter the broker refuses is logged."""
+        stopping = self.stop.is_set
+        undelivered = publisher.publish(out, stopping, self._sent,
+                                        until=time.monotonic() + self.cfg.hold_ms / 2000.0)
+        if not undelivered:
+            return True
+        if stopping():
+            return False
+        late = [item.tag for item in undelivered if isinstance(item.tag, Delayed)]
+        for item in undelivered:
+            if not isinstance(item.tag, Delayed):
+                log.error("could not dead-letter the message at %s (%s): dropped",
+                          dict(item.headers).get(DLQ_SOURCE_HEADER, b"?").decode(), publisher.last_error)
+        if late:
+            log.warning("could not publish %d late message(s) at once (%s); stored to be fired from the table",
+                        len(late), publisher.last_error)
+            if self._enqueue_call(late, outage, stopping, store_late=True) is None:
+                return False
+        return True
+
+    def _enqueue_call(self, batch: list[Delayed], outage: Outage, give_up: Callable[[], bool],
+                      store_late: bool = False) -> list[dict] | None:
         keys = [d.key for d in batch]
         vals = [d.value for d in batch]
         return self._db_call(
@@ -475,7 +501,7 @@ class Relay:
             keys=keys if any(k is not None for k in keys) else None,
             vals=vals if any(v is not None for v in vals) else None,
             header_lists=[Jsonb(headers_to_json(d.headers)) for d in batch],
-            advance=self.cfg.advance)
+            advance=self.cfg.advance, store_late=store_late)
 
     @staticmethod
     def _count(outcomes: list[str]) -> None:
@@ -486,10 +512,10 @@ class Relay:
 
     @staticmethod
     def _sent(item: Outgoing, msg: Message) -> None:
-        """Delivery confirmed: count fired messages and their lag (tag = deadline)."""
-        if isinstance(item.tag, datetime):
+        """Delivery confirmed: count fired late messages and their lag (dead letters have no tag)."""
+        if isinstance(item.tag, Delayed):
             FIRED.inc()
-            FIRE_LAG.observe(msg.timestamp()[1] / 1000.0 - item.tag.timestamp())
+            FIRE_LAG.observe(msg.timestamp()[1] / 1000.0 - item.tag.deadline.timestamp())
 
     # -- 2. ready and fire ------------------------------------------------------
 
