@@ -25,7 +25,7 @@ import click
 
 from ..config import dsn_option
 from ..db import Database, Jsonb
-from .worker import TaskContext, Worker
+from .worker import TaskContext, Worker, wait_for
 
 TARGETS = {"batch": 25_000, "single": 2_500, "p99_ms": 20.0}
 
@@ -98,6 +98,23 @@ def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
 
     elapsed = _run_threads(workers, work)
     return sum(done), elapsed
+
+
+def library_throughput(dsn: str, db: Database, queue: str, total: int, capacity: int) -> tuple[int, float]:
+    """One Worker (the library: batch lease up to free capacity, handler threads, heartbeats,
+    batched completions) works ``total`` submitted no-op tasks; time from its start to the last completion."""
+    def completed() -> int:
+        rows = db.query("SELECT tasks FROM pyscheduler.task_counts WHERE queue = %s AND status = 'completed'",
+                        (queue,))
+        return rows[0]["tasks"] if rows else 0
+
+    started = time.perf_counter()
+    running = Worker(dsn, queue, lambda ctx: None, capacity=capacity, poll_interval=0.5).start()
+    try:
+        wait_for(lambda: completed() >= total, timeout=600, interval=0.01)
+        return total, time.perf_counter() - started
+    finally:
+        running.stop()
 
 
 def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, workers: int,
@@ -192,6 +209,8 @@ def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
 @click.option("--samples", type=click.IntRange(1), default=300, show_default=True,
               help="Submit-to-lease latency samples.")
 @click.option("--gap", type=float, default=0.02, show_default=True, help="Seconds between latency samples.")
+@click.option("--capacity", type=click.IntRange(1), default=10, show_default=True,
+              help="Capacity of the Worker in the library run.")
 @click.option("--peer-python", default=None, metavar="PYTHON",
               help="Python of a virtualenv with procrastinate installed: run it side by side "
                    "(bench/tasks_peer_procrastinate.py) and print the ratios.")
@@ -200,8 +219,8 @@ def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
                    "its local queue (bench/tasks_peer_graphile.js), 10x --peer-jobs jobs.")
 @click.option("--peer-jobs", type=click.IntRange(1), default=3000, show_default=True)
 @click.option("--peer-concurrency", type=click.IntRange(1), default=10, show_default=True)
-def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python, peer_node_modules, peer_jobs,
-          peer_concurrency) -> None:
+def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, peer_python, peer_node_modules,
+          peer_jobs, peer_concurrency) -> None:
     """Leased tasks: batch and single lease+complete tasks/s, submit-to-lease latency."""
     from .. import migrate as migrations
 
@@ -242,6 +261,15 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python,
                            f"({_verdict(rate, TARGETS['single'])})")
                 _drop_queue(db, q)
 
+                q = f"{tag}-library"
+                library_tasks = max(1000, total // 5)
+                submit_bulk(db, q, library_tasks)
+                _vacuum(db)
+                n, secs = library_throughput(dsn, db, q, library_tasks, capacity)
+                click.echo(f"worker library (one Worker, capacity {capacity}, no-op handler, batched completions): "
+                           f"{n:,} tasks in {secs:.2f}s = {n / secs:,.0f} tasks/s")
+                _drop_queue(db, q)
+
                 q = f"{tag}-latency"
                 lat = submit_to_lease_latency(dsn, db, q, samples, workers, gap)
                 p50, p99 = _percentile(lat, 50), _percentile(lat, 99)
@@ -257,7 +285,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, peer_python,
                                f"{peer['jobs_per_s']:,.0f} jobs/s; ratio single {single_rate / peer['jobs_per_s']:.1f}x, "
                                f"batch {batch_rate / peer['jobs_per_s']:.1f}x")
             finally:
-                for suffix in ("batch", "single", "latency"):
+                for suffix in ("batch", "single", "library", "latency"):
                     _drop_queue(db, f"{tag}-{suffix}")
     finally:
         if server is not None:

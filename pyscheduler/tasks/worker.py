@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from ..db import Database, Jsonb, Listener, Outage, Wakeup
+from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup
 from ..errors import (DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled, TaskNotOwned,
                       TaskNotRunning)
 
@@ -189,16 +189,21 @@ class Worker:
 
     def _lease_loop(self, stop: threading.Event, pool: ThreadPoolExecutor, outage: Outage) -> None:
         while not stop.is_set():
+            try:
+                with self.db.session() as session:  # one connection held: no pool checkout per lease
+                    self._lease_until_stop(session, stop, pool, outage)
+            except TRANSIENT as exc:
+                stop.wait(outage.failed(exc))
+
+    def _lease_until_stop(self, session: Session, stop: threading.Event, pool: ThreadPoolExecutor,
+                          outage: Outage) -> None:
+        while not stop.is_set():
             free = self.capacity - len(self.held)
             got = 0
             if free > 0:
-                try:
-                    rows = self.db.call("lease_tasks", queue=self.queue, worker=self.worker_id, n=free,
-                                        timeout=self.timeout, **self.aging)
-                    outage.ok()
-                except TRANSIENT as exc:
-                    stop.wait(outage.failed(exc))
-                    continue
+                rows = session.call("lease_tasks", queue=self.queue, worker=self.worker_id, n=free,
+                                    timeout=self.timeout, **self.aging)
+                outage.ok()
                 got = len(rows)
                 self.polls += 1
                 for row in rows:
