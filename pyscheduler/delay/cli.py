@@ -85,19 +85,22 @@ def run_cmd(dsn, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None
         raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
     if not kafka_bootstrap:
         raise click.UsageError("no Kafka: pass --bootstrap-servers or set PYSCHEDULER_KAFKA_BOOTSTRAP")
+    stop = threading.Event()
+    install_signal_handlers(stop)
     try:
         relay = Relay(RelayConfig(dsn=dsn, bootstrap_servers=kafka_bootstrap, kafka_settings=kafka_settings,
                                   **flags))
+        relay.stop = stop  # a SIGTERM while Kafka is still unreachable ends the start-up wait
         relay.check_topics()
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if stop.is_set():
+        raise SystemExit(0)
     if metrics_port:
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port)
         log.info("metrics on http://0.0.0.0:%d/metrics", metrics_port)
-    stop = threading.Event()
-    install_signal_handlers(stop)
     raise SystemExit(run_daemons([relay], stop))
 
 
