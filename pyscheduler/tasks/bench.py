@@ -266,6 +266,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, pe
                 submit_bulk(db, q, library_tasks)
                 _vacuum(db)
                 n, secs = library_throughput(dsn, db, q, library_tasks, capacity)
+                library_rate = n / secs
                 click.echo(f"worker library (one Worker, capacity {capacity}, no-op handler, batched completions): "
                            f"{n:,} tasks in {secs:.2f}s = {n / secs:,.0f} tasks/s")
                 _drop_queue(db, q)
@@ -283,7 +284,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, pe
                     click.echo(f"peer {peer['peer']} (same server, same run, no-op jobs, concurrency "
                                f"{peer_concurrency}): {peer['jobs']:,} jobs in {peer['seconds']:.2f}s = "
                                f"{peer['jobs_per_s']:,.0f} jobs/s; ratio single {single_rate / peer['jobs_per_s']:.1f}x, "
-                               f"batch {batch_rate / peer['jobs_per_s']:.1f}x")
+                               f"library {library_rate / peer['jobs_per_s']:.1f}x, batch {batch_rate / peer['jobs_per_s']:.1f}x")
             finally:
                 for suffix in ("batch", "single", "library", "latency"):
                     _drop_queue(db, f"{tag}-{suffix}")
