@@ -45,13 +45,13 @@ DURATION = Duration()
 
 
 def _monitor_options(f):
-    f = option("--batch", type=click.IntRange(1), default=1000, envvar=env("tasks_batch"),
+    f = option("--batch", type=click.IntRange(1), default=1000, show_default=True, envvar=env("tasks_batch"),
                help="Tasks reset per statement.")(f)
-    f = option("--cleanup-interval", type=DURATION, default="60s", envvar=env("tasks_cleanup_interval"),
+    f = option("--cleanup-interval", type=DURATION, default="60s", show_default=True, envvar=env("tasks_cleanup_interval"),
                help="How often terminal tasks past retention are deleted.")(f)
-    f = option("--retention", type=DURATION, default="7d", envvar=env("tasks_retention"),
+    f = option("--retention", type=DURATION, default="7d", show_default=True, envvar=env("tasks_retention"),
                help="How long completed, aborted and cancelled tasks are kept.")(f)
-    f = option("--reset-interval", type=DURATION, default="1s", envvar=env("tasks_reset_interval"),
+    f = option("--reset-interval", type=DURATION, default="1s", show_default=True, envvar=env("tasks_reset_interval"),
                help="How often expired leases are looked for (a yield wakes the monitor at once).")(f)
     return f
 
@@ -152,9 +152,9 @@ def sleep_handler(ctx: TaskContext) -> None:
 @group.command("work")
 @dsn_option
 @click.option("--queue", required=True)
-@option("--capacity", type=click.IntRange(1), default=1, envvar=env("tasks_capacity"),
+@option("--capacity", type=click.IntRange(1), default=1, show_default=True, envvar=env("tasks_capacity"),
         help="Tasks worked at once.")
-@option("--lease-timeout", type=DURATION, default="10s", envvar=env("tasks_lease_timeout"),
+@option("--lease-timeout", type=DURATION, default="10s", show_default=True, envvar=env("tasks_lease_timeout"),
         help="Lease length; heartbeats extend it every third of it.")
 def work_cmd(dsn, queue, capacity, lease_timeout) -> None:
     """A sample worker: sleeps spec.seconds per task (for demos and crash tests)."""
