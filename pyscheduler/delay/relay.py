@@ -308,7 +308,7 @@ class Relay:
         outage = Outage(f"Kafka at {self.cfg.bootstrap_servers}", log)
         while True:
             try:
-                existing = set(admin.list_topics(timeout=10).topics)
+                existing = set(admin.list_topics(timeout=5).topics)
                 outage.ok()
                 break
             except KafkaException as exc:
