@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -16,7 +13,7 @@ from pyscheduler import errors
 from pyscheduler.cli import main
 from pyscheduler.daemon import RunContext
 from pyscheduler.tasks import Abort, Monitor, TaskClient, TaskContext, Worker
-from pyscheduler.tasks.cli import daemons, worker_command
+from pyscheduler.tasks.cli import WorkerProcess, daemons
 from pyscheduler.tasks.worker import wait_for
 
 
@@ -180,24 +177,17 @@ def test_monitor_resets_expired_leases_and_cleans_up(dsn, db, client):
     assert not thread.is_alive() and mon.resets == 1
 
 
-def _spawn_worker(dsn, queue, capacity=1, lease_timeout="1s"):
-    return subprocess.Popen(worker_command(dsn, queue, lease_timeout=lease_timeout, capacity=capacity),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-
 def test_worker_killed_with_sigkill_loses_its_leases_to_another_worker(dsn, client, monitor):
     rns = [t["rn"] for t in client.submit_many("k", [{"seconds": 30}, {"seconds": 30}])]
-    proc = _spawn_worker(dsn, "k", capacity=2)
+    proc = WorkerProcess(dsn, "k", lease_timeout="1s", capacity=2)
     try:
-        lines = [proc.stdout.readline(), proc.stdout.readline()]
-        assert all(line.startswith("leased") for line in lines), lines
+        proc.line(startswith="leased"), proc.line(startswith="leased")
         victim = client.get(rns[0])["owner"]
         assert {client.get(rn)["owner"] for rn in rns} == {victim}
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.proc.send_signal(signal.SIGKILL)
+        proc.proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.stop()
     # after the 1 s deadline the monitor resets both: TaskTimeout naming the dead worker
     for rn in rns:
         wait_for(lambda: status(client, rn) == "ready", timeout=15)
@@ -216,14 +206,13 @@ def test_worker_killed_with_sigkill_loses_its_leases_to_another_worker(dsn, clie
 
 def test_worker_process_yields_on_sigterm(dsn, client, monitor):
     rn = client.submit("t", {"seconds": 30})["rn"]
-    proc = _spawn_worker(dsn, "t", lease_timeout="60s")
+    proc = WorkerProcess(dsn, "t", lease_timeout="60s")
     try:
-        assert proc.stdout.readline().startswith("leased")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        proc.line(startswith="leased")
+        proc.proc.send_signal(signal.SIGTERM)
+        assert proc.proc.wait(20) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.stop()
     wait_for(lambda: status(client, rn) == "ready")  # long before the 60 s lease would expire
     assert types(client.get(rn)) == ["TaskAssignment", "TaskYield"]
 

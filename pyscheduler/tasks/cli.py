@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue as queue_mod
 import re
 import subprocess
 import sys
@@ -175,6 +176,38 @@ def daemons(ctx: RunContext) -> list:
     return [_monitor(ctx.dsn, **values)]
 
 
+class WorkerProcess:
+    """A sample worker process (``pyscheduler tasks work``) whose output lines are
+    read in a thread, so waiting for one never blocks past a deadline."""
+
+    def __init__(self, dsn: str, queue: str, lease_timeout: str = "2s", capacity: int = 1):
+        self.proc = subprocess.Popen(worker_command(dsn, queue, lease_timeout, capacity), stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.pid = self.proc.pid
+        self._lines: queue_mod.Queue[str] = queue_mod.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line.strip())
+
+    def line(self, timeout: float = 30.0, startswith: str = "") -> str:
+        """The next output line that starts with ``startswith``; TimeoutError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue_mod.Empty:
+                raise TimeoutError(f"worker {self.pid} printed no {startswith!r} line in {timeout}s") from None
+            if line.startswith(startswith):
+                return line
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
 def worker_command(dsn: str, queue: str, lease_timeout: str = "2s", capacity: int = 1) -> list[str]:
     """argv of a sample worker process (``pyscheduler tasks work``)."""
     return [sys.executable, "-c", "from pyscheduler.cli import main; main()", "tasks", "work", "--dsn", dsn,
@@ -187,7 +220,7 @@ def demo(ctx: RunContext, echo) -> None:
     monitor = Monitor(ctx.dsn, reset_interval=0.5)
     mon_thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
     mon_thread.start()
-    procs: list[subprocess.Popen] = []
+    procs: list[WorkerProcess] = []
     with Database(ctx.dsn, max_size=2) as db:
         client = TaskClient(db)
         queue = f"demo-{os.getpid()}"
@@ -195,27 +228,18 @@ def demo(ctx: RunContext, echo) -> None:
         for p in (2, 9, 10):
             client.submit(queue, {"name": f"priority {p}", "seconds": 0.2}, priority=p)
         echo("submitted: 'long report' (priority 100, 3 s) and three short tasks of priorities 2, 9, 10")
-        victim = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True)
+        victim = WorkerProcess(ctx.dsn, queue)
         procs.append(victim)
-        line = victim.stdout.readline().strip()
-        echo(f"worker A (pid {victim.pid}): {line}")
+        echo(f"worker A (pid {victim.pid}): {victim.line(startswith='leased')}")
         held = wait_for(lambda: client.get(long["rn"])["owner"], timeout=30)
         progress = wait_for(lambda: client.get(long["rn"])["progress"], timeout=30)  # sent by a heartbeat
         echo(f"the highest priority went first: 'long report' is leased by {held}, heartbeat progress "
              f"{progress:.2f}; killing worker A with SIGKILL (no yield, no goodbye)")
-        victim.kill()
-        victim.wait()
-        rescuer = subprocess.Popen(worker_command(ctx.dsn, queue), stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, text=True)
+        victim.proc.kill()
+        victim.proc.wait()
+        rescuer = WorkerProcess(ctx.dsn, queue)
         procs.append(rescuer)
-        order = []
-        while len(order) < 3:
-            line = rescuer.stdout.readline()
-            if not line:
-                break
-            if line.startswith("leased"):
-                order.append(line.strip())
+        order = [rescuer.line(startswith="leased") for _ in range(3)]
         echo("worker B leases in priority order, numerically (10 before 9 before 2):")
         for line in order:
             echo(f"  {line}")
@@ -230,9 +254,7 @@ def demo(ctx: RunContext, echo) -> None:
                           (queue,))
         echo("task_counts: " + ", ".join(f"{r['status']}={r['tasks']}" for r in counts))
     for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            p.wait(10)
+        p.stop()
     stop.set()
     mon_thread.join(10)
 
