@@ -84,6 +84,13 @@ class TaskFinished(Conflict):
 # code's meaning, and nowhere else.
 CODES: dict[str, type[SchedulerError]] = {
     "42501": PermissionDenied,
+    # the server went away mid-session (restart, failover): an outage, not a bug
+    "57P01": DatabaseUnavailable,  # admin_shutdown
+    "57P02": DatabaseUnavailable,  # crash_shutdown
+    "57P03": DatabaseUnavailable,  # cannot_connect_now (starting up, shutting down)
+    "08000": DatabaseUnavailable,  # connection_exception
+    "08003": DatabaseUnavailable,  # connection_does_not_exist
+    "08006": DatabaseUnavailable,  # connection_failure
     # foundation
     "PS001": InvalidArgument,  # invalid argument to a foundation function
     "PS002": SchemaError,  # schema setting missing or corrupt
@@ -93,13 +100,6 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS103": InvalidArgument,  # array arguments of different lengths
     "PS104": InvalidMessage,  # headers not a JSON array of single-pair objects
     "PS105": InvalidArgument,  # bad interval or count (advance, hold, max_count) or NULL node
-    # the server went away mid-session (restart, failover): an outage, not a bug
-    "57P01": DatabaseUnavailable,  # admin_shutdown
-    "57P02": DatabaseUnavailable,  # crash_shutdown
-    "57P03": DatabaseUnavailable,  # cannot_connect_now (starting up, shutting down)
-    "08000": DatabaseUnavailable,  # connection_exception
-    "08003": DatabaseUnavailable,  # connection_does_not_exist
-    "08006": DatabaseUnavailable,  # connection_failure
     # leased tasks
     "PS200": TaskNotFound,  # unknown task
     "PS201": TaskNotOwned,  # not the owner of the task
