@@ -1,6 +1,7 @@
 """docs/sql-api.md cannot drift: every example runs, every public function and view is documented."""
 
 import re
+import subprocess
 
 import psycopg
 import pytest
@@ -79,3 +80,14 @@ def test_compose_file_is_valid_and_complete():
     for name in ("postgres", "kafka", "redis"):
         assert daemons["depends_on"][name]["condition"] == "service_healthy"
     assert "--no-migrate" in daemons["command"]
+
+
+def test_the_readme_psql_session_runs(dsn):
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    readme = (REPO / "README.md").read_text()
+    session = FENCE.search(readme)["body"]
+    result = subprocess.run([str(POSTGRES_BIN_PATH / "psql"), "-X", "-v", "ON_ERROR_STOP=1", dsn],
+                            input=session, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert '"status": "running"' in result.stdout and "worker-" in result.stdout
