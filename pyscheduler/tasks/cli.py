@@ -10,6 +10,7 @@ import queue as queue_mod
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -181,8 +182,9 @@ class WorkerProcess:
     read in a thread, so waiting for one never blocks past a deadline."""
 
     def __init__(self, dsn: str, queue: str, lease_timeout: str = "2s", capacity: int = 1):
+        self.log = tempfile.TemporaryFile(mode="w+")  # its log, shown when it fails us
         self.proc = subprocess.Popen(worker_command(dsn, queue, lease_timeout, capacity), stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+                                     stderr=self.log, text=True)
         self.pid = self.proc.pid
         self._lines: queue_mod.Queue[str] = queue_mod.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -198,7 +200,9 @@ class WorkerProcess:
             try:
                 line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue_mod.Empty:
-                raise TimeoutError(f"worker {self.pid} printed no {startswith!r} line in {timeout}s") from None
+                self.log.seek(0)
+                raise TimeoutError(f"worker {self.pid} printed no {startswith!r} line in {timeout}s; "
+                                   f"its log:\n{self.log.read()[-3000:]}") from None
             if line.startswith(startswith):
                 return line
 
