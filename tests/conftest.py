@@ -129,18 +129,24 @@ def conn(dsn: str):
         yield c
 
 
+def _configured_or_embedded(env_var: str, cls, tmp_path_factory, address):
+    """The address in env_var, else that of an embedded server run for the session."""
+    configured = os.environ.get(env_var)
+    if configured:
+        yield configured
+        return
+    server = cls(tmp_path_factory.mktemp(cls.name)).start()
+    try:
+        yield address(server)
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory) -> str:
     """Bootstrap address of a Kafka-protocol broker."""
-    bootstrap = os.environ.get("PYSCHEDULER_TEST_KAFKA_BOOTSTRAP")
-    if bootstrap:
-        yield bootstrap
-        return
-    broker = embedded.Kafka(tmp_path_factory.mktemp("kafka")).start()
-    try:
-        yield broker.bootstrap
-    finally:
-        broker.stop()
+    yield from _configured_or_embedded("PYSCHEDULER_TEST_KAFKA_BOOTSTRAP", embedded.Kafka, tmp_path_factory,
+                                       lambda broker: broker.bootstrap)
 
 
 @pytest.fixture
@@ -157,15 +163,8 @@ def topic(kafka: str):
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory) -> str:
-    url = os.environ.get("PYSCHEDULER_TEST_REDIS_URL")
-    if url:
-        yield url
-        return
-    server = embedded.Redis(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    yield from _configured_or_embedded("PYSCHEDULER_TEST_REDIS_URL", embedded.Redis, tmp_path_factory,
+                                       lambda server: server.url)
 
 
 @pytest.fixture

@@ -104,3 +104,11 @@ def test_demo_runs_every_capability_and_exits_zero():
     assert "demo finished" in result.stdout
     for title in ("delay queue", "leased tasks", "recurring schedules", "future checks"):
         assert f"== {title} ==" in result.stdout
+
+
+@pytest.mark.parametrize("round_", [1, 2])
+def test_each_test_gets_a_real_empty_redis(redis_url, round_):
+    client = redis.Redis.from_url(redis_url)
+    assert client.dbsize() == 0  # the other round's key is gone
+    client.set(f"left-behind-{round_}", "x")
+    assert client.get(f"left-behind-{round_}") == b"x"
