@@ -14,7 +14,7 @@ from types import ModuleType
 import click
 
 from . import __version__, migrate as migrations
-from .config import kafka_settings_option, option, servers_options
+from .config import kafka_settings_option, option, require_dsn, servers_options
 from .daemon import RunContext, install_signal_handlers, run_daemons
 from .errors import SchedulerError
 
@@ -61,12 +61,6 @@ def main(log_level: str) -> None:
     """Time-based work on PostgreSQL: delay queue, leased tasks, schedules, checks."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warnings.filterwarnings("ignore", module="platformdirs")
-
-
-def require_dsn(dsn: str | None) -> str:
-    if not dsn:
-        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
-    return dsn
 
 
 @main.command("migrate")

@@ -59,3 +59,10 @@ def servers_options(f: Callable) -> Callable:
         f = deco(f)
     return f
 
+
+
+def require_dsn(dsn: str | None) -> str:
+    """The DSN of a command that cannot start its own database."""
+    if not dsn:
+        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    return dsn

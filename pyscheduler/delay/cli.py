@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, option
+from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, option, require_dsn
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
 from ..errors import ConfigError
@@ -81,8 +81,7 @@ def group() -> None:
 @relay_options
 def run_cmd(dsn, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None:
     """Run one relay node until SIGTERM/Ctrl-C (finishes in-flight fires, commits, exits 0)."""
-    if not dsn:
-        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    require_dsn(dsn)
     if not kafka_bootstrap:
         raise click.UsageError("no Kafka: pass --bootstrap-servers or set PYSCHEDULER_KAFKA_BOOTSTRAP")
     stop = threading.Event()
@@ -108,8 +107,7 @@ def run_cmd(dsn, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None
 @dsn_option
 def status_cmd(dsn) -> None:
     """Print the delay_queue and delay_ready_by_node views."""
-    if not dsn:
-        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    require_dsn(dsn)
     with Database(dsn, max_size=1) as db:
         for view in ("delay_queue", "delay_ready_by_node"):
             for row in db.query(f"SELECT * FROM pyscheduler.{view}"):
