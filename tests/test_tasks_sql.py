@@ -269,6 +269,67 @@ def test_complete_tasks_batch_reports_what_it_did_not_complete(db):
     assert [r["sqlstate"] for r in again] == ["PS202"]
 
 
+def cal(db, rn, queue="q", worker="w1", **kw):
+    return db.call_value("complete_and_lease", rn=rn, worker=worker, queue=queue, **kw)
+
+
+def test_complete_and_lease_completes_the_held_task_and_leases_the_next(db):
+    first = submit(db, priority=9, now=at(0))["rn"]
+    second = submit(db, priority=1, now=at(0))["rn"]
+    got = cal(db, None, timeout=timedelta(seconds=30), now=at(1))  # nothing held: lease only
+    assert got["rn"] == first and got["status"] == "running" and got["owner"] == "w1"
+    assert datetime.fromisoformat(got["deadline"]) == at(31) and types_of(got) == ["TaskAssignment"]
+    db.call("heartbeat_task", rn=first, worker="w1", progress=0.3)
+    nxt = cal(db, first, timeout=timedelta(seconds=30), now=at(5))
+    assert nxt["rn"] == second and nxt["status"] == "running" and nxt["owner"] == "w1"
+    assert datetime.fromisoformat(nxt["deadline"]) == at(35)
+    assert nxt["history"] == [{"_typ": "TaskAssignment", "worker": "w1", "time": nxt["updated"]}]
+    done = db.call_value("get_task", rn=first)
+    assert (done["status"], done["progress"], done["owner"], done["deadline"]) == ("completed", 1, "w1", None)
+    assert datetime.fromisoformat(done["updated"]) == at(5) and types_of(done) == ["TaskAssignment"]
+    assert cal(db, second) is None  # completed; nothing left to lease
+    assert db.call_value("get_task", rn=second)["status"] == "completed"
+    assert cal(db, None) is None
+
+
+def test_complete_and_lease_refused_completion_leases_nothing(db):
+    held = submit(db, priority=9)["rn"]
+    waiting = submit(db, priority=1)["rn"]
+    assert cal(db, None)["rn"] == held
+    db.call("cancel_task", rn=held)
+    with pytest.raises(errors.TaskCancelled) as info:
+        cal(db, held)
+    assert code_of(info) == "PS203"
+    assert db.call_value("get_task", rn=held)["status"] == "cancelled"  # stays cancelled
+    assert db.call_value("get_task", rn=waiting)["status"] == "ready"  # and nothing was leased
+    with pytest.raises(errors.TaskNotFound):
+        cal(db, uuid.uuid4())
+    mine = cal(db, None)["rn"]
+    assert mine == waiting
+    with pytest.raises(errors.TaskNotOwned):
+        cal(db, mine, worker="w2")
+    with pytest.raises(errors.InvalidArgument) as info:  # a bad lease argument undoes the completion too
+        cal(db, mine, queue="")
+    assert code_of(info) == "PS208"
+    assert db.call_value("get_task", rn=mine)["status"] == "running"
+    assert cal(db, mine) is None
+    with pytest.raises(errors.TaskNotRunning):
+        cal(db, mine)
+
+
+def test_complete_and_lease_commits_the_completion_durably(dsn, db):
+    submit(db)
+    submit(db)
+    with psycopg.connect(dsn) as c:  # explicit transactions
+        rn = c.execute("SELECT pyscheduler.complete_and_lease(rn => NULL, worker => 'w1', queue => 'q') ->> 'rn'"
+                       ).fetchone()[0]
+        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "off"  # a lease only
+        c.commit()
+        c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q')", (rn,))
+        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "on"
+        c.commit()
+
+
 def test_abort_records_errors_in_the_seed_shape(db):
     submit(db)
     rn = lease(db)["rn"]
@@ -516,6 +577,64 @@ def test_concurrent_workers_never_hold_the_same_task(dsn, db):
     assert sum(r["n"] for r in owners) == total and all(r["owner"] for r in owners)
     assert {r["owner"]: r["n"] for r in owners} == {f"w{k}": len(leased[k]) for k in range(workers)
                                                       if leased[k]}
+
+
+def test_interleaving_complete_and_lease_skips_a_row_another_worker_is_leasing(dsn, db):
+    first = submit(db, priority=9)["rn"]
+    second = submit(db, priority=5)["rn"]
+    third = submit(db, priority=1)["rn"]
+    held = cal(db, None, worker="B")["rn"]
+    assert held == first
+    with _session(dsn) as a:
+        got_a = a.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'A') AS t").fetchone()["t"]
+        assert got_a["rn"] == second  # A holds the row lock, transaction open
+        assert cal(db, held, worker="B")["rn"] == third  # B completed its task and skipped A's row
+        a.rollback()  # A crashed before committing: its task is ready again
+    assert db.call_value("get_task", rn=first)["status"] == "completed"
+    assert cal(db, third, worker="B")["rn"] == second
+
+
+def test_interleaving_complete_and_lease_racing_the_monitor_wins_once(dsn, db):
+    submit(db)
+    rn = lease(db, worker="w1", now=at(0))["rn"]
+    with _session(dsn) as a:
+        a.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q', now => %s)",
+                  (rn, at(11)))
+        assert db.call("reset_expired_tasks", now=at(12)) == []  # skipped: locked by the completion
+        a.commit()
+    assert db.call("reset_expired_tasks", now=at(12)) == []
+    task = db.call_value("get_task", rn=rn)
+    assert task["status"] == "completed" and types_of(task) == ["TaskAssignment"]
+
+
+def test_concurrent_complete_and_lease_workers_never_hold_the_same_task(dsn, db):
+    total, workers = 300, 4
+    db.call("submit_tasks", queue="c", specs=Jsonb([{"i": i} for i in range(total)]))
+    leased: list[list[str]] = [[] for _ in range(workers)]
+    barrier = threading.Barrier(workers)
+
+    def work(k: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            barrier.wait()
+            rn = None
+            while True:
+                rn = c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => %s, queue => 'c') ->> 'rn'",
+                               (rn, f"w{k}")).fetchone()[0]
+                if rn is None:
+                    return
+                leased[k].append(rn)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everything = [rn for part in leased for rn in part]
+    assert len(everything) == total == len(set(everything))
+    rows = db.query("SELECT owner, status::text AS status, count(*) AS n FROM pyscheduler.tasks"
+                    " WHERE queue = 'c' GROUP BY owner, status")
+    assert {r["status"] for r in rows} == {"completed"}
+    assert {r["owner"]: r["n"] for r in rows} == {f"w{k}": len(leased[k]) for k in range(workers) if leased[k]}
 
 
 # ------------------------------------------------------------------ fairness (aging)

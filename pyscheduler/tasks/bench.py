@@ -6,8 +6,12 @@ on a database with real tasks), all through the SQL API via pyscheduler.db:
 1. batch lease+complete: N tasks submitted with submit_tasks, then W
    connections loop lease_tasks(n => batch) + complete_tasks(rns) until none
    is left; tasks/s = N / elapsed.
-2. single lease+complete: W connections loop lease_task + complete_task.
-3. submit-to-lease latency with idle workers: Worker instances (the library,
+2. single lease+complete: W connections loop lease_task + complete_task (two
+   transactions per task), and W connections loop complete_and_lease (one
+   transaction per task: complete the held task, lease the next). Both are one
+   task per lease, each completed on its own.
+3. the worker library: one Worker with a no-op handler.
+4. submit-to-lease latency with idle workers: Worker instances (the library,
    woken by NOTIFY) wait on a queue; tasks are submitted one at a time and the
    time from the submit call to the handler starting is recorded.
 """
@@ -95,6 +99,32 @@ def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
             until = time.perf_counter() + seconds
             while time.perf_counter() < until and (n := cycle(s, f"bench-{k}")):
                 done[k] += n
+
+    elapsed = _run_threads(workers, work)
+    return sum(done), elapsed
+
+
+def lease_complete_chained(db: Database, queue: str, workers: int,
+                           seconds: float = float("inf")) -> tuple[int, float]:
+    """W connections loop complete_and_lease until the queue is empty or ``seconds`` pass: one
+    transaction per task (complete the held task, lease the next); the last held task is completed
+    with complete_task. Counts completed tasks."""
+    done = [0] * workers
+    lease = timedelta(seconds=60)
+
+    def work(k: int, barrier: threading.Barrier) -> None:
+        worker = f"bench-{k}"
+        with db.session() as s:
+            barrier.wait()
+            until = time.perf_counter() + seconds
+            task = s.call_value("complete_and_lease", rn=None, worker=worker, queue=queue, timeout=lease)
+            while task is not None:
+                if time.perf_counter() >= until:
+                    s.call("complete_task", rn=task["rn"], worker=worker)
+                    done[k] += 1
+                    break
+                task = s.call_value("complete_and_lease", rn=task["rn"], worker=worker, queue=queue, timeout=lease)
+                done[k] += 1
 
     elapsed = _run_threads(workers, work)
     return sum(done), elapsed
@@ -221,7 +251,8 @@ def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
 @click.option("--peer-concurrency", type=click.IntRange(1), default=10, show_default=True)
 def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, peer_python, peer_node_modules,
           peer_jobs, peer_concurrency) -> None:
-    """Leased tasks: batch and single lease+complete tasks/s, submit-to-lease latency."""
+    """Leased tasks: batch and single lease+complete tasks/s (lease_task + complete_task, and
+    complete_and_lease), the worker library, submit-to-lease latency."""
     from .. import migrate as migrations
 
     server = None
@@ -260,6 +291,17 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, pe
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['single'])})")
                 _drop_queue(db, q)
+                _vacuum(db)
+
+                q = f"{tag}-chained"
+                submit_bulk(db, q, expected)
+                _vacuum(db)
+                n, secs = lease_complete_chained(db, q, workers, single_seconds)
+                rate = chained_rate = n / secs
+                click.echo(f"single complete_and_lease (one transaction per task: complete the held task, "
+                           f"lease the next; {workers} workers): {n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
+                           f"({_verdict(rate, TARGETS['single'])})")
+                _drop_queue(db, q)
 
                 q = f"{tag}-library"
                 library_tasks = max(1000, total // 5)
@@ -284,10 +326,12 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, pe
                     click.echo(f"peer {peer['peer']} (same server, same run, no-op jobs, concurrency "
                                f"{peer_concurrency}): {peer['jobs']:,} jobs in {peer['seconds']:.2f}s = "
                                f"{peer['jobs_per_s']:,.0f} jobs/s; ratio single {single_rate / peer['jobs_per_s']:.1f}x, "
+                               f"single complete_and_lease {chained_rate / peer['jobs_per_s']:.1f}x, "
                                f"library {library_rate / peer['jobs_per_s']:.1f}x, batch {batch_rate / peer['jobs_per_s']:.1f}x")
             finally:
-                for suffix in ("batch", "single", "library", "latency"):
+                for suffix in ("batch", "single", "chained", "library", "latency"):
                     _drop_queue(db, f"{tag}-{suffix}")
     finally:
         if server is not None:
             server.stop()
+
