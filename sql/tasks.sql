@@ -134,6 +134,39 @@ BEGIN
 END
 $$;
 
+-- _lease_one(queue, worker, timeout, now): the single-task claim of lease_task
+-- and complete_and_lease (aging off): the next ready task of queue becomes
+-- running for worker, or NULL. Checks queue, worker and timeout (PS208) but
+-- leaves synchronous_commit to its caller. One statement with LIMIT 1 and the
+-- row fetched by primary key: its generic plan is the right one, so it is
+-- planned once per session. Not SECURITY DEFINER: runs inside its callers.
+CREATE OR REPLACE FUNCTION pyscheduler._lease_one(
+    p_queue text, p_worker text, p_timeout interval, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_task jsonb;
+BEGIN
+    IF NOT (octet_length(p_queue) BETWEEN 1 AND 40 AND octet_length(p_worker) BETWEEN 1 AND 40
+            AND p_timeout > interval '0') IS TRUE THEN
+        PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true,
+                                             p_worker => p_worker, p_worker_given => true,
+                                             p_timeout => coalesce(p_timeout, interval '0'));
+    END IF;
+    UPDATE pyscheduler.tasks t
+       SET status = 'running', owner = p_worker, deadline = p_now + p_timeout, updated = p_now,
+           history = t.history || pyscheduler._history('TaskAssignment', p_worker, p_now)
+     WHERE t.rn = (SELECT r.rn FROM pyscheduler.tasks r
+                    WHERE r.queue = p_queue AND r.status = 'ready'
+                    ORDER BY r.priority DESC, r.created, r.rn
+                    LIMIT 1
+                      FOR UPDATE SKIP LOCKED)
+    RETURNING pyscheduler._task_json(t) INTO v_task;
+    RETURN v_task;
+END
+$$;
+
 -- ---------------------------------------------------------------- client
 
 CREATE OR REPLACE FUNCTION pyscheduler.submit_task(
@@ -414,11 +447,16 @@ AS $$
 /* lease_task(queue, worker, timeout => '10 seconds', aging_rate => 0,
               aging_cap => 4294967295, now => NULL) -> task jsonb or NULL
    lease_tasks with n => 1: the task leased, or NULL when none is ready.
-   (PL/pgSQL rather than SQL: its statement plan is cached across calls;
-   force_generic_plan keeps it from being re-planned on every call.) */
+   Commits asynchronously, like lease_tasks. (PL/pgSQL with its own LIMIT 1
+   claim, _lease_one, whose generic plan is cached: a SQL body, or a call of
+   lease_tasks, was re-planned or paid a nested call on every lease.) */
 BEGIN
-    RETURN (SELECT l.task FROM lease_tasks(queue => $1, worker => $2, n => 1, timeout => $3,
-                                           aging_rate => $4, aging_cap => $5, now => $6) l);
+    IF aging_rate IS DISTINCT FROM 0 OR aging_cap IS NULL THEN  -- aging (or bad aging arguments): lease_tasks' path
+        RETURN (SELECT l.task FROM lease_tasks(queue => $1, worker => $2, n => 1, timeout => $3,
+                                               aging_rate => $4, aging_cap => $5, now => $6) l);
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);  -- as lease_tasks: a lost lease expired
+    RETURN _lease_one($1, $2, $3, coalesce($6, now()));
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_task(text, text, interval, double precision, bigint, timestamptz) IS
@@ -552,7 +590,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := coalesce(complete_and_lease.now, now());
-    v_sync text := current_setting('synchronous_commit');
+    v_sync text;
     v_task jsonb;
 BEGIN
     IF complete_and_lease.rn IS NOT NULL THEN
@@ -561,16 +599,20 @@ BEGIN
         IF NOT FOUND THEN
             PERFORM _task_refused(complete_and_lease.rn, complete_and_lease.worker);
         END IF;
+    ELSE
+        PERFORM set_config('synchronous_commit', 'off', true);  -- a lease only, as lease_task
     END IF;
-    v_task := (SELECT l.task FROM lease_tasks(queue => complete_and_lease.queue, worker => complete_and_lease.worker,
-                                           n => 1, timeout => complete_and_lease.timeout,
-                                           aging_rate => complete_and_lease.aging_rate,
-                                           aging_cap => complete_and_lease.aging_cap, now => v_now) l);
-    IF complete_and_lease.rn IS NOT NULL THEN
-        -- lease_tasks turned synchronous_commit off; the completion must be durable
-        PERFORM set_config('synchronous_commit', v_sync, true);
+    IF aging_rate IS DISTINCT FROM 0 OR aging_cap IS NULL THEN  -- aging (or bad aging arguments): lease_tasks' path
+        v_sync := current_setting('synchronous_commit');
+        v_task := (SELECT l.task FROM lease_tasks(queue => complete_and_lease.queue,
+                                                  worker => complete_and_lease.worker, n => 1,
+                                                  timeout => complete_and_lease.timeout,
+                                                  aging_rate => complete_and_lease.aging_rate,
+                                                  aging_cap => complete_and_lease.aging_cap, now => v_now) l);
+        PERFORM set_config('synchronous_commit', v_sync, true);  -- lease_tasks turned it off
+        RETURN v_task;
     END IF;
-    RETURN v_task;
+    RETURN _lease_one(complete_and_lease.queue, complete_and_lease.worker, complete_and_lease.timeout, v_now);
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.complete_and_lease(uuid, text, text, interval, double precision, bigint, timestamptz) IS

@@ -325,9 +325,23 @@ def test_complete_and_lease_commits_the_completion_durably(dsn, db):
                        ).fetchone()[0]
         assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "off"  # a lease only
         c.commit()
-        c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q')", (rn,))
+        rn = c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q') ->> 'rn'",
+                       (rn,)).fetchone()[0]
         assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "on"
         c.commit()
+        submit(db, priority=1, now=at(0))
+        submit(db, priority=5, now=at(90))
+        # the aging path (through lease_tasks) too: the completion stays durable
+        got = c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q',"
+                        " aging_rate => 1.0, aging_cap => 255, now => %s)", (rn, at(100))).fetchone()[0]
+        assert got["priority"] == 1  # aged past 5
+        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "on"
+        c.commit()
+        assert c.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'w1') ->> 'priority'"
+                         ).fetchone()[0] == "5"
+        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "off"
+        c.commit()
+    assert db.call_value("get_task", rn=rn)["status"] == "completed"
 
 
 def test_abort_records_errors_in_the_seed_shape(db):
