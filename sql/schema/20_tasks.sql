@@ -26,7 +26,15 @@ CREATE TABLE pyscheduler.tasks (
     CONSTRAINT tasks_priority_check CHECK (priority BETWEEN 0 AND 4294967295),
     CONSTRAINT tasks_progress_check CHECK (progress BETWEEN 0 AND 1),
     CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL))
-);
+)
+-- Autovacuum by counts, not by a fraction of the table: a lease leaves the
+-- task's entry in tasks_ready_idx until VACUUM, and every later claim steps
+-- over it (after 20,000 leases a claim read 190 index pages, 0.14 ms instead
+-- of 0.04 ms). The default scale factor (0.2) waits for dead rows worth a
+-- fifth of the table, finished tasks of the retention period included.
+WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000,
+      autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 20000,
+      autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
 
 -- The claim scans exactly this: ready rows of one queue in claim order.
 CREATE INDEX tasks_ready_idx ON pyscheduler.tasks (queue, priority DESC, created, rn)
