@@ -442,14 +442,14 @@ RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET plan_cache_mode = force_generic_plan
 AS $$
 /* lease_task(queue, worker, timeout => '10 seconds', aging_rate => 0,
               aging_cap => 4294967295, now => NULL) -> task jsonb or NULL
    lease_tasks with n => 1: the task leased, or NULL when none is ready.
    Commits asynchronously, like lease_tasks. (PL/pgSQL with its own LIMIT 1
-   claim, _lease_one, whose generic plan is cached: a SQL body, or a call of
-   lease_tasks, was re-planned or paid a nested call on every lease.) */
+   claim, _lease_one, whose generic plan the plan cache keeps: a SQL body, or
+   a call of lease_tasks, was re-planned or paid a nested call on every lease;
+   no SET plan_cache_mode here, which measured ~10 % slower per call.) */
 BEGIN
     IF aging_rate IS DISTINCT FROM 0 OR aging_cap IS NULL THEN  -- aging (or bad aging arguments): lease_tasks' path
         RETURN (SELECT l.task FROM lease_tasks(queue => $1, worker => $2, n => 1, timeout => $3,
@@ -574,7 +574,6 @@ RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET plan_cache_mode = force_generic_plan
 AS $$
 /* complete_and_lease(rn, worker, queue, timeout => '10 seconds', aging_rate => 0,
                       aging_cap => 4294967295, now => NULL) -> task jsonb or NULL
