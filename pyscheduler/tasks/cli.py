@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import click
 
-from ..config import dsn_option, env, option
+from ..config import dsn_option, env, option, require_dsn
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
 from .client import STATUSES, TaskClient
@@ -64,15 +64,9 @@ def _monitor(dsn: str, reset_interval: timedelta, retention: timedelta, cleanup_
                    cleanup_interval=cleanup_interval.total_seconds(), batch=batch)
 
 
-def _require_dsn(dsn: str | None) -> str:
-    if not dsn:
-        raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
-    return dsn
-
-
 def _with_client(dsn: str | None, action):
     """``action(TaskClient)`` on a short-lived pool; its result."""
-    with Database(_require_dsn(dsn), max_size=1) as db:
+    with Database(require_dsn(dsn), max_size=1) as db:
         return action(TaskClient(db))
 
 
@@ -92,7 +86,7 @@ def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch) -> None
     """Run the monitor: reset expired leases, delete old finished tasks."""
     stop = threading.Event()
     install_signal_handlers(stop)
-    sys.exit(run_daemons([_monitor(_require_dsn(dsn), reset_interval, retention, cleanup_interval, batch)], stop))
+    sys.exit(run_daemons([_monitor(require_dsn(dsn), reset_interval, retention, cleanup_interval, batch)], stop))
 
 
 @group.command("submit")
@@ -162,7 +156,7 @@ def work_cmd(dsn, queue, capacity, lease_timeout) -> None:
     """A sample worker: sleeps spec.seconds per task (for demos and crash tests)."""
     stop = threading.Event()
     install_signal_handlers(stop)
-    worker = Worker(_require_dsn(dsn), queue, sleep_handler, capacity=capacity,
+    worker = Worker(require_dsn(dsn), queue, sleep_handler, capacity=capacity,
                     timeout=lease_timeout.total_seconds(), poll_interval=0.5)
     sys.exit(run_daemons([worker], stop))
 
