@@ -294,3 +294,152 @@ def test_many_short_tasks_each_run_once_with_batched_completions(dsn, db, client
     assert sorted(ran) == sorted(rns)  # each exactly once
     tasks = client.list("many", limit=1000)
     assert all(t["progress"] == 1 and types(t) == ["TaskAssignment"] for t in tasks)
+
+
+# ------------------------------------------------------------------ database trouble, stale leases, stopping
+
+
+def read_only(conn, on: bool) -> None:
+    """Stage a failover-like outage for real: the database turns read-only (or back) for new
+    sessions, and every other session is ended so the worker reconnects into it. ``conn`` is a
+    session opened before, so it stays writable and can turn it back."""
+    from psycopg import sql
+
+    name = conn.execute("SELECT current_database() AS d").fetchone()["d"]
+    setting = sql.SQL("SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only")
+    conn.execute(sql.SQL("ALTER DATABASE {} ").format(sql.Identifier(name)) + setting)
+    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+def logged(caplog, text: str) -> bool:
+    return any(text in r.getMessage() for r in list(caplog.records))
+
+
+def test_heartbeats_and_completions_survive_a_read_only_database(dsn, conn, client, caplog):
+    """ReadOnlySqlTransaction is no OperationalError: it used to kill the heartbeat and completer
+    threads, so leases expired under running handlers and the worker never leased again."""
+    go, contexts = threading.Event(), []
+
+    def handler(ctx: TaskContext) -> None:
+        contexts.append(ctx)
+        ctx.progress(0.25)
+        if ctx.spec["n"] == 1:
+            go.wait(30)
+        else:
+            ctx.stopping.wait(30)
+
+    running = Worker(dsn, "ro", handler, timeout=30, heartbeat_interval=0.1, poll_interval=0.2).start()
+    try:
+        first = client.submit("ro", {"n": 1})["rn"]
+        wait_for(lambda: client.get(first)["progress"] == 0.25)
+        worker_id = running.worker.worker_id
+        read_only(conn, True)
+        try:
+            wait_for(lambda: logged(caplog, f"heartbeats of {worker_id} unavailable"))
+            go.set()  # the handler returns while the database is read-only
+            wait_for(lambda: logged(caplog, f"completions of {worker_id} unavailable"))
+        finally:
+            read_only(conn, False)
+        wait_for(lambda: status(client, first) == "completed")
+        assert types(client.get(first)) == ["TaskAssignment"]
+        # not wedged: it leases again, and heartbeats carry the new task's progress
+        second = client.submit("ro", {"n": 2})["rn"]
+        wait_for(lambda: client.get(second)["progress"] == 0.25)
+        assert client.get(second)["owner"] == worker_id
+        assert running.thread.is_alive() and running.worker.fatal is None
+    finally:
+        running.stop()
+    assert types(client.get(second)) == ["TaskAssignment", "TaskYield"]
+
+
+def test_abort_is_recorded_through_a_read_only_database(dsn, conn, client, caplog):
+    """An Abort used to be lost on any database error: the lease expired and the task ran again."""
+    go = threading.Event()
+
+    def handler(ctx: TaskContext) -> None:
+        go.wait(30)
+        raise Abort("bad", "bad input")
+
+    running = Worker(dsn, "ab", handler, timeout=60, heartbeat_interval=0.1, poll_interval=0.2).start()
+    try:
+        rn = client.submit("ab", {})["rn"]
+        wait_for(lambda: status(client, rn) == "running")
+        read_only(conn, True)
+        try:
+            go.set()
+            wait_for(lambda: logged(caplog, f"abort_task of task {rn} unavailable"))
+        finally:
+            read_only(conn, False)
+        wait_for(lambda: status(client, rn) == "aborted")  # long before the 60 s lease would end
+        task = client.get(rn)
+        assert task["errors"] == [{"code": "bad", "args": {}, "description": "bad input"}]
+        assert types(task) == ["TaskAssignment"]
+    finally:
+        running.stop()
+
+
+def test_a_stale_execution_does_not_finish_a_newer_lease_of_the_same_task(dsn, client, monitor, caplog):
+    """The same worker leases a task again after its first lease expired: the first execution's
+    outcome (here an Abort) must not be applied to the second lease, nor free its slot."""
+    executions, second_started, release = [], threading.Event(), threading.Event()
+
+    def handler(ctx: TaskContext) -> None:
+        executions.append(ctx)
+        if len(executions) == 1:
+            ctx._progress = 2.0  # its heartbeats are refused (PS205): the lease expires for real
+            second_started.wait(30)
+            raise Abort("stale", "the first execution")
+        second_started.set()
+        release.wait(30)
+
+    running = Worker(dsn, "st", handler, capacity=2, timeout=1, heartbeat_interval=0.2, poll_interval=0.2).start()
+    try:
+        rn = client.submit("st", {})["rn"]
+        assert second_started.wait(30), "the task was not leased again after its lease expired"
+        wait_for(lambda: logged(caplog, "the outcome of this execution is discarded")
+                 or status(client, rn) != "running")
+        task = client.get(rn)
+        assert task["status"] == "running" and task["owner"] == running.worker.worker_id
+        assert running.worker.held.get(rn) is executions[1]
+        release.set()
+        wait_for(lambda: status(client, rn) == "completed")
+        assert types(client.get(rn)) == ["TaskAssignment", "TaskTimeout", "TaskAssignment"]
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_without_yield_on_stop_a_handler_that_returns_when_told_to_stop_is_not_completed(dsn, client):
+    """The documented pattern (return when ctx.stopping is set) used to complete half-done tasks."""
+    processed: dict[str, int] = {}
+
+    def handler(ctx: TaskContext) -> None:
+        items = ctx.spec["items"]
+        for i in range(items):
+            if ctx.stopping.is_set():
+                return
+            processed[ctx.rn] = i + 1
+            ctx.progress((i + 1) / items)
+            if i == 2:
+                ctx.stopping.wait(30)  # the worker is stopped here, 3 of 20 items done
+
+    def finisher(ctx: TaskContext) -> None:
+        ctx.stopping.wait(30)
+        ctx.complete()  # "my work is done": recorded as completed although told to stop
+
+    running = Worker(dsn, "ns", handler, timeout=30, yield_on_stop=False).start()
+    rn = client.submit("ns", {"items": 20})["rn"]
+    wait_for(lambda: processed.get(rn) == 3)
+    running.stop()
+    assert not running.thread.is_alive()
+    task = client.get(rn)
+    assert task["status"] != "completed" and processed[rn] == 3
+    assert types(task) == ["TaskAssignment", "TaskYield"]
+
+    running = Worker(dsn, "ns2", finisher, timeout=30, yield_on_stop=False).start()
+    done = client.submit("ns2", {})["rn"]
+    wait_for(lambda: status(client, done) == "running")
+    running.stop()
+    assert not running.thread.is_alive()
+    assert status(client, done) == "completed"

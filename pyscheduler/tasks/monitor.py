@@ -15,7 +15,7 @@ import time
 from datetime import timedelta
 
 from ..db import Database, Listener, Outage, Wakeup
-from .worker import TRANSIENT, poke_on
+from .worker import RETRYABLE, poke_on
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Monitor:
                         self.cleanup_once(db)
                         next_cleanup = time.monotonic() + self.cleanup_interval
                     outage.ok()
-                except TRANSIENT as exc:
+                except RETRYABLE as exc:  # also read-only mode, timeouts: never die
                     stop.wait(outage.failed(exc))
                     continue
                 wakeup.wait(self.reset_interval)

@@ -10,12 +10,20 @@ once by NOTIFY, at the latest on the next heartbeat. On stop (SIGTERM in
 ``pyscheduler run`` or your own shutdown hook) the worker yields the tasks it
 still holds so the monitor hands them to another worker at once.
 
+Once ``ctx.stopping`` is set (cancelled, lease lost, or the worker stopping),
+a handler that simply returns has NOT finished its task and it is not
+recorded as completed: a stopping worker hands the task back (``yield_task``)
+so it runs again elsewhere; a cancelled task stays cancelled; a lost lease
+belongs to someone else and the outcome is discarded. A handler that did
+finish all its work anyway says so with ``ctx.complete()`` before returning.
+
     def handle(ctx: TaskContext) -> None:
-        for i, item in enumerate(ctx.spec["items"]):
+        items = ctx.spec["items"]
+        for i, item in enumerate(items):
             if ctx.stopping.is_set():
-                return            # cancelled, lease lost, or worker stopping
+                return            # unfinished: yielded (or left cancelled / to the new owner)
             process(item)
-            ctx.progress(i / len(ctx.spec["items"]))
+            ctx.progress((i + 1) / len(items))
 
     Worker(dsn, "orders", handle, capacity=4).run(stop_event)
 
@@ -45,6 +53,24 @@ log = logging.getLogger(__name__)
 LOST = (TaskNotOwned, TaskNotRunning)
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
 TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
+# What the worker's own calls retry with backoff: connection trouble and any psycopg error that
+# pyscheduler did not raise on purpose (errors.translate leaves those untranslated), e.g. a
+# read-only server during a failover, a statement timeout, an internal error. Deliberate
+# errors (SchedulerError other than DatabaseUnavailable) are answers, not outages.
+# (Kept here, not in pyscheduler/errors.py, until that module is free to change.)
+RETRYABLE = (DatabaseUnavailable, psycopg.Error)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True unless ``exc`` is an answer pyscheduler gave on purpose (a SchedulerError that is
+    not DatabaseUnavailable): worth waiting and trying again."""
+    if isinstance(exc, SchedulerError):
+        return isinstance(exc, DatabaseUnavailable)
+    return isinstance(exc, Exception)
+
+
+class _Discard(SchedulerError):
+    """Internal: the lease this outcome belongs to is gone (the task was leased again)."""
 
 
 class Abort(Exception):
@@ -67,6 +93,12 @@ class TaskContext:
         self.stopping = threading.Event()  # cancelled, lease lost, or the worker is stopping
         self.reason: str | None = None
         self.finishing = False  # the handler returned; its outcome is being recorded
+        self.completed = False  # ctx.complete(): done, even if told to stop
+
+    def complete(self) -> None:
+        """Say the work is done: a return is recorded as completed even after ``stopping``
+        was set (for reason "stopping"; a cancelled task stays cancelled, a lost lease is lost)."""
+        self.completed = True
 
     def progress(self, value: float) -> None:
         """Report progress (0..1); sent with the next heartbeat."""
@@ -94,6 +126,16 @@ def poke_on(stop: threading.Event, *wakeups: Wakeup) -> None:
             w.poke()
 
     threading.Thread(target=wait, name="poke-on-stop", daemon=True).start()
+
+
+class _Setter:
+    """Sets an event when poked (poke_on: one event following another)."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def poke(self) -> None:
+        self.event.set()
 
 
 def task_channel(queue: str) -> str:
@@ -133,6 +175,8 @@ class Worker:
         self.listener: Listener | None = None
         self.polls = 0  # lease calls made (tests and benches wait for the first one)
         self._done: queue_mod.SimpleQueue[TaskContext] = queue_mod.SimpleQueue()
+        self._halt = threading.Event()  # stop was asked for, or a worker thread died
+        self.fatal: str | None = None  # why the worker stopped itself (a thread died)
 
     # -- the daemon
 
@@ -144,7 +188,7 @@ class Worker:
             try:
                 self.worker_id = self.db.call_value("register_worker")
                 outage.ok()
-            except TRANSIENT as exc:
+            except RETRYABLE as exc:
                 stop.wait(outage.failed(exc))
         if self.worker_id is None:
             return
@@ -153,20 +197,18 @@ class Worker:
         listener = self.listener = Listener(
             self.dsn, [task_channel(self.queue), f"pyscheduler_cancel:{self.worker_id}"],
             self._notified, on_reconnect=self._poke_all, logger=log).start()
-        poke_on(stop, self._lease_wake)
+        halt = self._halt
+        poke_on(stop, _Setter(halt))  # halt: stop, or a thread below died
+        poke_on(halt, self._lease_wake)
         beats_stop = threading.Event()  # heartbeats outlive the lease loop while handlers drain
         poke_on(beats_stop, self._beat_wake)
-        beat = threading.Thread(target=self._heartbeats, args=(beats_stop,), name=f"heartbeat:{self.worker_id}",
-                                daemon=True)
-        beat.start()
+        beat = self._supervised(self._heartbeats, beats_stop, name=f"heartbeat:{self.worker_id}")
         completer_stop = threading.Event()
-        completer = threading.Thread(target=self._completer, args=(completer_stop,),
-                                     name=f"complete:{self.worker_id}", daemon=True)
-        completer.start()
+        completer = self._supervised(self._completer, completer_stop, name=f"complete:{self.worker_id}")
         pool = ThreadPoolExecutor(self.capacity, thread_name_prefix=f"task:{self.worker_id}")
         self.registered.set()
         try:
-            self._lease_loop(stop, pool, outage)
+            self._lease_loop(halt, pool, outage)
         finally:
             self._shutdown(pool)
             completer_stop.set()  # it records what is queued, then returns
@@ -176,6 +218,32 @@ class Worker:
             beat.join(5)
             if self._own_db:
                 self.db.close()
+        if self.fatal:
+            raise RuntimeError(f"{self.name} stopped itself: {self.fatal}")
+
+    def _supervised(self, target: Callable[[threading.Event], None], stop: threading.Event, *,
+                    name: str) -> threading.Thread:
+        """Run ``target(stop)`` in a thread; if it dies before ``stop``, stop the worker
+        loudly (its held tasks are yielded) rather than run on wedged."""
+
+        def run() -> None:
+            try:
+                target(stop)
+            except BaseException as exc:
+                self.fatal = f"thread {name} died: {exc!r}"
+                log.critical("%s: thread %s died; stopping the worker", self.name, name, exc_info=True)
+                self._halt.set()
+                self._lease_wake.poke()
+                return
+            if not stop.is_set():
+                self.fatal = f"thread {name} returned unexpectedly"
+                log.critical("%s: thread %s returned unexpectedly; stopping the worker", self.name, name)
+                self._halt.set()
+                self._lease_wake.poke()
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+        return thread
 
     def _notified(self, channel: str, _payload: str) -> None:
         if channel.startswith("pyscheduler_cancel:"):
@@ -192,7 +260,7 @@ class Worker:
             try:
                 with self.db.session() as session:  # one connection held: no pool checkout per lease
                     self._lease_until_stop(session, stop, pool, outage)
-            except TRANSIENT as exc:
+            except RETRYABLE as exc:
                 stop.wait(outage.failed(exc))
 
     def _lease_until_stop(self, session: Session, stop: threading.Event, pool: ThreadPoolExecutor,
@@ -209,6 +277,14 @@ class Worker:
                 for row in rows:
                     ctx = TaskContext(row["task"])
                     with self._lock:
+                        old = self.held.get(ctx.rn)
+                        if old is not None:
+                            # Its lease expired and we got the task again: the old execution
+                            # must not finish (or release) this new lease.
+                            log.warning("task %s leased again while an earlier execution holds it: "
+                                        "that lease was lost, its outcome will be discarded", ctx.rn)
+                            old.reason = "lost"
+                            old.stopping.set()
                         self.held[ctx.rn] = ctx
                     pool.submit(self._work, ctx)
             if got and got == free:
@@ -225,21 +301,36 @@ class Worker:
             function, args = self._run_handler(ctx)
             with self._lock:
                 ctx.finishing = True  # heartbeats and the shutdown yield leave it alone from here
-                yielded = ctx.reason == "yielded"
-            if yielded:
+                reason = ctx.reason
+                superseded = self.held.get(ctx.rn) is not ctx
+            if reason == "yielded":
                 return  # handed back on shutdown: another worker's now
+            if reason == "lost" or superseded:
+                log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
+                return
+            if function == "complete_task" and reason is not None and not ctx.completed:
+                # Told to stop and returned without saying it finished: not completed.
+                if reason == "cancelled":
+                    log.info("task %s was cancelled; it stays cancelled", ctx.rn)
+                    return
+                log.info("task %s: handler returned after being told to stop (%s); yielding it unfinished",
+                         ctx.rn, reason)
+                function = "yield_task"
             if function == "complete_task":
                 self._done.put(ctx)  # the completer records it (batched) and frees the slot
                 queued = True
             else:
                 self._finish(ctx, function, **args)
+        except Exception:  # never silently, and never in the executor's future
+            log.exception("task %s: recording the outcome failed", ctx.rn)
         finally:
             if not queued:
                 self._release(ctx)
 
     def _release(self, ctx: TaskContext) -> None:
         with self._lock:
-            self.held.pop(ctx.rn, None)
+            if self.held.get(ctx.rn) is ctx:  # not a newer lease of the same task
+                del self.held[ctx.rn]
         self._lease_wake.poke()  # capacity freed
 
     def _run_handler(self, ctx: TaskContext) -> tuple[str, dict[str, Any]]:
@@ -255,9 +346,49 @@ class Worker:
                                                     "description": str(exc)}])}
         return "complete_task", {}
 
+    def _retry(self, what: str, call: Callable[[], Any]) -> tuple[bool, Any]:
+        """(True, call()) once it succeeds. Database trouble and unexpected errors are retried
+        with backoff until the worker stops, then for at most one lease length (the lease is
+        gone after that anyway): (False, None), logged. Deliberate errors propagate."""
+        outage = Outage(what, log)
+        give_up_at: float | None = None
+        while True:
+            try:
+                result = call()
+                outage.ok()
+                return True, result
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                if not isinstance(exc, RETRYABLE):
+                    log.error("%s failed unexpectedly; retrying", what, exc_info=True)
+                delay = outage.failed(exc)
+            if self._halt.is_set():
+                now = time.monotonic()
+                if give_up_at is None:
+                    give_up_at = now + self.timeout.total_seconds()
+                if now >= give_up_at:
+                    log.error("%s: giving up, the worker is stopping and the database still fails; "
+                              "the monitor resets the lease when it expires", what)
+                    return False, None
+                time.sleep(min(delay, give_up_at - now))
+            else:
+                self._halt.wait(delay)
+
     def _finish(self, ctx: TaskContext, function: str, **args: Any) -> None:
-        try:
+        """Record abort_task / yield_task, retried through database trouble."""
+
+        def call() -> None:
+            if self.held.get(ctx.rn) is not ctx:
+                raise _Discard("leased again")
             self.db.call(function, rn=ctx.rn, worker=self.worker_id, **args)
+
+        try:
+            done, _ = self._retry(f"{function} of task {ctx.rn}", call)
+            if done and function == "yield_task":
+                log.info("yielded task %s", ctx.rn)
+        except _Discard:
+            log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
         except TaskCancelled:
             log.info("task %s was cancelled before it finished; it stays cancelled", ctx.rn)
         except LOST as exc:
@@ -280,21 +411,34 @@ class Worker:
                     batch.append(self._done.get_nowait())
                 except queue_mod.Empty:
                     break
-            self._complete(batch)
+            try:
+                self._complete(batch)
+            except Exception:  # never let the completer die: it frees the capacity
+                log.exception("recording %d completions failed", len(batch))
+                for ctx in batch:
+                    self._release(ctx)
 
     def _complete(self, batch: list[TaskContext]) -> None:
-        outage = Outage(f"completions of {self.worker_id}", log)
+        live = batch
+
+        def call() -> list[dict[str, Any]]:
+            nonlocal live
+            with self._lock:  # not the outcome of a lease lost meanwhile (the task leased again)
+                live = [c for c in batch if self.held.get(c.rn) is c]
+            if not live:
+                return []
+            return self.db.call("complete_tasks", rns=[c.rn for c in live], worker=self.worker_id)
+
         failed: list[dict[str, Any]] = []
-        for _ in range(6):  # then give up: the monitor resets the tasks and they run again
-            try:
-                failed = self.db.call("complete_tasks", rns=[c.rn for c in batch], worker=self.worker_id)
-                outage.ok()
-                break
-            except TRANSIENT as exc:
-                time.sleep(outage.failed(exc))
-            except SchedulerError as exc:
-                log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
-                break
+        try:
+            _, failed = self._retry(f"completions of {self.worker_id}", call)
+            failed = failed or []
+        except SchedulerError as exc:
+            log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
+        kept = {id(c) for c in live}
+        for ctx in batch:
+            if id(ctx) not in kept:
+                log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
         why = {str(r["rn"]): r["sqlstate"] for r in failed}
         for ctx in batch:
             code = why.get(ctx.rn)
@@ -312,16 +456,26 @@ class Worker:
             self._beat_wake.wait(self.heartbeat_interval, jitter=0.1)
             if stop.is_set():
                 return
-            with self._lock:
-                held = list(self.held.values())
-            for ctx in held:
-                if ctx.stopping.is_set() or ctx.finishing:
-                    continue
-                try:
-                    self.db.call("heartbeat_task", rn=ctx.rn, worker=self.worker_id, progress=ctx._progress,
-                                 timeout=self.timeout)
-                    outage.ok()
-                except (TaskCancelled, *LOST) as exc:
+            try:
+                self._beat_once(stop, outage)
+            except Exception as exc:  # never let the heartbeat thread die: leases would expire
+                log.error("heartbeats failed unexpectedly", exc_info=True)
+                stop.wait(outage.failed(exc))
+
+    def _beat_once(self, stop: threading.Event, outage: Outage) -> None:
+        with self._lock:
+            held = list(self.held.values())
+        for ctx in held:
+            # Leases still ours: running, draining on a stop without yield, or an outcome
+            # still being recorded (retries must not outlive the lease).
+            if ctx.reason in ("cancelled", "lost", "yielded"):
+                continue
+            try:
+                self.db.call("heartbeat_task", rn=ctx.rn, worker=self.worker_id, progress=ctx._progress,
+                             timeout=self.timeout)
+                outage.ok()
+            except (TaskCancelled, *LOST) as exc:
+                with self._lock:
                     if ctx.finishing:
                         continue  # finished meanwhile: _finish reports the outcome
                     if isinstance(exc, TaskCancelled):
@@ -330,11 +484,14 @@ class Worker:
                     else:
                         log.warning("task %s: lease lost (%s): telling its handler", ctx.rn, exc)
                         ctx._stop("lost")
-                except TRANSIENT as exc:
-                    stop.wait(outage.failed(exc))
-                    break
-                except SchedulerError as exc:  # never let the heartbeat thread die
+            except Exception as exc:
+                if not is_retryable(exc):  # a deliberate error about this task: the others go on
                     log.error("heartbeat of task %s failed: %s", ctx.rn, exc)
+                    continue
+                if not isinstance(exc, RETRYABLE):
+                    log.error("heartbeat of task %s failed unexpectedly", ctx.rn, exc_info=True)
+                stop.wait(outage.failed(exc))
+                break
 
     # -- shutdown: the seed's K8s rebalancing hook
 
@@ -348,10 +505,11 @@ class Worker:
             try:
                 self.db.call("yield_task", rn=ctx.rn, worker=self.worker_id)
                 log.info("yielded task %s", ctx.rn)
-            except SchedulerError as exc:
+            except (SchedulerError, psycopg.Error) as exc:
                 log.warning("could not yield task %s: %s", ctx.rn, exc)
-        for ctx in held:
-            ctx._stop("stopping")
+        with self._lock:
+            for ctx in held:
+                ctx._stop("stopping")
         pool.shutdown(wait=not self.yield_on_stop, cancel_futures=True)
 
     # -- running in the background (tests, embedding)
