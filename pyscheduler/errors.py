@@ -130,3 +130,21 @@ def translate(exc: psycopg.Error) -> Exception:
 
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
+
+
+def rejects_arguments(exc: BaseException) -> bool:
+    """True when the database rejected a call because of the values passed, so
+    retrying the same call cannot succeed: an ``InvalidArgument`` (a deliberate
+    PS code such as PS101 or PS104), a data exception (SQLSTATE class 22, e.g.
+    a byte sequence invalid in the server encoding) or program_limit_exceeded
+    (54000, e.g. a row too big for an index).
+
+    Everything else is about the state of the server, not the data: statement
+    or lock timeouts (57014, 55P03), deadlocks and serialization failures
+    (40xxx), a read-only transaction (25006), a full disk (53100), lost
+    connections, missing privileges. Callers retry those instead of treating
+    the data as bad."""
+    if isinstance(exc, InvalidArgument):
+        return True
+    code = getattr(exc, "sqlstate", None) or ""
+    return code.startswith("22") or code == "54000"

@@ -38,7 +38,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter, Gauge, Histogram
 
 from ..db import Database, Jsonb, Listener, Outage, Wakeup
-from ..errors import ConfigError, DatabaseUnavailable, SchedulerError
+from ..errors import ConfigError, SchedulerError, rejects_arguments
 
 log = logging.getLogger("pyscheduler.delay")
 
@@ -52,12 +52,17 @@ CONSUMER_ONLY = {"session.timeout.ms", "heartbeat.interval.ms", "max.poll.interv
                  "partition.assignment.strategy", "auto.offset.reset", "fetch.wait.max.ms", "fetch.min.bytes",
                  "fetch.max.bytes", "max.partition.fetch.bytes", "isolation.level", "enable.auto.commit"}
 
+# delivery errors that mean the broker could not be reached (rather than that it refused)
+UNREACHABLE = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+               KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+
 CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
 ENQUEUED = Counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
 DUPLICATES = Counter("pyscheduler_delay_duplicates", "Messages ignored: id already waiting or ready")
 LATE = Counter("pyscheduler_delay_late", "Messages published at once: deadline within the timing advance")
 FIRED = Counter("pyscheduler_delay_fired", "Messages published on the output topic (late ones included)")
 DEAD_LETTERED = Counter("pyscheduler_delay_dead_lettered", "Malformed messages (sent to the DLQ when configured)")
+CLAIMS = Counter("pyscheduler_delay_claims", "ready_and_claim calls of the fire loop")
 RESETS = Counter("pyscheduler_delay_resets", "Ready messages reset after a suspected node failure")
 ALREADY_GONE = Counter("pyscheduler_delay_already_gone", "Fired messages a peer had already deleted")
 BACKLOG = Gauge("pyscheduler_delay_backlog", "Messages in the database (waiting + ready)")
@@ -192,6 +197,13 @@ def delayed_headers(message_id: str, deadline: datetime) -> list[tuple[str, byte
     return [(HEADER_ID, message_id.encode()), (HEADER_DEADLINE, deadline.isoformat().encode())]
 
 
+def transient(exc: BaseException) -> bool:
+    """A database error to retry with backoff: anything but a rejection of the
+    values passed (errors.rejects_arguments), e.g. a lost connection, a statement
+    or lock timeout, a deadlock, a read-only or full database."""
+    return isinstance(exc, (SchedulerError, psycopg.Error)) and not rejects_arguments(exc)
+
+
 def where(msg: Message) -> str:
     return f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
 
@@ -216,6 +228,8 @@ class Publisher:
     they succeed or ``give_up`` says to stop (then the undelivered are returned).
     """
 
+    STOP_GRACE = 5.0
+
     def __init__(self, settings: dict[str, Any], outage: Outage):
         self.producer = Producer(settings)
         self.outage = outage
@@ -225,13 +239,26 @@ class Publisher:
                 on_sent: Callable[[Outgoing, Message], None] | None = None,
                 until: float | None = None) -> list[Outgoing]:
         """Publish all; returns the ones not delivered (empty unless ``give_up`` or
-        the monotonic time ``until`` came first; ``last_error`` says why)."""
+        the monotonic time ``until`` came first; ``last_error`` says why).
+
+        Every item without a successful delivery report is returned as not
+        delivered, those still in flight included: the caller stores them or
+        leaves them to be retried, and never takes them as delivered. Once
+        ``give_up`` is true, in-flight deliveries get at most ``STOP_GRACE``
+        seconds (and never past ``until``)."""
         pending = list(items)
         while pending:
             failed: list[Outgoing] = []
             errors: list[KafkaError] = []
+            done: set[int] = set()  # id() of the items with a delivery report of this round
+            in_round = {id(item) for item in pending}
 
-            def report(item: Outgoing, err: KafkaError | None, msg: Message) -> None:
+            # this round's lists bound as defaults: a closure would see the next round's
+            def report(item: Outgoing, err: KafkaError | None, msg: Message, failed: list = failed,
+                       errors: list = errors, done: set = done, in_round: set = in_round) -> None:
+                if id(item) not in in_round:
+                    return  # a late report of an item an earlier call already returned as undelivered
+                done.add(id(item))
                 if err is not None:
                     failed.append(item)
                     errors.append(err)
@@ -240,12 +267,23 @@ class Publisher:
 
             for item in pending:
                 self._produce(item, report)
-            while len(self.producer) > 0:
-                self.producer.flush(1.0)
-                if give_up() and len(self.producer) > 0:
-                    # stopping: wait a bounded time for in-flight deliveries
-                    self.producer.flush(10.0)
+            stop_by: float | None = None
+            while len(done) < len(pending):
+                now = time.monotonic()
+                limit = now + 1.0
+                if until is not None:
+                    limit = min(limit, until)
+                if give_up():
+                    stop_by = now + self.STOP_GRACE if stop_by is None else stop_by
+                    limit = min(limit, stop_by)
+                if now >= limit:
                     break
+                self.producer.flush(limit - now)
+            in_round.clear()  # reports from now on belong to no one
+            in_flight = [item for item in pending if id(item) not in done]
+            if in_flight:
+                self.last_error = errors[0] if errors else KafkaError(KafkaError._MSG_TIMED_OUT)
+                return failed + in_flight
             if not failed:
                 if pending:
                     self.outage.ok()
@@ -270,8 +308,13 @@ class Publisher:
                 report(item, exc.args[0], None)
                 return
 
-    def close(self, timeout: float = 10.0) -> None:
-        self.producer.flush(timeout)
+    def close(self, timeout: float = 5.0) -> None:
+        """Wait a bounded time for in-flight deliveries, then drop what is left:
+        ``publish`` returned those as undelivered, so they are stored or their
+        input was not committed."""
+        if self.producer.flush(timeout) > 0:
+            self.producer.purge()
+            self.producer.flush(0)
 
 
 # -- the relay ----------------------------------------------------------------
@@ -293,6 +336,10 @@ class Relay:
     def _kafka(self, producer: bool = False, **extra: Any) -> dict[str, Any]:
         settings = {k: v for k, v in self.cfg.kafka_settings.items()
                     if not (producer and k in CONSUMER_ONLY)}  # librdkafka warns about them
+        if producer:
+            # librdkafka retries a delivery for 300 s by default; publish() gives up after half
+            # the hold time, so the producer should not keep (and later deliver) much longer
+            extra = {"message.timeout.ms": max(1000, self.cfg.hold_ms // 2), **extra}
         return {"bootstrap.servers": self.cfg.bootstrap_servers, "logger": log,
                 "error_cb": self._kafka_error, **extra, **settings}
 
@@ -363,13 +410,17 @@ class Relay:
             raise crashed[0]
 
     def _db_call(self, outage: Outage, function: str, give_up: Callable[[], bool], **args: Any) -> list[dict] | None:
-        """``db.call`` retried with backoff while the database is unavailable; None when giving up."""
+        """``db.call`` retried with backoff while the database is unavailable or refuses for a
+        reason that may pass (``transient``); None when giving up. A rejection of the values
+        passed (errors.rejects_arguments) is raised."""
         while True:
             try:
                 rows = self.db.call(function, **args)
                 outage.ok()
                 return rows
-            except DatabaseUnavailable as exc:
+            except (SchedulerError, psycopg.Error) as exc:
+                if not transient(exc):
+                    raise
                 if give_up():
                     return None
                 time.sleep(outage.failed(exc))
@@ -439,19 +490,22 @@ class Relay:
 
     def _enqueue(self, good: list[tuple[Message, Delayed]], bad: list[tuple[Message, str]],
                  outage: Outage, give_up: Callable[[], bool]) -> list[str] | None:
-        """Outcome per good message; a message the database rejects moves to ``bad``."""
+        """Outcome per good message; a message the database rejects (errors.rejects_arguments)
+        moves to ``bad``. Any other error (a timeout, a lock, a read-only or unreachable
+        database) is retried with backoff by _db_call: never a reason to drop a message.
+        None when stopping first."""
         if not good:
             return []
         try:
             rows = self._enqueue_call([d for _, d in good], outage, give_up)
-        except (SchedulerError, psycopg.Error) as exc:
+        except (SchedulerError, psycopg.Error) as exc:  # rejects_arguments: _db_call retries the rest
             # Rejected as a whole: find the culprit(s) one by one so neighbours still go through.
             log.warning("batch of %d rejected (%s); enqueueing one by one", len(good), exc)
             outcomes: list[str] = []
             for msg, d in list(good):
                 try:
                     rows = self._enqueue_call([d], outage, give_up)
-                except (SchedulerError, psycopg.Error) as one:
+                except (SchedulerError, psycopg.Error) as one:  # rejects_arguments only
                     bad.append((msg, f"rejected by the database: {one}"))
                     outcomes.append("rejected")
                     continue
@@ -471,24 +525,32 @@ class Relay:
 
         A late message the broker does not take within half the hold time is
         stored instead (enqueue_messages(store_late)), so the fire loop retries
-        it and the input never stalls; a dead letter the broker refuses is logged."""
+        it and the input never stalls; a dead letter the broker refuses is logged
+        (one it cannot reach is retried). Stopping before every message was either
+        delivered or stored, False: the caller does not commit the input."""
         stopping = self.stop.is_set
         undelivered = publisher.publish(out, stopping, self._sent,
                                         until=time.monotonic() + self.cfg.hold_ms / 2000.0)
         if not undelivered:
             return True
         if stopping():
-            return False
+            return False  # neither delivered nor stored: the input is not committed, it is read again
         late = [item.tag for item in undelivered if isinstance(item.tag, Delayed)]
-        for item in undelivered:
-            if not isinstance(item.tag, Delayed):
-                log.error("could not dead-letter the message at %s (%s): dropped",
-                          dict(item.headers).get(DLQ_SOURCE_HEADER, b"?").decode(), publisher.last_error)
+        dead = [item for item in undelivered if not isinstance(item.tag, Delayed)]
         if late:
             log.warning("could not publish %d late message(s) at once (%s); stored to be fired from the table",
                         len(late), publisher.last_error)
             if self._enqueue_call(late, outage, stopping, store_late=True) is None:
                 return False
+        if dead and publisher.last_error is not None and publisher.last_error.code() in UNREACHABLE:
+            # the broker is away (not refusing them): dead letters have no table to wait in, so
+            # they are retried until delivered; stopping first, the input is read again
+            dead = publisher.publish(dead, stopping)
+            if dead and stopping():
+                return False
+        for item in dead:
+            log.error("could not dead-letter the message at %s (%s): dropped",
+                      dict(item.headers).get(DLQ_SOURCE_HEADER, b"?").decode(), publisher.last_error)
         return True
 
     def _enqueue_call(self, batch: list[Delayed], outage: Outage, give_up: Callable[[], bool],
@@ -526,6 +588,8 @@ class Relay:
         poll = cfg.poll_ms / 1000.0
         try:
             while not self.stop.is_set():
+                claimed_at = time.time()
+                CLAIMS.inc()
                 rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, node=self.node,
                                      advance=cfg.advance, max_count=cfg.fire_batch)
                 if rows is None:
@@ -534,21 +598,29 @@ class Relay:
                     self._fire(publisher, outage, rows)
                     if len(rows) >= cfg.fire_batch:
                         continue  # more are due: no sleep
-                self.wakeup.wait(self._sleep_time(outage, poll), jitter=0.2)
+                self.wakeup.wait(self._sleep_time(outage, poll, None if rows else claimed_at), jitter=0.2)
         finally:
             publisher.close()
 
-    def _sleep_time(self, outage: Outage, poll: float) -> float:
-        """Until the next deadline minus the advance, at most the poll interval."""
+    def _sleep_time(self, outage: Outage, poll: float, claimed_nothing_at: float | None = None) -> float:
+        """Until the next deadline minus the advance, at most the poll interval.
+
+        ``claimed_nothing_at``: when a ready_and_claim that returned nothing started. A
+        message that was already due then but was not claimed is row-locked by another
+        session (SKIP LOCKED): the poll interval, not a hot loop on its past deadline."""
         try:
             nxt = self.db.call_value("next_deadline")
             outage.ok()
-        except DatabaseUnavailable as exc:
+        except (SchedulerError, psycopg.Error) as exc:
+            if not transient(exc):
+                raise
             return outage.failed(exc)
         if nxt is None:
             return poll
-        due_in = (nxt - self.cfg.advance).timestamp() - time.time()
-        return min(poll, max(0.0, due_in))
+        due_at = (nxt - self.cfg.advance).timestamp()
+        if claimed_nothing_at is not None and due_at < claimed_nothing_at - 0.01:  # 10 ms: clock rounding
+            return poll
+        return min(poll, max(0.0, due_at - time.time()))
 
     def _fire(self, publisher: Publisher, outage: Outage, rows: list[dict]) -> None:
         out = [Outgoing(self.cfg.output_topic, r["key"], r["value"], headers_from_json(r["headers"]),
@@ -595,7 +667,9 @@ class Relay:
                     BACKLOG.set(self.db.query("SELECT waiting + ready AS n FROM pyscheduler.delay_queue")[0]["n"])
                     next_backlog = time.monotonic() + 5.0
                 outage.ok()
-            except DatabaseUnavailable as exc:
+            except (SchedulerError, psycopg.Error) as exc:
+                if not transient(exc):
+                    raise
                 self.stop.wait(outage.failed(exc))
                 continue
             for row in rows:

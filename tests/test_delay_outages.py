@@ -1,0 +1,221 @@
+"""The delay-queue relay when PostgreSQL refuses for a while (timeouts, locks, read-only)
+or the broker is away at shutdown: valid messages are never dropped, never committed
+past, and the loops do not spin."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+from prometheus_client import REGISTRY
+from psycopg import sql
+
+from delay_support import InProcessRelay, Output, RelayProcess, Sender, Topics, utcnow, wait_for, warm_up
+from pyscheduler.errors import InvalidMessage, rejects_arguments
+
+
+@pytest.fixture
+def topics(topic) -> Topics:
+    return Topics(input=topic("in", partitions=1), output=topic("out"), dlq=topic("dlq"))
+
+
+@pytest.fixture
+def io(kafka, topics):
+    sender, output, dlq = Sender(kafka, topics.input), Output(kafka, topics.output), Output(kafka, topics.dlq)
+    yield sender, output, dlq
+    output.close()
+    dlq.close()
+
+
+def set_database(dsn: str, setting: str, value: str | None) -> None:
+    """ALTER DATABASE <this test's> SET setting = value (RESET when None): new sessions only."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SET default_transaction_read_only = off")  # this session may write whatever the setting
+        name = c.execute("SELECT current_database()").fetchone()[0]
+        if value is None:
+            c.execute(sql.SQL("ALTER DATABASE {} RESET {}").format(sql.Identifier(name), sql.Identifier(setting)))
+        else:
+            c.execute(sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)))
+
+
+def reconnect_everyone(dsn: str) -> None:
+    """End every other session on this test's database (the relay's pool reconnects)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                  "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+def logged(caplog, *parts: str) -> bool:
+    return any(all(p in r.getMessage() for p in parts) for r in caplog.records)
+
+
+def test_deliberate_and_transient_database_errors_are_told_apart(conn):
+    def error(statement: str) -> psycopg.Error:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute(statement)
+        return info.value
+
+    assert rejects_arguments(InvalidMessage("bad id", sqlstate="PS101"))
+    assert rejects_arguments(error("SELECT 1/0"))                                       # 22012
+    assert rejects_arguments(error("SELECT E'\\\\xzz'::bytea"))                          # 22P02
+    assert not rejects_arguments(error("SET statement_timeout = '1ms'; SELECT pg_sleep(1)"))  # 57014
+    conn.execute("SET statement_timeout = 0")
+    with pytest.raises(psycopg.Error) as info, conn.transaction():
+        conn.execute("SET TRANSACTION READ ONLY")
+        conn.execute("CREATE TEMP TABLE x ()")
+    assert info.value.sqlstate == "25006" and not rejects_arguments(info.value)
+
+
+def test_statement_timeouts_on_a_locked_table_delay_messages_but_drop_none(dsn, kafka, topics, io, caplog):
+    """statement_timeout=500ms and the message table locked by another session for a
+    while: enqueue_messages keeps timing out (57014). That is an outage, not bad data:
+    the batch is retried, nothing is dead-lettered, nothing committed past, and the
+    fire and detect loops (whose calls time out too) keep running."""
+    sender, output, dlq = io
+    set_database(dsn, "statement_timeout", "500ms")
+    caplog.set_level(logging.WARNING, logger="pyscheduler.delay")
+    relay = InProcessRelay(dsn, kafka, topics)
+    try:
+        warm_up(sender, output, partitions=1)
+        values = [f"m{i}".encode() for i in range(3)]
+        with psycopg.connect(dsn) as locker:
+            locker.execute("SET statement_timeout = 0")
+            locker.execute("LOCK TABLE pyscheduler.delay_messages IN ACCESS EXCLUSIVE MODE")
+            for i, value in enumerate(values):
+                sender.send(f"m{i}", utcnow() + timedelta(seconds=1), value=value)
+            sender.flush()
+            wait_for(lambda: logged(caplog, "PostgreSQL (enqueue) unavailable", "statement timeout"), 20,
+                     "enqueue_messages to time out on the locked table")
+            # fire and detect time out too; they must retry, not crash the node
+            wait_for(lambda: logged(caplog, "PostgreSQL (fire) unavailable")
+                     and logged(caplog, "PostgreSQL (detect) unavailable"), 20,
+                     "the fire and detect loops to time out on the locked table")
+            assert relay.thread.is_alive()
+            locker.rollback()  # the lock is released
+        output.wait_values(values, timeout=30)
+        assert relay.thread.is_alive()
+    finally:
+        relay.stop()
+    assert not logged(caplog, "malformed")
+    assert not logged(caplog, "rejected")
+    assert [v for v in dlq.values() if v in values] == []
+
+
+def test_a_read_only_database_delays_messages_but_drops_none(dsn, kafka, topics, io, caplog):
+    """default_transaction_read_only (as on a standby after a mistaken failover): every
+    write fails with 25006 until it is turned off; messages wait, none is dropped."""
+    sender, output, dlq = io
+    caplog.set_level(logging.WARNING, logger="pyscheduler.delay")
+    relay = InProcessRelay(dsn, kafka, topics)
+    try:
+        warm_up(sender, output, partitions=1)
+        set_database(dsn, "default_transaction_read_only", "on")
+        reconnect_everyone(dsn)
+        values = [f"r{i}".encode() for i in range(3)]
+        for i, value in enumerate(values):
+            sender.send(f"r{i}", utcnow() + timedelta(seconds=1), value=value)
+        sender.flush()
+        wait_for(lambda: logged(caplog, "PostgreSQL (enqueue) unavailable", "read-only"), 20,
+                 "enqueue_messages to fail on the read-only database")
+        wait_for(lambda: logged(caplog, "PostgreSQL (fire) unavailable", "read-only"), 20,
+                 "ready_and_claim to fail on the read-only database")
+        assert relay.thread.is_alive()
+        set_database(dsn, "default_transaction_read_only", None)
+        reconnect_everyone(dsn)
+        output.wait_values(values, timeout=30)
+        assert relay.thread.is_alive()
+    finally:
+        relay.stop()
+    assert not logged(caplog, "malformed")
+    assert [v for v in dlq.values() if v in values] == []
+
+
+def claims() -> float:
+    return REGISTRY.get_sample_value("pyscheduler_delay_claims_total") or 0.0
+
+
+def test_a_due_message_row_locked_by_another_session_does_not_make_the_fire_loop_spin(dsn, kafka, db, topics):
+    """ready_and_claim skips a locked row (SKIP LOCKED) while next_deadline still returns
+    its past deadline: the loop must then sleep the poll interval, not 0."""
+    relay = InProcessRelay(dsn, kafka, topics, poll_ms=50)
+    try:
+        wait_for(lambda: claims() > 0, 30, "the fire loop to start")
+        deadline = utcnow() + timedelta(milliseconds=500)
+        db.call("enqueue_messages", ids=["locked"], deadlines=[deadline], keys=None, vals=None,
+                header_lists=None, advance=timedelta(0))
+        with psycopg.connect(dsn) as locker:
+            locker.execute("SELECT 1 FROM pyscheduler.delay_messages WHERE id = 'locked' FOR UPDATE")
+            wait_for(lambda: utcnow() > deadline + timedelta(milliseconds=100), 5, "the deadline to pass")
+            before, start = claims(), time.monotonic()
+            # a measuring window (not synchronisation): how often the loop claims while the row is locked
+            wait_for(lambda: time.monotonic() - start >= 2.0, 5, "a 2 s window")
+            rate = (claims() - before) / (time.monotonic() - start)
+            assert relay.thread.is_alive()
+            locker.rollback()
+        # 50 ms poll (+20% jitter): about 17-20 claims a second; spinning made it thousands
+        assert rate < 40, f"{rate:.0f} ready_and_claim calls per second while the due row was locked"
+        wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 0, 10,
+                 "the message to fire once unlocked")
+    finally:
+        relay.stop()
+
+
+def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, db, tmp_path):
+    """A late message is consumed, then the broker freezes (SIGSTOP) before it could be
+    published, and the node gets SIGTERM. The node exits 0 in bounded time without
+    committing the message's offset (or after storing it): once the broker is back, a
+    successor publishes it. Before: the in-flight message counted as delivered, its
+    offset was committed and it was lost with the producer."""
+    from pyscheduler import embedded
+
+    broker = embedded.Kafka(tmp_path / "kafka").start()
+    try:
+        bootstrap = broker.bootstrap
+        topics = Topics(input="in", output="out", dlq="dlq")
+        embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
+        sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
+        frozen = False
+        proc = RelayProcess(dsn, bootstrap, topics, tmp_path / "relay.log", hold_ms=10_000)
+        try:
+            proc.node()
+            warm_up(sender, output, partitions=1)
+            with psycopg.connect(dsn) as locker:
+                # hold the relay in enqueue_messages while the message is read, so the
+                # broker can be frozen between reading it and publishing it
+                locker.execute("LOCK TABLE pyscheduler.delay_messages IN ACCESS EXCLUSIVE MODE")
+                sender.send("late", utcnow() - timedelta(seconds=1), value=b"late")
+                sender.flush()
+                wait_for(lambda: db.query(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    " AND query LIKE '%%enqueue_messages%%'"), 20, "the relay to wait in enqueue_messages")
+                broker.proc.send_signal(signal.SIGSTOP)
+                frozen = True
+                locker.rollback()
+            # enqueue_messages returned 'late': the relay is publishing to the frozen broker
+            wait_for(lambda: not db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND query LIKE '%%enqueue_messages%%' AND state = 'active'"), 20, "enqueue_messages to return")
+            proc.proc.send_signal(signal.SIGTERM)
+            started = time.monotonic()
+            assert proc.proc.wait(30) == 0, proc.text()
+            assert time.monotonic() - started < 30
+        finally:
+            if frozen:
+                broker.proc.send_signal(signal.SIGCONT)
+            proc.close()
+        stored = [r["id"] for r in db.query("SELECT id FROM pyscheduler.delay_messages")]
+        successor = InProcessRelay(dsn, bootstrap, topics)
+        try:
+            # stored and fired from the table, or read again (offset not committed) and published
+            output.wait_values([b"late"], timeout=60)
+        finally:
+            successor.stop()
+            output.close()
+        assert stored in ([], ["late"])
+    finally:
+        broker.stop()
