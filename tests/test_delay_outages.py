@@ -219,3 +219,48 @@ def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, d
         assert stored in ([], ["late"])
     finally:
         broker.stop()
+
+
+def test_a_late_message_the_frozen_broker_does_not_take_is_stored_after_half_the_hold_time(dsn, db, tmp_path):
+    """The broker freezes (SIGSTOP) between reading a late message and publishing it:
+    after half the hold time the relay stores it (store_late) instead of blocking on the
+    producer for minutes, and fires it from the table once the broker is back."""
+    from pyscheduler import embedded
+
+    broker = embedded.Kafka(tmp_path / "kafka").start()
+    try:
+        bootstrap = broker.bootstrap
+        topics = Topics(input="in", output="out", dlq="dlq")
+        embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
+        sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
+        relay = InProcessRelay(dsn, bootstrap, topics, hold_ms=4000)
+        frozen = False
+        try:
+            warm_up(sender, output, partitions=1)
+            with psycopg.connect(dsn) as locker:
+                locker.execute("LOCK TABLE pyscheduler.delay_messages IN ACCESS EXCLUSIVE MODE")
+                sender.send("late", utcnow() - timedelta(seconds=1), value=b"late")
+                sender.flush()
+                wait_for(lambda: db.query(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    " AND query LIKE '%%enqueue_messages%%'"), 20, "the relay to wait in enqueue_messages")
+                broker.proc.send_signal(signal.SIGSTOP)
+                frozen = True
+                locker.rollback()
+            started = time.monotonic()
+            wait_for(lambda: db.query("SELECT 1 FROM pyscheduler.delay_messages WHERE id = 'late'"), 15,
+                     "the unpublished late message to be stored")
+            assert time.monotonic() - started < 2.0 + 3.0  # half the hold time, plus slack for a busy machine
+            broker.proc.send_signal(signal.SIGCONT)
+            frozen = False
+            output.wait_values([b"late"], timeout=60)
+            wait_for(lambda: not db.query("SELECT 1 FROM pyscheduler.delay_messages WHERE id = 'late'"), 20,
+                     "the fired message to be deleted")
+            assert relay.thread.is_alive()
+        finally:
+            if frozen:
+                broker.proc.send_signal(signal.SIGCONT)
+            relay.stop()
+            output.close()
+    finally:
+        broker.stop()
