@@ -443,3 +443,56 @@ def test_without_yield_on_stop_a_handler_that_returns_when_told_to_stop_is_not_c
     running.stop()
     assert not running.thread.is_alive()
     assert status(client, done) == "completed"
+
+
+def test_completions_still_failing_when_the_worker_stops_are_given_up_loudly(dsn, conn, client, caplog):
+    go = threading.Event()
+    running = Worker(dsn, "gu", lambda ctx: go.wait(30), timeout=1, poll_interval=0.2).start()
+    try:
+        rn = client.submit("gu", {})["rn"]
+        wait_for(lambda: status(client, rn) == "running")
+        worker_id = running.worker.worker_id
+        read_only(conn, True)
+        go.set()
+        wait_for(lambda: logged(caplog, f"completions of {worker_id} unavailable"))
+        running.stop(timeout=30)  # retried for one lease length (1 s) after the stop, then given up
+        assert not running.thread.is_alive()
+        assert logged(caplog, f"completions of {worker_id}: giving up")
+        assert not running.worker.held
+    finally:
+        read_only(conn, False)
+        running.stop()
+
+
+class _DyingHeartbeats(Worker):
+    """A worker whose heartbeat thread dies (as from a bug): it must not run on wedged."""
+
+    def _heartbeats(self, stop: threading.Event) -> None:
+        wait_for(lambda: self.held or stop.is_set())  # once it holds a task
+        raise SystemExit("heartbeat thread killed")
+
+
+def test_a_worker_whose_heartbeat_thread_dies_stops_loudly_and_yields(dsn, client, monitor, caplog):
+    worker = _DyingHeartbeats(dsn, "dh", lambda ctx: ctx.stopping.wait(30), timeout=60)
+    outcome: list[BaseException | None] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            worker.run(stop)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        rn = client.submit("dh", {})["rn"]
+        wait_for(lambda: outcome)  # the worker stopped by itself
+    finally:
+        stop.set()
+        thread.join(10)
+    assert isinstance(outcome[0], RuntimeError) and "heartbeat" in str(outcome[0])
+    assert worker.fatal and logged(caplog, "stopping the worker")
+    wait_for(lambda: status(client, rn) == "ready")  # yielded, long before the 60 s lease would end
+    assert types(client.get(rn)) == ["TaskAssignment", "TaskYield"]
