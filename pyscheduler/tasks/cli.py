@@ -132,17 +132,28 @@ def cancel_cmd(dsn, rn) -> None:
     _echo_json(_with_client(dsn, lambda client: client.cancel(rn)))
 
 
+_say_lock = threading.Lock()
+
+
+def _say(text: str) -> None:
+    """One whole line on stdout: print() from handler threads at once could interleave two
+    lines' text before their newlines (tests wait for lines starting with 'leased')."""
+    with _say_lock:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
 def sleep_handler(ctx: TaskContext) -> None:
     """The sample handler: sleeps spec['seconds'] in steps, reporting progress."""
     seconds = float(ctx.spec.get("seconds", 0))
-    print(f"leased {ctx.rn} {json.dumps(ctx.spec)}", flush=True)
+    _say(f"leased {ctx.rn} {json.dumps(ctx.spec)}")
     started = time.monotonic()
     while (elapsed := time.monotonic() - started) < seconds:
         if ctx.stopping.wait(min(0.1, seconds - elapsed)):
-            print(f"stopped {ctx.rn} ({ctx.reason})", flush=True)
+            _say(f"stopped {ctx.rn} ({ctx.reason})")
             return
         ctx.progress(min(1.0, elapsed / seconds))
-    print(f"done {ctx.rn}", flush=True)
+    _say(f"done {ctx.rn}")
 
 
 @group.command("work")
