@@ -132,6 +132,22 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
+# What a daemon's own calls retry with backoff: connection trouble and any
+# psycopg error that pyscheduler did not raise on purpose (translate() leaves
+# those untranslated), e.g. a read-only server during a failover, a statement
+# timeout, an internal error. Deliberate errors (SchedulerError other than
+# DatabaseUnavailable) are answers, not outages.
+RETRYABLE = (DatabaseUnavailable, psycopg.Error)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True unless ``exc`` is an answer pyscheduler gave on purpose (a SchedulerError that is
+    not DatabaseUnavailable): worth waiting and trying again."""
+    if isinstance(exc, SchedulerError):
+        return isinstance(exc, DatabaseUnavailable)
+    return isinstance(exc, Exception)
+
+
 def rejects_arguments(exc: BaseException) -> bool:
     """True when the database rejected a call because of the values passed, so
     retrying the same call cannot succeed: an ``InvalidArgument`` (a deliberate

@@ -15,7 +15,8 @@ import time
 from datetime import timedelta
 
 from ..db import Database, Listener, Outage, Wakeup
-from .worker import RETRYABLE, poke_on
+from ..errors import RETRYABLE
+from .worker import poke_on
 
 log = logging.getLogger(__name__)
 

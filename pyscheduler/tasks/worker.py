@@ -45,30 +45,14 @@ from typing import Any
 import psycopg
 
 from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup
-from ..errors import (DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled, TaskNotOwned,
-                      TaskNotRunning)
+from ..errors import (RETRYABLE, DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled, TaskNotOwned,
+                      TaskNotRunning, is_retryable)
 
 log = logging.getLogger(__name__)
 
 LOST = (TaskNotOwned, TaskNotRunning)
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
 TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
-# What the worker's own calls retry with backoff: connection trouble and any psycopg error that
-# pyscheduler did not raise on purpose (errors.translate leaves those untranslated), e.g. a
-# read-only server during a failover, a statement timeout, an internal error. Deliberate
-# errors (SchedulerError other than DatabaseUnavailable) are answers, not outages.
-# (Kept here, not in pyscheduler/errors.py, until that module is free to change.)
-RETRYABLE = (DatabaseUnavailable, psycopg.Error)
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """True unless ``exc`` is an answer pyscheduler gave on purpose (a SchedulerError that is
-    not DatabaseUnavailable): worth waiting and trying again."""
-    if isinstance(exc, SchedulerError):
-        return isinstance(exc, DatabaseUnavailable)
-    return isinstance(exc, Exception)
-
-
 class _Discard(SchedulerError):
     """Internal: the lease this outcome belongs to is gone (the task was leased again)."""
 
