@@ -165,6 +165,21 @@ def test_a_due_message_row_locked_by_another_session_does_not_make_the_fire_loop
         relay.stop()
 
 
+def freeze_with_a_late_message_read(dsn: str, db, sender: Sender, broker) -> None:
+    """Send a late message and hold the relay in enqueue_messages (a table lock)
+    while the broker is frozen (SIGSTOP), so the relay reads the message before
+    the freeze and publishes it after; then let enqueue_messages return 'late'."""
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE pyscheduler.delay_messages IN ACCESS EXCLUSIVE MODE")
+        sender.send("late", utcnow() - timedelta(seconds=1), value=b"late")
+        sender.flush()
+        wait_for(lambda: db.query(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND query LIKE '%%enqueue_messages%%'"), 20, "the relay to wait in enqueue_messages")
+        broker.proc.send_signal(signal.SIGSTOP)
+        locker.rollback()
+
+
 def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, db, tmp_path):
     """A late message is consumed, then the broker freezes (SIGSTOP) before it could be
     published, and the node gets SIGTERM. The node exits 0 in bounded time without
@@ -179,23 +194,11 @@ def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, d
         topics = Topics(input="in", output="out", dlq="dlq")
         embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
         sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
-        frozen = False
         proc = RelayProcess(dsn, bootstrap, topics, tmp_path / "relay.log", hold_ms=10_000)
         try:
             proc.node()
             warm_up(sender, output, partitions=1)
-            with psycopg.connect(dsn) as locker:
-                # hold the relay in enqueue_messages while the message is read, so the
-                # broker can be frozen between reading it and publishing it
-                locker.execute("LOCK TABLE pyscheduler.delay_messages IN ACCESS EXCLUSIVE MODE")
-                sender.send("late", utcnow() - timedelta(seconds=1), value=b"late")
-                sender.flush()
-                wait_for(lambda: db.query(
-                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                    " AND query LIKE '%%enqueue_messages%%'"), 20, "the relay to wait in enqueue_messages")
-                broker.proc.send_signal(signal.SIGSTOP)
-                frozen = True
-                locker.rollback()
+            freeze_with_a_late_message_read(dsn, db, sender, broker)
             # enqueue_messages returned 'late': the relay is publishing to the frozen broker
             wait_for(lambda: not db.query(
                 "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -205,8 +208,7 @@ def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, d
             assert proc.proc.wait(30) == 0, proc.text()
             assert time.monotonic() - started < 30
         finally:
-            if frozen:
-                broker.proc.send_signal(signal.SIGCONT)
+            broker.proc.send_signal(signal.SIGCONT)  # no-op unless still frozen
             proc.close()
         stored = [r["id"] for r in db.query("SELECT id FROM pyscheduler.delay_messages")]
         successor = InProcessRelay(dsn, bootstrap, topics)
@@ -234,32 +236,20 @@ def test_a_late_message_the_frozen_broker_does_not_take_is_stored_after_half_the
         embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
         sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
         relay = InProcessRelay(dsn, bootstrap, topics, hold_ms=4000)
-        frozen = False
         try:
             warm_up(sender, output, partitions=1)
-            with psycopg.connect(dsn) as locker:
-                locker.execute("LOCK TABLE pyscheduler.delay_messages IN ACCESS EXCLUSIVE MODE")
-                sender.send("late", utcnow() - timedelta(seconds=1), value=b"late")
-                sender.flush()
-                wait_for(lambda: db.query(
-                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                    " AND query LIKE '%%enqueue_messages%%'"), 20, "the relay to wait in enqueue_messages")
-                broker.proc.send_signal(signal.SIGSTOP)
-                frozen = True
-                locker.rollback()
+            freeze_with_a_late_message_read(dsn, db, sender, broker)
             started = time.monotonic()
             wait_for(lambda: db.query("SELECT 1 FROM pyscheduler.delay_messages WHERE id = 'late'"), 15,
                      "the unpublished late message to be stored")
             assert time.monotonic() - started < 2.0 + 3.0  # half the hold time, plus slack for a busy machine
             broker.proc.send_signal(signal.SIGCONT)
-            frozen = False
             output.wait_values([b"late"], timeout=60)
             wait_for(lambda: not db.query("SELECT 1 FROM pyscheduler.delay_messages WHERE id = 'late'"), 20,
                      "the fired message to be deleted")
             assert relay.thread.is_alive()
         finally:
-            if frozen:
-                broker.proc.send_signal(signal.SIGCONT)
+            broker.proc.send_signal(signal.SIGCONT)  # no-op unless still frozen
             relay.stop()
             output.close()
     finally:
