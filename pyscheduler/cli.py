@@ -63,14 +63,20 @@ def main(log_level: str) -> None:
     warnings.filterwarnings("ignore", module="platformdirs")
 
 
+def _role_options(fn):
+    """--client-role, --worker-role, ... : one option per audience in migrate.AUDIENCES."""
+    for audience in reversed(migrations.AUDIENCES):
+        fn = option(f"--{audience}-role", f"{audience}_role", default=None,
+                    help=f"Name of the {audience} role (default pyscheduler_{audience}).")(fn)
+    return fn
+
+
 @main.command("migrate")
 @servers_options
 @click.option("--list", "list_", is_flag=True, help="Show applied and pending migrations; change nothing.")
 @click.option("--dry-run", is_flag=True, help="Show what would run; change nothing.")
-@option("--client-role", default=None, help="Name of the client role (default pyscheduler_client).")
-@option("--worker-role", default=None, help="Name of the worker role (default pyscheduler_worker).")
-@option("--admin-role", default=None, help="Name of the admin role (default pyscheduler_admin).")
-def migrate_cmd(dsn, kafka_bootstrap, redis_url, list_, dry_run, client_role, worker_role, admin_role) -> None:
+@_role_options
+def migrate_cmd(dsn, kafka_bootstrap, redis_url, list_, dry_run, **role_names) -> None:
     """Create or upgrade the schema and reload every SQL function."""
     dsn = require_dsn(dsn)
     if list_ or dry_run:
@@ -84,8 +90,7 @@ def migrate_cmd(dsn, kafka_bootstrap, redis_url, list_, dry_run, client_role, wo
                 f"{len(report.pending)} pending migration(s)")
             click.echo(f"would run: {how}; then reload {', '.join(report.functions)}")
         return
-    roles = {k: v for k, v in (("client_role", client_role), ("worker_role", worker_role),
-                               ("admin_role", admin_role)) if v}
+    roles = {key: value for key, value in role_names.items() if value}
     started = time.monotonic()
     report = migrations.migrate(dsn, roles=roles)
     what = ("fresh install" if report.fresh_install else

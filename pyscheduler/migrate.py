@@ -32,7 +32,8 @@ _HERE = Path(__file__).resolve().parent
 LOCK_KEY = 0x7079736368  # 'pysch': pg_advisory_lock key of migrate
 MIGRATION_TABLE = "_yoyo_migration"
 FIRST_FILES = ("common.sql", "roles.sql")
-ROLE_SETTINGS = ("client_role", "worker_role", "admin_role")
+AUDIENCES = ("client", "worker", "relay", "scheduler", "checker", "monitor", "admin")
+ROLE_SETTINGS = tuple(f"{audience}_role" for audience in AUDIENCES)
 
 
 def _resource(name: str) -> Path:

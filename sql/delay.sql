@@ -392,7 +392,9 @@ SELECT readied_by              AS node,
 COMMENT ON VIEW pyscheduler.delay_ready_by_node IS
     'Delay queue: ready (claimed, not yet fired) messages per node; an old one points at a stuck node.';
 
--- Enqueueing is the relay's job (applications publish to the input topic): worker.
+-- Enqueueing, claiming and firing are the relay's job (applications publish to
+-- the input topic); cancelling is the application's; monitoring reads.
 SELECT pyscheduler._grant('client', 'cancel_message', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
-SELECT pyscheduler._grant('worker', 'enqueue_message', 'enqueue_messages', 'ready_and_claim', 'delete_fired',
+SELECT pyscheduler._grant('relay', 'enqueue_message', 'enqueue_messages', 'ready_and_claim', 'delete_fired',
                           'reset_stuck', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
+SELECT pyscheduler._grant('monitor', 'next_deadline', 'delay_queue', 'delay_ready_by_node');

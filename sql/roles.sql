@@ -1,10 +1,16 @@
 -- pyscheduler: roles. Loaded right after common.sql on every migrate.
 --
--- Three group roles (NOLOGIN), their names in pyscheduler.settings
--- (pyscheduler migrate --client-role/--worker-role/--admin-role):
---   client  submit, view, cancel
---   worker  lease, heartbeat, finish
---   admin   everything, including monitor and cleanup functions
+-- One group role (NOLOGIN) per audience, its name in pyscheduler.settings as
+-- '<audience>_role' (pyscheduler migrate --client-role/--worker-role/...):
+--   client     applications: submit, view, cancel
+--   worker     task workers: lease, heartbeat, finish their own leases
+--   relay      the delay-queue relay: enqueue, claim, fire, recover
+--   scheduler  the recurring-schedule daemons: index, claim, record executions
+--   checker    the future-check runners: take due checks, record results
+--   monitor    read-only dashboards and alerting: views, get and list functions
+--   admin      everything, including the monitor and cleanup functions
+-- docs/sql-api.md's roles table says who may call what (tests check it
+-- against the catalog).
 -- Grant one to a login role: GRANT pyscheduler_client TO app_user;
 -- PUBLIC gets nothing on the schema. API functions are SECURITY DEFINER with a
 -- pinned search_path, so the roles need no privileges on the tables.
@@ -20,11 +26,9 @@ $$;
 
 DO $roles$
 DECLARE
-    v_audience text;
     v_role name;
 BEGIN
-    FOREACH v_audience IN ARRAY ARRAY['client', 'worker', 'admin'] LOOP
-        v_role := pyscheduler._role(v_audience);
+    FOR v_role IN SELECT value FROM pyscheduler.settings WHERE name LIKE '%\_role' ORDER BY name LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = v_role) THEN
             BEGIN
                 EXECUTE format('CREATE ROLE %I NOLOGIN', v_role);
@@ -92,5 +96,5 @@ BEGIN
 END
 $$;
 
-SELECT pyscheduler._grant('client', 'version');
-SELECT pyscheduler._grant('worker', 'version');
+SELECT pyscheduler._grant(audience, 'version')
+  FROM unnest(ARRAY['client', 'worker', 'relay', 'scheduler', 'checker', 'monitor']) AS audience;

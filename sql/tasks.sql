@@ -811,4 +811,5 @@ SELECT pyscheduler._grant('client', 'submit_task', 'submit_tasks', 'get_task', '
                          'task_counts', 'expired_leases', 'oldest_ready_tasks');
 SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_tasks', 'heartbeat_task',
                          'complete_task', 'complete_tasks', 'complete_and_lease', 'abort_task', 'yield_task', 'get_task');
+SELECT pyscheduler._grant('monitor', 'get_task', 'list_tasks', 'task_counts', 'expired_leases', 'oldest_ready_tasks');
 SELECT pyscheduler._grant('admin', 'reset_expired_tasks', 'cleanup_tasks');

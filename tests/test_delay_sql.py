@@ -311,14 +311,15 @@ def test_views_show_counts_next_deadline_and_ready_per_node(db):
     assert (per_node["node"], per_node["ready"]) == (node, 2)
 
 
-def test_worker_and_client_roles_get_their_functions(conn):
+def test_relay_and_client_roles_get_their_functions_and_task_workers_none(conn):
     def can(role: str, fn: str) -> bool:
         return conn.execute("SELECT has_function_privilege(%s, p.oid, 'EXECUTE') AS ok FROM pg_proc p "
                             "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = %s",
                             (role, fn)).fetchone()["ok"]
 
     for fn in ("enqueue_messages", "ready_and_claim", "delete_fired", "reset_stuck", "next_deadline"):
-        assert can("pyscheduler_worker", fn)
+        assert can("pyscheduler_relay", fn)
+        assert fn == "next_deadline" or not can("pyscheduler_worker", fn)
     assert can("pyscheduler_client", "cancel_message") and can("pyscheduler_client", "next_deadline")
     assert not can("pyscheduler_client", "ready_and_claim") and not can("pyscheduler_client", "enqueue_messages")
     assert not can("public", "enqueue_message")

@@ -1,6 +1,7 @@
 """Roles: client, worker, admin; PUBLIC gets nothing; API functions follow the house rules."""
 
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -106,3 +107,89 @@ def test_role_names_are_configurable(pg, empty_dsn, login):
         assert granted
         c.execute("DROP OWNED BY " + ", ".join(f'"{n}"' for n in names.values()))
         c.execute("DROP ROLE " + ", ".join(f'"{n}"' for n in names.values()))
+
+
+# ---------------------------------------------------------------- the roles table
+
+AUDIENCES = migrate.AUDIENCES
+
+
+def documented_roles() -> dict[str, set[str]]:
+    """docs/sql-api.md's roles table: name -> the audiences that may call or read it."""
+    text = (Path(__file__).parent.parent / "docs" / "sql-api.md").read_text()
+    section = text.split("\n## Roles\n", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            name = cells[0].strip("`").split("(")[0]
+            assert name not in table, f"{name} is listed twice in the roles table"
+            table[name] = {r.strip() for r in cells[2].split(",") if r.strip()}
+    return table
+
+
+def public_objects(conn) -> list[dict]:
+    """Every public function (one row per overload) and view of the schema."""
+    return conn.execute(
+        "SELECT p.proname AS name, 'function' AS kind, p.oid, "
+        "       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t) AS argtypes, p.provariadic <> 0 AS variadic "
+        "  FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname NOT LIKE '\\_%' "
+        "UNION ALL "
+        "SELECT c.relname, 'view', c.oid, NULL, false FROM pg_class c "
+        " WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relkind IN ('v', 'm') AND c.relname NOT LIKE '\\_%' "
+        "ORDER BY 1"
+    ).fetchall()
+
+
+def role_of(conn, audience: str) -> str:
+    return conn.execute("SELECT pyscheduler._role(%s) AS r", (audience,)).fetchone()["r"]
+
+
+def test_roles_table_in_docs_matches_the_catalog(conn):
+    catalog: dict[str, set[str]] = {}
+    for obj in public_objects(conn):
+        check = ("has_function_privilege(%s, %s::oid, 'EXECUTE')" if obj["kind"] == "function"
+                 else "has_table_privilege(%s, %s::oid, 'SELECT')")
+        allowed = {a for a in AUDIENCES
+                   if conn.execute(f"SELECT {check} AS ok", (role_of(conn, a), obj["oid"])).fetchone()["ok"]}
+        catalog.setdefault(obj["name"], allowed)
+        assert catalog[obj["name"]] == allowed, f"overloads of {obj['name']} are granted differently"
+    assert documented_roles() == catalog
+
+
+def test_every_role_calls_every_public_function_or_is_refused(conn):
+    """Walk every public function and view as every role: refused (42501) exactly
+    where the roles table says no; anything else (a result, a PS error for the NULL
+    arguments) means the role got through."""
+    documented = documented_roles()
+    for audience in AUDIENCES:
+        for obj in public_objects(conn):
+            if obj["kind"] == "function":
+                args = [f"NULL::{t}" for t in obj["argtypes"]]
+                if obj["variadic"] and args:
+                    args[-1] = "VARIADIC " + args[-1]
+                sql = f"SELECT * FROM pyscheduler.{obj['name']}({', '.join(args)})"
+            else:
+                sql = f"SELECT * FROM pyscheduler.{obj['name']} LIMIT 1"
+            refused = False
+            with conn.transaction(force_rollback=True):
+                conn.execute(f'SET LOCAL ROLE "{role_of(conn, audience)}"')
+                try:
+                    with conn.transaction():
+                        conn.execute(sql)
+                except psycopg.errors.InsufficientPrivilege:
+                    refused = True
+                except psycopg.Error:
+                    pass  # got in; the NULL arguments were refused on their merits
+            assert refused == (audience not in documented[obj["name"]]), (audience, obj["name"])
+
+
+def test_monitor_role_only_reads(conn):
+    """The monitor role gets views and get/list functions, nothing that writes."""
+    documented = documented_roles()
+    for name, audiences in documented.items():
+        if "monitor" in audiences:
+            assert not name.startswith(("submit", "cancel", "lease", "heartbeat", "complete", "abort", "yield",
+                                        "reset", "cleanup", "enqueue", "delete", "ready", "register",
+                                        "create", "update", "pause", "resume", "trigger", "add", "finish",
+                                        "due")), name

@@ -10,6 +10,10 @@ CREATE TABLE pyscheduler.settings (
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('client_role', 'pyscheduler_client'),
     ('worker_role', 'pyscheduler_worker'),
+    ('relay_role', 'pyscheduler_relay'),
+    ('scheduler_role', 'pyscheduler_scheduler'),
+    ('checker_role', 'pyscheduler_checker'),
+    ('monitor_role', 'pyscheduler_monitor'),
     ('admin_role', 'pyscheduler_admin');
 
 CREATE UNLOGGED TABLE pyscheduler._notify_throttle (
