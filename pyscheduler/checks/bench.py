@@ -1,0 +1,2 @@
+import click
+bench = None
