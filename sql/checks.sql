@@ -6,7 +6,7 @@
 -- A catch-up pass (<) takes the checks of slots missed while runners were down.
 --
 -- Proof of taking: due_checks and catch_up_checks lock the rows they return
--- (FOR UPDATE SKIP LOCKED). run_check_jobs, submit_check_tasks and
+-- (FOR UPDATE SKIP LOCKED). run_check_jobs, run_checks, submit_check_tasks and
 -- finish_checks act only on rows whose lock this very transaction holds
 -- (the row's xmax is the current transaction id: nobody can forge it), or, for
 -- a check handed to a task job, on the claim token that only the task's spec
@@ -533,17 +533,14 @@ DECLARE
     v_t0 timestamptz;
     v_err text;
 BEGIN
-    FOR v_job IN
-        SELECT DISTINCT c.job FROM checks c
+    FOR v_job, v_recs IN
+        SELECT c.job, array_agg(ROW(c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at,
+                                    c.next_check_at, c.check_count, c.max_checks, c.created)::future_check
+                                ORDER BY c.id)
+          FROM checks c
          WHERE c.id = ANY(run_check_jobs.ids) AND c.kind = 'sql' AND c.claim IS NULL AND c.xmax = v_xid
+         GROUP BY c.job
     LOOP
-        v_recs := ARRAY(
-            SELECT ROW(c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at,
-                       c.next_check_at, c.check_count, c.max_checks, c.created)::future_check
-              FROM checks c
-             WHERE c.id = ANY(run_check_jobs.ids) AND c.job = v_job AND c.kind = 'sql' AND c.claim IS NULL
-               AND c.xmax = v_xid
-             ORDER BY c.id);
         v_fn := _sql_job(v_job);
         IF v_fn.fn IS NULL THEN
             RETURN QUERY SELECT r.id, NULL::timestamptz, v_fn.why, interval '0' FROM unnest(v_recs) r;
@@ -651,6 +648,13 @@ BEGIN
         RAISE EXCEPTION 'ids, next_check_ats, errors, timed_out, took and claims must have one element per id'
             USING ERRCODE = 'PS408', HINT = 'Pass NULL for an array that is all NULL.';
     END IF;
+    IF p_claims IS NOT NULL THEN
+        -- checks reported by task workers: lock them first (rows taken through due_checks are
+        -- locked by this transaction already; that lock is their proof)
+        PERFORM 1 FROM checks c JOIN unnest(p_ids, p_claims) AS u(id, claim) ON c.id = u.id AND c.claim = u.claim
+         ORDER BY c.id
+           FOR UPDATE OF c;
+    END IF;
     RETURN QUERY
     WITH input AS (
         SELECT DISTINCT ON (u.id) u.id, u.nxt, u.err, coalesce(u.tmo, false) AS tmo, u.took, u.claim, u.ord
@@ -666,8 +670,7 @@ BEGIN
                _slot_ceil(i.nxt, v_us) AS slot
           FROM checks c JOIN input i ON i.id = c.id
          WHERE (i.claim IS NULL AND c.claim IS NULL AND c.xmax = v_xid)
-            OR (i.claim IS NOT NULL AND c.claim = i.claim)
-           FOR UPDATE OF c),
+            OR (i.claim IS NOT NULL AND c.claim = i.claim)),
     decided AS (
         SELECT t.*, CASE WHEN t.tmo THEN 'timeout'
                          WHEN t.err IS NOT NULL THEN 'error'
@@ -763,6 +766,36 @@ END
 $$;
 COMMENT ON FUNCTION pyscheduler.finish_check(bigint, timestamptz, text, boolean, interval, uuid) IS
     'Record one check''s result (see finish_checks); PS407 when the caller did not take it.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.run_checks(ids bigint[])
+RETURNS TABLE (id bigint, outcome text, next_check_at timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* run_checks(ids) -> setof (id, outcome, next_check_at)
+   run_check_jobs(ids) and finish_checks with its results, in one statement:
+   the SQL-job checks among ids that this transaction took are run and
+   recorded (rescheduled, or ended into check_history). One row per check
+   run. Under a statement timeout a slow job cancels the whole statement:
+   roll back and use run_check_jobs one check per statement to single it out
+   (pyscheduler checks run does). */
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+    v_next timestamptz[];
+    v_errors text[];
+    v_took interval[];
+BEGIN
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.next_check_at ORDER BY j.id),
+           array_agg(j.error ORDER BY j.id), array_agg(j.took ORDER BY j.id)
+      INTO v_ids, v_next, v_errors, v_took
+      FROM run_check_jobs(run_checks.ids) j;
+    RETURN QUERY SELECT * FROM _finish_checks(v_ids, v_next, v_errors, NULL, v_took, NULL, clock_timestamp());
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.run_checks(bigint[]) IS
+    'Run the SQL jobs of checks this transaction took and record their results (run_check_jobs + finish_checks).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_checks(
     entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100)
@@ -868,7 +901,7 @@ COMMENT ON VIEW pyscheduler.check_outcomes IS 'History outcomes per job over the
 
 SELECT pyscheduler._grant('client', 'add_check', 'delete_checks', 'list_checks', 'check_history', 'slot_round',
                           'check_slots', 'checks_per_slot', 'overdue_checks', 'check_outcomes');
-SELECT pyscheduler._grant('checker', 'due_checks', 'catch_up_checks', 'run_check_jobs', 'submit_check_tasks',
+SELECT pyscheduler._grant('checker', 'due_checks', 'catch_up_checks', 'run_check_jobs', 'run_checks', 'submit_check_tasks',
                           'finish_check', 'finish_checks', 'slot_round', 'check_slots');
 SELECT pyscheduler._grant('worker', 'finish_check', 'finish_checks');
 SELECT pyscheduler._grant('monitor', 'list_checks', 'check_history', 'slot_round', 'check_slots',

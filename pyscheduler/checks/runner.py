@@ -5,15 +5,18 @@ runner's proof that it took the checks; ``finish_checks`` accepts no others):
 
 1. ``due_checks(slot, shard, shards, max => batch)`` (or ``catch_up_checks``)
    takes and locks up to ``batch`` checks (FOR UPDATE SKIP LOCKED);
-2. SQL jobs: ``run_check_jobs(ids)`` inside a savepoint under
-   ``statement_timeout = timeout``; if that times out, the savepoint is rolled
-   back and each SQL check runs in its own statement under the timeout, so
-   only the slow one ends as ``timeout``;
+2. SQL jobs: ``run_checks(ids)`` runs and records them in one statement, under
+   ``statement_timeout = timeout`` (set for the batch's transaction); if that
+   times out, the transaction is rolled back and the batch is taken again and
+   run carefully: each SQL check by ``run_check_jobs`` in its own savepoint
+   and statement under the timeout, so only the slow one ends as ``timeout``;
 3. task jobs: ``submit_check_tasks(ids)`` hands them to task queues;
 4. Python jobs: the registered handler, one after another in a handler thread
    watched against a per-check deadline (a handler past it is abandoned and
    recorded as ``timeout``; the rest continue in a fresh thread);
-5. ``finish_checks`` records every result; COMMIT.
+5. ``finish_checks`` records every result; COMMIT (asynchronous: a commit lost
+   in a database crash leaves the checks at their slot, so the catch-up pass
+   runs them again, the same at-least-once as after a runner crash).
 
 On start (and after any gap) the runner runs the catch-up pass for its shard
 (slots before the current one), then the current slot, then each next slot as
@@ -22,6 +25,7 @@ its boundary passes (the database clock decides).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
@@ -165,6 +169,22 @@ def run_handlers(checks: list[Check], handlers: dict[str, Handler], timeout: flo
     return results
 
 
+def _seconds(took: timedelta | None) -> float:
+    return took.total_seconds() if took is not None else 0.0
+
+
+class _Clock:
+    """Adds the time since the previous lap to ``seconds[name]``."""
+
+    def __init__(self, seconds: dict[str, float]):
+        self.seconds, self.last = seconds, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.last
+        self.last = now
+
+
 class CheckRunner:
     """Runs the checks of its shard slot by slot (a daemon: ``run(stop)``)."""
 
@@ -175,68 +195,102 @@ class CheckRunner:
         self.shard, self.shards, self.batch, self.timeout = shard, shards, batch, timeout
         self.name = name or f"checks-runner-{shard}of{shards}"
         self.counts: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}  # where the time goes, per phase of a batch (bench)
         self.ran: list[int] = []  # ids of checks whose job this runner ran (tests, demo)
         self.record_ids = False
         self.slots_done = threading.Event()  # set after each slot pass (tests wait on it)
         self.last_slot: datetime | None = None
+        self._careful = False  # run the next batch's SQL jobs one statement each (after a timeout)
+        self._clock: _Clock | None = None
 
     # -- one transaction: take, run, finish -----------------------------------------------------
     def run_batch(self, db: Database, take: Callable[[Session], list[dict]]) -> int:
-        """Take one batch with ``take`` and run it; how many checks were taken."""
-        with db.connection() as conn, conn.transaction():
-            session = Session(conn)
-            rows = take(session)
-            if not rows:
-                return 0
-            checks = [Check.from_row(r) for r in rows]
-            results: dict[int, Result] = {}
-            sql_ids = [c.id for c in checks if c.kind == "sql"]
-            if sql_ids:
-                results.update(self._run_sql(conn, session, sql_ids))
-            task_ids = [c.id for c in checks if c.kind == "task"]
-            if task_ids:
-                handed = session.call("submit_check_tasks", ids=task_ids)
-                self._count("task", len(handed))
-            py = [c for c in checks if c.kind == "python"]
-            if py:
-                results.update(run_handlers(py, self.handlers, self.timeout))
-            if results:
-                ids = list(results)
-                rs = [results[i] for i in ids]
-                out = session.call("finish_checks", ids=ids, next_check_ats=[r.next_check_at for r in rs],
-                                   errors=[r.error for r in rs], timed_out=[r.timed_out for r in rs],
-                                   took=[timedelta(seconds=r.took) for r in rs])
-                for row in out:
-                    self._count(row["outcome"])
-                    if row["outcome"] == "not_taken":
-                        log.warning("check %s was not recorded: not taken by this transaction", row["id"])
-            if self.record_ids:
-                self.ran.extend(c.id for c in checks)
-            return len(rows)
+        """Take one batch with ``take`` and run it in one transaction; how many checks were taken."""
+        careful, self._careful = self._careful, False
+        with db.connection() as conn:
+            # One round trip to begin. Asynchronous commit: a commit lost in a database crash leaves
+            # the checks at their slot and the catch-up pass runs them again (at least once, as after
+            # a runner crash). The statement timeout bounds every statement of the batch; it is
+            # the SQL jobs' per-check timeout.
+            conn.execute(f"BEGIN; SET LOCAL synchronous_commit = off; "
+                         f"SET LOCAL statement_timeout = {max(1, int(self.timeout * 1000))}")
+            try:
+                n = self._work(conn, take, careful)
+                conn.execute("COMMIT")
+            except BaseException:
+                if not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+            finally:
+                self._clock_lap("commit")
+        if n < 0:  # a SQL job was too slow for the set-based run: the same batch again, carefully
+            return self.run_batch(db, take)
+        return n
 
-    def _run_sql(self, conn: psycopg.Connection, session: Session, ids: list[int]) -> dict[int, Result]:
-        ms = str(max(1, int(self.timeout * 1000)))
-        conn.execute("SELECT set_config('statement_timeout', %s, true)", (ms,))
-        try:
+    def _work(self, conn: psycopg.Connection, take: Callable[[Session], list[dict]], careful: bool) -> int:
+        session = Session(conn)
+        self._clock = _Clock(self.seconds)
+        rows = take(session)
+        self._clock_lap("take")
+        if not rows:
+            return 0
+        checks = [Check.from_row(r) for r in rows]
+        results: dict[int, Result] = {}
+        sql_ids = [c.id for c in checks if c.kind == "sql"]
+        if sql_ids and not careful:
+            try:  # run and record in one statement
+                for row in session.call("run_checks", ids=sql_ids):
+                    self._count(row["outcome"])
+            except psycopg.errors.QueryCanceled:
+                self._careful = True
+                return -1
+            self._clock_lap("sql jobs")
+        elif sql_ids:
+            results.update({r["id"]: Result(next_check_at=r["next_check_at"], error=r["error"],
+                                            timed_out=r.get("timed_out", False), took=_seconds(r["took"]))
+                            for r in self._run_sql_one_by_one(conn, session, sql_ids)})
+            self._clock_lap("sql jobs")
+        task_ids = [c.id for c in checks if c.kind == "task"]
+        if task_ids:
+            handed = session.call("submit_check_tasks", ids=task_ids)
+            self._count("task", len(handed))
+            self._clock_lap("task jobs")
+        py = [c for c in checks if c.kind == "python"]
+        if py:
+            results.update(run_handlers(py, self.handlers, self.timeout))
+            self._clock_lap("python jobs")
+        if results:
+            ids = list(results)
+            rs = [results[i] for i in ids]
+            out = session.call("finish_checks", ids=ids, next_check_ats=[r.next_check_at for r in rs],
+                               errors=[r.error for r in rs], timed_out=[r.timed_out for r in rs],
+                               took=[timedelta(seconds=r.took) for r in rs])
+            for row in out:
+                self._count(row["outcome"])
+                if row["outcome"] == "not_taken":
+                    log.warning("check %s was not recorded: not taken by this transaction", row["id"])
+            self._clock_lap("finish")
+        if self.record_ids:
+            self.ran.extend(c.id for c in checks)
+        return len(rows)
+
+    def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int]) -> list[dict]:
+        """Each SQL check in its own statement and savepoint: only the slow one times out."""
+        rows: list[dict] = []
+        for check_id in ids:
             try:
                 with conn.transaction():
-                    rows = session.call("run_check_jobs", ids=ids)
+                    rows += session.call("run_check_jobs", ids=[check_id])
             except psycopg.errors.QueryCanceled:
-                # some job was slow: one statement per check, so only the slow one times out
-                rows = []
-                for check_id in ids:
-                    try:
-                        with conn.transaction():
-                            rows += session.call("run_check_jobs", ids=[check_id])
-                    except psycopg.errors.QueryCanceled:
-                        rows.append({"id": check_id, "next_check_at": None, "timed_out": True,
-                                     "error": f"the job exceeded its statement timeout of {self.timeout:g} s",
-                                     "took": timedelta(seconds=self.timeout)})
-        finally:
-            conn.execute("SELECT set_config('statement_timeout', '0', true)")
-        return {r["id"]: Result(next_check_at=r["next_check_at"], error=r["error"],
-                                timed_out=r.get("timed_out", False),
-                                took=r["took"].total_seconds() if r["took"] is not None else 0.0) for r in rows}
+                rows.append({"id": check_id, "next_check_at": None, "timed_out": True,
+                             "error": f"the job exceeded its statement timeout of {self.timeout:g} s",
+                             "took": timedelta(seconds=self.timeout)})
+        return rows
+
+    def _clock_lap(self, name: str) -> None:
+        if self._clock is not None:
+            self._clock.lap(name)
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
