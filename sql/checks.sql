@@ -127,15 +127,15 @@ BEGIN
         END IF;
     END IF;
     IF max_checks IS NOT NULL THEN
-        PERFORM _check_positive('max_checks', max_checks);
+        PERFORM _check_positive('max_checks', max_checks >= 1, max_checks::text);
         UPDATE settings SET value = max_checks::text WHERE name = 'checks_max_checks';
     END IF;
     IF horizon IS NOT NULL THEN
-        PERFORM _check_positive('horizon', horizon);
+        PERFORM _check_positive('horizon', horizon > interval '0', horizon::text);
         UPDATE settings SET value = horizon::text WHERE name = 'checks_horizon';
     END IF;
     IF task_timeout IS NOT NULL THEN
-        PERFORM _check_positive('task_timeout', task_timeout);
+        PERFORM _check_positive('task_timeout', task_timeout > interval '0', task_timeout::text);
         UPDATE settings SET value = task_timeout::text WHERE name = 'checks_task_timeout';
     END IF;
     resolution := _setting('checks_resolution')::interval;
@@ -147,29 +147,15 @@ $$;
 COMMENT ON FUNCTION pyscheduler.set_check_settings(interval, integer, interval, interval) IS
     'Set the future-check defaults (resolution, max_checks, horizon, task_timeout); NULL keeps a value.';
 
--- _check_positive(name, value): PS408 (PS406 for shards and max) unless value > 0.
-
-CREATE OR REPLACE FUNCTION pyscheduler._check_positive(p_name text, p_value interval)
+-- _check_positive(name, positive, value): PS406 (shards, max) or PS408 unless positive.
+CREATE OR REPLACE FUNCTION pyscheduler._check_positive(p_name text, p_positive boolean, p_value text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
-    IF p_value IS NULL OR p_value <= interval '0' THEN
-        RAISE EXCEPTION '% must be a positive interval, got %', p_name, coalesce(p_value::text, 'NULL')
-            USING ERRCODE = 'PS408', HINT = 'e.g. ''30 days''';
-    END IF;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION pyscheduler._check_positive(p_name text, p_value integer)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pyscheduler, pg_temp
-AS $$
-BEGIN
-    IF p_value IS NULL OR p_value < 1 THEN
-        RAISE EXCEPTION '% must be at least 1, got %', p_name, coalesce(p_value::text, 'NULL')
+    IF p_positive IS NOT TRUE THEN
+        RAISE EXCEPTION '% must be positive, got %', p_name, coalesce(p_value, 'NULL')
             USING ERRCODE = CASE WHEN p_name IN ('shards', 'max') THEN 'PS406' ELSE 'PS408' END;
     END IF;
 END
@@ -284,8 +270,8 @@ BEGIN
     IF p_check_after < interval '0' THEN
         RAISE EXCEPTION 'check_after must not be negative, got %', p_check_after USING ERRCODE = 'PS403';
     END IF;
-    PERFORM _check_positive('max_checks', v_max);
-    PERFORM _check_positive('horizon', v_horizon);
+    PERFORM _check_positive('max_checks', v_max >= 1, v_max::text);
+    PERFORM _check_positive('horizon', v_horizon > interval '0', v_horizon::text);
     v_at := coalesce(p_check_at, p_now + p_check_after);
     -- a time already past is checked at the next slot
     v_slot := _slot_ceil(greatest(v_at, p_now), _resolution_us(NULL));
@@ -382,8 +368,8 @@ LANGUAGE plpgsql IMMUTABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
-    PERFORM _check_positive('shards', p_shards);
-    PERFORM _check_positive('max', p_max);
+    PERFORM _check_positive('shards', p_shards >= 1, p_shards::text);
+    PERFORM _check_positive('max', p_max >= 1, p_max::text);
     IF p_shard IS NULL OR p_shard < 0 OR p_shard >= p_shards THEN
         RAISE EXCEPTION 'shard must be in 0..% (shards - 1), got %', p_shards - 1, coalesce(p_shard::text, 'NULL')
             USING ERRCODE = 'PS406', HINT = 'Runner k of n runs shard => k, shards => n (k = 0..n-1).';
@@ -810,7 +796,7 @@ AS $$
    entity_key without entity_name), PS406 max. */
 #variable_conflict use_column
 BEGIN
-    PERFORM _check_positive('max', list_checks.max);
+    PERFORM _check_positive('max', list_checks.max >= 1, list_checks.max::text);
     IF list_checks.entity_key IS NOT NULL THEN
         PERFORM _check_entity(list_checks.entity_name, list_checks.entity_key);
     END IF;
@@ -841,7 +827,7 @@ AS $$
    total. Newest first. Errors: PS401, PS406 max. */
 #variable_conflict use_column
 BEGIN
-    PERFORM _check_positive('max', check_history.max);
+    PERFORM _check_positive('max', check_history.max >= 1, check_history.max::text);
     IF check_history.entity_key IS NOT NULL THEN
         PERFORM _check_entity(check_history.entity_name, check_history.entity_key);
     END IF;

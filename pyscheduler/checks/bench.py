@@ -29,6 +29,7 @@ import click
 
 from ..config import dsn_option, require_dsn
 from ..db import Database
+from ..tasks.bench import _percentile, _run_threads
 from .runner import CheckRunner
 
 ENTITY = "pyscheduler-bench"
@@ -48,11 +49,6 @@ SELECT %(entity)s, i::text, %(job)s, %(kind)s, s, s, 5, '30 days', now()
        LATERAL (SELECT %(slot)s::timestamptz + CASE WHEN %(spread)s THEN (1 + i %% 2880) * %(res)s::interval
                                                     ELSE interval '0' END AS s) x
 """
-
-
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
 def _clean(db: Database) -> None:
@@ -94,15 +90,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
                 if got < batch:
                     return
 
-    barrier = threading.Barrier(runners + 1)
-    threads = [threading.Thread(target=work, args=(k, barrier)) for k in range(runners)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
+    elapsed = _run_threads(runners, work)
     ended = db.query("SELECT count(*) AS n FROM pyscheduler.check_history WHERE entity_name = %s "
                      "AND outcome = 'done'", (ENTITY,))[0]["n"]
     times = [t for ts in batch_times for t in ts]

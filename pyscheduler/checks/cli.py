@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import click
 
