@@ -3,10 +3,14 @@ catch-up after downtime, timeouts, errors, task jobs, the CLI."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -222,3 +226,28 @@ def test_the_cli_adds_lists_deletes_and_shows_history(dsn, conn):
     assert deleted.output.strip() == "deleted 1 check(s)"
     shown = run("checks", "history", "--entity-key", "42", "--entity-name", "order")
     assert "deleted" in shown.output and "order:42" in shown.output
+
+
+def test_a_runner_killed_mid_batch_loses_nothing(slots, running, dsn, conn):
+    """SIGKILL while a batch is half run: its locks die with its connection, the checks stay at
+    their slot, another runner takes them; every check ends in the history exactly once."""
+    ids = add_many(slots, 20, "slow", "python", after=0.5)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", "checks", "run", "--dsn", dsn, "--batch", "5",
+                             "--handlers", "checks_handlers"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        before = wait_for(lambda: len(h := history(slots)) >= 5 and h, timeout=30, interval=0.02)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(before) < 20, "the killed runner had finished everything: nothing was mid-batch"
+    wait_for(lambda: conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                  "AND state = 'idle in transaction'").fetchone()["n"] == 0, timeout=30)
+    rescuer = Counting()
+    running.start(CheckRunner(dsn, {"slow": rescuer}))
+    ended = wait_history(slots, 20)
+    assert set(ended) == set(ids) and {h["outcome"] for h in ended.values()} == {"done"}
+    assert set(rescuer.calls) == set(ids) - set(before) and set(rescuer.calls.values()) == {1}

@@ -169,6 +169,11 @@ def run_handlers(checks: list[Check], handlers: dict[str, Handler], timeout: flo
     return results
 
 
+def _or_none(values: list) -> list | None:
+    """NULL for an array of NULLs (finish_checks reads it as all NULL): less to send and unnest."""
+    return values if any(v is not None for v in values) else None
+
+
 def _seconds(took: timedelta | None) -> float:
     return took.total_seconds() if took is not None else 0.0
 
@@ -201,6 +206,7 @@ class CheckRunner:
         self.slots_done = threading.Event()  # set after each slot pass (tests wait on it)
         self.last_slot: datetime | None = None
         self._careful = False  # run the next batch's SQL jobs one statement each (after a timeout)
+        self._stop = threading.Event()
         self._clock: _Clock | None = None
 
     # -- one transaction: take, run, finish -----------------------------------------------------
@@ -263,8 +269,9 @@ class CheckRunner:
         if results:
             ids = list(results)
             rs = [results[i] for i in ids]
-            out = session.call("finish_checks", ids=ids, next_check_ats=[r.next_check_at for r in rs],
-                               errors=[r.error for r in rs], timed_out=[r.timed_out for r in rs],
+            out = session.call("finish_checks", ids=ids, next_check_ats=_or_none([r.next_check_at for r in rs]),
+                               errors=_or_none([r.error for r in rs]),
+                               timed_out=_or_none([r.timed_out or None for r in rs]),
                                took=[timedelta(seconds=r.took) for r in rs])
             for row in out:
                 self._count(row["outcome"])
@@ -303,7 +310,7 @@ class CheckRunner:
             n = self.run_batch(db, lambda s: s.call("due_checks", slot=slot, shard=self.shard, shards=self.shards,
                                                     max=self.batch))
             total += n
-            if n < self.batch:
+            if n < self.batch or self._stop.is_set():  # stopping: the rest waits for the catch-up pass
                 return total
 
     def catch_up(self, db: Database) -> int:
@@ -313,13 +320,14 @@ class CheckRunner:
             n = self.run_batch(db, lambda s: s.call("catch_up_checks", shard=self.shard, shards=self.shards,
                                                     max=self.batch))
             total += n
-            if n < self.batch:
+            if n < self.batch or self._stop.is_set():
                 if total:
                     log.info("%s: caught up %d checks from missed slots", self.name, total)
                 return total
 
     # -- the daemon -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        self._stop = stop
         outage = Outage(f"{self.name}: database", log)
         with Database(self.dsn, max_size=1, name=self.name) as db:
             while not stop.is_set():
