@@ -382,6 +382,10 @@ CREATE OR REPLACE FUNCTION pyscheduler._due_checks(
 RETURNS SETOF pyscheduler.future_check
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
+-- always the partial index in take order, stopping at max: for a slot that is a large share of
+-- a small table the planner would sort a seq or bitmap scan of the whole slot instead
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -436,6 +440,10 @@ CREATE OR REPLACE FUNCTION pyscheduler._catch_up_checks(
 RETURNS SETOF pyscheduler.future_check
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
+-- always the partial index in take order, stopping at max: for a slot that is a large share of
+-- a small table the planner would sort a seq or bitmap scan of the whole slot instead
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
