@@ -251,3 +251,14 @@ def test_a_runner_killed_mid_batch_loses_nothing(slots, running, dsn, conn):
     ended = wait_history(slots, 20)
     assert set(ended) == set(ids) and {h["outcome"] for h in ended.values()} == {"done"}
     assert set(rescuer.calls) == set(ids) - set(before) and set(rescuer.calls.values()) == {1}
+
+
+def test_the_demo_reproduces_the_seeds_order_example(dsn):
+    from pyscheduler.checks import cli
+    from pyscheduler.daemon import RunContext
+
+    lines: list[str] = []
+    cli.demo(RunContext(dsn=dsn), lines.append)
+    alerts = [line.split(",")[0].split() for line in lines if "alert for order" in line]
+    assert sorted((a[0], a[-1]) for a in alerts) == [("escalation", "A"), ("primary", "A"), ("primary", "C")]
+    assert sum("done" in line for line in lines if line.strip().startswith("order ")) == 3
