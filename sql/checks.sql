@@ -79,7 +79,7 @@ COMMENT ON FUNCTION pyscheduler.slot_round(timestamptz, interval) IS
 
 CREATE OR REPLACE FUNCTION pyscheduler.check_slots(
     OUT slot timestamptz, OUT next_slot timestamptz, OUT resolution interval, OUT clock timestamptz)
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -579,9 +579,8 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 /* submit_check_tasks(ids) -> setof (id, task_rn)
    For the task-job checks among ids that this transaction took: submit a
-   leased task to the job's queue (priority 50) whose spec is {"check": {id,
-   entity_name, entity_key, job, payload, first_check_at, next_check_at,
-   check_count, created}, "claim": uuid}, and hand the check to it: no pass
+   leased task to the job's queue (priority 50) whose spec is {"check": {the
+   future_check's fields}, "claim": uuid}, and hand the check to it: no pass
    takes it while the task runs; the task worker reports with
    finish_check(id, claim => spec.claim, next_check_at => ...). A task that
    does not report within task_timeout ends the check as 'timeout'
@@ -604,8 +603,9 @@ BEGIN
             queue => v.job,
             spec => jsonb_build_object(
                 'check', jsonb_build_object('id', v.id, 'entity_name', v.entity_name, 'entity_key', v.entity_key,
-                                           'job', v.job, 'payload', v.payload, 'first_check_at', v.first_check_at,
-                                           'next_check_at', v.next_check_at, 'check_count', v.check_count,
+                                           'job', v.job, 'kind', v.kind, 'payload', v.payload,
+                                           'first_check_at', v.first_check_at, 'next_check_at', v.next_check_at,
+                                           'check_count', v.check_count, 'max_checks', v.max_checks,
                                            'created', v.created),
                 'claim', v_claim),
             priority => 50);
