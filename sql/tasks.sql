@@ -273,8 +273,8 @@ $$;
 -- ---------------------------------------------------------------- client
 
 CREATE OR REPLACE FUNCTION pyscheduler._submit_tasks(
-    queue text, specs jsonb, priority bigint, p_now timestamptz)
-RETURNS SETOF jsonb
+    queue text, specs jsonb, priority bigint DEFAULT 50, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -304,7 +304,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._submit_task(
-    queue text, spec jsonb, priority bigint, p_now timestamptz)
+    queue text, spec jsonb, priority bigint DEFAULT 50, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -353,7 +353,7 @@ AS $$
    submitted to queue with one priority in one statement, one NOTIFY; they
    lease in the order of specs. Errors: PS204 priority, PS206 specs (not an
    array of objects, or an element too large: the message names it), PS208 queue. */
-    SELECT t FROM pyscheduler._submit_tasks(queue, specs, priority, now()) AS t;
+    SELECT t.task FROM pyscheduler._submit_tasks(queue, specs, priority, now()) AS t;
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint) IS
     'Submit a JSON array of specs as ready tasks of one queue and priority (leased in array order); returns the tasks.';
@@ -416,7 +416,7 @@ $$;
 COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer) IS
     'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks.';
 
-CREATE OR REPLACE FUNCTION pyscheduler._cancel_task(rn uuid, p_now timestamptz)
+CREATE OR REPLACE FUNCTION pyscheduler._cancel_task(rn uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -479,9 +479,9 @@ COMMENT ON FUNCTION pyscheduler.register_worker() IS
     'A new unique worker id (worker-<n>) from a database sequence; register once per process.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks(
-    queue text, worker text, n integer, timeout interval, aging_rate double precision, aging_cap bigint,
-    p_now timestamptz)
-RETURNS SETOF jsonb
+    queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -566,7 +566,7 @@ AS $$
    Errors: PS208 queue, worker, n < 1, timeout, aging_rate, aging_cap. */
 BEGIN
     PERFORM _async_commit_if_alone();
-    RETURN QUERY SELECT l FROM _lease_tasks($1, $2, $3, $4, $5, $6, now()) AS l;
+    RETURN QUERY SELECT l.task FROM _lease_tasks($1, $2, $3, $4, $5, $6, now()) AS l;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, double precision, bigint) IS
@@ -578,8 +578,8 @@ COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, doubl
 -- generic plan is the right one, so it is planned once per session. With
 -- aging (or bad aging arguments) it takes _lease_tasks' path.
 CREATE OR REPLACE FUNCTION pyscheduler._lease_task(
-    queue text, worker text, timeout interval, aging_rate double precision, aging_cap bigint,
-    p_now timestamptz)
+    queue text, worker text, timeout interval DEFAULT '10 seconds', aging_rate double precision DEFAULT 0,
+    aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -587,7 +587,7 @@ DECLARE
     v_task jsonb;
 BEGIN
     IF aging_rate IS DISTINCT FROM 0 OR aging_cap IS DISTINCT FROM 4294967295 THEN
-        RETURN (SELECT l FROM pyscheduler._lease_tasks($1, $2, 1, $3, $4, $5, p_now) AS l);
+        RETURN (SELECT l.task FROM pyscheduler._lease_tasks($1, $2, 1, $3, $4, $5, p_now) AS l);
     END IF;
     IF NOT (octet_length(queue) BETWEEN 1 AND 40 AND octet_length(worker) BETWEEN 1 AND 40
             AND timeout > interval '0' AND timeout <= interval '1 day'
@@ -634,7 +634,8 @@ COMMENT ON FUNCTION pyscheduler.lease_task(text, text, interval, double precisio
     'Lease the next ready task of a queue (NULL when none), with its lease token; see lease_tasks.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_task(
-    rn uuid, token uuid, progress double precision, timeout interval, p_now timestamptz)
+    rn uuid, token uuid, progress double precision DEFAULT NULL, timeout interval DEFAULT '10 seconds',
+    p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -681,7 +682,7 @@ $$;
 COMMENT ON FUNCTION pyscheduler.heartbeat_task(uuid, uuid, double precision, interval) IS
     'The lease holder (token) extends its lease to now + timeout and reports progress; PS203 means cancelled.';
 
-CREATE OR REPLACE FUNCTION pyscheduler._complete_task(rn uuid, token uuid, p_now timestamptz)
+CREATE OR REPLACE FUNCTION pyscheduler._complete_task(rn uuid, token uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -715,7 +716,7 @@ $$;
 COMMENT ON FUNCTION pyscheduler.complete_task(uuid, uuid) IS
     'The lease holder (token) marks a running task completed (progress 1.0); PS203 if it was cancelled meanwhile.';
 
-CREATE OR REPLACE FUNCTION pyscheduler._complete_tasks(rns uuid[], tokens uuid[], p_now timestamptz)
+CREATE OR REPLACE FUNCTION pyscheduler._complete_tasks(rns uuid[], tokens uuid[], p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
 AS $$
@@ -764,8 +765,8 @@ COMMENT ON FUNCTION pyscheduler.complete_tasks(uuid[], uuid[]) IS
     'Complete many leased tasks (rns[i] with token tokens[i]) in one statement; returns (rn, sqlstate) for each not completed.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._complete_and_lease(
-    rn uuid, token uuid, worker text, queue text, timeout interval, aging_rate double precision,
-    aging_cap bigint, p_now timestamptz)
+    worker text, queue text, rn uuid DEFAULT NULL, token uuid DEFAULT NULL, timeout interval DEFAULT '10 seconds',
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -809,13 +810,13 @@ BEGIN
     IF rn IS NULL THEN
         PERFORM _async_commit_if_alone();  -- a lease only, as lease_task
     END IF;
-    RETURN _complete_and_lease(rn, token, worker, queue, timeout, aging_rate, aging_cap, now());
+    RETURN _complete_and_lease(worker, queue, rn, token, timeout, aging_rate, aging_cap, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.complete_and_lease(text, text, uuid, uuid, interval, double precision, bigint) IS
     'Complete the held task (rn, token; NULL: none) and lease the next ready task of a queue, in one transaction; NULL when none.';
 
-CREATE OR REPLACE FUNCTION pyscheduler._abort_task(rn uuid, token uuid, errors jsonb, p_now timestamptz)
+CREATE OR REPLACE FUNCTION pyscheduler._abort_task(rn uuid, token uuid, errors jsonb, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -874,7 +875,7 @@ $$;
 COMMENT ON FUNCTION pyscheduler.abort_task(uuid, uuid, jsonb) IS
     'The lease holder (token) aborts a running task with errors [{code, args, description}]; terminal, never retried.';
 
-CREATE OR REPLACE FUNCTION pyscheduler._yield_task(rn uuid, token uuid, p_now timestamptz)
+CREATE OR REPLACE FUNCTION pyscheduler._yield_task(rn uuid, token uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -916,8 +917,8 @@ COMMENT ON FUNCTION pyscheduler.yield_task(uuid, uuid) IS
 
 -- ---------------------------------------------------------------- monitor
 
-CREATE OR REPLACE FUNCTION pyscheduler._reset_expired_tasks(max_tasks integer, p_now timestamptz)
-RETURNS SETOF jsonb
+CREATE OR REPLACE FUNCTION pyscheduler._reset_expired_tasks(max_tasks integer DEFAULT 1000, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -962,7 +963,8 @@ BEGIN
         IF v_task ->> 'status' = 'ready' AND NOT (v_task ->> 'queue') = ANY (v_queues) THEN
             v_queues := v_queues || (v_task ->> 'queue');
         END IF;
-        RETURN NEXT v_task;
+        task := v_task;
+        RETURN NEXT;
     END LOOP;
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
 END
@@ -983,12 +985,13 @@ AS $$
    task_max_history entries. At most max_tasks per call (call again while it
    returns max_tasks); wakes the workers of each queue touched. Returns the
    tasks reset or aborted. Errors: PS208 max_tasks < 1. */
-    SELECT t FROM pyscheduler._reset_expired_tasks(max_tasks, now()) AS t;
+    SELECT t.task FROM pyscheduler._reset_expired_tasks(max_tasks, now()) AS t;
 $$;
 COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
     'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after task_max_attempts, aborted.';
 
-CREATE OR REPLACE FUNCTION pyscheduler._cleanup_tasks(retention interval, max_tasks integer, p_now timestamptz)
+CREATE OR REPLACE FUNCTION pyscheduler._cleanup_tasks(
+    retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000, p_now timestamptz DEFAULT now())
 RETURNS integer
 LANGUAGE plpgsql
 AS $$
