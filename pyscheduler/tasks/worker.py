@@ -428,8 +428,8 @@ class Worker:
         log.error("task %s: the database refused the abort's errors (%s); recording a short error instead",
                   ctx.rn, refused)
         first = errors[0] if errors else {}
-        short = [error_entry(first.get("code", "error"), str(first.get("description", ""))[:500],
-                             {"refused": str(refused)[:500]})]
+        short = [error_entry(str(first.get("code", "error"))[:100], str(first.get("description", ""))[:100],
+                             {"refused": str(refused)[:100]})]
         if self._finish(ctx, "abort_task", errors=Jsonb(short)) is not None:
             log.error("task %s: the short error was refused too; yielding the task", ctx.rn)
             self._finish(ctx, "yield_task")
