@@ -3,7 +3,7 @@
 --  * lease_token: the per-lease secret that proves ownership of a running task
 --    (returned by the lease functions, required by heartbeat/complete/abort/yield).
 --  * seq: submission order, the tie-breaker of equal priority and equal created.
---  * attempts: leases so far; the monitor aborts a task that keeps timing out.
+--  * attempts: leases not yielded; the monitor aborts a task that keeps timing out.
 --  * limits in pyscheduler.settings.
 --  * the NOTIFY throttle keeps a fixed number of slots instead of a row per channel.
 --  * the public functions lose their `now` parameter: drop the old signatures

@@ -33,7 +33,7 @@
 --
 -- Limits (pyscheduler.settings): task_max_spec_bytes, task_max_errors,
 -- task_max_errors_bytes, task_max_history (entries kept after each reset),
--- task_max_attempts (leases; a task timing out after that many is aborted).
+-- task_max_attempts (timed-out leases after which a task is aborted, not made ready).
 --
 -- Notifications (hints; polling is the fallback), throttled per channel:
 --   pyscheduler_tasks:<queue>    a task became ready in <queue> (submit, reset)
@@ -885,6 +885,7 @@ DECLARE
 BEGIN
     UPDATE pyscheduler.tasks t
        SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
+           attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
            history = t.history || pyscheduler._history('TaskYield', t.owner, p_now, t.progress)
      WHERE t.rn = _yield_task.rn AND t.lease_token = _yield_task.token AND t.status = 'running'
     RETURNING pyscheduler._task_json(t) INTO v_task;
@@ -950,7 +951,7 @@ BEGIN
                errors = CASE WHEN v.give_up THEN jsonb_build_array(jsonb_build_object(
                             'code', 'TaskMaxAttempts',
                             'args', jsonb_build_object('attempts', t.attempts, 'max_attempts', v_attempts),
-                            'description', format('the task timed out on each of its %s leases', t.attempts)))
+                            'description', format('the task''s lease timed out %s times', t.attempts)))
                         ELSE t.errors END,
                deadline = NULL, updated = p_now,
                history = pyscheduler._trim_history(CASE WHEN v.yielded THEN t.history
@@ -980,8 +981,9 @@ AS $$
    The failure detector: running tasks whose deadline < now become ready again
    (owner NULL, progress 0, deadline NULL, no lease); history += TaskTimeout
    (worker, progress at the timeout) unless the lease was yielded. A task
-   that timed out after task_max_attempts leases is aborted instead, with the
-   error TaskMaxAttempts (the crash-loop guard). History keeps its last
+   whose lease timed out for the task_max_attempts-th time is aborted
+   instead, with the error TaskMaxAttempts (the crash-loop guard; yielded
+   leases do not count). History keeps its last
    task_max_history entries. At most max_tasks per call (call again while it
    returns max_tasks); wakes the workers of each queue touched. Returns the
    tasks reset or aborted. Errors: PS208 max_tasks < 1. */

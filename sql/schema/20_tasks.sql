@@ -13,7 +13,8 @@ CREATE SEQUENCE pyscheduler.task_seq;
 -- One row per task. rn is the task id: unique on its own, so (queue, rn), the
 -- seed's composite key, is unique too. Times come from the database clock.
 -- seq: submission order. lease_token: the secret of the current lease (NULL
--- when none, or yielded); never shown by get/list. attempts: leases so far.
+-- when none, or yielded); never shown by get/list. attempts: leases not
+-- handed back by a yield (= timed-out leases when the monitor resets it).
 CREATE TABLE pyscheduler.tasks (
     rn       uuid NOT NULL,
     queue    text NOT NULL,
