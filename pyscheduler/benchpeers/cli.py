@@ -57,7 +57,8 @@ def _context(dsn: str, what: str, note: str | None) -> str:
     node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip() \
         if shutil.which("node") else "none"
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"{when}; {what} {version.split()[0]} (default settings), Node.js {node}, "
+    settings = " (default settings)" if what.startswith("one embedded") else ""
+    return (f"{when}; {what} {version.split()[0]}{settings}, Node.js {node}, "
             f"{os.cpu_count()} cores" + (f"; {note}" if note else "") + ".")
 
 

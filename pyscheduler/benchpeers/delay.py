@@ -69,6 +69,7 @@ def _relay(relay: str, dsn: str, bootstrap: str, input_topic: str, output_topic:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        Path(log.name).unlink()  # kept only when the run failed
 
 
 def read_all(bootstrap: str, topic: str, quiet: float = 2.0) -> list:

@@ -128,6 +128,7 @@ def charts(out_dir: Path, systems: list[System], results: dict[str, list[dict]],
     for y, m in enumerate(med):
         ax.text(m, y, f"  {m:,.0f}", va="center")
     ax.set_xscale("log")
+    ax.set_xlim(left=min(min(r) for r in rates) / 3, right=max(max(r) for r in rates) * 3)
     ax.set_xlabel("completion rate, no-op jobs/s (median, min–max over rounds; log scale)")
     ax.set_title("Job queues on one PostgreSQL: completion rate")
     fig.tight_layout()
