@@ -75,7 +75,7 @@ def markdown(*, command: str, context: str, systems: list[System], skipped: dict
              max_seconds: float, samples: int, delay_note: str, charts: Path, doc: Path) -> str:
     rel = Path(os.path.relpath(charts, doc.parent)).as_posix()
     out = [BEGIN, "", f"`{command}` — {context}", "",
-           f"**Job queues.** {jobs:,} no-op jobs per system and round (procrastinate a tenth: it completes a few "
+           f"**Job queues.** {jobs:,} no-op jobs per system and round (procrastinate a twentieth: it completes a few "
            f"hundred a second), the same concurrency ({concurrency}), a fresh database per system per round, "
            f"{rounds} round(s), systems in a rotating order. Medians over the rounds, min–max in brackets; "
            f"the work is capped at {max_seconds:g} s (a capped run counts what was done by then). "

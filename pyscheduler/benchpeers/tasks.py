@@ -31,7 +31,7 @@ class System:
     argv: Callable[[], list[str]]  # the runner, before the protocol's arguments
     ours: bool = False  # pyscheduler (ratios are ours / peer)
     missing: Callable[[], str | None] = lambda: None  # why it cannot run here, or None
-    jobs_divisor: int = 1  # runs N / jobs_divisor jobs (procrastinate: ~300 jobs/s)
+    jobs_divisor: int = 1  # runs N / jobs_divisor jobs (procrastinate: a few hundred jobs/s)
 
 
 def _ours(key: str) -> Callable[[], list[str]]:
@@ -64,7 +64,7 @@ SYSTEMS = [
            missing=_async_worker_missing),
     System("batch", "pyscheduler batch SQL", _ours("batch"), ours=True),
     System("procrastinate", "procrastinate", lambda: [sys.executable, str(PEERS_DIR / "procrastinate_peer.py")],
-           missing=_procrastinate_missing, jobs_divisor=10),
+           missing=_procrastinate_missing, jobs_divisor=20),
     System("graphile-worker", "graphile-worker", lambda: ["node", str(PEERS_DIR / "graphile_worker.js")],
            missing=_node_missing),
     System("pg-boss", "pg-boss", lambda: ["node", str(PEERS_DIR / "pg_boss.js")], missing=_node_missing),
