@@ -82,7 +82,6 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
         assert len(row) == len(report.DELAY_HEADER) and all(row), row
         assert row[7] == "0 / 0", row  # nothing lost, no duplicates, for either relay
         assert row[8] in ("meets", "misses")
-    assert next(r for r in delay[1:] if r[0] == "pyscheduler relay")[8] == "meets"  # 500 msg/s: far below the SLA
 
     for name in (report.TASKS_CHART, report.JITTER_CHART):
         assert (img / name).read_bytes().startswith(PNG)

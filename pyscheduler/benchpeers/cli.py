@@ -25,6 +25,8 @@ from . import report
 from . import tasks as tasks_part
 
 ROOT = Path(__file__).resolve().parents[2]
+FULL = {"jobs": 100_000, "rounds": 3, "samples": 30, "max_work_seconds": 20.0, "loads": "1000,10000",
+        "delay_duration": 12.0, "min_delay": 1.0, "max_delay": 5.0}
 QUICK = {"jobs": 2000, "rounds": 1, "samples": 10, "max_work_seconds": 20.0, "loads": "500",
          "delay_duration": 4.0, "min_delay": 0.5, "max_delay": 1.5}
 
@@ -86,24 +88,24 @@ def _command(ctx: click.Context) -> str:
 @click.option("--quick", is_flag=True,
               help=f"A check that runs in under 2 minutes: {QUICK['jobs']:,} jobs, 1 round, "
                    f"one load of {QUICK['loads']} msg/s for {QUICK['delay_duration']:g} s (explicit options win).")
-@click.option("--jobs", type=click.IntRange(1), default=None, help="No-op jobs per system and round  [default: 100,000]")
+@click.option("--jobs", type=click.IntRange(1), default=None, help=f"No-op jobs per system and round  [default: {FULL['jobs']:,}]")
 @click.option("--concurrency", type=click.IntRange(1), default=10, show_default=True,
               help="Jobs in flight per system (Worker capacity, graphile-worker and procrastinate concurrency, "
                    "pg-boss pollers).")
-@click.option("--rounds", type=click.IntRange(1), default=None, help="Rounds; systems alternate  [default: 3]")
+@click.option("--rounds", type=click.IntRange(1), default=None, help=f"Rounds; systems alternate  [default: {FULL['rounds']}]")
 @click.option("--samples", type=click.IntRange(1), default=None,
-              help="Enqueue-to-start latency samples per system and round  [default: 50]")
+              help=f"Enqueue-to-start latency samples per system and round  [default: {FULL['samples']}]")
 @click.option("--gap-ms", type=click.FloatRange(0), default=20.0, show_default=True,
               help="Pause between latency samples.")
 @click.option("--max-work-seconds", type=click.FloatRange(1), default=None,
-              help="Cap on one system's work phase  [default: 30]")
+              help=f"Cap on one system's work phase, seconds  [default: {FULL['max_work_seconds']:g}]")
 @click.option("--system", "only", multiple=True, type=click.Choice([s.key for s in tasks_part.SYSTEMS]),
               help="Run only these systems (repeatable). Default: all.")
-@click.option("--loads", default=None, help="Delay part: offered loads in msg/s, comma-separated  [default: 1000,10000]")
+@click.option("--loads", default=None, help=f"Delay part: offered loads in msg/s, comma-separated  [default: {FULL['loads']}]")
 @click.option("--delay-duration", type=click.FloatRange(1), default=None,
-              help="Delay part: seconds of producing per run  [default: 15]")
-@click.option("--min-delay", type=float, default=None, help="Shortest delay, seconds  [default: 1]")
-@click.option("--max-delay", type=float, default=None, help="Longest delay, seconds  [default: 5]")
+              help=f"Delay part: seconds of producing per run  [default: {FULL['delay_duration']:g}]")
+@click.option("--min-delay", type=float, default=None, help=f"Shortest delay, seconds  [default: {FULL['min_delay']:g}]")
+@click.option("--max-delay", type=float, default=None, help=f"Longest delay, seconds  [default: {FULL['max_delay']:g}]")
 @click.option("--delay/--no-delay", "with_delay", default=True, show_default=True, help="Run the delay part.")
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), default=ROOT / "docs" / "benchmarks.md",
               show_default="docs/benchmarks.md", help="Markdown file whose peers section is replaced.")
@@ -116,9 +118,7 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
     """pyscheduler side by side with procrastinate, graphile-worker and pg-boss (no-op jobs, same
     concurrency, same server), and its delay relay side by side with a naive one."""
     echo = click.echo
-    defaults = QUICK if quick else {"jobs": 100_000, "rounds": 3, "samples": 50, "max_work_seconds": 30.0,
-                                    "loads": "1000,10000", "delay_duration": 15.0, "min_delay": 1.0,
-                                    "max_delay": 5.0}
+    defaults = QUICK if quick else FULL
     given = dict(jobs=jobs, rounds=rounds, samples=samples, max_work_seconds=max_work_seconds, loads=loads,
                  delay_duration=delay_duration, min_delay=min_delay, max_delay=max_delay)
     o = {k: (v if v is not None else defaults[k]) for k, v in given.items()}

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from ..delay.bench import percentiles
-from .delay import SLA_P999_MS, SLA_RATE
+from .delay import RELAYS, SLA_P999_MS, SLA_RATE
 from .tasks import System
 
 BEGIN = "<!-- bench-peers:begin (written by `pyscheduler bench peers`; a rerun replaces everything down to the end marker) -->"
@@ -77,7 +77,7 @@ def markdown(*, command: str, context: str, systems: list[System], skipped: dict
     out = [BEGIN, "", f"`{command}` — {context}", "",
            f"**Job queues.** {jobs:,} no-op jobs per system and round (procrastinate a twentieth: it completes a few "
            f"hundred a second), the same concurrency ({concurrency}), a fresh database per system per round, "
-           f"{rounds} round(s), systems in a rotating order. Medians over the rounds, min–max in brackets; "
+           f"{rounds} round{'s' if rounds != 1 else ''}, systems in a rotating order. Medians over the rounds, min–max in brackets; "
            f"the work is capped at {max_seconds:g} s (a capped run counts what was done by then). "
            f"Enqueue-to-start latency: {samples} jobs per round enqueued one at a time to idle workers, "
            "percentiles over all rounds' samples.", ""]
@@ -140,9 +140,10 @@ def charts(out_dir: Path, systems: list[System], results: dict[str, list[dict]],
         return paths[:1]
     fig, axes = plt.subplots(1, len(loads), figsize=(6 * len(loads), 4), squeeze=False)
     for ax, load in zip(axes[0], loads):
-        for d in (d for d in delay if d["rate"] == load):
-            lags = d["lags"]
-            ax.plot(lags, [(i + 1) / len(lags) for i in range(len(lags))], label=d["name"])
+        for d in sorted((d for d in delay if d["rate"] == load), key=lambda d: list(RELAYS).index(d["relay"])):
+            lags = d["lags"]  # the same colour for a relay in every panel
+            ax.plot(lags, [(i + 1) / len(lags) for i in range(len(lags))], label=d["name"],
+                    color="#1f77b4" if d["relay"] == "pyscheduler" else "#ff7f0e")
         ax.axvline(SLA_P999_MS, color="red", linestyle="--", linewidth=1, label=f"SLA bound {SLA_P999_MS:.0f} ms")
         ax.set_xscale("symlog", linthresh=10)
         ax.set_xlabel("fire time - deadline, ms (symlog)")
