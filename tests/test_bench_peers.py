@@ -49,7 +49,7 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
         [sys.executable, "-m", "pyscheduler", "--log-level", "WARNING", "bench", "peers", "--quick",
          "--dsn", pg.base_dsn, "--bootstrap-servers", kafka, "--markdown", str(doc), "--img-dir", str(img)],
         capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
 
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\n## Before\n\nkept\n")  # the rest of the document is kept
