@@ -27,8 +27,40 @@ def option(*decls: str, **kwargs: Any) -> Callable:
     return click.option(*decls, **kwargs)
 
 
-dsn_option = option("--dsn", default=None, metavar="DSN",
-                    help="PostgreSQL connection string (libpq URI or key=value).")
+_dsn_option = option("--dsn", default=None, metavar="DSN",
+                     help="PostgreSQL connection string (libpq URI or key=value).")
+
+
+def _set_connection(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        from . import db
+
+        db.configure(**{param.name.removeprefix("db_"): value})
+
+
+# Every daemon's database connections (pyscheduler.db.ConnectionSettings; a value the DSN
+# sets itself wins): a silent network partition fails a call instead of hanging a node.
+CONNECTION_OPTIONS = [
+    option("--db-connect-timeout", type=click.IntRange(min=1), default=None, expose_value=False,
+           callback=_set_connection, help="Seconds to wait for a database connection [default: 10]."),
+    option("--db-statement-timeout", type=click.IntRange(min=0), default=None, expose_value=False,
+           callback=_set_connection, help="Milliseconds a statement may run, 0 = no limit [default: 60000]."),
+    option("--db-keepalives-idle", type=click.IntRange(min=1), default=None, expose_value=False,
+           callback=_set_connection, help="Seconds of silence before TCP keepalive probes [default: 30]."),
+    option("--db-keepalives-interval", type=click.IntRange(min=1), default=None, expose_value=False,
+           callback=_set_connection, help="Seconds between TCP keepalive probes [default: 10]."),
+    option("--db-keepalives-count", type=click.IntRange(min=1), default=None, expose_value=False,
+           callback=_set_connection, help="Unanswered probes before a connection is dead [default: 3]."),
+    option("--db-tcp-user-timeout", type=click.IntRange(min=0), default=None, expose_value=False,
+           callback=_set_connection, help="Milliseconds a write may stay unacknowledged [default: 60000]."),
+]
+
+
+def dsn_option(f: Callable) -> Callable:
+    """--dsn and the --db-* connection settings."""
+    for deco in reversed(CONNECTION_OPTIONS):
+        f = deco(f)
+    return _dsn_option(f)
 bootstrap_option = option("--bootstrap-servers", "kafka_bootstrap", default=None, metavar="HOST:PORT",
                           envvar=env("kafka_bootstrap"),
                           help="Kafka bootstrap servers.")
