@@ -13,7 +13,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from pyscheduler.delay.bench import OutputReader, relay_command, send_warm_up
+from pyscheduler.delay.bench import OutputReader, fresh_read, relay_command, send_warm_up
 from pyscheduler.delay.relay import Relay, RelayConfig
 
 # tansu: a consumer-group join takes about half the session timeout
@@ -189,25 +189,6 @@ class RelayProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-
-
-def fresh_read(bootstrap: str, topic: str, count: int, idle: float = 0.5, timeout: float = 20) -> list:
-    """Every message of ``topic`` from the start, by a new consumer (assign, no group)."""
-    reader = OutputReader(bootstrap, topic)
-    try:
-        got: list = []
-        end = time.monotonic() + timeout
-        last = time.monotonic()
-        while time.monotonic() < end:
-            batch = [m for m in reader.consumer.consume(10000, 0.1) if m.error() is None]
-            if batch:
-                got += batch
-                last = time.monotonic()
-            elif len(got) >= count and time.monotonic() - last >= idle:
-                break
-        return got
-    finally:
-        reader.close()
 
 
 def warm_up(sender: Sender, output: Output, partitions: int, timeout: float = 40) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 
@@ -297,3 +298,30 @@ def test_the_producer_size_limit_is_the_brokers_not_librdkafkas_lower_default(wi
     big.flush()
     output.wait_values([value, value + b"!"], timeout=30)
     assert db.query("SELECT id FROM pyscheduler.delay_messages") == []
+
+
+def test_a_relay_logged_in_with_only_the_relay_role_does_its_whole_job(wired, kafka, topics, dsn, conn, db,
+                                                                        caplog):
+    """Item 19: relays have their own role (task workers get nothing of the delay queue)."""
+    from psycopg.conninfo import make_conninfo
+
+    name = f"relay_{uuid.uuid4().hex[:8]}"
+    conn.execute(f'CREATE ROLE "{name}" LOGIN')
+    conn.execute(f'GRANT pyscheduler_relay TO "{name}"')
+    sender, output, _, _ = wired
+    caplog.set_level(logging.WARNING, logger="pyscheduler.delay")
+    relay = InProcessRelay(make_conninfo(dsn, user=name), kafka, topics, hold_ms=1000)
+    try:
+        warm_up(sender, output, partitions=2)
+        sender.send("future", utcnow() + timedelta(milliseconds=500), value=b"future")
+        sender.send("late", utcnow() - timedelta(seconds=1), value=b"late")
+        sender.flush()
+        output.wait_values([b"future", b"late"], timeout=20)
+        wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 0, 10,
+                 "the fired message to be deleted")
+    finally:
+        relay.stop()  # raises what a loop crashed with
+        conn.execute(f'DROP OWNED BY "{name}"')
+        conn.execute(f'DROP ROLE "{name}"')
+    # enqueue, claim, delete, reset_stuck (every 100 ms) and the backlog view all went through
+    assert not [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
