@@ -36,7 +36,8 @@ from confluent_kafka import Producer
 
 from pyscheduler import migrate
 from pyscheduler.config import bootstrap_option, dsn_option
-from pyscheduler.delay.bench import OutputReader, _servers, fresh_read, relay_command, send_warm_up
+from pyscheduler.delay.bench import (OutputReader, _servers, fresh_read, relay_command, send_warm_up,
+                                     stop_processes)
 from pyscheduler.delay.relay import delayed_headers
 from pyscheduler.embedded import create_topics
 
@@ -93,13 +94,14 @@ def main(dsn, kafka_bootstrap, duration, rate, nodes, partitions, kill_every, ho
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         procs = [start() for _ in range(nodes)]
-        tail: list = []
+        tail_ids: set[str] = set()
         stop_tail = threading.Event()
         reader = OutputReader(bootstrap, output_topic)
 
         def tailing() -> None:
             while not stop_tail.is_set():
-                tail.extend(m for m in reader.consumer.consume(10000, 0.2) if m.error() is None)
+                tail_ids.update(m.value().split()[0].decode() for m in reader.consumer.consume(10000, 0.2)
+                                if m.error() is None)
 
         kills = 0
         try:
@@ -135,19 +137,21 @@ def main(dsn, kafka_bootstrap, duration, rate, nodes, partitions, kill_every, ho
                     next_kill += kill_every
                 time.sleep(0.002)
             assert producer.flush(30) == 0, "the input producer could not deliver everything"
-            click.echo(f"produced {total} (all acknowledged), {kills} relays killed; waiting for the last deadlines ...")
-            # the last deadline + the hold time (a killed node's claims) + a rebalance
-            time.sleep(4.0 + 2 * hold_ms / 1000.0 + 8.0)
+            click.echo(f"produced {total} (all acknowledged), {kills} relays killed; waiting until every id is "
+                       "on the output (the tailing reader, else a fresh read, says so; at most 5 minutes) ...")
+            wanted = set(deadlines)
+            give_up = time.monotonic() + 300
+            next_fresh = time.monotonic() + 30
+            while time.monotonic() < give_up and not wanted <= tail_ids:
+                time.sleep(0.5)
+                if time.monotonic() >= next_fresh:  # the tail may have skipped some: ask a fresh reader
+                    if wanted <= {m.value().split()[0].decode() for m in fresh_read(bootstrap, output_topic, 0)}:
+                        break
+                    next_fresh = time.monotonic() + 15
         finally:
             stop_tail.set()
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            time.sleep(0.3)
+            stop_processes(procs)
+            time.sleep(0.3)  # the tail thread's last consume() returns
             reader.close()
         fresh = [m for m in fresh_read(bootstrap, output_topic, total, idle=3.0, timeout=180)
                  if not m.value().startswith(b"warmup-")]
@@ -158,7 +162,6 @@ def main(dsn, kafka_bootstrap, duration, rate, nodes, partitions, kill_every, ho
         lost = sorted(set(deadlines) - set(copies))
         early = sorted(mid for mid, times in copies.items() if min(times) < deadlines[mid] - 0.050 - 0.001)
         duplicates = sum(len(t) - 1 for t in copies.values())
-        tail_ids = {m.value().split()[0].decode() for m in tail if not m.value().startswith(b"warmup-")}
         tail_missed = sorted(set(copies) - tail_ids)
         lags = sorted((min(t) - deadlines[mid]) * 1000 for mid, t in copies.items())
         click.echo(f"fresh read: {len(copies)} of {total} ids, lost {len(lost)}, early {len(early)}, "
@@ -172,8 +175,8 @@ def main(dsn, kafka_bootstrap, duration, rate, nodes, partitions, kill_every, ho
                     trail = c.execute("SELECT to_char(at, 'HH24:MI:SS.MS'), op, readied_by FROM public.delay_audit "
                                       "WHERE id = %s ORDER BY at", (mid,)).fetchall()
                     what = "LOST" if mid in lost else "missed by the tail"
-                    click.echo(f"  {mid} ({what}): " + "; ".join(f"{t} {op} {str(n)[:8] if n else ''}"
-                                                               for t, op, n in trail) or "never in the table")
+                    steps = "; ".join(f"{t} {op} {str(n)[:8] if n else ''}" for t, op, n in trail)
+                    click.echo(f"  {mid} ({what}): {steps or 'never in the table (late: published at once)'}")
         if lost or early:
             sys.exit(1)
 

@@ -41,18 +41,16 @@ def _set_connection(ctx: click.Context, param: click.Parameter, value: int | Non
 # Every daemon's database connections (pyscheduler.db.ConnectionSettings; a value the DSN
 # sets itself wins): a silent network partition fails a call instead of hanging a node.
 CONNECTION_OPTIONS = [
-    option("--db-connect-timeout", type=click.IntRange(min=1), default=None, expose_value=False,
-           callback=_set_connection, help="Seconds to wait for a database connection [default: 10]."),
-    option("--db-statement-timeout", type=click.IntRange(min=0), default=None, expose_value=False,
-           callback=_set_connection, help="Milliseconds a statement may run, 0 = no limit [default: 60000]."),
-    option("--db-keepalives-idle", type=click.IntRange(min=1), default=None, expose_value=False,
-           callback=_set_connection, help="Seconds of silence before TCP keepalive probes [default: 30]."),
-    option("--db-keepalives-interval", type=click.IntRange(min=1), default=None, expose_value=False,
-           callback=_set_connection, help="Seconds between TCP keepalive probes [default: 10]."),
-    option("--db-keepalives-count", type=click.IntRange(min=1), default=None, expose_value=False,
-           callback=_set_connection, help="Unanswered probes before a connection is dead [default: 3]."),
-    option("--db-tcp-user-timeout", type=click.IntRange(min=0), default=None, expose_value=False,
-           callback=_set_connection, help="Milliseconds a write may stay unacknowledged [default: 60000]."),
+    option(f"--db-{name}", type=click.IntRange(min=low), default=None, expose_value=False,
+           callback=_set_connection, help=f"{text} [default: {default}].")
+    for name, low, default, text in (
+        ("connect-timeout", 1, 10, "Seconds to wait for a database connection"),
+        ("statement-timeout", 0, 60000, "Milliseconds a statement may run, 0 = no limit"),
+        ("keepalives-idle", 1, 30, "Seconds of silence before TCP keepalive probes"),
+        ("keepalives-interval", 1, 10, "Seconds between TCP keepalive probes"),
+        ("keepalives-count", 1, 3, "Unanswered probes before a connection is dead"),
+        ("tcp-user-timeout", 0, 60000, "Milliseconds a write may stay unacknowledged"),
+    )
 ]
 
 

@@ -39,9 +39,9 @@ def test_a_server_that_accepts_but_never_answers_fails_the_connect_within_the_ti
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         port = silent.getsockname()[1]
-        settings = ConnectionSettings(connect_timeout=2)
-        database = Database(f"host=127.0.0.1 port={port} dbname=x user=x", connection=settings, timeout=4)
-        out = in_thread(lambda: database.open(wait=True, timeout=4), 30)
+        settings = ConnectionSettings(connect_timeout=1)
+        database = Database(f"host=127.0.0.1 port={port} dbname=x user=x", connection=settings, timeout=2)
+        out = in_thread(lambda: database.open(wait=True, timeout=2), 30)
         database.pool.close(timeout=1)
         assert isinstance(out.get("error"), DatabaseUnavailable) and out["seconds"] < 15
 

@@ -109,6 +109,18 @@ def relay_command(dsn: str, bootstrap: str, input_topic: str, output_topic: str,
             *extra]
 
 
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 30) -> None:
+    """SIGTERM every relay process (they finish in-flight fires), SIGKILL what is left after ``timeout``."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @contextlib.contextmanager
 def _servers(dsn: str | None, bootstrap: str | None):
     from .. import embedded
@@ -199,13 +211,7 @@ def bench(dsn, kafka_bootstrap, kafka_settings, rate, duration, min_delay, max_d
             got = [m for m in fresh_read(bootstrap, output_topic, total + partitions, idle=2.0, timeout=120,
                                          settings=kafka_settings) if not m.value().startswith(b"warmup-")]
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_processes(procs)
             if reader is not None:
                 reader.close()
         values = [(m.timestamp()[1] / 1000.0, *m.value().split()) for m in got]

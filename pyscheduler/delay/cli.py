@@ -23,7 +23,7 @@ from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, o
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
 from ..errors import ConfigError
-from .bench import OutputReader, bench, percentiles, send_warm_up  # noqa: F401  (bench: `pyscheduler bench delay`)
+from .bench import OutputReader, bench, fresh_read, percentiles, send_warm_up  # noqa: F401  (bench: `pyscheduler bench delay`)
 from .relay import Relay, RelayConfig, delayed_headers
 
 log = logging.getLogger("pyscheduler.delay")
@@ -187,7 +187,9 @@ def demo(ctx: RunContext, echo) -> None:
         producer.poll(0)
     producer.flush(10)
     try:
-        got = reader.read(count, timeout=30)
+        reader.read(count, timeout=30)  # progress: the live reader may skip some (docs/operations.md)
+        fresh = fresh_read(ctx.kafka_bootstrap, cfg.output_topic, count + 1, settings=ctx.kafka_settings)
+        got = [(m.timestamp()[1] / 1000.0, m.value()) for m in fresh if not m.value().startswith(b"warmup-")]
     finally:
         stop.set()
         thread.join(30)
