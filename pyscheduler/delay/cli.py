@@ -23,7 +23,7 @@ from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, o
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
 from ..errors import ConfigError
-from .bench import OutputReader, bench, fresh_read, percentiles, send_warm_up  # noqa: F401  (bench: `pyscheduler bench delay`)
+from .bench import OutputReader, bench, fresh_read, percentiles, send_warm_up  # noqa: F401  (bench: `bench delay`)
 from .relay import Relay, RelayConfig, delayed_headers
 
 log = logging.getLogger("pyscheduler.delay")
