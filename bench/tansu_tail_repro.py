@@ -52,7 +52,12 @@ def one_run(bootstrap: str, producers: int, partitions: int, rate: int, duration
         while sent < total:
             due = min(total, int((time.time() - start) * rate / producers) + 1)
             for i in range(sent, due):
-                p.produce(topic, value=f"{n}-{i}".encode(), partition=(i + n) % partitions, on_delivery=done)
+                while True:
+                    try:
+                        p.produce(topic, value=f"{n}-{i}".encode(), partition=(i + n) % partitions, on_delivery=done)
+                        break
+                    except BufferError:  # the local queue is full: serve delivery reports first
+                        p.poll(0.05)
             sent = due
             p.poll(0)
             time.sleep(0.002)
