@@ -207,6 +207,7 @@ def test_deadlines_outside_the_supported_range_are_malformed():
     assert parse_deadline(b"9998-12-31T23:59:59.999999Z").year == 9998
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # kafka-python's importlib.resources use
 def test_a_header_name_that_is_not_utf8_is_dead_lettered_and_the_batch_goes_on(wired, kafka, topics):
     """confluent-kafka's msg.headers() raises for it; one message is malformed, never the batch."""
     from kafka import KafkaProducer
