@@ -56,7 +56,7 @@ class Conflict(SchedulerError):
 
 # delay queue
 class InvalidMessage(InvalidArgument):
-    """A delay-queue message is malformed: bad id, missing deadline, bad headers."""
+    """A delay-queue message is malformed: bad id, missing or out-of-range deadline, bad headers."""
 
 
 # leased tasks
@@ -129,6 +129,7 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS103": InvalidArgument,  # array arguments of different lengths
     "PS104": InvalidMessage,  # headers not a JSON array of single-pair objects
     "PS105": InvalidArgument,  # bad interval or count (advance, hold, max_count) or NULL node
+    "PS106": InvalidMessage,  # deadline outside [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)
     # leased tasks
     "PS200": TaskNotFound,  # unknown task
     "PS201": TaskNotOwned,  # another lease holds the task
