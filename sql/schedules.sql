@@ -459,6 +459,7 @@ BEGIN
         s.cron_spec := _cron_parse(s.cron);
         s.cron := btrim(s.cron);
     END IF;
+    s.start_at := date_trunc('milliseconds', s.start_at);  -- scores and idempotency keys are epoch ms
     IF s.start_at IS NOT NULL AND s.end_at IS NOT NULL AND s.end_at <= s.start_at THEN
         PERFORM _schedule_error('PS304', format('end_at (%s) must be after start_at (%s)', s.end_at, s.start_at));
     END IF;
@@ -1006,7 +1007,7 @@ AS $$
 DECLARE
     s pyscheduler.schedules := _schedule_row(p_name);
 BEGIN
-    UPDATE schedules t SET trigger_at = least(t.trigger_at, p_now), updated = p_now
+    UPDATE schedules t SET trigger_at = least(t.trigger_at, date_trunc('milliseconds', p_now))
      WHERE t.id = s.id
     RETURNING * INTO s;
     PERFORM _schedule_changed(s.id);
@@ -1243,17 +1244,18 @@ COMMENT ON FUNCTION pyscheduler.upcoming_runs(text, integer, text, interval, tex
 -- ---------------------------------------------------------------- daemons (scheduler role)
 
 CREATE OR REPLACE FUNCTION pyscheduler.index_entries(p_ids bigint[])
-RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, active boolean)
+RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, active boolean, updated timestamptz)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-    /* index_entries(p_ids) -> setof (id, next_run_at, critical, active)
+    /* index_entries(p_ids) -> setof (id, next_run_at, critical, active, updated)
        What the Redis index should hold for these schedules: next_run_at is the
        due time (the earlier of the regular next run and a pending trigger;
        a paused schedule only its trigger); active = false (unknown, deleted,
-       paused, ended) -> remove the member. One row per id given. */
-    SELECT u.id, s.due_at, coalesce(s.critical, false), s.due_at IS NOT NULL
+       paused, ended) -> remove the member. updated: the definition's version
+       (create, update, pause, resume; not firing). One row per id given. */
+    SELECT u.id, s.due_at, coalesce(s.critical, false), s.due_at IS NOT NULL, s.updated
       FROM unnest(p_ids) AS u(id)
       LEFT JOIN schedules s ON s.id = u.id;
 $$;
@@ -1261,12 +1263,12 @@ COMMENT ON FUNCTION pyscheduler.index_entries(bigint[]) IS
     'Scheduler: index state (due time, critical, active) of the given schedule ids; inactive -> remove.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.index_page(p_after bigint DEFAULT 0, p_limit integer DEFAULT 1000)
-RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean)
+RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, updated timestamptz)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* index_page(p_after => 0, p_limit => 1000) -> setof (id, next_run_at, critical)
+/* index_page(p_after => 0, p_limit => 1000) -> setof (id, next_run_at, critical, updated)
    Active schedules (with a due time) with id > p_after, by id: the periodic
    reconcile walks them page by page. Errors: PS312 p_limit outside 1..100000. */
 BEGIN
@@ -1274,7 +1276,7 @@ BEGIN
         PERFORM _schedule_error('PS312', format('p_limit must be in 1..100000, got %s', coalesce(p_limit::text, 'NULL')));
     END IF;
     RETURN QUERY
-    SELECT s.id, s.due_at, s.critical FROM schedules s
+    SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
      WHERE s.id > coalesce(p_after, 0) AND s.due_at IS NOT NULL
      ORDER BY s.id
      LIMIT p_limit;
@@ -1284,12 +1286,12 @@ COMMENT ON FUNCTION pyscheduler.index_page(bigint, integer) IS
     'Scheduler: a page of active schedules (id > p_after, by id) for reconciling the index.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.resync_take(p_sync_id text, p_owner text, p_limit integer DEFAULT 1000)
-RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean)
+RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, updated timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* resync_take(p_sync_id, p_owner, p_limit => 1000) -> setof (id, next_run_at, critical)
+/* resync_take(p_sync_id, p_owner, p_limit => 1000) -> setof (id, next_run_at, critical, updated)
    The seed's optimistic resync after Redis lost its data: every executor
    that sees the new sync id calls this until it returns no rows; each call
    hands out the next p_limit active schedules not yet handed out for this
@@ -1318,7 +1320,7 @@ BEGIN
     SELECT * INTO r FROM _schedule_resyncs x WHERE x.sync_id = p_sync_id FOR UPDATE;
     IF NOT r.done_critical THEN
         RETURN QUERY
-        SELECT s.id, s.due_at, s.critical FROM schedules s
+        SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
          WHERE s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
          ORDER BY s.id LIMIT p_limit;
         GET DIAGNOSTICS v_n = ROW_COUNT;
@@ -1332,7 +1334,7 @@ BEGIN
         r.after_id := 0;
     END IF;
     RETURN QUERY
-    SELECT s.id, s.due_at, s.critical FROM schedules s
+    SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
      WHERE NOT s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
      ORDER BY s.id LIMIT p_limit;
     GET DIAGNOSTICS v_n = ROW_COUNT;
