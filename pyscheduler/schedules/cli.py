@@ -143,8 +143,8 @@ def create_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, **fields) 
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
     args = {k: v for k, v in fields.items() if v is not None}
     with _db(dsn) as db:
-        _echo_json(db.call_one("create_schedule", name=name, target_kind=targets[0][0], target=targets[0][1],
-                               **args))
+        _echo_json(db.call_value("create_schedule", name=name, target_kind=targets[0][0], target=targets[0][1],
+                                 **args))
 
 
 def _name_command(command: str, function: str, doc: str, extra=None):
@@ -152,7 +152,7 @@ def _name_command(command: str, function: str, doc: str, extra=None):
 
     def callback(dsn, name, **kw):
         with _db(dsn) as db:
-            _echo_json(db.call_one(function, name=name, **{k: v for k, v in kw.items() if v is not None}))
+            _echo_json(db.call_value(function, name=name, **{k: v for k, v in kw.items() if v is not None}))
 
     cmd = click.Command(command, callback=callback, params=params, help=doc)
     dsn_option(cmd)
@@ -172,7 +172,8 @@ _name_command("get", "get_schedule", "Show schedule NAME.")
 def list_cmd(dsn) -> None:
     """List schedules."""
     with _db(dsn) as db:
-        for s in db.call("list_schedules"):
+        for row in db.call("list_schedules", max_schedules=10000):
+            s = row["schedule"]
             rec = s.get("cron") or s.get("every")
             state = "paused" if s.get("paused") else ("ended" if s.get("next_run_at") is None else "active")
             click.echo(f"{s['name']:<24} {str(rec):<16} {s['target_kind']}:{s['target']:<24} {state:<7} "
@@ -186,9 +187,11 @@ def list_cmd(dsn) -> None:
 def runs_cmd(dsn, name, limit) -> None:
     """Executions of schedule NAME, newest first."""
     with _db(dsn) as db:
-        for r in db.call("schedule_runs", name=name, n=limit):
+        for r in db.call("schedule_runs", name=name, max_runs=limit):
             click.echo("  ".join(f"{k}={v}" for k, v in r.items() if v is not None))
-        click.echo(f"execution count: {db.call_value('execution_count', name=name)}")
+        counts = {o: db.call_value("execution_count", name=name, outcome=o)
+                  for o in ("fired", "failed", "skipped_overlap", "missed")}
+        click.echo(f"execution count: {counts['fired']} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
 
 
 @group.command("next")
@@ -199,7 +202,7 @@ def next_cmd(dsn, name, count) -> None:
     """The next N fire times of schedule NAME (check an expression before trusting it)."""
     with _db(dsn) as db:
         for r in db.call("upcoming_runs", name=name, n=count):
-            click.echo(str(next(iter(r.values()))))
+            click.echo(r["run_at"].isoformat())
 
 
 @group.command("resync")

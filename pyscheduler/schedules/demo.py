@@ -41,6 +41,7 @@ class Receiver:
             def log_message(self, *args) -> None:
                 pass
 
+        ThreadingHTTPServer.request_queue_size = 256  # executors send up to 16 requests at once each
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
@@ -73,17 +74,17 @@ def demo(ctx: RunContext, echo) -> None:
         if ctx.kafka_bootstrap:
             create_topics(ctx.kafka_bootstrap, [topic], settings=ctx.kafka_settings)
             db.call("create_schedule", name=names["kafka"], every=timedelta(seconds=1), target_kind="kafka",
-                    target=topic, payload=Jsonb({"report": "daily"}))
+                    target=topic, payload=Jsonb({"report": "daily"}), retry_attempts=0)
             echo(f"{names['kafka']}: every 1s -> Kafka topic {topic}")
         db.call("create_schedule", name=names["http"], cron="* * * * * *", tz="Europe/Berlin", target_kind="http",
                 target=receiver.url, payload=Jsonb({"ping": True}), retry_attempts=2,
-                retry_base=timedelta(milliseconds=100), retry_jitter=timedelta(milliseconds=100))
+                retry_base=timedelta(milliseconds=100), retry_jitter=timedelta(milliseconds=100))  # worst case 0.5 s
         echo(f"{names['http']}: cron '* * * * * *' (Europe/Berlin) -> POST {receiver.url}")
         db.call("create_schedule", name=names["task"], every=timedelta(seconds=2), target_kind="task", target=queue,
-                priority=10, payload=Jsonb({"job": "cleanup"}), overlap="allow")
+                priority=10, payload=Jsonb({"job": "cleanup"}), overlap="allow", retry_attempts=0)
         echo(f"{names['task']}: every 2s -> leased task on queue {queue}")
         nxt = db.call("upcoming_runs", name=names["http"], n=3)
-        echo("next runs of the cron schedule: " + ", ".join(str(next(iter(r.values()))) for r in nxt))
+        echo("next runs of the cron schedule: " + ", ".join(r["run_at"].isoformat() for r in nxt))
         prefix = f"pyscheduler:demo:{suffix}"
         daemons = [IndexRelay(ctx.dsn, ctx.redis_url, prefix=prefix)] + [
             Executor(ExecutorConfig(dsn=ctx.dsn, redis_url=ctx.redis_url, kafka_bootstrap=ctx.kafka_bootstrap,
@@ -112,7 +113,7 @@ def demo(ctx: RunContext, echo) -> None:
         echo(f"HTTP receiver: {len(keys)} POSTs, {len(set(keys))} distinct Idempotency-Key values")
         counts = db.query("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = %s", (queue,))
         echo(f"task queue {queue}: " + (", ".join(f"{r['status']}={r['tasks']}" for r in counts) or "empty"))
-        existing = {s["name"] for s in db.call("list_schedules")}
+        existing = {r["schedule"]["name"] for r in db.call("list_schedules", name_like=f"demo-%-{suffix}")}
         for name in names.values():
             if name in existing:
                 db.call("delete_schedule", name=name)

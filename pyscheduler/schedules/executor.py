@@ -206,15 +206,31 @@ class Executor:
             for occ in occs:
                 occ.claimed_at = now
                 self.held[(occ.id, occ.expected_ms)] = occ
+        now_ms = int(time.time() * 1000)
+        paused: list[Occurrence] = []
         for occ in occs:
             entry = self.details.get(occ.id)
-            occ.details = entry[2] if entry else None
-            if occ.details is None or not occ.details.fireable:
-                gone.append(occ)  # deleted or paused since it was indexed: re-read its index entry
-            elif occ.details.kind == "task":
+            occ.details = d = entry[2] if entry else None
+            if d is None or not d.active:
+                gone.append(occ)  # deleted or ended since it was indexed: re-read its index entry
+            elif d.paused:
+                paused.append(occ)  # fires only if it is the pending trigger
+            elif occ.expected_ms < now_ms - d.catchup_ms:
+                self.to_record.put(("missed", occ, None))  # too late: joins the catch-up summary
+            elif d.kind == "task":
                 self.to_record.put(("task", occ, None))
             else:
                 self.firer.fire(occ, self._on_done)
+        if paused:
+            due = {r["id"]: r["next_run_at"] for r in self.db.call("index_entries", p_ids=[o.id for o in paused])}
+            for occ in paused:
+                if due.get(occ.id) is not None and to_ms(due[occ.id]) == occ.expected_ms:
+                    if occ.details.kind == "task":
+                        self.to_record.put(("task", occ, None))
+                    else:
+                        self.firer.fire(occ, self._on_done)
+                else:
+                    gone.append(occ)
         for occ in gone:
             self.to_record.put(("reindex", occ, None))
 
@@ -422,7 +438,7 @@ class Recorder:
             if group == "task":
                 rows = self._call(give_up_after, "fire_task_schedules", **args)
             else:
-                args["p_outcomes"] = ["fired" if k == "fired" else "failed" for k, _, _ in batch]
+                args["p_outcomes"] = [k for k, _, _ in batch]  # fired | failed | missed
                 args["p_attempts"] = [o.tries for o in occs]
                 args["p_errors"] = [e for _, _, e in batch]
                 rows = self._call(give_up_after, "record_executions", **args)
@@ -440,8 +456,7 @@ class Recorder:
         ex = self.ex
         for r in rows:
             if r["recorded"]:
-                outcome = r.get("outcome") or ("fired" if group == "record" else "task")
-                RECORDED.labels(outcome).inc()
+                RECORDED.labels(group).inc()
                 ex.counts["recorded"] += 1
             else:
                 DUPLICATES.inc()
@@ -476,12 +491,14 @@ class Recorder:
                               len(args["p_ids"]), exc)
                     return None
                 pause = self.outage.failed(exc)
+                if end is None and self.stop.is_set():
+                    end = time.monotonic() + 10.0
                 if end is not None and time.monotonic() + pause > end:
                     log.warning("giving up recording %d occurrence(s) at stop: their claims are recovered "
                                 "by another executor and fired again with the same idempotency keys",
                                 len(args["p_ids"]))
                     return None
-                time.sleep(pause)
+                self.stop.wait(pause) if end is None else time.sleep(pause)
 
 
 def _next_ms(row: dict | None) -> int | None:

@@ -45,15 +45,18 @@ class Details:
     retry_base: float  # seconds
     retry_jitter: float  # seconds
     critical: bool
-    fireable: bool  # active and not paused
+    active: bool  # has a due time (a paused schedule only for a pending trigger)
+    paused: bool
+    catchup_ms: int  # an occurrence older than this is recorded as missed, not fired
     body: bytes = b""
 
     @classmethod
     def from_row(cls, row: dict) -> "Details":
-        d = cls(id=row["id"], name=row["name"], kind=row["target_kind"], target=row["target"],
+        d = cls(id=row["id"], name=row["name"] or "", kind=row["target_kind"], target=row["target"],
                 payload=row["payload"], retry_attempts=row["retry_attempts"] or 0,
                 retry_base=_seconds(row["retry_base"]), retry_jitter=_seconds(row["retry_jitter"]),
-                critical=bool(row["critical"]), fireable=bool(row["active"]) and not row["paused"])
+                critical=bool(row["critical"]), active=bool(row["active"]), paused=bool(row["paused"]),
+                catchup_ms=int(_seconds(row.get("catchup_window")) * 1000) if row.get("catchup_window") else 60000)
         d.body = json.dumps(d.payload, separators=(",", ":")).encode() if d.payload is not None else b""
         return d
 
