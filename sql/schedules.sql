@@ -27,7 +27,8 @@
 -- week (0-6, Sunday 0), and flags: 1 day-of-month field starts with '*',
 -- 2 day-of-week field starts with '*', 4 hour field starts with '*'.
 -- Day rule as Vixie cron: when both day fields are restricted (neither starts
--- with '*'), a day matches if EITHER matches; otherwise both must.
+-- with '*'), a day matches if EITHER matches; otherwise both must (so
+-- '*/10 * MON' is the Mondays that are the 1st, 11th, 21st or 31st).
 
 -- _cron_bit(mask, n): the smallest allowed value >= n, or NULL.
 CREATE OR REPLACE FUNCTION pyscheduler._cron_bit(p_mask bigint, p_n integer)
@@ -149,8 +150,6 @@ DECLARE
     v_dow integer;
     v_n integer;
     v_or boolean := (p_spec[7] & 3) = 0;
-    v_dom_star boolean := (p_spec[7] & 1) <> 0;
-    v_dow_star boolean := (p_spec[7] & 2) <> 0;
 BEGIN
     LOOP
         IF y > v_last_year THEN
@@ -172,7 +171,7 @@ BEGIN
         v_dow := extract(dow FROM make_date(y, mo, least(d, v_dim)))::integer;
         WHILE d <= v_dim LOOP
             EXIT WHEN CASE WHEN v_or THEN (p_spec[4] >> d) & 1 = 1 OR (p_spec[6] >> v_dow) & 1 = 1
-                           ELSE (v_dom_star OR (p_spec[4] >> d) & 1 = 1) AND (v_dow_star OR (p_spec[6] >> v_dow) & 1 = 1) END;
+                           ELSE (p_spec[4] >> d) & 1 = 1 AND (p_spec[6] >> v_dow) & 1 = 1 END;
             d := d + 1; v_dow := (v_dow + 1) % 7; h := 0; mi := 0; s := 0;
         END LOOP;
         IF d > v_dim THEN
@@ -660,8 +659,8 @@ BEGIN
         PERFORM _schedule_error('PS312', format('outcome must be fired, failed, skipped_overlap or missed, got %s',
                                                 coalesce(quote_literal(p_outcome), 'NULL')));
     END IF;
-    v_regular := p_expected = s.next_run_at;
-    v_triggered := p_expected = s.trigger_at AND NOT v_regular;
+    v_regular := coalesce(p_expected = s.next_run_at, false);
+    v_triggered := coalesce(p_expected = s.trigger_at, false) AND NOT v_regular;
     INSERT INTO pyscheduler.schedule_executions AS e
            (schedule_id, expected_at, outcome, triggered, attempts, fired_at, lateness, missed_count, error, task_rn)
     VALUES (p_id, p_expected, p_outcome, v_triggered, coalesce(p_attempts, 0), p_now, p_now - p_expected,
@@ -701,7 +700,7 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    IF p_expected = s.trigger_at THEN
+    IF coalesce(p_expected = s.trigger_at, false) THEN
         s.trigger_at := NULL;
     END IF;
     IF p_token IS NOT NULL THEN
