@@ -1396,14 +1396,77 @@ AS $$
 DECLARE
     r record;
     v record;
+    v_n integer := coalesce(cardinality(p_ids), 0);
+    v_errors text[] := coalesce(p_errors, array_fill(NULL::text, ARRAY[coalesce(cardinality(p_ids), 0)]));
+    v_tokens uuid[] := coalesce(p_tokens, array_fill(NULL::uuid, ARRAY[coalesce(cardinality(p_ids), 0)]));
+    v_done bigint[];
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
                          cardinality(p_attempts), cardinality(p_errors), cardinality(p_tokens));
-    -- schedule order, so concurrent batches lock rows in the same order
-    FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts,
-                                  coalesce(p_errors, array_fill(NULL::text, ARRAY[cardinality(p_ids)])),
-                                  coalesce(p_tokens, array_fill(NULL::uuid, ARRAY[cardinality(p_ids)])))
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    -- Set-based path for the common case: an interval schedule's regular
+    -- occurrence, once in the batch, next occurrence within the catch-up
+    -- window. Rows are locked in id order; the conditions are rechecked on
+    -- the locked row. Everything else goes through _record_one below.
+    WITH inp AS (
+        SELECT u.*, count(*) OVER (PARTITION BY u.id) AS n
+          FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, v_errors, v_tokens)
+               AS u(id, expected, outcome, attempts, error, token)),
+    fast AS (
+        SELECT i.id, i.expected, i.outcome, i.attempts, i.error, i.token
+          FROM inp i JOIN schedules s ON s.id = i.id
+         WHERE i.n = 1 AND s.every IS NOT NULL AND s.next_run_at = i.expected
+           AND i.outcome IN ('fired', 'failed', 'skipped_overlap')
+           AND (i.token IS NULL OR s.claim_token = i.token)
+           AND i.expected + _every_us(s.every) * interval '1 microsecond' >= p_now - s.catchup_window
+         ORDER BY s.id
+           FOR UPDATE OF s),
+    ins AS (
+        INSERT INTO schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, fired_at, lateness, error)
+        SELECT f.id, f.expected, f.outcome, false, coalesce(f.attempts, 0), p_now, p_now - f.expected, left(f.error, 2000)
+          FROM fast f
+        ON CONFLICT ON CONSTRAINT schedule_executions_pkey DO NOTHING
+        RETURNING schedule_id),
+    rec AS (
+        SELECT f.*, ins.schedule_id IS NOT NULL AS recorded,
+               (ins.schedule_id IS NOT NULL AND f.outcome IN ('fired', 'failed'))::integer AS run
+          FROM fast f LEFT JOIN ins ON ins.schedule_id = f.id),
+    upd AS (
+        UPDATE schedules t
+           SET fired_count = t.fired_count + (rec.recorded AND rec.outcome = 'fired')::integer,
+               failed_count = t.failed_count + (rec.recorded AND rec.outcome = 'failed')::integer,
+               skipped_count = t.skipped_count + (rec.recorded AND rec.outcome = 'skipped_overlap')::integer,
+               runs_count = t.runs_count + rec.run,
+               consecutive_failures = CASE WHEN NOT rec.recorded THEN t.consecutive_failures
+                                           WHEN rec.outcome = 'failed' THEN t.consecutive_failures + 1
+                                           WHEN rec.outcome = 'fired' THEN 0 ELSE t.consecutive_failures END,
+               last_outcome = CASE WHEN rec.recorded AND rec.outcome IN ('fired', 'failed') THEN rec.outcome ELSE t.last_outcome END,
+               last_error = CASE WHEN rec.recorded AND rec.outcome = 'failed' THEN left(rec.error, 2000)
+                                 WHEN rec.recorded AND rec.outcome = 'fired' THEN NULL ELSE t.last_error END,
+               last_expected_at = CASE WHEN rec.recorded THEN greatest(t.last_expected_at, rec.expected) ELSE t.last_expected_at END,
+               next_run_at = CASE WHEN (t.end_at IS NOT NULL AND rec.expected + _every_us(t.every) * interval '1 microsecond' > t.end_at)
+                                       OR (t.max_runs IS NOT NULL AND t.runs_count + rec.run >= t.max_runs) THEN NULL
+                                  ELSE rec.expected + _every_us(t.every) * interval '1 microsecond' END,
+               claim_token = CASE WHEN rec.token IS NULL THEN t.claim_token END,
+               claimed_until = CASE WHEN rec.token IS NULL THEN t.claimed_until END
+          FROM rec
+         WHERE t.id = rec.id
+        RETURNING t.id, rec.expected, t.due_at, rec.recorded)
+    SELECT coalesce(array_agg(upd.id), '{}') INTO v_done FROM upd;
+    IF cardinality(v_done) > 0 THEN
+        RETURN QUERY
+        SELECT s.id, u.expected, s.due_at, e.fired_at = p_now AND e.outcome = u.outcome
+          FROM unnest(p_ids, p_expected, p_outcomes) AS u(id, expected, outcome)
+          JOIN schedules s ON s.id = u.id
+          LEFT JOIN schedule_executions e ON e.schedule_id = u.id AND e.expected_at = u.expected
+         WHERE u.id = ANY (v_done);
+    END IF;
+    -- the rest one by one, in schedule order
+    FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, v_errors, v_tokens)
                      AS u(id, expected, outcome, attempts, error, token)
+              WHERE NOT u.id = ANY (v_done)
               ORDER BY u.id, u.expected
     LOOP
         v := _record_one(r.id, r.expected, r.outcome, r.attempts, r.error, r.token, NULL, p_now);
