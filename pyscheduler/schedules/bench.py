@@ -21,6 +21,7 @@ The schedules are armed by writing next_run_at (SQL) and the index scores
 from __future__ import annotations
 
 import os
+from datetime import datetime, timedelta, timezone
 import subprocess
 import sys
 import tempfile
@@ -35,23 +36,33 @@ from ..config import bootstrap_option, dsn_option, redis_option
 from ..db import Database
 from ..delay.bench import OutputReader, percentiles
 from .index import Index
-from .targets import KAFKA_EXPECTED_HEADER
+from .targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
 
 TARGETS = {"redis": 25_000, "postgres": 5_000, "steady_p99_ms": 50.0}
 
 
 def create_bulk(db: Database, prefix: str, n: int, every_s: float, topic: str, critical: bool,
-                chunk: int = 20000) -> list[int]:
-    """n Kafka schedules through create_schedule (one statement per chunk); their ids."""
-    ids: list[int] = []
+                chunk: int = 100_000) -> list[int]:
+    """n Kafka schedules: the first through create_schedule (validated), the rest cloned
+    from its row with one INSERT ... SELECT per chunk (1M create_schedule calls would take
+    ~15 minutes on this machine; the setup is not what is measured). Their ids."""
+    first = db.call_value("create_schedule", name=f"{prefix}0", every=timedelta(seconds=every_s),
+                          target_kind="kafka", target=topic, critical=critical, retry_attempts=0,
+                          start_at=datetime.now(timezone.utc) + timedelta(days=1))
+    cols = [r["column_name"] for r in db.query(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = 'pyscheduler' "
+        "AND table_name = 'schedules' AND is_generated = 'NEVER' AND identity_generation IS NULL "
+        "AND column_name <> 'name' ORDER BY ordinal_position")]
+    ids = [first["id"]]
     with db.connection() as conn:
-        for start in range(0, n, chunk):
+        for start in range(1, n, chunk):
             rows = conn.execute(
-                "SELECT (pyscheduler.create_schedule(name => %s || i, every => make_interval(secs => %s), "
-                "target_kind => 'kafka', target => %s, critical => %s, "
-                "start_at => now() + interval '1 day')).id FROM generate_series(%s, %s) i",
-                (prefix, every_s, topic, critical, start, min(n, start + chunk) - 1)).fetchall()
+                f"INSERT INTO pyscheduler.schedules (name, {', '.join(cols)}) "
+                f"SELECT %s || i, {', '.join('s.' + c for c in cols)} FROM pyscheduler.schedules s, "
+                "generate_series(%s::int, %s::int) i WHERE s.id = %s RETURNING id",
+                (prefix, start, min(n, start + chunk) - 1, first["id"])).fetchall()
             ids += [r["id"] for r in rows]
+        conn.execute("ANALYZE pyscheduler.schedules")
     return ids
 
 
@@ -92,16 +103,17 @@ def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n:
     return procs
 
 
-def read_fires(bootstrap: str, topic: str, timeout: float) -> list[tuple[float, int]]:
-    """(message time ms, expected ms) of every message on the topic (a fresh read)."""
+def read_fires(bootstrap: str, topic: str, timeout: float) -> list[tuple[float, int, bytes]]:
+    """(message time ms, expected ms, idempotency key) of every message on the topic (a fresh read)."""
     reader = OutputReader(bootstrap, topic)
-    out: list[tuple[float, int]] = []
+    out: list[tuple[float, int, bytes]] = []
     idle_until = time.monotonic() + timeout
     while time.monotonic() < idle_until:
         batch = reader.consumer.consume(10000, 0.5)
         for m in batch:
             if m.error() is None:
-                out.append((m.timestamp()[1], int(dict(m.headers())[KAFKA_EXPECTED_HEADER])))
+                headers = dict(m.headers())
+                out.append((m.timestamp()[1], int(headers[KAFKA_EXPECTED_HEADER]), headers[KAFKA_KEY_HEADER]))
         if batch:
             idle_until = time.monotonic() + 2.0
     reader.close()
@@ -135,12 +147,12 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
     drop(db, name_prefix)
     if index is not None:
         index.r.delete(index.k_index, index.k_claims, index.k_last, index.k_ver, index.k_marker)
-    window = [(t, e) for t, e in fires if first_ms <= t <= end_ms]
+    window = [(t, e) for t, e, _ in fires if first_ms <= t <= end_ms]
     if not window:
         return {"fired": 0}
     first_t, last_t = min(t for t, _ in window), max(t for t, _ in window)
     late = [t - e for t, e in window]
-    distinct = len({(e, t) for t, e in fires})
+    distinct = len({k for _, _, k in fires})
     return {"fired": len(window), "per_s": len(window) / max(1e-3, (end_ms - first_ms) / 1000),
             "first_ms": first_t - first_ms, "last_ms": last_t - first_ms, "messages": len(fires),
             "distinct": distinct, "lateness": percentiles(late)}

@@ -71,6 +71,7 @@ class ExecutorConfig:
     http_concurrency: int = 16
     max_in_flight: int = 20000  # occurrences claimed and not recorded yet
     record_batch: int = 2000
+    recorders: int = 2  # recorder threads (connections): PostgreSQL records batches in parallel
     resync_batch: int = 1000
     degraded_batch: int = 500
     degraded_hold_ms: int = 30000  # claimed_until of the Postgres-only claim
@@ -113,11 +114,14 @@ class Executor:
         cfg = self.cfg
         log.info("schedules executor %s starting (batch %d, stuck after %dms, Redis %s)", cfg.owner, cfg.batch,
                  cfg.stuck_after_ms, cfg.redis_url)
-        self.db = Database(cfg.dsn, min_size=1, max_size=4, name=self.name, timeout=5.0).open(wait=False)
+        self.db = Database(cfg.dsn, min_size=1, max_size=2 + cfg.recorders, name=self.name,
+                           timeout=5.0).open(wait=False)
         self.index = Index.from_url(cfg.redis_url, cfg.prefix, timeout=2.0)
-        recorder = Recorder(self)
-        rec_thread = threading.Thread(target=recorder.run, name=f"{self.name}:recorder", daemon=True)
-        rec_thread.start()
+        recorders = [Recorder(self) for _ in range(cfg.recorders)]
+        rec_threads = [threading.Thread(target=r.run, name=f"{self.name}:recorder-{k}", daemon=True)
+                       for k, r in enumerate(recorders)]
+        for t in rec_threads:
+            t.start()
         db_outage = Outage("schedules executor: PostgreSQL", log)
         try:
             while not stop.is_set():
@@ -135,9 +139,11 @@ class Executor:
                 self._serve(wait)
             self._drain()
         finally:
-            recorder.stop.set()
-            self.to_record.put(None)
-            rec_thread.join(30)
+            for r in recorders:
+                r.stop.set()
+                self.to_record.put(None)
+            for t in rec_threads:
+                t.join(30)
             self.firer.close()
             self.index.close()
             self.db.close()
@@ -208,6 +214,7 @@ class Executor:
                 self.held[(occ.id, occ.expected_ms)] = occ
         now_ms = int(time.time() * 1000)
         paused: list[Occurrence] = []
+        out: list = []  # to the recorders, in one queue item (a put per occurrence costs GIL hand-offs)
         for occ in occs:
             entry = self.details.get(occ.id)
             occ.details = d = entry[2] if entry else None
@@ -216,9 +223,9 @@ class Executor:
             elif d.paused:
                 paused.append(occ)  # fires only if it is the pending trigger
             elif occ.expected_ms < now_ms - d.catchup_ms:
-                self.to_record.put(("missed", occ, None))  # too late: joins the catch-up summary
+                out.append(("missed", occ, None))  # too late: joins the catch-up summary
             elif d.kind == "task":
-                self.to_record.put(("task", occ, None))
+                out.append(("task", occ, None))
             else:
                 self.firer.fire(occ, self._on_done)
         if paused:
@@ -226,13 +233,14 @@ class Executor:
             for occ in paused:
                 if due.get(occ.id) is not None and to_ms(due[occ.id]) == occ.expected_ms:
                     if occ.details.kind == "task":
-                        self.to_record.put(("task", occ, None))
+                        out.append(("task", occ, None))
                     else:
                         self.firer.fire(occ, self._on_done)
                 else:
                     gone.append(occ)
-        for occ in gone:
-            self.to_record.put(("reindex", occ, None))
+        out += [("reindex", occ, None) for occ in gone]
+        if out:
+            self.to_record.put(out)
 
     def _load_details(self, ids: set[int], versions: dict[int, str]) -> None:
         now = time.monotonic()
@@ -257,15 +265,17 @@ class Executor:
             self.wakeup.poke()
 
     def _complete(self) -> None:
+        out: list = []
+        fired: dict[str, int] = {}
         while self.done:
             occ, error = self.done.popleft()
             d = occ.details
             if error is None:
                 occ.fired_at_ms = int(time.time() * 1000)
                 LATENESS.observe(max(0.0, (occ.fired_at_ms - occ.expected_ms) / 1000))
-                FIRED.labels(d.kind).inc()
                 self.counts["fired"] += 1
-                self.to_record.put(("fired", occ, None))
+                fired[d.kind] = fired.get(d.kind, 0) + 1
+                out.append(("fired", occ, None))
             elif occ.tries <= d.retry_attempts and not self.stop.is_set():
                 occ.error = error
                 delay = retry_delay(occ.tries - 1, d.retry_base, d.retry_jitter)
@@ -277,7 +287,11 @@ class Executor:
                 log.warning("schedule %s (%s) occurrence %s failed after %d tr%s: %s", d.name, d.id,
                             from_ms(occ.expected_ms).isoformat(), occ.tries, "y" if occ.tries == 1 else "ies",
                             error)
-                self.to_record.put(("failed", occ, error))
+                out.append(("failed", occ, error))
+        if out:
+            self.to_record.put(out)
+        for kind, n in fired.items():
+            FIRED.labels(kind).inc(n)
 
     def _refresh_claims(self, now: float) -> None:
         """Date the Redis claims still held now, so a long retry is not taken as stuck."""
@@ -381,38 +395,39 @@ class Recorder:
 
     def run(self) -> None:
         q = self.ex.to_record
+        limit = self.ex.cfg.record_batch
         while True:
-            items = []
+            items: list = []
             try:
                 first = q.get(timeout=0.5)
             except queue.Empty:
-                first = ...
+                first = []
             if first is None:
                 break
-            if first is not ...:
-                items.append(first)
-                deadline = time.monotonic() + 0.005
-                while len(items) < self.ex.cfg.record_batch:
-                    try:
-                        nxt = q.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    if nxt is None:
-                        q.put(None)
-                        break
-                    items.append(nxt)
+            items += first
+            deadline = time.monotonic() + 0.002
+            while items and len(items) < limit:
+                try:
+                    nxt = q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    q.put(None)
+                    break
+                items += nxt
             if items:
                 self.record(items)
             self.settle()
-        # stop: what is queued still gets recorded
-        rest = []
+        rest: list = []  # stop: what is queued still gets recorded
         while True:
             try:
                 item = q.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
-                rest.append(item)
+            if item is None:  # another recorder's stop signal
+                q.put(None)
+                break
+            rest += item
         if rest:
             self.record(rest, give_up_after=10.0)
         self.settle()
