@@ -98,8 +98,15 @@ def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "pyscheduler.schedules", "run", "--dsn", dsn, "--redis-url", redis_url,
              "--bootstrap-servers", bootstrap, "--prefix", prefix, "--batch", str(batch), "--executors", "1",
-             "--cleanup-s", "3600", "--reconcile-s", "3600"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYSCHEDULER_LOG_LEVEL": "WARNING"}))
+             "--cleanup-s", "3600", "--relay", "0"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYSCHEDULER_LOG_LEVEL": "INFO"}))
+    for k, p in enumerate(procs):  # started (imports done, connected) before the schedules are armed
+        log = os.path.join(logdir, f"executor-{k}.log")
+        end = time.monotonic() + 60
+        while "starting" not in open(log).read():
+            if p.poll() is not None or time.monotonic() > end:
+                raise click.ClickException(f"executor {k} did not start:\n{open(log).read()[-2000:]}")
+            time.sleep(0.05)
     return procs
 
 
@@ -132,11 +139,17 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
     echo(f"  created {n} schedules in {time.perf_counter() - started:.1f}s")
     index = None if degraded else Index(redis.Redis.from_url(redis_url), key_prefix)
     target_redis = "redis://127.0.0.1:1/0" if degraded else redis_url
-    first_ms = int(time.time() * 1000) + 3000
-    arm(db, index, ids, first_ms, spread_s)
+    took = time.perf_counter()
+    arm(db, index, ids, int(time.time() * 1000) + 3_600_000, spread_s)  # indexed, not due yet
+    took = time.perf_counter() - took
     with tempfile.TemporaryDirectory() as logdir, ExitStack() as stack:
         procs = executor_processes(dsn, target_redis, bootstrap, key_prefix, executors, logdir, batch)
         stack.callback(lambda: [p.terminate() for p in procs] and [p.wait(30) for p in procs])
+        time.sleep(1.0)  # connections and producers up
+        first_ms = int(time.time() * 1000 + 1000 * (1.0 + 2 * took))  # in the future once armed
+        arm(db, index, ids, first_ms, spread_s)
+        if time.time() * 1000 > first_ms:
+            echo(f"  (arming took until {time.time() * 1000 - first_ms:.0f} ms after the first due time)")
         end_ms = first_ms + int(seconds * 1000)
         time.sleep(max(0.0, (end_ms - time.time() * 1000) / 1000))
         for p in procs:

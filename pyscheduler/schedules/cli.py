@@ -34,6 +34,7 @@ log = logging.getLogger("pyscheduler.schedules")
 # flag -> (default, help); each has PYSCHEDULER_SCHEDULES_<FLAG>
 RUN_FLAGS = {
     "executors": (1, "Executors in this process."),
+    "relay": (1, "Index relays in this process (0: none; run at least one somewhere)."),
     "prefix": (DEFAULT_PREFIX, "Prefix of the Redis keys."),
     "batch": (1000, "Most due members claimed per Lua call."),
     "poll_ms": (100, "Longest sleep between two claims."),
@@ -52,7 +53,7 @@ def _env(name: str) -> str:
 
 def run_options(f):
     for name, (default, text) in reversed(RUN_FLAGS.items()):
-        kind = click.IntRange(min=1) if isinstance(default, int) else str
+        kind = click.IntRange(min=0 if name == "relay" else 1) if isinstance(default, int) else str
         f = option("--" + name.replace("_", "-"), name, envvar=_env(name), type=kind, default=default,
                    show_default=True, help=text)(f)
     return f
@@ -63,7 +64,7 @@ def build_daemons(dsn: str, redis_url: str | None, kafka_bootstrap: str | None, 
     values = {name: default for name, (default, _) in RUN_FLAGS.items()}
     values.update({k: v for k, v in flags.items() if v is not None})
     out: list = [Cleanup(dsn, interval=values["cleanup_s"])]
-    if redis_url:
+    if redis_url and values["relay"]:
         out.insert(0, IndexRelay(dsn, redis_url, prefix=values["prefix"], reconcile_interval=values["reconcile_s"]))
     for _ in range(values["executors"]):
         out.append(Executor(ExecutorConfig(

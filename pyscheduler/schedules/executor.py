@@ -143,7 +143,7 @@ class Executor:
                 r.stop.set()
                 self.to_record.put(None)
             for t in rec_threads:
-                t.join(30)
+                t.join(60)
             self.firer.close()
             self.index.close()
             self.db.close()
