@@ -266,3 +266,37 @@ def test_cli_pause_resume_trigger(dsn, redis_url, receiver, db):
     run("delete", "cli")
 
 
+
+
+def test_resync_by_hand_shows_progress_and_rebuilds_the_index(db, dsn, redis_url):
+    for i in range(25):
+        create(db, f"r-{i}", every=60, target_kind="http", target="http://127.0.0.1:9/", critical=i < 5)
+    index = index_of(redis_url)
+    index.mirror([(999999, 1, None)])  # a member PostgreSQL does not have stays until a reconcile
+    result = CliRunner().invoke(main, ["schedules", "resync", "--dsn", dsn, "--redis-url", redis_url,
+                                       "--prefix", PREFIX, "--batch", "10"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.output.split()[2:5] == ["5/25", "15/25", "25/25"]  # the 5 critical first
+    ids = {r["id"] for r in db.query("SELECT id FROM pyscheduler.schedules")}
+    assert ids <= set(index.members()) and index.marker() is not None
+
+
+def test_pyscheduler_run_includes_relay_executors_and_cleanup(dsn, redis_url, monkeypatch):
+    from pyscheduler.daemon import RunContext
+    from pyscheduler.schedules.cli import daemons
+
+    monkeypatch.setenv("PYSCHEDULER_SCHEDULES_EXECUTORS", "2")
+    names = [d.name for d in daemons(RunContext(dsn=dsn, redis_url=redis_url))]
+    assert names[0] == "schedules-relay" and names[1] == "schedules-cleanup"
+    assert len([n for n in names if n.startswith("schedules-executor-")]) == 2
+
+
+def test_cleanup_purges_old_executions_and_counts_survive(db, dsn):
+    from pyscheduler.schedules.relay import Cleanup
+
+    s = create(db, "old", every=60, target_kind="http", target="http://127.0.0.1:9/")
+    db.query("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, now() - interval '40 days')",
+             ([s["id"]], [s["next_run_at"]], ["fired"], [1]))
+    assert count(db, "old") == 1 and len(executions(db, "old")) == 1
+    assert Cleanup(dsn, batch=1).purge_once(db) == 1
+    assert executions(db, "old") == [] and count(db, "old") == 1

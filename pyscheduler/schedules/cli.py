@@ -221,15 +221,18 @@ def resync_cmd(dsn, redis_url, prefix, batch) -> None:
     owner = f"cli-{uuid.uuid4().hex[:8]}"
     with _db(dsn) as db:
         total = db.call_one("resync_progress", p_sync_id=sync_id)["total"]
+        tty = sys.stdout.isatty()
         with click.progressbar(length=total, label=f"resync {sync_id[:8]}", show_pos=True) as bar:
             shown = 0
             while True:
                 rows = db.call("resync_take", p_sync_id=sync_id, p_owner=owner, p_limit=batch)
                 if rows:
                     index.mirror(mirror_entries(rows))
-                done = db.call_one("resync_progress", p_sync_id=sync_id)["done"]
-                bar.update(max(0, min(done, total) - shown))
-                shown = max(shown, min(done, total))
+                done = min(total, db.call_one("resync_progress", p_sync_id=sync_id)["done"])
+                bar.update(max(0, done - shown))
+                if not tty and done > shown:  # no bar without a terminal: one line per batch
+                    click.echo(f"  {done}/{total}")
+                shown = max(shown, done)
                 if not rows:
                     break
         finished = index.finish_resync(sync_id)

@@ -97,6 +97,7 @@ class Executor:
         self.retries: list[tuple[float, int, Occurrence]] = []  # (due monotonic, seq, occ)
         self._seq = 0
         self.to_record: queue.Queue = queue.Queue()
+        self.unfired: list[Occurrence] = []  # claimed, details not loaded yet (database outage)
         self.degraded = False
         self.marker: str | None = None  # last marker value seen (None: index incomplete)
         self.resyncing = False
@@ -161,6 +162,9 @@ class Executor:
             self._next_recover = now + cfg.check_every_ms / 2000
         if now >= self._next_refresh:
             self._refresh_claims(now)
+        if self.unfired:
+            occs, self.unfired = self.unfired, []
+            self._fire(occs, {})
         if self.resyncing:
             self._resync_step()
         room = cfg.max_in_flight - len(self.held)
@@ -205,13 +209,18 @@ class Executor:
     # -- firing --------------------------------------------------------------------
 
     def _fire(self, occs: list[Occurrence], versions: dict[int, str]) -> None:
-        self._load_details({o.id for o in occs}, versions)
         now = time.monotonic()
-        gone: list[Occurrence] = []
         with self.held_lock:
             for occ in occs:
-                occ.claimed_at = now
-                self.held[(occ.id, occ.expected_ms)] = occ
+                if (occ.id, occ.expected_ms) not in self.held:
+                    occ.claimed_at = now
+                    self.held[(occ.id, occ.expected_ms)] = occ
+        try:
+            self._load_details({o.id for o in occs}, versions)
+        except RETRYABLE:
+            self.unfired += occs  # PostgreSQL away: fired when it is back (claims kept and refreshed)
+            raise
+        gone: list[Occurrence] = []
         now_ms = int(time.time() * 1000)
         paused: list[Occurrence] = []
         out: list = []  # to the recorders, in one queue item (a put per occurrence costs GIL hand-offs)
@@ -228,17 +237,28 @@ class Executor:
                 out.append(("task", occ, None))
             else:
                 self.firer.fire(occ, self._on_done)
-        if paused:
-            due = {r["id"]: r["next_run_at"] for r in self.db.call("index_entries", p_ids=[o.id for o in paused])}
-            for occ in paused:
-                if due.get(occ.id) is not None and to_ms(due[occ.id]) == occ.expected_ms:
-                    if occ.details.kind == "task":
-                        out.append(("task", occ, None))
-                    else:
-                        self.firer.fire(occ, self._on_done)
-                else:
-                    gone.append(occ)
         out += [("reindex", occ, None) for occ in gone]
+        if out:
+            self.to_record.put(out)
+        if paused:
+            self._fire_paused(paused)
+
+    def _fire_paused(self, paused: list[Occurrence]) -> None:
+        """A paused schedule's claimed occurrence fires only if it is the pending trigger."""
+        try:
+            due = {r["id"]: r["next_run_at"] for r in self.db.call("index_entries", p_ids=[o.id for o in paused])}
+        except RETRYABLE:
+            self.unfired += paused
+            raise
+        out: list = []
+        for occ in paused:
+            if due.get(occ.id) is not None and to_ms(due[occ.id]) == occ.expected_ms:
+                if occ.details.kind == "task":
+                    out.append(("task", occ, None))
+                else:
+                    self.firer.fire(occ, self._on_done)
+            else:
+                out.append(("reindex", occ, None))
         if out:
             self.to_record.put(out)
 
@@ -345,6 +365,9 @@ class Executor:
     def _degraded_step(self) -> float:
         cfg = self.cfg
         now = time.monotonic()
+        if self.unfired:
+            occs, self.unfired = self.unfired, []
+            self._fire(occs, {})
         if now >= self._next_ping:
             self._next_ping = now + 0.5
             try:
