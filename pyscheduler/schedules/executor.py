@@ -73,7 +73,7 @@ class ExecutorConfig:
     record_batch: int = 2000
     recorders: int = 2  # recorder threads (connections): PostgreSQL records batches in parallel
     resync_batch: int = 1000
-    degraded_batch: int = 500
+    degraded_batch: int = 1000
     degraded_hold_ms: int = 30000  # claimed_until of the Postgres-only claim
     owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
