@@ -6,10 +6,10 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from delay_support import wait_for  # noqa: F401  (one poll-until helper for the suite)
 from pyscheduler.db import Database, Jsonb
 from pyscheduler.schedules.demo import Receiver  # noqa: F401  (the local HTTP target)
 from pyscheduler.schedules.executor import Executor, ExecutorConfig
@@ -17,17 +17,6 @@ from pyscheduler.schedules.relay import IndexRelay
 
 # fast settings: tests wait for events, these only bound how long that takes
 FAST = dict(poll_ms=50, stuck_after_ms=1500, check_every_ms=300, fire_timeout_ms=3000)
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
-    end = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def create(db: Database, name: str, *, every: float | None = None, cron: str | None = None, soon: bool = False,

@@ -15,9 +15,7 @@ import logging
 import os
 import sys
 import threading
-import time
 import uuid
-from datetime import datetime, timedelta
 
 import click
 
@@ -256,4 +254,4 @@ def daemons(ctx: RunContext) -> list:
 from .demo import demo  # noqa: E402,F401  (the capability's demo)
 from .bench import bench  # noqa: E402,F401  (``pyscheduler bench schedules``)
 
-__all__ = ["group", "daemons", "demo", "bench", "datetime", "timedelta", "time"]
+__all__ = ["group", "daemons", "demo", "bench"]
