@@ -66,13 +66,15 @@ def create_bulk(db: Database, prefix: str, n: int, every_s: float, topic: str, c
     return ids
 
 
-def arm(db: Database, index: Index | None, ids: list[int], first_ms: int, spread_s: float) -> None:
-    """Make schedule i due at first + (i mod spread) seconds, in PostgreSQL and in the index."""
+def arm(db: Database, index: Index | None, ids: list[int], first_ms: int | None, spread_s: float) -> None:
+    """Make schedule i due at first + (i mod spread) seconds, in PostgreSQL and in the index
+    (first_ms None: index the next runs PostgreSQL has)."""
     with db.connection() as conn:
-        conn.execute("UPDATE pyscheduler.schedules s SET next_run_at = timestamptz 'epoch' + "
-                     "(%s + ((a.o - 1) %% %s) * 1000 * %s::numeric / %s)::bigint * interval '1 millisecond' "
-                     "FROM unnest(%s::bigint[]) WITH ORDINALITY a(id, o) WHERE s.id = a.id",
-                     (first_ms, len(ids), spread_s, len(ids), ids))
+        if first_ms is not None:
+            conn.execute("UPDATE pyscheduler.schedules s SET next_run_at = timestamptz 'epoch' + "
+                         "(%s + ((a.o - 1) %% %s) * 1000 * %s::numeric / %s)::bigint * interval '1 millisecond' "
+                         "FROM unnest(%s::bigint[]) WITH ORDINALITY a(id, o) WHERE s.id = a.id",
+                         (first_ms, len(ids), spread_s, len(ids), ids))
         rows = conn.execute("SELECT id, next_run_at FROM pyscheduler.schedules WHERE id = ANY(%s)",
                             (ids,)).fetchall()
     if index is not None:
@@ -139,14 +141,12 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
     echo(f"  created {n} schedules in {time.perf_counter() - started:.1f}s")
     index = None if degraded else Index(redis.Redis.from_url(redis_url), key_prefix)
     target_redis = "redis://127.0.0.1:1/0" if degraded else redis_url
-    took = time.perf_counter()
-    arm(db, index, ids, int(time.time() * 1000) + 3_600_000, spread_s)  # indexed, not due yet
-    took = time.perf_counter() - took
+    arm(db, index, ids, None, spread_s)  # indexed, due in a day (start_at)
     with tempfile.TemporaryDirectory() as logdir, ExitStack() as stack:
         procs = executor_processes(dsn, target_redis, bootstrap, key_prefix, executors, logdir, batch)
         stack.callback(lambda: [p.terminate() for p in procs] and [p.wait(30) for p in procs])
         time.sleep(1.0)  # connections and producers up
-        first_ms = int(time.time() * 1000 + 1000 * (1.0 + 2 * took))  # in the future once armed
+        first_ms = int(time.time() * 1000 + 1000 * (2.0 + n / 10_000))  # in the future once armed
         arm(db, index, ids, first_ms, spread_s)
         if time.time() * 1000 > first_ms:
             echo(f"  (arming took until {time.time() * 1000 - first_ms:.0f} ms after the first due time)")
