@@ -148,9 +148,10 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
         time.sleep(1.0)  # connections and producers up
         first_ms = int(time.time() * 1000 + 1000 * (2.0 + n / 10_000))  # in the future once armed
         arm(db, index, ids, first_ms, spread_s)
-        if time.time() * 1000 > first_ms:
-            echo(f"  (arming took until {time.time() * 1000 - first_ms:.0f} ms after the first due time)")
-        end_ms = first_ms + int(seconds * 1000)
+        start_ms = max(first_ms, int(time.time() * 1000))  # the window starts once all is armed
+        if start_ms > first_ms:
+            echo(f"  (arming ended {start_ms - first_ms} ms after the first due time; the window starts then)")
+        end_ms = start_ms + int(seconds * 1000)
         time.sleep(max(0.0, (end_ms - time.time() * 1000) / 1000))
         for p in procs:
             p.terminate()
@@ -160,13 +161,13 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
     drop(db, name_prefix)
     if index is not None:
         index.r.delete(index.k_index, index.k_claims, index.k_last, index.k_ver, index.k_marker)
-    window = [(t, e) for t, e, _ in fires if first_ms <= t <= end_ms]
+    window = [(t, e) for t, e, _ in fires if start_ms <= t <= end_ms]
     if not window:
         return {"fired": 0}
     first_t, last_t = min(t for t, _ in window), max(t for t, _ in window)
     late = [t - e for t, e in window]
     distinct = len({k for _, _, k in fires})
-    return {"fired": len(window), "per_s": len(window) / max(1e-3, (end_ms - first_ms) / 1000),
+    return {"fired": len(window), "per_s": len(window) / max(1e-3, (end_ms - start_ms) / 1000),
             "first_ms": first_t - first_ms, "last_ms": last_t - first_ms, "messages": len(fires),
             "distinct": distinct, "lateness": percentiles(late)}
 
