@@ -65,7 +65,7 @@ class TaskNotFound(NotFound):
 
 
 class TaskNotOwned(Conflict):
-    """PS201: the task is leased by another worker (this lease expired)."""
+    """PS201: another lease holds the task (this lease expired and the task was leased again)."""
 
 
 class TaskNotRunning(Conflict):
@@ -78,6 +78,14 @@ class TaskCancelled(Conflict):
 
 class TaskFinished(Conflict):
     """PS209: the task is already completed or aborted and cannot be cancelled."""
+
+
+class TaskYielded(Conflict):
+    """PS210: the lease was yielded; the monitor makes the task ready for another lease."""
+
+
+# Answers to a lease holder's write that mean "this lease is gone": stop working on the task.
+LEASE_GONE = (TaskNotFound, TaskNotOwned, TaskNotRunning, TaskCancelled, TaskYielded)
 
 
 # recurring schedules
@@ -115,15 +123,16 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS105": InvalidArgument,  # bad interval or count (advance, hold, max_count) or NULL node
     # leased tasks
     "PS200": TaskNotFound,  # unknown task
-    "PS201": TaskNotOwned,  # not the owner of the task
+    "PS201": TaskNotOwned,  # another lease holds the task
     "PS202": TaskNotRunning,  # task not running
     "PS203": TaskCancelled,  # task cancelled
     "PS204": InvalidArgument,  # invalid priority
     "PS205": InvalidArgument,  # invalid progress
-    "PS206": InvalidArgument,  # invalid spec
-    "PS207": InvalidArgument,  # invalid errors
-    "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, status, retention)
+    "PS206": InvalidArgument,  # invalid spec (not an object, too large)
+    "PS207": InvalidArgument,  # invalid errors (shape, too many, too large)
+    "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, aging, status, retention, tokens)
     "PS209": TaskFinished,  # cancel of a completed or aborted task
+    "PS210": TaskYielded,  # the lease was yielded
     # recurring schedules (PS300-PS349; the daemons' own codes PS350-PS399)
     "PS300": ScheduleNotFound,  # unknown schedule
     "PS301": InvalidSchedule,  # cron expression does not parse (the field is named)

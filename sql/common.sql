@@ -21,9 +21,13 @@ $$;
 
 -- _notify_throttled(channel, payload, min_gap): NOTIFY at most once per
 -- min_gap per channel, without ever blocking: a caller that finds the
--- channel's row locked by a concurrent notifier skips (that one will notify).
--- Returns whether this call sent the notification. Listeners treat a
--- notification as a hint to poll; polling remains the fallback.
+-- channel's row locked by a concurrent notifier of the same channel skips
+-- (that one will notify). Returns whether this call sent the notification.
+-- Listeners treat a notification as a hint to poll; polling remains the fallback.
+-- The throttle state is bounded: a channel is hashed to one of 1024 slots,
+-- and a slot remembers the last channel notified through it. Two channels
+-- sharing a slot only throttle each other less (a slot held by another
+-- channel counts as "not notified lately"), never suppress a notification.
 CREATE OR REPLACE FUNCTION pyscheduler._notify_throttled(
     p_channel text, p_payload text DEFAULT '', p_min_gap interval DEFAULT '10 milliseconds')
 RETURNS boolean
@@ -31,24 +35,29 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
+    v_slot integer := hashtext(p_channel) & 1023;
+    v_channel text;
     v_last timestamptz;
 BEGIN
-    SELECT last_at INTO v_last FROM pyscheduler._notify_throttle
-     WHERE channel = p_channel FOR UPDATE SKIP LOCKED;
+    SELECT channel, last_at INTO v_channel, v_last FROM pyscheduler._notify_throttle
+     WHERE slot = v_slot FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
-        IF EXISTS (SELECT 1 FROM pyscheduler._notify_throttle WHERE channel = p_channel) THEN
-            RETURN false;  -- locked: a concurrent transaction is notifying
+        SELECT channel INTO v_channel FROM pyscheduler._notify_throttle WHERE slot = v_slot;
+        IF FOUND THEN
+            IF v_channel = p_channel THEN
+                RETURN false;  -- locked: a concurrent transaction is notifying this channel
+            END IF;
+            -- locked by a notifier of another channel: notify without the throttle
+        ELSE
+            INSERT INTO pyscheduler._notify_throttle (slot, channel, last_at)
+            VALUES (v_slot, p_channel, clock_timestamp())
+            ON CONFLICT (slot) DO NOTHING;
         END IF;
-        INSERT INTO pyscheduler._notify_throttle (channel, last_at)
-        VALUES (p_channel, clock_timestamp())
-        ON CONFLICT (channel) DO NOTHING;
-        IF NOT FOUND THEN
-            RETURN false;
-        END IF;
-    ELSIF v_last > clock_timestamp() - p_min_gap THEN
+    ELSIF v_channel = p_channel AND v_last > clock_timestamp() - p_min_gap THEN
         RETURN false;
     ELSE
-        UPDATE pyscheduler._notify_throttle SET last_at = clock_timestamp() WHERE channel = p_channel;
+        UPDATE pyscheduler._notify_throttle SET channel = p_channel, last_at = clock_timestamp()
+         WHERE slot = v_slot;
     END IF;
     PERFORM pg_notify(p_channel, p_payload);
     RETURN true;

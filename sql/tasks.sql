@@ -1,18 +1,39 @@
 -- pyscheduler: leased tasks (seeds/scylla.md). Reloaded on every migrate.
 --
--- A task is submitted ready, leased by a worker (running, owner, deadline),
--- kept alive with heartbeats, and finished by its owner (completed, aborted)
--- or by a client (cancelled). The monitor resets running tasks whose deadline
--- has passed (TaskTimeout in history, not after a TaskYield) and deletes
--- terminal tasks past retention. Every time comes from the database clock;
--- functions that read it take `now` (NULL = the clock) for tests.
+-- A task is submitted ready, leased by a worker (running, owner, deadline, a
+-- secret lease token), kept alive with heartbeats, and finished by the holder
+-- of the lease (completed, aborted) or by a client (cancelled). The monitor
+-- resets running tasks whose deadline has passed (TaskTimeout in history, not
+-- after a TaskYield; aborted with TaskMaxAttempts after too many leases) and
+-- deletes terminal tasks past retention.
+--
+-- Clock: every public function takes the time from the database clock
+-- (now()). Each is a thin wrapper of a private `_name(..., p_now)` granted to
+-- no role, which tests call to move time.
+--
+-- Ownership: lease_task, lease_tasks and complete_and_lease return the task
+-- with a `token` (a random uuid, new for every lease). heartbeat, complete,
+-- abort and yield act only when given the token of the task's current lease;
+-- the worker id is a label for people (owner, history), not a proof.
+--
+-- The state machine, in one place: the writes of a lease holder all guard
+-- with `status = 'running' AND lease_token = token` (yield clears the token),
+-- cancel with `status IN ('ready', 'running')`; why a write matched no row
+-- is _refusal() below. docs/sql-api.md has it as a table, checked by
+-- tests/test_tasks_sql.py against these functions.
 --
 -- SQLSTATE codes (docs/sql-api.md, pyscheduler/errors.py):
---   PS200 unknown task          PS205 invalid progress
---   PS201 not the owner         PS206 invalid spec
---   PS202 not running           PS207 invalid errors
---   PS203 task cancelled        PS208 invalid argument (queue, worker, timeout, n, ...)
---   PS204 invalid priority      PS209 task already finished (cancel of completed/aborted)
+--   PS200 unknown task          PS206 invalid spec (not an object, too large)
+--   PS201 lease lost (another   PS207 invalid errors (shape, too many, too large)
+--         lease holds the task) PS208 invalid argument (queue, worker, timeout,
+--   PS202 not running                  n, aging, status, retention, max_tasks, tokens)
+--   PS203 task cancelled        PS209 task already finished (cancel of completed/aborted)
+--   PS204 invalid priority      PS210 the lease was yielded
+--   PS205 invalid progress
+--
+-- Limits (pyscheduler.settings): task_max_spec_bytes, task_max_errors,
+-- task_max_errors_bytes, task_max_history (entries kept after each reset),
+-- task_max_attempts (timed-out leases after which a task is aborted, not made ready).
 --
 -- Notifications (hints; polling is the fallback), throttled per channel:
 --   pyscheduler_tasks:<queue>    a task became ready in <queue> (submit, reset)
@@ -21,32 +42,58 @@
 
 -- ---------------------------------------------------------------- helpers
 
--- _task_json(t): a task in the seed's JSON shape.
+-- _ts(t): a timestamp as the seed writes it, in UTC ending in Z
+-- ('2021-10-09T12:13:21.000000Z'), whatever the session's TimeZone.
+-- STABLE, not IMMUTABLE: to_char is STABLE, and the planner inlines a SQL
+-- function only when its body is no more volatile than declared (not inlined,
+-- it was parsed and planned on every lease, ~25 us).
+CREATE OR REPLACE FUNCTION pyscheduler._ts(p_t timestamptz)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$ SELECT to_char(p_t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') $$;
+
+-- _task_json(t): a task in the seed's JSON shape (never the lease token).
 CREATE OR REPLACE FUNCTION pyscheduler._task_json(t pyscheduler.tasks)
 RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
     SELECT jsonb_build_object(
         'rn', t.rn, 'spec', t.spec, 'queue', t.queue, 'priority', t.priority,
-        'status', t.status, 'progress', t.progress, 'created', t.created,
-        'updated', t.updated, 'errors', t.errors, 'owner', t.owner,
-        'deadline', t.deadline, 'history', t.history);
+        'status', t.status, 'progress', t.progress, 'created', pyscheduler._ts(t.created),
+        'updated', pyscheduler._ts(t.updated), 'errors', t.errors, 'owner', t.owner,
+        'deadline', pyscheduler._ts(t.deadline), 'history', t.history);
 $$;
 
+-- _leased_json(t): the task as a lease answer: _task_json plus the lease's token.
+CREATE OR REPLACE FUNCTION pyscheduler._leased_json(t pyscheduler.tasks)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$ SELECT pyscheduler._task_json(t) || jsonb_build_object('token', t.lease_token) $$;
+
 -- _history(typ, worker, time, progress): one history entry in the seed's shape
--- (progress only where the seed shows it: TaskTimeout and TaskYield).
--- STABLE, not IMMUTABLE: a timestamptz in JSON depends on TimeZone, and the
--- planner inlines a SQL function only when its body is no more volatile than
--- declared; not inlined, it was parsed and planned on every lease (~25 us).
+-- (progress only where the seed shows it: TaskTimeout and TaskYield), as a
+-- one-element array to append.
 CREATE OR REPLACE FUNCTION pyscheduler._history(
     p_typ text, p_worker text, p_time timestamptz, p_progress double precision DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
     SELECT jsonb_build_array(CASE WHEN p_progress IS NULL
-        THEN jsonb_build_object('_typ', p_typ, 'worker', p_worker, 'time', p_time)
-        ELSE jsonb_build_object('_typ', p_typ, 'worker', p_worker, 'progress', p_progress, 'time', p_time)
+        THEN jsonb_build_object('_typ', p_typ, 'worker', p_worker, 'time', pyscheduler._ts(p_time))
+        ELSE jsonb_build_object('_typ', p_typ, 'worker', p_worker, 'progress', p_progress,
+                                'time', pyscheduler._ts(p_time))
     END);
+$$;
+
+-- _trim_history(history, max): the last max entries.
+CREATE OR REPLACE FUNCTION pyscheduler._trim_history(p_history jsonb, p_max integer)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN jsonb_array_length(p_history) <= p_max THEN p_history
+                ELSE coalesce((SELECT jsonb_agg(e ORDER BY i) FROM jsonb_array_elements(p_history)
+                                 WITH ORDINALITY AS a(e, i)
+                                WHERE i > jsonb_array_length(p_history) - p_max), '[]') END;
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._task_channel(p_queue text)
@@ -54,12 +101,65 @@ RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT 'pyscheduler_tasks:' || p_queue $$;
 
+-- _task_limit(name): an integer limit of pyscheduler.settings ('task_max_...').
+CREATE OR REPLACE FUNCTION pyscheduler._task_limit(p_name text)
+RETURNS integer
+LANGUAGE sql STABLE
+AS $$ SELECT pyscheduler._setting(p_name)::integer $$;
+
+-- _async_commit_if_alone(): synchronous_commit = off for the calling
+-- transaction, but only when the calling API function is provably the whole
+-- transaction: a single-statement query message in its own implicit
+-- transaction (statement and transaction began together), no write before it
+-- (no xid), and called directly by that statement, not from other code. In
+-- any other case (an explicit transaction, a multi-statement query, a call
+-- from a function, the extended protocol) it changes nothing, so a caller's
+-- own writes never lose durability. Called by the lease and heartbeat
+-- functions; the worker library asks for asynchronous commits of its lease
+-- session itself (SET synchronous_commit = off on that connection).
+CREATE OR REPLACE FUNCTION pyscheduler._async_commit_if_alone()
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_stack text;
+BEGIN
+    IF statement_timestamp() = transaction_timestamp() AND txid_current_if_assigned() IS NULL
+       AND strpos(rtrim(current_query(), E' \t\r\n;'), ';') = 0 THEN
+        GET DIAGNOSTICS v_stack = PG_CONTEXT;
+        -- three lines: this function, its PERFORM statement, and the API
+        -- function the client's statement called; called from other code: more
+        IF array_length(string_to_array(v_stack, E'\n'), 1) = 3 THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+    END IF;
+END
+$$;
+
+-- _timeout(timeout, what): a lease timeout checked against its documented
+-- bounds (no months or years part, more than 0 and at most 1 day) and made
+-- calendar-free (pure seconds: a '1 day' lease is 86,400 s across a DST change).
+CREATE OR REPLACE FUNCTION pyscheduler._timeout(p_timeout interval, p_what text DEFAULT 'timeout')
+RETURNS interval
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_timeout IS NULL OR extract(month FROM p_timeout) <> 0 OR extract(year FROM p_timeout) <> 0
+       OR NOT (p_timeout > interval '0' AND p_timeout <= interval '1 day') THEN
+        RAISE EXCEPTION '% must be more than 0 and at most 1 day, without months or years, got %',
+                        p_what, coalesce(p_timeout::text, 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'The lease lasts timeout from now, e.g. ''10 seconds''; heartbeats extend it.';
+    END IF;
+    RETURN make_interval(secs => extract(epoch FROM p_timeout)::double precision);
+END
+$$;
+
 -- _check_task_args: PS204/PS208 for arguments shared by several functions.
--- NULL means "not given" for each argument.
+-- NULL means "not given" for each argument (the *_given flags say a NULL was given).
 CREATE OR REPLACE FUNCTION pyscheduler._check_task_args(
-    p_queue text DEFAULT NULL, p_worker text DEFAULT NULL, p_timeout interval DEFAULT NULL,
-    p_priority bigint DEFAULT NULL, p_queue_given boolean DEFAULT false,
-    p_worker_given boolean DEFAULT false)
+    p_queue text DEFAULT NULL, p_worker text DEFAULT NULL, p_priority bigint DEFAULT NULL,
+    p_queue_given boolean DEFAULT false, p_worker_given boolean DEFAULT false,
+    p_aging_rate double precision DEFAULT 0, p_aging_cap bigint DEFAULT 0)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -72,25 +172,36 @@ BEGIN
         RAISE EXCEPTION 'worker must be 1 to 40 bytes long, got %', coalesce(quote_literal(p_worker), 'NULL')
             USING ERRCODE = 'PS208', HINT = 'Get a worker id from pyscheduler.register_worker().';
     END IF;
-    IF p_timeout IS NOT NULL AND p_timeout <= interval '0' THEN
-        RAISE EXCEPTION 'timeout must be positive, got %', p_timeout
-            USING ERRCODE = 'PS208', HINT = 'The lease lasts timeout from now, e.g. ''10 seconds''.';
-    END IF;
     IF p_priority IS NOT NULL AND p_priority NOT BETWEEN 0 AND 4294967295 THEN
         RAISE EXCEPTION 'priority must be an integer in 0..4294967295, got %', p_priority
             USING ERRCODE = 'PS204', HINT = 'Higher numbers are leased first; the default is 50.';
     END IF;
+    -- NaN compares greater than every number in PostgreSQL: the upper bound rejects it too
+    IF p_aging_rate IS NULL OR NOT (p_aging_rate >= 0 AND p_aging_rate <= 4294967295) THEN
+        RAISE EXCEPTION 'aging_rate must be a finite number in 0..4294967295 (per second), got %',
+                        coalesce(p_aging_rate::text, 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'aging_rate => 0 turns aging off.';
+    END IF;
+    IF p_aging_cap IS NULL OR p_aging_cap NOT BETWEEN 0 AND 4294967295 THEN
+        RAISE EXCEPTION 'aging_cap must be an integer in 0..4294967295, got %', coalesce(p_aging_cap::text, 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'The effective priority an aging task reaches at most.';
+    END IF;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler._check_spec(p_spec jsonb, p_what text DEFAULT 'spec')
+-- _check_spec(spec, what, max_bytes): PS206 unless spec is a JSON object of at most max_bytes.
+CREATE OR REPLACE FUNCTION pyscheduler._check_spec(p_spec jsonb, p_what text, p_max_bytes integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
     IF p_spec IS NULL OR jsonb_typeof(p_spec) <> 'object' THEN
-        RAISE EXCEPTION '% must be a JSON object, got %', p_what, coalesce(p_spec::text, 'NULL')
+        RAISE EXCEPTION '% must be a JSON object, got %', p_what, coalesce(left(p_spec::text, 200), 'NULL')
             USING ERRCODE = 'PS206', HINT = 'spec is the application''s definition of the task, e.g. {"orderId": "233"}.';
+    END IF;
+    IF pg_column_size(p_spec) > p_max_bytes THEN
+        RAISE EXCEPTION '% is % bytes, more than task_max_spec_bytes (%)', p_what, pg_column_size(p_spec), p_max_bytes
+            USING ERRCODE = 'PS206', HINT = 'Keep large payloads elsewhere and put a reference in the spec.';
     END IF;
 END
 $$;
@@ -107,136 +218,145 @@ BEGIN
 END
 $$;
 
--- _task_refused(rn, worker): raise why a worker's write to task rn matched no
--- row: PS200 unknown, PS203 cancelled, PS202 not running, PS201 not the owner.
-CREATE OR REPLACE FUNCTION pyscheduler._task_refused(p_rn uuid, p_worker text)
+-- _refusal(status, lease_token, token): THE state machine of a lease holder's
+-- writes (heartbeat, complete, abort, yield): NULL when the write is allowed,
+-- else the SQLSTATE it is refused with. status NULL: the task does not exist.
+CREATE OR REPLACE FUNCTION pyscheduler._refusal(
+    p_status pyscheduler.task_status, p_lease_token uuid, p_token uuid)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN p_status IS NULL THEN 'PS200'          -- unknown (or cleaned up)
+                WHEN p_status = 'cancelled' THEN 'PS203'    -- cancelled: stop
+                WHEN p_status <> 'running' THEN 'PS202'     -- ready again, or finished
+                WHEN p_lease_token IS NULL THEN 'PS210'     -- the lease was yielded
+                WHEN p_lease_token = p_token THEN NULL      -- the current lease: allowed
+                ELSE 'PS201' END;                           -- another lease holds it
+$$;
+
+-- _task_refused(rn, token): raise why a lease holder's write to task rn
+-- matched no row (_refusal's code). Returns when the write would be allowed.
+CREATE OR REPLACE FUNCTION pyscheduler._task_refused(p_rn uuid, p_token uuid)
 RETURNS void
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_status pyscheduler.task_status;
+    v_lease uuid;
     v_owner text;
+    v_code text;
 BEGIN
-    SELECT status, owner INTO v_status, v_owner FROM pyscheduler.tasks WHERE rn = p_rn;
-    IF NOT FOUND THEN
+    SELECT status, lease_token, owner INTO v_status, v_lease, v_owner FROM pyscheduler.tasks WHERE rn = p_rn;
+    v_code := pyscheduler._refusal(v_status, v_lease, p_token);
+    CASE v_code
+    WHEN 'PS200' THEN
         RAISE EXCEPTION 'unknown task %', p_rn
             USING ERRCODE = 'PS200', HINT = 'The task never existed or was cleaned up after its retention period.';
-    ELSIF v_status = 'cancelled' THEN
+    WHEN 'PS203' THEN
         RAISE EXCEPTION 'task % was cancelled', p_rn
             USING ERRCODE = 'PS203', HINT = 'Stop working on it; the task stays cancelled.';
-    ELSIF v_status <> 'running' THEN
+    WHEN 'PS202' THEN
         RAISE EXCEPTION 'task % is %, not running', p_rn, v_status
             USING ERRCODE = 'PS202', HINT = 'The lease expired or the task finished; lease a new task.';
+    WHEN 'PS210' THEN
+        RAISE EXCEPTION 'task % was yielded: its lease is over', p_rn
+            USING ERRCODE = 'PS210', HINT = 'The monitor makes it ready for another lease; stop working on it.';
+    WHEN 'PS201' THEN
+        RAISE EXCEPTION 'task % is held by another lease (owner %): this token''s lease is over', p_rn, v_owner
+            USING ERRCODE = 'PS201', HINT = 'The lease expired and the task was leased again; stop working on it.';
     ELSE
-        RAISE EXCEPTION 'task % is leased by %, not by %', p_rn, v_owner, p_worker
-            USING ERRCODE = 'PS201', HINT = 'The lease expired and another worker took the task over.';
-    END IF;
-END
-$$;
-
--- _lease_one(queue, worker, timeout, now): the single-task claim of lease_task
--- and complete_and_lease (aging off): the next ready task of queue becomes
--- running for worker, or NULL. Checks queue, worker and timeout (PS208) but
--- leaves synchronous_commit to its caller. One statement with LIMIT 1 and the
--- row fetched by primary key: its generic plan is the right one, so it is
--- planned once per session. Not SECURITY DEFINER: runs inside its callers.
-CREATE OR REPLACE FUNCTION pyscheduler._lease_one(
-    p_queue text, p_worker text, p_timeout interval, p_now timestamptz)
-RETURNS jsonb
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_task jsonb;
-BEGIN
-    IF NOT (octet_length(p_queue) BETWEEN 1 AND 40 AND octet_length(p_worker) BETWEEN 1 AND 40
-            AND p_timeout > interval '0') IS TRUE THEN
-        PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true,
-                                             p_worker => p_worker, p_worker_given => true,
-                                             p_timeout => coalesce(p_timeout, interval '0'));
-    END IF;
-    UPDATE pyscheduler.tasks t
-       SET status = 'running', owner = p_worker, deadline = p_now + p_timeout, updated = p_now,
-           history = t.history || pyscheduler._history('TaskAssignment', p_worker, p_now)
-     WHERE t.rn = (SELECT r.rn FROM pyscheduler.tasks r
-                    WHERE r.queue = p_queue AND r.status = 'ready'
-                    ORDER BY r.priority DESC, r.created, r.rn
-                    LIMIT 1
-                      FOR UPDATE SKIP LOCKED)
-    RETURNING pyscheduler._task_json(t) INTO v_task;
-    RETURN v_task;
+        NULL;
+    END CASE;
 END
 $$;
 
 -- ---------------------------------------------------------------- client
 
-CREATE OR REPLACE FUNCTION pyscheduler.submit_task(
-    queue text, spec jsonb, priority bigint DEFAULT 50, now timestamptz DEFAULT NULL)
-RETURNS jsonb
+CREATE OR REPLACE FUNCTION pyscheduler._submit_tasks(
+    queue text, specs jsonb, priority bigint DEFAULT 50, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pyscheduler, pg_temp
 AS $$
-/* submit_task(queue, spec, priority => 50, now => NULL) -> task jsonb
-   Add a ready task to queue and wake that queue's idle workers (NOTIFY).
-   queue:    1..40 bytes; tasks of a queue are leased by that queue's workers.
-   spec:     a JSON object, opaque to pyscheduler.
-   priority: 0..4294967295, higher is leased first.
-   Errors: PS204 priority, PS206 spec, PS208 queue. */
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(submit_task.now, now());
+    v_max integer := pyscheduler._task_limit('task_max_spec_bytes');
+    v_bad record;
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => _submit_tasks.queue, p_queue_given => true,
+                                         p_priority => coalesce(_submit_tasks.priority, -1));
+    IF specs IS NULL OR jsonb_typeof(specs) <> 'array' THEN
+        RAISE EXCEPTION 'specs must be a JSON array of spec objects, got %', coalesce(left(specs::text, 200), 'NULL')
+            USING ERRCODE = 'PS206', HINT = 'e.g. ''[{"orderId": "1"}, {"orderId": "2"}]''';
+    END IF;
+    SELECT e, i INTO v_bad FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
+     WHERE jsonb_typeof(e) <> 'object' OR pg_column_size(e) > v_max LIMIT 1;
+    IF FOUND THEN
+        PERFORM pyscheduler._check_spec(v_bad.e, format('specs[%s]', v_bad.i - 1), v_max);
+    END IF;
+    RETURN QUERY
+    INSERT INTO pyscheduler.tasks AS t (rn, queue, spec, priority, status, progress, created, updated, errors, history)
+    SELECT gen_random_uuid(), _submit_tasks.queue, a.e, _submit_tasks.priority, 'ready', 0, p_now, p_now, '[]', '[]'
+      FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
+     ORDER BY a.i  -- seq (the default) follows the order of specs
+    RETURNING pyscheduler._task_json(t);
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_tasks.queue));
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._submit_task(
+    queue text, spec jsonb, priority bigint DEFAULT 50, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
     v_task jsonb;
 BEGIN
-    PERFORM _check_task_args(p_queue => submit_task.queue, p_queue_given => true,
-                             p_priority => coalesce(submit_task.priority, -1));
-    PERFORM _check_spec(submit_task.spec);
-    INSERT INTO tasks AS t (rn, queue, spec, priority, status, progress, created, updated, errors, history)
-    VALUES (gen_random_uuid(), submit_task.queue, submit_task.spec, submit_task.priority, 'ready', 0,
-            v_now, v_now, '[]', '[]')
-    RETURNING _task_json(t) INTO v_task;
-    PERFORM _notify_throttled(_task_channel(submit_task.queue));
+    PERFORM pyscheduler._check_task_args(p_queue => _submit_task.queue, p_queue_given => true,
+                                         p_priority => coalesce(_submit_task.priority, -1));
+    PERFORM pyscheduler._check_spec(_submit_task.spec, 'spec', pyscheduler._task_limit('task_max_spec_bytes'));
+    INSERT INTO pyscheduler.tasks AS t (rn, queue, spec, priority, status, progress, created, updated, errors, history)
+    VALUES (gen_random_uuid(), _submit_task.queue, _submit_task.spec, _submit_task.priority, 'ready', 0,
+            p_now, p_now, '[]', '[]')
+    RETURNING pyscheduler._task_json(t) INTO v_task;
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_task.queue));
     RETURN v_task;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_task(text, jsonb, bigint, timestamptz) IS
-    'Submit a ready task to a queue (priority 0..4294967295, higher first); returns the task as JSON.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(
-    queue text, specs jsonb, priority bigint DEFAULT 50, now timestamptz DEFAULT NULL)
-RETURNS TABLE (task jsonb)
-LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION pyscheduler.submit_task(queue text, spec jsonb, priority bigint DEFAULT 50)
+RETURNS jsonb
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* submit_tasks(queue, specs, priority => 50, now => NULL) -> setof (task jsonb)
-   The batch form of submit_task: specs is a JSON array of spec objects, all
-   submitted to queue with one priority in one statement, one NOTIFY.
-   Errors: PS204 priority, PS206 specs (not an array of objects), PS208 queue. */
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := coalesce(submit_tasks.now, now());
-    v_bad jsonb;
-BEGIN
-    PERFORM _check_task_args(p_queue => submit_tasks.queue, p_queue_given => true,
-                             p_priority => coalesce(submit_tasks.priority, -1));
-    IF specs IS NULL OR jsonb_typeof(specs) <> 'array' THEN
-        RAISE EXCEPTION 'specs must be a JSON array of spec objects, got %', coalesce(specs::text, 'NULL')
-            USING ERRCODE = 'PS206', HINT = 'e.g. ''[{"orderId": "1"}, {"orderId": "2"}]''';
-    END IF;
-    SELECT e INTO v_bad FROM jsonb_array_elements(specs) e WHERE jsonb_typeof(e) <> 'object' LIMIT 1;
-    IF FOUND THEN
-        PERFORM _check_spec(v_bad, 'every element of specs');
-    END IF;
-    RETURN QUERY
-    INSERT INTO tasks AS t (rn, queue, spec, priority, status, progress, created, updated, errors, history)
-    SELECT gen_random_uuid(), submit_tasks.queue, e, submit_tasks.priority, 'ready', 0, v_now, v_now, '[]', '[]'
-      FROM jsonb_array_elements(specs) e
-    RETURNING _task_json(t);
-    PERFORM _notify_throttled(_task_channel(submit_tasks.queue));
-END
+/* submit_task(queue, spec, priority => 50) -> task jsonb
+   Add a ready task to queue and wake that queue's idle workers (NOTIFY).
+   queue:    1..40 bytes; tasks of a queue are leased by that queue's workers.
+   spec:     a JSON object, opaque to pyscheduler, at most task_max_spec_bytes.
+   priority: 0..4294967295, higher is leased first; equal priorities in
+             submission order.
+   Errors: PS204 priority, PS206 spec, PS208 queue. */
+    SELECT pyscheduler._submit_task(queue, spec, priority, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint, timestamptz) IS
-    'Submit a JSON array of specs as ready tasks of one queue and priority; returns the tasks as JSON.';
+COMMENT ON FUNCTION pyscheduler.submit_task(text, jsonb, bigint) IS
+    'Submit a ready task to a queue (priority 0..4294967295, higher first); returns the task as JSON.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(queue text, specs jsonb, priority bigint DEFAULT 50)
+RETURNS TABLE (task jsonb)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* submit_tasks(queue, specs, priority => 50) -> setof (task jsonb)
+   The batch form of submit_task: specs is a JSON array of spec objects, all
+   submitted to queue with one priority in one statement, one NOTIFY; they
+   lease in the order of specs. Errors: PS204 priority, PS206 specs (not an
+   array of objects, or an element too large: the message names it), PS208 queue. */
+    SELECT t.task FROM pyscheduler._submit_tasks(queue, specs, priority, now()) AS t;
+$$;
+COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint) IS
+    'Submit a JSON array of specs as ready tasks of one queue and priority (leased in array order); returns the tasks.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.get_task(rn uuid)
 RETURNS jsonb
@@ -245,7 +365,8 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* get_task(rn) -> task jsonb
-   The task in the seed's JSON shape. Errors: PS200 unknown task. */
+   The task in the seed's JSON shape (never its lease token).
+   Errors: PS200 unknown task. */
 #variable_conflict use_column
 DECLARE
     v_task jsonb;
@@ -288,50 +409,56 @@ BEGIN
      WHERE (list_tasks.queue IS NULL OR t.queue = list_tasks.queue)
        AND (list_tasks.status IS NULL OR t.status = list_tasks.status::task_status)
        AND (list_tasks.owner IS NULL OR t.owner = list_tasks.owner)
-     ORDER BY t.created DESC, t.rn
+     ORDER BY t.created DESC, t.seq DESC
      LIMIT max_tasks;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer) IS
     'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.cancel_task(rn uuid, now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler._cancel_task(rn uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_task pyscheduler.tasks;
+BEGIN
+    UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now
+     WHERE t.rn = _cancel_task.rn AND t.status IN ('ready', 'running')
+    RETURNING t.* INTO v_task;
+    IF FOUND THEN
+        IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
+            PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
+        END IF;
+        RETURN pyscheduler._task_json(v_task);
+    END IF;
+    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = _cancel_task.rn;
+    IF NOT FOUND THEN
+        PERFORM pyscheduler._task_refused(_cancel_task.rn, NULL);
+    ELSIF v_task.status <> 'cancelled' THEN
+        RAISE EXCEPTION 'task % is already %', _cancel_task.rn, v_task.status
+            USING ERRCODE = 'PS209', HINT = 'Only ready or running tasks can be cancelled.';
+    END IF;
+    RETURN pyscheduler._task_json(v_task);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.cancel_task(rn uuid)
+RETURNS jsonb
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* cancel_task(rn, now => NULL) -> task jsonb
+/* cancel_task(rn) -> task jsonb
    A ready or running task becomes cancelled (terminal). A running task keeps
    its owner, who is told at once (NOTIFY pyscheduler_cancel:<owner>) and in
    any case by PS203 on its next heartbeat or status write. Cancelling a
-   cancelled task returns it unchanged.
+   cancelled task returns it unchanged. Any client may cancel any task (the seed).
    Errors: PS200 unknown task, PS209 already completed or aborted. */
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := coalesce(cancel_task.now, now());
-    v_task tasks;
-BEGIN
-    UPDATE tasks t SET status = 'cancelled', deadline = NULL, updated = v_now
-     WHERE t.rn = cancel_task.rn AND t.status IN ('ready', 'running')
-    RETURNING t.* INTO v_task;
-    IF FOUND THEN
-        IF v_task.owner IS NOT NULL THEN
-            PERFORM _notify_throttled('pyscheduler_cancel:' || v_task.owner);
-        END IF;
-        RETURN _task_json(v_task);
-    END IF;
-    SELECT * INTO v_task FROM tasks t WHERE t.rn = cancel_task.rn;
-    IF NOT FOUND THEN
-        PERFORM _task_refused(cancel_task.rn, NULL);
-    ELSIF v_task.status <> 'cancelled' THEN
-        RAISE EXCEPTION 'task % is already %', cancel_task.rn, v_task.status
-            USING ERRCODE = 'PS209', HINT = 'Only ready or running tasks can be cancelled.';
-    END IF;
-    RETURN _task_json(v_task);
-END
+    SELECT pyscheduler._cancel_task(rn, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.cancel_task(uuid, timestamptz) IS
+COMMENT ON FUNCTION pyscheduler.cancel_task(uuid) IS
     'Cancel a ready or running task (terminal); the owner of a running task learns at once via NOTIFY.';
 
 -- ---------------------------------------------------------------- worker
@@ -344,52 +471,31 @@ SET search_path = pyscheduler, pg_temp
 AS $$
     /* register_worker() -> text
        A new unique worker id ('worker-27') from a database sequence. Ids do
-       not survive the process: a restarted worker registers again. */
+       not survive the process: a restarted worker registers again. The id
+       names the owner of the worker's leases; the lease token proves them. */
     SELECT 'worker-' || nextval('pyscheduler.worker_id_seq');
 $$;
 COMMENT ON FUNCTION pyscheduler.register_worker() IS
     'A new unique worker id (worker-<n>) from a database sequence; register once per process.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks(
+CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
-    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295,
-    now timestamptz DEFAULT NULL)
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pyscheduler, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
-/* lease_tasks(queue, worker, n => 1, timeout => '10 seconds',
-               aging_rate => 0, aging_cap => 4294967295, now => NULL) -> setof (task jsonb)
-   Lease up to n ready tasks of queue: highest priority first, then oldest,
-   skipping rows other workers are leasing (FOR UPDATE SKIP LOCKED). Each
-   becomes running, owner = worker, deadline = now + timeout, history +=
-   TaskAssignment. Returns nothing when no task is ready.
-   Fairness (off by default): with aging_rate > 0 a ready task's effective
-   priority is priority + aging_rate * seconds since it became ready, capped at
-   greatest(priority, aging_cap); this path sorts every ready task of the queue.
-   Commits asynchronously (synchronous_commit = off for the calling
-   transaction): a lease lost in a database crash is a lease that expired.
-   Errors: PS208 queue, worker, n < 1, timeout <= 0, aging_rate < 0. */
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(lease_tasks.now, now());
+    v_timeout interval := pyscheduler._timeout(_lease_tasks.timeout);
 BEGIN
-    PERFORM _check_task_args(p_queue => lease_tasks.queue, p_queue_given => true,
-                             p_worker => lease_tasks.worker, p_worker_given => true,
-                             p_timeout => coalesce(lease_tasks.timeout, interval '0'));
+    PERFORM pyscheduler._check_task_args(p_queue => _lease_tasks.queue, p_queue_given => true,
+                                         p_worker => _lease_tasks.worker, p_worker_given => true,
+                                         p_aging_rate => _lease_tasks.aging_rate,
+                                         p_aging_cap => _lease_tasks.aging_cap);
     IF n IS NULL OR n < 1 THEN
         RAISE EXCEPTION 'n must be at least 1, got %', coalesce(n::text, 'NULL') USING ERRCODE = 'PS208';
     END IF;
-    IF aging_rate IS NULL OR NOT aging_rate >= 0 OR aging_cap IS NULL THEN
-        RAISE EXCEPTION 'aging_rate must be >= 0 and aging_cap given, got % and %', aging_rate, aging_cap
-            USING ERRCODE = 'PS208', HINT = 'aging_rate => 0 turns aging off.';
-    END IF;
-    -- A lease lost in a database crash equals a lease that expired: the task
-    -- is ready again (at-least-once, as the seed requires), so the lease
-    -- need not wait for its WAL flush (this transaction commits asynchronously).
-    PERFORM set_config('synchronous_commit', 'off', true);
     -- The claim is one statement per path, written out twice on purpose: each
     -- keeps its own cached plan, and one statement measured ~1.5x faster for
     -- single-task leases than locking the rows first and updating them after.
@@ -400,387 +506,531 @@ BEGIN
         -- re-planning it on every call cost ~200 us, two thirds of a lease.
         RETURN QUERY
         WITH u AS (
-            UPDATE tasks t
-               SET status = 'running', owner = lease_tasks.worker, deadline = v_now + lease_tasks.timeout,
-                   updated = v_now, history = t.history || _history('TaskAssignment', lease_tasks.worker, v_now)
+            UPDATE pyscheduler.tasks t
+               SET status = 'running', owner = _lease_tasks.worker, deadline = p_now + v_timeout,
+                   updated = p_now, lease_token = gen_random_uuid(), attempts = t.attempts + 1,
+                   history = t.history || pyscheduler._history('TaskAssignment', _lease_tasks.worker, p_now)
              WHERE t.rn = ANY (ARRAY(
-                   SELECT r.rn FROM tasks r
-                    WHERE r.queue = lease_tasks.queue AND r.status = 'ready'
-                    ORDER BY r.priority DESC, r.created, r.rn
+                   SELECT r.rn FROM pyscheduler.tasks r
+                    WHERE r.queue = _lease_tasks.queue AND r.status = 'ready'
+                    ORDER BY r.priority DESC, r.created, r.seq
                     LIMIT n
                       FOR UPDATE SKIP LOCKED))
             RETURNING t.*)
-        SELECT _task_json(u::tasks) FROM u ORDER BY u.priority DESC, u.created, u.rn;
+        SELECT pyscheduler._leased_json(u::pyscheduler.tasks) FROM u ORDER BY u.priority DESC, u.created, u.seq;
     ELSE
         RETURN QUERY
         WITH c AS (
-            SELECT r.rn FROM tasks r
-             WHERE r.queue = lease_tasks.queue AND r.status = 'ready'
+            SELECT r.rn FROM pyscheduler.tasks r
+             WHERE r.queue = _lease_tasks.queue AND r.status = 'ready'
              ORDER BY greatest(r.priority, least(
-                          r.priority + aging_rate * greatest(0, extract(epoch FROM v_now - r.updated)),
+                          r.priority + aging_rate * greatest(0, extract(epoch FROM p_now - r.updated)),
                           aging_cap)) DESC,
-                      r.created, r.rn
+                      r.created, r.seq
              LIMIT n
                FOR UPDATE SKIP LOCKED)
-        UPDATE tasks t
-           SET status = 'running', owner = lease_tasks.worker, deadline = v_now + lease_tasks.timeout,
-               updated = v_now, history = t.history || _history('TaskAssignment', lease_tasks.worker, v_now)
+        UPDATE pyscheduler.tasks t
+           SET status = 'running', owner = _lease_tasks.worker, deadline = p_now + v_timeout,
+               updated = p_now, lease_token = gen_random_uuid(), attempts = t.attempts + 1,
+               history = t.history || pyscheduler._history('TaskAssignment', _lease_tasks.worker, p_now)
           FROM c
          WHERE t.rn = c.rn
-        RETURNING _task_json(t);
+        RETURNING pyscheduler._leased_json(t);
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, double precision, bigint, timestamptz) IS
-    'Lease up to n ready tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; optional aging.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks(
+    queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295)
+RETURNS TABLE (task jsonb)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* lease_tasks(queue, worker, n => 1, timeout => '10 seconds',
+               aging_rate => 0, aging_cap => 4294967295) -> setof (task jsonb)
+   Lease up to n ready tasks of queue: highest priority first, then oldest,
+   then in submission order, skipping rows other workers are leasing (FOR
+   UPDATE SKIP LOCKED). Each becomes running, owner = worker, deadline = now
+   + timeout, history += TaskAssignment, and gets a new secret lease token,
+   returned as the task's "token": heartbeat, complete, abort and yield need it.
+   Returns nothing when no task is ready.
+   timeout: more than 0, at most 1 day, no months or years.
+   Fairness (off by default): with aging_rate > 0 a ready task's effective
+   priority is priority + aging_rate * seconds since it became ready, capped at
+   greatest(priority, aging_cap); this path sorts every ready task of the queue.
+   Commits asynchronously when the call is the whole transaction (a lease lost
+   in a database crash is a lease that expired); never changes the
+   durability of a larger transaction.
+   Errors: PS208 queue, worker, n < 1, timeout, aging_rate, aging_cap. */
+BEGIN
+    PERFORM _async_commit_if_alone();
+    RETURN QUERY SELECT l.task FROM _lease_tasks($1, $2, $3, $4, $5, $6, now()) AS l;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, double precision, bigint) IS
+    'Lease up to n ready tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; each with its lease token.';
+
+-- _lease_task: the single-task claim of lease_task and complete_and_lease
+-- (aging off): the next ready task of queue becomes running for worker, or
+-- NULL. One statement with LIMIT 1 and the row fetched by primary key: its
+-- generic plan is the right one, so it is planned once per session. With
+-- aging (or bad aging arguments) it takes _lease_tasks' path.
+CREATE OR REPLACE FUNCTION pyscheduler._lease_task(
+    queue text, worker text, timeout interval DEFAULT '10 seconds', aging_rate double precision DEFAULT 0,
+    aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_task jsonb;
+BEGIN
+    IF aging_rate IS DISTINCT FROM 0 OR aging_cap IS DISTINCT FROM 4294967295 THEN
+        RETURN (SELECT l.task FROM pyscheduler._lease_tasks($1, $2, 1, $3, $4, $5, p_now) AS l);
+    END IF;
+    IF NOT (octet_length(queue) BETWEEN 1 AND 40 AND octet_length(worker) BETWEEN 1 AND 40
+            AND timeout > interval '0' AND timeout <= interval '1 day'
+            AND extract(month FROM timeout) = 0 AND extract(year FROM timeout) = 0) IS TRUE THEN
+        PERFORM pyscheduler._check_task_args(p_queue => queue, p_queue_given => true,
+                                             p_worker => worker, p_worker_given => true);
+        PERFORM pyscheduler._timeout(timeout);
+    END IF;
+    UPDATE pyscheduler.tasks t
+       SET status = 'running', owner = worker, updated = p_now,
+           deadline = p_now + make_interval(secs => extract(epoch FROM timeout)::double precision),
+           lease_token = gen_random_uuid(), attempts = t.attempts + 1,
+           history = t.history || pyscheduler._history('TaskAssignment', worker, p_now)
+     WHERE t.rn = (SELECT r.rn FROM pyscheduler.tasks r
+                    WHERE r.queue = $1 AND r.status = 'ready'
+                    ORDER BY r.priority DESC, r.created, r.seq
+                    LIMIT 1
+                      FOR UPDATE SKIP LOCKED)
+    RETURNING pyscheduler._leased_json(t) INTO v_task;
+    RETURN v_task;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_task(
     queue text, worker text, timeout interval DEFAULT '10 seconds',
-    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295,
-    now timestamptz DEFAULT NULL)
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* lease_task(queue, worker, timeout => '10 seconds', aging_rate => 0,
-              aging_cap => 4294967295, now => NULL) -> task jsonb or NULL
-   lease_tasks with n => 1: the task leased, or NULL when none is ready.
-   Commits asynchronously, like lease_tasks. (PL/pgSQL with its own LIMIT 1
-   claim, _lease_one, whose generic plan the plan cache keeps: a SQL body, or
-   a call of lease_tasks, was re-planned or paid a nested call on every lease;
-   no SET plan_cache_mode here: it measured ~10 % slower in short runs.) */
+              aging_cap => 4294967295) -> task jsonb or NULL
+   lease_tasks with n => 1: the task leased (with its "token"), or NULL when
+   none is ready. Commits asynchronously when it is the whole transaction,
+   like lease_tasks. (Its own LIMIT 1 claim, _lease_task, whose generic plan
+   the plan cache keeps.) */
 BEGIN
-    IF aging_rate IS DISTINCT FROM 0 OR aging_cap IS NULL THEN  -- aging (or bad aging arguments): lease_tasks' path
-        RETURN (SELECT l.task FROM lease_tasks(queue => $1, worker => $2, n => 1, timeout => $3,
-                                               aging_rate => $4, aging_cap => $5, now => $6) l);
-    END IF;
-    PERFORM set_config('synchronous_commit', 'off', true);  -- as lease_tasks: a lost lease expired
-    RETURN _lease_one($1, $2, $3, coalesce($6, now()));
+    PERFORM _async_commit_if_alone();
+    RETURN _lease_task($1, $2, $3, $4, $5, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.lease_task(text, text, interval, double precision, bigint, timestamptz) IS
-    'Lease the next ready task of a queue (NULL when none); see lease_tasks.';
+COMMENT ON FUNCTION pyscheduler.lease_task(text, text, interval, double precision, bigint) IS
+    'Lease the next ready task of a queue (NULL when none), with its lease token; see lease_tasks.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_task(
+    rn uuid, token uuid, progress double precision DEFAULT NULL, timeout interval DEFAULT '10 seconds',
+    p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_answer jsonb;
+BEGIN
+    PERFORM pyscheduler._check_progress(_heartbeat_task.progress);
+    UPDATE pyscheduler.tasks t
+       SET deadline = p_now + pyscheduler._timeout(_heartbeat_task.timeout), updated = p_now,
+           progress = coalesce(_heartbeat_task.progress, t.progress)
+     WHERE t.rn = _heartbeat_task.rn AND t.lease_token = _heartbeat_task.token AND t.status = 'running'
+    RETURNING jsonb_build_object('rn', t.rn, 'status', t.status, 'progress', t.progress,
+                                 'deadline', pyscheduler._ts(t.deadline)) INTO v_answer;
+    IF v_answer IS NULL THEN
+        PERFORM pyscheduler._timeout(_heartbeat_task.timeout);
+        PERFORM pyscheduler._task_refused(_heartbeat_task.rn, _heartbeat_task.token);
+    END IF;
+    RETURN v_answer;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.heartbeat_task(
-    rn uuid, worker text, progress double precision DEFAULT NULL,
-    timeout interval DEFAULT '10 seconds', now timestamptz DEFAULT NULL)
+    rn uuid, token uuid, progress double precision DEFAULT NULL, timeout interval DEFAULT '10 seconds')
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* heartbeat_task(rn, worker, progress => NULL, timeout => '10 seconds', now => NULL)
-       -> task jsonb
-   Extend the lease: deadline = now + timeout, and set progress (0..1; NULL
-   keeps it), in one statement guarded by owner = worker and status = running.
-   Commits asynchronously, like lease_tasks: a heartbeat lost in a crash only
-   makes the lease shorter.
-   Errors: PS200 unknown, PS201 not the owner, PS202 not running,
-   PS203 cancelled (stop working), PS205 progress, PS208 timeout. */
+/* heartbeat_task(rn, token, progress => NULL, timeout => '10 seconds')
+       -> {"rn", "status", "progress", "deadline"}
+   The holder of the lease (token from the lease) extends it: deadline = now +
+   timeout, and sets progress (0..1; NULL keeps it), in one statement guarded
+   by the token and status = running. The answer is small on purpose (not the
+   task). Commits asynchronously when it is the whole transaction, like
+   lease_tasks: a heartbeat lost in a crash only makes the lease shorter.
+   Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
+   PS203 cancelled (stop working), PS205 progress, PS208 timeout, PS210 yielded. */
+BEGIN
+    PERFORM _async_commit_if_alone();
+    RETURN _heartbeat_task($1, $2, $3, $4, now());
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.heartbeat_task(uuid, uuid, double precision, interval) IS
+    'The lease holder (token) extends its lease to now + timeout and reports progress; PS203 means cancelled.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._complete_task(rn uuid, token uuid, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(heartbeat_task.now, now());
     v_task jsonb;
 BEGIN
-    PERFORM _check_task_args(p_timeout => coalesce(heartbeat_task.timeout, interval '0'));
-    PERFORM _check_progress(heartbeat_task.progress);
-    PERFORM set_config('synchronous_commit', 'off', true);  -- a lost heartbeat is a shorter lease
-    UPDATE tasks t
-       SET deadline = v_now + heartbeat_task.timeout, updated = v_now,
-           progress = coalesce(heartbeat_task.progress, t.progress)
-     WHERE t.rn = heartbeat_task.rn AND t.owner = heartbeat_task.worker AND t.status = 'running'
-    RETURNING _task_json(t) INTO v_task;
+    UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
+     WHERE t.rn = _complete_task.rn AND t.lease_token = _complete_task.token AND t.status = 'running'
+    RETURNING pyscheduler._task_json(t) INTO v_task;
     IF v_task IS NULL THEN
-        PERFORM _task_refused(heartbeat_task.rn, heartbeat_task.worker);
+        PERFORM pyscheduler._task_refused(_complete_task.rn, _complete_task.token);
     END IF;
     RETURN v_task;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.heartbeat_task(uuid, text, double precision, interval, timestamptz) IS
-    'Extend a lease to now + timeout and report progress; PS203 tells the worker the task was cancelled.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.complete_task(rn uuid, worker text, now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.complete_task(rn uuid, token uuid)
 RETURNS jsonb
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* complete_task(rn, worker, now => NULL) -> task jsonb
-   The owner finishes a running task: completed, progress 1.0. A task
+/* complete_task(rn, token) -> task jsonb
+   The lease holder finishes a running task: completed, progress 1.0. A task
    cancelled meanwhile stays cancelled (PS203).
-   Errors: PS200 unknown, PS201 not the owner, PS202 not running, PS203 cancelled. */
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := coalesce(complete_task.now, now());
-    v_task jsonb;
-BEGIN
-    UPDATE tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = v_now
-     WHERE t.rn = complete_task.rn AND t.owner = complete_task.worker AND t.status = 'running'
-    RETURNING _task_json(t) INTO v_task;
-    IF v_task IS NULL THEN
-        PERFORM _task_refused(complete_task.rn, complete_task.worker);
-    END IF;
-    RETURN v_task;
-END
+   Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
+   PS203 cancelled, PS210 yielded. */
+    SELECT pyscheduler._complete_task(rn, token, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.complete_task(uuid, text, timestamptz) IS
-    'The owner marks a running task completed (progress 1.0); PS203 if it was cancelled meanwhile.';
+COMMENT ON FUNCTION pyscheduler.complete_task(uuid, uuid) IS
+    'The lease holder (token) marks a running task completed (progress 1.0); PS203 if it was cancelled meanwhile.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.complete_tasks(rns uuid[], worker text, now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler._complete_tasks(rns uuid[], tokens uuid[], p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pyscheduler, pg_temp
 AS $$
-/* complete_tasks(rns, worker, now => NULL) -> setof (rn uuid, sqlstate text)
-   The batch form of complete_task, in one statement: completes every task of
-   rns that worker holds and that is running. Returns one row per task it did
-   NOT complete, with the SQLSTATE complete_task would have raised for it
-   (PS200 unknown, PS201 not the owner, PS202 not running, PS203 cancelled);
-   no rows means all were completed. */
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(complete_tasks.now, now());
     v_done uuid[];
 BEGIN
+    IF rns IS NULL OR tokens IS NULL OR cardinality(rns) <> cardinality(tokens) THEN
+        RAISE EXCEPTION 'rns and tokens must be arrays of the same length, got % and %',
+                        cardinality(rns), cardinality(tokens)
+            USING ERRCODE = 'PS208', HINT = 'tokens[i] is the lease token of rns[i].';
+    END IF;
     WITH done AS (
-        UPDATE tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = v_now
-         WHERE t.rn = ANY (complete_tasks.rns) AND t.owner = complete_tasks.worker AND t.status = 'running'
+        UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
+          FROM unnest(rns, tokens) AS l(rn, token)
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(d.rn), '{}') INTO v_done FROM done d;
-    IF cardinality(v_done) = cardinality(complete_tasks.rns) THEN
+    IF cardinality(v_done) = cardinality(rns) THEN
         RETURN;  -- the common case: all completed
     END IF;
-    -- the rest were not touched by the update above: their current state says why
+    -- the rest were not touched by the update above: the state machine says why
     RETURN QUERY
-    SELECT r.rn, CASE WHEN t.rn IS NULL THEN 'PS200'
-                      WHEN t.status = 'cancelled' THEN 'PS203'
-                      WHEN t.status <> 'running' THEN 'PS202'
-                      ELSE 'PS201' END
-      FROM unnest(complete_tasks.rns) AS r(rn)
-      LEFT JOIN tasks t ON t.rn = r.rn
-     WHERE r.rn <> ALL (v_done);
+    SELECT l.rn, pyscheduler._refusal(t.status, t.lease_token, l.token)
+      FROM unnest(rns, tokens) AS l(rn, token)
+      LEFT JOIN pyscheduler.tasks t ON t.rn = l.rn
+     WHERE l.rn <> ALL (v_done);
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.complete_tasks(uuid[], text, timestamptz) IS
-    'Complete many held tasks in one statement; returns (rn, sqlstate) for each task not completed.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.complete_tasks(rns uuid[], tokens uuid[])
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* complete_tasks(rns, tokens) -> setof (rn uuid, sqlstate text)
+   The batch form of complete_task, in one statement: completes every task
+   rns[i] whose current lease has token tokens[i] and that is running.
+   Returns one row per task it did NOT complete, with the SQLSTATE
+   complete_task would have raised for it (PS200, PS201, PS202, PS203, PS210);
+   no rows means all were completed. Errors: PS208 arrays of different lengths. */
+    SELECT * FROM pyscheduler._complete_tasks(rns, tokens, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.complete_tasks(uuid[], uuid[]) IS
+    'Complete many leased tasks (rns[i] with token tokens[i]) in one statement; returns (rn, sqlstate) for each not completed.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._complete_and_lease(
+    worker text, queue text, rn uuid DEFAULT NULL, token uuid DEFAULT NULL, timeout interval DEFAULT '10 seconds',
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF _complete_and_lease.rn IS NOT NULL THEN
+        UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
+         WHERE t.rn = _complete_and_lease.rn AND t.lease_token = _complete_and_lease.token
+           AND t.status = 'running';
+        IF NOT FOUND THEN
+            PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
+        END IF;
+    END IF;
+    RETURN pyscheduler._lease_task(_complete_and_lease.queue, _complete_and_lease.worker,
+                                   _complete_and_lease.timeout, _complete_and_lease.aging_rate,
+                                   _complete_and_lease.aging_cap, p_now);
+END
+$$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.complete_and_lease(
-    rn uuid, worker text, queue text, timeout interval DEFAULT '10 seconds',
-    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295,
-    now timestamptz DEFAULT NULL)
+    worker text, queue text, rn uuid DEFAULT NULL, token uuid DEFAULT NULL,
+    timeout interval DEFAULT '10 seconds', aging_rate double precision DEFAULT 0,
+    aging_cap bigint DEFAULT 4294967295)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* complete_and_lease(rn, worker, queue, timeout => '10 seconds', aging_rate => 0,
-                      aging_cap => 4294967295, now => NULL) -> task jsonb or NULL
+/* complete_and_lease(worker, queue, rn => NULL, token => NULL, timeout => '10 seconds',
+                      aging_rate => 0, aging_cap => 4294967295) -> task jsonb or NULL
    A single-task worker's loop in one transaction per task: complete_task(rn,
-   worker), then lease_task(queue, worker, timeout, ...) — the next task
-   leased, or NULL when none is ready. rn NULL leases only (the first call).
-   Still one task per lease, each completed on its own with the seed's
-   semantics (completed, progress 1.0, deadline NULL; the lease adds
-   TaskAssignment). The transaction commits durably (the completion's)
-   unless rn is NULL. If the completion is refused nothing is leased:
-   Errors: PS200 unknown, PS201 not the owner, PS202 not running,
-   PS203 cancelled (the task stays cancelled), and lease_task's PS208. */
-#variable_conflict use_column
-DECLARE
-    v_now timestamptz := coalesce(complete_and_lease.now, now());
-    v_sync text;
-    v_task jsonb;
+   token), then lease_task(queue, worker, timeout, ...) — the next task
+   leased (with its new token), or NULL when none is ready. rn NULL leases
+   only (the first call). Each task still completed on its own with the
+   seed's semantics. The transaction commits durably (the completion's);
+   with rn NULL asynchronously when it is the whole transaction. If the
+   completion is refused nothing is leased:
+   Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
+   PS203 cancelled (the task stays cancelled), PS210 yielded, and lease_task's PS208. */
 BEGIN
-    IF complete_and_lease.rn IS NOT NULL THEN
-        UPDATE tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = v_now
-         WHERE t.rn = complete_and_lease.rn AND t.owner = complete_and_lease.worker AND t.status = 'running';
-        IF NOT FOUND THEN
-            PERFORM _task_refused(complete_and_lease.rn, complete_and_lease.worker);
-        END IF;
-    ELSE
-        PERFORM set_config('synchronous_commit', 'off', true);  -- a lease only, as lease_task
+    IF rn IS NULL THEN
+        PERFORM _async_commit_if_alone();  -- a lease only, as lease_task
     END IF;
-    IF aging_rate IS DISTINCT FROM 0 OR aging_cap IS NULL THEN  -- aging (or bad aging arguments): lease_tasks' path
-        v_sync := current_setting('synchronous_commit');
-        v_task := (SELECT l.task FROM lease_tasks(queue => complete_and_lease.queue,
-                                                  worker => complete_and_lease.worker, n => 1,
-                                                  timeout => complete_and_lease.timeout,
-                                                  aging_rate => complete_and_lease.aging_rate,
-                                                  aging_cap => complete_and_lease.aging_cap, now => v_now) l);
-        PERFORM set_config('synchronous_commit', v_sync, true);  -- lease_tasks turned it off
-        RETURN v_task;
-    END IF;
-    RETURN _lease_one(complete_and_lease.queue, complete_and_lease.worker, complete_and_lease.timeout, v_now);
+    RETURN _complete_and_lease(worker, queue, rn, token, timeout, aging_rate, aging_cap, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.complete_and_lease(uuid, text, text, interval, double precision, bigint, timestamptz) IS
-    'Complete the held task (rn NULL: none) and lease the next ready task of a queue, in one transaction; NULL when none.';
+COMMENT ON FUNCTION pyscheduler.complete_and_lease(text, text, uuid, uuid, interval, double precision, bigint) IS
+    'Complete the held task (rn, token; NULL: none) and lease the next ready task of a queue, in one transaction; NULL when none.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.abort_task(
-    rn uuid, worker text, errors jsonb, now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler._abort_task(rn uuid, token uuid, errors jsonb, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pyscheduler, pg_temp
 AS $$
-/* abort_task(rn, worker, errors, now => NULL) -> task jsonb
-   The owner gives up on a running task for good: aborted, errors recorded.
-   errors: a non-empty JSON array of {"code": text, "args": object,
-   "description": text} (args and description optional; stored as {} and "").
-   Errors: PS200 unknown, PS201 not the owner, PS202 not running,
-   PS203 cancelled (the task stays cancelled), PS207 errors. */
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(abort_task.now, now());
     v_errors jsonb;
     v_task jsonb;
+    v_max integer := pyscheduler._task_limit('task_max_errors');
+    v_max_bytes integer := pyscheduler._task_limit('task_max_errors_bytes');
 BEGIN
-    IF abort_task.errors IS NULL OR jsonb_typeof(abort_task.errors) <> 'array'
-       OR jsonb_array_length(abort_task.errors) = 0
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(abort_task.errors) e
+    IF _abort_task.errors IS NULL OR jsonb_typeof(_abort_task.errors) <> 'array'
+       OR jsonb_array_length(_abort_task.errors) = 0
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(_abort_task.errors) e
                    WHERE jsonb_typeof(e) <> 'object'
                       OR jsonb_typeof(e -> 'code') IS DISTINCT FROM 'string'
                       OR (e ? 'args' AND jsonb_typeof(e -> 'args') <> 'object')
                       OR (e ? 'description' AND jsonb_typeof(e -> 'description') <> 'string')) THEN
         RAISE EXCEPTION 'errors must be a non-empty JSON array of {"code", "args", "description"}, got %',
-                        coalesce(abort_task.errors::text, 'NULL')
+                        coalesce(left(_abort_task.errors::text, 200), 'NULL')
             USING ERRCODE = 'PS207',
                   HINT = 'e.g. ''[{"code": "superseded", "args": {}, "description": "new task added"}]''';
     END IF;
+    IF jsonb_array_length(_abort_task.errors) > v_max OR pg_column_size(_abort_task.errors) > v_max_bytes THEN
+        RAISE EXCEPTION 'errors has % entries of % bytes, more than task_max_errors (%) or task_max_errors_bytes (%)',
+                        jsonb_array_length(_abort_task.errors), pg_column_size(_abort_task.errors), v_max, v_max_bytes
+            USING ERRCODE = 'PS207', HINT = 'Record the first errors and a short description.';
+    END IF;
     SELECT jsonb_agg(jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
                                         'description', coalesce(e -> 'description', '""')))
-      INTO v_errors FROM jsonb_array_elements(abort_task.errors) e;
-    UPDATE tasks t SET status = 'aborted', errors = v_errors, deadline = NULL, updated = v_now
-     WHERE t.rn = abort_task.rn AND t.owner = abort_task.worker AND t.status = 'running'
-    RETURNING _task_json(t) INTO v_task;
+      INTO v_errors FROM jsonb_array_elements(_abort_task.errors) e;
+    UPDATE pyscheduler.tasks t SET status = 'aborted', errors = v_errors, deadline = NULL, updated = p_now
+     WHERE t.rn = _abort_task.rn AND t.lease_token = _abort_task.token AND t.status = 'running'
+    RETURNING pyscheduler._task_json(t) INTO v_task;
     IF v_task IS NULL THEN
-        PERFORM _task_refused(abort_task.rn, abort_task.worker);
+        PERFORM pyscheduler._task_refused(_abort_task.rn, _abort_task.token);
     END IF;
     RETURN v_task;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.abort_task(uuid, text, jsonb, timestamptz) IS
-    'The owner aborts a running task with errors [{code, args, description}]; terminal, never retried.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.yield_task(rn uuid, worker text, now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.abort_task(rn uuid, token uuid, errors jsonb)
 RETURNS jsonb
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* yield_task(rn, worker, now => NULL) -> task jsonb
-   The owner hands a running task back (e.g. on SIGTERM): deadline = now - 1 s,
-   history += TaskYield with its progress. The monitor resets it to ready on
-   its next pass (woken at once by NOTIFY pyscheduler_tasks_monitor), without
-   a TaskTimeout entry.
-   Errors: PS200 unknown, PS201 not the owner, PS202 not running, PS203 cancelled. */
+/* abort_task(rn, token, errors) -> task jsonb
+   The lease holder gives up on a running task for good: aborted, errors recorded.
+   errors: a non-empty JSON array of {"code": text, "args": object,
+   "description": text} (args and description optional; stored as {} and ""),
+   at most task_max_errors entries and task_max_errors_bytes bytes.
+   Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
+   PS203 cancelled (the task stays cancelled), PS207 errors, PS210 yielded. */
+    SELECT pyscheduler._abort_task(rn, token, errors, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.abort_task(uuid, uuid, jsonb) IS
+    'The lease holder (token) aborts a running task with errors [{code, args, description}]; terminal, never retried.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._yield_task(rn uuid, token uuid, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(yield_task.now, now());
     v_task jsonb;
 BEGIN
-    UPDATE tasks t
-       SET deadline = v_now - interval '1 second', updated = v_now,
-           history = t.history || _history('TaskYield', yield_task.worker, v_now, t.progress)
-     WHERE t.rn = yield_task.rn AND t.owner = yield_task.worker AND t.status = 'running'
-    RETURNING _task_json(t) INTO v_task;
+    UPDATE pyscheduler.tasks t
+       SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
+           attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
+           history = t.history || pyscheduler._history('TaskYield', t.owner, p_now, t.progress)
+     WHERE t.rn = _yield_task.rn AND t.lease_token = _yield_task.token AND t.status = 'running'
+    RETURNING pyscheduler._task_json(t) INTO v_task;
     IF v_task IS NULL THEN
-        PERFORM _task_refused(yield_task.rn, yield_task.worker);
+        PERFORM pyscheduler._task_refused(_yield_task.rn, _yield_task.token);
     END IF;
-    PERFORM _notify_throttled('pyscheduler_tasks_monitor');
+    PERFORM pyscheduler._notify_throttled('pyscheduler_tasks_monitor');
     RETURN v_task;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.yield_task(uuid, text, timestamptz) IS
-    'The owner yields a running task (deadline = now - 1 s, TaskYield); the monitor makes it ready again.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.yield_task(rn uuid, token uuid)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* yield_task(rn, token) -> task jsonb
+   The lease holder hands a running task back (e.g. on SIGTERM): deadline =
+   now - 1 s, history += TaskYield with its progress, and the lease ends (its
+   token is refused from now on: PS210). The monitor resets the task to ready
+   on its next pass (woken at once by NOTIFY pyscheduler_tasks_monitor),
+   without a TaskTimeout entry.
+   Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
+   PS203 cancelled, PS210 already yielded. */
+    SELECT pyscheduler._yield_task(rn, token, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.yield_task(uuid, uuid) IS
+    'The lease holder (token) yields a running task (deadline = now - 1 s, TaskYield); the monitor makes it ready again.';
 
 -- ---------------------------------------------------------------- monitor
 
-CREATE OR REPLACE FUNCTION pyscheduler.reset_expired_tasks(
-    max_tasks integer DEFAULT 1000, now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler._reset_expired_tasks(max_tasks integer DEFAULT 1000, p_now timestamptz DEFAULT now())
 RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pyscheduler, pg_temp
 AS $$
-/* reset_expired_tasks(max_tasks => 1000, now => NULL) -> setof (task jsonb)
-   The failure detector: running tasks whose deadline < now become ready again
-   (owner NULL, progress 0, deadline NULL); history += TaskTimeout (worker,
-   progress at the timeout) unless the last entry is a TaskYield. At most
-   max_tasks per call (call again while it returns max_tasks); wakes the
-   workers of each queue touched. Returns the tasks reset.
-   Errors: PS208 max_tasks < 1. */
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(reset_expired_tasks.now, now());
     v_queues text[] := '{}';
+    v_task jsonb;
+    v_history integer := pyscheduler._task_limit('task_max_history');
+    v_attempts integer := pyscheduler._task_limit('task_max_attempts');
 BEGIN
     IF max_tasks IS NULL OR max_tasks < 1 THEN
         RAISE EXCEPTION 'max_tasks must be at least 1, got %', coalesce(max_tasks::text, 'NULL')
             USING ERRCODE = 'PS208';
     END IF;
-    FOR task IN
+    FOR v_task IN
         WITH x AS (
-            SELECT r.rn FROM tasks r
-             WHERE r.status = 'running' AND r.deadline < v_now
+            SELECT r.rn, r.lease_token IS NULL AS yielded FROM pyscheduler.tasks r
+             WHERE r.status = 'running' AND r.deadline < p_now
              ORDER BY r.deadline
              LIMIT max_tasks
-               FOR UPDATE SKIP LOCKED)
-        UPDATE tasks t
-           SET status = 'ready', owner = NULL, progress = 0, deadline = NULL, updated = v_now,
-               history = CASE WHEN t.history -> -1 ->> '_typ' = 'TaskYield' THEN t.history
-                              ELSE t.history || _history('TaskTimeout', t.owner, v_now, t.progress) END
-          FROM x
-         WHERE t.rn = x.rn
-        RETURNING _task_json(t)
+               FOR UPDATE SKIP LOCKED),
+        v AS (
+            SELECT x.rn, x.yielded, NOT x.yielded AND t.attempts >= v_attempts AS give_up
+              FROM x JOIN pyscheduler.tasks t ON t.rn = x.rn)
+        UPDATE pyscheduler.tasks t
+           SET status = CASE WHEN v.give_up THEN 'aborted' ELSE 'ready' END::pyscheduler.task_status,
+               owner = CASE WHEN v.give_up THEN t.owner END,
+               progress = CASE WHEN v.give_up THEN t.progress ELSE 0 END,
+               lease_token = CASE WHEN v.give_up THEN t.lease_token END,
+               errors = CASE WHEN v.give_up THEN jsonb_build_array(jsonb_build_object(
+                            'code', 'TaskMaxAttempts',
+                            'args', jsonb_build_object('attempts', t.attempts, 'max_attempts', v_attempts),
+                            'description', format('the task''s lease timed out %s times', t.attempts)))
+                        ELSE t.errors END,
+               deadline = NULL, updated = p_now,
+               history = pyscheduler._trim_history(CASE WHEN v.yielded THEN t.history
+                              ELSE t.history || pyscheduler._history('TaskTimeout', t.owner, p_now, t.progress) END,
+                              v_history)
+          FROM v
+         WHERE t.rn = v.rn
+        RETURNING pyscheduler._task_json(t)
     LOOP
-        IF NOT (task ->> 'queue') = ANY (v_queues) THEN
-            v_queues := v_queues || (task ->> 'queue');
+        IF v_task ->> 'status' = 'ready' AND NOT (v_task ->> 'queue') = ANY (v_queues) THEN
+            v_queues := v_queues || (v_task ->> 'queue');
         END IF;
+        task := v_task;
         RETURN NEXT;
     END LOOP;
-    PERFORM _notify_throttled(_task_channel(q)) FROM unnest(v_queues) q;
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer, timestamptz) IS
-    'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded); returns them.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.cleanup_tasks(
-    retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000, now timestamptz DEFAULT NULL)
-RETURNS integer
-LANGUAGE plpgsql
+CREATE OR REPLACE FUNCTION pyscheduler.reset_expired_tasks(max_tasks integer DEFAULT 1000)
+RETURNS TABLE (task jsonb)
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* cleanup_tasks(retention => '7 days', max_tasks => 10000, now => NULL) -> integer
-   Monitor: delete up to max_tasks tasks that are completed, aborted or
-   cancelled and were last updated before now - retention; returns how many.
-   Call again while it returns max_tasks.
-   Errors: PS208 retention < 0 or max_tasks < 1. */
+/* reset_expired_tasks(max_tasks => 1000) -> setof (task jsonb)
+   The failure detector: running tasks whose deadline < now become ready again
+   (owner NULL, progress 0, deadline NULL, no lease); history += TaskTimeout
+   (worker, progress at the timeout) unless the lease was yielded. A task
+   whose lease timed out for the task_max_attempts-th time is aborted
+   instead, with the error TaskMaxAttempts (the crash-loop guard; yielded
+   leases do not count). History keeps its last
+   task_max_history entries. At most max_tasks per call (call again while it
+   returns max_tasks); wakes the workers of each queue touched. Returns the
+   tasks reset or aborted. Errors: PS208 max_tasks < 1. */
+    SELECT t.task FROM pyscheduler._reset_expired_tasks(max_tasks, now()) AS t;
+$$;
+COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
+    'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after task_max_attempts, aborted.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._cleanup_tasks(
+    retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000, p_now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := coalesce(cleanup_tasks.now, now());
     v_deleted integer;
 BEGIN
     IF retention IS NULL OR retention < interval '0' OR max_tasks IS NULL OR max_tasks < 1 THEN
         RAISE EXCEPTION 'retention must be >= 0 and max_tasks >= 1, got % and %', retention, max_tasks
             USING ERRCODE = 'PS208';
     END IF;
-    DELETE FROM tasks t
-     WHERE t.rn IN (SELECT r.rn FROM tasks r
+    DELETE FROM pyscheduler.tasks t
+     WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks r
                      WHERE r.status IN ('completed', 'aborted', 'cancelled')
-                       AND r.updated < v_now - retention
+                       AND r.updated < p_now - retention
                      LIMIT max_tasks
                        FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
-    -- throttle rows of cancel channels of workers long gone
-    DELETE FROM _notify_throttle
-     WHERE channel LIKE 'pyscheduler\_cancel:%' AND last_at < v_now - interval '1 day';
     RETURN v_deleted;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.cleanup_tasks(interval, integer, timestamptz) IS
+
+CREATE OR REPLACE FUNCTION pyscheduler.cleanup_tasks(
+    retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* cleanup_tasks(retention => '7 days', max_tasks => 10000) -> integer
+   Monitor: delete up to max_tasks tasks that are completed, aborted or
+   cancelled and were last updated before now - retention; returns how many.
+   Call again while it returns max_tasks.
+   Errors: PS208 retention < 0 or max_tasks < 1. */
+    SELECT pyscheduler._cleanup_tasks(retention, max_tasks, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.cleanup_tasks(interval, integer) IS
     'Monitor: delete terminal tasks not updated within retention; returns how many were deleted.';
 
 -- ---------------------------------------------------------------- views (psql)
@@ -802,7 +1052,7 @@ CREATE OR REPLACE VIEW pyscheduler.oldest_ready_tasks AS
     SELECT DISTINCT ON (queue) queue, rn, priority, created, now() - created AS age
       FROM pyscheduler.tasks
      WHERE status = 'ready'
-     ORDER BY queue, created, rn;
+     ORDER BY queue, created, seq;
 COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS 'The oldest ready task of each queue and how long it has waited.';
 
 -- ---------------------------------------------------------------- grants

@@ -21,12 +21,30 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def submit(db, queue="q", spec=None, **kw):
-    return db.call_value("submit_task", queue=queue, spec=Jsonb(spec or {"n": 1}), **kw)
+def call(db, fn, now=None, **kw):
+    """A tasks function; with ``now``, its private twin ``_fn(..., p_now)``: public
+    functions take no clock, the private ones are granted to no role (tests only)."""
+    if now is not None:
+        return db.call(f"_{fn}", p_now=now, **kw)
+    return db.call(fn, **kw)
 
 
-def lease(db, queue="q", worker="w1", **kw):
-    return db.call_value("lease_task", queue=queue, worker=worker, **kw)
+def value(db, fn, now=None, **kw):
+    rows = call(db, fn, now, **kw)
+    return next(iter(rows[0].values())) if rows else None
+
+
+def submit(db, queue="q", spec=None, now=None, **kw):
+    return value(db, "submit_task", now, queue=queue, spec=Jsonb(spec or {"n": 1}), **kw)
+
+
+def lease(db, queue="q", worker="w1", now=None, **kw):
+    return value(db, "lease_task", now, queue=queue, worker=worker, **kw)
+
+
+def held(task):
+    """rn and token of a leased task: what the lease holder's writes need."""
+    return {"rn": task["rn"], "token": task["token"]}
 
 
 def code_of(exc_info) -> str:
@@ -44,8 +62,10 @@ def test_submit_returns_a_ready_task_in_the_seed_shape(db):
     assert task["spec"] == {"orderId": "233"}
     assert (task["queue"], task["priority"], task["status"], task["progress"]) == ("q", 50, "ready", 0)
     assert datetime.fromisoformat(task["created"]) == T0 == datetime.fromisoformat(task["updated"])
+    assert task["created"] == "2030-01-01T00:00:00.000000Z"  # UTC, ending in Z as in the seed
     assert (task["errors"], task["owner"], task["deadline"], task["history"]) == ([], None, None, [])
     assert db.call_value("get_task", rn=task["rn"]) == task
+    assert "token" not in db.call_value("get_task", rn=task["rn"])
 
 
 def test_times_come_from_the_database_clock(db):
@@ -135,6 +155,8 @@ def test_lease_makes_the_task_running_with_owner_deadline_and_history(db):
     rn = submit(db, now=at(0))["rn"]
     task = lease(db, worker="worker-27", timeout=timedelta(seconds=30), now=at(5))
     assert task["rn"] == rn and task["status"] == "running" and task["owner"] == "worker-27"
+    assert uuid.UUID(task["token"])  # the lease's secret, in the lease answer only
+    assert "token" not in db.call_value("get_task", rn=rn)
     assert datetime.fromisoformat(task["deadline"]) == at(35)
     assert datetime.fromisoformat(task["updated"]) == at(5)
     assert task["history"] == [{"_typ": "TaskAssignment", "worker": "worker-27", "time": task["updated"]}]
@@ -165,6 +187,7 @@ def test_lease_tasks_takes_n_in_claim_order(db):
     db.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(5)]), priority=1)
     top = submit(db, priority=3)
     got = [r["task"] for r in db.call("lease_tasks", queue="q", worker="w", n=3)]
+    assert len({t["token"] for t in got}) == 3
     assert len(got) == 3 and top["rn"] in {t["rn"] for t in got}
     assert len(db.call("lease_tasks", queue="q", worker="w", n=10)) == 3
 
@@ -183,51 +206,84 @@ def test_bad_lease_arguments_are_ps208(db, args):
 
 def test_heartbeat_extends_the_deadline_and_reports_progress(db):
     submit(db)
-    rn = lease(db, now=at(0))["rn"]
-    task = db.call_value("heartbeat_task", rn=rn, worker="w1", progress=0.25,
-                         timeout=timedelta(seconds=60), now=at(8))
-    assert datetime.fromisoformat(task["deadline"]) == at(68) and task["progress"] == 0.25
-    task = db.call_value("heartbeat_task", rn=rn, worker="w1", now=at(9))
-    assert task["progress"] == 0.25 and datetime.fromisoformat(task["deadline"]) == at(19)
-    assert task["status"] == "running" and len(task["history"]) == 1
+    h = held(lease(db, now=at(0)))
+    beat = value(db, "heartbeat_task", at(8), **h, progress=0.25, timeout=timedelta(seconds=60))
+    assert datetime.fromisoformat(beat["deadline"]) == at(68) and beat["progress"] == 0.25
+    beat = value(db, "heartbeat_task", at(9), **h)
+    assert beat["progress"] == 0.25 and datetime.fromisoformat(beat["deadline"]) == at(19)
+    task = db.call_value("get_task", rn=h["rn"])
+    assert task["status"] == "running" and len(task["history"]) == 1 and task["deadline"] == beat["deadline"]
+
+
+def test_heartbeat_answer_is_small(db):
+    """Item 10: a beat answers rn, status, progress and deadline, not the whole task."""
+    submit(db, spec={"big": "x" * 10000})
+    h = held(lease(db))
+    beat = db.call_value("heartbeat_task", **h, progress=0.5)
+    assert set(beat) == {"rn", "status", "progress", "deadline"}
+    assert (beat["rn"], beat["status"], beat["progress"]) == (h["rn"], "running", 0.5)
+    assert len(str(beat)) < 200
 
 
 @pytest.mark.parametrize("progress", [-0.1, 1.5, float("nan")])
 def test_heartbeat_progress_outside_0_1_is_ps205(db, progress):
     submit(db)
-    rn = lease(db)["rn"]
+    h = held(lease(db))
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("heartbeat_task", rn=rn, worker="w1", progress=progress)
+        db.call("heartbeat_task", **h, progress=progress)
     assert code_of(info) == "PS205"
 
 
 def test_heartbeat_error_codes(db):
     submit(db)
-    rn = lease(db, worker="w1")["rn"]
+    h = held(lease(db, worker="w1"))
     with pytest.raises(errors.TaskNotFound) as info:
-        db.call("heartbeat_task", rn=uuid.uuid4(), worker="w1")
+        db.call("heartbeat_task", rn=uuid.uuid4(), token=h["token"])
     assert code_of(info) == "PS200"
     with pytest.raises(errors.TaskNotOwned) as info:
-        db.call("heartbeat_task", rn=rn, worker="w2")
+        db.call("heartbeat_task", rn=h["rn"], token=uuid.uuid4())
     assert code_of(info) == "PS201"
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("heartbeat_task", rn=rn, worker="w1", timeout=timedelta(seconds=-1))
+        db.call("heartbeat_task", **h, timeout=timedelta(seconds=-1))
     assert code_of(info) == "PS208"
-    db.call("complete_task", rn=rn, worker="w1")
+    db.call("complete_task", **h)
     with pytest.raises(errors.TaskNotRunning) as info:
-        db.call("heartbeat_task", rn=rn, worker="w1")
+        db.call("heartbeat_task", **h)
     assert code_of(info) == "PS202"
 
 
 def test_heartbeat_after_timeout_and_release_is_not_the_owner(db):
     submit(db)
-    rn = lease(db, worker="w1", now=at(0))["rn"]
-    db.call("reset_expired_tasks", now=at(11))
+    h = held(lease(db, worker="w1", now=at(0)))
+    call(db, "reset_expired_tasks", at(11))
     with pytest.raises(errors.TaskNotRunning):
-        db.call("heartbeat_task", rn=rn, worker="w1", now=at(12))
-    assert lease(db, worker="w2", now=at(13))["rn"] == rn
+        call(db, "heartbeat_task", at(12), **h)
+    assert lease(db, worker="w2", now=at(13))["rn"] == h["rn"]
     with pytest.raises(errors.TaskNotOwned):
-        db.call("heartbeat_task", rn=rn, worker="w1", now=at(14))
+        call(db, "heartbeat_task", at(14), **h)
+
+
+def test_only_the_token_of_the_current_lease_proves_ownership(db):
+    """Item 2: the worker id is a label anyone can pass; the token is the proof. The same
+    worker leasing the task again gets a new token, so its earlier execution's late
+    completion cannot finish the new lease (the race of a completion sent as the task is
+    re-leased)."""
+    submit(db)
+    first = lease(db, worker="w1", now=at(0))
+    call(db, "reset_expired_tasks", at(11))
+    second = lease(db, worker="w1", now=at(12))  # the same worker, a new lease
+    assert second["rn"] == first["rn"] and second["token"] != first["token"]
+    for fn, args in [("complete_task", {}), ("heartbeat_task", {}), ("yield_task", {}),
+                     ("abort_task", {"errors": Jsonb([{"code": "stale"}])})]:
+        with pytest.raises(errors.TaskNotOwned) as info:
+            db.call(fn, **held(first), **args)
+        assert code_of(info) == "PS201", fn
+    assert db.call("complete_tasks", rns=[first["rn"]], tokens=[first["token"]]) == [
+        {"rn": uuid.UUID(first["rn"]), "sqlstate": "PS201"}]
+    with pytest.raises(errors.TaskNotOwned):
+        db.call("complete_and_lease", worker="w1", queue="q", **held(first))
+    assert db.call_value("get_task", rn=first["rn"])["status"] == "running"
+    assert db.call_value("complete_task", **held(second))["status"] == "completed"
 
 
 # ------------------------------------------------------------------ complete / abort / yield
@@ -235,42 +291,48 @@ def test_heartbeat_after_timeout_and_release_is_not_the_owner(db):
 
 def test_complete_sets_progress_one(db):
     submit(db)
-    rn = lease(db)["rn"]
-    db.call("heartbeat_task", rn=rn, worker="w1", progress=0.4)
-    task = db.call_value("complete_task", rn=rn, worker="w1", now=at(100))
+    h = held(lease(db))
+    db.call("heartbeat_task", **h, progress=0.4)
+    task = value(db, "complete_task", at(100), **h)
     assert (task["status"], task["progress"], task["owner"], task["deadline"]) == ("completed", 1, "w1", None)
     assert datetime.fromisoformat(task["updated"]) == at(100)
     with pytest.raises(errors.TaskNotRunning) as info:
-        db.call("complete_task", rn=rn, worker="w1")
+        db.call("complete_task", **h)
     assert code_of(info) == "PS202"
 
 
-def test_complete_by_another_worker_or_unknown_task(db):
+def test_complete_with_a_wrong_token_or_unknown_task(db):
     submit(db)
-    rn = lease(db)["rn"]
+    h = held(lease(db))
     with pytest.raises(errors.TaskNotOwned):
-        db.call("complete_task", rn=rn, worker="w2")
+        db.call("complete_task", rn=h["rn"], token=uuid.uuid4())
     with pytest.raises(errors.TaskNotFound):
-        db.call("complete_task", rn=uuid.uuid4(), worker="w1")
-    assert db.call_value("get_task", rn=rn)["status"] == "running"
+        db.call("complete_task", rn=uuid.uuid4(), token=h["token"])
+    assert db.call_value("get_task", rn=h["rn"])["status"] == "running"
 
 
 def test_complete_tasks_batch_reports_what_it_did_not_complete(db):
     db.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(4)]))
-    mine = [r["task"]["rn"] for r in db.call("lease_tasks", queue="q", worker="w1", n=3)]
-    theirs = lease(db, worker="w2")["rn"]
-    db.call("cancel_task", rn=mine[2])
+    mine = [r["task"] for r in db.call("lease_tasks", queue="q", worker="w1", n=3)]
+    theirs = lease(db, worker="w2")
+    db.call("cancel_task", rn=mine[2]["rn"])
     unknown = str(uuid.uuid4())
-    failed = {str(r["rn"]): r["sqlstate"] for r in
-              db.call("complete_tasks", rns=mine + [theirs, unknown], worker="w1")}
-    assert failed == {mine[2]: "PS203", theirs: "PS201", unknown: "PS200"}
-    assert [db.call_value("get_task", rn=rn)["status"] for rn in mine] == ["completed", "completed", "cancelled"]
-    again = db.call("complete_tasks", rns=mine[:1], worker="w1")
+    rns = [t["rn"] for t in mine] + [theirs["rn"], unknown]
+    tokens = [t["token"] for t in mine] + [mine[0]["token"], mine[0]["token"]]
+    failed = {str(r["rn"]): r["sqlstate"] for r in db.call("complete_tasks", rns=rns, tokens=tokens)}
+    assert failed == {mine[2]["rn"]: "PS203", theirs["rn"]: "PS201", unknown: "PS200"}
+    assert [db.call_value("get_task", rn=t["rn"])["status"] for t in mine] == ["completed", "completed", "cancelled"]
+    again = db.call("complete_tasks", rns=[mine[0]["rn"]], tokens=[mine[0]["token"]])
     assert [r["sqlstate"] for r in again] == ["PS202"]
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.call("complete_tasks", rns=rns, tokens=tokens[:1])
+    assert code_of(info) == "PS208"
 
 
-def cal(db, rn, queue="q", worker="w1", **kw):
-    return db.call_value("complete_and_lease", rn=rn, worker=worker, queue=queue, **kw)
+def cal(db, task, queue="q", worker="w1", now=None, **kw):
+    """complete_and_lease of the held ``task`` (None: lease only)."""
+    return value(db, "complete_and_lease", now, worker=worker, queue=queue,
+                 **(held(task) if task else {}), **kw)
 
 
 def test_complete_and_lease_completes_the_held_task_and_leases_the_next(db):
@@ -279,119 +341,179 @@ def test_complete_and_lease_completes_the_held_task_and_leases_the_next(db):
     got = cal(db, None, timeout=timedelta(seconds=30), now=at(1))  # nothing held: lease only
     assert got["rn"] == first and got["status"] == "running" and got["owner"] == "w1"
     assert datetime.fromisoformat(got["deadline"]) == at(31) and types_of(got) == ["TaskAssignment"]
-    db.call("heartbeat_task", rn=first, worker="w1", progress=0.3)
-    nxt = cal(db, first, timeout=timedelta(seconds=30), now=at(5))
+    db.call("heartbeat_task", **held(got), progress=0.3)
+    nxt = cal(db, got, timeout=timedelta(seconds=30), now=at(5))
     assert nxt["rn"] == second and nxt["status"] == "running" and nxt["owner"] == "w1"
-    assert datetime.fromisoformat(nxt["deadline"]) == at(35)
+    assert datetime.fromisoformat(nxt["deadline"]) == at(35) and nxt["token"] != got["token"]
     assert nxt["history"] == [{"_typ": "TaskAssignment", "worker": "w1", "time": nxt["updated"]}]
     done = db.call_value("get_task", rn=first)
     assert (done["status"], done["progress"], done["owner"], done["deadline"]) == ("completed", 1, "w1", None)
     assert datetime.fromisoformat(done["updated"]) == at(5) and types_of(done) == ["TaskAssignment"]
-    assert cal(db, second) is None  # completed; nothing left to lease
+    assert cal(db, nxt) is None  # completed; nothing left to lease
     assert db.call_value("get_task", rn=second)["status"] == "completed"
     assert cal(db, None) is None
 
 
 def test_complete_and_lease_refused_completion_leases_nothing(db):
-    held = submit(db, priority=9)["rn"]
+    first = submit(db, priority=9)["rn"]
     waiting = submit(db, priority=1)["rn"]
-    assert cal(db, None)["rn"] == held
-    db.call("cancel_task", rn=held)
+    got = cal(db, None)
+    assert got["rn"] == first
+    db.call("cancel_task", rn=first)
     with pytest.raises(errors.TaskCancelled) as info:
-        cal(db, held)
+        cal(db, got)
     assert code_of(info) == "PS203"
-    assert db.call_value("get_task", rn=held)["status"] == "cancelled"  # stays cancelled
+    assert db.call_value("get_task", rn=first)["status"] == "cancelled"  # stays cancelled
     assert db.call_value("get_task", rn=waiting)["status"] == "ready"  # and nothing was leased
     with pytest.raises(errors.TaskNotFound):
-        cal(db, uuid.uuid4())
-    mine = cal(db, None)["rn"]
-    assert mine == waiting
+        cal(db, {"rn": str(uuid.uuid4()), "token": got["token"]})
+    mine = cal(db, None)
+    assert mine["rn"] == waiting
     with pytest.raises(errors.TaskNotOwned):
-        cal(db, mine, worker="w2")
+        cal(db, {"rn": mine["rn"], "token": str(uuid.uuid4())}, worker="w2")
     with pytest.raises(errors.InvalidArgument) as info:  # a bad lease argument undoes the completion too
         cal(db, mine, queue="")
     assert code_of(info) == "PS208"
-    assert db.call_value("get_task", rn=mine)["status"] == "running"
+    assert db.call_value("get_task", rn=mine["rn"])["status"] == "running"
     assert cal(db, mine) is None
     with pytest.raises(errors.TaskNotRunning):
         cal(db, mine)
+
+
+def sync_commit(c) -> str:
+    return c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0]
 
 
 def test_complete_and_lease_commits_the_completion_durably(dsn, db):
     submit(db)
     submit(db)
     with psycopg.connect(dsn) as c:  # explicit transactions
-        rn = c.execute("SELECT pyscheduler.complete_and_lease(rn => NULL, worker => 'w1', queue => 'q') ->> 'rn'"
-                       ).fetchone()[0]
-        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "off"  # a lease only
+        t = c.execute("SELECT pyscheduler.complete_and_lease(worker => 'w1', queue => 'q')").fetchone()[0]
         c.commit()
-        rn = c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q') ->> 'rn'",
-                       (rn,)).fetchone()[0]
-        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "on"
+        t = c.execute("SELECT pyscheduler.complete_and_lease(worker => 'w1', queue => 'q', rn => %s, token => %s)",
+                      (t["rn"], t["token"])).fetchone()[0]
+        assert sync_commit(c) == "on"
         c.commit()
         submit(db, priority=1, now=at(0))
         submit(db, priority=5, now=at(90))
-        # the aging path (through lease_tasks) too: the completion stays durable
-        got = c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q',"
-                        " aging_rate => 1.0, aging_cap => 255, now => %s)", (rn, at(100))).fetchone()[0]
+        # the aging path (through _lease_tasks) too: the completion stays durable
+        got = c.execute("SELECT pyscheduler._complete_and_lease(worker => 'w1', queue => 'q', rn => %s, token => %s,"
+                        " aging_rate => 1.0, aging_cap => 255, p_now => %s)",
+                        (t["rn"], t["token"], at(100))).fetchone()[0]
         assert got["priority"] == 1  # aged past 5
-        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "on"
+        assert sync_commit(c) == "on"
         c.commit()
-        assert c.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'w1') ->> 'priority'"
-                         ).fetchone()[0] == "5"
-        assert c.execute("SELECT current_setting('synchronous_commit')").fetchone()[0] == "off"
+    assert db.call_value("get_task", rn=t["rn"])["status"] == "completed"
+
+
+LEASE_CALLS = [
+    "SELECT pyscheduler.lease_task(queue => 'q', worker => 'w1')",
+    "SELECT * FROM pyscheduler.lease_tasks(queue => 'q', worker => 'w1', n => 2)",
+    "SELECT pyscheduler.complete_and_lease(worker => 'w1', queue => 'q')",
+    "SELECT pyscheduler.heartbeat_task(rn => {rn}, token => {token})",
+]
+
+
+@pytest.mark.parametrize("sql", LEASE_CALLS)
+def test_a_lease_call_inside_a_larger_transaction_leaves_its_durability_alone(dsn, db, sql):
+    """Item 4: lease and heartbeat functions used to SET LOCAL synchronous_commit = off, so
+    the caller's own writes in the same transaction lost their durability."""
+    db.call("submit_tasks", queue="q", specs=Jsonb([{}, {}, {}]))
+    h = held(lease(db))
+    query = sql.format(rn=f"'{h['rn']}'", token=f"'{h['token']}'")
+    with psycopg.connect(dsn) as c:  # an explicit transaction: the caller writes too
+        c.execute("CREATE TABLE mine (x int)")
+        c.execute(query, prepare=False)
+        c.execute("INSERT INTO mine VALUES (1)")
+        assert sync_commit(c) == "on"
         c.commit()
-    assert db.call_value("get_task", rn=rn)["status"] == "completed"
+    with psycopg.connect(dsn, autocommit=True) as c:  # from the caller's own function
+        c.execute("CREATE FUNCTION mine_fn() RETURNS text LANGUAGE plpgsql AS $f$ BEGIN "
+                  f"PERFORM * FROM ({query}) x; INSERT INTO mine VALUES (2); "
+                  "RETURN current_setting('synchronous_commit'); END $f$")
+        assert c.execute("SELECT mine_fn()", prepare=False).fetchone()[0] == "on"
+        # two statements in one query message: one implicit transaction with the caller's insert
+        cur = c.execute(f"{query}; INSERT INTO mine VALUES (3); SELECT current_setting('synchronous_commit')",
+                        prepare=False)
+        while cur.nextset():
+            pass
+        assert cur.fetchone()[0] == "on"
+
+
+def test_a_lease_call_that_is_the_whole_transaction_still_commits_asynchronously(dsn, db):
+    """The speed stays where nothing else shares the commit: one statement, its own transaction."""
+    db.call("submit_tasks", queue="q", specs=Jsonb([{}, {}]))
+    with psycopg.connect(dsn, autocommit=True) as c:
+        got = c.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'w1') IS NOT NULL, "
+                        "current_setting('synchronous_commit')", prepare=False).fetchone()
+        assert got == (True, "off")
+        assert sync_commit(c) == "on"  # and only for that transaction
 
 
 def test_abort_records_errors_in_the_seed_shape(db):
     submit(db)
-    rn = lease(db)["rn"]
-    task = db.call_value("abort_task", rn=rn, worker="w1", errors=Jsonb([
+    h = held(lease(db))
+    task = db.call_value("abort_task", **h, errors=Jsonb([
         {"code": "new task added", "args": {"id": 2}, "description": "new task superseded"},
         {"code": "bare"}]))
     assert task["status"] == "aborted" and task["deadline"] is None
     assert task["errors"] == [{"code": "new task added", "args": {"id": 2}, "description": "new task superseded"},
                               {"code": "bare", "args": {}, "description": ""}]
     with pytest.raises(errors.TaskNotRunning):
-        db.call("abort_task", rn=rn, worker="w1", errors=Jsonb([{"code": "x"}]))
+        db.call("abort_task", **h, errors=Jsonb([{"code": "x"}]))
 
 
 @pytest.mark.parametrize("errs", [[], {"code": "x"}, [{"args": {}}], [{"code": 1}], [{"code": "x", "args": []}],
                                   [{"code": "x", "description": 3}], ["x"], None])
 def test_abort_with_malformed_errors_is_ps207(db, errs):
     submit(db)
-    rn = lease(db)["rn"]
+    h = held(lease(db))
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("abort_task", rn=rn, worker="w1", errors=Jsonb(errs) if errs is not None else None)
+        db.call("abort_task", **h, errors=Jsonb(errs) if errs is not None else None)
     assert code_of(info) == "PS207"
-    assert db.call_value("get_task", rn=rn)["status"] == "running"
+    assert db.call_value("get_task", rn=h["rn"])["status"] == "running"
 
 
 def test_yield_returns_to_ready_without_a_timeout_entry(db):
     submit(db)
-    rn = lease(db, worker="w1", now=at(0))["rn"]
-    db.call("heartbeat_task", rn=rn, worker="w1", progress=0.1, now=at(1))
-    task = db.call_value("yield_task", rn=rn, worker="w1", now=at(2))
+    h = held(lease(db, worker="w1", now=at(0)))
+    call(db, "heartbeat_task", at(1), **h, progress=0.1)
+    task = value(db, "yield_task", at(2), **h)
     assert datetime.fromisoformat(task["deadline"]) == at(1) and task["status"] == "running"
     assert task["history"][-1] == {"_typ": "TaskYield", "worker": "w1", "progress": 0.1, "time": task["updated"]}
-    reset = [r["task"] for r in db.call("reset_expired_tasks", now=at(2))]
-    assert [t["rn"] for t in reset] == [rn]
+    reset = [r["task"] for r in call(db, "reset_expired_tasks", at(2))]
+    assert [t["rn"] for t in reset] == [h["rn"]]
     assert [h["_typ"] for h in reset[0]["history"]] == ["TaskAssignment", "TaskYield"]
     assert (reset[0]["status"], reset[0]["owner"], reset[0]["progress"]) == ("ready", None, 0)
-    assert lease(db, worker="w2", now=at(3))["rn"] == rn
+    assert lease(db, worker="w2", now=at(3))["rn"] == h["rn"]
 
 
 def test_yield_error_codes(db):
     submit(db)
-    rn = lease(db)["rn"]
+    h = held(lease(db))
     with pytest.raises(errors.TaskNotOwned):
-        db.call("yield_task", rn=rn, worker="w2")
+        db.call("yield_task", rn=h["rn"], token=uuid.uuid4())
     with pytest.raises(errors.TaskNotFound):
-        db.call("yield_task", rn=uuid.uuid4(), worker="w1")
-    db.call("cancel_task", rn=rn)
+        db.call("yield_task", rn=uuid.uuid4(), token=h["token"])
+    db.call("cancel_task", rn=h["rn"])
     with pytest.raises(errors.TaskCancelled):
-        db.call("yield_task", rn=rn, worker="w1")
+        db.call("yield_task", **h)
+
+
+def test_a_yielded_lease_is_over(db):
+    """Item 6: after yield_task, the same lease's heartbeat used to be accepted (cancelling
+    the yield), a second yield appended history again, and complete succeeded."""
+    submit(db)
+    h = held(lease(db, now=at(0)))
+    call(db, "yield_task", at(1), **h)
+    for fn, args in [("heartbeat_task", {}), ("yield_task", {}), ("complete_task", {}),
+                     ("abort_task", {"errors": Jsonb([{"code": "late"}])})]:
+        with pytest.raises(errors.TaskYielded) as info:
+            call(db, fn, at(2), **h, **args)
+        assert code_of(info) == "PS210", fn
+    task = db.call_value("get_task", rn=h["rn"])
+    assert types_of(task) == ["TaskAssignment", "TaskYield"] and datetime.fromisoformat(task["deadline"]) == at(0)
+    assert [r["task"]["status"] for r in call(db, "reset_expired_tasks", at(3))] == ["ready"]
 
 
 # ------------------------------------------------------------------ cancel
@@ -407,24 +529,26 @@ def test_cancel_ready_task_is_terminal_and_never_leased(db):
 
 def test_cancel_running_task_the_owner_learns_on_heartbeat_and_completion_keeps_it_cancelled(db):
     submit(db)
-    rn = lease(db, worker="w1")["rn"]
+    h = held(lease(db, worker="w1"))
+    rn = h["rn"]
     task = db.call_value("cancel_task", rn=rn)
     assert (task["status"], task["owner"], task["deadline"]) == ("cancelled", "w1", None)
     with pytest.raises(errors.TaskCancelled) as info:
-        db.call("heartbeat_task", rn=rn, worker="w1", progress=0.5)
+        db.call("heartbeat_task", **h, progress=0.5)
     assert code_of(info) == "PS203"
     with pytest.raises(errors.TaskCancelled):
-        db.call("complete_task", rn=rn, worker="w1")
+        db.call("complete_task", **h)
     with pytest.raises(errors.TaskCancelled):
-        db.call("abort_task", rn=rn, worker="w1", errors=Jsonb([{"code": "x"}]))
+        db.call("abort_task", **h, errors=Jsonb([{"code": "x"}]))
     assert db.call_value("get_task", rn=rn)["status"] == "cancelled"
-    assert db.call("reset_expired_tasks", now=at(10**6)) == []
+    assert call(db, "reset_expired_tasks", at(10**6)) == []
 
 
 def test_cancel_finished_or_unknown_task(db):
     submit(db)
-    rn = lease(db)["rn"]
-    db.call("complete_task", rn=rn, worker="w1")
+    h = held(lease(db))
+    rn = h["rn"]
+    db.call("complete_task", **h)
     with pytest.raises(errors.TaskFinished) as info:
         db.call("cancel_task", rn=rn)
     assert code_of(info) == "PS209"
@@ -437,35 +561,36 @@ def test_cancel_finished_or_unknown_task(db):
 
 def test_reset_expired_only_after_the_deadline_with_task_timeout(db):
     submit(db)
-    rn = lease(db, worker="w1", now=at(0))["rn"]
-    db.call("heartbeat_task", rn=rn, worker="w1", progress=0.23, now=at(5))  # deadline 15
-    assert db.call("reset_expired_tasks", now=at(14)) == []
-    [row] = db.call("reset_expired_tasks", now=at(16))
+    h = held(lease(db, worker="w1", now=at(0)))
+    call(db, "heartbeat_task", at(5), **h, progress=0.23)  # deadline 15
+    assert call(db, "reset_expired_tasks", at(14)) == []
+    [row] = call(db, "reset_expired_tasks", at(16))
     task = row["task"]
     assert (task["status"], task["owner"], task["progress"], task["deadline"]) == ("ready", None, 0, None)
     assert task["history"][-1] == {"_typ": "TaskTimeout", "worker": "w1", "progress": 0.23,
                                    "time": task["updated"]}
-    assert db.call("reset_expired_tasks", now=at(100)) == []
+    assert task["updated"].endswith("Z") and all(e["time"].endswith("Z") for e in task["history"])
+    assert call(db, "reset_expired_tasks", at(100)) == []
 
 
 def test_reset_expired_tasks_in_batches(db):
     db.call("submit_tasks", queue="q", specs=Jsonb([{}] * 5))
-    db.call("lease_tasks", queue="q", worker="w", n=5, now=at(0))
-    assert len(db.call("reset_expired_tasks", max_tasks=3, now=at(20))) == 3
-    assert len(db.call("reset_expired_tasks", max_tasks=3, now=at(20))) == 2
+    call(db, "lease_tasks", at(0), queue="q", worker="w", n=5)
+    assert len(call(db, "reset_expired_tasks", at(20), max_tasks=3)) == 3
+    assert len(call(db, "reset_expired_tasks", at(20), max_tasks=3)) == 2
 
 
 def test_cleanup_keeps_tasks_within_retention_and_unfinished_ones(db):
     old_done = submit(db, spec={"k": "old_done"}, now=at(0))["rn"]
     recent_done = submit(db, spec={"k": "recent_done"}, now=at(0))["rn"]
     old_ready = submit(db, spec={"k": "old_ready"}, now=at(0))["rn"]
-    db.call("cancel_task", rn=old_done, now=at(0))
-    db.call("cancel_task", rn=recent_done, now=at(3000))
+    call(db, "cancel_task", at(0), rn=old_done)
+    call(db, "cancel_task", at(3000), rn=recent_done)
     hour = timedelta(hours=1)
-    assert db.call_value("cleanup_tasks", retention=hour, now=at(3599)) == 0  # not yet past retention
-    assert db.call_value("cleanup_tasks", retention=hour, now=at(3700)) == 1
+    assert value(db, "cleanup_tasks", at(3599), retention=hour) == 0  # not yet past retention
+    assert value(db, "cleanup_tasks", at(3700), retention=hour) == 1
     assert {r["task"]["rn"] for r in db.call("list_tasks")} == {recent_done, old_ready}
-    assert db.call_value("cleanup_tasks", retention=hour, now=at(3700)) == 0
+    assert value(db, "cleanup_tasks", at(3700), retention=hour) == 0
     with pytest.raises(errors.InvalidArgument) as info:
         db.call("cleanup_tasks", retention=-hour)
     assert code_of(info) == "PS208"
@@ -506,14 +631,15 @@ def test_interleaving_a_open_lease_b_skips_the_locked_row(dsn, db):
 
 def test_interleaving_heartbeat_waits_for_cancel_and_sees_it(dsn, db):
     submit(db)
-    rn = lease(db, worker="w1")["rn"]
+    h = held(lease(db, worker="w1"))
+    rn = h["rn"]
     with _session(dsn) as a:
         a.execute("SELECT pyscheduler.cancel_task(rn => %s)", (rn,))  # open, row locked
         result: queue_mod.Queue = queue_mod.Queue()
 
         def beat():
             try:
-                db.call("heartbeat_task", rn=rn, worker="w1")
+                db.call("heartbeat_task", **h)
                 result.put("ok")
             except errors.SchedulerError as exc:
                 result.put(exc.sqlstate)
@@ -536,26 +662,28 @@ def test_interleaving_heartbeat_waits_for_cancel_and_sees_it(dsn, db):
 
 def test_interleaving_monitor_skips_a_task_whose_heartbeat_is_in_flight(dsn, db):
     submit(db)
-    rn = lease(db, worker="w1", now=at(0))["rn"]  # deadline at(10)
+    t = lease(db, worker="w1", now=at(0))  # deadline at(10)
+    rn = t["rn"]
     with _session(dsn) as a:
         # A: the heartbeat at at(9) extends the deadline to at(19), not yet committed
-        a.execute("SELECT pyscheduler.heartbeat_task(rn => %s, worker => 'w1', now => %s)", (rn, at(9)))
+        a.execute("SELECT pyscheduler._heartbeat_task(rn => %s, token => %s, p_now => %s)", (rn, t["token"], at(9)))
         # the monitor at at(12) sees the old deadline as expired but must not wait for, nor reset, the row
-        assert db.call("reset_expired_tasks", now=at(12)) == []
+        assert call(db, "reset_expired_tasks", at(12)) == []
         a.commit()
-    assert db.call("reset_expired_tasks", now=at(12)) == []  # the committed heartbeat holds until at(19)
+    assert call(db, "reset_expired_tasks", at(12)) == []  # the committed heartbeat holds until at(19)
     assert db.call_value("get_task", rn=rn)["owner"] == "w1"
-    assert [r["task"]["rn"] for r in db.call("reset_expired_tasks", now=at(20))] == [rn]
+    assert [r["task"]["rn"] for r in call(db, "reset_expired_tasks", at(20))] == [rn]
 
 
 def test_interleaving_completion_racing_the_monitor_wins_once(dsn, db):
     submit(db)
-    rn = lease(db, worker="w1", now=at(0))["rn"]
+    t = lease(db, worker="w1", now=at(0))
+    rn = t["rn"]
     with _session(dsn) as a:
-        a.execute("SELECT pyscheduler.complete_task(rn => %s, worker => 'w1', now => %s)", (rn, at(11)))
-        assert db.call("reset_expired_tasks", now=at(12)) == []  # skipped: locked by the completion
+        a.execute("SELECT pyscheduler._complete_task(rn => %s, token => %s, p_now => %s)", (rn, t["token"], at(11)))
+        assert call(db, "reset_expired_tasks", at(12)) == []  # skipped: locked by the completion
         a.commit()
-    assert db.call("reset_expired_tasks", now=at(12)) == []
+    assert call(db, "reset_expired_tasks", at(12)) == []
     task = db.call_value("get_task", rn=rn)
     assert task["status"] == "completed" and types_of(task) == ["TaskAssignment"]
 
@@ -597,26 +725,28 @@ def test_interleaving_complete_and_lease_skips_a_row_another_worker_is_leasing(d
     first = submit(db, priority=9)["rn"]
     second = submit(db, priority=5)["rn"]
     third = submit(db, priority=1)["rn"]
-    held = cal(db, None, worker="B")["rn"]
-    assert held == first
+    mine = cal(db, None, worker="B")
+    assert mine["rn"] == first
     with _session(dsn) as a:
         got_a = a.execute("SELECT pyscheduler.lease_task(queue => 'q', worker => 'A') AS t").fetchone()["t"]
         assert got_a["rn"] == second  # A holds the row lock, transaction open
-        assert cal(db, held, worker="B")["rn"] == third  # B completed its task and skipped A's row
+        nxt = cal(db, mine, worker="B")
+        assert nxt["rn"] == third  # B completed its task and skipped A's row
         a.rollback()  # A crashed before committing: its task is ready again
     assert db.call_value("get_task", rn=first)["status"] == "completed"
-    assert cal(db, third, worker="B")["rn"] == second
+    assert cal(db, nxt, worker="B")["rn"] == second
 
 
 def test_interleaving_complete_and_lease_racing_the_monitor_wins_once(dsn, db):
     submit(db)
-    rn = lease(db, worker="w1", now=at(0))["rn"]
+    t = lease(db, worker="w1", now=at(0))
+    rn = t["rn"]
     with _session(dsn) as a:
-        a.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => 'w1', queue => 'q', now => %s)",
-                  (rn, at(11)))
-        assert db.call("reset_expired_tasks", now=at(12)) == []  # skipped: locked by the completion
+        a.execute("SELECT pyscheduler._complete_and_lease(worker => 'w1', queue => 'q', rn => %s, token => %s,"
+                  " p_now => %s)", (rn, t["token"], at(11)))
+        assert call(db, "reset_expired_tasks", at(12)) == []  # skipped: locked by the completion
         a.commit()
-    assert db.call("reset_expired_tasks", now=at(12)) == []
+    assert call(db, "reset_expired_tasks", at(12)) == []
     task = db.call_value("get_task", rn=rn)
     assert task["status"] == "completed" and types_of(task) == ["TaskAssignment"]
 
@@ -630,10 +760,11 @@ def test_concurrent_complete_and_lease_workers_never_hold_the_same_task(dsn, db)
     def work(k: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
             barrier.wait()
-            rn = None
+            rn = token = None
             while True:
-                rn = c.execute("SELECT pyscheduler.complete_and_lease(rn => %s, worker => %s, queue => 'c') ->> 'rn'",
-                               (rn, f"w{k}")).fetchone()[0]
+                rn, token = c.execute("SELECT t ->> 'rn', t ->> 'token' FROM pyscheduler.complete_and_lease("
+                                      "worker => %s, queue => 'c', rn => %s, token => %s) AS t",
+                                      (f"w{k}", rn, token)).fetchone()
                 if rn is None:
                     return
                 leased[k].append(rn)

@@ -164,8 +164,8 @@ def test_monitor_resets_expired_leases_and_cleans_up(dsn, db, client):
     rn = client.submit("m", {})["rn"]
     db.call("lease_task", queue="m", worker="gone", timeout=timedelta(milliseconds=300))
     done = client.submit("m", {})["rn"]
-    db.call("lease_task", queue="m", worker="w")
-    db.call("complete_task", rn=done, worker="w")
+    leased = db.call_value("lease_task", queue="m", worker="w")
+    db.call("complete_task", rn=done, token=leased["token"])
     stop = threading.Event()
     mon = Monitor(dsn, reset_interval=0.1, retention=timedelta(0), cleanup_interval=0.1)
     thread = threading.Thread(target=mon.run, args=(stop,), daemon=True)
@@ -496,3 +496,92 @@ def test_a_worker_whose_heartbeat_thread_dies_stops_loudly_and_yields(dsn, clien
     assert worker.fatal and logged(caplog, "stopping the worker")
     wait_for(lambda: status(client, rn) == "ready")  # yielded, long before the 60 s lease would end
     assert types(client.get(rn)) == ["TaskAssignment", "TaskYield"]
+
+
+# ------------------------------------------------------------------ hardening (issue 11)
+
+
+@pytest.mark.parametrize("args, description", [
+    ({"ratio": float("nan"), "limit": float("inf")}, "not a number"),
+    ({"when": __import__("datetime").datetime(2030, 1, 1)}, "a datetime"),
+    ({"text": "a\x00b"}, "a NUL \x00 in the description"),
+])
+def test_an_abort_json_cannot_encode_still_aborts_the_task_and_frees_the_slot(dsn, client, args, description):
+    """Item 5: Abort arguments JSON cannot encode made the record call fail as if retryable:
+    the task stayed running forever and the capacity slot leaked."""
+    def handler(ctx: TaskContext) -> None:
+        if ctx.spec["bad"]:
+            raise Abort("bad-data", description, args)
+
+    running = Worker(dsn, "ab5", handler, capacity=1, timeout=60, poll_interval=0.2).start()
+    try:
+        bad = client.submit("ab5", {"bad": True})["rn"]
+        wait_for(lambda: status(client, bad) == "aborted")
+        [error] = client.get(bad)["errors"]
+        assert error["code"] == "bad-data" and set(error["args"]) == set(args)
+        assert "\x00" not in error["description"] and description.split()[0] in error["description"]
+        good = client.submit("ab5", {"bad": False})["rn"]  # the one slot is free again
+        wait_for(lambda: status(client, good) == "completed")
+    finally:
+        running.stop()
+
+
+def test_an_abort_the_database_refuses_is_recorded_short_or_yielded(dsn, conn, client, monitor):
+    """Item 5: any failure to record an outcome ends with the task aborted (a sanitised
+    short error) or reset, never stuck running."""
+    conn.execute("UPDATE pyscheduler.settings SET value = '300' WHERE name = 'task_max_errors_bytes'")
+
+    def handler(ctx: TaskContext) -> None:
+        raise Abort("too-big", "x" * 2000, {"blob": "y" * 2000})
+
+    running = Worker(dsn, "ab6", handler, timeout=60, poll_interval=0.2).start()
+    try:
+        rn = client.submit("ab6", {})["rn"]
+        wait_for(lambda: status(client, rn) == "aborted")
+        [error] = client.get(rn)["errors"]
+        assert error["code"] == "too-big" and "refused" in error["args"]
+        assert not running.worker.held
+        conn.execute("UPDATE pyscheduler.settings SET value = '10' WHERE name = 'task_max_errors_bytes'")
+        again = client.submit("ab6", {})["rn"]  # not even a short error fits: yielded, not stuck
+        wait_for(lambda: "TaskYield" in types(client.get(again)))
+        assert not running.worker.held or again not in running.worker.held
+    finally:
+        running.stop()
+
+
+def test_a_heartbeat_answer_that_the_task_is_gone_stops_the_handler(dsn, conn, client):
+    """Item 7: a heartbeat for a deleted task (cleanup after cancel, or an admin) answered
+    PS200 and the handler was never told to stop."""
+    seen = threading.Event()
+
+    def handler(ctx: TaskContext) -> None:
+        if ctx.stopping.wait(30):
+            seen.set()
+
+    running = Worker(dsn, "gone", handler, timeout=30, heartbeat_interval=0.2, poll_interval=0.2).start()
+    try:
+        rn = client.submit("gone", {})["rn"]
+        wait_for(lambda: status(client, rn) == "running")
+        conn.execute("DELETE FROM pyscheduler.tasks WHERE rn = %s", (rn,))
+        assert seen.wait(20), "the handler was not told its lease is gone"
+        wait_for(lambda: not running.worker.held)
+    finally:
+        running.stop()
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"ratio": float("nan")}, "spec['ratio']"),
+    ({"a": [1, float("inf")]}, "spec['a'][1]"),
+    ({"name": "a\x00b"}, "spec['name']"),
+    ({"k\x00": 1}, "spec key"),
+])
+def test_client_submit_with_unstorable_json_is_invalid_argument_naming_the_field(client, spec, field):
+    """Item 11: a NaN in the spec surfaced a raw psycopg error that looked retryable."""
+    with pytest.raises(errors.InvalidArgument) as info:
+        client.submit("q", spec)
+    assert field in str(info.value)
+    assert not errors.is_retryable(info.value)
+    with pytest.raises(errors.InvalidArgument) as info:
+        client.submit_many("q", [{}, spec])
+    assert field.replace("spec", "specs[1]") in str(info.value)
+    assert client.list() == []

@@ -85,11 +85,12 @@ def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
         if batch is None:
             task = s.call_value("lease_task", queue=queue, worker=worker, timeout=lease)
             if task is not None:
-                s.call("complete_task", rn=task["rn"], worker=worker)
+                s.call("complete_task", rn=task["rn"], token=task["token"])
             return task is not None
         rows = s.call("lease_tasks", queue=queue, worker=worker, n=batch, timeout=lease)
         if rows:
-            failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows], worker=worker)
+            failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows],
+                            tokens=[r["task"]["token"] for r in rows])
             assert not failed, failed
         return len(rows)
 
@@ -117,13 +118,14 @@ def lease_complete_chained(db: Database, queue: str, workers: int,
         with db.session() as s:
             barrier.wait()
             until = time.perf_counter() + seconds
-            task = s.call_value("complete_and_lease", rn=None, worker=worker, queue=queue, timeout=lease)
+            task = s.call_value("complete_and_lease", worker=worker, queue=queue, timeout=lease)
             while task is not None:
                 if time.perf_counter() >= until:
-                    s.call("complete_task", rn=task["rn"], worker=worker)
+                    s.call("complete_task", rn=task["rn"], token=task["token"])
                     done[k] += 1
                     break
-                task = s.call_value("complete_and_lease", rn=task["rn"], worker=worker, queue=queue, timeout=lease)
+                task = s.call_value("complete_and_lease", worker=worker, queue=queue, rn=task["rn"],
+                                    token=task["token"], timeout=lease)
                 done[k] += 1
 
     elapsed = _run_threads(workers, work)

@@ -9,6 +9,7 @@ dicts in the seed's JSON shape (``rn``, ``spec``, ``queue``, ``priority``,
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import UUID
@@ -20,13 +21,52 @@ MAX_PRIORITY = 4_294_967_295
 STATUSES = ("ready", "running", "completed", "aborted", "cancelled")
 
 
+def _bad_json(value: Any, path: str, depth: int = 0) -> str | None:
+    """Why ``value`` (at ``path``) cannot be stored as jsonb, or None: NaN and infinities
+    (JSON has no such numbers), NUL characters (jsonb cannot hold U+0000), unencodable
+    surrogates, non-string keys, and anything json.dumps cannot write."""
+    if depth > 1000:
+        return f"{path} is nested too deeply"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}: JSON has no NaN or infinity"
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"{path} contains a NUL character (\\u0000), which PostgreSQL cannot store"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{path} is not valid Unicode (a lone surrogate)"
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has a key that is not a string: {key!r}"
+            why = _bad_json(key, f"{path} key {key!r}", depth + 1) or _bad_json(item, f"{path}[{key!r}]", depth + 1)
+            if why:
+                return why
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            why = _bad_json(item, f"{path}[{i}]", depth + 1)
+            if why:
+                return why
+        return None
+    return f"{path} is a {type(value).__name__}, which is not JSON"
+
+
 def check_spec(spec: Any, what: str = "spec") -> Jsonb:
-    """A spec as the SQL functions take it; InvalidArgument naming ``what`` otherwise."""
+    """A spec as the SQL functions take it; InvalidArgument naming ``what`` (and the bad
+    field inside it) otherwise. Never retryable: the same spec would fail again."""
     if not isinstance(spec, Mapping):
         raise InvalidArgument(f"{what} must be a JSON object (a dict), got {type(spec).__name__}")
+    why = _bad_json(spec, what)
+    if why:
+        raise InvalidArgument(f"{what} is not storable JSON: {why}")
     try:
-        json.dumps(spec)
-    except (TypeError, ValueError) as exc:
+        json.dumps(spec, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"{what} is not JSON-serialisable: {exc}") from exc
     return Jsonb(dict(spec))
 

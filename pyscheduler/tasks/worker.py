@@ -29,11 +29,21 @@ finish all its work anyway says so with ``ctx.complete()`` before returning.
 
 Leasing is woken by NOTIFY on submit; polling every ``poll_interval`` (with
 jitter) is the fallback.
+
+Every lease comes with a secret token (``ctx.token``) that the worker passes
+with each heartbeat and outcome: the database accepts writes only from the
+current lease of a task. Any answer meaning "this lease is gone" (cancelled,
+leased again, reset, yielded, deleted) stops the handler (``ctx.stopping``).
+An outcome the database refuses as data (an ``Abort`` whose arguments are too
+large, say) is recorded as an abort with a sanitised error; if even that is
+refused the task is yielded. A task is never left running with its slot taken.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import queue as queue_mod
 import threading
 import time
@@ -45,12 +55,13 @@ from typing import Any
 import psycopg
 
 from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup
-from ..errors import (RETRYABLE, DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled, TaskNotOwned,
-                      TaskNotRunning, is_retryable)
+from ..errors import (LEASE_GONE, RETRYABLE, DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled,
+                      is_retryable, rejects_arguments)
 
 log = logging.getLogger(__name__)
 
-LOST = (TaskNotOwned, TaskNotRunning)
+MAX_LEASE_SECONDS = 86_400.0  # sql/tasks.sql _timeout: a lease lasts at most 1 day
+MAX_DESCRIPTION = 4000  # characters of an error description the worker records
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
 TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
 class _Discard(SchedulerError):
@@ -65,12 +76,43 @@ class Abort(Exception):
         self.error = {"code": code, "args": args or {}, "description": description}
 
 
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON that PostgreSQL's jsonb accepts: NaN and infinities become strings,
+    NUL characters and unencodable surrogates are replaced, keys become strings, anything
+    else (a datetime, an object) becomes its str(); nesting deeper than 50 is cut."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    if depth >= 50:
+        return json_safe(repr(value))
+    if isinstance(value, dict):
+        return {json_safe(str(k)): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v, depth + 1) for v in value]
+    try:
+        text = str(value)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the outcome
+        text = object.__repr__(value)
+    return json_safe(text)
+
+
+def error_entry(code: Any, description: Any = "", args: Any = None) -> dict[str, Any]:
+    """One entry of abort_task's errors, always recordable (see json_safe)."""
+    args = json_safe(args if isinstance(args, dict) else ({} if args is None else {"value": args}))
+    return {"code": json_safe(str(code))[:200] or "error", "args": args,
+            "description": json_safe(str(description))[:MAX_DESCRIPTION]}
+
+
 class TaskContext:
     """What a handler gets: the task, a progress reporter and stop signals."""
 
     def __init__(self, task: dict[str, Any]):
         self.task = task
         self.rn: str = task["rn"]
+        self.token: str | None = task.get("token")  # the lease's secret: proves this lease on every write
         self.spec: dict[str, Any] = task["spec"]
         self._progress: float | None = None
         self.cancelled = threading.Event()  # a client cancelled the task
@@ -138,8 +180,14 @@ class Worker:
             raise InvalidArgument(f"queue must be 1 to 40 bytes long, got {queue!r}")
         if capacity < 1:
             raise InvalidArgument(f"capacity must be at least 1, got {capacity}")
-        if timeout <= 0:
-            raise InvalidArgument(f"timeout must be positive seconds, got {timeout}")
+        if not 0 < timeout <= MAX_LEASE_SECONDS:
+            raise InvalidArgument(f"timeout must be more than 0 and at most {MAX_LEASE_SECONDS:.0f} seconds, "
+                                  f"got {timeout!r}")
+        if heartbeat_interval is not None and not 0 < heartbeat_interval < timeout:
+            raise InvalidArgument(f"heartbeat_interval must be more than 0 and shorter than the lease timeout "
+                                  f"({timeout} s), got {heartbeat_interval!r}")
+        if not poll_interval > 0:
+            raise InvalidArgument(f"poll_interval must be more than 0 seconds, got {poll_interval!r}")
         self.dsn, self.queue, self.handler = dsn, queue, handler
         self.capacity = capacity
         self.timeout = timedelta(seconds=timeout)
@@ -243,7 +291,15 @@ class Worker:
         while not stop.is_set():
             try:
                 with self.db.session() as session:  # one connection held: no pool checkout per lease
-                    self._lease_until_stop(session, stop, pool, outage)
+                    # This session only leases: its commits need not wait for the WAL flush (a
+                    # lease lost in a crash is a lease that expired). Chosen here, for this
+                    # connection, and undone before it goes back to the pool.
+                    session.conn.execute("SET synchronous_commit = off")
+                    try:
+                        self._lease_until_stop(session, stop, pool, outage)
+                    finally:
+                        if not session.conn.closed:
+                            session.conn.execute("RESET synchronous_commit")
             except RETRYABLE as exc:
                 stop.wait(outage.failed(exc))
 
@@ -303,6 +359,8 @@ class Worker:
             if function == "complete_task":
                 self._done.put(ctx)  # the completer records it (batched) and frees the slot
                 queued = True
+            elif function == "abort_task":
+                self._abort(ctx, args["errors"])
             else:
                 self._finish(ctx, function, **args)
         except Exception:  # never silently, and never in the executor's future
@@ -322,12 +380,13 @@ class Worker:
         try:
             self.handler(ctx)
         except Abort as exc:
-            return "abort_task", {"errors": Jsonb([exc.error])}
+            error = exc.error
+            return "abort_task", {"errors": [error_entry(error.get("code"), error.get("description"),
+                                                         error.get("args"))]}
         except Exception as exc:  # the handler failed: abort (errors are unrecoverable)
             if ctx.reason != "yielded":
                 log.exception("task %s failed", ctx.rn)
-            return "abort_task", {"errors": Jsonb([{"code": type(exc).__name__, "args": {},
-                                                    "description": str(exc)}])}
+            return "abort_task", {"errors": [error_entry(type(exc).__name__, exc)]}
         return "complete_task", {}
 
     def _retry(self, what: str, call: Callable[[], Any]) -> tuple[bool, Any]:
@@ -342,8 +401,8 @@ class Worker:
                 outage.ok()
                 return True, result
             except Exception as exc:
-                if not is_retryable(exc):
-                    raise
+                if not is_retryable(exc) or rejects_arguments(exc):
+                    raise  # an answer, or data the database refuses: the same call cannot succeed
                 if not isinstance(exc, RETRYABLE):
                     log.error("%s failed unexpectedly; retrying", what, exc_info=True)
                 delay = outage.failed(exc)
@@ -359,13 +418,31 @@ class Worker:
             else:
                 self._halt.wait(delay)
 
-    def _finish(self, ctx: TaskContext, function: str, **args: Any) -> None:
-        """Record abort_task / yield_task, retried through database trouble."""
+    def _abort(self, ctx: TaskContext, errors: list[dict[str, Any]]) -> None:
+        """Record an abort. Errors the database refuses as data (too many, too large, a value
+        it cannot store) are replaced by one short sanitised error; if even that is refused,
+        the task is yielded, so it never stays running with its slot taken."""
+        refused = self._finish(ctx, "abort_task", errors=Jsonb(errors))
+        if refused is None:
+            return
+        log.error("task %s: the database refused the abort's errors (%s); recording a short error instead",
+                  ctx.rn, refused)
+        first = errors[0] if errors else {}
+        short = [error_entry(str(first.get("code", "error"))[:100], str(first.get("description", ""))[:100],
+                             {"refused": str(refused)[:100]})]
+        if self._finish(ctx, "abort_task", errors=Jsonb(short)) is not None:
+            log.error("task %s: the short error was refused too; yielding the task", ctx.rn)
+            self._finish(ctx, "yield_task")
+
+    def _finish(self, ctx: TaskContext, function: str, **args: Any) -> Exception | None:
+        """Record abort_task / yield_task, retried through database trouble. Returns the
+        error when the database refused the call's data (the caller may record something
+        else), else None (recorded, or the lease is gone, or given up)."""
 
         def call() -> None:
             if self.held.get(ctx.rn) is not ctx:
                 raise _Discard("leased again")
-            self.db.call(function, rn=ctx.rn, worker=self.worker_id, **args)
+            self.db.call(function, rn=ctx.rn, token=ctx.token, **args)
 
         try:
             done, _ = self._retry(f"{function} of task {ctx.rn}", call)
@@ -375,10 +452,13 @@ class Worker:
             log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
         except TaskCancelled:
             log.info("task %s was cancelled before it finished; it stays cancelled", ctx.rn)
-        except LOST as exc:
+        except LEASE_GONE as exc:
             log.warning("task %s: lease lost before it finished (%s)", ctx.rn, exc)
-        except SchedulerError as exc:
+        except Exception as exc:  # noqa: BLE001 - refused as data, or not adaptable at all
+            if rejects_arguments(exc) or not isinstance(exc, (SchedulerError, psycopg.Error)):
+                return exc
             log.error("task %s: could not record the outcome (%s); the monitor will reset it", ctx.rn, exc)
+        return None
 
     # -- completions, batched: one complete_tasks call for all that finished meanwhile
 
@@ -411,7 +491,7 @@ class Worker:
                 live = [c for c in batch if self.held.get(c.rn) is c]
             if not live:
                 return []
-            return self.db.call("complete_tasks", rns=[c.rn for c in live], worker=self.worker_id)
+            return self.db.call("complete_tasks", rns=[c.rn for c in live], tokens=[c.token for c in live])
 
         failed: list[dict[str, Any]] = []
         try:
@@ -455,10 +535,10 @@ class Worker:
             if ctx.reason in ("cancelled", "lost", "yielded"):
                 continue
             try:
-                self.db.call("heartbeat_task", rn=ctx.rn, worker=self.worker_id, progress=ctx._progress,
+                self.db.call("heartbeat_task", rn=ctx.rn, token=ctx.token, progress=ctx._progress,
                              timeout=self.timeout)
                 outage.ok()
-            except (TaskCancelled, *LOST) as exc:
+            except LEASE_GONE as exc:  # any answer meaning "this lease is gone" stops the handler
                 with self._lock:
                     if ctx.finishing:
                         continue  # finished meanwhile: _finish reports the outcome
@@ -487,7 +567,7 @@ class Worker:
                 ctx._stop("yielded")
         for ctx in to_yield:
             try:
-                self.db.call("yield_task", rn=ctx.rn, worker=self.worker_id)
+                self.db.call("yield_task", rn=ctx.rn, token=ctx.token)
                 log.info("yielded task %s", ctx.rn)
             except (SchedulerError, psycopg.Error) as exc:
                 log.warning("could not yield task %s: %s", ctx.rn, exc)

@@ -16,7 +16,11 @@ INSERT INTO pyscheduler.settings (name, value) VALUES
     ('monitor_role', 'pyscheduler_monitor'),
     ('admin_role', 'pyscheduler_admin');
 
+-- NOTIFY throttling (_notify_throttled): a fixed number of slots, a channel
+-- hashed to one, so the table stays small however many channels are used.
 CREATE UNLOGGED TABLE pyscheduler._notify_throttle (
-    channel text PRIMARY KEY,
-    last_at timestamptz NOT NULL
+    slot    integer PRIMARY KEY,
+    channel text NOT NULL,
+    last_at timestamptz NOT NULL,
+    CONSTRAINT _notify_throttle_slot_check CHECK (slot BETWEEN 0 AND 1023)
 );
