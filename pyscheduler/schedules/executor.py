@@ -469,6 +469,8 @@ class Recorder:
                     self._settled(occs, [(o.id, o.expected_ms,
                                           _next_ms(by_id.get(o.id)) if by_id.get(o.id, {}).get("active") else None)
                                          for o in occs])
+                else:
+                    self._settled(occs, [])  # not settled: left to the stuck-claim recovery
                 continue
             args: dict[str, Any] = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs]}
             if tokens:
@@ -480,7 +482,8 @@ class Recorder:
                 args["p_attempts"] = [o.tries for o in occs]
                 args["p_errors"] = [e for _, _, e in batch]
                 rows = self._call(give_up_after, "record_executions", **args)
-            if rows is None:
+            if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
+                self._settled(occs, [])
                 continue
             self._count(rows, group)
             by_key = {(r["id"], to_ms(r["expected_at"])): r for r in rows}
