@@ -1429,10 +1429,13 @@ BEGIN
           FROM fast f
         ON CONFLICT ON CONSTRAINT schedule_executions_pkey DO NOTHING
         RETURNING schedule_id),
+    -- one array, materialized: a join of the two CTEs was planned as a nested
+    -- loop (batch size squared comparisons: 570 of 700 ms for 1,000 rows)
+    got AS MATERIALIZED (SELECT coalesce(array_agg(schedule_id), '{}') AS ids FROM ins),
     rec AS (
-        SELECT f.*, ins.schedule_id IS NOT NULL AS recorded,
-               (ins.schedule_id IS NOT NULL AND f.outcome IN ('fired', 'failed'))::integer AS run
-          FROM fast f LEFT JOIN ins ON ins.schedule_id = f.id),
+        SELECT f.*, f.id = ANY (g.ids) AS recorded,
+               (f.id = ANY (g.ids) AND f.outcome IN ('fired', 'failed'))::integer AS run
+          FROM fast f, got g),
     upd AS (
         UPDATE schedules t
            SET fired_count = t.fired_count + (rec.recorded AND rec.outcome = 'fired')::integer,

@@ -442,7 +442,7 @@ def last_outcome(db, name):
 
 def finish_one(db, queue):
     task = db.call_value("lease_task", queue=queue, worker="worker-1")
-    db.call("complete_task", rn=task["rn"], worker="worker-1")
+    db.call("complete_task", rn=task["rn"], token=task["token"])
     return task
 
 
@@ -462,11 +462,12 @@ def test_overlap_policies_with_real_tasks(db, conn, overlap, outcomes):
             assert task["spec"]["report"] == "daily" and task["priority"] == 7
             key = task["spec"]["pyscheduler"]["idempotency_key"]
             assert key.startswith(f"{s['id']}:")
-    db.call("complete_task", rn=task["rn"], worker="worker-1")
-    while db.call_value("lease_task", queue=f"q-{overlap}", worker="worker-2") is not None:
-        pass  # the other tasks are taken by a worker and left running...
-    for t in db.call("list_tasks", queue=f"q-{overlap}", status="running"):
-        db.call("complete_task", rn=t["task"]["rn"], worker="worker-2")  # ...and finished
+    db.call("complete_task", rn=task["rn"], token=task["token"])
+    leased = []
+    while (t := db.call_value("lease_task", queue=f"q-{overlap}", worker="worker-2")) is not None:
+        leased.append(t)  # the other tasks are taken by a worker and left running...
+    for t in leased:
+        db.call("complete_task", rn=t["rn"], token=t["token"])  # ...and finished
     fire_task(conn, s)
     got.append(last_outcome(db, s["name"]))
     assert got == outcomes
