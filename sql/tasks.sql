@@ -744,6 +744,15 @@ BEGIN
 END
 $$;
 
+-- _leases(rns, tokens): the leases (rns[i], tokens[i]) in rn order. The
+-- batch writes (complete_tasks, heartbeat_tasks, yield_tasks) join the tasks
+-- to this (a nested loop driven by it), so they lock rows in rn order: two of
+-- them running at once wait for each other, they never deadlock.
+CREATE OR REPLACE FUNCTION pyscheduler._leases(p_rns uuid[], p_tokens uuid[])
+RETURNS TABLE (rn uuid, token uuid)
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT l.rn, l.token FROM unnest(p_rns, p_tokens) AS l(rn, token) ORDER BY l.rn $$;
+
 -- _refused(rns, tokens, done): (rn, sqlstate) of each lease (rns[i], tokens[i])
 -- not in done, with _refusal's code: why a batch write did not touch it.
 CREATE OR REPLACE FUNCTION pyscheduler._refused(p_rns uuid[], p_tokens uuid[], p_done uuid[])
@@ -781,9 +790,10 @@ BEGIN
     WITH beat AS (
         UPDATE pyscheduler.tasks t
            SET deadline = v_deadline, updated = p_now, progress = coalesce(l.progress, t.progress)
-          FROM unnest(rns, tokens, coalesce(_heartbeat_tasks.progress,
-                                            array_fill(NULL::double precision, ARRAY[cardinality(rns)])))
-               AS l(rn, token, progress)
+          FROM (SELECT * FROM unnest(rns, tokens, coalesce(_heartbeat_tasks.progress,
+                                 array_fill(NULL::double precision, ARRAY[cardinality(rns)])))
+                                 AS u(rn, token, progress)
+                 ORDER BY u.rn) AS l
          WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(b.rn), '{}') INTO v_done FROM beat b;
@@ -865,7 +875,7 @@ BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     WITH done AS (
         UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
-          FROM unnest(rns, tokens) AS l(rn, token)
+          FROM pyscheduler._leases(rns, tokens) AS l
          WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(d.rn), '{}') INTO v_done FROM done d;
@@ -1060,7 +1070,7 @@ BEGIN
            SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
                attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
                history = t.history || pyscheduler._history('TaskYield', t.owner, p_now, t.progress)
-          FROM unnest(rns, tokens) AS l(rn, token)
+          FROM pyscheduler._leases(rns, tokens) AS l
          WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(y.rn), '{}') INTO v_done FROM y;
