@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue as queue_mod
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .worker import TaskContext, Worker, poke_on
+from .worker import _FULL, _SLOW, TaskContext, Worker, poke_on
 
 log = logging.getLogger(__name__)
 
@@ -146,28 +145,9 @@ class AsyncWorker(Worker):
             loop.call_soon_threadsafe(wake.set)
 
     async def _consume(self) -> None:
-        """One handler slot: take tasks from the local queue until it closes."""
-        assert self._wake is not None
-        finished: TaskContext | None = None
-        while True:
-            ctx = self._take(finished, block=False)
-            finished = None
-            if ctx is None:
-                if self._closed:
-                    return
-                self._wake.clear()
-                ctx = self._take(None, block=False)  # pushed before the clear: not missed
-                if ctx is None:
-                    if self._closed:
-                        return
-                    await self._wake.wait()
-                    continue
-            await self._work_async(ctx)
-            finished = ctx
-
-    async def _work_async(self, ctx: TaskContext) -> None:
-        queued = False
-        try:
+        """One handler slot: run tasks from the local queue until it closes."""
+        ctx = await self._next(None)
+        while ctx is not None:
             try:
                 await self.handler(ctx)  # type: ignore[misc]
                 function, args = "complete_task", {}
@@ -177,17 +157,43 @@ class AsyncWorker(Worker):
                 function, args = "complete_task", {}  # cancelled after being told to stop: settled below
             except Exception as exc:
                 function, args = self._failed(ctx, exc)
-            function = self._settle(ctx, function)
             if function == "complete_task":
+                while (following := self._take(ctx, block=False, complete=True)) is _FULL:
+                    await asyncio.sleep(0.005)  # back-pressure: the completer is behind
+                if following is not _SLOW:
+                    ctx = following if following is not None else await self._next(None)
+                    continue
+            await self._outcome_async(ctx, function, args)
+            ctx = await self._next(ctx)
+
+    async def _next(self, finished: TaskContext | None) -> TaskContext | None:
+        """The next task to start; None once the local queue is closed."""
+        assert self._wake is not None
+        ctx = self._take(finished, block=False)
+        while ctx is None and not self._closed:
+            self._wake.clear()
+            ctx = self._take(None, block=False)  # pushed before the clear: not missed
+            if ctx is None and not self._closed:
+                await self._wake.wait()
+                ctx = self._take(None, block=False)
+        return ctx
+
+    async def _outcome_async(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
+        """Worker._outcome without blocking the event loop."""
+        queued = False
+        try:
+            settled = self._settle(ctx, function)
+            if settled == "complete_task":
                 while True:
-                    try:
-                        self._done.put_nowait(ctx)  # the completer records it (batched)
-                        queued = True
-                        break
-                    except queue_mod.Full:  # back-pressure: the completer is behind
-                        await asyncio.sleep(0.005)
-            elif function is not None:
-                await asyncio.to_thread(self._record, ctx, function, args)
+                    with self._lock:
+                        if self._room_for_one(block=False):
+                            self._unrecorded.append(ctx)
+                            self._recordable.notify()
+                            queued = True
+                            break
+                    await asyncio.sleep(0.005)
+            elif settled is not None:
+                await asyncio.to_thread(self._record, ctx, settled, args)
         except Exception:  # never silently, and never kill the slot
             log.exception("task %s: recording the outcome failed", ctx.rn)
         finally:

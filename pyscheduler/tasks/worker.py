@@ -46,7 +46,6 @@ import heapq
 import itertools
 import logging
 import math
-import queue as queue_mod
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +64,7 @@ MAX_LEASE_SECONDS = 86_400.0  # sql/tasks.sql _timeout: a lease lasts at most 1 
 MAX_DESCRIPTION = 4000  # characters of an error description the worker records
 MAX_PREFETCH = 10_000  # leased tasks a worker may hold in its local queue, at most
 MAX_UNRECORDED = 1000  # completions waiting to be recorded before handlers wait (one complete_tasks call)
+_SLOW, _FULL = object(), object()  # answers of Worker._take (see there)
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
 TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
 class _Discard(SchedulerError):
@@ -109,6 +109,9 @@ def error_entry(code: Any, description: Any = "", args: Any = None) -> dict[str,
             "description": json_safe(str(description))[:MAX_DESCRIPTION]}
 
 
+_EVENTS = threading.Lock()  # makes TaskContext events once, in step with _stop
+
+
 class TaskContext:
     """What a handler gets: the task, a progress reporter and stop signals.
 
@@ -121,8 +124,9 @@ class TaskContext:
         self.token: str | None = task.get("token")  # the lease's secret: proves this lease on every write
         self.spec: dict[str, Any] = task["spec"]
         self._progress: float | None = None
-        self.cancelled = self._event()  # a client cancelled the task
-        self.stopping = self._event()  # cancelled, lease lost, or the worker is stopping
+        self._cancelled: Any = None  # events made on first use: most tasks never need them
+        self._stopping: Any = None
+        self._was_cancelled = False
         self.reason: str | None = None
         self.finishing = False  # the handler returned; its outcome is being recorded
         self.completed = False  # ctx.complete(): done, even if told to stop
@@ -131,6 +135,30 @@ class TaskContext:
 
     def _event(self) -> Any:
         return threading.Event()
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when a client cancelled the task."""
+        if self._cancelled is None:
+            with _EVENTS:
+                if self._cancelled is None:
+                    event = self._event()
+                    if self._was_cancelled:
+                        event.set()
+                    self._cancelled = event
+        return self._cancelled
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set when the handler should stop: cancelled, lease lost, or the worker is stopping."""
+        if self._stopping is None:
+            with _EVENTS:
+                if self._stopping is None:
+                    event = self._event()
+                    if self.reason is not None:
+                        event.set()
+                    self._stopping = event
+        return self._stopping
 
     def complete(self) -> None:
         """Say the work is done: a return is recorded as completed even after ``stopping``
@@ -144,11 +172,17 @@ class TaskContext:
         self._progress = value
 
     def _stop(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        if reason == "cancelled":
-            self.cancelled.set()
-        self.stopping.set()
+        with _EVENTS:  # an event made meanwhile sees the reason, or is set here
+            if self.reason is None:
+                self.reason = reason
+            if reason == "cancelled":
+                self._was_cancelled = True
+            cancelled = self._cancelled if reason == "cancelled" else None
+            stopping = self._stopping
+        if cancelled is not None:
+            cancelled.set()
+        if stopping is not None:
+            stopping.set()
 
 
 Handler = Callable[[TaskContext], Any]
@@ -284,7 +318,9 @@ class Worker:
         self.listener: Listener | None = None
         self.polls = 0  # lease calls made (tests and benches wait for the first one)
         self.completed = 0  # completions recorded (durably) by this worker
-        self._done: queue_mod.Queue[TaskContext] = queue_mod.Queue(MAX_UNRECORDED)  # back-pressure
+        self._unrecorded: list[TaskContext] = []  # completions for the completer's next batch
+        self._recordable = threading.Condition(self._lock)  # _unrecorded got its first entry
+        self._room = threading.Condition(self._lock)  # the completer took _unrecorded (back-pressure)
         self._halt = threading.Event()  # stop was asked for, or a worker thread died
         self.fatal: str | None = None  # why the worker stopped itself (a thread died)
         self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
@@ -460,8 +496,7 @@ class Worker:
                     # must not finish (or release) this new lease.
                     log.warning("task %s leased again while an earlier execution holds it: "
                                 "that lease was lost, its outcome will be discarded", ctx.rn)
-                    old.reason = "lost"
-                    old.stopping.set()
+                    old._stop("lost")
                 self.held[ctx.rn] = ctx
                 if self._closed:
                     late.append(ctx)
@@ -477,12 +512,27 @@ class Worker:
     def _queued(self) -> None:
         """Hook: tasks were added to the local queue (the asyncio flavour wakes its loop)."""
 
-    def _take(self, finished: TaskContext | None, block: bool) -> TaskContext | None:
+    def _take(self, finished: TaskContext | None, block: bool, complete: bool = False) -> Any:
         """The next task to start (highest priority, then oldest), marking the handler busy;
         None when the local queue is closed (or empty and not ``block``). ``finished``: the task
         the calling handler just finished (its slot is free). Tasks whose lease is gone (cancelled,
-        lost while queued) or could have expired are dropped, never started."""
+        lost while queued) or could have expired are dropped, never started.
+
+        ``complete``: ``finished`` returned normally; queue its completion for the completer in
+        the same step (the common path: one lock round per task). Answers _SLOW (nothing done)
+        when its lease is no longer plainly ours (see _settle), and, when not ``block``, _FULL
+        while the completer is MAX_UNRECORDED behind (back-pressure; ``block`` waits instead)."""
         with self._ready:
+            if complete:
+                assert finished is not None
+                if finished.reason is not None or self.held.get(finished.rn) is not finished:
+                    return _SLOW
+                if not self._room_for_one(block):
+                    return _FULL
+                finished.finishing = True
+                self._unrecorded.append(finished)
+                if len(self._unrecorded) == 1:
+                    self._recordable.notify()
             if finished is not None:
                 self._busy -= 1
             try:
@@ -508,6 +558,15 @@ class Worker:
                 if len(self._queue) <= self._low:
                     self._lease_wake.poke()
 
+    def _room_for_one(self, block: bool) -> bool:
+        """(Under the lock.) Whether one more completion may wait for the completer; ``block``:
+        wait until it may (back-pressure)."""
+        while len(self._unrecorded) >= MAX_UNRECORDED:
+            if not block:
+                return False
+            self._room.wait()
+        return True
+
     def _drop(self, ctx: TaskContext, why: str) -> None:
         """(Under the lock.) Forget a queued task that must not start."""
         if self.held.get(ctx.rn) is ctx:
@@ -519,23 +578,32 @@ class Worker:
     def _handler_thread(self) -> None:
         ctx = self._take(None, block=True)
         while ctx is not None:
-            self._work(ctx)
-            ctx = self._take(ctx, block=True)
-
-    def _work(self, ctx: TaskContext) -> None:
-        queued = False
-        try:
             try:
                 self.handler(ctx)
                 function, args = "complete_task", {}
             except Exception as exc:
                 function, args = self._failed(ctx, exc)
-            function = self._settle(ctx, function)
             if function == "complete_task":
-                self._done.put(ctx)  # the completer records it (batched); blocks while it is behind
+                following = self._take(ctx, block=True, complete=True)
+                if following is not _SLOW:
+                    ctx = following
+                    continue
+            self._outcome(ctx, function, args)
+            ctx = self._take(ctx, block=True)
+
+    def _outcome(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
+        """Record a handler's outcome the careful way (aborts, stops, lost leases)."""
+        queued = False
+        try:
+            settled = self._settle(ctx, function)
+            if settled == "complete_task":
+                with self._lock:
+                    self._room_for_one(block=True)
+                    self._unrecorded.append(ctx)
+                    self._recordable.notify()
                 queued = True
-            elif function is not None:
-                self._record(ctx, function, args)
+            elif settled is not None:
+                self._record(ctx, settled, args)
         except Exception:  # never silently, and never kill the handler thread
             log.exception("task %s: recording the outcome failed", ctx.rn)
         finally:
@@ -663,17 +731,14 @@ class Worker:
         conn = _Dedicated(self.db)
         try:
             while True:
-                try:
-                    batch = [self._done.get(timeout=0.1)]
-                except queue_mod.Empty:
-                    if stop.is_set():
-                        return
-                    continue
-                while len(batch) < MAX_UNRECORDED:
-                    try:
-                        batch.append(self._done.get_nowait())
-                    except queue_mod.Empty:
-                        break
+                with self._recordable:
+                    if not self._unrecorded:
+                        if stop.is_set():
+                            return
+                        self._recordable.wait(0.1)
+                        continue
+                    batch, self._unrecorded = self._unrecorded, []
+                    self._room.notify_all()
                 try:
                     self._complete(batch, conn)
                 except Exception:  # never let the completer die: it frees the leases
