@@ -491,6 +491,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_timeout interval := pyscheduler._timeout(_claim_tasks.timeout);
+    -- the same entry for every task of the claim: built once, not per row
+    v_assignment jsonb := pyscheduler._history('TaskAssignment', _claim_tasks.worker, p_now);
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _claim_tasks.queue, p_queue_given => true,
                                          p_worker => _claim_tasks.worker, p_worker_given => true,
@@ -511,7 +513,7 @@ BEGIN
         UPDATE pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = gen_random_uuid(), attempts = t.attempts + 1,
-               history = t.history || pyscheduler._history('TaskAssignment', _claim_tasks.worker, p_now)
+               history = t.history || v_assignment
          WHERE t.rn = ANY (ARRAY(
                SELECT r.rn FROM pyscheduler.tasks r
                 WHERE r.queue = _claim_tasks.queue AND r.status = 'ready'
@@ -533,7 +535,7 @@ BEGIN
         UPDATE pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = gen_random_uuid(), attempts = t.attempts + 1,
-               history = t.history || pyscheduler._history('TaskAssignment', _claim_tasks.worker, p_now)
+               history = t.history || v_assignment
           FROM c
          WHERE t.rn = c.rn
         RETURNING t.*;

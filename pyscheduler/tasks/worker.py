@@ -1,14 +1,37 @@
 """The worker library of leased tasks (seeds/scylla.md).
 
 A ``Worker`` registers (a unique id from a database sequence), then leases
-tasks of one queue while it has capacity, runs each in a thread with the
-application's handler, and keeps every held lease alive from a heartbeat
-thread that also reports the handler's progress. A handler that returns
-completes its task; one that raises ``Abort`` (or any exception) aborts it
-with errors. Cancellation reaches the handler through ``ctx.cancelled``: at
-once by NOTIFY, at the latest on the next heartbeat. On stop (SIGTERM in
-``pyscheduler run`` or your own shutdown hook) the worker yields the tasks it
-still holds so the monitor hands them to another worker at once.
+tasks of one queue into a local queue, and ``capacity`` long-lived handler
+threads take them from it, highest priority first, then oldest (the
+asyncio flavour, ``AsyncWorker`` in ``aio.py``, runs ``async def`` handlers
+instead). A handler that returns completes its task; one that raises
+``Abort`` (or any exception) aborts it with errors. Cancellation reaches the
+handler through ``ctx.cancelled``: at once by NOTIFY, at the latest on the
+next heartbeat. On stop (SIGTERM in ``pyscheduler run`` or your own shutdown
+hook) the worker yields the tasks it still holds so the monitor hands them to
+another worker at once.
+
+The speed comes from doing the database work off the handlers' path, in
+batches (issue 10):
+
+* The local queue is filled ahead by one lease thread (``lease_tasks_lean``:
+  one lease call in flight, on its own connection with asynchronous commits),
+  when it falls to its low watermark (half its target). Its target is what the
+  handlers start in ``lookahead`` (0.1 s) at the rate they start tasks, at
+  most ``prefetch`` (500), and nothing while that is less than ``capacity``:
+  slow tasks are leased only for free handlers, so a worker never hoards them
+  while another idles.
+* A leased task is ``running`` in the database while it waits locally, and its
+  lease is kept alive like a running one: one ``heartbeat_tasks`` call renews
+  every lease the worker holds and answers only the refused ones. A queued task
+  whose lease is refused (cancelled, say) is dropped; one whose lease could have
+  expired (no successful heartbeat within the lease timeout) is never started.
+* A handler that returns frees its slot at once; its completion goes to a
+  completion thread that records everything finished meanwhile with one
+  ``complete_tasks`` call on a dedicated connection, durably. Only then does
+  the task count as done (``Worker.completed``, it leaves ``held``). Handlers
+  wait when 1,000 completions are waiting (back-pressure).
+* On stop the queued tasks go back in one ``yield_tasks`` call.
 
 Once ``ctx.stopping`` is set (cancelled, lease lost, or the worker stopping),
 a handler that simply returns has NOT finished its task and it is not
