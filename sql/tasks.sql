@@ -757,6 +757,7 @@ AS $$ SELECT l.rn, l.token FROM unnest(p_rns, p_tokens) AS l(rn, token) ORDER BY
 
 -- _refused(rns, tokens, done): (rn, sqlstate) of each lease (rns[i], tokens[i])
 -- not in done, with _refusal's code: why a batch write did not touch it.
+-- Nothing is read when done has them all (the common case).
 CREATE OR REPLACE FUNCTION pyscheduler._refused(p_rns uuid[], p_tokens uuid[], p_done uuid[])
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE sql STABLE
@@ -764,7 +765,7 @@ AS $$
     SELECT l.rn, pyscheduler._refusal(t.status, t.lease_token, l.token)
       FROM unnest(p_rns, p_tokens) AS l(rn, token)
       LEFT JOIN pyscheduler.tasks t ON t.rn = l.rn
-     WHERE l.rn <> ALL (p_done);
+     WHERE cardinality(p_done) < cardinality(p_rns) AND l.rn <> ALL (p_done);
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_tasks(
@@ -799,9 +800,7 @@ BEGIN
          WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(b.rn), '{}') INTO v_done FROM beat b;
-    IF cardinality(v_done) = cardinality(rns) THEN
-        RETURN;  -- the common case: every lease extended
-    END IF;
+    -- the rest were not touched by the update above: the state machine says why
     RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
 END
 $$;
@@ -881,9 +880,6 @@ BEGIN
          WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(d.rn), '{}') INTO v_done FROM done d;
-    IF cardinality(v_done) = cardinality(rns) THEN
-        RETURN;  -- the common case: all completed
-    END IF;
     -- the rest were not touched by the update above: the state machine says why
     RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
 END
@@ -1079,9 +1075,7 @@ BEGIN
     IF cardinality(v_done) > 0 THEN
         PERFORM pyscheduler._notify_throttled('pyscheduler_tasks_monitor');
     END IF;
-    IF cardinality(v_done) = cardinality(rns) THEN
-        RETURN;
-    END IF;
+    -- the rest were not touched by the update above: the state machine says why
     RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
 END
 $$;

@@ -162,26 +162,22 @@ class TaskContext:
     @property
     def cancelled(self) -> threading.Event:
         """Set when a client cancelled the task."""
-        if self._cancelled is None:
-            with _EVENTS:
-                if self._cancelled is None:
-                    event = self._event()
-                    if self._was_cancelled:
-                        event.set()
-                    self._cancelled = event
-        return self._cancelled
+        return self._cancelled or self._made("_cancelled", lambda: self._was_cancelled)
 
     @property
     def stopping(self) -> threading.Event:
         """Set when the handler should stop: cancelled, lease lost, or the worker is stopping."""
-        if self._stopping is None:
-            with _EVENTS:
-                if self._stopping is None:
-                    event = self._event()
-                    if self.reason is not None:
-                        event.set()
-                    self._stopping = event
-        return self._stopping
+        return self._stopping or self._made("_stopping", lambda: self.reason is not None)
+
+    def _made(self, name: str, already: Callable[[], bool]) -> Any:
+        """The event ``name``, made now (set if ``already()``), in step with _stop."""
+        with _EVENTS:
+            if getattr(self, name) is None:
+                event = self._event()
+                if already():
+                    event.set()
+                setattr(self, name, event)
+            return getattr(self, name)
 
     def complete(self) -> None:
         """Say the work is done: a return is recorded as completed even after ``stopping``
