@@ -191,3 +191,12 @@ def _register_capabilities() -> None:
 
 
 _register_capabilities()
+
+
+def _register_peers() -> None:
+    from .benchpeers.cli import bench as peers
+
+    bench_group.add_command(peers, "peers")
+
+
+_register_peers()

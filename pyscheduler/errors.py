@@ -88,6 +88,27 @@ class TaskYielded(Conflict):
 LEASE_GONE = (TaskNotFound, TaskNotOwned, TaskNotRunning, TaskCancelled, TaskYielded)
 
 
+# future checks
+class InvalidResolution(InvalidArgument):
+    """PS400: a slot resolution that does not divide a day into whole slots."""
+
+
+class InvalidJob(InvalidArgument):
+    """PS402: a check's kind or job is invalid (e.g. the SQL job function does not exist)."""
+
+
+class SlotNotStarted(InvalidArgument):
+    """PS404: due_checks for a slot that has not begun by the database clock (checks never run early)."""
+
+
+class SlotNotOnBoundary(InvalidArgument):
+    """PS405: due_checks for a time that is not a slot boundary (e.g. the resolution changed)."""
+
+
+class CheckNotTaken(Conflict):
+    """PS407: finish_check of a check the caller did not take (or that is gone)."""
+
+
 # SQLSTATE -> exception class. Capabilities add their codes here, next to the
 # code's meaning, and nowhere else.
 CODES: dict[str, type[SchedulerError]] = {
@@ -120,6 +141,16 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, aging, status, retention, tokens)
     "PS209": TaskFinished,  # cancel of a completed or aborted task
     "PS210": TaskYielded,  # the lease was yielded
+    # future checks
+    "PS400": InvalidResolution,  # resolution does not divide a day
+    "PS401": InvalidArgument,  # entity_name or entity_key missing or too long
+    "PS402": InvalidJob,  # invalid kind or job (SQL job function missing, wrong type, not SECURITY DEFINER)
+    "PS403": InvalidArgument,  # check time: not exactly one of check_at/check_after, negative, beyond horizon
+    "PS404": SlotNotStarted,  # slot after the database clock
+    "PS405": SlotNotOnBoundary,  # slot not on a slot boundary
+    "PS406": InvalidArgument,  # shard, shards or max out of range
+    "PS407": CheckNotTaken,  # finish of a check the caller did not take
+    "PS408": InvalidArgument,  # other invalid argument (max_checks, horizon, task_timeout, array lengths)
 }
 
 

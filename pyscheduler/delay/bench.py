@@ -84,6 +84,46 @@ def relay_command(dsn: str, bootstrap: str, input_topic: str, output_topic: str,
             *extra]
 
 
+def produce(producer, topic: str, run: str, rate: int, duration: float, min_delay: float,
+            max_delay: float) -> tuple[int, float]:
+    """Produce ``rate`` messages/s for ``duration`` seconds, each due uniformly ``min_delay`` to
+    ``max_delay`` seconds later (value ``b"<i> <deadline epoch>"``, id ``<run>-<i>``), and flush;
+    (messages, seconds taken)."""
+    total = int(rate * duration)
+    start = time.time()
+    sent = 0
+    while sent < total:
+        due = min(total, int((time.time() - start) * rate) + 1)
+        now = time.time()
+        for i in range(sent, due):
+            deadline = now + random.uniform(min_delay, max_delay)
+            producer.produce(topic, value=b"%d %.6f" % (i, deadline),
+                             headers=delayed_headers(f"{run}-{i}", datetime.fromtimestamp(deadline, timezone.utc)))
+        sent = due
+        producer.poll(0)
+        time.sleep(0.002)
+    producer.flush(30)
+    return total, time.time() - start
+
+
+def summarize(messages: list, total: int, max_delay: float) -> dict:
+    """Output messages of produce() (others, e.g. warm-up ones, are left out): received, duplicates,
+    lost, steady-state and whole-window msg/s, and the sorted lags (fire time - deadline, ms)."""
+    values = [(m.timestamp()[1] / 1000.0, *m.value().split()) for m in messages
+              if not m.value().startswith(b"warmup-")]
+    unique = {i for _, i, _ in values}
+    lags = sorted((ts - float(deadline)) * 1000 for ts, _, deadline in values)
+    if not lags:
+        raise click.ClickException("nothing arrived on the output topic")
+    fired = [ts for ts, _, _ in values]
+    # steady state: the middle of the firing window, where arrivals run at the full rate
+    t0, t1 = min(fired) + max_delay, max(fired) - max_delay
+    steady = sum(1 for ts in fired if t0 <= ts <= t1) / (t1 - t0) if t1 > t0 else float("nan")
+    whole = len(values) / (max(fired) - min(fired)) if max(fired) > min(fired) else float("nan")
+    return {"received": len(values), "duplicates": len(values) - len(unique), "lost": max(0, total - len(unique)),
+            "steady": steady, "whole": whole, "lags": lags}
+
+
 @contextlib.contextmanager
 def _servers(dsn: str | None, bootstrap: str | None):
     from .. import embedded
@@ -151,22 +191,8 @@ def bench(dsn, kafka_bootstrap, kafka_settings, rate, duration, min_delay, max_d
             read_thread.start()
             click.echo(f"{nodes} relay node(s); producing {rate}/s for {duration:.0f}s "
                        f"with delays {min_delay:g}-{max_delay:g}s ...")
-            start = time.time()
-            sent = 0
-            while sent < total:
-                due = min(total, int((time.time() - start) * rate) + 1)
-                now = time.time()
-                for i in range(sent, due):
-                    deadline = now + random.uniform(min_delay, max_delay)
-                    producer.produce(input_topic, value=b"%d %.6f" % (i, deadline),
-                                     headers=delayed_headers(f"{run}-{i}",
-                                                             datetime.fromtimestamp(deadline, timezone.utc)))
-                sent = due
-                producer.poll(0)
-                time.sleep(0.002)
-            producer.flush(30)
+            total, produced_for = produce(producer, input_topic, run, rate, duration, min_delay, max_delay)
             del producer  # before the servers stop: no reconnect noise
-            produced_for = time.time() - start
             click.echo(f"produced {total} in {produced_for:.1f}s ({total / produced_for:.0f}/s); waiting ...")
             read_thread.join()
         finally:
@@ -179,19 +205,11 @@ def bench(dsn, kafka_bootstrap, kafka_settings, rate, duration, min_delay, max_d
                     proc.kill()
             if reader is not None:
                 reader.close()
-        values = [(m.timestamp()[1] / 1000.0, *m.value().split()) for m in got]
-        unique = {i for _, i, _ in values}
-        lags = sorted((ts - float(deadline)) * 1000 for ts, _, deadline in values)
-        if not lags:
-            raise click.ClickException("nothing arrived on the output topic")
-        fired = [ts for ts, _, _ in values]
-        # steady state: the middle of the firing window, where arrivals run at the full rate
-        t0, t1 = min(fired) + max_delay, max(fired) - max_delay
-        steady = sum(1 for ts in fired if t0 <= ts <= t1) / (t1 - t0) if t1 > t0 else float("nan")
-        click.echo(f"received {len(values)} ({len(values) - len(unique)} duplicates), lost "
-                   f"{max(0, total - len(unique))}")
-        click.echo(f"end-to-end throughput: {steady:.0f} msg/s in steady state; "
-                   f"{len(values) / (max(fired) - min(fired)):.0f} msg/s over the whole firing window")
+        stats = summarize(got, total, max_delay)
+        click.echo(f"received {stats['received']} ({stats['duplicates']} duplicates), lost {stats['lost']}")
+        click.echo(f"end-to-end throughput: {stats['steady']:.0f} msg/s in steady state; "
+                   f"{stats['whole']:.0f} msg/s over the whole firing window")
+        lags = stats["lags"]
         click.echo("fire time - deadline (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in
                                                               percentiles(lags).items())
                    + f", min {lags[0]:.1f}")

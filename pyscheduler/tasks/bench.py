@@ -22,13 +22,14 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import click
 
 from ..config import dsn_option
-from ..db import Database, Jsonb
+from ..db import Database, Jsonb, Session
 from .worker import TaskContext, Worker, wait_for
 
 TARGETS = {"batch": 25_000, "single": 2_500, "p99_ms": 20.0}
@@ -74,6 +75,21 @@ def _run_threads(workers: int, target) -> float:
     return time.perf_counter() - started
 
 
+def lease_and_complete(s: Session, queue: str, worker: str, n: int, timeout: timedelta,
+                       on_task: Callable[[dict], object] | None = None) -> int:
+    """One batch: lease_tasks(n) on ``s``, ``on_task(task)`` for each task, then complete_tasks
+    for all of them (one durable commit). The number of tasks completed."""
+    rows = s.call("lease_tasks", queue=queue, worker=worker, n=n, timeout=timeout)
+    if rows:
+        if on_task is not None:
+            for r in rows:
+                on_task(r["task"])
+        failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows],
+                        tokens=[r["task"]["token"] for r in rows])
+        assert not failed, failed
+    return len(rows)
+
+
 def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
                    seconds: float = float("inf")) -> tuple[int, float]:
     """W connections lease and complete until the queue is empty or ``seconds`` pass:
@@ -87,12 +103,7 @@ def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
             if task is not None:
                 s.call("complete_task", rn=task["rn"], token=task["token"])
             return task is not None
-        rows = s.call("lease_tasks", queue=queue, worker=worker, n=batch, timeout=lease)
-        if rows:
-            failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows],
-                            tokens=[r["task"]["token"] for r in rows])
-            assert not failed, failed
-        return len(rows)
+        return lease_and_complete(s, queue, worker, batch, lease)
 
     def work(k: int, barrier: threading.Barrier) -> None:
         with db.session() as s:
@@ -185,55 +196,6 @@ def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, wo
     return latencies
 
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-
-
-def run_peer(db: Database, dsn: str, command: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run a peer's bench script (``command`` + [scratch DSN]) in a scratch database of the same
-    server; the script prints one line of JSON: peer, jobs, seconds, jobs_per_s."""
-    import json
-    import subprocess
-
-    from urllib.parse import quote
-
-    from psycopg import sql
-    from psycopg.conninfo import conninfo_to_dict
-
-    name = f"pyscheduler_peer_{os.getpid()}"
-    params = conninfo_to_dict(dsn)
-    host, port = params.get("host") or "127.0.0.1", params.get("port") or "5432"
-    auth = quote(params.get("user") or "", safe="") + (
-        ":" + quote(params["password"], safe="") if params.get("password") else "")
-    where = f"{host}:{port}/{name}" if not host.startswith("/") else f"/{name}?host={quote(host)}&port={port}"
-    uri = f"postgresql://{auth}@{where}"  # a URI: node-postgres does not read key=value strings
-    with db.connection() as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        out = subprocess.run(command[:2] + [uri] + command[2:],
-                             capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
-        if out.returncode != 0:
-            raise click.ClickException(f"peer run failed: {out.stderr.strip()[-2000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    finally:
-        with db.connection() as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def peer_commands(peer_python: str | None, peer_node_modules: str | None, jobs: int,
-                  concurrency: int) -> list[tuple[list[str], dict[str, str]]]:
-    """(argv without the DSN, environment) of each peer run asked for."""
-    runs = []
-    if peer_python:
-        runs.append(([peer_python, str(BENCH_DIR / "tasks_peer_procrastinate.py"), str(jobs), str(concurrency)], {}))
-    if peer_node_modules:
-        script = str(BENCH_DIR / "tasks_peer_graphile.js")
-        for local_queue in ("500", "0"):
-            runs.append((["node", script, str(jobs * 10), str(concurrency), local_queue],
-                         {"NODE_PATH": peer_node_modules}))
-    return runs
-
-
 def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     ok = value >= target if higher_is_better else value <= target
     return f"{'meets' if ok else 'MISSES'} target {target:,.0f}" if higher_is_better else (
@@ -256,18 +218,10 @@ def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
               help="Capacity of the Worker in the library run.")
 @click.option("--library-tasks", type=click.IntRange(1), default=20_000, show_default=True,
               help="Tasks of each library run (Worker, then AsyncWorker).")
-@click.option("--peer-python", default=None, metavar="PYTHON",
-              help="Python of a virtualenv with procrastinate installed: run it side by side "
-                   "(bench/tasks_peer_procrastinate.py) and print the ratios.")
-@click.option("--peer-node-modules", default=None, metavar="DIR",
-              help="node_modules with graphile-worker installed: run it side by side, with and without "
-                   "its local queue (bench/tasks_peer_graphile.js), 10x --peer-jobs jobs.")
-@click.option("--peer-jobs", type=click.IntRange(1), default=3000, show_default=True)
-@click.option("--peer-concurrency", type=click.IntRange(1), default=10, show_default=True)
-def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, library_tasks, peer_python,
-          peer_node_modules, peer_jobs, peer_concurrency) -> None:
+def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, library_tasks) -> None:
     """Leased tasks: batch and single lease+complete tasks/s (lease_task + complete_task, and
-    complete_and_lease), the worker library, submit-to-lease latency."""
+    complete_and_lease), the worker library, submit-to-lease latency. Side by side with other
+    job queues: ``pyscheduler bench peers``."""
     from .. import migrate as migrations
 
     server = None
@@ -289,7 +243,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, li
                 click.echo(f"submit (submit_tasks, 5000 per call): {total:,} tasks in {secs:.2f}s = "
                            f"{total / secs:,.0f} tasks/s")
                 n, secs = lease_complete(db, q, workers, batch)
-                rate = batch_rate = n / secs
+                rate = n / secs
                 click.echo(f"batch lease+complete (lease_tasks n={batch} + complete_tasks, {workers} workers): "
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['batch'])})")
@@ -301,7 +255,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, li
                 submit_bulk(db, q, expected)
                 _vacuum(db)
                 n, secs = lease_complete(db, q, workers, None, single_seconds)
-                rate = single_rate = n / secs
+                rate = n / secs
                 click.echo(f"single lease+complete (lease_task + complete_task, {workers} workers): "
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['single'])})")
@@ -312,19 +266,17 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, li
                 submit_bulk(db, q, expected)
                 _vacuum(db)
                 n, secs = lease_complete_chained(db, q, workers, single_seconds)
-                rate = chained_rate = n / secs
+                rate = n / secs
                 click.echo(f"single complete_and_lease (one transaction per task: complete the held task, "
                            f"lease the next; {workers} workers): {n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['single'])})")
                 _drop_queue(db, q)
 
-                library_rate = 0.0
                 for flavour in ("sync", "async"):
                     q = f"{tag}-library"
                     submit_bulk(db, q, library_tasks)
                     _vacuum(db)
                     n, secs = library_throughput(dsn, db, q, library_tasks, capacity, flavour)
-                    library_rate = max(library_rate, n / secs)
                     kind = "Worker" if flavour == "sync" else "AsyncWorker"
                     click.echo(f"worker library ({flavour}: one {kind}, capacity {capacity}, no-op handler, "
                                f"local queue, batched completions): {n:,} tasks in {secs:.2f}s = "
@@ -339,13 +291,6 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, li
                            f"mean {statistics.mean(lat):.2f} ms ({_verdict(p99, TARGETS['p99_ms'], False)})")
                 _drop_queue(db, q)
 
-                for command, env in peer_commands(peer_python, peer_node_modules, peer_jobs, peer_concurrency):
-                    peer = run_peer(db, dsn, command, env)
-                    click.echo(f"peer {peer['peer']} (same server, same run, no-op jobs, concurrency "
-                               f"{peer_concurrency}): {peer['jobs']:,} jobs in {peer['seconds']:.2f}s = "
-                               f"{peer['jobs_per_s']:,.0f} jobs/s; ratio single {single_rate / peer['jobs_per_s']:.1f}x, "
-                               f"single complete_and_lease {chained_rate / peer['jobs_per_s']:.1f}x, "
-                               f"library {library_rate / peer['jobs_per_s']:.1f}x, batch {batch_rate / peer['jobs_per_s']:.1f}x")
             finally:
                 for suffix in ("batch", "single", "chained", "library", "latency"):
                     _drop_queue(db, f"{tag}-{suffix}")

@@ -1,0 +1,274 @@
+"""One system's run in ``pyscheduler bench peers``: the protocol every runner follows,
+and the runners of pyscheduler itself.
+
+A runner is a process given an EMPTY database it may fill (each system, each
+round gets a fresh one) and the run's parameters:
+
+    RUNNER DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS
+
+It then, in this order (the same for every system, Python or Node.js):
+
+1. starts its workers on the empty queue and measures enqueue-to-start
+   latency with idle workers: SAMPLES jobs (after 3 warm-up jobs), each
+   enqueued alone carrying the enqueue time (a monotonic clock of this
+   process), the next one GAP_MS after the handler of the previous started;
+   stops the workers;
+2. enqueues JOBS no-op jobs with the system's batch API (timed), then runs
+   ``ANALYZE`` (every system alike; pg-boss's completion UPDATE needs it);
+3. starts the workers and times them from their start until all JOBS are
+   durably completed, or MAX_SECONDS pass. Completion is counted cheaply: a
+   counter the handlers bump tells when every job has run; only then does one
+   count query per 20 ms ask the database what is durably done (at the cap:
+   one count).
+
+It prints one line of JSON: ``system``, ``version``, ``settings``, ``jobs``,
+``completed``, ``enqueue_s``, ``work_s``, ``latency_ms`` (the samples).
+
+Python runners use :class:`Args`, :class:`Counter`, :func:`finish` and
+:func:`report` below (bench/peers/procrastinate_peer.py too); the Node.js
+ones (bench/peers/*.js) share bench/peers/common.js, which does the same.
+
+    python -m pyscheduler.benchpeers.runner worker|batch|worker-async DSN JOBS ...
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+WARM_UP = 3
+QUEUE = "peers"
+
+
+class NotBuilt(RuntimeError):
+    """This system is not part of pyscheduler yet."""
+
+
+@dataclass
+class Args:
+    dsn: str
+    jobs: int
+    concurrency: int
+    samples: int
+    gap: float  # seconds
+    max_seconds: float
+
+    @classmethod
+    def parse(cls, argv: list[str]) -> "Args":
+        dsn, jobs, concurrency, samples, gap_ms, max_seconds = argv[:6]
+        return cls(dsn, int(jobs), int(concurrency), int(samples), float(gap_ms) / 1000, float(max_seconds))
+
+
+@dataclass
+class Counter:
+    """Jobs whose handler ran (thread-safe), and enqueue-to-start latencies of sample jobs."""
+
+    value: int = 0
+    latencies: list[float] = field(default_factory=list)
+    started: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def handled(self, payload: dict) -> None:
+        """Call from the handler with the job's payload."""
+        t = payload.get("t")
+        if t is not None:
+            self.latencies.append((time.perf_counter() - t) * 1000)
+            self.started.set()
+            return
+        with self._lock:
+            self.value += 1
+
+    def sample(self, enqueue_one: Callable[[dict], object], samples: int, gap: float) -> list[float]:
+        """Enqueue-to-start latencies (ms) of ``samples`` jobs enqueued one at a time."""
+        for _ in range(WARM_UP + samples):
+            self.started.clear()
+            enqueue_one({"t": time.perf_counter()})
+            if not self.started.wait(10):
+                raise RuntimeError("a sample job did not start within 10 s")
+            time.sleep(gap)
+        out, self.latencies = self.latencies[WARM_UP:], []
+        return out
+
+
+def finish(counter: Counter, a: Args, started: float, durable: Callable[[], int]) -> tuple[int, float]:
+    """Wait until every job has run and is durably done, or the cap; (completed, seconds since ``started``)."""
+    cap = started + a.max_seconds
+    while counter.value < a.jobs and time.perf_counter() < cap:
+        time.sleep(0.005)
+    while time.perf_counter() < cap:
+        done = durable()
+        if done >= a.jobs:
+            return done, time.perf_counter() - started
+        time.sleep(0.02)
+    return durable(), a.max_seconds
+
+
+def run_phases(a: Args, counter: Counter, start: Callable[[bool], object], stop: Callable[[object], None],
+               enqueue_one: Callable[[dict], object], enqueue_all: Callable[[], float],
+               durable: Callable[[], int]) -> dict:
+    """The three steps of the protocol: ``start(ready)`` starts the workers (``ready``: return only
+    once they listen), ``stop(handle)`` stops them; ``enqueue_all()`` enqueues a.jobs jobs and
+    returns the seconds it took. The result fields of the JSON line they give."""
+    running = start(True)
+    try:
+        latencies = counter.sample(enqueue_one, a.samples, a.gap)
+    finally:
+        stop(running)
+    enqueue_s = enqueue_all()
+    before = durable()  # the sample jobs
+    started = time.perf_counter()
+    running = start(False)
+    try:
+        completed, work_s = finish(counter, a, started, lambda: durable() - before)
+    finally:
+        stop(running)
+    return dict(jobs=a.jobs, completed=completed, enqueue_s=enqueue_s, work_s=work_s, latency_ms=latencies)
+
+
+def report(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def _prepare(a: Args, connections: int = 2):
+    """Migrate the empty database; a Database (not open yet) on it."""
+    from .. import migrate
+    from ..db import Database
+
+    migrate.migrate(a.dsn)
+    return Database(a.dsn, min_size=1, max_size=connections)
+
+
+def _durable(db) -> Callable[[], int]:
+    def count() -> int:
+        return db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'",
+                        (QUEUE,))[0]["n"]
+    return count
+
+
+def _enqueue(db, jobs: int) -> float:
+    from ..tasks.bench import submit_bulk
+
+    secs = submit_bulk(db, QUEUE, jobs)
+    with db.connection() as conn:
+        conn.execute("ANALYZE")
+    return secs
+
+
+def _submit_one(db) -> Callable[[dict], object]:
+    from ..db import Jsonb
+
+    return lambda spec: db.call("submit_task", queue=QUEUE, spec=Jsonb(spec))
+
+
+def worker_system(a: Args, flavour: str = "sync") -> dict:
+    """The ``Worker`` library (threads), or its asyncio flavour ``AsyncWorker`` (``async def``
+    handlers, issue 10 item 2); capacity = concurrency."""
+    from ..tasks import AsyncWorker, Worker
+
+    counter = Counter()
+
+    async def handle(ctx) -> None:
+        counter.handled(ctx.spec)
+
+    def start(ready: bool):
+        if flavour == "async":
+            worker = AsyncWorker(a.dsn, QUEUE, handle, capacity=a.concurrency, poll_interval=0.5)
+        else:
+            worker = Worker(a.dsn, QUEUE, lambda ctx: counter.handled(ctx.spec), capacity=a.concurrency,
+                            poll_interval=0.5)
+        running = worker.start()
+        if ready:
+            running.wait_idle(timeout=30)
+        return running
+
+    with _prepare(a) as db:
+        result = run_phases(a, counter, start, lambda running: running.stop(), _submit_one(db),
+                            lambda: _enqueue(db, a.jobs), _durable(db))
+    return dict(system="pyscheduler Worker" + (" (async)" if flavour == "async" else ""), version=_version(),
+                **result, settings=f"capacity {a.concurrency}, local queue (prefetch up to 500), LISTEN/NOTIFY, "
+                                   f"poll 0.5 s")
+
+
+def worker_async_system(a: Args) -> dict:
+    """The asyncio flavour of the Worker (issue 10, item 2), run as worker_system runs Worker."""
+    return worker_system(a, "async")
+
+
+BATCH_CONNECTIONS = 2
+BATCH_SIZE = 500
+
+
+def batch_system(a: Args) -> dict:
+    """The SQL alone: BATCH_CONNECTIONS connections loop lease_tasks(n => 500) + complete_tasks,
+    woken by the queue's NOTIFY when idle."""
+    from ..db import Listener, Wakeup
+    from ..tasks.bench import lease_and_complete
+    from ..tasks.worker import task_channel
+
+    counter = Counter()
+    db = _prepare(a, BATCH_CONNECTIONS + 2)
+    wake = Wakeup()
+    lease = timedelta(seconds=60)
+
+    def loop(k: int, stop: threading.Event) -> None:
+        with db.session() as s:
+            while not stop.is_set():
+                n = lease_and_complete(s, QUEUE, f"batch-{k}", BATCH_SIZE, lease,
+                                       lambda task: counter.handled(task["spec"]))
+                if n:
+                    wake.poke()  # the other connection: there may be more
+                else:
+                    wake.wait(0.5)
+
+    def start(ready: bool) -> tuple[threading.Event, list[threading.Thread], Listener]:
+        stop = threading.Event()
+        listener = Listener(a.dsn, [task_channel(QUEUE)], wake.poke).start()
+        if ready:
+            listener.ready.wait(30)
+        threads = [threading.Thread(target=loop, args=(k, stop), daemon=True) for k in range(BATCH_CONNECTIONS)]
+        for t in threads:
+            t.start()
+        return stop, threads, listener
+
+    def halt(running) -> None:
+        stop, threads, listener = running
+        stop.set()
+        for _ in threads:
+            wake.poke()
+        for t in threads:
+            t.join(30)
+        listener.stop()
+
+    with db:
+        result = run_phases(a, counter, start, halt, _submit_one(db), lambda: _enqueue(db, a.jobs), _durable(db))
+    return dict(system="pyscheduler batch SQL", version=_version(), **result,
+                settings=f"{BATCH_CONNECTIONS} connections, lease_tasks n={BATCH_SIZE} + complete_tasks, "
+                         "LISTEN/NOTIFY when idle")
+
+
+SYSTEMS = {"worker": worker_system, "worker-async": worker_async_system, "batch": batch_system}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        result = SYSTEMS[argv[0]](Args.parse(argv[1:]))
+    except NotBuilt as exc:
+        print(f"not built: {exc}", file=sys.stderr)
+        return 3
+    report(**result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

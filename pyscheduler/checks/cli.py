@@ -1,0 +1,226 @@
+"""``pyscheduler checks ...``: the runner, add/delete/list/history, the demo and the
+benchmark (the capability contract of pyscheduler/daemon.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import click
+
+from ..config import dsn_option, env, option, require_dsn
+from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..db import Database, Jsonb
+from ..tasks.cli import DURATION
+from .runner import CheckRunner, import_handlers
+
+
+def _runner_options(f):
+    f = option("--handlers", default="", envvar=env("checks_handlers"), show_default=True,
+               help="Comma-separated modules to import: their @pyscheduler.checks.handler functions "
+                    "are the Python jobs this runner runs.")(f)
+    f = option("--timeout", type=DURATION, default="10s", show_default=True, envvar=env("checks_timeout"),
+               help="Per-check time limit: statement timeout of a SQL job, deadline of a Python handler.")(f)
+    f = option("--batch", type=click.IntRange(1), default=1000, show_default=True, envvar=env("checks_batch"),
+               help="Checks taken per transaction.")(f)
+    f = option("--shards", type=click.IntRange(1), default=1, show_default=True, envvar=env("checks_shards"),
+               help="How many runners split each slot (by check id modulo shards).")(f)
+    f = option("--shard", type=click.IntRange(0), default=0, show_default=True, envvar=env("checks_shard"),
+               help="This runner's share of each slot: 0..shards-1.")(f)
+    return f
+
+
+def _runner(dsn: str, shard: int, shards: int, batch: int, timeout: timedelta, handlers: str) -> CheckRunner:
+    if shard >= shards:
+        raise click.BadParameter(f"shard must be in 0..{shards - 1}, got {shard}", param_hint="--shard")
+    return CheckRunner(dsn, import_handlers(handlers.split(",")), shard=shard, shards=shards, batch=batch,
+                       timeout=timeout.total_seconds())
+
+
+@click.group("checks")
+def group() -> None:
+    """Future checks: "do this when that hasn't happened for X", in time slots."""
+
+
+@group.command("run")
+@dsn_option
+@_runner_options
+def run_cmd(dsn, shard, shards, batch, timeout, handlers) -> None:
+    """Run the check runner: each slot's checks of this shard, at the slot boundary."""
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    sys.exit(run_daemons([_runner(require_dsn(dsn), shard, shards, batch, timeout, handlers)], stop))
+
+
+def _db(dsn: str | None) -> Database:
+    return Database(require_dsn(dsn), max_size=1)
+
+
+@group.command("add")
+@dsn_option
+@click.argument("entity_name")
+@click.argument("entity_key")
+@click.option("--job", required=True, help="SQL function (schema.name), Python handler name or task queue.")
+@click.option("--kind", type=click.Choice(["sql", "python", "task"]), default="sql", show_default=True)
+@click.option("--after", "check_after", type=DURATION, default=None, help="Check after this long, e.g. 3h.")
+@click.option("--at", "check_at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
+              default=None, help="Check at this time (with an offset, e.g. 2030-01-01T10:00:00+00:00).")
+@click.option("--payload", default=None, help="JSON given to the job.")
+def add_cmd(dsn, entity_name, entity_key, job, kind, check_after, check_at, payload) -> None:
+    """Add a check of ENTITY_NAME ENTITY_KEY (rounded up to a slot; idempotent per job)."""
+    if (check_after is None) == (check_at is None):
+        raise click.UsageError("give exactly one of --after and --at")
+    try:
+        payload_obj = None if payload is None else Jsonb(json.loads(payload))
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    with _db(dsn) as db:
+        row = db.call_one("add_check", entity_name=entity_name, entity_key=entity_key, job=job, kind=kind,
+                          check_after=check_after, check_at=check_at, payload=payload_obj)
+    click.echo(f"check {row['id']} at {row['next_check_at'].isoformat()}"
+               f"{'' if row['added'] else ' (already pending: unchanged)'}")
+
+
+@group.command("delete")
+@dsn_option
+@click.argument("entity_name")
+@click.argument("entity_key")
+@click.option("--job", default=None, help="Only this job's check.")
+def delete_cmd(dsn, entity_name, entity_key, job) -> None:
+    """Delete the pending checks of ENTITY_NAME ENTITY_KEY (history: deleted)."""
+    with _db(dsn) as db:
+        n = db.call_value("delete_checks", entity_name=entity_name, entity_key=entity_key, job=job)
+    click.echo(f"deleted {n} check(s)")
+
+
+def _filters(f):
+    f = click.option("--limit", type=click.IntRange(1), default=20, show_default=True)(f)
+    f = click.option("--job", default=None)(f)
+    f = click.option("--entity-key", default=None)(f)
+    return click.option("--entity-name", default=None)(f)
+
+
+@group.command("list")
+@dsn_option
+@_filters
+def list_cmd(dsn, entity_name, entity_key, job, limit) -> None:
+    """Pending checks, soonest first."""
+    with _db(dsn) as db:
+        rows = db.call("list_checks", entity_name=entity_name, entity_key=entity_key, job=job, max=limit)
+    for r in rows:
+        click.echo(f"{r['id']:>8}  {r['next_check_at'].isoformat()}  {r['entity_name']}:{r['entity_key']}  "
+                   f"{r['kind']}:{r['job']}  runs={r['check_count']}/{r['max_checks']}")
+
+
+@group.command("history")
+@dsn_option
+@_filters
+def history_cmd(dsn, entity_name, entity_key, job, limit) -> None:
+    """Ended checks, newest first: outcome, runs, time taken."""
+    with _db(dsn) as db:
+        rows = db.call("check_history", entity_name=entity_name, entity_key=entity_key, job=job, max=limit)
+    for r in rows:
+        took = r["total_took"].total_seconds() if r["total_took"] is not None else 0.0
+        error = f"  {r['error']}" if r["error"] else ""
+        click.echo(f"{r['id']:>8}  {r['ended'].isoformat()}  {r['entity_name']}:{r['entity_key']}  "
+                   f"{r['kind']}:{r['job']}  {r['outcome']:<10} runs={r['check_count']} took={took:.3f}s{error}")
+
+
+def daemons(ctx: RunContext) -> list:
+    """One runner, configured from the same environment variables as ``checks run``."""
+    values = {}
+    for p in run_cmd.params:
+        if p.name in ("shard", "shards", "batch", "timeout", "handlers"):
+            raw = os.environ.get(p.envvar) or p.default
+            values[p.name] = p.type.convert(raw, p, None)
+    return [_runner(ctx.dsn, **values)]
+
+
+DEMO_SQL = """
+CREATE SCHEMA IF NOT EXISTS pyscheduler_demo;
+CREATE TABLE IF NOT EXISTS pyscheduler_demo.orders (
+    id text PRIMARY KEY, placed timestamptz NOT NULL, status text NOT NULL);
+CREATE TABLE IF NOT EXISTS pyscheduler_demo.alerts (
+    order_id text NOT NULL, level text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+-- The seed's job_exec: primary alert after x, escalation after y, nothing once shipped.
+CREATE OR REPLACE FUNCTION pyscheduler_demo.order_alert(c pyscheduler.future_check)
+RETURNS timestamptz LANGUAGE plpgsql SECURITY DEFINER SET search_path = pyscheduler_demo, pg_temp AS $$
+DECLARE
+    o orders;
+BEGIN
+    SELECT * INTO o FROM orders WHERE id = c.entity_key;
+    IF o IS NULL OR o.status <> 'UNSHIPPED' THEN
+        RETURN NULL;
+    END IF;
+    IF c.check_count = 0 THEN
+        INSERT INTO alerts (order_id, level) VALUES (o.id, 'primary');
+        RETURN o.placed + (c.payload ->> 'escalate_after')::interval;
+    END IF;
+    INSERT INTO alerts (order_id, level) VALUES (o.id, 'escalation');
+    RETURN NULL;
+END
+$$;
+"""
+
+
+def demo(ctx: RunContext, echo) -> None:
+    """The seed's order example on 1-second slots: alert after 2 s, escalate after 4 s."""
+    from ..tasks.worker import wait_for
+
+    with Database(ctx.dsn, max_size=2) as db:
+        with db.connection() as conn:
+            conn.execute(DEMO_SQL)
+        old = db.call_one("set_check_settings")["resolution"]
+        db.call("set_check_settings", resolution=timedelta(seconds=1))
+        stop = threading.Event()
+        runner = CheckRunner(ctx.dsn, {}, timeout=5.0)
+        thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+        try:
+            tag = f"demo-{os.getpid()}-{int(time.time())}"
+            orders = {f"{tag}-A": "never ships", f"{tag}-B": "ships at once", f"{tag}-C": "ships after its alert"}
+            with db.connection() as conn:
+                for oid in orders:
+                    conn.execute("INSERT INTO pyscheduler_demo.orders VALUES (%s, clock_timestamp(), 'UNSHIPPED')",
+                                 (oid,))
+            for oid in orders:
+                db.call("add_check", entity_name="order", entity_key=oid, job="pyscheduler_demo.order_alert",
+                        check_after=timedelta(seconds=2), payload=Jsonb({"escalate_after": "4 seconds"}))
+            echo("slots of 1 s; three orders placed, each with a check after 2 s (primary alert, "
+                 "escalation 4 s after placing): " + ", ".join(f"{k[-1]} {v}" for k, v in orders.items()))
+            thread.start()
+
+            def ship(oid: str) -> None:
+                with db.connection() as conn:
+                    conn.execute("UPDATE pyscheduler_demo.orders SET status = 'SHIPPED' WHERE id = %s", (oid,))
+
+            ship(f"{tag}-B")
+
+            def alerts() -> list[dict]:
+                return db.query("SELECT a.order_id, a.level, extract(epoch FROM a.at - o.placed)::float AS after "
+                                "FROM pyscheduler_demo.alerts a JOIN pyscheduler_demo.orders o ON o.id = a.order_id "
+                                "WHERE a.order_id LIKE %s ORDER BY a.at", (f"{tag}-%",))
+
+            wait_for(lambda: any(a["order_id"] == f"{tag}-C" for a in alerts()), timeout=30)
+            ship(f"{tag}-C")
+            wait_for(lambda: all(not db.call("list_checks", entity_name="order", entity_key=oid) for oid in orders),
+                     timeout=30)
+            for a in alerts():
+                echo(f"  {a['level']:<10} alert for order {a['order_id'][-1]}, "
+                     f"{a['after']:.1f} s after it was placed")
+            echo("check_history:")
+            for oid in orders:
+                for h in db.call("check_history", entity_name="order", entity_key=oid):
+                    echo(f"  order {oid[-1]}: {h['outcome']:<5} after {h['check_count']} run(s)  "
+                         f"({orders[oid]})")
+        finally:
+            stop.set()
+            if thread.is_alive():
+                thread.join(10)
+            db.call("set_check_settings", resolution=old)
+
+
+from .bench import bench  # noqa: E402  (the ``pyscheduler bench checks`` command)

@@ -1,0 +1,903 @@
+-- pyscheduler: future checks (seeds/are-we-there-yet.md, stages I, II and III).
+-- "Do this when that hasn't happened for X": a check is due at a slot (a
+-- UTC-aligned multiple of the resolution, default 15 minutes); a runner takes
+-- exactly one slot's checks (=, not <), runs each check's job under a timeout
+-- and records the next check or moves the check into check_history.
+-- A catch-up pass (<) takes the checks of slots missed while runners were down.
+--
+-- Proof of taking: due_checks and catch_up_checks lock the rows they return
+-- (FOR UPDATE SKIP LOCKED). run_check_jobs, run_checks, submit_check_tasks and
+-- finish_checks act only on rows whose lock this very transaction holds
+-- (the row's xmax is the current transaction id: nobody can forge it), or, for
+-- a check handed to a task job, on the claim token that only the task's spec
+-- carries. Loaded on every migrate (CREATE OR REPLACE).
+--
+-- SQLSTATEs: PS400 resolution, PS401 entity, PS402 job or kind, PS403 check
+-- time, PS404 slot not yet started, PS405 slot not on a boundary, PS406 shard,
+-- shards or max, PS407 check not taken by the caller, PS408 other argument.
+
+-- _resolution_us(resolution): the resolution in microseconds (NULL: the
+-- checks_resolution setting). PS400 unless it divides a day into whole slots.
+CREATE OR REPLACE FUNCTION pyscheduler._resolution_us(p_resolution interval)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v interval := coalesce(p_resolution, _setting('checks_resolution')::interval);
+    v_us numeric := extract(epoch FROM v) * 1000000;
+BEGIN
+    IF date_part('month', v) <> 0 OR date_part('year', v) <> 0 OR v_us <= 0 OR v_us > 86400000000
+       OR v_us <> trunc(v_us) OR 86400000000 % v_us <> 0 THEN
+        RAISE EXCEPTION 'resolution % does not divide a day into whole slots', v
+            USING ERRCODE = 'PS400',
+                  HINT = 'Use a positive interval of at most 1 day that divides 24 hours evenly, '
+                         'e.g. ''1 minute'', ''15 minutes'', ''1 hour''.';
+    END IF;
+    RETURN v_us::bigint;
+END
+$$;
+
+-- _slot_ceil(ts, us) / _slot_floor(ts, us): the slot boundary at or after /
+-- at or before ts. Boundaries are multiples of us since the Unix epoch (UTC),
+-- so they do not depend on the session time zone nor move at a DST change.
+CREATE OR REPLACE FUNCTION pyscheduler._slot_ceil(p_ts timestamptz, p_us bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT timestamptz 'epoch'
+           + (ceil(extract(epoch FROM p_ts) * 1000000 / p_us)::bigint * p_us) * interval '1 microsecond';
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._slot_floor(p_ts timestamptz, p_us bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT timestamptz 'epoch'
+           + (floor(extract(epoch FROM p_ts) * 1000000 / p_us)::bigint * p_us) * interval '1 microsecond';
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.slot_round(ts timestamptz, resolution interval DEFAULT NULL)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* slot_round(ts, resolution => NULL) -> timestamptz
+   Rounds ts UP to the next slot boundary; a time on a boundary stays.
+   Slots are multiples of resolution counted from 1970-01-01 00:00 UTC, so they
+   are aligned in UTC whatever the session time zone, and a DST change never
+   moves or merges them. resolution: NULL = the configured one (default
+   15 minutes); it must divide a day evenly. Example: 10:05 + 3 hours with
+   15-minute slots -> 13:15. Errors: PS400 resolution. */
+BEGIN
+    RETURN _slot_ceil(ts, _resolution_us(resolution));
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.slot_round(timestamptz, interval) IS
+    'Round a time up to the next UTC-aligned slot boundary (a boundary stays); resolution must divide a day (PS400).';
+
+CREATE OR REPLACE FUNCTION pyscheduler.check_slots(
+    OUT slot timestamptz, OUT next_slot timestamptz, OUT resolution interval, OUT clock timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* check_slots() -> (slot, next_slot, resolution, clock)
+   The database clock, the slot it is in (the latest boundary at or before
+   it: due_checks may take it), the next boundary and the resolution. Runners
+   sleep until next_slot. */
+DECLARE
+    v_us bigint := _resolution_us(NULL);
+BEGIN
+    clock := clock_timestamp();
+    slot := _slot_floor(clock, v_us);
+    next_slot := slot + v_us * interval '1 microsecond';
+    resolution := _setting('checks_resolution')::interval;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.check_slots() IS
+    'The database clock, its current slot boundary, the next one and the slot resolution.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.set_check_settings(
+    INOUT resolution interval DEFAULT NULL, INOUT max_checks integer DEFAULT NULL,
+    INOUT horizon interval DEFAULT NULL, INOUT task_timeout interval DEFAULT NULL)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* set_check_settings(resolution, max_checks, horizon, task_timeout) -> the settings
+   Change the defaults of future checks (NULL keeps a value); returns them all.
+   resolution:   slot length, must divide a day (PS400). Pending checks are
+                 moved up to the next boundary of the new resolution.
+   max_checks:   default most runs of one check (>= 1), for checks added later.
+   horizon:      default furthest a next check may be from now, for checks added later.
+   task_timeout: how long a task job may take before its check ends as timeout.
+   Errors: PS400, PS408. */
+DECLARE
+    v_old bigint := _resolution_us(NULL);
+    v_new bigint;
+BEGIN
+    IF resolution IS NOT NULL THEN
+        v_new := _resolution_us(resolution);
+        UPDATE settings SET value = resolution::text WHERE name = 'checks_resolution';
+        IF v_new <> v_old THEN
+            UPDATE checks c SET next_check_at = _slot_ceil(c.next_check_at, v_new)
+             WHERE c.claim IS NULL AND c.next_check_at <> _slot_ceil(c.next_check_at, v_new);
+        END IF;
+    END IF;
+    IF max_checks IS NOT NULL THEN
+        PERFORM _check_positive('max_checks', max_checks >= 1, max_checks::text);
+        UPDATE settings SET value = max_checks::text WHERE name = 'checks_max_checks';
+    END IF;
+    IF horizon IS NOT NULL THEN
+        PERFORM _check_positive('horizon', horizon > interval '0', horizon::text);
+        UPDATE settings SET value = horizon::text WHERE name = 'checks_horizon';
+    END IF;
+    IF task_timeout IS NOT NULL THEN
+        PERFORM _check_positive('task_timeout', task_timeout > interval '0', task_timeout::text);
+        UPDATE settings SET value = task_timeout::text WHERE name = 'checks_task_timeout';
+    END IF;
+    resolution := _setting('checks_resolution')::interval;
+    max_checks := _setting('checks_max_checks')::integer;
+    horizon := _setting('checks_horizon')::interval;
+    task_timeout := _setting('checks_task_timeout')::interval;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.set_check_settings(interval, integer, interval, interval) IS
+    'Set the future-check defaults (resolution, max_checks, horizon, task_timeout); NULL keeps a value.';
+
+-- _check_positive(name, positive, value): PS406 (shards, max) or PS408 unless positive.
+CREATE OR REPLACE FUNCTION pyscheduler._check_positive(p_name text, p_positive boolean, p_value text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_positive IS NOT TRUE THEN
+        RAISE EXCEPTION '% must be positive, got %', p_name, coalesce(p_value, 'NULL')
+            USING ERRCODE = CASE WHEN p_name IN ('shards', 'max') THEN 'PS406' ELSE 'PS408' END;
+    END IF;
+END
+$$;
+
+-- _check_entity(name, key): PS401 unless both are given and short enough.
+CREATE OR REPLACE FUNCTION pyscheduler._check_entity(p_name text, p_key text, p_key_needed boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_name IS NULL OR octet_length(p_name) NOT BETWEEN 1 AND 100 THEN
+        RAISE EXCEPTION 'entity_name must be 1..100 bytes, got %', coalesce(quote_literal(p_name), 'NULL')
+            USING ERRCODE = 'PS401', HINT = 'The entity''s table or type, e.g. ''order''.';
+    END IF;
+    IF (p_key_needed OR p_key IS NOT NULL) AND (p_key IS NULL OR octet_length(p_key) NOT BETWEEN 1 AND 1000) THEN
+        RAISE EXCEPTION 'entity_key must be 1..1000 bytes, got %', coalesce(quote_literal(left(p_key, 40)), 'NULL')
+            USING ERRCODE = 'PS401', HINT = 'The entity''s key as text, e.g. ''42''.';
+    END IF;
+END
+$$;
+
+-- _sql_job(job): the job function job(pyscheduler.future_check) RETURNS
+-- timestamptz, or NULL with the reason in p_why.
+CREATE OR REPLACE FUNCTION pyscheduler._sql_job(p_job text, OUT fn regprocedure, OUT why text)
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_ret regtype;
+    v_definer boolean;
+BEGIN
+    BEGIN
+        fn := to_regprocedure(p_job || '(pyscheduler.future_check)');
+    EXCEPTION WHEN OTHERS THEN
+        fn := NULL;
+    END;
+    IF fn IS NULL THEN
+        why := format('job function %s(pyscheduler.future_check) does not exist', p_job);
+        RETURN;
+    END IF;
+    SELECT p.prorettype::regtype, p.prosecdef INTO v_ret, v_definer FROM pg_proc p WHERE p.oid = fn;
+    IF v_ret IS DISTINCT FROM 'timestamptz'::regtype THEN
+        why := format('job function %s returns %s, not timestamptz', fn, v_ret);
+    ELSIF NOT v_definer THEN
+        why := format('job function %s is not SECURITY DEFINER (a job runs with its owner''s privileges)', fn);
+    END IF;
+    IF why IS NOT NULL THEN
+        fn := NULL;
+    END IF;
+END
+$$;
+
+-- _check_job(job, kind): the job as stored (a SQL job's function name as
+-- the catalog spells it); PS402 when the kind or the job is invalid.
+CREATE OR REPLACE FUNCTION pyscheduler._check_job(p_job text, p_kind text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v record;
+BEGIN
+    IF p_kind IS NULL OR p_kind NOT IN ('sql', 'python', 'task') THEN
+        RAISE EXCEPTION 'kind must be sql, python or task, got %', coalesce(quote_literal(p_kind), 'NULL')
+            USING ERRCODE = 'PS402',
+                  HINT = 'sql: a function job(pyscheduler.future_check) RETURNS timestamptz; python: a handler '
+                         'registered with the runner; task: a task queue.';
+    END IF;
+    IF p_job IS NULL OR octet_length(p_job) NOT BETWEEN 1 AND (CASE p_kind WHEN 'task' THEN 40 ELSE 200 END) THEN
+        RAISE EXCEPTION 'job must be 1..% bytes, got %', CASE p_kind WHEN 'task' THEN 40 ELSE 200 END,
+                        coalesce(quote_literal(left(p_job, 40)), 'NULL')
+            USING ERRCODE = 'PS402';
+    END IF;
+    IF p_kind <> 'sql' THEN
+        RETURN p_job;
+    END IF;
+    v := _sql_job(p_job);
+    IF v.fn IS NULL THEN
+        RAISE EXCEPTION '%', v.why
+            USING ERRCODE = 'PS402',
+                  HINT = 'CREATE FUNCTION myschema.job(c pyscheduler.future_check) RETURNS timestamptz '
+                         'SECURITY DEFINER ...; name it with its schema.';
+    END IF;
+    RETURN v.fn::regproc::text;
+END
+$$;
+
+-- _add_check(...): add_check with the clock as a parameter (tests).
+CREATE OR REPLACE FUNCTION pyscheduler._add_check(
+    p_entity_name text, p_entity_key text, p_job text, p_kind text, p_check_at timestamptz,
+    p_check_after interval, p_payload jsonb, p_max_checks integer, p_horizon interval, p_now timestamptz)
+RETURNS TABLE (id bigint, next_check_at timestamptz, added boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job text;
+    v_at timestamptz;
+    v_slot timestamptz;
+    v_max integer := coalesce(p_max_checks, _setting('checks_max_checks')::integer);
+    v_horizon interval := coalesce(p_horizon, _setting('checks_horizon')::interval);
+BEGIN
+    PERFORM _check_entity(p_entity_name, p_entity_key);
+    v_job := _check_job(p_job, p_kind);
+    IF (p_check_at IS NULL) = (p_check_after IS NULL) THEN
+        RAISE EXCEPTION 'give exactly one of check_at and check_after'
+            USING ERRCODE = 'PS403', HINT = 'e.g. check_after => ''3 hours''';
+    END IF;
+    IF p_check_after < interval '0' THEN
+        RAISE EXCEPTION 'check_after must not be negative, got %', p_check_after USING ERRCODE = 'PS403';
+    END IF;
+    PERFORM _check_positive('max_checks', v_max >= 1, v_max::text);
+    PERFORM _check_positive('horizon', v_horizon > interval '0', v_horizon::text);
+    v_at := coalesce(p_check_at, p_now + p_check_after);
+    -- a time already past is checked at the next slot
+    v_slot := _slot_ceil(greatest(v_at, p_now), _resolution_us(NULL));
+    IF v_slot > p_now + v_horizon THEN
+        RAISE EXCEPTION 'check_at % is beyond the horizon of %', v_at, v_horizon
+            USING ERRCODE = 'PS403', HINT = 'Pass a larger horizon or check earlier.';
+    END IF;
+    RETURN QUERY
+    INSERT INTO checks AS c (entity_name, entity_key, job, kind, payload, first_check_at, next_check_at,
+                             max_checks, horizon, created)
+    VALUES (p_entity_name, p_entity_key, v_job, p_kind, p_payload, v_slot, v_slot, v_max, v_horizon, p_now)
+    ON CONFLICT ON CONSTRAINT checks_entity_job_key DO NOTHING
+    RETURNING c.id, c.next_check_at, true;
+    IF NOT FOUND THEN
+        RETURN QUERY
+        SELECT c.id, c.next_check_at, false FROM checks c
+         WHERE c.entity_name = p_entity_name AND c.entity_key = p_entity_key AND c.job = v_job;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.add_check(
+    entity_name text, entity_key text, job text, check_at timestamptz DEFAULT NULL,
+    check_after interval DEFAULT NULL, payload jsonb DEFAULT NULL, kind text DEFAULT 'sql',
+    max_checks integer DEFAULT NULL, horizon interval DEFAULT NULL)
+RETURNS TABLE (id bigint, next_check_at timestamptz, added boolean)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* add_check(entity_name, entity_key, job, check_at | check_after, payload => NULL,
+             kind => 'sql', max_checks => NULL, horizon => NULL) -> (id, next_check_at, added)
+   Schedule a check of an entity: its first check is check_at (or now +
+   check_after) rounded UP to a slot (slot_round); a time already past is
+   checked at the next slot.
+   job:  kind 'sql': a function job(pyscheduler.future_check) RETURNS
+         timestamptz, SECURITY DEFINER (it runs with its owner's privileges),
+         named with its schema; kind 'python': a handler name registered with
+         the runner; kind 'task': a task queue (pyscheduler.submit_task).
+   max_checks: most runs of this check (default setting, 5).
+   horizon:    furthest a check may be from now (default setting, 30 days).
+   Idempotent: while a check of (entity_name, entity_key, job) is pending,
+   adding it again changes nothing and returns it with added = false (the
+   first check time is immutable); delete_checks first to replace it.
+   Errors: PS400, PS401 entity, PS402 job or kind, PS403 check time, PS408. */
+    SELECT * FROM pyscheduler._add_check(entity_name, entity_key, job, kind, check_at, check_after, payload,
+                                         max_checks, horizon, clock_timestamp());
+$$;
+COMMENT ON FUNCTION pyscheduler.add_check(text, text, text, timestamptz, interval, jsonb, text, integer, interval) IS
+    'Schedule a check of an entity at a slot (rounded up); idempotent per (entity_name, entity_key, job).';
+
+CREATE OR REPLACE FUNCTION pyscheduler.delete_checks(entity_name text, entity_key text, job text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* delete_checks(entity_name, entity_key, job => NULL) -> integer
+   Remove the entity's pending checks (of one job, or all), each into
+   check_history with outcome 'deleted'; returns how many. A check being run
+   right now is deleted once its runner commits. A check handed to a task job
+   is deleted too; the task's finish_check then gets PS407.
+   Errors: PS401 entity. */
+#variable_conflict use_column
+DECLARE
+    v_sql_job text;
+    v_n integer;
+BEGIN
+    PERFORM _check_entity(delete_checks.entity_name, delete_checks.entity_key);
+    IF delete_checks.job IS NOT NULL THEN
+        v_sql_job := (_sql_job(delete_checks.job)).fn::regproc::text;
+    END IF;
+    WITH gone AS (
+        DELETE FROM checks c
+         WHERE c.entity_name = delete_checks.entity_name AND c.entity_key = delete_checks.entity_key
+           AND (delete_checks.job IS NULL OR c.job = delete_checks.job OR c.job = v_sql_job)
+        RETURNING c.*)
+    INSERT INTO check_history (id, entity_name, entity_key, job, kind, payload, first_check_at, last_check_at,
+                               check_count, outcome, error, last_took, total_took, created, ended)
+    SELECT g.id, g.entity_name, g.entity_key, g.job, g.kind, g.payload, g.first_check_at, g.last_check_at,
+           g.check_count, 'deleted', NULL, g.last_took, g.total_took, g.created, clock_timestamp()
+      FROM gone g;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.delete_checks(text, text, text) IS
+    'Delete an entity''s pending checks (outcome deleted in check_history); returns how many.';
+
+-- _check_take(slot?, shard, shards, max): PS406 for a bad shard, shards or max.
+CREATE OR REPLACE FUNCTION pyscheduler._check_take(p_shard integer, p_shards integer, p_max integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    PERFORM _check_positive('shards', p_shards >= 1, p_shards::text);
+    PERFORM _check_positive('max', p_max >= 1, p_max::text);
+    IF p_shard IS NULL OR p_shard < 0 OR p_shard >= p_shards THEN
+        RAISE EXCEPTION 'shard must be in 0..% (shards - 1), got %', p_shards - 1, coalesce(p_shard::text, 'NULL')
+            USING ERRCODE = 'PS406', HINT = 'Runner k of n runs shard => k, shards => n (k = 0..n-1).';
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._due_checks(
+    p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_now timestamptz)
+RETURNS SETOF pyscheduler.future_check
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+-- always the partial index in take order, stopping at max: for a slot that is a large share of
+-- a small table the planner would sort a seq or bitmap scan of the whole slot instead
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_us bigint := _resolution_us(NULL);
+BEGIN
+    PERFORM _check_take(p_shard, p_shards, p_max);
+    IF p_slot IS NULL OR p_slot <> _slot_ceil(p_slot, v_us) THEN
+        RAISE EXCEPTION 'slot % is not a slot boundary', coalesce(p_slot::text, 'NULL')
+            USING ERRCODE = 'PS405', HINT = 'Take slots from check_slots() or slot_round().';
+    END IF;
+    IF p_slot > p_now THEN
+        RAISE EXCEPTION 'slot % has not started yet (database clock %)', p_slot, p_now
+            USING ERRCODE = 'PS404', HINT = 'Checks never run early: wait until the slot begins.';
+    END IF;
+    RETURN QUERY
+    SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at, c.next_check_at,
+           c.check_count, c.max_checks, c.created
+      FROM checks c
+     WHERE c.next_check_at = p_slot AND c.claim IS NULL AND (p_shards = 1 OR c.id % p_shards = p_shard)
+     ORDER BY c.next_check_at, c.id
+     LIMIT p_max
+       FOR UPDATE SKIP LOCKED;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.due_checks(
+    slot timestamptz, shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000)
+RETURNS SETOF pyscheduler.future_check
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* due_checks(slot, shard => 0, shards => 1, max => 1000) -> setof check
+   Take up to max checks whose next check is exactly slot (=, not <) and
+   whose id % shards = shard, lowest id first, and lock them (FOR UPDATE SKIP
+   LOCKED) for the rest of the calling transaction. Runners k = 0..n-1 with
+   shards => n take disjoint sets that together cover the slot; a check locked
+   by a runner still busy with it is skipped by every other caller, so no
+   check runs twice even with two runners on one shard. In the same
+   transaction: run_check_jobs / submit_check_tasks run the in-database jobs,
+   finish_checks records every result; COMMIT releases the locks. Call it at
+   the top level of the transaction (not inside a savepoint).
+   slot: a slot boundary (PS405) that has started by the database clock
+   (PS404: a check never runs early). Errors: PS404, PS405, PS406. */
+    SELECT * FROM pyscheduler._due_checks(slot, shard, shards, max, clock_timestamp());
+$$;
+COMMENT ON FUNCTION pyscheduler.due_checks(timestamptz, integer, integer, integer) IS
+    'Take and lock (SKIP LOCKED) up to max checks of exactly this started slot and shard (id % shards).';
+
+CREATE OR REPLACE FUNCTION pyscheduler._catch_up_checks(
+    p_shard integer, p_shards integer, p_max integer, p_now timestamptz)
+RETURNS SETOF pyscheduler.future_check
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+-- always the partial index in take order, stopping at max: for a slot that is a large share of
+-- a small table the planner would sort a seq or bitmap scan of the whole slot instead
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_us bigint := _resolution_us(NULL);
+BEGIN
+    PERFORM _check_take(p_shard, p_shards, p_max);
+    -- checks handed to a task job that never reported back end as timeout
+    WITH stale AS (
+        SELECT c.id FROM checks c
+         WHERE c.claim IS NOT NULL AND c.claim_until < p_now AND (p_shards = 1 OR c.id % p_shards = p_shard)
+         ORDER BY c.claim_until LIMIT p_max
+           FOR UPDATE SKIP LOCKED),
+    gone AS (DELETE FROM checks c USING stale s WHERE c.id = s.id RETURNING c.*)
+    INSERT INTO check_history (id, entity_name, entity_key, job, kind, payload, first_check_at, last_check_at,
+                               check_count, outcome, error, last_took, total_took, created, ended)
+    SELECT g.id, g.entity_name, g.entity_key, g.job, g.kind, g.payload, g.first_check_at, g.next_check_at,
+           g.check_count + 1, 'timeout', format('task %s did not report by %s', g.task_rn, g.claim_until),
+           p_now - g.next_check_at, g.total_took + (p_now - g.next_check_at), g.created, p_now
+      FROM gone g;
+    RETURN QUERY
+    SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at, c.next_check_at,
+           c.check_count, c.max_checks, c.created
+      FROM checks c
+     WHERE c.next_check_at < _slot_floor(p_now, v_us) AND c.claim IS NULL
+       AND (p_shards = 1 OR c.id % p_shards = p_shard)
+     ORDER BY c.next_check_at, c.id
+     LIMIT p_max
+       FOR UPDATE SKIP LOCKED;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.catch_up_checks(
+    shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000)
+RETURNS SETOF pyscheduler.future_check
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* catch_up_checks(shard => 0, shards => 1, max => 1000) -> setof check
+   The seed's "<" pass for slots missed while runners were down: takes and
+   locks (FOR UPDATE SKIP LOCKED) up to max checks of this shard whose slot
+   is before the current slot (check_slots().slot), oldest first. Used like
+   due_checks. It never takes a check of the current slot, which belongs to
+   the "=" pass, and never one another transaction holds, so it cannot run a
+   check twice. It also ends, as 'timeout', checks handed to a task job
+   whose task did not report back within task_timeout. Errors: PS406. */
+    SELECT * FROM pyscheduler._catch_up_checks(shard, shards, max, clock_timestamp());
+$$;
+COMMENT ON FUNCTION pyscheduler.catch_up_checks(integer, integer, integer) IS
+    'Take and lock (SKIP LOCKED) checks of slots before the current one (the catch-up pass); expire lost task jobs.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.run_check_jobs(ids bigint[])
+RETURNS TABLE (id bigint, next_check_at timestamptz, error text, took interval)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* run_check_jobs(ids) -> setof (id, next_check_at, error, took)
+   Run the SQL jobs of the checks among ids that this transaction took
+   (due_checks / catch_up_checks, same transaction); other ids are ignored.
+   Each job runs as its function's owner (SECURITY DEFINER) and in its own
+   subtransaction: a job that raises is rolled back alone and reported with
+   its error text; its neighbours are unaffected. (The checks of one job run
+   first as one set in one subtransaction; only if one of them raises are
+   they re-run one subtransaction each.) Nothing is recorded: pass the
+   results to finish_checks. Timeouts: run it under SET LOCAL
+   statement_timeout inside a savepoint; on a timeout roll back to the
+   savepoint and run the ids one per statement to find the slow one (what
+   pyscheduler checks run does). */
+#variable_conflict use_column
+DECLARE
+    v_xid xid := pg_current_xact_id()::xid;
+    v_job text;
+    v_recs future_check[];
+    v_rec future_check;
+    v_fn record;
+    v_ids bigint[];
+    v_next timestamptz[];
+    v_took interval[];
+    v_one timestamptz;
+    v_t0 timestamptz;
+    v_err text;
+BEGIN
+    FOR v_job, v_recs IN
+        SELECT c.job, array_agg(ROW(c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at,
+                                    c.next_check_at, c.check_count, c.max_checks, c.created)::future_check
+                                ORDER BY c.id)
+          FROM checks c
+         WHERE c.id = ANY(run_check_jobs.ids) AND c.kind = 'sql' AND c.claim IS NULL AND c.xmax = v_xid
+         GROUP BY c.job
+    LOOP
+        v_fn := _sql_job(v_job);
+        IF v_fn.fn IS NULL THEN
+            RETURN QUERY SELECT r.id, NULL::timestamptz, v_fn.why, interval '0' FROM unnest(v_recs) r;
+            CONTINUE;
+        END IF;
+        BEGIN
+            EXECUTE format(
+                'SELECT array_agg(x.id), array_agg(x.nxt), array_agg(x.t1 - x.t0) '
+                '  FROM (SELECT c.id, clock_timestamp() AS t0, %s(c) AS nxt, clock_timestamp() AS t1 '
+                '          FROM unnest($1) c OFFSET 0) x', v_fn.fn::regproc)
+               INTO v_ids, v_next, v_took USING v_recs;
+            RETURN QUERY SELECT u.id, u.nxt, NULL::text, u.took FROM unnest(v_ids, v_next, v_took) u(id, nxt, took);
+        EXCEPTION WHEN OTHERS THEN
+            -- one of them raised: each in its own subtransaction
+            FOREACH v_rec IN ARRAY v_recs LOOP
+                v_t0 := clock_timestamp();
+                v_err := NULL;
+                BEGIN
+                    EXECUTE format('SELECT %s($1)', v_fn.fn::regproc) INTO v_one USING v_rec;
+                EXCEPTION WHEN OTHERS THEN
+                    v_one := NULL;
+                    v_err := format('%s (SQLSTATE %s)', SQLERRM, SQLSTATE);
+                END;
+                id := v_rec.id;
+                next_check_at := v_one;
+                error := v_err;
+                took := clock_timestamp() - v_t0;
+                RETURN NEXT;
+            END LOOP;
+        END;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.run_check_jobs(bigint[]) IS
+    'Run the SQL jobs of checks this transaction took, each in its own subtransaction; returns next times and errors.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_check_tasks(ids bigint[])
+RETURNS TABLE (id bigint, task_rn uuid)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* submit_check_tasks(ids) -> setof (id, task_rn)
+   For the task-job checks among ids that this transaction took: submit a
+   leased task to the job's queue (priority 50) whose spec is {"check": {the
+   future_check's fields}, "claim": uuid}, and hand the check to it: no pass
+   takes it while the task runs; the task worker reports with
+   finish_check(id, claim => spec.claim, next_check_at => ...). A task that
+   does not report within task_timeout ends the check as 'timeout'
+   (catch_up_checks). Other ids are ignored. */
+#variable_conflict use_column
+DECLARE
+    v_xid xid := pg_current_xact_id()::xid;
+    v_until timestamptz := clock_timestamp() + _setting('checks_task_timeout')::interval;
+    v record;
+    v_claim uuid;
+    v_task jsonb;
+BEGIN
+    FOR v IN
+        SELECT c.* FROM checks c
+         WHERE c.id = ANY(submit_check_tasks.ids) AND c.kind = 'task' AND c.claim IS NULL AND c.xmax = v_xid
+         ORDER BY c.id
+    LOOP
+        v_claim := gen_random_uuid();
+        v_task := submit_task(
+            queue => v.job,
+            spec => jsonb_build_object(
+                'check', jsonb_build_object('id', v.id, 'entity_name', v.entity_name, 'entity_key', v.entity_key,
+                                           'job', v.job, 'kind', v.kind, 'payload', v.payload,
+                                           'first_check_at', v.first_check_at, 'next_check_at', v.next_check_at,
+                                           'check_count', v.check_count, 'max_checks', v.max_checks,
+                                           'created', v.created),
+                'claim', v_claim),
+            priority => 50);
+        UPDATE checks c SET claim = v_claim, claim_until = v_until, task_rn = (v_task ->> 'rn')::uuid
+         WHERE c.id = v.id;
+        id := v.id;
+        task_rn := (v_task ->> 'rn')::uuid;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.submit_check_tasks(bigint[]) IS
+    'Hand the task-job checks this transaction took to leased tasks in their queues (claim token in the spec).';
+
+CREATE OR REPLACE FUNCTION pyscheduler._finish_checks(
+    p_ids bigint[], p_next timestamptz[], p_errors text[], p_timed_out boolean[], p_took interval[],
+    p_claims uuid[], p_now timestamptz)
+RETURNS TABLE (id bigint, outcome text, next_check_at timestamptz)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_xid xid := pg_current_xact_id()::xid;
+    v_us bigint := _resolution_us(NULL);
+    v_n integer := cardinality(p_ids);
+BEGIN
+    IF p_ids IS NULL THEN
+        RETURN;
+    END IF;
+    IF coalesce(cardinality(p_next), v_n) <> v_n OR coalesce(cardinality(p_errors), v_n) <> v_n
+       OR coalesce(cardinality(p_timed_out), v_n) <> v_n OR coalesce(cardinality(p_took), v_n) <> v_n
+       OR coalesce(cardinality(p_claims), v_n) <> v_n THEN
+        RAISE EXCEPTION 'ids, next_check_ats, errors, timed_out, took and claims must have one element per id'
+            USING ERRCODE = 'PS408', HINT = 'Pass NULL for an array that is all NULL.';
+    END IF;
+    IF p_claims IS NOT NULL THEN
+        -- checks reported by task workers: lock them first (rows taken through due_checks are
+        -- locked by this transaction already; that lock is their proof)
+        PERFORM 1 FROM checks c JOIN unnest(p_ids, p_claims) AS u(id, claim) ON c.id = u.id AND c.claim = u.claim
+         ORDER BY c.id
+           FOR UPDATE OF c;
+    END IF;
+    RETURN QUERY
+    WITH input AS (
+        SELECT DISTINCT ON (u.id) u.id, u.nxt, u.err, coalesce(u.tmo, false) AS tmo, u.took, u.claim, u.ord
+          FROM unnest(p_ids, coalesce(p_next, array_fill(NULL::timestamptz, ARRAY[v_n])),
+                      coalesce(p_errors, array_fill(NULL::text, ARRAY[v_n])),
+                      coalesce(p_timed_out, array_fill(NULL::boolean, ARRAY[v_n])),
+                      coalesce(p_took, array_fill(NULL::interval, ARRAY[v_n])),
+                      coalesce(p_claims, array_fill(NULL::uuid, ARRAY[v_n])))
+               WITH ORDINALITY AS u(id, nxt, err, tmo, took, claim, ord)
+         ORDER BY u.id, u.ord),
+    taken AS (
+        SELECT c.id, c.check_count, c.max_checks, c.horizon, i.nxt, i.err, i.tmo, i.took,
+               _slot_ceil(i.nxt, v_us) AS slot
+          FROM checks c JOIN input i ON i.id = c.id
+         WHERE (i.claim IS NULL AND c.claim IS NULL AND c.xmax = v_xid)
+            OR (i.claim IS NOT NULL AND c.claim = i.claim)),
+    decided AS (
+        SELECT t.*, CASE WHEN t.tmo THEN 'timeout'
+                         WHEN t.err IS NOT NULL THEN 'error'
+                         WHEN t.nxt IS NULL THEN 'done'
+                         WHEN t.check_count + 1 >= t.max_checks THEN 'max_checks'
+                         WHEN t.nxt <= p_now THEN 'past'
+                         WHEN t.slot > p_now + t.horizon THEN 'horizon'
+                         ELSE 'rescheduled' END AS outcome
+          FROM taken t),
+    moved AS (
+        UPDATE checks c
+           SET next_check_at = d.slot, last_check_at = c.next_check_at, check_count = c.check_count + 1,
+               last_took = d.took, total_took = c.total_took + coalesce(d.took, interval '0'),
+               claim = NULL, claim_until = NULL, task_rn = NULL
+          FROM decided d
+         WHERE c.id = d.id AND d.outcome = 'rescheduled'
+        RETURNING c.id),
+    gone AS (
+        DELETE FROM checks c USING decided d
+         WHERE c.id = d.id AND d.outcome <> 'rescheduled'
+        RETURNING c.*, d.outcome, d.err, d.took, d.tmo),
+    history AS (
+        INSERT INTO check_history (id, entity_name, entity_key, job, kind, payload, first_check_at, last_check_at,
+                                   check_count, outcome, error, last_took, total_took, created, ended)
+        SELECT g.id, g.entity_name, g.entity_key, g.job, g.kind, g.payload, g.first_check_at, g.next_check_at,
+               g.check_count + 1, g.outcome,
+               CASE WHEN g.outcome = 'timeout' THEN coalesce(g.err, 'the job exceeded its timeout') ELSE g.err END,
+               g.took, g.total_took + coalesce(g.took, interval '0'), g.created, p_now
+          FROM gone g)
+    SELECT i.id, coalesce(d.outcome, 'not_taken'),
+           CASE WHEN d.outcome = 'rescheduled' THEN d.slot END
+      FROM unnest(p_ids) WITH ORDINALITY AS i(id, ord)
+      LEFT JOIN input x ON x.id = i.id AND x.ord = i.ord
+      LEFT JOIN decided d ON d.id = x.id
+     ORDER BY i.ord;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.finish_checks(
+    ids bigint[], next_check_ats timestamptz[] DEFAULT NULL, errors text[] DEFAULT NULL,
+    timed_out boolean[] DEFAULT NULL, took interval[] DEFAULT NULL, claims uuid[] DEFAULT NULL)
+RETURNS TABLE (id bigint, outcome text, next_check_at timestamptz)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* finish_checks(ids, next_check_ats => NULL, errors => NULL, timed_out => NULL,
+                 took => NULL, claims => NULL) -> setof (id, outcome, next_check_at)
+   Record the results of checks, in one statement. Element i of every array
+   is about check ids[i]; an array left NULL is all NULL. Per check, in order:
+   timed_out -> 'timeout'; an error text -> 'error'; next_check_at NULL ->
+   'done'; otherwise the check ran check_count + 1 times, and asking for more
+   than max_checks runs -> 'max_checks', a next_check_at not after now ->
+   'past', its slot (slot_round) beyond now + horizon -> 'horizon', else
+   'rescheduled': next_check_at = slot_round(next_check_at). Every outcome
+   but 'rescheduled' moves the check into check_history.
+   Only checks the caller took count: locked by this transaction through
+   due_checks / catch_up_checks (claims[i] NULL), or handed to a task whose
+   spec carried claims[i]. Any other id (never taken, finished already,
+   deleted, taken by another runner) changes nothing and comes back as
+   'not_taken'. One row per element of ids, in order. Errors: PS408 arrays of
+   different lengths. */
+    SELECT * FROM pyscheduler._finish_checks(ids, next_check_ats, errors, timed_out, took, claims, clock_timestamp());
+$$;
+COMMENT ON FUNCTION pyscheduler.finish_checks(bigint[], timestamptz[], text[], boolean[], interval[], uuid[]) IS
+    'Record check results in one statement: reschedule (guarded by max_checks, past, horizon) or end into history.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.finish_check(
+    id bigint, next_check_at timestamptz DEFAULT NULL, error text DEFAULT NULL, timed_out boolean DEFAULT false,
+    took interval DEFAULT NULL, claim uuid DEFAULT NULL, OUT outcome text, OUT slot timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* finish_check(id, next_check_at => NULL, error => NULL, timed_out => false,
+                took => NULL, claim => NULL) -> (outcome, slot)
+   finish_checks for one check: the outcome and, when rescheduled, the slot
+   of its next check. Errors: PS407 when the caller did not take the check
+   (not locked by this transaction, wrong claim, or gone: finished, deleted). */
+#variable_conflict use_column
+BEGIN
+    SELECT f.outcome, f.next_check_at INTO outcome, slot
+      FROM _finish_checks(ARRAY[finish_check.id], ARRAY[finish_check.next_check_at], ARRAY[finish_check.error],
+                          ARRAY[finish_check.timed_out], ARRAY[finish_check.took], ARRAY[finish_check.claim],
+                          clock_timestamp()) f;
+    IF outcome = 'not_taken' THEN
+        RAISE EXCEPTION 'check % is not taken by the caller', coalesce(finish_check.id::text, 'NULL')
+            USING ERRCODE = 'PS407',
+                  HINT = 'Take it with due_checks or catch_up_checks in this transaction, or pass the claim of '
+                         'its task; it may also have been finished or deleted already.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.finish_check(bigint, timestamptz, text, boolean, interval, uuid) IS
+    'Record one check''s result (see finish_checks); PS407 when the caller did not take it.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.run_checks(ids bigint[])
+RETURNS TABLE (id bigint, outcome text, next_check_at timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* run_checks(ids) -> setof (id, outcome, next_check_at)
+   run_check_jobs(ids) and finish_checks with its results, in one statement:
+   the SQL-job checks among ids that this transaction took are run and
+   recorded (rescheduled, or ended into check_history). One row per check
+   run. Under a statement timeout a slow job cancels the whole statement:
+   roll back and use run_check_jobs one check per statement to single it out
+   (pyscheduler checks run does). */
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+    v_next timestamptz[];
+    v_errors text[];
+    v_took interval[];
+BEGIN
+    SELECT array_agg(j.id ORDER BY j.id), array_agg(j.next_check_at ORDER BY j.id),
+           array_agg(j.error ORDER BY j.id), array_agg(j.took ORDER BY j.id)
+      INTO v_ids, v_next, v_errors, v_took
+      FROM run_check_jobs(run_checks.ids) j;
+    RETURN QUERY SELECT * FROM _finish_checks(v_ids, v_next, v_errors, NULL, v_took, NULL, clock_timestamp());
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.run_checks(bigint[]) IS
+    'Run the SQL jobs of checks this transaction took and record their results (run_check_jobs + finish_checks).';
+
+CREATE OR REPLACE FUNCTION pyscheduler.list_checks(
+    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100)
+RETURNS SETOF pyscheduler.future_check
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* list_checks(entity_name => NULL, entity_key => NULL, job => NULL, max => 100) -> setof check
+   Pending checks matching every filter given (NULL = any), soonest first
+   (a check handed to a task job is listed with the slot it ran in). Errors: PS401 (an
+   entity_key without entity_name), PS406 max. */
+#variable_conflict use_column
+BEGIN
+    PERFORM _check_positive('max', list_checks.max >= 1, list_checks.max::text);
+    IF list_checks.entity_key IS NOT NULL THEN
+        PERFORM _check_entity(list_checks.entity_name, list_checks.entity_key);
+    END IF;
+    RETURN QUERY
+    SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at, c.next_check_at,
+           c.check_count, c.max_checks, c.created
+      FROM checks c
+     WHERE (list_checks.entity_name IS NULL OR c.entity_name = list_checks.entity_name)
+       AND (list_checks.entity_key IS NULL OR c.entity_key = list_checks.entity_key)
+       AND (list_checks.job IS NULL OR c.job = list_checks.job)
+     ORDER BY c.next_check_at, c.id
+     LIMIT list_checks.max;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.list_checks(text, text, text, integer) IS
+    'Pending checks matching the filters given, soonest first.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.check_history(
+    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100)
+RETURNS SETOF pyscheduler.ended_check
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* check_history(entity_name => NULL, entity_key => NULL, job => NULL, max => 100) -> setof ended check
+   Checks that left: outcome done, max_checks, horizon, past, timeout, error
+   (with the error text) or deleted; time taken by the last run and in
+   total. Newest first. Errors: PS401, PS406 max. */
+#variable_conflict use_column
+BEGIN
+    PERFORM _check_positive('max', check_history.max >= 1, check_history.max::text);
+    IF check_history.entity_key IS NOT NULL THEN
+        PERFORM _check_entity(check_history.entity_name, check_history.entity_key);
+    END IF;
+    RETURN QUERY
+    SELECT h.id, h.entity_name, h.entity_key, h.job, h.kind, h.payload, h.first_check_at, h.last_check_at,
+           h.check_count, h.outcome, h.error, h.last_took, h.total_took, h.created, h.ended
+      FROM pyscheduler.check_history h
+     WHERE (check_history.entity_name IS NULL OR h.entity_name = check_history.entity_name)
+       AND (check_history.entity_key IS NULL OR h.entity_key = check_history.entity_key)
+       AND (check_history.job IS NULL OR h.job = check_history.job)
+     ORDER BY h.ended DESC, h.id DESC
+     LIMIT check_history.max;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.check_history(text, text, text, integer) IS
+    'Ended checks (outcome, error, times taken) matching the filters given, newest first.';
+
+-- Views (psql). The current slot is computed inline from the setting: a view
+-- calls functions with the reader's privileges, and the roles have none on
+-- the private helpers.
+CREATE OR REPLACE VIEW pyscheduler.checks_per_slot AS
+    WITH cur AS (
+        SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
+                                     * interval '1 microsecond' AS slot
+          FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
+                  FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r)
+    SELECT c.next_check_at AS slot, count(*) AS checks,
+           count(*) FILTER (WHERE c.kind = 'sql') AS sql_jobs,
+           count(*) FILTER (WHERE c.kind = 'python') AS python_jobs,
+           count(*) FILTER (WHERE c.kind = 'task') AS task_jobs
+      FROM pyscheduler.checks c, cur
+     WHERE c.claim IS NULL AND c.next_check_at >= cur.slot
+     GROUP BY c.next_check_at;
+COMMENT ON VIEW pyscheduler.checks_per_slot IS 'Pending checks per upcoming slot (the current one included), by job kind.';
+
+CREATE OR REPLACE VIEW pyscheduler.overdue_checks AS
+    WITH cur AS (
+        SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
+                                     * interval '1 microsecond' AS slot
+          FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
+                  FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r)
+    SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at,
+           now() - c.next_check_at AS overdue,
+           CASE WHEN c.claim IS NULL THEN 'missed slot' ELSE 'task late' END AS why
+      FROM pyscheduler.checks c, cur
+     WHERE (c.claim IS NULL AND c.next_check_at < cur.slot) OR (c.claim IS NOT NULL AND c.claim_until < now());
+COMMENT ON VIEW pyscheduler.overdue_checks IS
+    'Checks of slots already past (runners down or behind) and task jobs past their task_timeout.';
+
+CREATE OR REPLACE VIEW pyscheduler.check_outcomes AS
+    SELECT h.job, h.outcome, count(*) AS checks, avg(h.last_took) AS avg_last_took,
+           max(h.last_took) AS max_last_took, avg(h.check_count)::numeric(10, 2) AS avg_runs
+      FROM pyscheduler.check_history h
+     WHERE h.ended > now() - interval '1 day'
+     GROUP BY h.job, h.outcome;
+COMMENT ON VIEW pyscheduler.check_outcomes IS 'History outcomes per job over the last day.';
+
+SELECT pyscheduler._grant('client', 'add_check', 'delete_checks', 'list_checks', 'check_history', 'slot_round',
+                          'check_slots', 'checks_per_slot', 'overdue_checks', 'check_outcomes');
+SELECT pyscheduler._grant('checker', 'due_checks', 'catch_up_checks', 'run_check_jobs', 'run_checks', 'submit_check_tasks',
+                          'finish_check', 'finish_checks', 'slot_round', 'check_slots');
+SELECT pyscheduler._grant('worker', 'finish_check', 'finish_checks');
+SELECT pyscheduler._grant('monitor', 'list_checks', 'check_history', 'slot_round', 'check_slots',
+                          'checks_per_slot', 'overdue_checks', 'check_outcomes');
+SELECT pyscheduler._grant('admin', 'set_check_settings');
