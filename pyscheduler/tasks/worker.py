@@ -452,6 +452,7 @@ class Worker:
         # undone before it goes back to the pool.
         conn = _Dedicated(self.db, setup="SET synchronous_commit = off", teardown="RESET synchronous_commit")
         outage = Outage(f"worker on queue {self.queue}", log)
+        recheck = False
         try:
             while not stop.is_set():
                 n = self._wanted()
@@ -471,11 +472,14 @@ class Worker:
                         self._enqueue(rows, sent + self.timeout.total_seconds())
                     if got == n:
                         continue  # maybe more ready: lease again while the local queue wants more
-                if self._lease_wake.wait(self.poll_interval) and not stop.is_set() and n > 0 and got == 0:
-                    # A NOTIFY is throttled per queue: one that arrived while we
-                    # were leasing may stand for a later submit. Look once more shortly.
+                if recheck:
+                    # A NOTIFY is throttled per queue: the one that woke us may stand for
+                    # later submits too. Look once more shortly (at once if poked).
+                    recheck = False
                     self._lease_wake.wait(0.02, jitter=0)
-                    self._lease_wake.poke()
+                    continue
+                # woken (NOTIFY, or the local queue ran low): lease at once, then recheck
+                recheck = self._lease_wake.wait(self.poll_interval) and n > 0 and got < n
         finally:
             conn.close()
 
