@@ -120,3 +120,23 @@ def test_single_and_batch_leases_share_one_claim(db):
     got += [str(r["rn"]) for r in lean(db, queue="mix", n=100)]
     assert len(got) == len(set(got)) == 30
     assert held(lease(db, queue="mix") or {"rn": None, "token": None}) == {"rn": None, "token": None}
+
+
+def test_the_workers_pool_skips_the_check_only_for_fresh_connections(dsn, conn):
+    """db.Database(fresh=s) (the Worker's pool) hands out a connection used in the last s seconds
+    without the check round trip; a default pool checks every checkout, so a connection that died
+    in the pool is replaced before the caller sees it."""
+    from pyscheduler.db import Database
+
+    def kill_others() -> None:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+    with Database(dsn, min_size=1, max_size=1) as checked, Database(dsn, min_size=1, max_size=1,
+                                                                      fresh=60) as fresh:
+        assert checked.call_value("version") and fresh.call_value("version")
+        kill_others()
+        assert checked.call_value("version")  # checked on checkout: replaced, the caller never knew
+        with pytest.raises(errors.DatabaseUnavailable):
+            fresh.call_value("version")  # not checked: the worker's retry handles it
+        assert fresh.call_value("version")  # the broken connection was dropped

@@ -126,3 +126,17 @@ def test_on_stop_queued_tasks_go_back_in_one_call_and_run_elsewhere(dsn, db, mon
         assert first == [blocker]  # the queued ones never started on the stopped worker
     finally:
         second.stop()
+
+
+def test_prefetch_and_lookahead_are_checked():
+    import pytest
+
+    from pyscheduler import errors
+    from pyscheduler.tasks import AsyncWorker
+
+    for kind in (Worker, AsyncWorker):
+        with pytest.raises(errors.InvalidArgument, match="prefetch"):
+            kind("dsn", "q", lambda ctx: None, prefetch=-1)
+        with pytest.raises(errors.InvalidArgument, match="lookahead"):
+            kind("dsn", "q", lambda ctx: None, lookahead=-0.1)
+    assert Worker("dsn", "q", lambda ctx: None, prefetch=0).prefetch == 0  # lease only for free handlers
