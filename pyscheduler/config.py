@@ -27,8 +27,38 @@ def option(*decls: str, **kwargs: Any) -> Callable:
     return click.option(*decls, **kwargs)
 
 
-dsn_option = option("--dsn", default=None, metavar="DSN",
-                    help="PostgreSQL connection string (libpq URI or key=value).")
+_dsn_option = option("--dsn", default=None, metavar="DSN",
+                     help="PostgreSQL connection string (libpq URI or key=value).")
+
+
+def _set_connection(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        from . import db
+
+        db.configure(**{param.name.removeprefix("db_"): value})
+
+
+# Every daemon's database connections (pyscheduler.db.ConnectionSettings; a value the DSN
+# sets itself wins): a silent network partition fails a call instead of hanging a node.
+CONNECTION_OPTIONS = [
+    option(f"--db-{name}", type=click.IntRange(min=low), default=None, expose_value=False,
+           callback=_set_connection, help=f"{text} [default: {default}].")
+    for name, low, default, text in (
+        ("connect-timeout", 1, 10, "Seconds to wait for a database connection"),
+        ("statement-timeout", 0, 60000, "Milliseconds a statement may run, 0 = no limit"),
+        ("keepalives-idle", 1, 30, "Seconds of silence before TCP keepalive probes"),
+        ("keepalives-interval", 1, 10, "Seconds between TCP keepalive probes"),
+        ("keepalives-count", 1, 3, "Unanswered probes before a connection is dead"),
+        ("tcp-user-timeout", 0, 60000, "Milliseconds a write may stay unacknowledged"),
+    )
+]
+
+
+def dsn_option(f: Callable) -> Callable:
+    """--dsn and the --db-* connection settings."""
+    for deco in reversed(CONNECTION_OPTIONS):
+        f = deco(f)
+    return _dsn_option(f)
 bootstrap_option = option("--bootstrap-servers", "kafka_bootstrap", default=None, metavar="HOST:PORT",
                           envvar=env("kafka_bootstrap"),
                           help="Kafka bootstrap servers.")

@@ -12,17 +12,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
+import os
 import random
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 import psycopg_pool
@@ -35,7 +39,68 @@ log = logging.getLogger(__name__)
 SCHEMA = "pyscheduler"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
-__all__ = ["Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "connect", "translating"]
+__all__ = ["Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "ConnectionSettings", "configure",
+           "connect", "translating"]
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """What every pyscheduler connection sets, unless its DSN says otherwise: a silent
+    network partition fails a call within about a minute instead of hanging a node
+    until TCP gives up (hours). Flags --db-* / PYSCHEDULER_DB_* (docs/operations.md)."""
+
+    connect_timeout: int = 10  # s: give up connecting (libpq connect_timeout)
+    keepalives_idle: int = 30  # s of silence before the first TCP keepalive probe
+    keepalives_interval: int = 10  # s between probes
+    keepalives_count: int = 3  # unanswered probes before the connection is dead
+    tcp_user_timeout: int = 60_000  # ms a write may stay unacknowledged (Linux)
+    statement_timeout: int = 60_000  # ms: the server cancels a longer statement (0: none)
+
+    @classmethod
+    def from_env(cls) -> "ConnectionSettings":
+        values = {}
+        for name in cls.__dataclass_fields__:
+            raw = os.environ.get(f"PYSCHEDULER_DB_{name.upper()}")
+            if raw:
+                try:
+                    values[name] = int(raw)
+                except ValueError:
+                    raise ValueError(f"PYSCHEDULER_DB_{name.upper()} must be an integer, got {raw!r}") from None
+        return cls(**values)
+
+    def kwargs(self, dsn: str) -> dict[str, Any]:
+        """Connection parameters to add to ``dsn``: only those it does not set itself."""
+        given = conninfo_to_dict(dsn)
+        out: dict[str, Any] = {"connect_timeout": self.connect_timeout, "keepalives": 1,
+                               "keepalives_idle": self.keepalives_idle,
+                               "keepalives_interval": self.keepalives_interval,
+                               "keepalives_count": self.keepalives_count, "tcp_user_timeout": self.tcp_user_timeout}
+        return {k: v for k, v in out.items() if k not in given}
+
+    def apply(self, conn: psycopg.Connection) -> None:
+        """Set the statement timeout on a new connection, unless the DSN, the role or the
+        database already set one (a DBA's setting wins)."""
+        if self.statement_timeout:
+            conn.execute(f"SELECT CASE WHEN current_setting('statement_timeout') = '0' "
+                         f"THEN set_config('statement_timeout', '{int(self.statement_timeout)}', false) END")
+
+
+_settings: ConnectionSettings | None = None
+
+
+def configure(**changes: int) -> ConnectionSettings:
+    """Change the connection settings of every Database, Listener and connect() made from now on
+    (the CLI's --db-* flags call it); the start values come from PYSCHEDULER_DB_*."""
+    global _settings
+    _settings = dataclasses.replace(settings(), **changes)
+    return _settings
+
+
+def settings() -> ConnectionSettings:
+    global _settings
+    if _settings is None:
+        _settings = ConnectionSettings.from_env()
+    return _settings
 
 
 @contextlib.contextmanager
@@ -55,7 +120,9 @@ def translating() -> Iterator[None]:
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     """One autocommit connection with dict rows, errors translated."""
     with translating():
-        return psycopg.connect(dsn, autocommit=True, row_factory=dict_row, **kwargs)
+        conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row, **{**settings().kwargs(dsn), **kwargs})
+        settings().apply(conn)
+        return conn
 
 
 def _function_call(function: str, args: dict[str, Any]) -> bytes:
@@ -108,7 +175,7 @@ class Database(_Calls):
     """A pool of autocommit connections to one database."""
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8, name: str = "pyscheduler",
-                 timeout: float = 30.0, fresh: float = 0.0):
+                 timeout: float = 30.0, connection: ConnectionSettings | None = None, fresh: float = 0.0):
         self.dsn = dsn
         self.fresh = fresh
         self.pool = ConnectionPool(
@@ -118,7 +185,9 @@ class Database(_Calls):
             open=False,
             name=name,
             timeout=timeout,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            # connect timeout, TCP keepalives, statement timeout (ConnectionSettings)
+            kwargs={"autocommit": True, "row_factory": dict_row, **(connection or settings()).kwargs(dsn)},
+            configure=(connection or settings()).apply,
             check=self._check,
             reset=self._returned,
         )
@@ -233,8 +302,10 @@ class Listener:
     """
 
     def __init__(self, dsn: str, channels: Iterable[str], callback: Callable[[str, str], None],
-                 *, on_reconnect: Callable[[], None] | None = None, logger: logging.Logger = log):
+                 *, on_reconnect: Callable[[], None] | None = None, logger: logging.Logger = log,
+                 connection: ConnectionSettings | None = None):
         self.dsn = dsn
+        self.connection = connection or settings()
         self.channels = list(channels)
         self.callback = callback
         self.on_reconnect = on_reconnect
@@ -257,7 +328,7 @@ class Listener:
         first = True
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                with psycopg.connect(self.dsn, autocommit=True, **self.connection.kwargs(self.dsn)) as conn:
                     for channel in self.channels:
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     outage.ok()

@@ -56,7 +56,7 @@ class Conflict(SchedulerError):
 
 # delay queue
 class InvalidMessage(InvalidArgument):
-    """A delay-queue message is malformed: bad id, missing deadline, bad headers."""
+    """A delay-queue message is malformed: bad id, missing or out-of-range deadline, bad headers."""
 
 
 # leased tasks
@@ -88,6 +88,17 @@ class TaskYielded(Conflict):
 LEASE_GONE = (TaskNotFound, TaskNotOwned, TaskNotRunning, TaskCancelled, TaskYielded)
 
 
+# recurring schedules
+class ScheduleNotFound(NotFound):
+    """PS300: no schedule with this name (never created, or deleted)."""
+
+
+class InvalidSchedule(InvalidArgument):
+    """PS301-PS310, PS312, PS313: a schedule parameter is invalid (the message names it)."""
+
+
+class ScheduleExists(Conflict):
+    """PS311: a schedule with this name already exists."""
 # future checks
 class InvalidResolution(InvalidArgument):
     """PS400: a slot resolution that does not divide a day into whole slots."""
@@ -129,6 +140,7 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS103": InvalidArgument,  # array arguments of different lengths
     "PS104": InvalidMessage,  # headers not a JSON array of single-pair objects
     "PS105": InvalidArgument,  # bad interval or count (advance, hold, max_count) or NULL node
+    "PS106": InvalidMessage,  # deadline outside [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)
     # leased tasks
     "PS200": TaskNotFound,  # unknown task
     "PS201": TaskNotOwned,  # another lease holds the task
@@ -141,6 +153,21 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, aging, status, retention, tokens)
     "PS209": TaskFinished,  # cancel of a completed or aborted task
     "PS210": TaskYielded,  # the lease was yielded
+    # recurring schedules (PS300-PS349; the daemons' own codes PS350-PS399)
+    "PS300": ScheduleNotFound,  # unknown schedule
+    "PS301": InvalidSchedule,  # cron expression does not parse (the field is named)
+    "PS302": InvalidSchedule,  # not exactly one of every / cron
+    "PS303": InvalidSchedule,  # unknown time zone
+    "PS304": InvalidSchedule,  # end_at not after start_at
+    "PS305": InvalidSchedule,  # recurrence shorter than the retry policy's worst case
+    "PS306": InvalidSchedule,  # every not a positive whole number of milliseconds (or has months)
+    "PS307": InvalidSchedule,  # target kind or target (topic, URL, queue) invalid
+    "PS308": InvalidSchedule,  # payload too large or (task targets) not an object
+    "PS309": InvalidSchedule,  # retry policy out of range
+    "PS310": InvalidSchedule,  # name empty, too long or with control characters
+    "PS311": ScheduleExists,  # name already taken
+    "PS312": InvalidSchedule,  # other invalid argument (limits, outcome, overlap, array lengths, ...)
+    "PS313": InvalidSchedule,  # cron expression that never fires (e.g. February 30)
     # future checks
     "PS400": InvalidResolution,  # resolution does not divide a day
     "PS401": InvalidArgument,  # entity_name or entity_key missing or too long

@@ -72,18 +72,16 @@ def load_functions(conn: psycopg.Connection) -> None:
 
 
 def yoyo_uri(dsn: str) -> str:
-    """A yoyo URI for a libpq DSN (URI or key=value); yoyo's tables go in schema pyscheduler."""
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    user = urllib.parse.quote(str(params.pop("user", "")), safe="")
-    password = params.pop("password", None)
-    host = params.pop("host", "") or ""
-    port = params.pop("port", None)
-    dbname = urllib.parse.quote(str(params.pop("dbname", "")), safe="")
-    auth = user + (":" + urllib.parse.quote(str(password), safe="") if password is not None else "")
-    netloc = (auth + "@" if auth else "") + (f"[{host}]" if ":" in str(host) else str(host))
-    netloc += f":{port}" if port else ""
+    """A yoyo URI for a libpq DSN (URI or key=value); yoyo's tables go in schema pyscheduler.
+
+    Every connection parameter travels in the query string, which yoyo decodes and
+    hands to psycopg.connect() unchanged: a Unix-socket directory (``host=/run/postgresql``),
+    several hosts (``host=a,b port=5432,5433``), a password with ``@ / %`` and any other
+    libpq keyword survive. (The URL's host part cannot hold them: yoyo lower-cases it and
+    does not percent-decode it.)"""
+    params = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items() if v is not None}
     params["schema"] = "pyscheduler"
-    return f"postgresql+psycopg://{netloc}/{dbname}?{urllib.parse.urlencode(params)}"
+    return "postgresql+psycopg:///?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
 
 
 @dataclass

@@ -11,7 +11,12 @@
 --   PS102  missing deadline
 --   PS103  array arguments of different lengths
 --   PS104  headers are not a JSON array of single-pair objects
---   PS105  invalid interval or count argument (negative advance, hold <= 0, max_count < 1, NULL node)
+--   PS105  invalid interval or count argument (advance outside 0..1 minute, hold <= 0, max_count < 1, NULL node)
+--   PS106  deadline outside the supported range [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)
+--
+-- Clock: no public function takes the time from its caller. Each public
+-- function that needs "now" is a thin wrapper passing clock_timestamp() to a
+-- private _function(..., p_now) that is granted to no role (tests call it).
 
 -- _delay_check_headers(headers): PS104 unless headers is NULL or a JSON array
 -- of objects with exactly one key each (the seed's [{"k1": "v1"}, {"k2": "v2"}]).
@@ -35,26 +40,148 @@ BEGIN
 END
 $$;
 
--- _delay_check_interval(name, value, allow_zero): PS105 for a NULL or negative
--- (or zero, unless allowed) interval argument.
-CREATE OR REPLACE FUNCTION pyscheduler._delay_check_interval(p_name text, p_value interval, p_allow_zero boolean)
+-- _delay_check_interval(name, value, allow_zero, max): PS105 for a NULL or
+-- negative (or zero, unless allowed) interval argument, or one above max.
+CREATE OR REPLACE FUNCTION pyscheduler._delay_check_interval(p_name text, p_value interval, p_allow_zero boolean,
+                                                             p_max interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
-    IF p_value IS NULL OR p_value < interval '0' OR (p_value = interval '0' AND NOT p_allow_zero) THEN
-        RAISE EXCEPTION '% must be % interval, got %', p_name,
-                        CASE WHEN p_allow_zero THEN 'a non-negative' ELSE 'a positive' END, p_value
+    IF p_value IS NULL OR p_value < interval '0' OR (p_value = interval '0' AND NOT p_allow_zero)
+       OR p_value > p_max THEN
+        RAISE EXCEPTION '% must be % interval%, got %', p_name,
+                        CASE WHEN p_allow_zero THEN 'a non-negative' ELSE 'a positive' END,
+                        CASE WHEN p_max IS NULL THEN '' ELSE ' of at most ' || p_max END, p_value
             USING ERRCODE = 'PS105', HINT = format('Pass %s => ''50 milliseconds'' or similar.', p_name);
     END IF;
 END
 $$;
 
--- enqueue_messages: the batch form; enqueue_message calls it with one element.
--- (store_late was added after the first version: drop that signature.)
-DROP FUNCTION IF EXISTS pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval,
-                                                     timestamptz, interval);
+-- The timing advance compensates for the relay's own delay (milliseconds);
+-- a larger one would let a caller fire messages early at will.
+CREATE OR REPLACE FUNCTION pyscheduler._delay_max_advance()
+RETURNS interval LANGUAGE sql IMMUTABLE SET search_path = pyscheduler, pg_temp
+AS $$ SELECT interval '1 minute' $$;
+
+-- _delay_check_deadlines(ids, deadlines): PS102 for a NULL deadline, PS106 for
+-- one outside [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z), the range of the
+-- table's CHECK (every client library can load it, in any time zone).
+CREATE OR REPLACE FUNCTION pyscheduler._delay_check_deadlines(p_ids text[], p_deadlines timestamptz[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_id text;
+    v_deadline timestamptz;
+BEGIN
+    IF array_position(p_deadlines, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'every message needs a deadline (message %)', p_ids[array_position(p_deadlines, NULL)]
+            USING ERRCODE = 'PS102', HINT = 'The deadline is the chronosDeadline header.';
+    END IF;
+    SELECT u.id, u.deadline INTO v_id, v_deadline
+      FROM unnest(p_ids, p_deadlines) AS u(id, deadline)
+     WHERE NOT (u.deadline >= timestamptz '1970-01-01 00:00:00+00' AND u.deadline < timestamptz '9999-01-01 00:00:00+00')
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'deadline % of message % is outside the supported range', v_deadline, v_id
+            USING ERRCODE = 'PS106',
+                  HINT = 'A deadline must be in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z).';
+    END IF;
+END
+$$;
+
+-- _enqueue_messages: enqueue_messages with the clock as a parameter (p_now);
+-- granted to no role: tests call it, enqueue_messages passes clock_timestamp().
+--
+-- The rule per id, in input order, the same whether the occurrences come in
+-- one batch or in several: an occurrence whose id is waiting or ready (stored
+-- by an earlier batch or an earlier occurrence of this one) is a duplicate; a
+-- late one whose id is not present is fired at once and, fired, forgotten, so
+-- the next occurrence of the id is judged afresh; otherwise it is enqueued.
+CREATE OR REPLACE FUNCTION pyscheduler._enqueue_messages(
+    ids          text[],
+    deadlines    timestamptz[],
+    keys         bytea[]     DEFAULT NULL,
+    vals         bytea[]     DEFAULT NULL,
+    header_lists jsonb[]     DEFAULT NULL,
+    advance      interval    DEFAULT '50 milliseconds',
+    wake_within  interval    DEFAULT '100 milliseconds',
+    store_late   boolean     DEFAULT false,
+    p_now        timestamptz DEFAULT NULL)
+RETURNS TABLE (ord integer, id text, outcome text)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_n    integer := coalesce(cardinality(_enqueue_messages.ids), 0);
+    v_head timestamptz;
+    v_new  timestamptz;
+    v_h    jsonb;
+BEGIN
+    IF p_now IS NULL THEN
+        RAISE EXCEPTION 'p_now must be set' USING ERRCODE = 'PS105', HINT = 'Pass p_now => clock_timestamp().';
+    END IF;
+    PERFORM pyscheduler._delay_check_interval('advance', _enqueue_messages.advance, true,
+                                              pyscheduler._delay_max_advance());
+    IF coalesce(cardinality(_enqueue_messages.deadlines), 0) <> v_n
+       OR cardinality(_enqueue_messages.keys) <> v_n
+       OR cardinality(_enqueue_messages.vals) <> v_n
+       OR cardinality(_enqueue_messages.header_lists) <> v_n THEN
+        RAISE EXCEPTION 'ids, deadlines, keys, vals and header_lists must have the same length'
+            USING ERRCODE = 'PS103', HINT = 'Pass NULL for keys, vals or header_lists to leave them all empty.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(_enqueue_messages.ids) i WHERE i IS NULL OR length(i) NOT BETWEEN 1 AND 128) THEN
+        RAISE EXCEPTION 'every message id must have 1 to 128 characters'
+            USING ERRCODE = 'PS101', HINT = 'The id is the chronosMessageId header: free-form text, unique per message.';
+    END IF;
+    PERFORM pyscheduler._delay_check_deadlines(_enqueue_messages.ids, _enqueue_messages.deadlines);
+    FOREACH v_h IN ARRAY coalesce(_enqueue_messages.header_lists, '{}') LOOP
+        PERFORM pyscheduler._delay_check_headers(v_h);
+    END LOOP;
+
+    -- What sleepers expect next, read before this batch is inserted.
+    SELECT m.deadline INTO v_head FROM pyscheduler.delay_messages m
+     WHERE m.readied_at IS NULL ORDER BY m.deadline LIMIT 1;
+    SELECT min(d) INTO v_new FROM unnest(_enqueue_messages.deadlines) d
+     WHERE _enqueue_messages.store_late OR d > p_now + _enqueue_messages.advance;
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.id, u.deadline, u.key, u.value, u.headers, u.ord::integer AS ord,
+               (NOT _enqueue_messages.store_late AND u.deadline <= p_now + _enqueue_messages.advance) AS late
+          FROM unnest(_enqueue_messages.ids, _enqueue_messages.deadlines, _enqueue_messages.keys,
+                      _enqueue_messages.vals, _enqueue_messages.header_lists)
+               WITH ORDINALITY AS u(id, deadline, key, value, headers, ord)
+    ), keeper AS (  -- per id, the first occurrence that is not late: the one to store
+        SELECT DISTINCT ON (i.id) i.* FROM input i WHERE NOT i.late ORDER BY i.id, i.ord
+    ), inserted AS (
+        INSERT INTO pyscheduler.delay_messages AS m (id, deadline, headers, key, value)
+        SELECT k.id, k.deadline, coalesce(k.headers, '[]'::jsonb), k.key, k.value FROM keeper k
+        ON CONFLICT ON CONSTRAINT delay_messages_pkey DO NOTHING
+        RETURNING m.id
+    )
+    SELECT i.ord, i.id,
+           CASE WHEN i.ord = k.ord AND s.id IS NOT NULL THEN 'enqueued'
+                -- late, before any stored occurrence, and not stored by an earlier batch
+                WHEN i.late AND (k.ord IS NULL OR i.ord < k.ord)
+                     AND NOT EXISTS (SELECT 1 FROM pyscheduler.delay_messages m WHERE m.id = i.id) THEN 'late'
+                ELSE 'duplicate' END
+      FROM input i
+      LEFT JOIN keeper k ON k.id = i.id
+      LEFT JOIN inserted s ON s.id = k.id
+     ORDER BY i.ord;
+
+    IF v_new IS NOT NULL AND v_new - _enqueue_messages.advance <= p_now + _enqueue_messages.wake_within
+       AND (v_head IS NULL OR v_new < v_head) THEN
+        PERFORM pyscheduler._notify_throttled('pyscheduler_delay', v_new::text, interval '10 milliseconds');
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.enqueue_messages(
     ids          text[],
     deadlines    timestamptz[],
@@ -62,31 +189,32 @@ CREATE OR REPLACE FUNCTION pyscheduler.enqueue_messages(
     vals         bytea[]     DEFAULT NULL,
     header_lists jsonb[]     DEFAULT NULL,
     advance      interval    DEFAULT '50 milliseconds',
-    now          timestamptz DEFAULT NULL,
     wake_within  interval    DEFAULT '100 milliseconds',
     store_late   boolean     DEFAULT false)
 RETURNS TABLE (ord integer, id text, outcome text)
-LANGUAGE plpgsql
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* enqueue_messages(ids, deadlines, keys, vals, header_lists, advance, now, wake_within, store_late)
+/* enqueue_messages(ids, deadlines, keys, vals, header_lists, advance, wake_within, store_late)
      -> TABLE (ord, id, outcome)
 
    Store a batch of delayed messages in one round trip. Element i of every
    array describes message i; keys, vals and header_lists may be NULL (all
    NULL) or have one element per id (an element may be NULL: no key, a NULL
-   value, no headers).
+   value, no headers). The time is the database clock.
 
    outcome per message, in input order (ord is the 1-based position):
      enqueued   stored, waiting for its deadline
-     duplicate  a message with this id is already waiting or ready (or came
-                earlier in this batch): ignored, nothing stored
+     duplicate  a message with this id is already waiting or ready (stored
+                by an earlier call or an earlier element of this batch):
+                ignored, nothing stored
      late       deadline <= now + advance and the id is not present: NOT
-                stored; the caller must publish it at once
+                stored; the caller must publish it at once. Published, the
+                id is forgotten: a later element with the same id is judged
+                afresh, exactly as if it came in the next batch.
 
-   advance      the timing advance (default 50 ms)
-   now          the current time for tests (NULL: the clock)
+   advance      the timing advance (default 50 ms, at most 1 minute)
    wake_within  a message due within this time that is earlier than every
                 waiting message sends a (throttled) NOTIFY pyscheduler_delay
                 so sleeping relays wake early
@@ -95,76 +223,11 @@ AS $$
                 are fired (and retried) from the table instead
 
    Errors: PS101 bad id, PS102 NULL deadline, PS103 array lengths differ,
-           PS104 bad headers, PS105 negative advance. */
-#variable_conflict use_column
-DECLARE
-    v_now  timestamptz := coalesce(enqueue_messages.now, clock_timestamp());
-    v_n    integer     := coalesce(cardinality(enqueue_messages.ids), 0);
-    v_head timestamptz;
-    v_new  timestamptz;
-    v_h    jsonb;
-BEGIN
-    PERFORM pyscheduler._delay_check_interval('advance', enqueue_messages.advance, true);
-    IF coalesce(cardinality(enqueue_messages.deadlines), 0) <> v_n
-       OR cardinality(enqueue_messages.keys) <> v_n
-       OR cardinality(enqueue_messages.vals) <> v_n
-       OR cardinality(enqueue_messages.header_lists) <> v_n THEN
-        RAISE EXCEPTION 'ids, deadlines, keys, vals and header_lists must have the same length'
-            USING ERRCODE = 'PS103', HINT = 'Pass NULL for keys, vals or header_lists to leave them all empty.';
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest(enqueue_messages.ids) i WHERE i IS NULL OR length(i) NOT BETWEEN 1 AND 128) THEN
-        RAISE EXCEPTION 'every message id must have 1 to 128 characters'
-            USING ERRCODE = 'PS101', HINT = 'The id is the chronosMessageId header: free-form text, unique per message.';
-    END IF;
-    IF array_position(enqueue_messages.deadlines, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'every message needs a deadline'
-            USING ERRCODE = 'PS102', HINT = 'The deadline is the chronosDeadline header.';
-    END IF;
-    FOREACH v_h IN ARRAY coalesce(enqueue_messages.header_lists, '{}') LOOP
-        PERFORM pyscheduler._delay_check_headers(v_h);
-    END LOOP;
-
-    -- What sleepers expect next, read before this batch is inserted.
-    SELECT m.deadline INTO v_head FROM pyscheduler.delay_messages m
-     WHERE m.readied_at IS NULL ORDER BY m.deadline LIMIT 1;
-    SELECT min(d) INTO v_new FROM unnest(enqueue_messages.deadlines) d
-     WHERE enqueue_messages.store_late OR d > v_now + enqueue_messages.advance;
-
-    RETURN QUERY
-    WITH input AS (
-        SELECT u.id, u.deadline, u.key, u.value, u.headers, u.ord::integer AS ord
-          FROM unnest(enqueue_messages.ids, enqueue_messages.deadlines, enqueue_messages.keys,
-                      enqueue_messages.vals, enqueue_messages.header_lists)
-               WITH ORDINALITY AS u(id, deadline, key, value, headers, ord)
-    ), first AS (   -- the first occurrence of each id in the batch
-        SELECT DISTINCT ON (i.id) i.* FROM input i ORDER BY i.id, i.ord
-    ), late AS (
-        SELECT f.ord FROM first f
-         WHERE NOT enqueue_messages.store_late AND f.deadline <= v_now + enqueue_messages.advance
-           AND NOT EXISTS (SELECT 1 FROM pyscheduler.delay_messages m WHERE m.id = f.id)
-    ), inserted AS (
-        INSERT INTO pyscheduler.delay_messages AS m (id, deadline, headers, key, value)
-        SELECT f.id, f.deadline, coalesce(f.headers, '[]'::jsonb), f.key, f.value
-          FROM first f
-         WHERE enqueue_messages.store_late OR f.deadline > v_now + enqueue_messages.advance
-        ON CONFLICT ON CONSTRAINT delay_messages_pkey DO NOTHING
-        RETURNING m.id
-    )
-    SELECT i.ord, i.id,
-           CASE WHEN EXISTS (SELECT 1 FROM late l WHERE l.ord = i.ord) THEN 'late'
-                WHEN EXISTS (SELECT 1 FROM first f JOIN inserted s ON s.id = f.id WHERE f.ord = i.ord)
-                    THEN 'enqueued'
-                ELSE 'duplicate' END
-      FROM input i
-     ORDER BY i.ord;
-
-    IF v_new IS NOT NULL AND v_new - enqueue_messages.advance <= v_now + enqueue_messages.wake_within
-       AND (v_head IS NULL OR v_new < v_head) THEN
-        PERFORM pyscheduler._notify_throttled('pyscheduler_delay', v_new::text, interval '10 milliseconds');
-    END IF;
-END
+           PS104 bad headers, PS105 bad advance, PS106 deadline out of range. */
+    SELECT * FROM pyscheduler._enqueue_messages(ids, deadlines, keys, vals, header_lists, advance,
+                                                 wake_within, store_late, clock_timestamp());
 $$;
-COMMENT ON FUNCTION pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval, timestamptz, interval, boolean) IS
+COMMENT ON FUNCTION pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval, interval, boolean) IS
     'Delay queue: store a batch of messages idempotently; per message enqueued, duplicate or late (publish it now).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.enqueue_message(
@@ -174,14 +237,13 @@ CREATE OR REPLACE FUNCTION pyscheduler.enqueue_message(
     value       bytea       DEFAULT NULL,
     headers     jsonb       DEFAULT '[]',
     advance     interval    DEFAULT '50 milliseconds',
-    now         timestamptz DEFAULT NULL,
     wake_within interval    DEFAULT '100 milliseconds')
 RETURNS text
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* enqueue_message(id, deadline, key, value, headers, advance, now, wake_within) -> text
+/* enqueue_message(id, deadline, key, value, headers, advance, wake_within) -> text
 
    Store one delayed message; idempotent on id. Returns
      'enqueued'   stored, waiting for its deadline
@@ -191,64 +253,74 @@ AS $$
    headers: a JSON array of single-pair objects, [{"name": "value"}, ...].
    See enqueue_messages for the other parameters and the errors. */
     SELECT e.outcome
-      FROM pyscheduler.enqueue_messages(
-               ids => ARRAY[enqueue_message.id], deadlines => ARRAY[enqueue_message.deadline],
-               keys => ARRAY[enqueue_message.key], vals => ARRAY[enqueue_message.value],
-               header_lists => ARRAY[enqueue_message.headers], advance => enqueue_message.advance,
-               now => enqueue_message.now, wake_within => enqueue_message.wake_within) e;
+      FROM pyscheduler._enqueue_messages(
+               ARRAY[enqueue_message.id], ARRAY[enqueue_message.deadline], ARRAY[enqueue_message.key],
+               ARRAY[enqueue_message.value], ARRAY[enqueue_message.headers], enqueue_message.advance,
+               enqueue_message.wake_within, false, clock_timestamp()) e;
 $$;
-COMMENT ON FUNCTION pyscheduler.enqueue_message(text, timestamptz, bytea, bytea, jsonb, interval, timestamptz, interval) IS
+COMMENT ON FUNCTION pyscheduler.enqueue_message(text, timestamptz, bytea, bytea, jsonb, interval, interval) IS
     'Delay queue: store one message idempotently; returns enqueued, duplicate or late (publish it now).';
 
-CREATE OR REPLACE FUNCTION pyscheduler.ready_and_claim(
-    node      uuid,
-    advance   interval    DEFAULT '50 milliseconds',
-    max_count integer     DEFAULT 1000,
-    now       timestamptz DEFAULT NULL)
+-- _ready_and_claim: ready_and_claim with the clock as a parameter (p_now); granted to no role.
+CREATE OR REPLACE FUNCTION pyscheduler._ready_and_claim(node uuid, advance interval DEFAULT '50 milliseconds',
+                                                         max_count integer DEFAULT 1000,
+                                                         p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id text, deadline timestamptz, headers jsonb, key bytea, value bytea, readied_at timestamptz)
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* ready_and_claim(node, advance, max_count, now) -> TABLE (id, deadline, headers, key, value, readied_at)
-
-   Phase 1 of firing: in one statement, mark up to max_count waiting messages
-   whose deadline <= now + advance as ready (readied_at = now, readied_by =
-   node), earliest deadline first, skipping rows another node is claiming
-   (FOR UPDATE SKIP LOCKED): two nodes never claim the same message. Returns
-   the claimed messages; publish them, then call delete_fired.
-
-   node       the caller's node id (a random UUID per process)
-   advance    the timing advance (default 50 ms)
-   max_count  batch size (default 1000)
-   now        the current time for tests (NULL: the clock)
-
-   Errors: PS105 NULL node, negative advance or max_count < 1. */
 #variable_conflict use_column
-DECLARE
-    v_now timestamptz := coalesce(ready_and_claim.now, clock_timestamp());
 BEGIN
-    PERFORM pyscheduler._delay_check_interval('advance', ready_and_claim.advance, true);
-    IF ready_and_claim.node IS NULL OR ready_and_claim.max_count IS NULL OR ready_and_claim.max_count < 1 THEN
-        RAISE EXCEPTION 'node must be set and max_count >= 1 (got %, %)', ready_and_claim.node, ready_and_claim.max_count
+    PERFORM pyscheduler._delay_check_interval('advance', _ready_and_claim.advance, true,
+                                              pyscheduler._delay_max_advance());
+    IF _ready_and_claim.node IS NULL OR _ready_and_claim.max_count IS NULL OR _ready_and_claim.max_count < 1
+       OR p_now IS NULL THEN
+        RAISE EXCEPTION 'node must be set and max_count >= 1 (got %, %)', _ready_and_claim.node,
+                        _ready_and_claim.max_count
             USING ERRCODE = 'PS105', HINT = 'Pass node => gen_random_uuid(), max_count => 1000.';
     END IF;
     RETURN QUERY
     WITH due AS (
         SELECT m.id FROM pyscheduler.delay_messages m
-         WHERE m.readied_at IS NULL AND m.deadline <= v_now + ready_and_claim.advance
+         WHERE m.readied_at IS NULL AND m.deadline <= p_now + _ready_and_claim.advance
          ORDER BY m.deadline
-         LIMIT ready_and_claim.max_count
+         LIMIT _ready_and_claim.max_count
            FOR UPDATE SKIP LOCKED
     )
     UPDATE pyscheduler.delay_messages m
-       SET readied_at = v_now, readied_by = ready_and_claim.node
+       SET readied_at = p_now, readied_by = _ready_and_claim.node
       FROM due
      WHERE m.id = due.id
     RETURNING m.id, m.deadline, m.headers, m.key, m.value, m.readied_at;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.ready_and_claim(uuid, interval, integer, timestamptz) IS
+
+CREATE OR REPLACE FUNCTION pyscheduler.ready_and_claim(
+    node      uuid,
+    advance   interval    DEFAULT '50 milliseconds',
+    max_count integer     DEFAULT 1000)
+RETURNS TABLE (id text, deadline timestamptz, headers jsonb, key bytea, value bytea, readied_at timestamptz)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* ready_and_claim(node, advance, max_count) -> TABLE (id, deadline, headers, key, value, readied_at)
+
+   Phase 1 of firing: in one statement, mark up to max_count waiting messages
+   whose deadline <= now + advance as ready (readied_at = now, readied_by =
+   node), earliest deadline first, skipping rows another node is claiming
+   (FOR UPDATE SKIP LOCKED): two nodes never claim the same message. Returns
+   the claimed messages; publish them, then call delete_fired. The time is
+   the database clock.
+
+   node       the caller's node id (a random UUID per process)
+   advance    the timing advance (default 50 ms, at most 1 minute)
+   max_count  batch size (default 1000)
+
+   Errors: PS105 NULL node, advance outside 0..1 minute or max_count < 1. */
+    SELECT * FROM pyscheduler._ready_and_claim(node, advance, max_count, clock_timestamp());
+$$;
+COMMENT ON FUNCTION pyscheduler.ready_and_claim(uuid, interval, integer) IS
     'Delay queue: claim a batch of due messages for this node (SKIP LOCKED) and return them for firing.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.delete_fired(ids text[], node uuid DEFAULT NULL)
@@ -281,43 +353,27 @@ $$;
 COMMENT ON FUNCTION pyscheduler.delete_fired(text[], uuid) IS
     'Delay queue: delete fired messages; returns the ids that were already gone (a peer fired them).';
 
-CREATE OR REPLACE FUNCTION pyscheduler.reset_stuck(
-    hold      interval    DEFAULT '5 seconds',
-    max_count integer     DEFAULT 10000,
-    now       timestamptz DEFAULT NULL)
+-- _reset_stuck: reset_stuck with the clock as a parameter (p_now); granted to no role.
+CREATE OR REPLACE FUNCTION pyscheduler._reset_stuck(hold interval DEFAULT '5 seconds',
+                                                     max_count integer DEFAULT 10000,
+                                                     p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id text, suspected_node uuid, readied_at timestamptz)
 LANGUAGE plpgsql
-SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* reset_stuck(hold, max_count, now) -> TABLE (id, suspected_node, readied_at)
-
-   Failure detection and recovery: messages readied longer ago than the hold
-   time are stuck (their node is suspected of failure). Each is reset to
-   waiting only if its readied_by and readied_at are still what was read, and
-   rows being claimed or deleted right now are skipped. Returns one row per
-   reset: log "suspected failure of {suspected_node} for message {id}".
-
-   hold       the hold time (default 5 s)
-   max_count  most rows reset per call (default 10000)
-   now        the current time for tests (NULL: the clock)
-
-   Errors: PS105 hold <= 0 or max_count < 1. */
 #variable_conflict use_column
-DECLARE
-    v_now timestamptz := coalesce(reset_stuck.now, clock_timestamp());
 BEGIN
-    PERFORM pyscheduler._delay_check_interval('hold', reset_stuck.hold, false);
-    IF reset_stuck.max_count IS NULL OR reset_stuck.max_count < 1 THEN
-        RAISE EXCEPTION 'max_count must be >= 1, got %', reset_stuck.max_count
+    PERFORM pyscheduler._delay_check_interval('hold', _reset_stuck.hold, false);
+    IF _reset_stuck.max_count IS NULL OR _reset_stuck.max_count < 1 OR p_now IS NULL THEN
+        RAISE EXCEPTION 'max_count must be >= 1, got %', _reset_stuck.max_count
             USING ERRCODE = 'PS105', HINT = 'Pass max_count => 10000.';
     END IF;
     RETURN QUERY
     WITH stuck AS (   -- first query: what looks stuck, as read now
         SELECT m.id, m.readied_by, m.readied_at FROM pyscheduler.delay_messages m
-         WHERE m.readied_at IS NOT NULL AND m.readied_at < v_now - reset_stuck.hold
+         WHERE m.readied_at IS NOT NULL AND m.readied_at < p_now - _reset_stuck.hold
          ORDER BY m.readied_at
-         LIMIT reset_stuck.max_count
+         LIMIT _reset_stuck.max_count
            FOR UPDATE SKIP LOCKED
     ), reset AS (     -- second: reset each only if unchanged since
         UPDATE pyscheduler.delay_messages m
@@ -329,7 +385,31 @@ BEGIN
     SELECT r.id, r.readied_by, r.readied_at FROM reset r ORDER BY r.readied_at, r.id;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.reset_stuck(interval, integer, timestamptz) IS
+
+CREATE OR REPLACE FUNCTION pyscheduler.reset_stuck(
+    hold      interval    DEFAULT '5 seconds',
+    max_count integer     DEFAULT 10000)
+RETURNS TABLE (id text, suspected_node uuid, readied_at timestamptz)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* reset_stuck(hold, max_count) -> TABLE (id, suspected_node, readied_at)
+
+   Failure detection and recovery: messages readied longer ago than the hold
+   time (by the database clock) are stuck (their node is suspected of
+   failure). Each is reset to waiting only if its readied_by and readied_at
+   are still what was read, and rows being claimed or deleted right now are
+   skipped. Returns one row per reset: log "suspected failure of
+   {suspected_node} for message {id}".
+
+   hold       the hold time (default 5 s)
+   max_count  most rows reset per call (default 10000)
+
+   Errors: PS105 hold <= 0 or max_count < 1. */
+    SELECT * FROM pyscheduler._reset_stuck(hold, max_count, clock_timestamp());
+$$;
+COMMENT ON FUNCTION pyscheduler.reset_stuck(interval, integer) IS
     'Delay queue: reset messages held ready longer than the hold time; returns (id, suspected node) per reset.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.next_deadline()

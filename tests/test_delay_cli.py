@@ -44,6 +44,24 @@ def test_bad_flag_values_are_usage_errors_naming_the_flag(dsn, kafka, monkeypatc
     assert proc.returncode == 2 and "--poll-ms" in proc.stderr
 
 
+def test_a_hold_time_that_would_refire_everything_is_refused(dsn, kafka):
+    run = [sys.executable, "-m", "pyscheduler.delay", "run", "--dsn", dsn, "--bootstrap-servers", kafka]
+    proc = subprocess.run(run + ["--hold-ms", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--hold-ms" in proc.stderr
+    proc = subprocess.run(run + ["--hold-ms", "1500", "--poll-ms", "1000"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and "hold-ms must be at least 2000" in proc.stderr
+
+
+def test_status_shows_deadlines_at_the_end_of_the_range(dsn, db):
+    """A deadline past year 9999 in UTC made status exit 1 (psycopg cannot load it); now such a
+    deadline is refused (PS106) and the latest one allowed prints."""
+    db.call("enqueue_messages", ids=["last"], deadlines=["9998-12-31T23:59:59Z"])
+    proc = subprocess.run([sys.executable, "-m", "pyscheduler", "delay", "status", "--dsn", dsn],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "next_deadline=9998-12-31 23:59:59+00:00" in proc.stdout, proc.stderr
+
+
 def test_demo_prints_throughput_and_jitter_percentiles(dsn, kafka):
     lines: list[str] = []
     cli.demo(RunContext(dsn=dsn, kafka_bootstrap=kafka), lines.append)

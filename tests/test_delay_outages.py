@@ -71,6 +71,16 @@ def test_deliberate_and_transient_database_errors_are_told_apart(conn):
     assert info.value.sqlstate == "25006" and not rejects_arguments(info.value)
 
 
+def test_a_value_psycopg_cannot_load_is_bad_data_not_an_outage(conn):
+    """A BC or year-10000 timestamp fails in psycopg (no SQLSTATE): never retried as an outage."""
+    from pyscheduler.delay.relay import transient
+
+    for value in ("0001-01-01 BC", "10000-01-01"):
+        with pytest.raises(psycopg.DataError) as info:
+            conn.execute("SELECT %s::timestamptz AS t", (value,)).fetchone()
+        assert not transient(info.value), value
+
+
 def test_statement_timeouts_on_a_locked_table_delay_messages_but_drop_none(dsn, kafka, topics, io, caplog):
     """statement_timeout=500ms and the message table locked by another session for a
     while: enqueue_messages keeps timing out (57014). That is an outage, not bad data:
@@ -103,7 +113,7 @@ def test_statement_timeouts_on_a_locked_table_delay_messages_but_drop_none(dsn, 
         relay.stop()
     assert not logged(caplog, "malformed")
     assert not logged(caplog, "rejected")
-    assert [v for v in dlq.values() if v in values] == []
+    assert [m for m in dlq.fresh(0) if m.value() in values] == []
 
 
 def test_a_read_only_database_delays_messages_but_drops_none(dsn, kafka, topics, io, caplog):
@@ -132,7 +142,7 @@ def test_a_read_only_database_delays_messages_but_drops_none(dsn, kafka, topics,
     finally:
         relay.stop()
     assert not logged(caplog, "malformed")
-    assert [v for v in dlq.values() if v in values] == []
+    assert [m for m in dlq.fresh(0) if m.value() in values] == []
 
 
 def claims() -> float:

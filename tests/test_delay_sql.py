@@ -17,12 +17,14 @@ MS = timedelta(milliseconds=1)
 S = timedelta(seconds=1)
 
 
-def enqueue(db, id, deadline, now=T0, **kw):
-    return db.call_value("enqueue_message", id=id, deadline=deadline, now=now, **kw)
+def enqueue(db, id, deadline, now=T0, key=None, value=None, headers=None, **kw):
+    """enqueue_message at a chosen time: the private _enqueue_messages (granted to no role)."""
+    return db.call("_enqueue_messages", ids=[id], deadlines=[deadline], keys=[key], vals=[value],
+                   header_lists=[headers], p_now=now, **kw)[0]["outcome"]
 
 
 def claim(db, node, now=T0, **kw):
-    return db.call("ready_and_claim", node=node, now=now, **kw)
+    return db.call("_ready_and_claim", node=node, p_now=now, **kw)
 
 
 def rows(conn):
@@ -55,10 +57,10 @@ def test_enqueue_late_message_is_not_stored_unless_already_present(db, conn):
 
 def test_enqueue_messages_reports_each_message_in_input_order(db, conn):
     enqueue(db, "old", T0 + 10 * S)
-    out = db.call("enqueue_messages", ids=["a", "b", "a", "old", "c"],
+    out = db.call("_enqueue_messages", ids=["a", "b", "a", "old", "c"],
                   deadlines=[T0 + S, T0 - S, T0 + 2 * S, T0 + S, T0 + 3 * S],
                   keys=[b"ka", None, b"ka2", None, b"kc"], vals=[b"va", b"vb", b"va2", b"vo", None],
-                  header_lists=[Jsonb([{"h": "1"}]), None, None, None, Jsonb([])], now=T0)
+                  header_lists=[Jsonb([{"h": "1"}]), None, None, None, Jsonb([])], p_now=T0)
     assert [(r["ord"], r["id"], r["outcome"]) for r in out] == [
         (1, "a", "enqueued"), (2, "b", "late"), (3, "a", "duplicate"), (4, "old", "duplicate"), (5, "c", "enqueued")]
     stored = {r["id"]: r for r in conn.execute("SELECT * FROM pyscheduler.delay_messages").fetchall()}
@@ -68,15 +70,15 @@ def test_enqueue_messages_reports_each_message_in_input_order(db, conn):
 
 
 def test_enqueue_messages_can_store_late_messages(db, conn):
-    out = db.call("enqueue_messages", ids=["late", "later"], deadlines=[T0 - S, T0 + S], now=T0, store_late=True)
+    out = db.call("_enqueue_messages", ids=["late", "later"], deadlines=[T0 - S, T0 + S], p_now=T0, store_late=True)
     assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
     assert [r["id"] for r in claim(db, uuid.uuid4(), now=T0)] == ["late"]
 
 
 def test_enqueue_messages_with_only_ids_and_deadlines(db):
-    out = db.call("enqueue_messages", ids=["x", "y"], deadlines=[T0 + S, T0 + S], now=T0)
+    out = db.call("_enqueue_messages", ids=["x", "y"], deadlines=[T0 + S, T0 + S], p_now=T0)
     assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
-    assert db.call("enqueue_messages", ids=[], deadlines=[], now=T0) == []
+    assert db.call("_enqueue_messages", ids=[], deadlines=[], p_now=T0) == []
 
 
 @pytest.mark.parametrize("args, code", [
@@ -101,10 +103,10 @@ def test_enqueue_accepts_an_id_of_128_characters(db):
 
 def test_enqueue_messages_rejects_arrays_of_different_lengths(db, conn):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("enqueue_messages", ids=["a", "b"], deadlines=[T0 + S], now=T0)
+        db.call("_enqueue_messages", ids=["a", "b"], deadlines=[T0 + S], p_now=T0)
     assert info.value.sqlstate == "PS103"
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("enqueue_messages", ids=["a"], deadlines=[T0 + S], keys=[b"1", b"2"], now=T0)
+        db.call("_enqueue_messages", ids=["a"], deadlines=[T0 + S], keys=[b"1", b"2"], p_now=T0)
     assert info.value.sqlstate == "PS103"
     assert rows(conn) == []
 
@@ -145,13 +147,13 @@ def test_ready_and_claim_rejects_bad_arguments(db, args):
 
 def test_two_connections_claiming_at_once_never_get_the_same_row(dsn, db):
     n = 400
-    db.call("enqueue_messages", ids=[f"m{i}" for i in range(n)], deadlines=[T0 + S] * n, now=T0)
+    db.call("_enqueue_messages", ids=[f"m{i}" for i in range(n)], deadlines=[T0 + S] * n, p_now=T0)
     # First: an open transaction holding a claim makes the other skip, not wait.
     with psycopg.connect(dsn) as a, psycopg.connect(dsn, autocommit=True) as b:
-        first = a.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 50, now => %s)",
+        first = a.execute("SELECT id FROM pyscheduler._ready_and_claim(node => %s, max_count => 50, p_now => %s)",
                           (uuid.uuid4(), T0 + 2 * S)).fetchall()
         b.execute("SET lock_timeout = '2s'")
-        second = b.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 50, now => %s)",
+        second = b.execute("SELECT id FROM pyscheduler._ready_and_claim(node => %s, max_count => 50, p_now => %s)",
                            (uuid.uuid4(), T0 + 2 * S)).fetchall()
         assert len(first) == len(second) == 50
         assert not {r[0] for r in first} & {r[0] for r in second}
@@ -165,7 +167,7 @@ def test_two_connections_claiming_at_once_never_get_the_same_row(dsn, db):
         with psycopg.connect(dsn, autocommit=True) as c:
             barrier.wait()
             while True:
-                got = c.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 7, now => %s)",
+                got = c.execute("SELECT id FROM pyscheduler._ready_and_claim(node => %s, max_count => 7, p_now => %s)",
                                 (node, T0 + 2 * S)).fetchall()
                 if not got:
                     return
@@ -228,8 +230,8 @@ def test_reset_stuck_resets_only_rows_held_longer_than_the_hold_time(db, conn):
     claim(db, stale, now=T0 + 2 * S)            # readied at T0+2s
     claim(db, fresh, now=T0 + 6 * S)            # readied at T0+6s
     hold = timedelta(seconds=5)
-    assert db.call("reset_stuck", hold=hold, now=T0 + 7 * S) == []
-    out = db.call("reset_stuck", hold=hold, now=T0 + 7500 * MS)
+    assert db.call("_reset_stuck", hold=hold, p_now=T0 + 7 * S) == []
+    out = db.call("_reset_stuck", hold=hold, p_now=T0 + 7500 * MS)
     assert [(r["id"], r["suspected_node"], r["readied_at"]) for r in out] == [("old", stale, T0 + 2 * S)]
     by = {r["id"]: r for r in rows(conn)}
     assert by["old"]["readied_at"] is None and by["old"]["readied_by"] is None
@@ -244,7 +246,7 @@ def test_reset_stuck_skips_a_row_whose_owner_is_busy_with_it(dsn, db, conn):
     claim(db, node, now=T0 + 2 * S)
     with psycopg.connect(dsn) as owner:  # the owner is deleting it right now (uncommitted)
         owner.execute("SELECT * FROM pyscheduler.delete_fired(ids => ARRAY['m'], node => %s)", (node,))
-        assert db.call("reset_stuck", hold=timedelta(seconds=1), now=T0 + 10 * S) == []
+        assert db.call("_reset_stuck", hold=timedelta(seconds=1), p_now=T0 + 10 * S) == []
         owner.commit()
     assert rows(conn) == []
 
@@ -299,10 +301,10 @@ def test_cancel_message_removes_only_waiting_messages(db):
 def test_views_show_counts_next_deadline_and_ready_per_node(db):
     now = datetime.now(timezone.utc)
     node = uuid.uuid4()
-    db.call("enqueue_messages", ids=["a", "b", "c", "d"],
+    db.call("_enqueue_messages", ids=["a", "b", "c", "d"],
             deadlines=[now + timedelta(minutes=1), now + timedelta(minutes=2), now + timedelta(minutes=3),
-                       now + timedelta(hours=1)], now=now - timedelta(hours=1))
-    db.call("ready_and_claim", node=node, max_count=2, now=now + timedelta(minutes=2, seconds=30))
+                       now + timedelta(hours=1)], p_now=now - timedelta(hours=1))
+    db.call("_ready_and_claim", node=node, max_count=2, p_now=now + timedelta(minutes=2, seconds=30))
     stats = db.query("SELECT * FROM pyscheduler.delay_queue")[0]
     assert (stats["waiting"], stats["ready"], stats["overdue"]) == (2, 2, 0)
     assert stats["next_deadline"] == now + timedelta(minutes=3)
@@ -325,3 +327,107 @@ def test_relay_and_client_roles_get_their_functions_and_task_workers_none(conn):
     assert not can("public", "enqueue_message")
     assert conn.execute("SELECT has_table_privilege('pyscheduler_client', 'pyscheduler.delay_queue', 'SELECT') AS ok"
                         ).fetchone()["ok"]
+
+
+# -- issue 11: the clock, deadline range, batch boundaries, who may cancel -------
+
+DELAY_FUNCTIONS = ("enqueue_message", "enqueue_messages", "ready_and_claim", "delete_fired", "reset_stuck",
+                   "next_deadline", "cancel_message")
+AUDIENCES = ("client", "worker", "relay", "scheduler", "checker", "monitor", "admin")
+
+
+def as_role(conn, audience: str, statement: str, params=()):
+    """Run statement as the audience's group role; returns rows or the psycopg error."""
+    with conn.transaction(force_rollback=True):
+        conn.execute(f'SET LOCAL ROLE "pyscheduler_{audience}"')
+        try:
+            with conn.transaction():
+                return conn.execute(statement, params).fetchall()
+        except psycopg.Error as exc:
+            return exc
+
+
+def test_no_public_delay_function_takes_a_clock_and_the_clocked_ones_are_granted_to_no_role(conn):
+    args = conn.execute(
+        "SELECT p.proname, coalesce(p.proargnames, '{}') AS names FROM pg_proc p "
+        "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = ANY(%s)", (list(DELAY_FUNCTIONS),)
+    ).fetchall()
+    assert {a["proname"] for a in args} == set(DELAY_FUNCTIONS)
+    for a in args:
+        assert not {"now", "p_now"} & set(a["names"]), a
+    for private in ("_enqueue_messages", "_ready_and_claim", "_reset_stuck"):
+        for audience in AUDIENCES:
+            assert not conn.execute(
+                "SELECT bool_or(has_function_privilege(%s, p.oid, 'EXECUTE')) AS ok FROM pg_proc p "
+                "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = %s",
+                (f"pyscheduler_{audience}", private)).fetchone()["ok"], (private, audience)
+    # the relay's old way of parking a message forever no longer exists ...
+    err = as_role(conn, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
+                                 "now => 'infinity')")
+    assert isinstance(err, psycopg.errors.UndefinedFunction)
+    err = as_role(conn, "relay", "SELECT * FROM pyscheduler._ready_and_claim(node => gen_random_uuid(), "
+                                 "p_now => 'infinity')")
+    assert isinstance(err, psycopg.errors.InsufficientPrivilege)
+
+
+def test_the_relay_cannot_claim_future_messages_through_a_huge_timing_advance(db, conn):
+    db.call_value("enqueue_message", id="next-year", deadline=datetime.now(timezone.utc) + timedelta(days=365))
+    err = as_role(conn, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
+                                 "advance => '400 days')")
+    assert isinstance(err, psycopg.Error) and err.sqlstate == "PS105"
+    err = as_role(conn, "relay", "SELECT * FROM pyscheduler.enqueue_message(id => 'x', deadline => now(), "
+                                 "advance => '2 minutes')")
+    assert isinstance(err, psycopg.Error) and err.sqlstate == "PS105"
+    assert as_role(conn, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
+                                  "advance => '1 minute')") == []
+
+
+@pytest.mark.parametrize("deadline", [
+    "0001-01-01T00:00:00+01:00",           # .NET DateTime.MinValue with an offset: a BC timestamp in UTC
+    "9999-12-31T23:59:59.999999-05:00",    # year 10000 in UTC: no client library loads it
+    "1969-12-31T23:59:59Z", "infinity", "-infinity",
+])
+def test_deadlines_outside_the_supported_range_are_refused_with_ps106(db, conn, deadline):
+    for store_late in (False, True):
+        with pytest.raises(errors.InvalidMessage) as info:
+            db.call("enqueue_messages", ids=["ok", "bad"], deadlines=[T0.isoformat(), deadline], store_late=store_late)
+        assert info.value.sqlstate == "PS106" and "bad" in str(info.value)
+        assert errors.rejects_arguments(info.value)  # bad data, never an outage
+    with pytest.raises(psycopg.errors.CheckViolation):  # the table's CHECK, whoever writes
+        conn.execute("INSERT INTO pyscheduler.delay_messages (id, deadline) VALUES ('direct', %s)", (deadline,))
+    assert rows(conn) == []
+
+
+def test_deadlines_at_the_ends_of_the_range_are_stored_and_load(db):
+    out = db.call("enqueue_messages", ids=["first", "last"],
+                  deadlines=["1970-01-01T00:00:00Z", "9998-12-31T23:59:59.999999Z"], store_late=True)
+    assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
+    assert db.call_value("next_deadline") == datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert db.call("_ready_and_claim", node=uuid.uuid4(), p_now=datetime(9999, 1, 1, tzinfo=timezone.utc))[-1][
+        "deadline"] == datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("sequence", [("late", "future"), ("future", "late"), ("late", "late"),
+                                      ("future", "future"), ("late", "future", "late", "future")])
+def test_the_outcome_of_repeated_ids_does_not_depend_on_batch_boundaries(db, sequence):
+    """The rule: in input order, an id waiting or ready is a duplicate; a late one is fired
+    and forgotten, so the next occurrence is judged afresh."""
+    deadline = {"late": T0 - S, "future": T0 + 10 * S}
+    tag = "-".join(sequence)
+    one_batch = [r["outcome"] for r in db.call("_enqueue_messages", ids=[f"one-{tag}"] * len(sequence),
+                                               deadlines=[deadline[k] for k in sequence], p_now=T0)]
+    separate = [enqueue(db, f"sep-{tag}", deadline[k]) for k in sequence]
+    assert one_batch == separate
+    first_future = sequence.index("future") if "future" in sequence else len(sequence)
+    assert one_batch == ["late"] * first_future + ["enqueued"] * (first_future < len(sequence)) + [
+        "duplicate"] * (len(sequence) - first_future - 1)
+
+
+def test_any_client_may_cancel_any_waiting_message_and_no_daemon_role_may(db, conn):
+    """Decision (docs/sql-api.md, Delay queue): cancelling is the application's, by id."""
+    enqueue(db, "someone-elses", T0 + 9 * S)
+    for audience in ("worker", "relay", "scheduler", "checker", "monitor"):
+        err = as_role(conn, audience, "SELECT pyscheduler.cancel_message(id => 'someone-elses')")
+        assert isinstance(err, psycopg.errors.InsufficientPrivilege), audience
+    assert as_role(conn, "client", "SELECT pyscheduler.cancel_message(id => 'someone-elses') AS ok") == [
+        {"ok": True}]

@@ -23,7 +23,7 @@ from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, o
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
 from ..errors import ConfigError
-from .bench import OutputReader, bench, percentiles, send_warm_up  # noqa: F401  (bench: `pyscheduler bench delay`)
+from .bench import OutputReader, bench, fresh_read, percentiles, send_warm_up  # noqa: F401  (bench: `bench delay`)
 from .relay import Relay, RelayConfig, delayed_headers
 
 log = logging.getLogger("pyscheduler.delay")
@@ -49,10 +49,11 @@ def relay_options(f):
                help="Consumer group of the input topic (all nodes share it)."),
         option("--dlq-topic", envvar=_env("dlq_topic"), default=None,
                help="Dead-letter topic for malformed messages (default: log and drop)."),
-        option("--timing-advance-ms", envvar=_env("timing_advance_ms"), type=click.IntRange(min=0),
+        option("--timing-advance-ms", envvar=_env("timing_advance_ms"), type=click.IntRange(min=0, max=60_000),
                default=DEFAULTS["timing_advance_ms"], help="Fire this long before the deadline."),
-        option("--hold-ms", envvar=_env("hold_ms"), type=click.IntRange(min=1), default=DEFAULTS["hold_ms"],
-               help="A node holding a ready message longer than this is suspected of failure."),
+        option("--hold-ms", envvar=_env("hold_ms"), type=click.IntRange(min=1000), default=DEFAULTS["hold_ms"],
+               help="A node holding a ready message longer than this is suspected of failure (at least 1000 "
+                    "and twice --poll-ms and --detect-ms; docs/operations.md)."),
         option("--poll-ms", envvar=_env("poll_ms"), type=click.IntRange(min=1), default=DEFAULTS["poll_ms"],
                help="Longest sleep between two claims (plus random jitter)."),
         option("--detect-ms", envvar=_env("detect_ms"), type=click.IntRange(min=1), default=DEFAULTS["detect_ms"],
@@ -186,7 +187,9 @@ def demo(ctx: RunContext, echo) -> None:
         producer.poll(0)
     producer.flush(10)
     try:
-        got = reader.read(count, timeout=30)
+        reader.read(count, timeout=30)  # progress: the live reader may skip some (docs/operations.md)
+        fresh = fresh_read(ctx.kafka_bootstrap, cfg.output_topic, count + 1, settings=ctx.kafka_settings)
+        got = [(m.timestamp()[1] / 1000.0, m.value()) for m in fresh if not m.value().startswith(b"warmup-")]
     finally:
         stop.set()
         thread.join(30)

@@ -55,13 +55,29 @@ CONSUMER_ONLY = {"session.timeout.ms", "heartbeat.interval.ms", "max.poll.interv
 # delivery errors that mean the broker could not be reached (rather than that it refused)
 UNREACHABLE = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
                KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+# delivery errors that are about the message itself (its size or encoding): retrying it cannot
+# help, so it is dead-lettered (or dropped with one error log), never retried. Errors about the
+# topic or the cluster (authorization, unknown topic, an outage) are retried instead: a
+# misconfigured ACL must not send every message to the dead-letter topic.
+REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE,
+           KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE, KafkaError._BAD_MSG}
+# the producer's size limit when the broker does not report its own: Kafka's stock
+# message.max.bytes (librdkafka's own default, 1,000,000, is below it)
+KAFKA_MESSAGE_MAX_BYTES = 1048588
+DLQ_SIZE_HEADER = "pyscheduler.delay.value-size"
+# deadlines outside this range are malformed (the table's CHECK; docs/sql-api.md)
+MIN_DEADLINE = datetime(1970, 1, 1, tzinfo=timezone.utc)
+MAX_DEADLINE = datetime(9999, 1, 1, tzinfo=timezone.utc)
+MIN_HOLD_MS = 1000
+MAX_ADVANCE_MS = 60_000
 
 CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
 ENQUEUED = Counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
 DUPLICATES = Counter("pyscheduler_delay_duplicates", "Messages ignored: id already waiting or ready")
 LATE = Counter("pyscheduler_delay_late", "Messages published at once: deadline within the timing advance")
 FIRED = Counter("pyscheduler_delay_fired", "Messages published on the output topic (late ones included)")
-DEAD_LETTERED = Counter("pyscheduler_delay_dead_lettered", "Malformed messages (sent to the DLQ when configured)")
+DEAD_LETTERED = Counter("pyscheduler_delay_dead_lettered",
+                        "Malformed messages and messages the broker refused (sent to the DLQ when configured)")
 CLAIMS = Counter("pyscheduler_delay_claims", "ready_and_claim calls of the fire loop")
 RESETS = Counter("pyscheduler_delay_resets", "Ready messages reset after a suspected node failure")
 ALREADY_GONE = Counter("pyscheduler_delay_already_gone", "Fired messages a peer had already deleted")
@@ -97,6 +113,26 @@ class RelayConfig:
         for name in ("dsn", "bootstrap_servers", "input_topic", "output_topic", "group_id"):
             if not getattr(self, name):
                 raise ConfigError(f"{name.replace('_', '-')} is required")
+        if self.timing_advance_ms > MAX_ADVANCE_MS:
+            raise ConfigError(f"timing-advance-ms must be at most {MAX_ADVANCE_MS}, got {self.timing_advance_ms}")
+        # The hold time is how long a node may hold a ready message before peers take it over:
+        # it must leave room for a claim (poll), a scan (detect) and a delivery (the producer's
+        # message.timeout.ms), or messages are fired again while their first copy is on its way.
+        floor = max(MIN_HOLD_MS, 2 * self.poll_ms, 2 * self.detect_ms)
+        if self.hold_ms < floor:
+            raise ConfigError(f"hold-ms must be at least {floor} (1000, and twice poll-ms and detect-ms), "
+                              f"got {self.hold_ms}")
+        for name in ("message.timeout.ms", "delivery.timeout.ms"):
+            raw = self.kafka_settings.get(name)
+            if raw is not None:
+                try:
+                    timeout = int(raw)
+                except ValueError:
+                    raise ConfigError(f"-X {name} must be an integer, got {raw!r}") from None
+                if not 0 < timeout <= self.hold_ms // 2:
+                    raise ConfigError(f"-X {name}={timeout} must be between 1 and half the hold time "
+                                      f"({self.hold_ms // 2} ms): a delivery still pending after the hold "
+                                      "time is fired again by a peer")
 
     @property
     def advance(self) -> timedelta:
@@ -106,7 +142,12 @@ class RelayConfig:
 # -- message format -----------------------------------------------------------
 
 class Malformed(ValueError):
-    """An input message that cannot be scheduled; the text is the reason."""
+    """An input message that cannot be scheduled; the text is the reason. ``headers``:
+    the message's headers for its dead letter ([] when they could not be read)."""
+
+    def __init__(self, reason: str, headers: list[tuple[str, bytes | None]] | None = None):
+        super().__init__(reason)
+        self.headers = headers or []
 
 
 @dataclass
@@ -121,30 +162,64 @@ class Delayed:
 
 
 def parse_deadline(raw: bytes) -> datetime:
-    """ISO-8601, with or without a UTC offset (none means UTC), fractional seconds allowed."""
+    """ISO-8601, with or without a UTC offset (none means UTC), fractional seconds allowed,
+    in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z) (the table's CHECK)."""
     try:
         text = raw.decode("utf-8").strip()
         deadline = datetime.fromisoformat(text)
     except (UnicodeDecodeError, ValueError):
         raise Malformed(f"{HEADER_DEADLINE} is not an ISO-8601 date-time: {raw[:64]!r}") from None
-    return deadline.replace(tzinfo=timezone.utc) if deadline.tzinfo is None else deadline
+    deadline = deadline.replace(tzinfo=timezone.utc) if deadline.tzinfo is None else deadline
+    try:
+        in_range = MIN_DEADLINE <= deadline.astimezone(timezone.utc) < MAX_DEADLINE
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00: before year 1 in UTC
+        in_range = False
+    if not in_range:
+        raise Malformed(f"{HEADER_DEADLINE} {text[:64]!r} is outside the supported range "
+                        "[1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)")
+    return deadline
 
 
 def parse(msg: Message) -> Delayed:
-    """The Chronos headers of an input message, checked; Malformed names what is wrong."""
-    ident = deadline = None
+    """The Chronos headers of an input message, checked; Malformed names what is wrong.
+    Any failure to read the message (e.g. a header name that is not UTF-8) is Malformed:
+    that message is dead-lettered, never the batch."""
+    try:
+        # Read once: for a header name that is not UTF-8, confluent-kafka's msg.headers()
+        # raises SystemError or (on a second call, or when the error indicator got lost)
+        # returns a (NULL, value) pair that crashes the process when the name is touched.
+        # repr() shows such a name as <NULL> (a real name is quoted), without touching it.
+        headers = list(msg.headers() or [])
+        if any(repr(pair).startswith("(<NULL>") for pair in headers):
+            raise UnicodeDecodeError("utf-8", b"", 0, 1, "a header name is not UTF-8")
+    except Exception as exc:
+        raise Malformed(f"unreadable headers ({type(exc).__name__}: {str(exc)[:200]})") from None
+    try:
+        return _parse(msg, headers)
+    except Malformed as exc:
+        exc.headers = headers
+        raise
+    except Exception as exc:
+        raise Malformed(f"unreadable message ({type(exc).__name__}: {str(exc)[:200]})", headers) from None
+
+
+def _parse(msg: Message, headers: list[tuple[str, bytes | None]]) -> Delayed:
+    idents: list[bytes | None] = []
+    deadlines: list[bytes | None] = []
     rest: list[tuple[str, bytes | None]] = []
-    for name, value in msg.headers() or []:
+    for name, value in headers:
         if name == HEADER_ID:
-            ident = value
+            idents.append(value)
         elif name == HEADER_DEADLINE:
-            deadline = value
+            deadlines.append(value)
         else:
             rest.append((name, value))
-    if ident is None:
-        raise Malformed(f"header {HEADER_ID} is missing")
-    if deadline is None:
-        raise Malformed(f"header {HEADER_DEADLINE} is missing")
+    for name, found in ((HEADER_ID, idents), (HEADER_DEADLINE, deadlines)):
+        if not found or found[0] is None:
+            raise Malformed(f"header {name} is missing")
+        if len(found) > 1:
+            raise Malformed(f"header {name} appears {len(found)} times")
+    ident, deadline = idents[0], deadlines[0]
     try:
         text = ident.decode("utf-8")
     except UnicodeDecodeError:
@@ -199,8 +274,12 @@ def delayed_headers(message_id: str, deadline: datetime) -> list[tuple[str, byte
 
 def transient(exc: BaseException) -> bool:
     """A database error to retry with backoff: anything but a rejection of the
-    values passed (errors.rejects_arguments), e.g. a lost connection, a statement
-    or lock timeout, a deadlock, a read-only or full database."""
+    values passed (errors.rejects_arguments) or a value psycopg cannot load or
+    dump (a client-side psycopg.DataError, no SQLSTATE): a lost connection, a
+    statement or lock timeout, a deadlock, a read-only or full database. Bad
+    data is never taken for an outage."""
+    if isinstance(exc, psycopg.DataError) and not getattr(exc, "sqlstate", None):
+        return False
     return isinstance(exc, (SchedulerError, psycopg.Error)) and not rejects_arguments(exc)
 
 
@@ -209,6 +288,15 @@ def where(msg: Message) -> str:
 
 
 # -- publishing ---------------------------------------------------------------
+
+@dataclass
+class DeadLetter:
+    """The tag of a dead letter: where the message came from and, for a message refused
+    when fired from the table, its row id (deleted once the dead letter is delivered)."""
+
+    source: str
+    row_id: str | None = None
+    stripped: bool = False  # a refused dead letter sent again without key and value
 
 @dataclass
 class Outgoing:
@@ -237,9 +325,13 @@ class Publisher:
 
     def publish(self, items: Sequence[Outgoing], give_up: Callable[[], bool],
                 on_sent: Callable[[Outgoing, Message], None] | None = None,
-                until: float | None = None) -> list[Outgoing]:
+                until: float | None = None,
+                on_refused: Callable[[Outgoing, KafkaError], None] | None = None) -> list[Outgoing]:
         """Publish all; returns the ones not delivered (empty unless ``give_up`` or
         the monotonic time ``until`` came first; ``last_error`` says why).
+
+        With ``on_refused``, an item refused for itself (REFUSED: too large, invalid)
+        is handed to it once and neither retried nor returned.
 
         Every item without a successful delivery report is returned as not
         delivered, those still in flight included: the caller stores them or
@@ -259,7 +351,9 @@ class Publisher:
                 if id(item) not in in_round:
                     return  # a late report of an item an earlier call already returned as undelivered
                 done.add(id(item))
-                if err is not None:
+                if err is not None and on_refused is not None and err.code() in REFUSED:
+                    on_refused(item, err)
+                elif err is not None:
                     failed.append(item)
                     errors.append(err)
                 elif on_sent is not None:
@@ -317,6 +411,31 @@ class Publisher:
             self.producer.flush(0)
 
 
+def broker_message_limit(admin: AdminClient, topic: str) -> int:
+    """The largest record the broker takes on ``topic``: the smaller of the broker's
+    message.max.bytes and the topic's max.message.bytes, as the broker reports them;
+    Kafka's stock default (1,048,588) for what it does not report (e.g. the embedded
+    broker) or when describing configs is not allowed."""
+    from confluent_kafka.admin import ConfigResource
+
+    limits: list[int] = []
+    try:
+        brokers = list(admin.list_topics(timeout=5).brokers)
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, topic)]
+        if brokers:
+            resources.append(ConfigResource(ConfigResource.Type.BROKER, str(brokers[0])))
+        for resource, future in admin.describe_configs(resources).items():
+            config = future.result(timeout=10)
+            for name in ("max.message.bytes", "message.max.bytes"):
+                entry = config.get(name)
+                if entry is not None and entry.value and str(entry.value).isdigit():
+                    limits.append(int(entry.value))
+    except Exception as exc:  # an old broker, missing DescribeConfigs rights: the stock default
+        log.info("could not read the broker's message size limit (%s); using %d bytes", exc,
+                 KAFKA_MESSAGE_MAX_BYTES)
+    return min(limits) if limits else KAFKA_MESSAGE_MAX_BYTES
+
+
 # -- the relay ----------------------------------------------------------------
 
 class Relay:
@@ -330,6 +449,7 @@ class Relay:
         self.wakeup = Wakeup()
         self.stop = threading.Event()
         self.kafka_outage = Outage("Kafka", log)
+        self.max_message_bytes = KAFKA_MESSAGE_MAX_BYTES
 
     # -- configuration ---------------------------------------------------------
 
@@ -339,7 +459,9 @@ class Relay:
         if producer:
             # librdkafka retries a delivery for 300 s by default; publish() gives up after half
             # the hold time, so the producer should not keep (and later deliver) much longer
-            extra = {"message.timeout.ms": max(1000, self.cfg.hold_ms // 2), **extra}
+            # and the size limit is the broker's (see check_topics), not librdkafka's lower default
+            extra = {"message.timeout.ms": max(1000, self.cfg.hold_ms // 2),
+                     "message.max.bytes": self.max_message_bytes, **extra}
         return {"bootstrap.servers": self.cfg.bootstrap_servers, "logger": log,
                 "error_cb": self._kafka_error, **extra, **settings}
 
@@ -366,6 +488,7 @@ class Relay:
         if missing:
             raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {self.cfg.bootstrap_servers}; "
                               f"create them first (input, output{' and dead-letter' if self.cfg.dlq_topic else ''})")
+        self.max_message_bytes = broker_message_limit(admin, self.cfg.output_topic)
 
     # -- running ---------------------------------------------------------------
 
@@ -373,10 +496,11 @@ class Relay:
         """Run until ``stop``; then finish in-flight fires, commit, return."""
         self.stop = stop
         cfg = self.cfg
-        log.info("delay relay node %s starting: %s -> %s (group %s, advance %dms, hold %dms, poll %dms, "
-                 "detect %dms, dead letters %s)", self.node, cfg.input_topic, cfg.output_topic, cfg.group_id,
-                 cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms, cfg.dlq_topic or "dropped")
         self.check_topics()
+        log.info("delay relay node %s starting: %s -> %s (group %s, advance %dms, hold %dms, poll %dms, "
+                 "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
+                 cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
+                 cfg.dlq_topic or "dropped", self.max_message_bytes)
         self.db = Database(cfg.dsn, min_size=1, max_size=4, name=self.name, timeout=5.0).open(wait=False)
         listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
                             logger=log).start()
@@ -448,7 +572,7 @@ class Relay:
     def _handle_batch(self, consumer: Consumer, publisher: Publisher, db_outage: Outage,
                       msgs: list[Message]) -> None:
         good: list[tuple[Message, Delayed]] = []
-        bad: list[tuple[Message, str]] = []
+        bad: list[tuple[Message, str, list]] = []  # (message, reason, its headers)
         for msg in msgs:
             if msg.error() is not None:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
@@ -458,7 +582,7 @@ class Relay:
             try:
                 good.append((msg, parse(msg)))
             except Malformed as exc:
-                bad.append((msg, str(exc)))
+                bad.append((msg, str(exc), exc.headers))
         stopping = self.stop.is_set
         outcomes = self._enqueue(good, bad, db_outage, stopping)
         if outcomes is None:
@@ -467,14 +591,10 @@ class Relay:
         for (msg, d), outcome in zip(good, outcomes):
             if outcome == "late":
                 out.append(Outgoing(self.cfg.output_topic, d.key, d.value, d.headers, d))
-        for msg, reason in bad:
-            log.error("malformed message at %s: %s%s", where(msg), reason,
-                      f"; sent to {self.cfg.dlq_topic}" if self.cfg.dlq_topic else "; dropped")
-            DEAD_LETTERED.inc()
-            if self.cfg.dlq_topic:
-                out.append(Outgoing(self.cfg.dlq_topic, msg.key(), msg.value(), [
-                    *(msg.headers() or []), (DLQ_REASON_HEADER, reason.encode()),
-                    (DLQ_SOURCE_HEADER, where(msg).encode())]))
+        for msg, reason, headers in bad:
+            letter = self._dead_letter(msg.key(), msg.value(), headers, f"malformed message: {reason}", where(msg))
+            if letter is not None:
+                out.append(letter)
         if out and not self._publish_or_store(publisher, db_outage, out):
             return  # stopping before the broker (or the table) took them: not committed, read again
         offsets: dict[tuple[str, int], int] = {}
@@ -488,7 +608,7 @@ class Relay:
         except KafkaException as exc:  # e.g. a rebalance: the batch may be read again, duplicates are ignored
             log.warning("could not commit input offsets (the batch may be read again): %s", exc)
 
-    def _enqueue(self, good: list[tuple[Message, Delayed]], bad: list[tuple[Message, str]],
+    def _enqueue(self, good: list[tuple[Message, Delayed]], bad: list[tuple[Message, str, list]],
                  outage: Outage, give_up: Callable[[], bool]) -> list[str] | None:
         """Outcome per good message; a message the database rejects (errors.rejects_arguments)
         moves to ``bad``. Any other error (a timeout, a lock, a read-only or unreachable
@@ -506,7 +626,8 @@ class Relay:
                 try:
                     rows = self._enqueue_call([d], outage, give_up)
                 except (SchedulerError, psycopg.Error) as one:  # rejects_arguments only
-                    bad.append((msg, f"rejected by the database: {one}"))
+                    bad.append((msg, f"rejected by the database: {one}", [
+                        (HEADER_ID, d.id.encode()), (HEADER_DEADLINE, d.deadline.isoformat().encode()), *d.headers]))
                     outcomes.append("rejected")
                     continue
                 if rows is None:
@@ -520,17 +641,71 @@ class Relay:
         self._count(outcomes)
         return outcomes
 
+    # -- dead letters --------------------------------------------------------------
+
+    def _dead_letter(self, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]],
+                     reason: str, source: str, row_id: str | None = None) -> Outgoing | None:
+        """The dead letter of a message the relay cannot deliver (malformed, or refused by the
+        broker): logged once here; None when there is no dead-letter topic (dropped)."""
+        DEAD_LETTERED.inc()
+        log.error("%s: %s; %s", source, reason,
+                  f"sent to {self.cfg.dlq_topic}" if self.cfg.dlq_topic else "dropped (no dead-letter topic)")
+        if not self.cfg.dlq_topic:
+            return None
+        return Outgoing(self.cfg.dlq_topic, key, value,
+                        [*headers, (DLQ_REASON_HEADER, reason.encode()), (DLQ_SOURCE_HEADER, source.encode())],
+                        DeadLetter(source, row_id))
+
+    def _instead_of_refused(self, item: Outgoing, err: KafkaError) -> Outgoing | None:
+        """What to publish instead of a message the broker refused for itself (REFUSED): its dead
+        letter; for a refused dead letter, a copy without key and value (their size in a
+        header); None when even that was refused (dropped, logged)."""
+        tag = item.tag
+        if isinstance(tag, DeadLetter):
+            if tag.stripped:
+                log.error("the dead letter of the message at %s was refused even without key and value (%s): "
+                          "dropped", tag.source, err.str())
+                return None
+            size = len(item.key or b"") + len(item.value or b"")
+            log.warning("the dead letter of the message at %s was refused (%s); sent without key and value "
+                        "(%d bytes)", tag.source, err.str(), size)
+            return Outgoing(item.topic, None, None, [*item.headers, (DLQ_SIZE_HEADER, str(size).encode())],
+                            DeadLetter(tag.source, tag.row_id, stripped=True))
+        row_id = tag.id if isinstance(tag, Delayed) else tag[0]
+        return self._dead_letter(item.key, item.value, [(HEADER_ID, row_id.encode()), *item.headers],
+                                 f"the broker refused it ({err.str()})", f"message {row_id}",
+                                 row_id=row_id)
+
+    def _publish_refusing(self, publisher: Publisher, out: list[Outgoing], give_up: Callable[[], bool],
+                          on_sent: Callable[[Outgoing, Message], None],
+                          on_dropped: Callable[[Outgoing], None] = lambda item: None) -> list[Outgoing]:
+        """publish() within half the hold time; a message refused for itself is replaced by its
+        dead letter (published in the next round) or dropped. Returns the undelivered."""
+        undelivered: list[Outgoing] = []
+        while out:
+            refused: list[tuple[Outgoing, KafkaError]] = []
+            undelivered += publisher.publish(out, give_up, on_sent, until=time.monotonic() + self.cfg.hold_ms / 2000.0,
+                                             on_refused=lambda item, err: refused.append((item, err)))
+            out = []
+            for item, err in refused:
+                instead = self._instead_of_refused(item, err)
+                if instead is None:
+                    on_dropped(item)
+                else:
+                    out.append(instead)
+        return undelivered
+
     def _publish_or_store(self, publisher: Publisher, outage: Outage, out: list[Outgoing]) -> bool:
         """Publish late and dead-letter messages; False when stopping first.
 
         A late message the broker does not take within half the hold time is
         stored instead (enqueue_messages(store_late)), so the fire loop retries
-        it and the input never stalls; a dead letter the broker refuses is logged
-        (one it cannot reach is retried). Stopping before every message was either
+        it and the input never stalls; one the broker refuses for itself (too
+        large) is dead-lettered, or dropped with one error log; a dead letter the
+        broker cannot reach is retried. Stopping before every message was either
         delivered or stored, False: the caller does not commit the input."""
         stopping = self.stop.is_set
-        undelivered = publisher.publish(out, stopping, self._sent,
-                                        until=time.monotonic() + self.cfg.hold_ms / 2000.0)
+        undelivered = self._publish_refusing(publisher, out, stopping, self._sent)
         if not undelivered:
             return True
         if stopping():
@@ -549,8 +724,7 @@ class Relay:
             if dead and stopping():
                 return False
         for item in dead:
-            log.error("could not dead-letter the message at %s (%s): dropped",
-                      dict(item.headers).get(DLQ_SOURCE_HEADER, b"?").decode(), publisher.last_error)
+            log.error("could not dead-letter the message at %s (%s): dropped", item.tag.source, publisher.last_error)
         return True
 
     def _enqueue_call(self, batch: list[Delayed], outage: Outage, give_up: Callable[[], bool],
@@ -625,24 +799,32 @@ class Relay:
     def _fire(self, publisher: Publisher, outage: Outage, rows: list[dict]) -> None:
         out = [Outgoing(self.cfg.output_topic, r["key"], r["value"], headers_from_json(r["headers"]),
                         (r["id"], r["deadline"])) for r in rows]
-        delivered: list[str] = []
+        delivered: list[str] = []  # fired, dead-lettered or dropped: to delete
 
         def sent(item: Outgoing, msg: Message) -> None:
+            if isinstance(item.tag, DeadLetter):
+                delivered.append(item.tag.row_id)
+                return
             delivered.append(item.tag[0])
             FIRED.inc()
             FIRE_LAG.observe(msg.timestamp()[1] / 1000.0 - item.tag[1].timestamp())
+
+        def dropped(item: Outgoing) -> None:
+            delivered.append(item.tag.row_id if isinstance(item.tag, DeadLetter) else item.tag[0])
 
         # Once stopping, in-flight fires still finish (bounded); undelivered ones stay
         # ready and are reset by a peer (or this node's successor) after the hold time.
         # Retries stop at half the hold time, so a message the broker keeps refusing (too
         # large, say) never stalls the messages behind it, and the delivered ones of the
         # batch are deleted before the detector would reset them.
-        undelivered = publisher.publish(out, self.stop.is_set, sent,
-                                        until=time.monotonic() + self.cfg.hold_ms / 2000.0)
+        # A message the broker refuses for itself (too large) is dead-lettered or dropped, and
+        # deleted like a fired one: never retried every hold period.
+        undelivered = self._publish_refusing(publisher, out, self.stop.is_set, sent, dropped)
         if undelivered and not self.stop.is_set():
             log.error("could not publish %d message(s) within half the hold time (%s), e.g. %s; they stay "
                       "ready and are tried again once reset", len(undelivered), publisher.last_error,
-                      ", ".join(str(item.tag[0]) for item in undelivered[:5]))
+                      ", ".join(str(item.tag.row_id if isinstance(item.tag, DeadLetter) else item.tag[0])
+                                for item in undelivered[:5]))
         if not delivered:
             return
         deadline = time.monotonic() + self.cfg.hold_ms / 1000.0

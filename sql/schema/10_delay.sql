@@ -1,4 +1,4 @@
--- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql).
+-- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql and 0006_delay_hardening.sql).
 -- Delay queue (chronos.md): messages waiting for their deadline or readied for firing.
 -- waiting: readied_at IS NULL; ready: readied_at/readied_by set by the node that claimed it.
 CREATE TABLE pyscheduler.delay_messages (
@@ -12,7 +12,10 @@ CREATE TABLE pyscheduler.delay_messages (
     CONSTRAINT delay_messages_pkey PRIMARY KEY (id),
     CONSTRAINT delay_messages_id_length CHECK (length(id) BETWEEN 1 AND 128),
     CONSTRAINT delay_messages_readied_pair CHECK ((readied_at IS NULL) = (readied_by IS NULL)),
-    CONSTRAINT delay_messages_headers_array CHECK (jsonb_typeof(headers) = 'array')
+    CONSTRAINT delay_messages_headers_array CHECK (jsonb_typeof(headers) = 'array'),
+    -- migrations/0006_delay_hardening.sql: every client library loads these, in any time zone
+    CONSTRAINT delay_messages_deadline_range
+        CHECK (deadline >= '1970-01-01 00:00:00+00' AND deadline < '9999-01-01 00:00:00+00')
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02);
 
 -- ready_and_claim scans only waiting rows, in deadline order: its cost does not

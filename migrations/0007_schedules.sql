@@ -1,0 +1,102 @@
+-- depends: 0004_roles
+-- Recurring schedules (seeds/schedulinator.md): schedules, executions, resync state.
+-- Forward-only. Function code lives in sql/schedules.sql.
+INSERT INTO pyscheduler.settings (name, value) VALUES
+    ('schedules_execution_retention', '30 days'),
+    ('schedules_max_payload_bytes', '65536')
+ON CONFLICT (name) DO NOTHING;
+
+-- One row per schedule; name is unique overall. Exactly one of every/cron.
+-- next_run_at is the next regular occurrence (NULL: ended); trigger_at a
+-- pending out-of-band fire (trigger_schedule); due_at what the index holds.
+-- The counts survive the purge of old executions.
+CREATE TABLE pyscheduler.schedules (
+    id                   bigint GENERATED ALWAYS AS IDENTITY,
+    name                 text NOT NULL,
+    every                interval,
+    cron                 text,
+    cron_spec            bigint[],
+    tz                   text NOT NULL,
+    start_at             timestamptz,
+    end_at               timestamptz,
+    max_runs             bigint,
+    target_kind          text NOT NULL,
+    target               text NOT NULL,
+    priority             bigint NOT NULL,
+    payload              jsonb NOT NULL,
+    retry_attempts       integer NOT NULL,
+    retry_base           interval NOT NULL,
+    retry_jitter         interval NOT NULL,
+    critical             boolean NOT NULL,
+    catchup_window       interval NOT NULL,
+    overlap              text NOT NULL,
+    paused               boolean NOT NULL,
+    paused_note          text,
+    next_run_at          timestamptz,
+    trigger_at           timestamptz,
+    due_at               timestamptz GENERATED ALWAYS AS (
+                             CASE WHEN paused THEN trigger_at ELSE least(next_run_at, trigger_at) END) STORED,
+    runs_count           bigint NOT NULL DEFAULT 0,
+    fired_count          bigint NOT NULL DEFAULT 0,
+    failed_count         bigint NOT NULL DEFAULT 0,
+    skipped_count        bigint NOT NULL DEFAULT 0,
+    missed_count         bigint NOT NULL DEFAULT 0,
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    last_expected_at     timestamptz,
+    last_outcome         text,
+    last_error           text,
+    task_rns             uuid[] NOT NULL DEFAULT '{}',
+    claim_token          uuid,
+    claimed_until        timestamptz,
+    created              timestamptz NOT NULL,
+    updated              timestamptz NOT NULL,
+    CONSTRAINT schedules_pkey PRIMARY KEY (id),
+    CONSTRAINT schedules_name_key UNIQUE (name),
+    CONSTRAINT schedules_recurrence_check CHECK ((every IS NULL) <> (cron IS NULL)),
+    CONSTRAINT schedules_cron_spec_check CHECK ((cron IS NULL) = (cron_spec IS NULL)),
+    CONSTRAINT schedules_target_kind_check CHECK (target_kind IN ('kafka', 'http', 'task')),
+    CONSTRAINT schedules_overlap_check CHECK (overlap IN ('allow', 'skip', 'buffer_one'))
+)
+-- Every firing updates its row: vacuum by counts, as for tasks.
+WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
+      autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
+
+-- Due soon / late views and the degraded-mode claim scan exactly these.
+CREATE INDEX schedules_due_idx ON pyscheduler.schedules (due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (due_at) WHERE critical AND due_at IS NOT NULL;
+-- Resync hands out critical schedules first, by id.
+CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (id) WHERE critical;
+
+-- One row per (schedule, expected time): a fire recorded twice counts once.
+-- 'missed' rows summarise missed_count occurrences from expected_at on.
+CREATE TABLE pyscheduler.schedule_executions (
+    schedule_id  bigint NOT NULL,
+    expected_at  timestamptz NOT NULL,
+    outcome      text NOT NULL,
+    triggered    boolean NOT NULL,
+    attempts     integer NOT NULL,
+    fired_at     timestamptz NOT NULL,
+    lateness     interval,
+    missed_count bigint,
+    error        text,
+    task_rn      uuid,
+    CONSTRAINT schedule_executions_pkey PRIMARY KEY (schedule_id, expected_at),
+    CONSTRAINT schedule_executions_schedule_id_fkey FOREIGN KEY (schedule_id)
+        REFERENCES pyscheduler.schedules (id) ON DELETE CASCADE,
+    CONSTRAINT schedule_executions_outcome_check
+        CHECK (outcome IN ('fired', 'failed', 'skipped_overlap', 'missed'))
+);
+-- The retention purge scans by record time.
+CREATE INDEX schedule_executions_fired_at_idx ON pyscheduler.schedule_executions (fired_at);
+
+-- Resync state (the seed's optimistic scheme, one version key per sync id):
+-- takers hand out key ranges in (critical first, id) order under this row's lock.
+CREATE TABLE pyscheduler._schedule_resyncs (
+    sync_id       text NOT NULL,
+    done_critical boolean NOT NULL,
+    after_id      bigint NOT NULL,
+    done          bigint NOT NULL,
+    total         bigint NOT NULL,
+    started       timestamptz NOT NULL,
+    CONSTRAINT _schedule_resyncs_pkey PRIMARY KEY (sync_id)
+);

@@ -1,0 +1,257 @@
+"""``pyscheduler schedules ...``: the schedule daemons, admin commands, demo and bench
+(the capability contract of pyscheduler/daemon.py).
+
+``schedules run`` runs the index relay, ``--executors`` executors and the cleanup
+loop; ``pyscheduler run`` runs the same from the environment
+(``PYSCHEDULER_SCHEDULES_<FLAG>``). Without Redis (``--redis-url`` /
+``PYSCHEDULER_REDIS_URL``) the executors run in degraded mode only (critical
+schedules from PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import uuid
+
+import click
+
+from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, option, redis_option, require_dsn
+from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..db import Database, Jsonb
+from ..tasks.cli import DURATION
+from .executor import Executor, ExecutorConfig, mirror_entries
+from .index import DEFAULT_PREFIX, Index
+from .relay import Cleanup, IndexRelay
+
+log = logging.getLogger("pyscheduler.schedules")
+
+# flag -> (default, help); each has PYSCHEDULER_SCHEDULES_<FLAG>
+RUN_FLAGS = {
+    "executors": (1, "Executors in this process."),
+    "relay": (1, "Index relays in this process (0: none; run at least one somewhere)."),
+    "prefix": (DEFAULT_PREFIX, "Prefix of the Redis keys."),
+    "batch": (1000, "Most due members claimed per Lua call."),
+    "poll_ms": (100, "Longest sleep between two claims."),
+    "stuck_after_ms": (30000, "A claim older than this is reset (its executor died)."),
+    "check_every_ms": (5000, "Period of the global stuck-claim check."),
+    "fire_timeout_ms": (10000, "Kafka delivery and HTTP request timeout."),
+    "http_concurrency": (16, "HTTP requests in flight per executor."),
+    "reconcile_s": (60, "Period of the relay's full reconcile."),
+    "cleanup_s": (60, "Period of the executions cleanup."),
+}
+
+
+def _env(name: str) -> str:
+    return env("schedules_" + name)
+
+
+def run_options(f):
+    for name, (default, text) in reversed(RUN_FLAGS.items()):
+        kind = click.IntRange(min=0 if name == "relay" else 1) if isinstance(default, int) else str
+        f = option("--" + name.replace("_", "-"), name, envvar=_env(name), type=kind, default=default,
+                   show_default=True, help=text)(f)
+    return f
+
+
+def build_daemons(dsn: str, redis_url: str | None, kafka_bootstrap: str | None, kafka_settings: dict,
+                  **flags) -> list:
+    values = {name: default for name, (default, _) in RUN_FLAGS.items()}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    out: list = [Cleanup(dsn, interval=values["cleanup_s"])]
+    if redis_url and values["relay"]:
+        out.insert(0, IndexRelay(dsn, redis_url, prefix=values["prefix"], reconcile_interval=values["reconcile_s"]))
+    for _ in range(values["executors"]):
+        out.append(Executor(ExecutorConfig(
+            dsn=dsn, redis_url=redis_url or "redis://127.0.0.1:1/0", kafka_bootstrap=kafka_bootstrap,
+            kafka_settings=kafka_settings, prefix=values["prefix"], batch=values["batch"],
+            poll_ms=values["poll_ms"], stuck_after_ms=values["stuck_after_ms"],
+            check_every_ms=values["check_every_ms"], fire_timeout_ms=values["fire_timeout_ms"],
+            http_concurrency=values["http_concurrency"])))
+    return out
+
+
+@click.group("schedules")
+def group() -> None:
+    """Recurring schedules: interval and cron, PostgreSQL as truth, a Redis sorted set as hot index."""
+
+
+@group.command("run")
+@dsn_option
+@redis_option
+@bootstrap_option
+@kafka_settings_option
+@option("--metrics-port", envvar=_env("metrics_port"), type=click.IntRange(1, 65535), default=None,
+        help="Serve Prometheus metrics on this port.")
+@run_options
+def run_cmd(dsn, redis_url, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None:
+    """Run the index relay, the executors and the cleanup until SIGTERM/Ctrl-C."""
+    require_dsn(dsn)
+    if not redis_url:
+        log.warning("no Redis configured: degraded mode only (critical schedules fire from PostgreSQL)")
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
+    sys.exit(run_daemons(build_daemons(dsn, redis_url, kafka_bootstrap, kafka_settings, **flags), stop))
+
+
+def _db(dsn):
+    return Database(require_dsn(dsn), max_size=1)
+
+
+def _echo_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+@group.command("create")
+@dsn_option
+@click.argument("name")
+@click.option("--every", type=DURATION, default=None, help="Fixed interval (e.g. 30s, 5m).")
+@click.option("--cron", default=None, help="Cron expression, 5 fields or 6 with seconds.")
+@click.option("--tz", default=None, help="IANA time zone of the cron expression (default UTC).")
+@click.option("--kafka", "kafka_topic", default=None, metavar="TOPIC", help="Target: a Kafka topic.")
+@click.option("--http", "http_url", default=None, metavar="URL", help="Target: an HTTP URL (POST).")
+@click.option("--task", "task_queue", default=None, metavar="QUEUE", help="Target: a leased-task queue.")
+@click.option("--priority", type=int, default=None, help="Priority of task targets.")
+@click.option("--payload", default=None, help="JSON payload.")
+@click.option("--retry-attempts", type=click.IntRange(0), default=None)
+@click.option("--retry-base", type=DURATION, default=None)
+@click.option("--retry-jitter", type=DURATION, default=None)
+@click.option("--critical", is_flag=True, default=None, help="Fire from PostgreSQL while Redis is down.")
+@click.option("--catchup-window", type=DURATION, default=None)
+@click.option("--overlap", type=click.Choice(["allow", "skip", "buffer_one"]), default=None)
+@click.option("--start", "start_at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
+              default=None)
+@click.option("--end", "end_at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]), default=None)
+@click.option("--max-runs", type=click.IntRange(1), default=None)
+def create_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, **fields) -> None:
+    """Create a schedule NAME (exactly one of --every/--cron, one of --kafka/--http/--task)."""
+    targets = [(k, v) for k, v in (("kafka", kafka_topic), ("http", http_url), ("task", task_queue)) if v]
+    if len(targets) != 1:
+        raise click.UsageError("give exactly one target: --kafka TOPIC, --http URL or --task QUEUE")
+    if payload is not None:
+        try:
+            fields["payload"] = Jsonb(json.loads(payload))
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    args = {k: v for k, v in fields.items() if v is not None}
+    with _db(dsn) as db:
+        _echo_json(db.call_value("create_schedule", name=name, target_kind=targets[0][0], target=targets[0][1],
+                                 **args))
+
+
+def _name_command(command: str, function: str, doc: str, extra=None):
+    params = [click.Argument(["name"])] + (extra or [])
+
+    def callback(dsn, name, **kw):
+        with _db(dsn) as db:
+            _echo_json(db.call_value(function, name=name, **{k: v for k, v in kw.items() if v is not None}))
+
+    cmd = click.Command(command, callback=callback, params=params, help=doc)
+    dsn_option(cmd)
+    group.add_command(cmd)
+
+
+_name_command("pause", "pause_schedule", "Pause schedule NAME (it stays, nothing fires).",
+              [click.Option(["--note"], default=None, help="Why (shown by list and get).")])
+_name_command("resume", "resume_schedule", "Resume schedule NAME from its next regular run.")
+_name_command("trigger", "trigger_schedule", "Fire schedule NAME once now, out of band.")
+_name_command("delete", "delete_schedule", "Delete schedule NAME.")
+_name_command("get", "get_schedule", "Show schedule NAME.")
+
+
+@group.command("list")
+@dsn_option
+def list_cmd(dsn) -> None:
+    """List schedules."""
+    with _db(dsn) as db:
+        for row in db.call("list_schedules", max_schedules=10000):
+            s = row["schedule"]
+            rec = s.get("cron") or s.get("every")
+            state = "paused" if s.get("paused") else ("ended" if s.get("next_run_at") is None else "active")
+            click.echo(f"{s['name']:<24} {str(rec):<16} {s['target_kind']}:{s['target']:<24} {state:<7} "
+                       f"next={s.get('next_run_at')} runs={s.get('runs_count')}")
+
+
+@group.command("runs")
+@dsn_option
+@click.argument("name")
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+def runs_cmd(dsn, name, limit) -> None:
+    """Executions of schedule NAME, newest first."""
+    with _db(dsn) as db:
+        for r in db.call("schedule_runs", name=name, max_runs=limit):
+            click.echo("  ".join(f"{k}={v}" for k, v in r.items() if v is not None))
+        counts = {o: db.call_value("execution_count", name=name, outcome=o)
+                  for o in ("fired", "failed", "skipped_overlap", "missed")}
+        click.echo(f"execution count: {counts['fired']} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
+
+
+@group.command("next")
+@dsn_option
+@click.argument("name")
+@click.option("-n", "count", type=click.IntRange(1, 1000), default=5, show_default=True)
+def next_cmd(dsn, name, count) -> None:
+    """The next N fire times of schedule NAME (check an expression before trusting it)."""
+    with _db(dsn) as db:
+        for r in db.call("upcoming_runs", name=name, n=count):
+            click.echo(r["run_at"].isoformat())
+
+
+@group.command("resync")
+@dsn_option
+@redis_option
+@option("--prefix", envvar=_env("prefix"), default=DEFAULT_PREFIX, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=1000, show_default=True)
+def resync_cmd(dsn, redis_url, prefix, batch) -> None:
+    """Rebuild the Redis index from PostgreSQL now (critical schedules first), with a progress bar.
+    Running executors join in."""
+    if not redis_url:
+        raise click.UsageError("no Redis: pass --redis-url or set PYSCHEDULER_REDIS_URL")
+    index = Index.from_url(redis_url, prefix)
+    sync_id = index.force_resync()
+    owner = f"cli-{uuid.uuid4().hex[:8]}"
+    with _db(dsn) as db:
+        total = db.call_one("resync_progress", p_sync_id=sync_id)["total"]
+        tty = sys.stdout.isatty()
+        with click.progressbar(length=total, label=f"resync {sync_id[:8]}", show_pos=True) as bar:
+            shown = 0
+            while True:
+                rows = db.call("resync_take", p_sync_id=sync_id, p_owner=owner, p_limit=batch)
+                if rows:
+                    index.mirror(mirror_entries(rows))
+                done = min(total, db.call_one("resync_progress", p_sync_id=sync_id)["done"])
+                bar.update(max(0, done - shown))
+                if not tty and done > shown:  # no bar without a terminal: one line per batch
+                    click.echo(f"  {done}/{total}")
+                shown = max(shown, done)
+                if not rows:
+                    break
+        finished = index.finish_resync(sync_id)
+    click.echo(f"index resynced: {index.stats()['indexed']} members"
+               + ("" if finished else " (a newer resync took over)"))
+    index.close()
+
+
+def daemons(ctx: RunContext) -> list:
+    """Relay, executors and cleanup for ``pyscheduler run``, from PYSCHEDULER_SCHEDULES_* variables."""
+    flags = {}
+    for name, (default, _) in RUN_FLAGS.items():
+        raw = os.environ.get(_env(name))
+        if raw:
+            flags[name] = int(raw) if isinstance(default, int) else raw
+    if not ctx.redis_url:
+        log.info("schedules: no Redis configured, executors run in degraded mode (critical schedules only)")
+    return build_daemons(ctx.dsn, ctx.redis_url, ctx.kafka_bootstrap, ctx.kafka_settings, **flags)
+
+
+from .demo import demo  # noqa: E402,F401  (the capability's demo)
+from .bench import bench  # noqa: E402,F401  (``pyscheduler bench schedules``)
+
+__all__ = ["group", "daemons", "demo", "bench"]

@@ -1,0 +1,551 @@
+"""Schedule executors: claim due occurrences from Redis, fire, record, move the score.
+
+One ``Executor`` is a daemon with a main loop and a recorder thread:
+
+* main loop: the seed's global next-check (stuck claims older than ``stuck_after``
+  are reset), one resync batch while the index is incomplete (marker key absent:
+  Redis lost its data), one atomic Lua claim of up to ``batch`` due members, fire
+  them (Kafka, HTTP; task targets go to the recorder), serve delivery reports,
+  schedule retries (base * 2^n + random(0, jitter)), sleep until the next due
+  score or the next retry;
+* recorder: records outcomes in batches (``record_executions``,
+  ``fire_task_schedules``), then sets each score to the next run the database
+  computed from the expected time (or removes the member when the schedule ended).
+
+Redis unreachable -> degraded mode: critical schedules are claimed from
+PostgreSQL (``claim_due_critical``) and fired until Redis answers again; then the
+index is resynced. One log line per transition, gauge ``pyscheduler_schedules_degraded``.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import redis
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..db import Database, Outage, Wakeup
+from ..errors import RETRYABLE, rejects_arguments
+from .index import UNREACHABLE, DEFAULT_PREFIX, Index, from_ms, to_ms
+from .targets import Details, Firer, Occurrence, retry_delay
+
+log = logging.getLogger("pyscheduler.schedules")
+
+CLAIMED = Counter("pyscheduler_schedules_claimed", "Occurrences claimed (Redis and Postgres-only)", ["source"])
+FIRED = Counter("pyscheduler_schedules_fired", "Occurrences delivered to their target", ["target"])
+FAILED = Counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts")
+RETRIES = Counter("pyscheduler_schedules_retries", "Retries of failed tries")
+RECORDED = Counter("pyscheduler_schedules_recorded", "Executions recorded in PostgreSQL", ["outcome"])
+DUPLICATES = Counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
+RECOVERED = Counter("pyscheduler_schedules_recovered", "Stuck claims reset by the next-check")
+RESYNCED = Counter("pyscheduler_schedules_resynced", "Index members written by a resync")
+DEGRADED = Gauge("pyscheduler_schedules_degraded", "1 while Redis is unreachable (critical schedules fire "
+                                                   "from PostgreSQL)")
+LATENESS = Histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
+                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+
+
+@dataclass
+class ExecutorConfig:
+    """Settings of one executor; the CLI flags map one to one."""
+
+    dsn: str
+    redis_url: str
+    kafka_bootstrap: str | None = None
+    kafka_settings: dict[str, str] = field(default_factory=dict)
+    prefix: str = DEFAULT_PREFIX
+    batch: int = 1000  # members per claim
+    poll_ms: int = 100  # longest sleep between claims
+    stuck_after_ms: int = 30000  # a claim older than this is reset (its executor died)
+    check_every_ms: int = 5000  # the global next-check period
+    fire_timeout_ms: int = 10000  # Kafka delivery / HTTP request timeout
+    http_concurrency: int = 16
+    max_in_flight: int = 20000  # occurrences claimed and not recorded yet
+    record_batch: int = 2000
+    recorders: int = 2  # recorder threads (connections): PostgreSQL records batches in parallel
+    resync_batch: int = 1000
+    degraded_batch: int = 1000
+    degraded_hold_ms: int = 30000  # claimed_until of the Postgres-only claim
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+class Executor:
+    """One executor; ``run(stop)`` until stop is set. Several may run against one index."""
+
+    def __init__(self, cfg: ExecutorConfig):
+        self.cfg = cfg
+        self.name = f"schedules-executor-{cfg.owner}"
+        self.wakeup = Wakeup()
+        self.firer = Firer(kafka_settings=({"bootstrap.servers": cfg.kafka_bootstrap, **cfg.kafka_settings}
+                                           if cfg.kafka_bootstrap else {}),
+                           timeout=cfg.fire_timeout_ms / 1000, http_concurrency=cfg.http_concurrency)
+        self.db: Database | None = None
+        self.index: Index | None = None
+        self.details: dict[int, tuple[str, float, Details]] = {}  # id -> (version, fetched at, details)
+        self.held: dict[tuple[int, int], Occurrence] = {}  # claimed, not settled yet
+        self.held_lock = threading.Lock()
+        self.done: collections.deque[tuple[Occurrence, str | None]] = collections.deque()
+        self.retries: list[tuple[float, int, Occurrence]] = []  # (due monotonic, seq, occ)
+        self._seq = 0
+        self.to_record: queue.Queue = queue.Queue()
+        self.unfired: list[Occurrence] = []  # claimed, details not loaded yet (database outage)
+        self.degraded = False
+        self.marker: str | None = None  # last marker value seen (None: index incomplete)
+        self.resyncing = False
+        self._next_recover = 0.0
+        self._next_refresh = 0.0
+        self._next_ping = 0.0
+        self._degraded_since = 0.0
+        self.stop = threading.Event()
+        self.counts = collections.Counter()  # fired, failed, recorded, duplicates (tests, bench)
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        self.stop = stop
+        cfg = self.cfg
+        log.info("schedules executor %s starting (batch %d, stuck after %dms, Redis %s)", cfg.owner, cfg.batch,
+                 cfg.stuck_after_ms, cfg.redis_url)
+        self.db = Database(cfg.dsn, min_size=1, max_size=2 + cfg.recorders, name=self.name,
+                           timeout=5.0).open(wait=False)
+        self.index = Index.from_url(cfg.redis_url, cfg.prefix, timeout=2.0)
+        recorders = [Recorder(self) for _ in range(cfg.recorders)]
+        rec_threads = [threading.Thread(target=r.run, name=f"{self.name}:recorder-{k}", daemon=True)
+                       for k, r in enumerate(recorders)]
+        for t in rec_threads:
+            t.start()
+        db_outage = Outage("schedules executor: PostgreSQL", log)
+        try:
+            while not stop.is_set():
+                try:
+                    wait = self._degraded_step() if self.degraded else self._redis_step()
+                    db_outage.ok()
+                except UNREACHABLE as exc:
+                    if not self.degraded:
+                        self._enter_degraded(exc)
+                    wait = 0.2
+                except RETRYABLE as exc:
+                    if rejects_arguments(exc):
+                        raise
+                    wait = db_outage.failed(exc)
+                self._serve(wait)
+            self._drain()
+        finally:
+            for r in recorders:
+                r.stop.set()
+                self.to_record.put(None)
+            for t in rec_threads:
+                t.join(60)
+            self.firer.close()
+            self.index.close()
+            self.db.close()
+        log.info("schedules executor %s stopped", cfg.owner)
+
+    def _redis_step(self) -> float:
+        """One round on the Redis index; returns how long to wait before the next."""
+        cfg, now = self.cfg, time.monotonic()
+        if now >= self._next_recover:
+            stuck = self.index.recover(cfg.check_every_ms, cfg.stuck_after_ms)
+            if stuck:
+                RECOVERED.inc(len(stuck))
+                log.warning("reset %d stuck claim(s) older than %dms (an executor died holding them): %s",
+                            len(stuck), cfg.stuck_after_ms, ", ".join(map(str, stuck[:20])))
+            self._next_recover = now + cfg.check_every_ms / 2000
+        if now >= self._next_refresh:
+            self._refresh_claims(now)
+        if self.unfired:
+            occs, self.unfired = self.unfired, []
+            self._fire(occs, {})
+        if self.resyncing:
+            self._resync_step()
+        room = cfg.max_in_flight - len(self.held)
+        if room <= 0:
+            return cfg.poll_ms / 1000
+        res = self.index.claim(min(cfg.batch, room))
+        if res.marker:
+            self.marker = res.marker
+        elif not self.resyncing:
+            self.resyncing = True
+            log.warning("Redis index incomplete (data lost, or first start): resyncing it from PostgreSQL, "
+                        "critical schedules first")
+        if res.claimed:
+            CLAIMED.labels("redis").inc(len(res.claimed))
+            self._fire([Occurrence(c.id, c.expected_ms) for c in res.claimed],
+                       {c.id: c.version for c in res.claimed})
+        if len(res.claimed) >= min(cfg.batch, room) or self.resyncing:
+            return 0.0
+        wait = cfg.poll_ms / 1000
+        if res.next_due_ms is not None:
+            wait = min(wait, max(0.0, (res.next_due_ms - res.now_ms) / 1000))
+        return wait
+
+    def _serve(self, wait: float) -> None:
+        """Serve delivery reports and due retries, waiting up to ``wait`` for something to do."""
+        if self.retries:
+            wait = min(wait, max(0.0, self.retries[0][0] - time.monotonic()))
+        if self.done:
+            wait = 0.0
+        if self.firer.kafka_in_flight():
+            self.firer.poll(min(wait, 0.02) if self.firer.in_flight() > self.firer.kafka_in_flight() else wait)
+        elif wait > 0:
+            self.wakeup.wait(wait, jitter=0.0)
+        self.firer.poll(0)
+        self._complete()
+        now = time.monotonic()
+        while self.retries and self.retries[0][0] <= now and not self.stop.is_set():
+            _, _, occ = heapq.heappop(self.retries)
+            RETRIES.inc()
+            self.firer.fire(occ, self._on_done)
+
+    # -- firing --------------------------------------------------------------------
+
+    def _fire(self, occs: list[Occurrence], versions: dict[int, str]) -> None:
+        now = time.monotonic()
+        with self.held_lock:
+            for occ in occs:
+                if (occ.id, occ.expected_ms) not in self.held:
+                    occ.claimed_at = now
+                    self.held[(occ.id, occ.expected_ms)] = occ
+        try:
+            self._load_details({o.id for o in occs}, versions)
+        except RETRYABLE:
+            self.unfired += occs  # PostgreSQL away: fired when it is back (claims kept and refreshed)
+            raise
+        gone: list[Occurrence] = []
+        now_ms = int(time.time() * 1000)
+        paused: list[Occurrence] = []
+        out: list = []  # to the recorders, in one queue item (a put per occurrence costs GIL hand-offs)
+        for occ in occs:
+            entry = self.details.get(occ.id)
+            occ.details = d = entry[2] if entry else None
+            if d is None or not d.active:
+                gone.append(occ)  # deleted or ended since it was indexed: re-read its index entry
+            elif d.paused:
+                paused.append(occ)  # fires only if it is the pending trigger
+            elif occ.expected_ms < now_ms - d.catchup_ms:
+                out.append(("missed", occ, None))  # too late: joins the catch-up summary
+            elif d.kind == "task":
+                out.append(("task", occ, None))
+            else:
+                self.firer.fire(occ, self._on_done)
+        out += [("reindex", occ, None) for occ in gone]
+        if out:
+            self.to_record.put(out)
+        if paused:
+            self._fire_paused(paused)
+
+    def _fire_paused(self, paused: list[Occurrence]) -> None:
+        """A paused schedule's claimed occurrence fires only if it is the pending trigger."""
+        try:
+            due = {r["id"]: r["next_run_at"] for r in self.db.call("index_entries", p_ids=[o.id for o in paused])}
+        except RETRYABLE:
+            self.unfired += paused
+            raise
+        out: list = []
+        for occ in paused:
+            if due.get(occ.id) is not None and to_ms(due[occ.id]) == occ.expected_ms:
+                if occ.details.kind == "task":
+                    out.append(("task", occ, None))
+                else:
+                    self.firer.fire(occ, self._on_done)
+            else:
+                out.append(("reindex", occ, None))
+        if out:
+            self.to_record.put(out)
+
+    def _load_details(self, ids: set[int], versions: dict[int, str]) -> None:
+        now = time.monotonic()
+        stale = []
+        for i in ids:
+            entry = self.details.get(i)
+            version = versions.get(i, "")
+            if entry is None or entry[0] != version or (version == "" and now - entry[1] > 2.0):
+                stale.append(i)
+        if not stale:
+            return
+        for row in self.db.call("fire_details", p_ids=stale):
+            ver = str(to_ms(row["updated"])) if row.get("updated") is not None else ""
+            self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
+        if len(self.details) > 2_000_000:  # schedules deleted long ago
+            self.details.clear()
+
+    def _on_done(self, occ: Occurrence, error: str | None) -> None:
+        """A try finished (Kafka delivery report, HTTP response): called from any thread."""
+        self.done.append((occ, error))
+        if occ.details.kind != "kafka":
+            self.wakeup.poke()
+
+    def _complete(self) -> None:
+        out: list = []
+        fired: dict[str, int] = {}
+        while self.done:
+            occ, error = self.done.popleft()
+            d = occ.details
+            if error is None:
+                occ.fired_at_ms = int(time.time() * 1000)
+                LATENESS.observe(max(0.0, (occ.fired_at_ms - occ.expected_ms) / 1000))
+                self.counts["fired"] += 1
+                fired[d.kind] = fired.get(d.kind, 0) + 1
+                out.append(("fired", occ, None))
+            elif occ.tries <= d.retry_attempts and not self.stop.is_set():
+                occ.error = error
+                delay = retry_delay(occ.tries - 1, d.retry_base, d.retry_jitter)
+                self._seq += 1
+                heapq.heappush(self.retries, (time.monotonic() + delay, self._seq, occ))
+            else:
+                FAILED.inc()
+                self.counts["failed"] += 1
+                log.warning("schedule %s (%s) occurrence %s failed after %d tr%s: %s", d.name, d.id,
+                            from_ms(occ.expected_ms).isoformat(), occ.tries, "y" if occ.tries == 1 else "ies",
+                            error)
+                out.append(("failed", occ, error))
+        if out:
+            self.to_record.put(out)
+        for kind, n in fired.items():
+            FIRED.labels(kind).inc(n)
+
+    def _refresh_claims(self, now: float) -> None:
+        """Date the Redis claims still held now, so a long retry is not taken as stuck."""
+        third = self.cfg.stuck_after_ms / 3000
+        self._next_refresh = now + third
+        with self.held_lock:
+            old = [o for o in self.held.values() if o.token is None and now - o.claimed_at > third]
+        if old:
+            self.index.refresh([(o.id, o.expected_ms) for o in old])
+            for o in old:
+                o.claimed_at = now
+
+    def _drain(self, grace: float = 10.0) -> None:
+        """On stop: wait for tries in flight (their outcome is recorded); pending retries are
+        left claimed (the stuck-claim recovery hands them to another executor)."""
+        end = time.monotonic() + grace
+        while self.firer.in_flight() and time.monotonic() < end:
+            self._serve(0.05)
+        self._serve(0.0)
+        if self.retries:
+            log.info("stopping with %d retr%s pending: their claims are recovered by another executor",
+                     len(self.retries), "y" if len(self.retries) == 1 else "ies")
+
+    # -- resync --------------------------------------------------------------------
+
+    def _resync_step(self) -> None:
+        sync_id = self.index.begin_resync()
+        if sync_id is None:
+            self.resyncing = False
+            return
+        rows = self.db.call("resync_take", p_sync_id=sync_id, p_owner=self.cfg.owner,
+                            p_limit=self.cfg.resync_batch)
+        if rows:
+            self.index.mirror(mirror_entries(rows))
+            RESYNCED.inc(len(rows))
+        elif self.index.finish_resync(sync_id):
+            self.resyncing = False
+            self.marker = sync_id
+            log.warning("Redis index resynced from PostgreSQL (sync %s)", sync_id)
+
+    # -- degraded mode -------------------------------------------------------------
+
+    def _enter_degraded(self, exc: BaseException) -> None:
+        self.degraded = True
+        self._degraded_since = time.monotonic()
+        self._next_ping = time.monotonic() + 0.5
+        DEGRADED.set(1)
+        log.warning("Redis unreachable (%s): degraded mode, critical schedules fire from PostgreSQL "
+                    "until it is back", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    def _degraded_step(self) -> float:
+        cfg = self.cfg
+        now = time.monotonic()
+        if self.unfired:
+            occs, self.unfired = self.unfired, []
+            self._fire(occs, {})
+        if now >= self._next_ping:
+            self._next_ping = now + 0.5
+            try:
+                self.index.r.ping()
+            except UNREACHABLE:
+                pass
+            else:
+                self.degraded = False
+                DEGRADED.set(0)
+                started = self.index.force_resync(self.marker) if self.marker else None
+                self.resyncing = True
+                log.warning("Redis back after %.1fs: leaving degraded mode, %s", now - self._degraded_since,
+                            f"resyncing the index (sync {started})" if started else "joining the index resync")
+                return 0.0
+        room = cfg.max_in_flight - len(self.held)
+        if room <= 0:
+            return cfg.poll_ms / 1000
+        rows = self.db.call("claim_due_critical", p_limit=min(cfg.degraded_batch, room),
+                            p_hold=timedelta(milliseconds=cfg.degraded_hold_ms))
+        if rows:
+            CLAIMED.labels("postgres").inc(len(rows))
+            occs = [Occurrence(r["id"], to_ms(r["expected_at"]), token=r["claim_token"]) for r in rows]
+            self._fire(occs, {})
+            return 0.0 if len(rows) >= min(cfg.degraded_batch, room) else cfg.poll_ms / 1000
+        return cfg.poll_ms / 1000
+
+
+def mirror_entries(rows: list[dict]) -> list[tuple[int, int | None, int | None]]:
+    """(id, score or None, version) for Index.mirror from index_entries / index_page / resync_take rows."""
+    out = []
+    for r in rows:
+        active = r.get("active", True)
+        nxt = r["next_run_at"] if active else None
+        upd = r.get("updated")
+        out.append((r["id"], None if nxt is None else to_ms(nxt), None if upd is None else to_ms(upd)))
+    return out
+
+
+class Recorder:
+    """The executor's recorder thread: outcomes -> PostgreSQL in batches -> Redis scores."""
+
+    def __init__(self, ex: Executor):
+        self.ex = ex
+        self.stop = threading.Event()
+        self.unsettled: list[tuple[int, int, int | None]] = []
+        self.outage = Outage("schedules recorder: PostgreSQL", log)
+        self.redis_outage = Outage("schedules recorder: Redis", log)
+
+    def run(self) -> None:
+        q = self.ex.to_record
+        limit = self.ex.cfg.record_batch
+        while True:
+            items: list = []
+            try:
+                first = q.get(timeout=0.5)
+            except queue.Empty:
+                first = []
+            if first is None:
+                break
+            items += first
+            deadline = time.monotonic() + 0.002
+            while items and len(items) < limit:
+                try:
+                    nxt = q.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    q.put(None)
+                    break
+                items += nxt
+            if items:
+                self.record(items)
+            self.settle()
+        rest: list = []  # stop: what is queued still gets recorded
+        while True:
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # another recorder's stop signal
+                q.put(None)
+                break
+            rest += item
+        if rest:
+            self.record(rest, give_up_after=10.0)
+        self.settle()
+
+    def record(self, items: list, give_up_after: float | None = None) -> None:
+        groups: dict[tuple[str, bool], list] = collections.defaultdict(list)
+        for kind, occ, error in items:
+            group = "task" if kind == "task" else "reindex" if kind == "reindex" else "record"
+            groups[(group, occ.token is not None)].append((kind, occ, error))
+        for (group, tokens), batch in groups.items():
+            occs = [occ for _, occ, _ in batch]
+            if group == "reindex":
+                rows = self._call(give_up_after, "index_entries", p_ids=[o.id for o in occs])
+                if rows is not None:
+                    by_id = {r["id"]: r for r in rows}
+                    self._settled(occs, [(o.id, o.expected_ms,
+                                          _next_ms(by_id.get(o.id)) if by_id.get(o.id, {}).get("active") else None)
+                                         for o in occs])
+                else:
+                    self._settled(occs, [])  # not settled: left to the stuck-claim recovery
+                continue
+            args: dict[str, Any] = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs]}
+            if tokens:
+                args["p_tokens"] = [o.token for o in occs]
+            if group == "task":
+                rows = self._call(give_up_after, "fire_task_schedules", **args)
+            else:
+                args["p_outcomes"] = [k for k, _, _ in batch]  # fired | failed | missed
+                args["p_attempts"] = [o.tries for o in occs]
+                args["p_errors"] = [e for _, _, e in batch]
+                rows = self._call(give_up_after, "record_executions", **args)
+            if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
+                self._settled(occs, [])
+                continue
+            self._count(rows, group)
+            by_key = {(r["id"], to_ms(r["expected_at"])): r for r in rows}
+            entries = []
+            for o in occs:
+                r = by_key.get((o.id, o.expected_ms))
+                entries.append((o.id, o.expected_ms, _next_ms(r)))
+            self._settled(occs, [] if tokens else entries)
+
+    def _count(self, rows: list[dict], group: str) -> None:
+        ex = self.ex
+        for r in rows:
+            if r["recorded"]:
+                RECORDED.labels(group).inc()
+                ex.counts["recorded"] += 1
+            else:
+                DUPLICATES.inc()
+                ex.counts["duplicates"] += 1
+
+    def _settled(self, occs: list[Occurrence], entries: list) -> None:
+        with self.ex.held_lock:
+            for o in occs:
+                self.ex.held.pop((o.id, o.expected_ms), None)
+        self.unsettled.extend(entries)
+
+    def settle(self) -> None:
+        if not self.unsettled:
+            return
+        try:
+            self.ex.index.settle(self.unsettled)
+            self.unsettled = []
+            self.redis_outage.ok()
+        except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
+            self.stop.wait(self.redis_outage.failed(exc))
+
+    def _call(self, give_up_after: float | None, function: str, **args: Any) -> list[dict] | None:
+        end = None if give_up_after is None else time.monotonic() + give_up_after
+        while True:
+            try:
+                rows = self.ex.db.call(function, **args)
+                self.outage.ok()
+                return rows
+            except RETRYABLE as exc:
+                if rejects_arguments(exc):
+                    log.error("%s rejected a batch of %d: %s (their claims are recovered later)", function,
+                              len(args["p_ids"]), exc)
+                    return None
+                pause = self.outage.failed(exc)
+                if end is None and self.stop.is_set():
+                    end = time.monotonic() + 10.0
+                if end is not None and time.monotonic() + pause > end:
+                    log.warning("giving up recording %d occurrence(s) at stop: their claims are recovered "
+                                "by another executor and fired again with the same idempotency keys",
+                                len(args["p_ids"]))
+                    return None
+                self.stop.wait(pause) if end is None else time.sleep(pause)
+
+
+def _next_ms(row: dict | None) -> int | None:
+    if row is None or row.get("next_run_at") is None:
+        return None
+    return to_ms(row["next_run_at"])
+
+
+__all__ = ["Executor", "ExecutorConfig", "mirror_entries", "redis"]

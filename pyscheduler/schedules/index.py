@@ -1,0 +1,314 @@
+"""The Redis hot index of recurring schedules (seeds/schedulinator.md).
+
+Keys (prefix default ``pyscheduler:schedules``):
+
+``<p>:index``       sorted set, member = schedule id, score = next run (epoch ms).
+                    A NEGATIVE score is the seed's lock: the member is claimed by an
+                    executor, which fires the occurrence |score| and then sets the score
+                    to the next run (or removes the member when the schedule ended).
+``<p>:claims``      sorted set, member = schedule id, score = claim time (ms, Redis
+                    clock): stuck claims are found by age, not by due time.
+``<p>:last``        hash id -> the latest occurrence (ms) claimed: the relay never
+                    writes a score at or before it, so a slow mirror write racing an
+                    executor cannot bring back an occurrence that was already fired.
+``<p>:ver``         hash id -> the schedule's definition version (``updated``, ms):
+                    executors cache what they need to fire by (id, version).
+``<p>:next-check``  the seed's global next-check timestamp for stuck claims.
+``<p>:marker``      present = the index is complete (its value is the sync id of the
+                    resync that filled it). Absent = Redis lost its data (or never had
+                    it): executors resync from PostgreSQL.
+``<p>:resync``      the sync id of the resync in progress (the seed's current-sync-id).
+
+Every script reads the time from Redis (TIME), one clock for every executor.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import redis
+
+DEFAULT_PREFIX = "pyscheduler:schedules"
+MAX_CLAIM = 2000  # Lua unpack() takes at most ~8000 values: 2 per member
+
+# Redis errors that mean "unreachable" (degraded mode), not a bug in a script
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+_NOW = """
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: index, claims, last, ver, marker; ARGV: limit
+# -> {now, next due score or -1, marker value or '', 'id score version id score version ...'}
+# (one string: parsing thousands of RESP items in Python cost more than the claim itself)
+CLAIM = _NOW + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], 0, now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+local out = {now, -1, redis.call('GET', KEYS[5]) or ''}
+if #due > 0 then
+  local neg, clm, lst, ids = {}, {}, {}, {}
+  for i = 1, #due, 2 do
+    local id, s = due[i], due[i + 1]
+    neg[#neg + 1] = '-' .. s; neg[#neg + 1] = id
+    clm[#clm + 1] = now; clm[#clm + 1] = id
+    lst[#lst + 1] = id; lst[#lst + 1] = s
+    ids[#ids + 1] = id
+  end
+  redis.call('ZADD', KEYS[1], unpack(neg))
+  redis.call('ZADD', KEYS[2], unpack(clm))
+  redis.call('HSET', KEYS[3], unpack(lst))
+  local vers = redis.call('HMGET', KEYS[4], unpack(ids))
+  local parts = {}
+  for i = 1, #ids do
+    parts[#parts + 1] = ids[i]; parts[#parts + 1] = due[2 * i]; parts[#parts + 1] = vers[i] or '-'
+  end
+  out[4] = table.concat(parts, ' ')
+end
+if #due < 2 * tonumber(ARGV[1]) then
+  local nxt = redis.call('ZRANGEBYSCORE', KEYS[1], 0, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #nxt > 0 then out[2] = nxt[2] end
+end
+return out
+"""
+
+# KEYS: index, claims, last; ARGV: (id, expected ms, next ms or '' = remove) triples.
+# Only the claim of this occurrence is settled: a member another executor claimed
+# since (after a stuck-claim reset) or a fresher score the relay wrote stays.
+SETTLE = """
+for i = 1, #ARGV, 3 do
+  local id, exp, nxt = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local cur = redis.call('ZSCORE', KEYS[1], id)
+  if (not cur) or tonumber(cur) == -exp or tonumber(cur) == exp then
+    if nxt == '' then
+      if cur then redis.call('ZREM', KEYS[1], id) end
+    else
+      redis.call('ZADD', KEYS[1], nxt, id)
+    end
+  end
+  if (not cur) or tonumber(cur) == -exp then redis.call('ZREM', KEYS[2], id) end
+  local l = redis.call('HGET', KEYS[3], id)
+  if (not l) or tonumber(l) < exp then redis.call('HSET', KEYS[3], id, ARGV[i + 1]) end
+end
+return #ARGV / 3
+"""
+
+# KEYS: index, claims, last, ver; ARGV: (id, score ms or '' = remove, version or '') triples.
+# The relay's and the resync's write: never touches a claimed (negative) member, never
+# writes a score at or before the last claimed occurrence. -> members written.
+MIRROR = """
+local n = 0
+for i = 1, #ARGV, 3 do
+  local id, s, ver = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local cur = redis.call('ZSCORE', KEYS[1], id)
+  if cur and tonumber(cur) < 0 then
+    -- claimed: its executor settles it
+  elseif s == '' then
+    if cur then redis.call('ZREM', KEYS[1], id); n = n + 1 end
+  else
+    local l = redis.call('HGET', KEYS[3], id)
+    if ((not l) or tonumber(s) > tonumber(l)) and ((not cur) or tonumber(cur) ~= tonumber(s)) then
+      redis.call('ZADD', KEYS[1], s, id); n = n + 1
+    end
+  end
+  if ver ~= '' then redis.call('HSET', KEYS[4], id, ver) end
+end
+return n
+"""
+
+# KEYS: index, claims, next-check; ARGV: check every ms, stuck after ms, limit
+# -> ids whose claims were reset (empty when the next check is not due yet)
+RECOVER = _NOW + """
+local nc = redis.call('GET', KEYS[3])
+if nc and tonumber(nc) > now then return {} end
+redis.call('SET', KEYS[3], now + tonumber(ARGV[1]))
+local stuck = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(stuck) do
+  local s = redis.call('ZSCORE', KEYS[1], id)
+  if s and tonumber(s) < 0 then redis.call('ZADD', KEYS[1], -tonumber(s), id) end
+  redis.call('ZREM', KEYS[2], id)
+end
+return stuck
+"""
+
+# KEYS: index, claims; ARGV: (id, expected ms) pairs: claims still held are dated now.
+REFRESH = _NOW + """
+local n = 0
+for i = 1, #ARGV, 2 do
+  if tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i]) or 0) == -tonumber(ARGV[i + 1]) then
+    redis.call('ZADD', KEYS[2], now, ARGV[i]); n = n + 1
+  end
+end
+return n
+"""
+
+# KEYS: marker, resync; ARGV: a new sync id -> {'ok', marker} or {'resync', sync id}
+BEGIN_RESYNC = """
+local m = redis.call('GET', KEYS[1])
+if m then return {'ok', m} end
+local r = redis.call('GET', KEYS[2])
+if not r then redis.call('SET', KEYS[2], ARGV[1]); r = ARGV[1] end
+return {'resync', r}
+"""
+
+# KEYS: marker, resync; ARGV: sync id -> 1 when this resync completed the index
+FINISH_RESYNC = """
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1]); redis.call('DEL', KEYS[2]); return 1
+end
+return 0
+"""
+
+# KEYS: marker, resync; ARGV: new sync id, marker seen ('' = force) -> 1 when started
+FORCE_RESYNC = """
+local m = redis.call('GET', KEYS[1])
+if ARGV[2] ~= '' and m ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1]); redis.call('SET', KEYS[2], ARGV[1]); return 1
+"""
+
+
+def to_ms(ts: datetime) -> int:
+    """Epoch milliseconds of a timestamptz (PostgreSQL stores next runs in whole ms)."""
+    return round(ts.timestamp() * 1000)
+
+
+def from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
+
+def idempotency_key(schedule_id: int, expected_ms: int) -> str:
+    """'<schedule id>:<expected epoch ms>': the same for every try of one occurrence."""
+    return f"{schedule_id}:{expected_ms}"
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    expected_ms: int
+    version: str
+
+
+@dataclass
+class ClaimResult:
+    now_ms: int
+    next_due_ms: int | None  # earliest unclaimed score, when the batch was not full
+    marker: str | None  # None: the index is incomplete (data loss or resync in progress)
+    claimed: list[Claimed]
+
+
+class Index:
+    """The Redis side of schedules: one object per process, thread-safe (redis-py pool)."""
+
+    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX):
+        self.r = client
+        self.prefix = prefix
+        k = f"{prefix}:"
+        self.k_index, self.k_claims, self.k_last, self.k_ver = k + "index", k + "claims", k + "last", k + "ver"
+        self.k_next_check, self.k_marker, self.k_resync = k + "next-check", k + "marker", k + "resync"
+        self._claim = client.register_script(CLAIM)
+        self._settle = client.register_script(SETTLE)
+        self._mirror = client.register_script(MIRROR)
+        self._recover = client.register_script(RECOVER)
+        self._refresh = client.register_script(REFRESH)
+        self._begin = client.register_script(BEGIN_RESYNC)
+        self._finish = client.register_script(FINISH_RESYNC)
+        self._force = client.register_script(FORCE_RESYNC)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> "Index":
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                      health_check_interval=30)
+        return cls(client, prefix)
+
+    def close(self) -> None:
+        self.r.close()
+
+    # -- executors ----------------------------------------------------------------
+
+    def claim(self, limit: int) -> ClaimResult:
+        """Claim up to ``limit`` due members atomically (negative-score lock + claim time)."""
+        out = self._claim(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_marker],
+                          args=[min(max(1, limit), MAX_CLAIM)])
+        nxt = int(float(out[1]))
+        parts = out[3].decode().split(" ") if len(out) > 3 else []
+        claimed = [Claimed(int(parts[i]), int(float(parts[i + 1])), "" if parts[i + 2] == "-" else parts[i + 2])
+                   for i in range(0, len(parts), 3)]
+        return ClaimResult(int(out[0]), None if nxt < 0 else nxt, out[2].decode() or None, claimed)
+
+    def settle(self, entries: Sequence[tuple[int, int, int | None]]) -> None:
+        """(id, expected ms, next ms or None = ended): release these claims with their next run."""
+        if not entries:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for chunk in _chunks(entries, 2000):
+            args: list = []
+            for ident, expected, nxt in chunk:
+                args += [ident, expected, "" if nxt is None else nxt]
+            self._settle(keys=[self.k_index, self.k_claims, self.k_last], args=args, client=pipe)
+        pipe.execute()
+
+    def refresh(self, held: Iterable[tuple[int, int]]) -> int:
+        """Date the claims this executor still holds now (long retries are not stuck)."""
+        args: list = []
+        for ident, expected in held:
+            args += [ident, expected]
+        if not args:
+            return 0
+        return int(self._refresh(keys=[self.k_index, self.k_claims], args=args))
+
+    def recover(self, check_every_ms: int, stuck_after_ms: int, limit: int = 10000) -> list[int]:
+        """The seed's global next-check: when it expired, reset claims older than stuck_after_ms."""
+        out = self._recover(keys=[self.k_index, self.k_claims, self.k_next_check],
+                            args=[check_every_ms, stuck_after_ms, limit])
+        return [int(x) for x in out]
+
+    # -- relay and resync ---------------------------------------------------------
+
+    def mirror(self, entries: Sequence[tuple[int, int | None, int | None]]) -> int:
+        """(id, next run ms or None = not indexed, version ms or None) from PostgreSQL."""
+        if not entries:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for chunk in _chunks(entries, 2000):
+            args: list = []
+            for ident, score, ver in chunk:
+                args += [ident, "" if score is None else score, "" if ver is None else ver]
+            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver], args=args, client=pipe)
+        return sum(int(n) for n in pipe.execute())
+
+    def begin_resync(self) -> str | None:
+        """None when the index is complete; else the sync id of the resync to take part in."""
+        state, value = self._begin(keys=[self.k_marker, self.k_resync], args=[uuid.uuid4().hex])
+        return None if state == b"ok" else value.decode()
+
+    def finish_resync(self, sync_id: str) -> bool:
+        return bool(self._finish(keys=[self.k_marker, self.k_resync], args=[sync_id]))
+
+    def force_resync(self, seen_marker: str | None = None) -> str | None:
+        """Start a new resync (by hand, or after an outage: only if the marker is still
+        ``seen_marker``, so several executors coming back start one resync)."""
+        sync_id = uuid.uuid4().hex
+        ok = self._force(keys=[self.k_marker, self.k_resync], args=[sync_id, seen_marker or ""])
+        return sync_id if ok else None
+
+    def marker(self) -> str | None:
+        value = self.r.get(self.k_marker)
+        return value.decode() if value else None
+
+    def members(self) -> dict[int, float]:
+        """Every member and score (tests, status)."""
+        return {int(m): s for m, s in self.r.zscan_iter(self.k_index, count=5000)}
+
+    def stats(self) -> dict[str, int | bool]:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self.k_index).zcount(self.k_index, "-inf", "(0").zcard(self.k_claims).exists(self.k_marker)
+        size, claimed, claims, marker = pipe.execute()
+        return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker)}
+
+
+def _chunks(seq: Sequence, n: int):
+    for i in range(0, len(seq), n):
+        yield seq[i:i + n]

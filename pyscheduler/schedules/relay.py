@@ -1,0 +1,162 @@
+"""The index relay and the cleanup loop of recurring schedules.
+
+``IndexRelay`` mirrors enabled schedules from PostgreSQL into the Redis sorted
+set: it follows NOTIFY ``pyscheduler_schedules`` (payload = schedule id) and
+writes each changed schedule's ``index_entries`` row at once, and every
+``reconcile_interval`` it pages through ``index_page`` (adding what is missing,
+fixing scores) and removes members PostgreSQL no longer has active. Its writes
+never touch a claimed member and never bring back an occurrence already claimed
+(Index.mirror). Replicas are safe (writes are idempotent).
+
+``Cleanup`` deletes executions past the retention setting with
+``purge_executions`` in batches, every ``interval``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import Counter
+
+from ..db import Database, Listener, Outage, Wakeup
+from ..errors import RETRYABLE
+from .executor import mirror_entries
+from .index import DEFAULT_PREFIX, UNREACHABLE, Index
+
+log = logging.getLogger("pyscheduler.schedules")
+
+CHANNEL = "pyscheduler_schedules"
+MIRRORED = Counter("pyscheduler_schedules_mirrored", "Index members written by the relay (NOTIFY and reconcile)")
+PURGED = Counter("pyscheduler_schedules_purged", "Executions deleted past retention")
+
+
+class IndexRelay:
+    name = "schedules-relay"
+
+    def __init__(self, dsn: str, redis_url: str, *, prefix: str = DEFAULT_PREFIX, reconcile_interval: float = 60.0,
+                 page: int = 5000):
+        self.dsn, self.redis_url, self.prefix = dsn, redis_url, prefix
+        self.reconcile_interval = reconcile_interval
+        self.page = page
+        self.pending: set[int] = set()
+        self.lock = threading.Lock()
+        self.wakeup = Wakeup()
+        self.reconcile_now = True
+        self.reconciles = 0
+
+    def _notified(self, _channel: str, payload: str) -> None:
+        ids = []
+        for part in payload.split(","):
+            part = part.strip()
+            if part.isdigit():
+                ids.append(int(part))
+        if ids:
+            with self.lock:
+                self.pending.update(ids)
+            self.wakeup.poke()
+
+    def _reconnected(self) -> None:
+        self.reconcile_now = True  # notifications may have been missed
+        self.wakeup.poke()
+
+    def run(self, stop: threading.Event) -> None:
+        listener = Listener(self.dsn, [CHANNEL], self._notified, on_reconnect=self._reconnected, logger=log).start()
+        stop_poke = threading.Thread(target=lambda: (stop.wait(), self.wakeup.poke()), daemon=True)
+        stop_poke.start()
+        outage = Outage("schedules relay", log)
+        next_reconcile = time.monotonic() + self.reconcile_interval
+        with Database(self.dsn, min_size=1, max_size=2, name=self.name, timeout=5.0) as db:
+            index = Index.from_url(self.redis_url, self.prefix)
+            listener.ready.wait(10)
+            try:
+                while not stop.is_set():
+                    try:
+                        self.follow(db, index)
+                        if self.reconcile_now or time.monotonic() >= next_reconcile:
+                            self.reconcile_now = False
+                            self.reconcile(db, index)
+                            next_reconcile = time.monotonic() + self.reconcile_interval
+                        outage.ok()
+                    except (*UNREACHABLE, *RETRYABLE) as exc:
+                        self.reconcile_now = True
+                        stop.wait(outage.failed(exc))
+                        continue
+                    with self.lock:
+                        busy = bool(self.pending)
+                    if not busy:
+                        self.wakeup.wait(min(1.0, max(0.0, next_reconcile - time.monotonic())), jitter=0.0)
+            finally:
+                index.close()
+                listener.stop()
+
+    def follow(self, db: Database, index: Index) -> int:
+        """Write the index entries of the schedules notified so far."""
+        with self.lock:
+            ids, self.pending = sorted(self.pending), set()
+        written = 0
+        try:
+            for i in range(0, len(ids), 1000):
+                chunk = ids[i:i + 1000]
+                written += index.mirror(mirror_entries(db.call("index_entries", p_ids=chunk)))
+        except BaseException:
+            with self.lock:  # not lost: tried again after the outage
+                self.pending.update(ids)
+            raise
+        MIRRORED.inc(written)
+        return written
+
+    def reconcile(self, db: Database, index: Index) -> int:
+        """Make the index match PostgreSQL: every active schedule indexed, nothing else."""
+        written, after, active = 0, 0, set()
+        while True:
+            rows = db.call("index_page", p_after=after, p_limit=self.page)
+            if not rows:
+                break
+            written += index.mirror(mirror_entries(rows))
+            active.update(r["id"] for r in rows)
+            after = rows[-1]["id"]
+        extra = [m for m in index.members() if m not in active]
+        for i in range(0, len(extra), 1000):  # re-read: created after its page was read
+            written += index.mirror(mirror_entries(db.call("index_entries", p_ids=extra[i:i + 1000])))
+        self.reconciles += 1
+        if written:
+            log.info("reconcile: %d index member(s) written or removed (%d active schedules)", written, len(active))
+        MIRRORED.inc(written)
+        return written
+
+
+class Cleanup:
+    """Deletes executions past retention (``purge_executions``) in batches."""
+
+    name = "schedules-cleanup"
+
+    def __init__(self, dsn: str, *, interval: float = 60.0, batch: int = 10000):
+        self.dsn, self.interval, self.batch = dsn, interval, batch
+        self.deleted = 0
+
+    def run(self, stop: threading.Event) -> None:
+        outage = Outage("schedules cleanup", log)
+        with Database(self.dsn, min_size=1, max_size=1, name=self.name, timeout=5.0) as db:
+            while not stop.is_set():
+                try:
+                    self.purge_once(db)
+                    outage.ok()
+                except RETRYABLE as exc:
+                    stop.wait(outage.failed(exc))
+                    continue
+                stop.wait(self.interval)
+
+    def purge_once(self, db: Database) -> int:
+        total = 0
+        while True:
+            n = db.call_value("purge_executions", p_batch=self.batch) or 0
+            total += n
+            if n < self.batch:
+                break
+        if total:
+            log.info("deleted %d schedule executions past retention", total)
+            PURGED.inc(total)
+        self.deleted += total
+        return total
