@@ -558,6 +558,8 @@ class Worker:
                     self._recordable.notify()
             if finished is not None:
                 self._busy -= 1
+                if len(self._queue) <= self._low:
+                    self._lease_wake.poke()  # a free handler: the lease loop may want more (before we wait)
             try:
                 while not self._closed:
                     if not self._queue:
