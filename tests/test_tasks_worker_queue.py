@@ -128,7 +128,7 @@ def test_on_stop_queued_tasks_go_back_in_one_call_and_run_elsewhere(dsn, db, mon
         second.stop()
 
 
-def test_prefetch_and_lookahead_are_checked():
+def test_prefetch_and_lookahead_are_checked(dsn):
     import pytest
 
     from pyscheduler import errors
@@ -139,4 +139,4 @@ def test_prefetch_and_lookahead_are_checked():
             kind("dsn", "q", lambda ctx: None, prefetch=-1)
         with pytest.raises(errors.InvalidArgument, match="lookahead"):
             kind("dsn", "q", lambda ctx: None, lookahead=-0.1)
-    assert Worker("dsn", "q", lambda ctx: None, prefetch=0).prefetch == 0  # lease only for free handlers
+    assert Worker(dsn, "q", lambda ctx: None, prefetch=0).prefetch == 0  # lease only for free handlers
