@@ -175,8 +175,9 @@ class Database(_Calls):
     """A pool of autocommit connections to one database."""
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 8, name: str = "pyscheduler",
-                 timeout: float = 30.0, connection: ConnectionSettings | None = None):
+                 timeout: float = 30.0, connection: ConnectionSettings | None = None, fresh: float = 0.0):
         self.dsn = dsn
+        self.fresh = fresh
         self.pool = ConnectionPool(
             dsn,
             min_size=min_size,
@@ -187,8 +188,28 @@ class Database(_Calls):
             # connect timeout, TCP keepalives, statement timeout (ConnectionSettings)
             kwargs={"autocommit": True, "row_factory": dict_row, **(connection or settings()).kwargs(dsn)},
             configure=(connection or settings()).apply,
-            check=ConnectionPool.check_connection,
+            check=self._check,
+            reset=self._returned,
         )
+        # id(conn) -> when it came back to the pool healthy (see _check)
+        self._back: dict[int, float] = {}
+
+    # Every checkout is checked with a round trip (a connection that died in
+    # the pool is replaced before the caller sees it), except that with
+    # ``fresh`` > 0 a connection back in the pool less than ``fresh`` seconds
+    # ago, idle and not known broken, is handed out without it (the worker
+    # library: it saves a round trip per completion batch, heartbeat, abort and
+    # yield). Only for callers that retry: a connection that died meanwhile
+    # fails its first call with DatabaseUnavailable.
+    def _returned(self, conn: psycopg.Connection) -> None:
+        self._back[id(conn)] = time.monotonic()
+
+    def _check(self, conn: psycopg.Connection) -> None:
+        back = self._back.pop(id(conn), None)
+        if conn.broken or conn.closed:
+            raise psycopg.OperationalError("the connection is closed")
+        if back is None or time.monotonic() - back > self.fresh:
+            ConnectionPool.check_connection(conn)
 
     def open(self, wait: bool = True, timeout: float = 30.0) -> "Database":
         with translating():

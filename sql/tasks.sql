@@ -478,21 +478,26 @@ $$;
 COMMENT ON FUNCTION pyscheduler.register_worker() IS
     'A new unique worker id (worker-<n>) from a database sequence; register once per process.';
 
-CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks(
+-- _claim_tasks: THE batch claim (lease_tasks, lease_tasks_lean): up to n
+-- ready tasks of queue become running for worker (history += TaskAssignment,
+-- a new lease token each); returns the leased rows, in no particular order.
+CREATE OR REPLACE FUNCTION pyscheduler._claim_tasks(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
-RETURNS TABLE (task jsonb)
+RETURNS SETOF pyscheduler.tasks
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_timeout interval := pyscheduler._timeout(_lease_tasks.timeout);
+    v_timeout interval := pyscheduler._timeout(_claim_tasks.timeout);
+    -- the same entry for every task of the claim: built once, not per row
+    v_assignment jsonb := pyscheduler._history('TaskAssignment', _claim_tasks.worker, p_now);
 BEGIN
-    PERFORM pyscheduler._check_task_args(p_queue => _lease_tasks.queue, p_queue_given => true,
-                                         p_worker => _lease_tasks.worker, p_worker_given => true,
-                                         p_aging_rate => _lease_tasks.aging_rate,
-                                         p_aging_cap => _lease_tasks.aging_cap);
+    PERFORM pyscheduler._check_task_args(p_queue => _claim_tasks.queue, p_queue_given => true,
+                                         p_worker => _claim_tasks.worker, p_worker_given => true,
+                                         p_aging_rate => _claim_tasks.aging_rate,
+                                         p_aging_cap => _claim_tasks.aging_cap);
     IF n IS NULL OR n < 1 THEN
         RAISE EXCEPTION 'n must be at least 1, got %', coalesce(n::text, 'NULL') USING ERRCODE = 'PS208';
     END IF;
@@ -505,24 +510,22 @@ BEGIN
         -- the right one whatever n is (see the function's SET plan_cache_mode):
         -- re-planning it on every call cost ~200 us, two thirds of a lease.
         RETURN QUERY
-        WITH u AS (
-            UPDATE pyscheduler.tasks t
-               SET status = 'running', owner = _lease_tasks.worker, deadline = p_now + v_timeout,
-                   updated = p_now, lease_token = gen_random_uuid(), attempts = t.attempts + 1,
-                   history = t.history || pyscheduler._history('TaskAssignment', _lease_tasks.worker, p_now)
-             WHERE t.rn = ANY (ARRAY(
-                   SELECT r.rn FROM pyscheduler.tasks r
-                    WHERE r.queue = _lease_tasks.queue AND r.status = 'ready'
-                    ORDER BY r.priority DESC, r.created, r.seq
-                    LIMIT n
-                      FOR UPDATE SKIP LOCKED))
-            RETURNING t.*)
-        SELECT pyscheduler._leased_json(u::pyscheduler.tasks) FROM u ORDER BY u.priority DESC, u.created, u.seq;
+        UPDATE pyscheduler.tasks t
+           SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
+               updated = p_now, lease_token = gen_random_uuid(), attempts = t.attempts + 1,
+               history = t.history || v_assignment
+         WHERE t.rn = ANY (ARRAY(
+               SELECT r.rn FROM pyscheduler.tasks r
+                WHERE r.queue = _claim_tasks.queue AND r.status = 'ready'
+                ORDER BY r.priority DESC, r.created, r.seq
+                LIMIT n
+                  FOR UPDATE SKIP LOCKED))
+        RETURNING t.*;
     ELSE
         RETURN QUERY
         WITH c AS (
             SELECT r.rn FROM pyscheduler.tasks r
-             WHERE r.queue = _lease_tasks.queue AND r.status = 'ready'
+             WHERE r.queue = _claim_tasks.queue AND r.status = 'ready'
              ORDER BY greatest(r.priority, least(
                           r.priority + aging_rate * greatest(0, extract(epoch FROM p_now - r.updated)),
                           aging_cap)) DESC,
@@ -530,14 +533,24 @@ BEGIN
              LIMIT n
                FOR UPDATE SKIP LOCKED)
         UPDATE pyscheduler.tasks t
-           SET status = 'running', owner = _lease_tasks.worker, deadline = p_now + v_timeout,
+           SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = gen_random_uuid(), attempts = t.attempts + 1,
-               history = t.history || pyscheduler._history('TaskAssignment', _lease_tasks.worker, p_now)
+               history = t.history || v_assignment
           FROM c
          WHERE t.rn = c.rn
-        RETURNING pyscheduler._leased_json(t);
+        RETURNING t.*;
     END IF;
 END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks(
+    queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
+LANGUAGE sql
+AS $$
+    SELECT pyscheduler._leased_json(u) FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
+     ORDER BY u.priority DESC, u.created, u.seq;
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks(
@@ -571,6 +584,43 @@ END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, double precision, bigint) IS
     'Lease up to n ready tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; each with its lease token.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks_lean(
+    queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
+RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
+LANGUAGE sql
+AS $$
+    SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq
+      FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
+     ORDER BY u.priority DESC, u.created, u.seq;
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks_lean(
+    queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295)
+RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* lease_tasks_lean(queue, worker, n => 1, timeout => '10 seconds',
+                    aging_rate => 0, aging_cap => 4294967295)
+       -> setof (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
+   lease_tasks with a lean answer: the same claim (same order, same
+   TaskAssignment history entry, same new lease token per task), but only
+   what a worker needs to run the tasks, as columns instead of the whole task
+   as JSON. seq is the submission order (a worker's local queue orders by
+   priority desc, then seq). Commits asynchronously when it is the whole
+   transaction, as lease_tasks.
+   Errors: PS208 queue, worker, n < 1, timeout, aging_rate, aging_cap. */
+BEGIN
+    PERFORM _async_commit_if_alone();
+    RETURN QUERY SELECT * FROM _lease_tasks_lean($1, $2, $3, $4, $5, $6, now());
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.lease_tasks_lean(text, text, integer, interval, double precision, bigint) IS
+    'lease_tasks answering only (rn, token, spec, priority, seq) per leased task: what a worker needs.';
 
 -- _lease_task: the single-task claim of lease_task and complete_and_lease
 -- (aging off): the next ready task of queue becomes running for worker, or
@@ -682,6 +732,105 @@ $$;
 COMMENT ON FUNCTION pyscheduler.heartbeat_task(uuid, uuid, double precision, interval) IS
     'The lease holder (token) extends its lease to now + timeout and reports progress; PS203 means cancelled.';
 
+-- _check_leases(rns, tokens): PS208 unless rns and tokens are arrays of the same length.
+CREATE OR REPLACE FUNCTION pyscheduler._check_leases(p_rns uuid[], p_tokens uuid[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_rns IS NULL OR p_tokens IS NULL OR cardinality(p_rns) <> cardinality(p_tokens) THEN
+        RAISE EXCEPTION 'rns and tokens must be arrays of the same length, got % and %',
+                        cardinality(p_rns), cardinality(p_tokens)
+            USING ERRCODE = 'PS208', HINT = 'tokens[i] is the lease token of rns[i].';
+    END IF;
+END
+$$;
+
+-- _leases(rns, tokens): the leases (rns[i], tokens[i]) in rn order. The
+-- batch writes (complete_tasks, heartbeat_tasks, yield_tasks) join the tasks
+-- to this (a nested loop driven by it), so they lock rows in rn order: two of
+-- them running at once wait for each other, they never deadlock.
+CREATE OR REPLACE FUNCTION pyscheduler._leases(p_rns uuid[], p_tokens uuid[])
+RETURNS TABLE (rn uuid, token uuid)
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT l.rn, l.token FROM unnest(p_rns, p_tokens) AS l(rn, token) ORDER BY l.rn $$;
+
+-- _refused(rns, tokens, done): (rn, sqlstate) of each lease (rns[i], tokens[i])
+-- not in done, with _refusal's code: why a batch write did not touch it.
+-- Nothing is read when done has them all (the common case).
+CREATE OR REPLACE FUNCTION pyscheduler._refused(p_rns uuid[], p_tokens uuid[], p_done uuid[])
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE sql STABLE
+AS $$
+    SELECT l.rn, pyscheduler._refusal(t.status, t.lease_token, l.token)
+      FROM unnest(p_rns, p_tokens) AS l(rn, token)
+      LEFT JOIN pyscheduler.tasks t ON t.rn = l.rn
+     WHERE cardinality(p_done) < cardinality(p_rns) AND l.rn <> ALL (p_done);
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_tasks(
+    rns uuid[], tokens uuid[], progress double precision[] DEFAULT NULL, timeout interval DEFAULT '10 seconds',
+    p_now timestamptz DEFAULT now())
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_deadline timestamptz := p_now + pyscheduler._timeout(_heartbeat_tasks.timeout);
+    v_done uuid[];
+    v_bad double precision;
+BEGIN
+    PERFORM pyscheduler._check_leases(rns, tokens);
+    IF _heartbeat_tasks.progress IS NOT NULL THEN
+        IF cardinality(_heartbeat_tasks.progress) <> cardinality(rns) THEN
+            RAISE EXCEPTION 'progress must be NULL or an array as long as rns, got % and %',
+                            cardinality(_heartbeat_tasks.progress), cardinality(rns)
+                USING ERRCODE = 'PS208', HINT = 'progress[i] is the progress of rns[i] (NULL keeps it).';
+        END IF;
+        SELECT p INTO v_bad FROM unnest(_heartbeat_tasks.progress) p WHERE NOT (p >= 0 AND p <= 1) LIMIT 1;
+        PERFORM pyscheduler._check_progress(v_bad);
+    END IF;
+    WITH beat AS (
+        UPDATE pyscheduler.tasks t
+           SET deadline = v_deadline, updated = p_now, progress = coalesce(l.progress, t.progress)
+          FROM (SELECT * FROM unnest(rns, tokens, coalesce(_heartbeat_tasks.progress,
+                                 array_fill(NULL::double precision, ARRAY[cardinality(rns)])))
+                                 AS u(rn, token, progress)
+                 ORDER BY u.rn) AS l
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+        RETURNING t.rn)
+    SELECT coalesce(array_agg(b.rn), '{}') INTO v_done FROM beat b;
+    -- the rest were not touched by the update above: the state machine says why
+    RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.heartbeat_tasks(
+    rns uuid[], tokens uuid[], progress double precision[] DEFAULT NULL, timeout interval DEFAULT '10 seconds')
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* heartbeat_tasks(rns, tokens, progress => NULL, timeout => '10 seconds')
+       -> setof (rn uuid, sqlstate text)
+   The batch form of heartbeat_task, in one statement: extends to now +
+   timeout every lease (rns[i], tokens[i]) whose task is running under that
+   token, and sets its progress to progress[i] (NULL, or a NULL progress
+   array, keeps it). Returns one row per lease it did NOT extend, with the
+   SQLSTATE heartbeat_task would have raised for it (PS200, PS201, PS202,
+   PS203 cancelled: stop, PS210); no rows means every lease was extended.
+   Commits asynchronously when it is the whole transaction, as heartbeat_task.
+   Errors: PS205 a progress outside 0..1, PS208 arrays of different lengths,
+   timeout. */
+BEGIN
+    PERFORM _async_commit_if_alone();
+    RETURN QUERY SELECT * FROM _heartbeat_tasks($1, $2, $3, $4, now());
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.heartbeat_tasks(uuid[], uuid[], double precision[], interval) IS
+    'Extend many leases (rns[i] with token tokens[i]) in one statement; returns (rn, sqlstate) for each refused.';
+
 CREATE OR REPLACE FUNCTION pyscheduler._complete_task(rn uuid, token uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -724,26 +873,15 @@ AS $$
 DECLARE
     v_done uuid[];
 BEGIN
-    IF rns IS NULL OR tokens IS NULL OR cardinality(rns) <> cardinality(tokens) THEN
-        RAISE EXCEPTION 'rns and tokens must be arrays of the same length, got % and %',
-                        cardinality(rns), cardinality(tokens)
-            USING ERRCODE = 'PS208', HINT = 'tokens[i] is the lease token of rns[i].';
-    END IF;
+    PERFORM pyscheduler._check_leases(rns, tokens);
     WITH done AS (
         UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
-          FROM unnest(rns, tokens) AS l(rn, token)
+          FROM pyscheduler._leases(rns, tokens) AS l
          WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(d.rn), '{}') INTO v_done FROM done d;
-    IF cardinality(v_done) = cardinality(rns) THEN
-        RETURN;  -- the common case: all completed
-    END IF;
     -- the rest were not touched by the update above: the state machine says why
-    RETURN QUERY
-    SELECT l.rn, pyscheduler._refusal(t.status, t.lease_token, l.token)
-      FROM unnest(rns, tokens) AS l(rn, token)
-      LEFT JOIN pyscheduler.tasks t ON t.rn = l.rn
-     WHERE l.rn <> ALL (v_done);
+    RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
 END
 $$;
 
@@ -916,6 +1054,52 @@ $$;
 COMMENT ON FUNCTION pyscheduler.yield_task(uuid, uuid) IS
     'The lease holder (token) yields a running task (deadline = now - 1 s, TaskYield); the monitor makes it ready again.';
 
+CREATE OR REPLACE FUNCTION pyscheduler._yield_tasks(rns uuid[], tokens uuid[], p_now timestamptz DEFAULT now())
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_done uuid[];
+BEGIN
+    PERFORM pyscheduler._check_leases(rns, tokens);
+    WITH y AS (
+        UPDATE pyscheduler.tasks t
+           SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
+               attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
+               history = t.history || pyscheduler._history('TaskYield', t.owner, p_now, t.progress)
+          FROM pyscheduler._leases(rns, tokens) AS l
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+        RETURNING t.rn)
+    SELECT coalesce(array_agg(y.rn), '{}') INTO v_done FROM y;
+    IF cardinality(v_done) > 0 THEN
+        PERFORM pyscheduler._notify_throttled('pyscheduler_tasks_monitor');
+    END IF;
+    -- the rest were not touched by the update above: the state machine says why
+    RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.yield_tasks(rns uuid[], tokens uuid[])
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* yield_tasks(rns, tokens) -> setof (rn uuid, sqlstate text)
+   The batch form of yield_task, in one statement: hands back every lease
+   (rns[i], tokens[i]) whose task is running under that token (deadline =
+   now - 1 s, history += TaskYield, the token refused from then on); the
+   monitor makes them ready at once. A worker stopping hands back the tasks
+   it leased but never started this way. Returns one row per lease it did
+   NOT yield, with the SQLSTATE yield_task would have raised for it (PS200,
+   PS201, PS202, PS203, PS210); no rows means all were yielded.
+   Errors: PS208 arrays of different lengths. */
+    SELECT * FROM pyscheduler._yield_tasks(rns, tokens, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.yield_tasks(uuid[], uuid[]) IS
+    'Yield many leases (rns[i] with token tokens[i]) in one statement; returns (rn, sqlstate) for each not yielded.';
+
 -- ---------------------------------------------------------------- monitor
 
 CREATE OR REPLACE FUNCTION pyscheduler._reset_expired_tasks(max_tasks integer DEFAULT 1000, p_now timestamptz DEFAULT now())
@@ -1059,7 +1243,8 @@ COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS 'The oldest ready task of each
 
 SELECT pyscheduler._grant('client', 'submit_task', 'submit_tasks', 'get_task', 'list_tasks', 'cancel_task',
                          'task_counts', 'expired_leases', 'oldest_ready_tasks');
-SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_tasks', 'heartbeat_task',
-                         'complete_task', 'complete_tasks', 'complete_and_lease', 'abort_task', 'yield_task', 'get_task');
+SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_tasks', 'lease_tasks_lean',
+                         'heartbeat_task', 'heartbeat_tasks', 'complete_task', 'complete_tasks', 'complete_and_lease',
+                         'abort_task', 'yield_task', 'yield_tasks', 'get_task');
 SELECT pyscheduler._grant('monitor', 'get_task', 'list_tasks', 'task_counts', 'expired_leases', 'oldest_ready_tasks');
 SELECT pyscheduler._grant('admin', 'reset_expired_tasks', 'cleanup_tasks');

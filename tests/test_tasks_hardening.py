@@ -17,7 +17,8 @@ from test_tasks_sql import at, call, code_of, held, lease, submit, types_of, val
 
 PUBLIC_TASK_FUNCTIONS = ("submit_task", "submit_tasks", "cancel_task", "lease_task", "lease_tasks",
                          "heartbeat_task", "complete_task", "complete_tasks", "complete_and_lease", "abort_task",
-                         "yield_task", "reset_expired_tasks", "cleanup_tasks")
+                         "yield_task", "reset_expired_tasks", "cleanup_tasks", "lease_tasks_lean",
+                         "heartbeat_tasks", "yield_tasks")
 
 
 # ------------------------------------------------------------------ item 1: the clock
@@ -114,6 +115,10 @@ CALLS = {
     "complete_and_lease": lambda db, h: db.call("complete_and_lease", worker="w1", queue="elsewhere", **h),
     "abort_task": lambda db, h: db.call("abort_task", **h, errors=Jsonb([{"code": "x"}])),
     "yield_task": lambda db, h: db.call("yield_task", **h),
+    "heartbeat_tasks": lambda db, h: [r["sqlstate"] for r in db.call("heartbeat_tasks", rns=[h["rn"]],
+                                                                      tokens=[h["token"]])],
+    "yield_tasks": lambda db, h: [r["sqlstate"] for r in db.call("yield_tasks", rns=[h["rn"]],
+                                                                  tokens=[h["token"]])],
     "cancel_task": lambda db, h: db.call("cancel_task", rn=h["rn"]),
 }
 

@@ -171,15 +171,23 @@ def _submit_one(db) -> Callable[[dict], object]:
     return lambda spec: db.call("submit_task", queue=QUEUE, spec=Jsonb(spec))
 
 
-def worker_system(a: Args) -> dict:
-    """The ``Worker`` library (threads), capacity = concurrency."""
-    from ..tasks.worker import Worker
+def worker_system(a: Args, flavour: str = "sync") -> dict:
+    """The ``Worker`` library (threads), or its asyncio flavour ``AsyncWorker`` (``async def``
+    handlers, issue 10 item 2); capacity = concurrency."""
+    from ..tasks import AsyncWorker, Worker
 
     counter = Counter()
 
+    async def handle(ctx) -> None:
+        counter.handled(ctx.spec)
+
     def start(ready: bool):
-        running = Worker(a.dsn, QUEUE, lambda ctx: counter.handled(ctx.spec), capacity=a.concurrency,
-                         poll_interval=0.5).start()
+        if flavour == "async":
+            worker = AsyncWorker(a.dsn, QUEUE, handle, capacity=a.concurrency, poll_interval=0.5)
+        else:
+            worker = Worker(a.dsn, QUEUE, lambda ctx: counter.handled(ctx.spec), capacity=a.concurrency,
+                            poll_interval=0.5)
+        running = worker.start()
         if ready:
             running.wait_idle(timeout=30)
         return running
@@ -187,18 +195,14 @@ def worker_system(a: Args) -> dict:
     with _prepare(a) as db:
         result = run_phases(a, counter, start, lambda running: running.stop(), _submit_one(db),
                             lambda: _enqueue(db, a.jobs), _durable(db))
-    return dict(system="pyscheduler Worker", version=_version(), **result,
-                settings=f"capacity {a.concurrency}, LISTEN/NOTIFY, poll 0.5 s")
+    return dict(system="pyscheduler Worker" + (" (async)" if flavour == "async" else ""), version=_version(),
+                **result, settings=f"capacity {a.concurrency}, local queue (prefetch up to 500), LISTEN/NOTIFY, "
+                                   f"poll 0.5 s")
 
 
 def worker_async_system(a: Args) -> dict:
-    """The asyncio flavour of the Worker (issue 10, item 2): the slot is here, the worker is not yet.
-    When ``pyscheduler.tasks`` has it, run it as worker_system does, with ``async def`` handlers."""
-    from ..tasks import worker
-
-    if not hasattr(worker, "AsyncWorker"):
-        raise NotBuilt("the asyncio Worker is not built yet (issue 10, item 2)")
-    raise NotBuilt("the asyncio Worker exists: wire it into pyscheduler/benchpeers/runner.py")
+    """The asyncio flavour of the Worker (issue 10, item 2), run as worker_system runs Worker."""
+    return worker_system(a, "async")
 
 
 BATCH_CONNECTIONS = 2

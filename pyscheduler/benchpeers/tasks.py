@@ -39,9 +39,9 @@ def _ours(key: str) -> Callable[[], list[str]]:
 
 
 def _async_worker_missing() -> str | None:
-    from ..tasks import worker
+    from .. import tasks
 
-    return None if hasattr(worker, "AsyncWorker") else "not built yet (issue 10, item 2)"
+    return None if hasattr(tasks, "AsyncWorker") else "not built yet (issue 10, item 2)"
 
 
 def _procrastinate_missing() -> str | None:

@@ -2,8 +2,10 @@
 cancel, yield, and a monitor that resets expired leases.
 
 * ``TaskClient``: submit, get, list, cancel.
-* ``Worker``: register, lease woken by NOTIFY, heartbeats with progress,
-  cancellation delivered to the handler, yield on stop.
+* ``Worker``: register, lease woken by NOTIFY into a local queue (prefetch),
+  handler threads, batched heartbeats and completions, cancellation delivered
+  to the handler, yield on stop.
+* ``AsyncWorker`` (``pyscheduler.tasks.aio``): the same for ``async def`` handlers.
 * ``Monitor``: the daemon that resets expired leases and cleans up.
 
 The SQL API (sql/tasks.sql, docs/sql-api.md) is the product; this package
@@ -11,7 +13,9 @@ only calls it.
 """
 
 from .client import TaskClient
+from .aio import AsyncTaskContext, AsyncWorker
 from .monitor import Monitor
 from .worker import Abort, RunningWorker, TaskContext, Worker
 
-__all__ = ["Abort", "Monitor", "RunningWorker", "TaskClient", "TaskContext", "Worker"]
+__all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "RunningWorker", "TaskClient", "TaskContext",
+           "Worker"]

@@ -10,7 +10,7 @@ on a database with real tasks), all through the SQL API via pyscheduler.db:
    transactions per task), and W connections loop complete_and_lease (one
    transaction per task: complete the held task, lease the next). Both are one
    task per lease, each completed on its own.
-3. the worker library: one Worker with a no-op handler.
+3. the worker library: one Worker, then one AsyncWorker, with a no-op handler.
 4. submit-to-lease latency with idle workers: Worker instances (the library,
    woken by NOTIFY) wait on a queue; tasks are submitted one at a time and the
    time from the submit call to the handler starting is recorded.
@@ -143,21 +143,32 @@ def lease_complete_chained(db: Database, queue: str, workers: int,
     return sum(done), elapsed
 
 
-def library_throughput(dsn: str, db: Database, queue: str, total: int, capacity: int) -> tuple[int, float]:
-    """One Worker (the library: batch lease up to free capacity, handler threads, heartbeats,
-    batched completions) works ``total`` submitted no-op tasks; time from its start to the last completion."""
-    def completed() -> int:
-        rows = db.query("SELECT tasks FROM pyscheduler.task_counts WHERE queue = %s AND status = 'completed'",
-                        (queue,))
-        return rows[0]["tasks"] if rows else 0
+def library_throughput(dsn: str, db: Database, queue: str, total: int, capacity: int,
+                       flavour: str = "sync") -> tuple[int, float]:
+    """One Worker (the library: a local queue leased ahead, handler threads or coroutines,
+    batched heartbeats and completions) works ``total`` submitted no-op tasks; time from its
+    start to the last durable completion. Completions are counted by the worker itself
+    (``Worker.completed``, after each complete_tasks commit), checked once at the end: polling
+    task_counts every 10 ms cost milliseconds of server CPU per poll at 20,000 rows."""
+    from .aio import AsyncWorker
 
+    async def nothing(ctx: TaskContext) -> None:
+        return None
+
+    if flavour == "async":
+        worker: Worker = AsyncWorker(dsn, queue, nothing, capacity=capacity, poll_interval=0.5)
+    else:
+        worker = Worker(dsn, queue, lambda ctx: None, capacity=capacity, poll_interval=0.5)
     started = time.perf_counter()
-    running = Worker(dsn, queue, lambda ctx: None, capacity=capacity, poll_interval=0.5).start()
+    running = worker.start()
     try:
-        wait_for(lambda: completed() >= total, timeout=600, interval=0.01)
-        return total, time.perf_counter() - started
+        wait_for(lambda: worker.completed >= total, timeout=600, interval=0.005)
+        elapsed = time.perf_counter() - started
     finally:
         running.stop()
+    rows = db.query("SELECT tasks FROM pyscheduler.task_counts WHERE queue = %s AND status = 'completed'", (queue,))
+    assert rows and rows[0]["tasks"] == total, f"{rows} completed, expected {total}"
+    return total, elapsed
 
 
 def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, workers: int,
@@ -205,7 +216,9 @@ def _verdict(value: float, target: float, higher_is_better: bool = True) -> str:
 @click.option("--gap", type=float, default=0.02, show_default=True, help="Seconds between latency samples.")
 @click.option("--capacity", type=click.IntRange(1), default=10, show_default=True,
               help="Capacity of the Worker in the library run.")
-def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity) -> None:
+@click.option("--library-tasks", type=click.IntRange(1), default=20_000, show_default=True,
+              help="Tasks of each library run (Worker, then AsyncWorker).")
+def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, library_tasks) -> None:
     """Leased tasks: batch and single lease+complete tasks/s (lease_task + complete_task, and
     complete_and_lease), the worker library, submit-to-lease latency. Side by side with other
     job queues: ``pyscheduler bench peers``."""
@@ -259,14 +272,16 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity) ->
                            f"({_verdict(rate, TARGETS['single'])})")
                 _drop_queue(db, q)
 
-                q = f"{tag}-library"
-                library_tasks = max(1000, total // 5)
-                submit_bulk(db, q, library_tasks)
-                _vacuum(db)
-                n, secs = library_throughput(dsn, db, q, library_tasks, capacity)
-                click.echo(f"worker library (one Worker, capacity {capacity}, no-op handler, batched completions): "
-                           f"{n:,} tasks in {secs:.2f}s = {n / secs:,.0f} tasks/s")
-                _drop_queue(db, q)
+                for flavour in ("sync", "async"):
+                    q = f"{tag}-library"
+                    submit_bulk(db, q, library_tasks)
+                    _vacuum(db)
+                    n, secs = library_throughput(dsn, db, q, library_tasks, capacity, flavour)
+                    kind = "Worker" if flavour == "sync" else "AsyncWorker"
+                    click.echo(f"worker library ({flavour}: one {kind}, capacity {capacity}, no-op handler, "
+                               f"local queue, batched completions): {n:,} tasks in {secs:.2f}s = "
+                               f"{n / secs:,.0f} tasks/s")
+                    _drop_queue(db, q)
 
                 q = f"{tag}-latency"
                 lat = submit_to_lease_latency(dsn, db, q, samples, workers, gap)

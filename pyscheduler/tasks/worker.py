@@ -1,14 +1,37 @@
 """The worker library of leased tasks (seeds/scylla.md).
 
 A ``Worker`` registers (a unique id from a database sequence), then leases
-tasks of one queue while it has capacity, runs each in a thread with the
-application's handler, and keeps every held lease alive from a heartbeat
-thread that also reports the handler's progress. A handler that returns
-completes its task; one that raises ``Abort`` (or any exception) aborts it
-with errors. Cancellation reaches the handler through ``ctx.cancelled``: at
-once by NOTIFY, at the latest on the next heartbeat. On stop (SIGTERM in
-``pyscheduler run`` or your own shutdown hook) the worker yields the tasks it
-still holds so the monitor hands them to another worker at once.
+tasks of one queue into a local queue, and ``capacity`` long-lived handler
+threads take them from it, highest priority first, then oldest (the
+asyncio flavour, ``AsyncWorker`` in ``aio.py``, runs ``async def`` handlers
+instead). A handler that returns completes its task; one that raises
+``Abort`` (or any exception) aborts it with errors. Cancellation reaches the
+handler through ``ctx.cancelled``: at once by NOTIFY, at the latest on the
+next heartbeat. On stop (SIGTERM in ``pyscheduler run`` or your own shutdown
+hook) the worker yields the tasks it still holds so the monitor hands them to
+another worker at once.
+
+The speed comes from doing the database work off the handlers' path, in
+batches (issue 10):
+
+* The local queue is filled ahead by one lease thread (``lease_tasks_lean``:
+  one lease call in flight, on its own connection with asynchronous commits),
+  when it falls to its low watermark (half its target). Its target is what the
+  handlers start in ``lookahead`` (0.1 s) at the rate they start tasks, at
+  most ``prefetch`` (500), and nothing while that is less than ``capacity``:
+  slow tasks are leased only for free handlers, so a worker never hoards them
+  while another idles.
+* A leased task is ``running`` in the database while it waits locally, and its
+  lease is kept alive like a running one: one ``heartbeat_tasks`` call renews
+  every lease the worker holds and answers only the refused ones. A queued task
+  whose lease is refused (cancelled, say) is dropped; one whose lease could have
+  expired (no successful heartbeat within the lease timeout) is never started.
+* A handler that returns frees its slot at once; its completion goes to a
+  completion thread that records everything finished meanwhile with one
+  ``complete_tasks`` call on a dedicated connection, durably. Only then does
+  the task count as done (``Worker.completed``, it leaves ``held``). Handlers
+  wait when 1,000 completions are waiting (back-pressure).
+* On stop the queued tasks go back in one ``yield_tasks`` call.
 
 Once ``ctx.stopping`` is set (cancelled, lease lost, or the worker stopping),
 a handler that simply returns has NOT finished its task and it is not
@@ -41,20 +64,20 @@ refused the task is yielded. A task is never left running with its slot taken.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import heapq
+import itertools
 import logging
 import math
-import queue as queue_mod
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 
-from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup
+from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup, translating
 from ..errors import (LEASE_GONE, RETRYABLE, DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled,
                       is_retryable, rejects_arguments)
 
@@ -62,6 +85,9 @@ log = logging.getLogger(__name__)
 
 MAX_LEASE_SECONDS = 86_400.0  # sql/tasks.sql _timeout: a lease lasts at most 1 day
 MAX_DESCRIPTION = 4000  # characters of an error description the worker records
+MAX_PREFETCH = 10_000  # leased tasks a worker may hold in its local queue, at most
+MAX_UNRECORDED = 1000  # completions waiting to be recorded before handlers wait (one complete_tasks call)
+_SLOW, _FULL = object(), object()  # answers of Worker._take (see there)
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
 TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
 class _Discard(SchedulerError):
@@ -106,8 +132,14 @@ def error_entry(code: Any, description: Any = "", args: Any = None) -> dict[str,
             "description": json_safe(str(description))[:MAX_DESCRIPTION]}
 
 
+_EVENTS = threading.Lock()  # makes TaskContext events once, in step with _stop
+
+
 class TaskContext:
-    """What a handler gets: the task, a progress reporter and stop signals."""
+    """What a handler gets: the task, a progress reporter and stop signals.
+
+    ``task`` is what the worker leased (``lease_tasks_lean``): rn, token, spec,
+    priority and queue; ``TaskClient.get(rn)`` has the whole task."""
 
     def __init__(self, task: dict[str, Any]):
         self.task = task
@@ -115,11 +147,37 @@ class TaskContext:
         self.token: str | None = task.get("token")  # the lease's secret: proves this lease on every write
         self.spec: dict[str, Any] = task["spec"]
         self._progress: float | None = None
-        self.cancelled = threading.Event()  # a client cancelled the task
-        self.stopping = threading.Event()  # cancelled, lease lost, or the worker is stopping
+        self._cancelled: Any = None  # events made on first use: most tasks never need them
+        self._stopping: Any = None
+        self._was_cancelled = False
         self.reason: str | None = None
         self.finishing = False  # the handler returned; its outcome is being recorded
         self.completed = False  # ctx.complete(): done, even if told to stop
+        self.started = False  # a handler took it from the local queue
+        self.lease_until = math.inf  # time.monotonic() before which the lease cannot have expired
+
+    def _event(self) -> Any:
+        return threading.Event()
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when a client cancelled the task."""
+        return self._cancelled or self._made("_cancelled", lambda: self._was_cancelled)
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set when the handler should stop: cancelled, lease lost, or the worker is stopping."""
+        return self._stopping or self._made("_stopping", lambda: self.reason is not None)
+
+    def _made(self, name: str, already: Callable[[], bool]) -> Any:
+        """The event ``name``, made now (set if ``already()``), in step with _stop."""
+        with _EVENTS:
+            if getattr(self, name) is None:
+                event = self._event()
+                if already():
+                    event.set()
+                setattr(self, name, event)
+            return getattr(self, name)
 
     def complete(self) -> None:
         """Say the work is done: a return is recorded as completed even after ``stopping``
@@ -133,11 +191,17 @@ class TaskContext:
         self._progress = value
 
     def _stop(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-        if reason == "cancelled":
-            self.cancelled.set()
-        self.stopping.set()
+        with _EVENTS:  # an event made meanwhile sees the reason, or is set here
+            if self.reason is None:
+                self.reason = reason
+            if reason == "cancelled":
+                self._was_cancelled = True
+            cancelled = self._cancelled if reason == "cancelled" else None
+            stopping = self._stopping
+        if cancelled is not None:
+            cancelled.set()
+        if stopping is not None:
+            stopping.set()
 
 
 Handler = Callable[[TaskContext], Any]
@@ -169,13 +233,62 @@ def task_channel(queue: str) -> str:
     return f"pyscheduler_tasks:{queue}"
 
 
+class _Dedicated:
+    """One pool connection held for a thread's stream of calls (the lease loop, the completer):
+    no pool checkout per call. After database trouble it is given back (the pool drops it if it
+    is broken) and the next call takes another. ``setup``/``teardown``: SQL run on taking it and
+    before giving it back (session settings must not leak into the pool)."""
+
+    def __init__(self, db: Database, setup: str | None = None, teardown: str | None = None):
+        self.db, self.setup, self.teardown = db, setup, teardown
+        self._stack: contextlib.ExitStack | None = None
+        self._session: Session | None = None
+
+    def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        if self._session is None:
+            stack = contextlib.ExitStack()
+            session = stack.enter_context(self.db.session())
+            self._stack, self._session = stack, session
+            if self.setup:
+                try:
+                    with translating():
+                        session.conn.execute(self.setup)
+                except BaseException:
+                    self.close()
+                    raise
+        try:
+            return self._session.call(function, **args)
+        except Exception as exc:
+            if is_retryable(exc):
+                self.close()
+            raise
+
+    def close(self) -> None:
+        session, stack = self._session, self._stack
+        self._session = self._stack = None
+        if session is None or stack is None:
+            return
+        with contextlib.suppress(Exception):
+            if self.teardown and not session.conn.closed and not session.conn.broken:
+                session.conn.execute(self.teardown)
+        with contextlib.suppress(Exception):
+            stack.close()
+
+
 class Worker:
-    """Leases and works tasks of one queue; a daemon (``name``, ``run(stop)``)."""
+    """Leases and works tasks of one queue; a daemon (``name``, ``run(stop)``).
+
+    ``capacity`` handler threads take tasks from a local queue that the lease
+    thread fills ahead (``prefetch``: at most that many leased tasks wait
+    locally; the queue holds about ``lookahead`` seconds of work at the rate the
+    handlers start tasks, none while tasks take longer than that)."""
+
+    context_class: type[TaskContext] = TaskContext
 
     def __init__(self, dsn: str, queue: str, handler: Handler, *, capacity: int = 1, timeout: float = 10.0,
                  heartbeat_interval: float | None = None, poll_interval: float = 1.0,
                  aging_rate: float = 0.0, aging_cap: int = 4_294_967_295, yield_on_stop: bool = True,
-                 db: Database | None = None):
+                 prefetch: int = 500, lookahead: float = 0.1, db: Database | None = None):
         if not 1 <= len(queue.encode()) <= 40:
             raise InvalidArgument(f"queue must be 1 to 40 bytes long, got {queue!r}")
         if capacity < 1:
@@ -188,6 +301,10 @@ class Worker:
                                   f"({timeout} s), got {heartbeat_interval!r}")
         if not poll_interval > 0:
             raise InvalidArgument(f"poll_interval must be more than 0 seconds, got {poll_interval!r}")
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise InvalidArgument(f"prefetch must be in 0..{MAX_PREFETCH}, got {prefetch!r}")
+        if not 0 <= lookahead <= 60:
+            raise InvalidArgument(f"lookahead must be in 0..60 seconds, got {lookahead!r}")
         self.dsn, self.queue, self.handler = dsn, queue, handler
         self.capacity = capacity
         self.timeout = timedelta(seconds=timeout)
@@ -195,24 +312,59 @@ class Worker:
         self.poll_interval = poll_interval
         self.aging = {"aging_rate": aging_rate, "aging_cap": aging_cap}
         self.yield_on_stop = yield_on_stop
+        self.prefetch, self.lookahead = prefetch, lookahead
         self._own_db = db is None
-        self.db = db or Database(dsn, min_size=1, max_size=2 + min(capacity, 8), name="pyscheduler-worker")
+        # a lease connection, a completion connection, heartbeats, aborts and yields; every call
+        # is retried, so a connection used within the last 2 s is not checked on checkout
+        self.db = db or Database(dsn, min_size=1, max_size=3 + min(capacity, 8), name="pyscheduler-worker",
+                                 fresh=2.0)
         self.worker_id: str | None = None
         self.name = f"tasks-worker:{queue}"
-        self.held: dict[str, TaskContext] = {}
+        self.held: dict[str, TaskContext] = {}  # every lease held: queued, running, or being recorded
         self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # the local queue got tasks, or closed
+        self._queue: list[tuple[int, int, int, TaskContext]] = []  # heap: (-priority, seq, n, ctx)
+        self._pushed = itertools.count()
+        self._closed = False  # the local queue hands out nothing more (stopping)
+        self._busy = 0  # handlers running
+        self._started = 0  # tasks handed to handlers, ever (the start rate sizes the prefetch)
+        self._rate = 0.0  # tasks started per second, last measured
+        self._rate_at, self._rate_count = time.monotonic(), 0
+        self._low = 0  # low watermark of the local queue: lease again at or below it
         self._lease_wake = Wakeup()
         self._beat_wake = Wakeup()
         self.registered = threading.Event()
         self.listener: Listener | None = None
         self.polls = 0  # lease calls made (tests and benches wait for the first one)
-        self._done: queue_mod.SimpleQueue[TaskContext] = queue_mod.SimpleQueue()
+        self.completed = 0  # completions recorded (durably) by this worker
+        self._unrecorded: list[TaskContext] = []  # completions for the completer's next batch
+        self._recordable = threading.Condition(self._lock)  # _unrecorded got its first entry
+        self._room = threading.Condition(self._lock)  # the completer took _unrecorded (back-pressure)
         self._halt = threading.Event()  # stop was asked for, or a worker thread died
         self.fatal: str | None = None  # why the worker stopped itself (a thread died)
+        self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
 
     # -- the daemon
 
     def run(self, stop: threading.Event) -> None:
+        if not self._begin(stop):
+            return
+        try:
+            threads = [threading.Thread(target=self._handler_thread, name=f"task:{self.worker_id}:{k}", daemon=True)
+                       for k in range(self.capacity)]
+            for thread in threads:
+                thread.start()
+            self._halt.wait()
+            self._give_back()
+            if not self.yield_on_stop:
+                for thread in threads:  # let the handlers finish (told to stop: ctx.stopping)
+                    thread.join()
+        finally:
+            self._end()
+
+    def _begin(self, stop: threading.Event) -> bool:
+        """Register, then start the listener and the lease, heartbeat and completion threads.
+        False when stopped before registering."""
         if self._own_db:
             self.db.open()
         outage = Outage(f"worker on queue {self.queue}", log)
@@ -223,31 +375,36 @@ class Worker:
             except RETRYABLE as exc:
                 stop.wait(outage.failed(exc))
         if self.worker_id is None:
-            return
+            if self._own_db:
+                self.db.close()
+            return False
         self.name = f"tasks-worker:{self.queue}:{self.worker_id}"
         log.info("%s registered for queue %s (capacity %d)", self.worker_id, self.queue, self.capacity)
-        listener = self.listener = Listener(
+        self.listener = Listener(
             self.dsn, [task_channel(self.queue), f"pyscheduler_cancel:{self.worker_id}"],
             self._notified, on_reconnect=self._poke_all, logger=log).start()
-        halt = self._halt
-        poke_on(stop, _Setter(halt))  # halt: stop, or a thread below died
-        poke_on(halt, self._lease_wake)
-        beats_stop = threading.Event()  # heartbeats outlive the lease loop while handlers drain
-        poke_on(beats_stop, self._beat_wake)
-        beat = self._supervised(self._heartbeats, beats_stop, name=f"heartbeat:{self.worker_id}")
-        completer_stop = threading.Event()
-        completer = self._supervised(self._completer, completer_stop, name=f"complete:{self.worker_id}")
-        pool = ThreadPoolExecutor(self.capacity, thread_name_prefix=f"task:{self.worker_id}")
+        poke_on(stop, _Setter(self._halt))  # halt: stop, or a thread below died
+        poke_on(self._halt, self._lease_wake)
+        for name, target in (("heartbeat", self._heartbeats), ("complete", self._completer),
+                             ("lease", self._lease_loop)):
+            thread_stop = self._halt if name == "lease" else threading.Event()
+            if name == "heartbeat":
+                poke_on(thread_stop, self._beat_wake)  # heartbeats outlive the lease loop while handlers drain
+            self._threads[name] = (self._supervised(target, thread_stop, name=f"{name}:{self.worker_id}"),
+                                   thread_stop)
         self.registered.set()
+        return True
+
+    def _end(self) -> None:
+        """After the handlers: record what is queued, stop the threads, close."""
         try:
-            self._lease_loop(halt, pool, outage)
+            for name, wait in (("lease", 10), ("complete", 30), ("heartbeat", 5)):
+                thread, thread_stop = self._threads[name]
+                thread_stop.set()  # the completer records what is queued, then returns
+                thread.join(wait)
+            if self.listener is not None:
+                self.listener.stop()
         finally:
-            self._shutdown(pool)
-            completer_stop.set()  # it records what is queued, then returns
-            completer.join(30)
-            beats_stop.set()
-            listener.stop()
-            beat.join(5)
             if self._own_db:
                 self.db.close()
         if self.fatal:
@@ -287,107 +444,239 @@ class Worker:
         self._lease_wake.poke()
         self._beat_wake.poke()
 
-    def _lease_loop(self, stop: threading.Event, pool: ThreadPoolExecutor, outage: Outage) -> None:
-        while not stop.is_set():
-            try:
-                with self.db.session() as session:  # one connection held: no pool checkout per lease
-                    # This session only leases: its commits need not wait for the WAL flush (a
-                    # lease lost in a crash is a lease that expired). Chosen here, for this
-                    # connection, and undone before it goes back to the pool.
-                    session.conn.execute("SET synchronous_commit = off")
+    # -- leasing into the local queue
+
+    def _lease_loop(self, stop: threading.Event) -> None:
+        # This connection only leases: its commits need not wait for the WAL flush (a lease
+        # lost in a crash is a lease that expired). Set here, for this connection only, and
+        # undone before it goes back to the pool.
+        conn = _Dedicated(self.db, setup="SET synchronous_commit = off", teardown="RESET synchronous_commit")
+        outage = Outage(f"worker on queue {self.queue}", log)
+        recheck = False
+        try:
+            while not stop.is_set():
+                n = self._wanted()
+                got = 0
+                if n > 0:
+                    sent = time.monotonic()
                     try:
-                        self._lease_until_stop(session, stop, pool, outage)
-                    finally:
-                        if not session.conn.closed:
-                            session.conn.execute("RESET synchronous_commit")
-            except RETRYABLE as exc:
-                stop.wait(outage.failed(exc))
+                        rows = conn.call("lease_tasks_lean", queue=self.queue, worker=self.worker_id, n=n,
+                                         timeout=self.timeout, **self.aging)
+                        outage.ok()
+                    except RETRYABLE as exc:
+                        stop.wait(outage.failed(exc))
+                        continue
+                    self.polls += 1
+                    got = len(rows)
+                    if rows:
+                        self._enqueue(rows, sent + self.timeout.total_seconds())
+                    if got == n:
+                        continue  # maybe more ready: lease again while the local queue wants more
+                if recheck:
+                    # A NOTIFY is throttled per queue: the one that woke us may stand for
+                    # later submits too. Look once more shortly (at once if poked).
+                    recheck = False
+                    self._lease_wake.wait(0.02, jitter=0)
+                    continue
+                # woken (NOTIFY, or the local queue ran low): lease at once, then recheck
+                recheck = self._lease_wake.wait(self.poll_interval) and n > 0 and got < n
+        finally:
+            conn.close()
 
-    def _lease_until_stop(self, session: Session, stop: threading.Event, pool: ThreadPoolExecutor,
-                          outage: Outage) -> None:
-        while not stop.is_set():
-            free = self.capacity - len(self.held)
-            got = 0
-            if free > 0:
-                rows = session.call("lease_tasks", queue=self.queue, worker=self.worker_id, n=free,
-                                    timeout=self.timeout, **self.aging)
-                outage.ok()
-                got = len(rows)
-                self.polls += 1
-                for row in rows:
-                    ctx = TaskContext(row["task"])
-                    with self._lock:
-                        old = self.held.get(ctx.rn)
-                        if old is not None:
-                            # Its lease expired and we got the task again: the old execution
-                            # must not finish (or release) this new lease.
-                            log.warning("task %s leased again while an earlier execution holds it: "
-                                        "that lease was lost, its outcome will be discarded", ctx.rn)
-                            old.reason = "lost"
-                            old.stopping.set()
-                        self.held[ctx.rn] = ctx
-                    pool.submit(self._work, ctx)
-            if got and got == free:
-                continue  # maybe more ready: lease again while capacity lasts
-            if self._lease_wake.wait(self.poll_interval) and not stop.is_set() and got == 0:
-                # A NOTIFY is throttled per queue: one that arrived while we
-                # were leasing may stand for a later submit. Look once more shortly.
-                self._lease_wake.wait(0.02, jitter=0)
-                self._lease_wake.poke()
+    def _wanted(self) -> int:
+        """How many tasks to lease now: free handlers plus the local queue's target, when the
+        queue is at or below its low watermark. The target is what the handlers start in
+        ``lookahead`` seconds at their measured rate, up to ``prefetch``; 0 while that is less
+        than ``capacity`` (slow tasks: nothing waits locally while another worker may idle)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._rate_at >= 0.2:
+                self._rate = (self._started - self._rate_count) / (now - self._rate_at)
+                self._rate_at, self._rate_count = now, self._started
+            target = min(self.prefetch, int(self._rate * self.lookahead))
+            if target < self.capacity:
+                target = 0
+            self._low = target // 2
+            queued = len(self._queue)
+            if queued > self._low or self._closed:
+                return 0
+            return max(0, self.capacity - self._busy + target - queued)
 
-    def _work(self, ctx: TaskContext) -> None:
+    def _context(self, row: dict[str, Any], until: float) -> TaskContext:
+        ctx = self.context_class({"rn": str(row["rn"]), "token": str(row["token"]), "spec": row["spec"],
+                                  "priority": row["priority"], "queue": self.queue})
+        ctx.lease_until = until
+        return ctx
+
+    def _enqueue(self, rows: list[dict[str, Any]], until: float) -> None:
+        contexts = [(-row["priority"], row["seq"], self._context(row, until)) for row in rows]
+        late: list[TaskContext] = []
+        with self._lock:
+            for priority, seq, ctx in contexts:
+                old = self.held.get(ctx.rn)
+                if old is not None:
+                    # Its lease expired and we got the task again: the old execution
+                    # must not finish (or release) this new lease.
+                    log.warning("task %s leased again while an earlier execution holds it: "
+                                "that lease was lost, its outcome will be discarded", ctx.rn)
+                    old._stop("lost")
+                self.held[ctx.rn] = ctx
+                if self._closed:
+                    late.append(ctx)
+                else:
+                    heapq.heappush(self._queue, (priority, seq, next(self._pushed), ctx))
+            if not self._closed:
+                self._ready.notify(len(contexts))
+        if late:  # leased while the worker was stopping: hand back at once
+            self._yield_back(late, "queued")
+        else:
+            self._queued()
+
+    def _queued(self) -> None:
+        """Hook: tasks were added to the local queue (the asyncio flavour wakes its loop)."""
+
+    def _take(self, finished: TaskContext | None, block: bool, complete: bool = False) -> Any:
+        """The next task to start (highest priority, then oldest), marking the handler busy;
+        None when the local queue is closed (or empty and not ``block``). ``finished``: the task
+        the calling handler just finished (its slot is free). Tasks whose lease is gone (cancelled,
+        lost while queued) or could have expired are dropped, never started.
+
+        ``complete``: ``finished`` returned normally; queue its completion for the completer in
+        the same step (the common path: one lock round per task). Answers _SLOW (nothing done)
+        when its lease is no longer plainly ours (see _settle), and, when not ``block``, _FULL
+        while the completer is MAX_UNRECORDED behind (back-pressure; ``block`` waits instead)."""
+        with self._ready:
+            if complete:
+                assert finished is not None
+                if finished.reason is not None or self.held.get(finished.rn) is not finished:
+                    return _SLOW
+                if not self._room_for_one(block):
+                    return _FULL
+                finished.finishing = True
+                self._unrecorded.append(finished)
+                if len(self._unrecorded) == 1:
+                    self._recordable.notify()
+            if finished is not None:
+                self._busy -= 1
+                if len(self._queue) <= self._low:
+                    self._lease_wake.poke()  # a free handler: the lease loop may want more (before we wait)
+            try:
+                while not self._closed:
+                    if not self._queue:
+                        if not block:
+                            return None
+                        self._ready.wait()
+                        continue
+                    ctx = heapq.heappop(self._queue)[3]
+                    if self.held.get(ctx.rn) is not ctx or ctx.reason is not None:
+                        self._drop(ctx, "its lease ended while it was queued")
+                        continue
+                    if time.monotonic() >= ctx.lease_until:
+                        self._drop(ctx, "its lease may have expired while it was queued; not started")
+                        continue
+                    ctx.started = True
+                    self._busy += 1
+                    self._started += 1
+                    return ctx
+                return None
+            finally:
+                if len(self._queue) <= self._low:
+                    self._lease_wake.poke()
+
+    def _room_for_one(self, block: bool) -> bool:
+        """(Under the lock.) Whether one more completion may wait for the completer; ``block``:
+        wait until it may (back-pressure)."""
+        while len(self._unrecorded) >= MAX_UNRECORDED:
+            if not block:
+                return False
+            self._room.wait()
+        return True
+
+    def _drop(self, ctx: TaskContext, why: str) -> None:
+        """(Under the lock.) Forget a queued task that must not start."""
+        if self.held.get(ctx.rn) is ctx:
+            del self.held[ctx.rn]
+        log.info("task %s: %s", ctx.rn, why)
+
+    # -- running handlers
+
+    def _handler_thread(self) -> None:
+        ctx = self._take(None, block=True)
+        while ctx is not None:
+            try:
+                self.handler(ctx)
+                function, args = "complete_task", {}
+            except Exception as exc:
+                function, args = self._failed(ctx, exc)
+            if function == "complete_task":
+                following = self._take(ctx, block=True, complete=True)
+                if following is not _SLOW:
+                    ctx = following
+                    continue
+            self._outcome(ctx, function, args)
+            ctx = self._take(ctx, block=True)
+
+    def _outcome(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
+        """Record a handler's outcome the careful way (aborts, stops, lost leases)."""
         queued = False
         try:
-            function, args = self._run_handler(ctx)
-            with self._lock:
-                ctx.finishing = True  # heartbeats and the shutdown yield leave it alone from here
-                reason = ctx.reason
-                superseded = self.held.get(ctx.rn) is not ctx
-            if reason == "yielded":
-                return  # handed back on shutdown: another worker's now
-            if reason == "lost" or superseded:
-                log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
-                return
-            if function == "complete_task" and reason is not None and not ctx.completed:
-                # Told to stop and returned without saying it finished: not completed.
-                if reason == "cancelled":
-                    log.info("task %s was cancelled; it stays cancelled", ctx.rn)
-                    return
-                log.info("task %s: handler returned after being told to stop (%s); yielding it unfinished",
-                         ctx.rn, reason)
-                function = "yield_task"
-            if function == "complete_task":
-                self._done.put(ctx)  # the completer records it (batched) and frees the slot
+            settled = self._settle(ctx, function)
+            if settled == "complete_task":
+                with self._lock:
+                    self._room_for_one(block=True)
+                    self._unrecorded.append(ctx)
+                    self._recordable.notify()
                 queued = True
-            elif function == "abort_task":
-                self._abort(ctx, args["errors"])
-            else:
-                self._finish(ctx, function, **args)
-        except Exception:  # never silently, and never in the executor's future
+            elif settled is not None:
+                self._record(ctx, settled, args)
+        except Exception:  # never silently, and never kill the handler thread
             log.exception("task %s: recording the outcome failed", ctx.rn)
         finally:
             if not queued:
                 self._release(ctx)
 
+    def _failed(self, ctx: TaskContext, exc: Exception) -> tuple[str, dict[str, Any]]:
+        """The SQL call that records a handler's exception: an abort with errors."""
+        if isinstance(exc, Abort):
+            error = exc.error
+            return "abort_task", {"errors": [error_entry(error.get("code"), error.get("description"),
+                                                         error.get("args"))]}
+        if ctx.reason != "yielded":  # the handler failed: abort (errors are unrecoverable)
+            log.error("task %s failed", ctx.rn, exc_info=exc)
+        return "abort_task", {"errors": [error_entry(type(exc).__name__, exc)]}
+
+    def _settle(self, ctx: TaskContext, function: str) -> str | None:
+        """What to record for a handler's outcome: ``function``, "yield_task", or None (nothing:
+        yielded on shutdown, lease lost, cancelled). From here heartbeats leave the task alone."""
+        with self._lock:
+            ctx.finishing = True
+            reason = ctx.reason
+            superseded = self.held.get(ctx.rn) is not ctx
+        if reason == "yielded":
+            return None  # handed back on shutdown: another worker's now
+        if reason == "lost" or superseded:
+            log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
+            return None
+        if function == "complete_task" and reason is not None and not ctx.completed:
+            # Told to stop and returned without saying it finished: not completed.
+            if reason == "cancelled":
+                log.info("task %s was cancelled; it stays cancelled", ctx.rn)
+                return None
+            log.info("task %s: handler returned after being told to stop (%s); yielding it unfinished",
+                     ctx.rn, reason)
+            return "yield_task"
+        return function
+
+    def _record(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
+        if function == "abort_task":
+            self._abort(ctx, args["errors"])
+        else:
+            self._finish(ctx, function, **args)
+
     def _release(self, ctx: TaskContext) -> None:
         with self._lock:
             if self.held.get(ctx.rn) is ctx:  # not a newer lease of the same task
                 del self.held[ctx.rn]
-        self._lease_wake.poke()  # capacity freed
-
-    def _run_handler(self, ctx: TaskContext) -> tuple[str, dict[str, Any]]:
-        """The handler's outcome as the SQL call that records it."""
-        try:
-            self.handler(ctx)
-        except Abort as exc:
-            error = exc.error
-            return "abort_task", {"errors": [error_entry(error.get("code"), error.get("description"),
-                                                         error.get("args"))]}
-        except Exception as exc:  # the handler failed: abort (errors are unrecoverable)
-            if ctx.reason != "yielded":
-                log.exception("task %s failed", ctx.rn)
-            return "abort_task", {"errors": [error_entry(type(exc).__name__, exc)]}
-        return "complete_task", {}
 
     def _retry(self, what: str, call: Callable[[], Any]) -> tuple[bool, Any]:
         """(True, call()) once it succeeds. Database trouble and unexpected errors are retried
@@ -460,29 +749,31 @@ class Worker:
             log.error("task %s: could not record the outcome (%s); the monitor will reset it", ctx.rn, exc)
         return None
 
-    # -- completions, batched: one complete_tasks call for all that finished meanwhile
+    # -- completions, batched on their own connection: one complete_tasks call for all that
+    # finished meanwhile; a task counts as done (leaves ``held``) once that call committed.
 
     def _completer(self, stop: threading.Event) -> None:
-        while True:
-            try:
-                batch = [self._done.get(timeout=0.1)]
-            except queue_mod.Empty:
-                if stop.is_set():
-                    return
-                continue
-            while len(batch) < 1000:
+        conn = _Dedicated(self.db)
+        try:
+            while True:
+                with self._recordable:
+                    if not self._unrecorded:
+                        if stop.is_set():
+                            return
+                        self._recordable.wait(0.1)
+                        continue
+                    batch, self._unrecorded = self._unrecorded, []
+                    self._room.notify_all()
                 try:
-                    batch.append(self._done.get_nowait())
-                except queue_mod.Empty:
-                    break
-            try:
-                self._complete(batch)
-            except Exception:  # never let the completer die: it frees the capacity
-                log.exception("recording %d completions failed", len(batch))
-                for ctx in batch:
-                    self._release(ctx)
+                    self._complete(batch, conn)
+                except Exception:  # never let the completer die: it frees the leases
+                    log.exception("recording %d completions failed", len(batch))
+                    for ctx in batch:
+                        self._release(ctx)
+        finally:
+            conn.close()
 
-    def _complete(self, batch: list[TaskContext]) -> None:
+    def _complete(self, batch: list[TaskContext], conn: _Dedicated) -> None:
         live = batch
 
         def call() -> list[dict[str, Any]]:
@@ -491,7 +782,7 @@ class Worker:
                 live = [c for c in batch if self.held.get(c.rn) is c]
             if not live:
                 return []
-            return self.db.call("complete_tasks", rns=[c.rn for c in live], tokens=[c.token for c in live])
+            return conn.call("complete_tasks", rns=[c.rn for c in live], tokens=[c.token for c in live])
 
         failed: list[dict[str, Any]] = []
         try:
@@ -499,10 +790,11 @@ class Worker:
             failed = failed or []
         except SchedulerError as exc:
             log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
-        kept = {id(c) for c in live}
-        for ctx in batch:
-            if id(ctx) not in kept:
-                log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
+        if len(live) != len(batch):
+            kept = {id(c) for c in live}
+            for ctx in batch:
+                if id(ctx) not in kept:
+                    log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
         why = {str(r["rn"]): r["sqlstate"] for r in failed}
         for ctx in batch:
             code = why.get(ctx.rn)
@@ -510,9 +802,13 @@ class Worker:
                 log.info("task %s was cancelled before it finished; it stays cancelled", ctx.rn)
             elif code:
                 log.warning("task %s: lease lost before it finished (SQLSTATE %s)", ctx.rn, code)
-            self._release(ctx)
+        with self._lock:
+            self.completed += len(live) - len(failed)
+            for ctx in batch:
+                if self.held.get(ctx.rn) is ctx:
+                    del self.held[ctx.rn]
 
-    # -- heartbeats
+    # -- heartbeats: one heartbeat_tasks call for every lease held, queued ones included
 
     def _heartbeats(self, stop: threading.Event) -> None:
         outage = Outage(f"heartbeats of {self.worker_id}", log)
@@ -528,26 +824,48 @@ class Worker:
 
     def _beat_once(self, stop: threading.Event, outage: Outage) -> None:
         with self._lock:
-            held = list(self.held.values())
+            # Leases still ours: queued, running, draining on a stop without yield, or an
+            # outcome still being recorded (retries must not outlive the lease).
+            held = [c for c in self.held.values() if c.reason not in ("cancelled", "lost", "yielded")]
+        if not held:
+            return
+        sent = time.monotonic()
+        progress = [c._progress for c in held]
+        try:
+            refused = self.db.call("heartbeat_tasks", rns=[c.rn for c in held], tokens=[c.token for c in held],
+                                   progress=progress if any(p is not None for p in progress) else None,
+                                   timeout=self.timeout)
+            outage.ok()
+        except Exception as exc:
+            if is_retryable(exc):
+                if not isinstance(exc, RETRYABLE):
+                    log.error("heartbeats failed unexpectedly", exc_info=True)
+                stop.wait(outage.failed(exc))
+                return
+            # a deliberate error about one of them (a progress the database refuses):
+            # beat one by one, so the others keep their leases
+            log.error("heartbeats of %d tasks refused (%s); sending them one by one", len(held), exc)
+            self._beat_each(held, stop, outage)
+            return
+        until = sent + self.timeout.total_seconds()
+        gone = {str(r["rn"]): r["sqlstate"] for r in refused}
         for ctx in held:
-            # Leases still ours: running, draining on a stop without yield, or an outcome
-            # still being recorded (retries must not outlive the lease).
-            if ctx.reason in ("cancelled", "lost", "yielded"):
-                continue
+            code = gone.get(ctx.rn)
+            if code is None:
+                ctx.lease_until = until
+            else:
+                self._lease_gone(ctx, TaskCancelled if code == "PS203" else None, code)
+
+    def _beat_each(self, held: list[TaskContext], stop: threading.Event, outage: Outage) -> None:
+        for ctx in held:
+            sent = time.monotonic()
             try:
                 self.db.call("heartbeat_task", rn=ctx.rn, token=ctx.token, progress=ctx._progress,
                              timeout=self.timeout)
+                ctx.lease_until = sent + self.timeout.total_seconds()
                 outage.ok()
             except LEASE_GONE as exc:  # any answer meaning "this lease is gone" stops the handler
-                with self._lock:
-                    if ctx.finishing:
-                        continue  # finished meanwhile: _finish reports the outcome
-                    if isinstance(exc, TaskCancelled):
-                        log.info("task %s was cancelled: telling its handler", ctx.rn)
-                        ctx._stop("cancelled")
-                    else:
-                        log.warning("task %s: lease lost (%s): telling its handler", ctx.rn, exc)
-                        ctx._stop("lost")
+                self._lease_gone(ctx, type(exc), str(exc))
             except Exception as exc:
                 if not is_retryable(exc):  # a deliberate error about this task: the others go on
                     log.error("heartbeat of task %s failed: %s", ctx.rn, exc)
@@ -557,24 +875,61 @@ class Worker:
                 stop.wait(outage.failed(exc))
                 break
 
+    def _lease_gone(self, ctx: TaskContext, kind: type | None, why: str) -> None:
+        """A heartbeat's answer: this lease is gone. Tell the handler; a queued task is dropped."""
+        with self._lock:
+            if ctx.finishing:
+                return  # finished meanwhile: the outcome's recording reports it
+            cancelled = kind is not None and issubclass(kind, TaskCancelled)
+            if cancelled:
+                log.info("task %s was cancelled: telling its handler", ctx.rn)
+            else:
+                log.warning("task %s: lease lost (%s): telling its handler", ctx.rn, why)
+            ctx._stop("cancelled" if cancelled else "lost")
+            if not ctx.started and self.held.get(ctx.rn) is ctx:
+                del self.held[ctx.rn]  # never started: nothing more to do for it
+
     # -- shutdown: the seed's K8s rebalancing hook
 
-    def _shutdown(self, pool: ThreadPoolExecutor) -> None:
+    def _give_back(self) -> None:
+        """Close the local queue; hand back in one call the queued tasks (never started) and,
+        with ``yield_on_stop``, the running ones; tell every handler to stop."""
         with self._lock:
-            held = list(self.held.values())
-            to_yield = [c for c in held if self.yield_on_stop and not c.finishing]
-            for ctx in to_yield:
+            self._closed = True
+            self._ready.notify_all()
+            queued = [e[3] for e in self._queue if self.held.get(e[3].rn) is e[3] and e[3].reason is None]
+            self._queue.clear()
+            running = [c for c in self.held.values()
+                       if c.started and self.yield_on_stop and not c.finishing and c.reason is None]
+            for ctx in queued + running:
                 ctx._stop("yielded")
-        for ctx in to_yield:
-            try:
-                self.db.call("yield_task", rn=ctx.rn, token=ctx.token)
-                log.info("yielded task %s", ctx.rn)
-            except (SchedulerError, psycopg.Error) as exc:
-                log.warning("could not yield task %s: %s", ctx.rn, exc)
+        self._queued()  # wake handlers waiting on the local queue (asyncio)
+        if queued:
+            self._yield_back(queued, "queued")
+        if running:
+            self._yield_back(running, "running")
         with self._lock:
-            for ctx in held:
+            for ctx in list(self.held.values()):
                 ctx._stop("stopping")
-        pool.shutdown(wait=not self.yield_on_stop, cancel_futures=True)
+
+    def _yield_back(self, contexts: list[TaskContext], what: str) -> None:
+        try:
+            refused = self.db.call("yield_tasks", rns=[c.rn for c in contexts], tokens=[c.token for c in contexts])
+            gone = {str(r["rn"]): r["sqlstate"] for r in refused}
+            for ctx in contexts:
+                if ctx.rn in gone:
+                    log.warning("could not yield %s task %s (SQLSTATE %s)", what, ctx.rn, gone[ctx.rn])
+                elif what == "running":
+                    log.info("yielded task %s", ctx.rn)
+            if what == "queued":
+                log.info("handed back %d queued tasks", len(contexts) - len(gone))
+        except (SchedulerError, psycopg.Error) as exc:
+            log.warning("could not yield %d %s tasks: %s", len(contexts), what, exc)
+        if what == "queued":
+            with self._lock:
+                for ctx in contexts:
+                    if self.held.get(ctx.rn) is ctx:
+                        del self.held[ctx.rn]
 
     # -- running in the background (tests, embedding)
 
