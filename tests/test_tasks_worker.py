@@ -84,6 +84,7 @@ def test_worker_respects_capacity(dsn, client):
         rns = [t["rn"] for t in client.submit_many("cap", [{"i": i} for i in range(5)])]
         wait_for(lambda: len(client.list("cap", status="running")) == 2)
         assert len(client.list("cap", status="ready")) == 3
+        wait_for(lambda: active[0] == 2)  # both handlers started (leased is not yet started)
         release.set()
         wait_for(lambda: all(status(client, rn) == "completed" for rn in rns))
         assert peak[0] == 2
