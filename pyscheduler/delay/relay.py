@@ -454,6 +454,7 @@ class Relay:
         self.kafka_outage = Outage("Kafka", log)
         self.max_message_bytes = KAFKA_MESSAGE_MAX_BYTES
         self.crashed: list[BaseException] = []
+        self._commits_pending = 0  # asynchronous input commits not yet answered
 
     # -- configuration ---------------------------------------------------------
 
@@ -505,11 +506,7 @@ class Relay:
                  "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
                  cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
                  cfg.dlq_topic or "dropped", self.max_message_bytes)
-        # fresh: a connection back in the pool within the last seconds is handed out without a
-        # check round trip; every call here is retried (_db_call), so one that died meanwhile
-        # costs a retry, not a message
-        self.db = Database(cfg.dsn, min_size=1, max_size=5, name=self.name, timeout=5.0,
-                           fresh=5.0).open(wait=False)
+        self.db = Database(cfg.dsn, min_size=1, max_size=5, name=self.name, timeout=5.0).open(wait=False)
         listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
                             logger=log).start()
         self.crashed = []
@@ -570,33 +567,31 @@ class Relay:
         publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 2}), self.kafka_outage)
         db_outage = Outage("PostgreSQL (enqueue)", log)
         consumer.subscribe([cfg.input_topic])
-        last: list[TopicPartition] = []  # the offsets of the last batch, committed asynchronously
         try:
             while not self.stop.is_set():
                 msgs = consumer.consume(cfg.consume_batch, 0.2)
                 if msgs:
-                    last = self._handle_batch(consumer, publisher, db_outage, msgs) or last
+                    self._handle_batch(consumer, publisher, db_outage, msgs)
         finally:
             publisher.close()
-            if last:
-                # the asynchronous commits went out in order on the coordinator connection:
-                # a synchronous one after them returns once they are all answered
-                try:
-                    consumer.commit(offsets=last, asynchronous=False)
-                except KafkaException as exc:
-                    log.warning("could not commit input offsets (the last batch may be read again): %s", exc)
+            # let the asynchronous commits be answered (bounded: the broker may be away); what
+            # this returns is not handled and not committed, so it is read again
+            end = time.monotonic() + 5.0
+            while self._commits_pending > 0 and time.monotonic() < end:
+                consumer.consume(cfg.consume_batch, 0.1)
             consumer.close()
 
-    @staticmethod
-    def _committed(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    def _committed(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The broker's answer to an asynchronous commit (served by consume())."""
+        self._commits_pending -= 1
         if err is not None:  # e.g. a rebalance: the batch may be read again, duplicates are ignored
             log.warning("could not commit input offsets (the batch may be read again): %s", err)
 
     def _handle_batch(self, consumer: Consumer, publisher: Publisher, db_outage: Outage,
-                      msgs: list[Message]) -> list[TopicPartition] | None:
+                      msgs: list[Message]) -> None:
         """Store (or publish, or dead-letter) a batch, then commit its offsets without waiting
         for the broker's answer (the commit is only issued once every message of the batch
-        was stored, published or dead-lettered); those offsets, or None when stopping first."""
+        was stored, published or dead-lettered; not at all when stopping first)."""
         good: list[tuple[Message, Delayed]] = []
         bad: list[tuple[Message, str, list]] = []  # (message, reason, its headers)
         consumed = len(msgs)
@@ -614,7 +609,7 @@ class Relay:
         stopping = self.stop.is_set
         outcomes = self._enqueue(good, bad, db_outage, stopping)
         if outcomes is None:
-            return None  # stopping during an outage: nothing committed, the batch is read again
+            return  # stopping during an outage: nothing committed, the batch is read again
         out: list[Outgoing] = []
         for (msg, d), outcome in zip(good, outcomes):
             if outcome == "late":
@@ -624,20 +619,19 @@ class Relay:
             if letter is not None:
                 out.append(letter)
         if out and not self._publish_or_store(publisher, db_outage, out):
-            return None  # stopping before the broker (or the table) took them: not committed, read again
+            return  # stopping before the broker (or the table) took them: not committed, read again
         offsets: dict[tuple[str, int], int] = {}
         for msg in msgs:
             if msg.error() is None:
                 key = (msg.topic(), msg.partition())
                 offsets[key] = max(offsets.get(key, -1), msg.offset() + 1)
-        committed = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
-        if not committed:
-            return None
+        if not offsets:
+            return
         try:
-            consumer.commit(offsets=committed, asynchronous=True)
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
+            self._commits_pending += 1
         except KafkaException as exc:  # e.g. a rebalance: the batch may be read again, duplicates are ignored
             log.warning("could not commit input offsets (the batch may be read again): %s", exc)
-        return committed
 
     def _enqueue(self, good: list[tuple[Message, Delayed]], bad: list[tuple[Message, str, list]],
                  outage: Outage, give_up: Callable[[], bool]) -> list[str] | None:
