@@ -71,7 +71,7 @@ MIN_DEADLINE = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MAX_DEADLINE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 MIN_HOLD_MS = 1000
 MAX_ADVANCE_MS = 60_000
-# batches claimed and not yet deleted: one being delivered while the next is claimed
+# batches claimed and not yet deleted under load: one being delivered while the next is claimed
 PIPELINE = 2
 
 CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
@@ -455,6 +455,7 @@ class Relay:
         self.max_message_bytes = KAFKA_MESSAGE_MAX_BYTES
         self.crashed: list[BaseException] = []
         self._commits_pending = 0  # asynchronous input commits not yet answered
+        self._in_flight = 0  # claimed batches not yet deleted (fire_loop)
 
     # -- configuration ---------------------------------------------------------
 
@@ -789,36 +790,45 @@ class Relay:
         of batch N+1 overlaps the delivery of batch N and the wait for the broker's
         acknowledgements. At most PIPELINE batches are claimed and not yet deleted; a batch is
         deleted only after its delivery was acknowledged, so a crash at any point leaves the
-        claimed, unacknowledged ones ready, to be reset after the hold time and fired again."""
+        claimed, unacknowledged ones ready, to be reset after the hold time and fired again.
+
+        The claim runs ahead only after a full batch (more are due: under load); after a
+        smaller one it waits until the previous batch is deleted, as an unpipelined loop
+        would, so a light load is claimed in batches, not one message at a time."""
         cfg = self.cfg
         outage = Outage("PostgreSQL (fire)", log)
         poll = cfg.poll_ms / 1000.0
-        slots = threading.Semaphore(PIPELINE)
+        self._in_flight = 0  # batches handed to the delivery thread and not yet deleted
+        done = threading.Condition()
         batches: queue.SimpleQueue[list[dict] | None] = queue.SimpleQueue()
-        deliverer = self._thread(self._deliver_loop, batches, slots)
+        deliverer = self._thread(self._deliver_loop, batches, done)
         deliverer.start()
+        full = False
         try:
             while not self.stop.is_set():
-                if not slots.acquire(timeout=poll):
-                    continue  # every slot is being delivered
+                limit = PIPELINE if full else 1
+                with done:
+                    if not done.wait_for(lambda: self._in_flight < limit, timeout=poll):
+                        continue  # still delivering
                 claimed_at = time.time()
                 CLAIMS.inc()
                 rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, binary=True, node=self.node,
                                      advance=cfg.advance, max_count=cfg.fire_batch)
-                if rows:
-                    batches.put(rows)  # the delivery thread frees the slot once the batch is deleted
-                else:
-                    slots.release()
                 if rows is None:
                     break
-                if len(rows) >= cfg.fire_batch:
+                if rows:
+                    with done:
+                        self._in_flight += 1
+                    batches.put(rows)
+                full = len(rows) >= cfg.fire_batch
+                if full:
                     continue  # more are due: no sleep
                 self.wakeup.wait(self._sleep_time(outage, poll, None if rows else claimed_at), jitter=0.2)
         finally:
             batches.put(None)  # the claimed batches are still delivered (bounded), then it stops
             deliverer.join()
 
-    def _deliver_loop(self, batches: "queue.SimpleQueue[list[dict] | None]", slots: threading.Semaphore) -> None:
+    def _deliver_loop(self, batches: "queue.SimpleQueue[list[dict] | None]", done: threading.Condition) -> None:
         """Publish each claimed batch, wait for the acknowledgements, delete the acknowledged."""
         publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 1}), self.kafka_outage)
         outage = Outage("PostgreSQL (delete)", log)
@@ -827,7 +837,9 @@ class Relay:
                 try:
                     self._fire(publisher, outage, rows)
                 finally:
-                    slots.release()
+                    with done:
+                        self._in_flight -= 1
+                        done.notify_all()
         finally:
             publisher.close()
 
