@@ -87,8 +87,28 @@ class Sampler(threading.Thread):
             self.start_server = {n: dict(d) for n, d in self.server.items()}
 
     def run(self) -> None:
+        n = 0
         while not self.done.wait(0.2):
             self.sample()
+            n += 1
+            if self.dsn and n % 5 == 0:
+                self.slow_queries()
+
+    dsn: str | None = None
+    slow: dict[str, int] = {}
+
+    def slow_queries(self) -> None:
+        """Statements running for over half a second (a sign of a bad plan or a lock)."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                for (query,) in conn.execute(
+                        "SELECT left(query, 70) FROM pg_stat_activity WHERE state = 'active' "
+                        "AND pid <> pg_backend_pid() AND now() - query_start > interval '0.5 s'"):
+                    self.slow[query] = self.slow.get(query, 0) + 1
+        except psycopg.Error:
+            pass
 
     def server_cpu(self, name: str) -> float:
         start = self.start_server[name] if self.start_server else {}
@@ -103,6 +123,7 @@ def one_run(checkout: Path, dsn: str, bootstrap: str, rate: int, duration: float
     proc = subprocess.Popen(argv, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     sampler = Sampler(proc.pid, servers)
+    sampler.dsn, sampler.slow = dsn, {}
     sampler.start()
     lines = []
     at_start: dict[int, float] = {}
@@ -126,6 +147,7 @@ def one_run(checkout: Path, dsn: str, bootstrap: str, rate: int, duration: float
         res.update(p50=float(m[1]), p99=float(m[2]), p999=float(m[3]), max=float(m[4]))
     if m := re.search(r"produced (\d+)", out):
         res["total"] = int(m[1])
+    res["slow"] = sampler.slow
     res["relay_cpu"] = sum(v - at_start.get(pid, 0.0) for pid, v in sampler.relay.items())
     res["pg_cpu"] = sampler.server_cpu("pg")
     res["kafka_cpu"] = sampler.server_cpu("kafka")
@@ -171,6 +193,8 @@ def main() -> None:
                               f"{r['p999']:<7.1f} {r['max']:<7.1f} {r['lost']}/{r['dup']:<7} {r['relay_cpu']:<12.2f} "
                               f"{r['relay_cpu'] / n * 1e6:<13.1f} {r['pg_cpu'] / n * 1e6:<10.1f} "
                               f"{r['kafka_cpu'] / n * 1e6:<13.1f} {r['load']:.2f}", flush=True)
+                        for query, count in sorted(r["slow"].items(), key=lambda kv: -kv[1])[:3]:
+                            print(f"      seen running > 0.5 s {count}x: {query}", flush=True)
         finally:
             broker.stop()
             pg.stop()
