@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from delay_support import InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, utcnow, wait_for, warm_up
+from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, private_broker, utcnow,
+                           wait_for, warm_up)
 
 
 @pytest.fixture
@@ -138,14 +139,8 @@ def test_broker_frozen_mid_run_loses_nothing(dsn, db, tmp_path, caplog):
     """A private broker is stopped (SIGSTOP) while messages are due, then resumed.
     (tansu keeps topics in memory, so a broker restart would lose them: a freeze is
     the outage we can stage honestly.)"""
-    from pyscheduler import embedded
-
-    broker = embedded.Kafka(tmp_path / "kafka").start()
-    try:
+    with private_broker(tmp_path) as (broker, topics, sender, output):
         bootstrap = broker.bootstrap
-        topics = Topics(input="in", output="out", dlq="dlq")
-        embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
-        sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
         relay = InProcessRelay(dsn, bootstrap, topics)
         try:
             warm_up(sender, output, partitions=1)
@@ -173,8 +168,6 @@ def test_broker_frozen_mid_run_loses_nothing(dsn, db, tmp_path, caplog):
         finally:
             relay.stop()
             output.close()
-    finally:
-        broker.stop()
 
 
 def test_claims_run_ahead_of_unacknowledged_deliveries_and_a_kill_9_there_loses_nothing(dsn, db, tmp_path):
@@ -184,14 +177,8 @@ def test_claims_run_ahead_of_unacknowledged_deliveries_and_a_kill_9_there_loses_
     5 and deletes none; killed (kill -9) right there, with its deliveries unacknowledged,
     a successor fires every message after the hold time (copies of the killed node's
     in-flight ones allowed: the only duplicates, across the crash)."""
-    from pyscheduler import embedded
-
-    broker = embedded.Kafka(tmp_path / "kafka").start()
-    try:
+    with private_broker(tmp_path) as (broker, topics, sender, output):
         bootstrap = broker.bootstrap
-        topics = Topics(input="in", output="out", dlq="dlq")
-        embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
-        sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
         a = RelayProcess(dsn, bootstrap, topics, tmp_path / "a.log", "--fire-batch", "5", hold_ms=3000)
         try:
             node_a = a.node()
@@ -223,8 +210,5 @@ def test_claims_run_ahead_of_unacknowledged_deliveries_and_a_kill_9_there_loses_
         finally:
             b.stop()
         fired = [m.value() for m in output.fresh(20) if m.value() in set(values)]
-        output.close()
-        assert set(fired) == set(values)  # nothing lost
-        assert len(fired) - len(values) <= 10  # copies only of the two batches in flight at the kill
-    finally:
-        broker.stop()
+    assert set(fired) == set(values)  # nothing lost
+    assert len(fired) - len(values) <= 10  # copies only of the two batches in flight at the kill

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from ..delay.bench import percentiles
-from .delay import RELAYS, SLA_P999_MS, SLA_RATE, by_relay_and_load
+from .delay import SLA_P999_MS, SLA_RATE, by_relay_and_load
 from .tasks import System
 
 BEGIN = "<!-- bench-peers:begin (written by `pyscheduler bench peers`; a rerun replaces everything down to the end marker) -->"
