@@ -119,7 +119,7 @@ def run_delay(dsn: str, bootstrap: str, relay: str, load: Load) -> dict:
     finally:
         tail.close()
     messages = read_all(bootstrap, output_topic)
-    stats = summarize(messages, total, load.max_delay)
+    stats = summarize(messages, total, load.max_delay, load.min_delay)
     stats.update(relay=relay, name=RELAYS[relay], rate=load.rate, produced_rate=total / produced_for,
                  **percentiles(stats["lags"], (50, 99, 99.9)))
     stats["sla"] = meets_sla(stats)
