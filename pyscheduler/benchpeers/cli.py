@@ -26,7 +26,7 @@ from . import tasks as tasks_part
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = {"jobs": 100_000, "rounds": 3, "samples": 30, "max_work_seconds": 20.0, "loads": "1000,10000",
-        "delay_duration": 8.0, "min_delay": 1.0, "max_delay": 5.0}
+        "delay_duration": 6.0, "min_delay": 1.0, "max_delay": 5.0}
 QUICK = {"jobs": 2000, "rounds": 1, "samples": 10, "max_work_seconds": 20.0, "loads": "500",
          "delay_duration": 4.0, "min_delay": 0.5, "max_delay": 1.5}
 
