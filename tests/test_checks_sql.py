@@ -190,7 +190,7 @@ def slot_of(conn, key):
 
 def due(conn, slot, shard=0, shards=1, max=1000, now=None):
     return [r["id"] for r in conn.execute(
-        "SELECT id FROM pyscheduler._due_checks(%s, %s, %s, %s, coalesce(%s, clock_timestamp()))",
+        "SELECT id FROM pyscheduler._take_checks(%s, %s, %s, %s, NULL, coalesce(%s, clock_timestamp()))",
         (slot, shard, shards, max, now))]
 
 
@@ -341,7 +341,7 @@ def test_catch_up_takes_missed_slots_once_and_never_the_current_one(app, second)
 
     def catch_up(conn):
         return [r["id"] for r in conn.execute(
-            "SELECT id FROM pyscheduler._catch_up_checks(0, 1, 1000, %s)", (now,))]
+            "SELECT id FROM pyscheduler._take_checks(NULL, 0, 1, 1000, NULL, %s)", (now,))]
 
     with app.transaction():
         taken = catch_up(app)
@@ -380,8 +380,8 @@ def test_a_task_job_that_never_reports_ends_as_timeout(app):
     with app.transaction():
         due(app, slot, now=slot)
         app.execute("SELECT * FROM pyscheduler.submit_check_tasks(ids => %s)", ([cid],))
-    assert app.execute("SELECT * FROM pyscheduler._catch_up_checks(0, 1, 100, clock_timestamp())").fetchall() == []
+    assert app.execute("SELECT * FROM pyscheduler._take_checks(NULL, 0, 1, 100, NULL, clock_timestamp())").fetchall() == []
     assert one(app, "SELECT count(*) AS n FROM pyscheduler.check_history()")["n"] == 0
-    app.execute("SELECT * FROM pyscheduler._catch_up_checks(0, 1, 100, clock_timestamp() + interval '2 hours')")
+    app.execute("SELECT * FROM pyscheduler._take_checks(NULL, 0, 1, 100, NULL, clock_timestamp() + interval '2 hours')")
     row = one(app, "SELECT outcome, error FROM pyscheduler.check_history()")
     assert row["outcome"] == "timeout" and "did not report" in row["error"]
