@@ -829,14 +829,18 @@ BEGIN
           INTO v_res FROM _run_sql_jobs(v_sql) j;
         SELECT jsonb_object_agg(f.outcome, f.n) INTO outcomes
           FROM (SELECT f.outcome, count(*) AS n
-                  FROM _finish_checks(v_res.ids, v_res.nxt, v_res.err, NULL, v_res.took, NULL, clock_timestamp()) f
+                  FROM _finish_checks(v_res.ids, v_res.nxt, v_res.err, NULL, v_res.took, NULL, p_now) f
                  GROUP BY f.outcome) f;
     END IF;
     SELECT count(*) INTO v_tasks FROM _submit_tasks(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'task'));
     IF v_tasks > 0 THEN
         outcomes := outcomes || jsonb_build_object('task', v_tasks);
     END IF;
-    checks := (SELECT jsonb_agg(to_jsonb(r)) FROM unnest(v_all) r WHERE r.kind = 'python');
+    -- arrays, not objects: a third of the bytes to build, send and parse
+    checks := (SELECT jsonb_agg(jsonb_build_array(r.id, r.entity_name, r.entity_key, r.job, r.kind, r.payload,
+                                                  r.first_check_at, r.next_check_at, r.check_count, r.max_checks,
+                                                  r.created))
+                 FROM unnest(v_all) r WHERE r.kind = 'python');
 END
 $$;
 
@@ -856,7 +860,8 @@ AS $$
    task queues (submit_check_tasks). Returns how many checks were taken, the
    largest id taken (the next batch's after), the in-database outcomes as
    {"done": n, "error": n, "task": n, ...} and the Python-job checks as a
-   jsonb array of future_check objects (NULL when none): still locked by
+   jsonb array with one array per check, of the future_check fields in
+   their order (id, entity_name, ..., created; NULL when none): locked by
    this transaction, for the caller to run and record with finish_checks
    before COMMIT. Under a statement timeout a slow SQL job cancels the whole
    statement: roll back and take the batch again with due_checks and

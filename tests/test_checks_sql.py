@@ -319,6 +319,51 @@ def test_run_check_jobs_isolates_a_job_that_raises(app):
     assert sorted(o for o, _ in out) == ["done", "error", "rescheduled"]
 
 
+def run_due(conn, slot, max=1000, after=None, now=None):
+    return one(conn, "SELECT * FROM pyscheduler._run_due_checks(%s, 0, 1, %s, %s, coalesce(%s, clock_timestamp()))",
+               (slot, max, after, now))
+
+
+def test_run_due_checks_runs_a_batch_in_one_statement_and_a_raising_job_affects_only_itself(app, second):
+    ok = [add(app, f"ok{i}")["id"] for i in range(18)]
+    bad = add(app, "bad", payload='{"raise": true}')["id"]
+    again = add(app, "again", payload='{"next": "2 hours"}')["id"]
+    py = add(app, "py", job="py_job", kind="python")["id"]
+    slot = slot_of(app, "ok0")
+    with app.transaction():
+        batch = run_due(app, slot, now=slot)
+        assert batch["taken"] == 21 and batch["last_id"] == max(ok + [bad, again, py])
+        assert batch["outcomes"] == {"done": 18, "error": 1, "rescheduled": 1}
+        assert [c[0] for c in batch["checks"]] == [py] and batch["checks"][0][3:5] == ["py_job", "python"]
+        alerts = {r["order_id"] for r in app.execute("SELECT order_id FROM app.alerts")}
+        assert alerts == {f"ok{i}" for i in range(18)} | {"again"}  # the raising job was rolled back alone
+        with second.transaction():  # the Python check stays locked by this transaction
+            assert due(second, slot, now=slot) == []
+        assert finish(app, [py], now=slot) == [("done", None)]
+    history = {h["id"]: h for h in app.execute("SELECT * FROM pyscheduler.check_history()")}
+    assert {i: history[i]["outcome"] for i in ok} == {i: "done" for i in ok}
+    assert history[bad]["outcome"] == "error" and "order bad is broken" in history[bad]["error"]
+    assert history[py]["outcome"] == "done" and again not in history
+    assert one(app, "SELECT check_count FROM pyscheduler.list_checks()")["check_count"] == 1  # again: rescheduled
+
+
+def test_run_due_checks_after_skips_what_it_ran_and_a_pass_without_after_takes_what_another_held(app, second):
+    ids = [add(app, f"k{i}")["id"] for i in range(10)]
+    slot = slot_of(app, "k0")
+    with app.transaction():
+        with second.transaction():
+            held = due(second, slot, max=3, now=slot)  # another runner holds the first three
+            first = run_due(app, slot, max=4, now=slot)
+            assert held == ids[:3] and (first["taken"], first["last_id"]) == (4, ids[6])
+        # the other runner rolled back: its three are pending again, below after
+        rest = run_due(app, slot, max=4, after=first["last_id"], now=slot)
+        assert (rest["taken"], rest["last_id"]) == (3, ids[9])  # fewer than max: the end of the slot
+        final = run_due(app, slot, max=4, now=slot)
+        assert (final["taken"], final["last_id"]) == (3, ids[2])
+        assert run_due(app, slot, max=4, now=slot)["taken"] == 0
+    assert one(app, "SELECT count(*) AS n FROM pyscheduler.check_history() WHERE outcome = 'done'")["n"] == 10
+
+
 def test_a_job_function_that_lost_security_definer_is_an_error_not_a_privilege(app):
     cid = add(app, "1")["id"]
     app.execute("ALTER FUNCTION app.order_alert(pyscheduler.future_check) SECURITY INVOKER")
