@@ -875,6 +875,21 @@ $$;
 COMMENT ON FUNCTION pyscheduler.run_due_checks(timestamptz, integer, integer, integer, bigint) IS
     'A runner''s batch in one statement: take (slot or catch-up), run SQL jobs, hand task jobs, return Python ones.';
 
+-- _check_filters(entity_name, entity_key, max): the filters of list_checks and check_history
+-- (PS406 max; PS401 an entity_key without a valid entity_name).
+CREATE OR REPLACE FUNCTION pyscheduler._check_filters(p_name text, p_key text, p_max integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    PERFORM _check_positive('max', p_max >= 1, p_max::text);
+    IF p_key IS NOT NULL THEN
+        PERFORM _check_entity(p_name, p_key);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.list_checks(
     entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100)
 RETURNS SETOF pyscheduler.future_check
@@ -888,10 +903,7 @@ AS $$
    entity_key without entity_name), PS406 max. */
 #variable_conflict use_column
 BEGIN
-    PERFORM _check_positive('max', list_checks.max >= 1, list_checks.max::text);
-    IF list_checks.entity_key IS NOT NULL THEN
-        PERFORM _check_entity(list_checks.entity_name, list_checks.entity_key);
-    END IF;
+    PERFORM _check_filters(list_checks.entity_name, list_checks.entity_key, list_checks.max);
     RETURN QUERY
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at, c.next_check_at,
            c.check_count, c.max_checks, c.created
@@ -919,10 +931,7 @@ AS $$
    total. Newest first. Errors: PS401, PS406 max. */
 #variable_conflict use_column
 BEGIN
-    PERFORM _check_positive('max', check_history.max >= 1, check_history.max::text);
-    IF check_history.entity_key IS NOT NULL THEN
-        PERFORM _check_entity(check_history.entity_name, check_history.entity_key);
-    END IF;
+    PERFORM _check_filters(check_history.entity_name, check_history.entity_key, check_history.max);
     RETURN QUERY
     SELECT h.id, h.entity_name, h.entity_key, h.job, h.kind, h.payload, h.first_check_at, h.last_check_at,
            h.check_count, h.outcome, h.error, h.last_took, h.total_took, h.created, h.ended
@@ -937,34 +946,30 @@ $$;
 COMMENT ON FUNCTION pyscheduler.check_history(text, text, text, integer) IS
     'Ended checks (outcome, error, times taken) matching the filters given, newest first.';
 
--- Views (psql). The current slot is computed inline from the setting: a view
--- calls functions with the reader's privileges, and the roles have none on
--- the private helpers.
+-- Views (psql). The current slot is computed from the setting in a private view: a view
+-- calls functions with the reader's privileges, and the roles have none on the private
+-- helpers, while a view used by a view is read with its owner's.
+CREATE OR REPLACE VIEW pyscheduler._current_check_slot AS
+    SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
+                                 * interval '1 microsecond' AS slot
+      FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
+              FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r;
+
 CREATE OR REPLACE VIEW pyscheduler.checks_per_slot AS
-    WITH cur AS (
-        SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
-                                     * interval '1 microsecond' AS slot
-          FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
-                  FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r)
     SELECT c.next_check_at AS slot, count(*) AS checks,
            count(*) FILTER (WHERE c.kind = 'sql') AS sql_jobs,
            count(*) FILTER (WHERE c.kind = 'python') AS python_jobs,
            count(*) FILTER (WHERE c.kind = 'task') AS task_jobs
-      FROM pyscheduler.checks c, cur
+      FROM pyscheduler.checks c, pyscheduler._current_check_slot cur
      WHERE c.claim IS NULL AND c.next_check_at >= cur.slot
      GROUP BY c.next_check_at;
 COMMENT ON VIEW pyscheduler.checks_per_slot IS 'Pending checks per upcoming slot (the current one included), by job kind.';
 
 CREATE OR REPLACE VIEW pyscheduler.overdue_checks AS
-    WITH cur AS (
-        SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
-                                     * interval '1 microsecond' AS slot
-          FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
-                  FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r)
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at,
            now() - c.next_check_at AS overdue,
            CASE WHEN c.claim IS NULL THEN 'missed slot' ELSE 'task late' END AS why
-      FROM pyscheduler.checks c, cur
+      FROM pyscheduler.checks c, pyscheduler._current_check_slot cur
      WHERE (c.claim IS NULL AND c.next_check_at < cur.slot) OR (c.claim IS NOT NULL AND c.claim_until < now());
 COMMENT ON VIEW pyscheduler.overdue_checks IS
     'Checks of slots already past (runners down or behind) and task jobs past their task_timeout.';
