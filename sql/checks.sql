@@ -596,8 +596,8 @@ $$;
 COMMENT ON FUNCTION pyscheduler.run_check_jobs(bigint[]) IS
     'Run the SQL jobs of checks this transaction took, each in its own subtransaction; returns next times and errors.';
 
--- _submit_tasks(checks): hand task-job checks the caller holds to leased tasks.
-CREATE OR REPLACE FUNCTION pyscheduler._submit_tasks(p_checks pyscheduler.future_check[])
+-- _submit_check_tasks(checks): hand task-job checks the caller holds to leased tasks.
+CREATE OR REPLACE FUNCTION pyscheduler._submit_check_tasks(p_checks pyscheduler.future_check[])
 RETURNS TABLE (id bigint, task_rn uuid)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
@@ -612,7 +612,7 @@ BEGIN
         v_claim := gen_random_uuid();
         task_rn := (submit_task(queue => v.job, spec => jsonb_build_object('check', to_jsonb(v), 'claim', v_claim),
                                 priority => 50) ->> 'rn')::uuid;
-        UPDATE checks c SET claim = v_claim, claim_until = v_until, task_rn = _submit_tasks.task_rn
+        UPDATE checks c SET claim = v_claim, claim_until = v_until, task_rn = _submit_check_tasks.task_rn
          WHERE c.id = v.id;
         id := v.id;
         RETURN NEXT;
@@ -634,7 +634,7 @@ AS $$
    finish_check(id, claim => spec.claim, next_check_at => ...). A task that
    does not report within task_timeout ends the check as 'timeout'
    (catch_up_checks). Other ids are ignored. */
-    SELECT * FROM pyscheduler._submit_tasks(pyscheduler._held_checks(ids, 'task'));
+    SELECT * FROM pyscheduler._submit_check_tasks(pyscheduler._held_checks(ids, 'task'));
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_check_tasks(bigint[]) IS
     'Hand the task-job checks this transaction took to leased tasks in their queues (claim token in the spec).';
@@ -832,7 +832,7 @@ BEGIN
                   FROM _finish_checks(v_res.ids, v_res.nxt, v_res.err, NULL, v_res.took, NULL, p_now) f
                  GROUP BY f.outcome) f;
     END IF;
-    SELECT count(*) INTO v_tasks FROM _submit_tasks(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'task'));
+    SELECT count(*) INTO v_tasks FROM _submit_check_tasks(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'task'));
     IF v_tasks > 0 THEN
         outcomes := outcomes || jsonb_build_object('task', v_tasks);
     END IF;
