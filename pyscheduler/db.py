@@ -125,22 +125,40 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
         return conn
 
 
-def _function_call(function: str, args: dict[str, Any]) -> bytes:
-    return _function_query(function, tuple(args))
+def _function_call(function: str, args: dict[str, Any], binary: bool = False) -> bytes:
+    return _function_query(function, tuple(args), "b" if binary else "s")
 
 
 @functools.lru_cache(maxsize=1024)
-def _function_query(function: str, names: tuple[str, ...]) -> bytes:
-    """The query text, built once per (function, parameter names): composing it
-    with psycopg.sql on every call cost ~40 us. Names are checked against
+def _function_query(function: str, names: tuple[str, ...], fmt: str = "s") -> bytes:
+    """The query text, built once per (function, parameter names, format): composing
+    it with psycopg.sql on every call cost ~40 us. Names are checked against
     _IDENT (lower-case ASCII), so double quotes are all the quoting they need."""
     if not _IDENT.match(function):
         raise ValueError(f"not a pyscheduler function name: {function!r}")
     for name in names:
         if not _IDENT.match(name):
             raise ValueError(f"not a parameter name: {name!r}")
-    params = ", ".join(f'"{name}" => %({name})s' for name in names)
+    params = ", ".join(f'"{name}" => %({name}){fmt}' for name in names)
     return f'SELECT * FROM "{SCHEMA}"."{function}"({params})'.encode()
+
+
+def _execute_binary(conn: psycopg.Connection, function: str, args: dict[str, Any]) -> list[dict[str, Any]]:
+    # a None has no binary type: sent as text (an untyped NULL the server resolves)
+    typed = {k: v for k, v in args.items() if v is not None}
+    query = _binary_query(function, tuple(typed), tuple(k for k in args if k not in typed))
+    return conn.execute(query, typed, binary=True).fetchall()
+
+
+@functools.lru_cache(maxsize=256)
+def _binary_query(function: str, names: tuple[str, ...], nulls: tuple[str, ...]) -> bytes:
+    query = _function_query(function, names, "b")
+    for name in nulls:
+        if not _IDENT.match(name):
+            raise ValueError(f"not a parameter name: {name!r}")
+    if nulls:
+        query = query[:-1] + (b", " if names else b"") + ", ".join(f'"{k}" => NULL' for k in nulls).encode() + b")"
+    return query
 
 
 class _Calls:
@@ -152,6 +170,13 @@ class _Calls:
     def call_one(self, function: str, /, **args: Any) -> dict[str, Any] | None:
         rows = self.call(function, **args)
         return rows[0] if rows else None
+
+    def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        """``call`` with parameters and results in PostgreSQL's binary format: for large
+        array arguments (a 2,000-element batch costs ~2 us a message to send instead of
+        ~17 us as text). Every argument needs a concrete type (no untyped None, no empty
+        list): a None argument is sent as text, where the server infers its type."""
+        raise NotImplementedError
 
     def call_value(self, function: str, /, **args: Any) -> Any:
         """The single value a scalar function returns."""
@@ -169,6 +194,10 @@ class Session(_Calls):
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         with translating():
             return self.conn.execute(_function_call(function, args), args).fetchall()
+
+    def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        with translating():
+            return _execute_binary(self.conn, function, args)
 
 
 class Database(_Calls):
@@ -235,6 +264,10 @@ class Database(_Calls):
         query = _function_call(function, args)
         with self.connection() as conn:
             return conn.execute(query, args).fetchall()
+
+    def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        with self.connection() as conn:
+            return _execute_binary(conn, function, args)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:

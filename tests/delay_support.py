@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -127,6 +131,8 @@ class Output:
         return pairs
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return  # closed already
         self._stop.set()
         self._thread.join(5)
         self.reader.close()
@@ -202,3 +208,23 @@ def fire_time(message) -> float:
 
 
 
+
+
+@contextlib.contextmanager
+def private_broker(tmp_path: Path) -> Iterator[tuple[Any, Topics, Sender, Output]]:
+    """A broker of the test's own (one it may freeze with SIGSTOP) with topics in, out and
+    dlq: (broker, topics, sender, output); the broker is resumed and stopped at the end."""
+    from pyscheduler import embedded
+
+    broker = embedded.Kafka(tmp_path / "kafka").start()
+    try:
+        topics = Topics(input="in", output="out", dlq="dlq")
+        embedded.create_topics(broker.bootstrap, [topics.input, topics.output, topics.dlq])
+        output = Output(broker.bootstrap, topics.output)
+        try:
+            yield broker, topics, Sender(broker.bootstrap, topics.input), output
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)  # no-op unless frozen
+            output.close()
+    finally:
+        broker.stop()

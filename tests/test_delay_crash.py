@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from datetime import timedelta
 
 import pytest
 
-from delay_support import InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, utcnow, wait_for, warm_up
+from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, private_broker, utcnow,
+                           wait_for, warm_up)
 
 
 @pytest.fixture
@@ -137,14 +139,8 @@ def test_broker_frozen_mid_run_loses_nothing(dsn, db, tmp_path, caplog):
     """A private broker is stopped (SIGSTOP) while messages are due, then resumed.
     (tansu keeps topics in memory, so a broker restart would lose them: a freeze is
     the outage we can stage honestly.)"""
-    from pyscheduler import embedded
-
-    broker = embedded.Kafka(tmp_path / "kafka").start()
-    try:
+    with private_broker(tmp_path) as (broker, topics, sender, output):
         bootstrap = broker.bootstrap
-        topics = Topics(input="in", output="out", dlq="dlq")
-        embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
-        sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
         relay = InProcessRelay(dsn, bootstrap, topics)
         try:
             warm_up(sender, output, partitions=1)
@@ -172,5 +168,47 @@ def test_broker_frozen_mid_run_loses_nothing(dsn, db, tmp_path, caplog):
         finally:
             relay.stop()
             output.close()
-    finally:
-        broker.stop()
+
+
+def test_claims_run_ahead_of_unacknowledged_deliveries_and_a_kill_9_there_loses_nothing(dsn, db, tmp_path):
+    """The fire loop claims batch N+1 while batch N waits for the broker's acknowledgement
+    (pipelining), but deletes nothing unacknowledged and holds at most two batches. The
+    broker freezes (SIGSTOP) after the messages were stored: the node claims two batches of
+    5 and deletes none; killed (kill -9) right there, with its deliveries unacknowledged,
+    a successor fires every message after the hold time (copies of the killed node's
+    in-flight ones allowed: the only duplicates, across the crash)."""
+    with private_broker(tmp_path) as (broker, topics, sender, output):
+        bootstrap = broker.bootstrap
+        a = RelayProcess(dsn, bootstrap, topics, tmp_path / "a.log", "--fire-batch", "5", hold_ms=3000)
+        try:
+            node_a = a.node()
+            warm_up(sender, output, partitions=1)
+            values = [f"p{i:02d}".encode() for i in range(20)]
+            due = utcnow() + timedelta(seconds=2)
+            for i, value in enumerate(values):
+                sender.send(f"p-{i}", due, value=value)
+            sender.flush()
+            wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 20, 20,
+                     "the 20 messages to be stored")
+            broker.proc.send_signal(signal.SIGSTOP)
+            wait_for(lambda: len(ready_by(db, node_a)) == 10, 20, "node A to claim two batches of 5")
+            # while neither batch is acknowledged: nothing deleted, no third batch claimed
+            until = time.monotonic() + 1.5
+            while time.monotonic() < until:
+                assert db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 20
+                assert len(ready_by(db, node_a)) == 10
+                time.sleep(0.1)
+            a.proc.send_signal(signal.SIGKILL)
+            a.proc.wait(10)
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)
+            a.close()
+        b = InProcessRelay(dsn, bootstrap, topics, hold_ms=3000)
+        try:
+            wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 0, 60,
+                     "node B to fire and delete the 20 messages")
+        finally:
+            b.stop()
+        fired = [m.value() for m in output.fresh(20) if m.value() in set(values)]
+    assert set(fired) == set(values)  # nothing lost
+    assert len(fired) - len(values) <= 10  # copies only of the two batches in flight at the kill

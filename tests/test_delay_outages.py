@@ -14,7 +14,8 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
 
-from delay_support import InProcessRelay, Output, RelayProcess, Sender, Topics, utcnow, wait_for, warm_up
+from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, private_broker, utcnow, wait_for,
+                           warm_up)
 from pyscheduler.errors import InvalidMessage, rejects_arguments
 
 
@@ -196,14 +197,8 @@ def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, d
     committing the message's offset (or after storing it): once the broker is back, a
     successor publishes it. Before: the in-flight message counted as delivered, its
     offset was committed and it was lost with the producer."""
-    from pyscheduler import embedded
-
-    broker = embedded.Kafka(tmp_path / "kafka").start()
-    try:
+    with private_broker(tmp_path) as (broker, topics, sender, output):
         bootstrap = broker.bootstrap
-        topics = Topics(input="in", output="out", dlq="dlq")
-        embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
-        sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
         proc = RelayProcess(dsn, bootstrap, topics, tmp_path / "relay.log", hold_ms=10_000)
         try:
             proc.node()
@@ -229,22 +224,14 @@ def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, d
             successor.stop()
             output.close()
         assert stored in ([], ["late"])
-    finally:
-        broker.stop()
 
 
 def test_a_late_message_the_frozen_broker_does_not_take_is_stored_after_half_the_hold_time(dsn, db, tmp_path):
     """The broker freezes (SIGSTOP) between reading a late message and publishing it:
     after half the hold time the relay stores it (store_late) instead of blocking on the
     producer for minutes, and fires it from the table once the broker is back."""
-    from pyscheduler import embedded
-
-    broker = embedded.Kafka(tmp_path / "kafka").start()
-    try:
+    with private_broker(tmp_path) as (broker, topics, sender, output):
         bootstrap = broker.bootstrap
-        topics = Topics(input="in", output="out", dlq="dlq")
-        embedded.create_topics(bootstrap, [topics.input, topics.output, topics.dlq])
-        sender, output = Sender(bootstrap, topics.input), Output(bootstrap, topics.output)
         relay = InProcessRelay(dsn, bootstrap, topics, hold_ms=4000)
         try:
             warm_up(sender, output, partitions=1)
@@ -262,5 +249,3 @@ def test_a_late_message_the_frozen_broker_does_not_take_is_stored_after_half_the
             broker.proc.send_signal(signal.SIGCONT)  # no-op unless still frozen
             relay.stop()
             output.close()
-    finally:
-        broker.stop()

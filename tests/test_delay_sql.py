@@ -431,3 +431,32 @@ def test_any_client_may_cancel_any_waiting_message_and_no_daemon_role_may(db, co
         assert isinstance(err, psycopg.errors.InsufficientPrivilege), audience
     assert as_role(conn, "client", "SELECT pyscheduler.cancel_message(id => 'someone-elses') AS ok") == [
         {"ok": True}]
+
+
+def test_a_queue_analyzed_empty_is_still_read_through_its_indexes(dsn, db):
+    """Autovacuum often analyzes the queue when it is empty (everything fired); planned with
+    those statistics, "the earliest waiting deadlines" became a sequential scan and a sort
+    whose cost grows with the backlog (the relay bench's collapse). Every function that
+    reads the table still uses an index, whatever the statistics say."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE pyscheduler.delay_messages")  # analyzed empty
+        assert c.execute("SELECT reltuples FROM pg_class WHERE oid = 'pyscheduler.delay_messages'::regclass"
+                         ).fetchone()[0] <= 0
+    now = datetime.now(timezone.utc)
+    n = 5000
+    db.call("enqueue_messages", ids=[f"b{i}" for i in range(n)],
+            deadlines=[now + timedelta(seconds=10 + i / 1000) for i in range(n)], advance=timedelta(0))
+    node = uuid.uuid4()
+    with psycopg.connect(dsn) as c:  # one transaction: pg_stat_xact_user_tables counts its scans
+        c.execute("SELECT * FROM pyscheduler._enqueue_messages(ARRAY['x'], ARRAY[%s::timestamptz], "
+                  "p_now => %s)", (now + timedelta(seconds=60), now))
+        claimed = c.execute("SELECT id FROM pyscheduler._ready_and_claim(%s, interval '0', 100, %s)",
+                            (node, now + timedelta(seconds=10.05))).fetchall()
+        c.execute("SELECT * FROM pyscheduler.delete_fired(%s, %s)", ([r[0] for r in claimed], node))
+        c.execute("SELECT * FROM pyscheduler._reset_stuck(p_now => %s)", (now,))
+        c.execute("SELECT pyscheduler.next_deadline(), pyscheduler.cancel_message('b4999')")
+        seq, idx = c.execute("SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables "
+                             "WHERE relid = 'pyscheduler.delay_messages'::regclass").fetchone()
+        c.commit()
+    assert len(claimed) == 51  # b0 .. b50 due 10.05 s on
+    assert seq == 0 and idx > 0, (seq, idx)

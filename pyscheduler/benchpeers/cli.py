@@ -26,7 +26,7 @@ from . import tasks as tasks_part
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = {"jobs": 100_000, "rounds": 3, "samples": 30, "max_work_seconds": 20.0, "loads": "1000,10000",
-        "delay_duration": 12.0, "min_delay": 1.0, "max_delay": 5.0}
+        "delay_duration": 6.0, "min_delay": 1.0, "max_delay": 5.0}
 QUICK = {"jobs": 2000, "rounds": 1, "samples": 10, "max_work_seconds": 20.0, "loads": "500",
          "delay_duration": 4.0, "min_delay": 0.5, "max_delay": 1.5}
 
@@ -107,6 +107,7 @@ def _command(ctx: click.Context) -> str:
 @click.option("--min-delay", type=float, default=None, help=f"Shortest delay, seconds  [default: {FULL['min_delay']:g}]")
 @click.option("--max-delay", type=float, default=None, help=f"Longest delay, seconds  [default: {FULL['max_delay']:g}]")
 @click.option("--delay/--no-delay", "with_delay", default=True, show_default=True, help="Run the delay part.")
+@click.option("--tasks/--no-tasks", "with_tasks", default=True, show_default=True, help="Run the job-queue part.")
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), default=ROOT / "docs" / "benchmarks.md",
               show_default="docs/benchmarks.md", help="Markdown file whose peers section is replaced.")
 @click.option("--img-dir", type=click.Path(file_okay=False, path_type=Path), default=ROOT / "docs" / "img",
@@ -114,7 +115,7 @@ def _command(ctx: click.Context) -> str:
 @click.option("--note", default=None, help="Said about the run in the markdown, e.g. 'measured on a busy machine'.")
 @click.pass_context
 def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, gap_ms, max_work_seconds, only,
-          loads, delay_duration, min_delay, max_delay, with_delay, markdown, img_dir, note) -> None:
+          loads, delay_duration, min_delay, max_delay, with_delay, with_tasks, markdown, img_dir, note) -> None:
     """pyscheduler side by side with procrastinate, graphile-worker and pg-boss (no-op jobs, same
     concurrency, same server), and its delay relay side by side with a naive one."""
     echo = click.echo
@@ -129,7 +130,7 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
     if not 0 <= o["min_delay"] <= o["max_delay"]:
         raise click.BadParameter("need 0 <= --min-delay <= --max-delay", param_hint="--min-delay")
 
-    wanted = [s for s in tasks_part.SYSTEMS if not only or s.key in only]
+    wanted = [s for s in tasks_part.SYSTEMS if (not only or s.key in only) and with_tasks]
     skipped = {s.name: why for s in wanted if (why := s.missing())}
     systems = [s for s in wanted if s.name not in skipped]
     for name, why in skipped.items():
@@ -144,9 +145,9 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
         results = tasks_part.run_rounds(dsn, systems, params, o["rounds"], echo) if systems else {}
         loads_run = [delay_part.Load(rate, o["delay_duration"], o["min_delay"], o["max_delay"])
                      for rate in load_rates] if with_delay else []
-        delays = delay_part.run_loads(dsn, bootstrap, loads_run, echo)
+        delays = delay_part.run_loads(dsn, bootstrap, loads_run, o["rounds"], echo)
     delay_note = (f"Offered loads {', '.join(f'{r:,}' for r in load_rates)} msg/s for {o['delay_duration']:g} s "
-                  f"each, delays uniform {o['min_delay']:g}–{o['max_delay']:g} s, {delay_part.PARTITIONS} input "
+                  f"each, {o['rounds']} round{'s' if o['rounds'] != 1 else ''} (which relay goes first alternates), delays uniform {o['min_delay']:g}–{o['max_delay']:g} s, {delay_part.PARTITIONS} input "
                   "partitions, one relay process each: the pyscheduler relay (`pyscheduler delay run`, defaults: "
                   "50 ms timing advance, batches of 2,000) and the naive baseline "
                   "(`python -m pyscheduler.benchpeers.naive_relay`). Jitter = output timestamp - deadline; "

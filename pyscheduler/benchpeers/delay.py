@@ -119,7 +119,7 @@ def run_delay(dsn: str, bootstrap: str, relay: str, load: Load) -> dict:
     finally:
         tail.close()
     messages = read_all(bootstrap, output_topic)
-    stats = summarize(messages, total, load.max_delay)
+    stats = summarize(messages, total, load.max_delay, load.min_delay)
     stats.update(relay=relay, name=RELAYS[relay], rate=load.rate, produced_rate=total / produced_for,
                  **percentiles(stats["lags"], (50, 99, 99.9)))
     stats["sla"] = meets_sla(stats)
@@ -132,14 +132,27 @@ def meets_sla(stats: dict) -> bool:
     return stats["lost"] == 0 and stats["p99.9"] <= SLA_P999_MS
 
 
-def run_loads(dsn: str, bootstrap: str, loads: list[Load], echo: Callable[[str], None]) -> list[dict]:
+def run_loads(dsn: str, bootstrap: str, loads: list[Load], rounds: int, echo: Callable[[str], None]) -> list[dict]:
+    """Every relay at every load, ``rounds`` times (loads in order within a round; which relay
+    goes first alternates by load and by round); one result per run, with its round."""
     results = []
-    for k, load in enumerate(loads):
-        order = list(RELAYS) if k % 2 == 0 else list(reversed(RELAYS))
-        for relay in order:
-            stats = run_delay(dsn, bootstrap, relay, load)
-            results.append(stats)
-            echo(f"delay {stats['name']} at {load.rate:,} msg/s: steady {stats['steady']:,.0f} msg/s, "
-                 f"p50 {stats['p50']:.1f} ms, p99 {stats['p99']:.1f} ms, p99.9 {stats['p99.9']:.1f} ms, "
-                 f"max {stats['max']:.1f} ms, lost {stats['lost']}, duplicates {stats['duplicates']}")
+    for r in range(rounds):
+        for k, load in enumerate(loads):
+            order = list(RELAYS) if (k + r) % 2 == 0 else list(reversed(RELAYS))
+            for relay in order:
+                stats = run_delay(dsn, bootstrap, relay, load)
+                stats["round"] = r + 1
+                results.append(stats)
+                echo(f"round {r + 1}/{rounds} delay {stats['name']} at {load.rate:,} msg/s: steady "
+                     f"{stats['steady']:,.0f} msg/s, p50 {stats['p50']:.1f} ms, p99 {stats['p99']:.1f} ms, "
+                     f"p99.9 {stats['p99.9']:.1f} ms, max {stats['max']:.1f} ms, lost {stats['lost']}, "
+                     f"duplicates {stats['duplicates']}")
     return results
+
+
+def by_relay_and_load(runs: list[dict]) -> list[list[dict]]:
+    """The runs grouped per (relay, offered load): loads ascending, relays in RELAYS order."""
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["rate"], list(RELAYS).index(run["relay"])), []).append(run)
+    return [groups[key] for key in sorted(groups)]

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from ..delay.bench import percentiles
-from .delay import RELAYS, SLA_P999_MS, SLA_RATE
+from .delay import SLA_P999_MS, SLA_RATE, by_relay_and_load
 from .tasks import System
 
 BEGIN = "<!-- bench-peers:begin (written by `pyscheduler bench peers`; a rerun replaces everything down to the end marker) -->"
@@ -53,10 +53,22 @@ def ratio_rows(systems: list[System], results: dict[str, list[dict]]) -> tuple[l
     return [p.name for p in peers], rows
 
 
+def _sla(runs: list[dict]) -> str:
+    met = sum(1 for r in runs if r["sla"])
+    return "meets" if met == len(runs) else "misses" if met == 0 else f"meets in {met} of {len(runs)} rounds"
+
+
 def delay_rows(delay: list[dict]) -> list[list[str]]:
-    return [[d["name"], f"{d['rate']:,}", f"{d['steady']:,.0f}", f"{d['p50']:.1f} ms", f"{d['p99']:.1f} ms",
-             f"{d['p99.9']:.1f} ms", f"{d['max']:.1f} ms", f"{d['lost']} / {d['duplicates']}",
-             "meets" if d["sla"] else "misses"] for d in delay]
+    """One row per relay and load: medians over the rounds (min–max in brackets), lost and
+    duplicates summed over the rounds, the SLA met in every round or not."""
+    rows = []
+    for runs in by_relay_and_load(delay):
+        first = runs[0]
+        ms = {k: _spread([r[k] for r in runs], "{:,.1f}") + " ms" for k in ("p50", "p99", "p99.9", "max")}
+        rows.append([first["name"], f"{first['rate']:,}", _spread([r["steady"] for r in runs]), ms["p50"],
+                     ms["p99"], ms["p99.9"], ms["max"],
+                     f"{sum(r['lost'] for r in runs)} / {sum(r['duplicates'] for r in runs)}", _sla(runs)])
+    return rows
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -91,7 +103,9 @@ def markdown(*, command: str, context: str, systems: list[System], skipped: dict
     out += ["", f"**Delay queue.** {delay_note} The seed's SLA: {SLA_RATE:,} msg/s with p99.9 jitter "
                 f"<= {SLA_P999_MS:.0f} ms; the SLA column applies the same bound at every load.", ""]
     out += _table(DELAY_HEADER, delay_rows(delay))
-    out += ["", f"![completion rates]({rel}/{TASKS_CHART})", ""]
+    out.append("")
+    if systems:
+        out += [f"![completion rates]({rel}/{TASKS_CHART})", ""]
     if delay:
         out += [f"![jitter distribution]({rel}/{JITTER_CHART})", ""]
     out.append(END)
@@ -114,10 +128,16 @@ def charts(out_dir: Path, systems: list[System], results: dict[str, list[dict]],
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / TASKS_CHART, out_dir / JITTER_CHART]
+    if not systems:
+        return charts_delay(paths[1], delay)
+    charts_tasks(paths[0], systems, results)
+    return paths[:1] + charts_delay(paths[1], delay)
+
+
+def charts_tasks(path: Path, systems: list[System], results: dict[str, list[dict]]) -> None:
+    import matplotlib.pyplot as plt
 
     names = [s.name for s in systems][::-1]
     rates = [[r["rate"] for r in results[s.key]] for s in systems][::-1]
@@ -132,16 +152,22 @@ def charts(out_dir: Path, systems: list[System], results: dict[str, list[dict]],
     ax.set_xlabel("completion rate, no-op jobs/s (median, min–max over rounds; log scale)")
     ax.set_title("Job queues on one PostgreSQL: completion rate")
     fig.tight_layout()
-    fig.savefig(paths[0], dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def charts_delay(path: Path, delay: list[dict]) -> list[Path]:
+    """The jitter chart ([] without delay runs)."""
+    import matplotlib.pyplot as plt
 
     loads = sorted({d["rate"] for d in delay})
     if not loads:
-        return paths[:1]
+        return []
     fig, axes = plt.subplots(1, len(loads), figsize=(6 * len(loads), 4), squeeze=False)
     for ax, load in zip(axes[0], loads):
-        for d in sorted((d for d in delay if d["rate"] == load), key=lambda d: list(RELAYS).index(d["relay"])):
-            lags = d["lags"]  # the same colour for a relay in every panel
+        for runs in (g for g in by_relay_and_load(delay) if g[0]["rate"] == load):
+            d = runs[0]
+            lags = sorted(x for r in runs for x in r["lags"])  # every round's messages; one colour per relay
             ax.plot(lags, [(i + 1) / len(lags) for i in range(len(lags))], label=d["name"],
                     color="#1f77b4" if d["relay"] == "pyscheduler" else "#ff7f0e")
         ax.axvline(SLA_P999_MS, color="red", linestyle="--", linewidth=1, label=f"SLA bound {SLA_P999_MS:.0f} ms")
@@ -152,6 +178,6 @@ def charts(out_dir: Path, systems: list[System], results: dict[str, list[dict]],
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(paths[1], dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    return paths
+    return [path]

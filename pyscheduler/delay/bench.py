@@ -131,9 +131,13 @@ def produce(producer, topic: str, run: str, rate: int, duration: float, min_dela
     return total, time.time() - start
 
 
-def summarize(messages: list, total: int, max_delay: float) -> dict:
+def summarize(messages: list, total: int, max_delay: float, min_delay: float = 0.0) -> dict:
     """Output messages of produce() (others, e.g. warm-up ones, are left out): received, duplicates,
-    lost, steady-state and whole-window msg/s, and the sorted lags (fire time - deadline, ms)."""
+    lost, steady-state and whole-window msg/s, and the sorted lags (fire time - deadline, ms).
+
+    Steady state: with delays uniform in [min_delay, max_delay], deadlines come at the full
+    rate from the first message plus max_delay to the last plus min_delay, i.e. the firing
+    window without its first and last (max_delay - min_delay) seconds."""
     values = [(m.timestamp()[1] / 1000.0, *m.value().split()) for m in messages
               if not m.value().startswith(b"warmup-")]
     unique = {i for _, i, _ in values}
@@ -141,8 +145,9 @@ def summarize(messages: list, total: int, max_delay: float) -> dict:
     if not lags:
         raise click.ClickException("nothing arrived on the output topic")
     fired = [ts for ts, _, _ in values]
-    # steady state: the middle of the firing window, where arrivals run at the full rate
-    t0, t1 = min(fired) + max_delay, max(fired) - max_delay
+    # steady state: the middle of the firing window, where deadlines come at the full rate
+    spread = max_delay - min_delay
+    t0, t1 = min(fired) + spread, max(fired) - spread
     steady = sum(1 for ts in fired if t0 <= ts <= t1) / (t1 - t0) if t1 > t0 else float("nan")
     whole = len(values) / (max(fired) - min(fired)) if max(fired) > min(fired) else float("nan")
     return {"received": len(values), "duplicates": len(values) - len(unique), "lost": max(0, total - len(unique)),
@@ -240,7 +245,7 @@ def bench(dsn, kafka_bootstrap, kafka_settings, rate, duration, min_delay, max_d
             stop_processes(procs)
             if reader is not None:
                 reader.close()
-        stats = summarize(got, total, max_delay)
+        stats = summarize(got, total, max_delay, min_delay)
         click.echo(f"received {stats['received']} ({stats['duplicates']} duplicates), lost {stats['lost']} "
                    f"(a fresh read of the output; the live reader saw {tailed})")
         click.echo(f"end-to-end throughput: {stats['steady']:.0f} msg/s in steady state; "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import queue
 import random
 import threading
 import time
@@ -70,6 +71,8 @@ MIN_DEADLINE = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MAX_DEADLINE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 MIN_HOLD_MS = 1000
 MAX_ADVANCE_MS = 60_000
+# batches claimed and not yet deleted under load: one being delivered while the next is claimed
+PIPELINE = 2
 
 CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
 ENQUEUED = Counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
@@ -450,6 +453,9 @@ class Relay:
         self.stop = threading.Event()
         self.kafka_outage = Outage("Kafka", log)
         self.max_message_bytes = KAFKA_MESSAGE_MAX_BYTES
+        self.crashed: list[BaseException] = []
+        self._commits_pending = 0  # asynchronous input commits not yet answered
+        self._in_flight = 0  # claimed batches not yet deleted (fire_loop)
 
     # -- configuration ---------------------------------------------------------
 
@@ -501,24 +507,11 @@ class Relay:
                  "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
                  cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
                  cfg.dlq_topic or "dropped", self.max_message_bytes)
-        self.db = Database(cfg.dsn, min_size=1, max_size=4, name=self.name, timeout=5.0).open(wait=False)
+        self.db = Database(cfg.dsn, min_size=1, max_size=5, name=self.name, timeout=5.0).open(wait=False)
         listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
                             logger=log).start()
-        crashed: list[BaseException] = []
-
-        def guard(loop: Callable[[], None]) -> Callable[[], None]:
-            def target() -> None:
-                try:
-                    loop()
-                except BaseException as exc:  # a bug: stop the node rather than limp on
-                    log.exception("delay relay %s: %s crashed", self.node, loop.__name__)
-                    crashed.append(exc)
-                    stop.set()
-                    self.wakeup.poke()
-            return target
-
-        threads = [threading.Thread(target=guard(loop), name=f"{self.name}:{loop.__name__}")
-                   for loop in (self.consume_loop, self.fire_loop, self.detect_loop)]
+        self.crashed = []
+        threads = [self._thread(loop) for loop in (self.consume_loop, self.fire_loop, self.detect_loop)]
         for t in threads:
             t.start()
         try:
@@ -530,16 +523,30 @@ class Relay:
             listener.stop()
             self.db.close()
         log.info("delay relay node %s stopped", self.node)
-        if crashed:
-            raise crashed[0]
+        if self.crashed:
+            raise self.crashed[0]
 
-    def _db_call(self, outage: Outage, function: str, give_up: Callable[[], bool], **args: Any) -> list[dict] | None:
-        """``db.call`` retried with backoff while the database is unavailable or refuses for a
-        reason that may pass (``transient``); None when giving up. A rejection of the values
-        passed (errors.rejects_arguments) is raised."""
+    def _thread(self, loop: Callable[..., None], *args: Any) -> threading.Thread:
+        """A thread running ``loop``; a crash (a bug) stops the node rather than let it limp on."""
+        def target() -> None:
+            try:
+                loop(*args)
+            except BaseException as exc:
+                log.exception("delay relay %s: %s crashed", self.node, loop.__name__)
+                self.crashed.append(exc)
+                self.stop.set()
+                self.wakeup.poke()
+        return threading.Thread(target=target, name=f"{self.name}:{loop.__name__}")
+
+    def _db_call(self, outage: Outage, function: str, give_up: Callable[[], bool], binary: bool = False,
+                 **args: Any) -> list[dict] | None:
+        """``db.call`` (``call_binary`` with ``binary``) retried with backoff while the database
+        is unavailable or refuses for a reason that may pass (``transient``); None when giving
+        up. A rejection of the values passed (errors.rejects_arguments) is raised."""
+        call = self.db.call_binary if binary else self.db.call
         while True:
             try:
-                rows = self.db.call(function, **args)
+                rows = call(function, **args)
                 outage.ok()
                 return rows
             except (SchedulerError, psycopg.Error) as exc:
@@ -556,7 +563,8 @@ class Relay:
         # A 10 s session (Kafka's default is 45 s): a crashed node's partitions move on sooner.
         consumer = Consumer(self._kafka(**{
             "group.id": cfg.group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 100, "session.timeout.ms": 10000, "heartbeat.interval.ms": 2000}))
+            "fetch.wait.max.ms": 100, "session.timeout.ms": 10000, "heartbeat.interval.ms": 2000,
+            "on_commit": self._committed}))
         publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 2}), self.kafka_outage)
         db_outage = Outage("PostgreSQL (enqueue)", log)
         consumer.subscribe([cfg.input_topic])
@@ -567,22 +575,38 @@ class Relay:
                     self._handle_batch(consumer, publisher, db_outage, msgs)
         finally:
             publisher.close()
+            # let the asynchronous commits be answered (bounded: the broker may be away); what
+            # this returns is not handled and not committed, so it is read again
+            end = time.monotonic() + 5.0
+            while self._commits_pending > 0 and time.monotonic() < end:
+                consumer.consume(cfg.consume_batch, 0.1)
             consumer.close()
+
+    def _committed(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """The broker's answer to an asynchronous commit (served by consume())."""
+        self._commits_pending -= 1
+        if err is not None:  # e.g. a rebalance: the batch may be read again, duplicates are ignored
+            log.warning("could not commit input offsets (the batch may be read again): %s", err)
 
     def _handle_batch(self, consumer: Consumer, publisher: Publisher, db_outage: Outage,
                       msgs: list[Message]) -> None:
+        """Store (or publish, or dead-letter) a batch, then commit its offsets without waiting
+        for the broker's answer (the commit is only issued once every message of the batch
+        was stored, published or dead-lettered; not at all when stopping first)."""
         good: list[tuple[Message, Delayed]] = []
         bad: list[tuple[Message, str, list]] = []  # (message, reason, its headers)
+        consumed = len(msgs)
         for msg in msgs:
             if msg.error() is not None:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("input topic: %s", msg.error())
+                consumed -= 1
                 continue
-            CONSUMED.inc()
             try:
                 good.append((msg, parse(msg)))
             except Malformed as exc:
                 bad.append((msg, str(exc), exc.headers))
+        CONSUMED.inc(consumed)
         stopping = self.stop.is_set
         outcomes = self._enqueue(good, bad, db_outage, stopping)
         if outcomes is None:
@@ -602,9 +626,11 @@ class Relay:
             if msg.error() is None:
                 key = (msg.topic(), msg.partition())
                 offsets[key] = max(offsets.get(key, -1), msg.offset() + 1)
+        if not offsets:
+            return
         try:
-            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                            asynchronous=False)
+            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
+            self._commits_pending += 1
         except KafkaException as exc:  # e.g. a rebalance: the batch may be read again, duplicates are ignored
             log.warning("could not commit input offsets (the batch may be read again): %s", exc)
 
@@ -729,14 +755,18 @@ class Relay:
 
     def _enqueue_call(self, batch: list[Delayed], outage: Outage, give_up: Callable[[], bool],
                       store_late: bool = False) -> list[dict] | None:
+        """One enqueue_messages call for the batch, its arrays sent in binary (as text, dumping
+        them was the relay's largest cost); an array whose elements are all NULL is sent as
+        NULL, and a message without extra headers has a NULL element (stored as [])."""
         keys = [d.key for d in batch]
         vals = [d.value for d in batch]
+        headers = [Jsonb(headers_to_json(d.headers)) if d.headers else None for d in batch]
         return self._db_call(
-            outage, "enqueue_messages", give_up,
+            outage, "enqueue_messages", give_up, binary=True,
             ids=[d.id for d in batch], deadlines=[d.deadline for d in batch],
             keys=keys if any(k is not None for k in keys) else None,
             vals=vals if any(v is not None for v in vals) else None,
-            header_lists=[Jsonb(headers_to_json(d.headers)) for d in batch],
+            header_lists=headers if any(h is not None for h in headers) else None,
             advance=self.cfg.advance, store_late=store_late)
 
     @staticmethod
@@ -756,23 +786,60 @@ class Relay:
     # -- 2. ready and fire ------------------------------------------------------
 
     def fire_loop(self) -> None:
+        """Claim due batches and hand them to the delivery thread (_deliver_loop), so the claim
+        of batch N+1 overlaps the delivery of batch N and the wait for the broker's
+        acknowledgements. At most PIPELINE batches are claimed and not yet deleted; a batch is
+        deleted only after its delivery was acknowledged, so a crash at any point leaves the
+        claimed, unacknowledged ones ready, to be reset after the hold time and fired again.
+
+        The claim runs ahead only after a full batch (more are due: under load); after a
+        smaller one it waits until the previous batch is deleted, as an unpipelined loop
+        would, so a light load is claimed in batches, not one message at a time."""
         cfg = self.cfg
-        publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 1}), self.kafka_outage)
         outage = Outage("PostgreSQL (fire)", log)
         poll = cfg.poll_ms / 1000.0
+        self._in_flight = 0  # batches handed to the delivery thread and not yet deleted
+        done = threading.Condition()
+        batches: queue.SimpleQueue[list[dict] | None] = queue.SimpleQueue()
+        deliverer = self._thread(self._deliver_loop, batches, done)
+        deliverer.start()
+        full = False
         try:
             while not self.stop.is_set():
+                limit = PIPELINE if full else 1
+                with done:
+                    if not done.wait_for(lambda: self._in_flight < limit, timeout=poll):
+                        continue  # still delivering
                 claimed_at = time.time()
                 CLAIMS.inc()
-                rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, node=self.node,
+                rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, binary=True, node=self.node,
                                      advance=cfg.advance, max_count=cfg.fire_batch)
                 if rows is None:
                     break
                 if rows:
-                    self._fire(publisher, outage, rows)
-                    if len(rows) >= cfg.fire_batch:
-                        continue  # more are due: no sleep
+                    with done:
+                        self._in_flight += 1
+                    batches.put(rows)
+                full = len(rows) >= cfg.fire_batch
+                if full:
+                    continue  # more are due: no sleep
                 self.wakeup.wait(self._sleep_time(outage, poll, None if rows else claimed_at), jitter=0.2)
+        finally:
+            batches.put(None)  # the claimed batches are still delivered (bounded), then it stops
+            deliverer.join()
+
+    def _deliver_loop(self, batches: "queue.SimpleQueue[list[dict] | None]", done: threading.Condition) -> None:
+        """Publish each claimed batch, wait for the acknowledgements, delete the acknowledged."""
+        publisher = Publisher(self._kafka(producer=True, **{"linger.ms": 1}), self.kafka_outage)
+        outage = Outage("PostgreSQL (delete)", log)
+        try:
+            while (rows := batches.get()) is not None:
+                try:
+                    self._fire(publisher, outage, rows)
+                finally:
+                    with done:
+                        self._in_flight -= 1
+                        done.notify_all()
         finally:
             publisher.close()
 
@@ -800,14 +867,18 @@ class Relay:
         out = [Outgoing(self.cfg.output_topic, r["key"], r["value"], headers_from_json(r["headers"]),
                         (r["id"], r["deadline"])) for r in rows]
         delivered: list[str] = []  # fired, dead-lettered or dropped: to delete
+        observe = FIRE_LAG.observe
+        fired = 0
 
         def sent(item: Outgoing, msg: Message) -> None:
-            if isinstance(item.tag, DeadLetter):
-                delivered.append(item.tag.row_id)
-                return
-            delivered.append(item.tag[0])
-            FIRED.inc()
-            FIRE_LAG.observe(msg.timestamp()[1] / 1000.0 - item.tag[1].timestamp())
+            nonlocal fired
+            tag = item.tag
+            if type(tag) is tuple:
+                fired += 1
+                delivered.append(tag[0])
+                observe(msg.timestamp()[1] / 1000.0 - tag[1].timestamp())
+            else:
+                delivered.append(tag.row_id)
 
         def dropped(item: Outgoing) -> None:
             delivered.append(item.tag.row_id if isinstance(item.tag, DeadLetter) else item.tag[0])
@@ -825,11 +896,12 @@ class Relay:
                       "ready and are tried again once reset", len(undelivered), publisher.last_error,
                       ", ".join(str(item.tag.row_id if isinstance(item.tag, DeadLetter) else item.tag[0])
                                 for item in undelivered[:5]))
+        FIRED.inc(fired)
         if not delivered:
             return
         deadline = time.monotonic() + self.cfg.hold_ms / 1000.0
         gone = self._db_call(outage, "delete_fired", lambda: self.stop.is_set() and time.monotonic() > deadline,
-                             ids=delivered, node=self.node)
+                             binary=True, ids=delivered, node=self.node)
         for row in gone or []:
             ALREADY_GONE.inc()
             log.warning("fired message %s was already gone (a peer suspected this node %s and fired it too)",
