@@ -1049,6 +1049,7 @@ BEGIN
     IF v_id IS NULL THEN
         RETURN false;
     END IF;
+    DELETE FROM schedule_executions e WHERE e.schedule_id = v_id;  -- no foreign key: their own delete
     PERFORM _schedule_changed(v_id);
     RETURN true;
 END
@@ -1363,7 +1364,7 @@ COMMENT ON FUNCTION pyscheduler.resync_progress(text) IS
     'Progress of a resync: schedules handed out so far and the total to do.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.fire_details(p_ids bigint[])
-RETURNS TABLE (id bigint, name text, target_kind text, target text, priority bigint, payload jsonb,
+RETURNS TABLE (id bigint, name text, target_kind text, target text, priority bigint, payload text,
                retry_attempts integer, retry_base interval, retry_jitter interval, critical boolean,
                paused boolean, active boolean, catchup_window interval, overlap text, updated timestamptz)
 LANGUAGE sql STABLE
@@ -1374,10 +1375,12 @@ AS $$
            payload, retry_attempts, retry_base, retry_jitter, critical, paused,
            active, catchup_window, overlap, updated)
        What an executor needs to fire these schedules (cache by `updated`).
+       payload is the JSON text as stored (jsonb's canonical form): the
+       executor sends it as the message body without decoding it.
        Unknown ids come back with active = false and the rest NULL. An
        occurrence older than now - catchup_window should not be fired but
        recorded with outcome 'missed'. */
-    SELECT u.id, s.name, s.target_kind, s.target, s.priority, s.payload, s.retry_attempts, s.retry_base,
+    SELECT u.id, s.name, s.target_kind, s.target, s.priority, s.payload::text, s.retry_attempts, s.retry_base,
            s.retry_jitter, s.critical, s.paused, coalesce(s.due_at IS NOT NULL, false), s.catchup_window,
            s.overlap, s.updated
       FROM unnest(p_ids) AS u(id)
@@ -1397,9 +1400,9 @@ DECLARE
     r record;
     v record;
     v_n integer := coalesce(cardinality(p_ids), 0);
-    v_errors text[] := coalesce(p_errors, array_fill(NULL::text, ARRAY[coalesce(cardinality(p_ids), 0)]));
-    v_tokens uuid[] := coalesce(p_tokens, array_fill(NULL::uuid, ARRAY[coalesce(cardinality(p_ids), 0)]));
-    v_done bigint[];
+    v_fast record;
+    v_done boolean[];
+    v_o bigint;
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
                          cardinality(p_attempts), cardinality(p_errors), cardinality(p_tokens));
@@ -1407,69 +1410,66 @@ BEGIN
         RETURN;
     END IF;
     -- Set-based path for the common case: an interval schedule's regular
-    -- occurrence, once in the batch, next occurrence within the catch-up
-    -- window. Rows are locked in id order; the conditions are rechecked on
-    -- the locked row. Everything else goes through _record_one below.
+    -- occurrence, once in the batch, not recorded yet, next occurrence within
+    -- the catch-up window. One UPDATE (rows in id order; under concurrent
+    -- writers its conditions are rechecked on the newest row version, so a
+    -- schedule another writer moved on is left alone) whose RETURNING feeds
+    -- the INSERT of the executions: each row is written once, and no join of
+    -- two result sets (a nested loop of batch x batch comparisons) is needed.
+    -- Everything else goes through _record_one below.
     WITH inp AS (
         SELECT u.*, count(*) OVER (PARTITION BY u.id) AS n
-          FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, v_errors, v_tokens)
-               AS u(id, expected, outcome, attempts, error, token)),
-    fast AS (
-        SELECT i.id, i.expected, i.outcome, i.attempts, i.error, i.token
-          FROM inp i JOIN schedules s ON s.id = i.id
-         WHERE i.n = 1 AND s.every IS NOT NULL AND s.next_run_at = i.expected
-           AND i.outcome IN ('fired', 'failed', 'skipped_overlap')
-           AND (i.token IS NULL OR s.claim_token = i.token)
-           AND i.expected + _every_us(s.every) * interval '1 microsecond' >= p_now - s.catchup_window
-         ORDER BY s.id
-           FOR UPDATE OF s),
-    ins AS (
-        INSERT INTO schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, fired_at, lateness, error)
-        SELECT f.id, f.expected, f.outcome, false, coalesce(f.attempts, 0), p_now, p_now - f.expected, left(f.error, 2000)
-          FROM fast f
-        ON CONFLICT ON CONSTRAINT schedule_executions_pkey DO NOTHING
-        RETURNING schedule_id),
-    -- one array, materialized: a join of the two CTEs was planned as a nested
-    -- loop (batch size squared comparisons: 570 of 700 ms for 1,000 rows)
-    got AS MATERIALIZED (SELECT coalesce(array_agg(schedule_id), '{}') AS ids FROM ins),
-    rec AS (
-        SELECT f.*, f.id = ANY (g.ids) AS recorded,
-               (f.id = ANY (g.ids) AND f.outcome IN ('fired', 'failed'))::integer AS run
-          FROM fast f, got g),
+          FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
+               WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
+         ORDER BY u.id),
     upd AS (
         UPDATE schedules t
-           SET fired_count = t.fired_count + (rec.recorded AND rec.outcome = 'fired')::integer,
-               failed_count = t.failed_count + (rec.recorded AND rec.outcome = 'failed')::integer,
-               skipped_count = t.skipped_count + (rec.recorded AND rec.outcome = 'skipped_overlap')::integer,
-               runs_count = t.runs_count + rec.run,
-               consecutive_failures = CASE WHEN NOT rec.recorded THEN t.consecutive_failures
-                                           WHEN rec.outcome = 'failed' THEN t.consecutive_failures + 1
-                                           WHEN rec.outcome = 'fired' THEN 0 ELSE t.consecutive_failures END,
-               last_outcome = CASE WHEN rec.recorded AND rec.outcome IN ('fired', 'failed') THEN rec.outcome ELSE t.last_outcome END,
-               last_error = CASE WHEN rec.recorded AND rec.outcome = 'failed' THEN left(rec.error, 2000)
-                                 WHEN rec.recorded AND rec.outcome = 'fired' THEN NULL ELSE t.last_error END,
-               last_expected_at = CASE WHEN rec.recorded THEN greatest(t.last_expected_at, rec.expected) ELSE t.last_expected_at END,
-               next_run_at = CASE WHEN (t.end_at IS NOT NULL AND rec.expected + _every_us(t.every) * interval '1 microsecond' > t.end_at)
-                                       OR (t.max_runs IS NOT NULL AND t.runs_count + rec.run >= t.max_runs) THEN NULL
-                                  ELSE rec.expected + _every_us(t.every) * interval '1 microsecond' END,
-               claim_token = CASE WHEN rec.token IS NULL THEN t.claim_token END,
-               claimed_until = CASE WHEN rec.token IS NULL THEN t.claimed_until END
-          FROM rec
-         WHERE t.id = rec.id
-        RETURNING t.id, rec.expected, t.due_at, rec.recorded)
-    SELECT coalesce(array_agg(upd.id), '{}') INTO v_done FROM upd;
-    IF cardinality(v_done) > 0 THEN
-        RETURN QUERY
-        SELECT s.id, u.expected, s.due_at, e.fired_at = p_now AND e.outcome = u.outcome
-          FROM unnest(p_ids, p_expected, p_outcomes) AS u(id, expected, outcome)
-          JOIN schedules s ON s.id = u.id
-          LEFT JOIN schedule_executions e ON e.schedule_id = u.id AND e.expected_at = u.expected
-         WHERE u.id = ANY (v_done);
+           SET fired_count = t.fired_count + (i.outcome = 'fired')::integer,
+               failed_count = t.failed_count + (i.outcome = 'failed')::integer,
+               skipped_count = t.skipped_count + (i.outcome = 'skipped_overlap')::integer,
+               runs_count = t.runs_count + (i.outcome <> 'skipped_overlap')::integer,
+               consecutive_failures = CASE i.outcome WHEN 'failed' THEN t.consecutive_failures + 1
+                                                     WHEN 'fired' THEN 0 ELSE t.consecutive_failures END,
+               last_outcome = CASE WHEN i.outcome = 'skipped_overlap' THEN t.last_outcome ELSE i.outcome END,
+               last_error = CASE i.outcome WHEN 'failed' THEN left(i.error, 2000) WHEN 'fired' THEN NULL
+                                           ELSE t.last_error END,
+               last_expected_at = greatest(t.last_expected_at, i.expected),
+               next_run_at = CASE WHEN (t.end_at IS NOT NULL AND i.expected + _every_us(t.every) * interval '1 microsecond' > t.end_at)
+                                       OR (t.max_runs IS NOT NULL
+                                           AND t.runs_count + (i.outcome <> 'skipped_overlap')::integer >= t.max_runs) THEN NULL
+                                  ELSE i.expected + _every_us(t.every) * interval '1 microsecond' END,
+               claim_token = CASE WHEN i.token IS NULL THEN t.claim_token END,
+               claimed_until = CASE WHEN i.token IS NULL THEN t.claimed_until END
+          FROM inp i
+         WHERE t.id = i.id AND i.n = 1 AND t.every IS NOT NULL AND t.next_run_at = i.expected
+           AND i.outcome IN ('fired', 'failed', 'skipped_overlap')
+           AND (i.token IS NULL OR t.claim_token = i.token)
+           AND i.expected + _every_us(t.every) * interval '1 microsecond' >= p_now - t.catchup_window
+           AND NOT EXISTS (SELECT 1 FROM schedule_executions e WHERE e.schedule_id = i.id AND e.expected_at = i.expected)
+        RETURNING t.id, i.expected, i.outcome, i.attempts, i.error, t.due_at, i.o),
+    ins AS (
+        INSERT INTO schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, fired_at, lateness, error)
+        SELECT u.id, u.expected, u.outcome, false, coalesce(u.attempts, 0), p_now, p_now - u.expected, left(u.error, 2000)
+          FROM upd u
+        ON CONFLICT ON CONSTRAINT schedule_executions_pkey DO NOTHING)
+    SELECT array_agg(u.id) AS ids, array_agg(u.expected) AS expected, array_agg(u.due_at) AS due,
+           array_agg(u.o) AS ords
+      INTO v_fast FROM upd u;
+    IF v_fast.ids IS NOT NULL THEN
+        RETURN QUERY SELECT f.id, f.expected, f.due, true
+                       FROM unnest(v_fast.ids, v_fast.expected, v_fast.due) AS f(id, expected, due);
+        IF cardinality(v_fast.ids) = v_n THEN
+            RETURN;
+        END IF;
+        v_done := array_fill(false, ARRAY[v_n]);
+        FOREACH v_o IN ARRAY v_fast.ords LOOP
+            v_done[v_o] := true;
+        END LOOP;
     END IF;
     -- the rest one by one, in schedule order
-    FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, v_errors, v_tokens)
-                     AS u(id, expected, outcome, attempts, error, token)
-              WHERE NOT u.id = ANY (v_done)
+    FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
+                     WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
+              WHERE v_done IS NULL OR NOT v_done[u.o]
               ORDER BY u.id, u.expected
     LOOP
         v := _record_one(r.id, r.expected, r.outcome, r.attempts, r.error, r.token, NULL, p_now);
@@ -1622,8 +1622,8 @@ BEGIN
     RETURN QUERY
     WITH c AS (
         SELECT s.id FROM schedules s
-         WHERE s.critical AND s.due_at <= p_now AND (s.claimed_until IS NULL OR s.claimed_until < p_now)
-         ORDER BY s.due_at
+         WHERE s.critical_due_at <= p_now AND (s.claimed_until IS NULL OR s.claimed_until < p_now)
+         ORDER BY s.critical_due_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED)
     UPDATE schedules s SET claim_token = gen_random_uuid(), claimed_until = p_now + p_hold
@@ -1669,7 +1669,6 @@ BEGIN
      WHERE e.ctid = ANY (ARRAY(
         SELECT x.ctid FROM schedule_executions x
          WHERE x.fired_at < p_now - _setting('schedules_execution_retention')::interval
-         ORDER BY x.fired_at
          LIMIT p_batch));
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;

@@ -40,7 +40,7 @@ class Details:
     name: str
     kind: str  # kafka | http | task
     target: str
-    payload: Any
+    payload: Any  # JSON text (fire_details) or a decoded value
     retry_attempts: int
     retry_base: float  # seconds
     retry_jitter: float  # seconds
@@ -57,7 +57,11 @@ class Details:
                 retry_base=_seconds(row["retry_base"]), retry_jitter=_seconds(row["retry_jitter"]),
                 critical=bool(row["critical"]), active=bool(row["active"]), paused=bool(row["paused"]),
                 catchup_ms=int(_seconds(row.get("catchup_window")) * 1000) if row.get("catchup_window") else 60000)
-        d.body = json.dumps(d.payload, separators=(",", ":")).encode() if d.payload is not None else b""
+        payload = d.payload
+        if isinstance(payload, str):  # fire_details: the JSON text, sent as it is
+            d.body = payload.encode()
+        elif payload is not None:
+            d.body = json.dumps(payload, separators=(",", ":")).encode()
         return d
 
 
