@@ -1365,26 +1365,32 @@ COMMENT ON FUNCTION pyscheduler.resync_progress(text) IS
 
 CREATE OR REPLACE FUNCTION pyscheduler.fire_details(p_ids bigint[])
 RETURNS TABLE (id bigint, name text, target_kind text, target text, priority bigint, payload text,
-               retry_attempts integer, retry_base interval, retry_jitter interval, critical boolean,
-               paused boolean, active boolean, catchup_window interval, overlap text, updated timestamptz)
-LANGUAGE sql STABLE
+               retry_attempts integer, retry_base_ms bigint, retry_jitter_ms bigint, critical boolean,
+               paused boolean, active boolean, catchup_window_ms bigint, overlap text, version bigint)
+LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
     /* fire_details(p_ids) -> setof (id, name, target_kind, target, priority,
-           payload, retry_attempts, retry_base, retry_jitter, critical, paused,
-           active, catchup_window, overlap, updated)
-       What an executor needs to fire these schedules (cache by `updated`).
-       payload is the JSON text as stored (jsonb's canonical form): the
-       executor sends it as the message body without decoding it.
-       Unknown ids come back with active = false and the rest NULL. An
-       occurrence older than now - catchup_window should not be fired but
-       recorded with outcome 'missed'. */
-    SELECT u.id, s.name, s.target_kind, s.target, s.priority, s.payload::text, s.retry_attempts, s.retry_base,
-           s.retry_jitter, s.critical, s.paused, coalesce(s.due_at IS NOT NULL, false), s.catchup_window,
-           s.overlap, s.updated
+           payload, retry_attempts, retry_base_ms, retry_jitter_ms, critical,
+           paused, active, catchup_window_ms, overlap, version)
+       What an executor needs to fire these schedules, in the forms it uses
+       (durations in milliseconds; payload the JSON text as stored, sent as
+       the message body without decoding it; version = `updated` in epoch ms,
+       what the index's version hash holds: cache by it). Unknown ids come
+       back with active = false and the rest NULL. An occurrence older than
+       now - catchup_window_ms should not be fired but recorded with outcome
+       'missed'. */
+BEGIN
+    RETURN QUERY
+    SELECT u.id, s.name, s.target_kind, s.target, s.priority, s.payload::text, s.retry_attempts,
+           (date_part('epoch', s.retry_base) * 1000)::bigint, (date_part('epoch', s.retry_jitter) * 1000)::bigint,
+           s.critical, s.paused, coalesce(s.due_at IS NOT NULL, false),
+           (date_part('epoch', s.catchup_window) * 1000)::bigint, s.overlap,
+           round(date_part('epoch', s.updated) * 1000)::bigint  -- float8: numeric extract() costs 3 times as much
       FROM unnest(p_ids) AS u(id)
       LEFT JOIN schedules s ON s.id = u.id;
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.fire_details(bigint[]) IS
     'Scheduler: target, payload and retry policy of the given schedules, for firing them.';

@@ -302,7 +302,7 @@ def test_catch_up_after_the_executors_were_down_three_intervals(db, conn):
     now = t0 + timedelta(seconds=45)
     details = conn.execute("SELECT * FROM pyscheduler.fire_details(p_ids => %s)", ([s["id"]],)).fetchone()
     stale = t0 + timedelta(seconds=10)
-    assert stale < now - details["catchup_window"]
+    assert details["catchup_window_ms"] == 15_000 and stale < now - timedelta(milliseconds=details["catchup_window_ms"])
     row = record(conn, s["id"], stale, now, outcome="missed", attempts=0)
     assert row["next_run_at"] == t0 + timedelta(seconds=30)
     row = record(conn, s["id"], row["next_run_at"], now)  # fired, oldest first

@@ -27,6 +27,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 from datetime import datetime, timezone
 
 import redis
@@ -184,8 +185,7 @@ def idempotency_key(schedule_id: int, expected_ms: int) -> str:
     return f"{schedule_id}:{expected_ms}"
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
     id: int
     expected_ms: int
     version: str
@@ -234,8 +234,8 @@ class Index:
                           args=[min(max(1, limit), MAX_CLAIM)])
         nxt = int(float(out[1]))
         parts = out[3].decode().split(" ") if len(out) > 3 else []
-        claimed = [Claimed(int(parts[i]), int(float(parts[i + 1])), "" if parts[i + 2] == "-" else parts[i + 2])
-                   for i in range(0, len(parts), 3)]
+        claimed = [Claimed(int(i), int(float(s)), "" if v == "-" else v)
+                   for i, s, v in zip(parts[0::3], parts[1::3], parts[2::3])]
         return ClaimResult(int(out[0]), None if nxt < 0 else nxt, out[2].decode() or None, claimed)
 
     def settle(self, entries: Sequence[tuple[int, int, int | None]]) -> None:
