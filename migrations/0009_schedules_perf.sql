@@ -12,6 +12,9 @@ ALTER TABLE pyscheduler.schedules ADD COLUMN critical_due_at timestamptz GENERAT
 DROP INDEX pyscheduler.schedules_due_idx;
 DROP INDEX pyscheduler.schedules_critical_due_idx;
 CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (critical_due_at) WHERE critical_due_at IS NOT NULL;
+-- resync_take reads both phases (critical, then the others) by id from one index
+DROP INDEX pyscheduler.schedules_critical_id_idx;
+CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (critical, id);
 -- room on each page for the new row versions of HOT updates
 ALTER TABLE pyscheduler.schedules SET (fillfactor = 80);
 

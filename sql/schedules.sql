@@ -362,6 +362,37 @@ BEGIN
 END
 $$;
 
+-- _check_every(every): PS306 unless a positive whole number of milliseconds without months or years.
+CREATE OR REPLACE FUNCTION pyscheduler._check_every(p_every interval)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_every <= interval '0' OR extract(month FROM p_every) <> 0 OR extract(year FROM p_every) <> 0
+       OR _every_us(p_every) % 1000 <> 0 THEN
+        PERFORM _schedule_error('PS306', format('every must be a positive whole number of milliseconds without months or years, got %s', p_every),
+                                'Use a cron expression for calendar recurrences such as monthly.');
+    END IF;
+END
+$$;
+
+-- _check_outcome(outcome, also): PS312 unless an execution outcome (or one of `also`).
+CREATE OR REPLACE FUNCTION pyscheduler._check_outcome(p_outcome text, p_also text[] DEFAULT '{}')
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_ok text[] := ARRAY['fired', 'failed', 'skipped_overlap', 'missed'] || p_also;
+BEGIN
+    IF p_outcome IS NULL OR NOT p_outcome = ANY (v_ok) THEN
+        PERFORM _schedule_error('PS312', format('outcome must be %s or %s, got %s', array_to_string(v_ok[:cardinality(v_ok) - 1], ', '),
+                                                v_ok[cardinality(v_ok)], coalesce(quote_literal(p_outcome), 'NULL')));
+    END IF;
+END
+$$;
+
 -- _every_us(every): the interval in microseconds (days count as 24 hours).
 CREATE OR REPLACE FUNCTION pyscheduler._every_us(p_every interval)
 RETURNS bigint
@@ -448,11 +479,7 @@ BEGIN
     s.tz := coalesce(s.tz, 'UTC');
     PERFORM _check_tz(s.tz);
     IF s.every IS NOT NULL THEN
-        IF s.every <= interval '0' OR extract(month FROM s.every) <> 0 OR extract(year FROM s.every) <> 0
-           OR _every_us(s.every) % 1000 <> 0 THEN
-            PERFORM _schedule_error('PS306', format('every must be a positive whole number of milliseconds without months or years, got %s', s.every),
-                                    'Use a cron expression for calendar recurrences such as monthly.');
-        END IF;
+        PERFORM _check_every(s.every);
         s.cron_spec := NULL;
     ELSE
         s.cron_spec := _cron_parse(s.cron);
@@ -655,10 +682,7 @@ BEGIN
         due_at := s.due_at;  -- not this caller's claim (expired and taken over)
         RETURN;
     END IF;
-    IF p_outcome IS NULL OR p_outcome NOT IN ('fired', 'failed', 'skipped_overlap', 'missed') THEN
-        PERFORM _schedule_error('PS312', format('outcome must be fired, failed, skipped_overlap or missed, got %s',
-                                                coalesce(quote_literal(p_outcome), 'NULL')));
-    END IF;
+    PERFORM _check_outcome(p_outcome);
     v_regular := coalesce(p_expected = s.next_run_at, false);
     v_triggered := coalesce(p_expected = s.trigger_at, false) AND NOT v_regular;
     INSERT INTO pyscheduler.schedule_executions AS e
@@ -1125,9 +1149,8 @@ BEGIN
     IF schedule_runs.max_runs IS NULL OR schedule_runs.max_runs < 1 THEN
         PERFORM _schedule_error('PS312', format('max_runs must be at least 1, got %s', coalesce(schedule_runs.max_runs::text, 'NULL')));
     END IF;
-    IF schedule_runs.with_outcome IS NOT NULL AND schedule_runs.with_outcome NOT IN ('fired', 'failed', 'skipped_overlap', 'missed') THEN
-        PERFORM _schedule_error('PS312', format('outcome must be fired, failed, skipped_overlap or missed, got %s',
-                                                quote_literal(schedule_runs.with_outcome)));
+    IF schedule_runs.with_outcome IS NOT NULL THEN
+        PERFORM _check_outcome(schedule_runs.with_outcome);
     END IF;
     RETURN QUERY
     SELECT e.expected_at, e.outcome, e.triggered, e.attempts, e.fired_at, e.lateness, e.missed_count, e.error, e.task_rn
@@ -1158,10 +1181,7 @@ AS $$
 DECLARE
     s schedules := _schedule_row(execution_count.name, false);
 BEGIN
-    IF execution_count.outcome IS NULL OR execution_count.outcome NOT IN ('fired', 'failed', 'skipped_overlap', 'missed', 'runs') THEN
-        PERFORM _schedule_error('PS312', format('outcome must be fired, failed, skipped_overlap, missed or runs, got %s',
-                                                coalesce(quote_literal(execution_count.outcome), 'NULL')));
-    END IF;
+    PERFORM _check_outcome(execution_count.outcome, ARRAY['runs']);
     RETURN CASE execution_count.outcome
         WHEN 'fired' THEN s.fired_count WHEN 'failed' THEN s.failed_count
         WHEN 'skipped_overlap' THEN s.skipped_count WHEN 'missed' THEN s.missed_count
@@ -1197,9 +1217,8 @@ BEGIN
         END IF;
         s.every := p_every; s.cron := p_cron; s.tz := coalesce(p_tz, 'UTC'); s.start_at := p_start_at;
         PERFORM _check_tz(s.tz);
-        IF p_every IS NOT NULL AND (p_every <= interval '0' OR _every_us(p_every) % 1000 <> 0
-                                    OR extract(month FROM p_every) <> 0 OR extract(year FROM p_every) <> 0) THEN
-            PERFORM _schedule_error('PS306', format('every must be a positive whole number of milliseconds without months or years, got %s', p_every));
+        IF p_every IS NOT NULL THEN
+            PERFORM _check_every(p_every);
         END IF;
         s.cron_spec := CASE WHEN p_cron IS NOT NULL THEN _cron_parse(p_cron) END;
         s.runs_count := 0;
@@ -1304,8 +1323,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     r _schedule_resyncs;
-    v_n bigint;
-    v_last bigint;
+    v_ids bigint[];
+    v_due timestamptz[];
+    v_critical boolean[];
+    v_updated timestamptz[];
 BEGIN
     IF p_sync_id IS NULL OR p_sync_id = '' OR p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
         PERFORM _schedule_error('PS312', format('p_sync_id must be non-empty and p_limit in 1..100000, got %s and %s',
@@ -1318,31 +1339,24 @@ BEGIN
     -- forget resyncs of long ago
     DELETE FROM _schedule_resyncs x WHERE x.started < now() - interval '7 days';
     SELECT * INTO r FROM _schedule_resyncs x WHERE x.sync_id = p_sync_id FOR UPDATE;
-    IF NOT r.done_critical THEN
-        RETURN QUERY
-        SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
-         WHERE s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
-         ORDER BY s.id LIMIT p_limit;
-        GET DIAGNOSTICS v_n = ROW_COUNT;
-        IF v_n > 0 THEN
-            SELECT max(s.id) INTO v_last FROM (SELECT s.id FROM schedules s
-                WHERE s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL ORDER BY s.id LIMIT p_limit) s;
-            UPDATE _schedule_resyncs x SET after_id = v_last, done = x.done + v_n WHERE x.sync_id = p_sync_id;
+    LOOP  -- the critical schedules, then the others (index (critical, id) serves both)
+        SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}'), array_agg(x.due_at ORDER BY x.id),
+               array_agg(x.critical ORDER BY x.id), array_agg(x.updated ORDER BY x.id)
+          INTO v_ids, v_due, v_critical, v_updated
+          FROM (SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
+                 WHERE s.critical = NOT r.done_critical AND s.id > r.after_id AND s.due_at IS NOT NULL
+                 ORDER BY s.id LIMIT p_limit) x;
+        IF cardinality(v_ids) > 0 THEN
+            UPDATE _schedule_resyncs x SET after_id = v_ids[cardinality(v_ids)], done = x.done + cardinality(v_ids)
+             WHERE x.sync_id = p_sync_id;
+            RETURN QUERY SELECT * FROM unnest(v_ids, v_due, v_critical, v_updated);
             RETURN;
         END IF;
+        EXIT WHEN r.done_critical;
         UPDATE _schedule_resyncs x SET done_critical = true, after_id = 0 WHERE x.sync_id = p_sync_id;
+        r.done_critical := true;
         r.after_id := 0;
-    END IF;
-    RETURN QUERY
-    SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
-     WHERE NOT s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
-     ORDER BY s.id LIMIT p_limit;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    IF v_n > 0 THEN
-        SELECT max(s.id) INTO v_last FROM (SELECT s.id FROM schedules s
-            WHERE NOT s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL ORDER BY s.id LIMIT p_limit) s;
-        UPDATE _schedule_resyncs x SET after_id = v_last, done = x.done + v_n WHERE x.sync_id = p_sync_id;
-    END IF;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.resync_take(text, text, integer) IS

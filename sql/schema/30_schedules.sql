@@ -69,8 +69,8 @@ WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
 -- The degraded-mode claim (claim_due_critical) scans this one. (No index on
 -- due_at: the psql views read the table; the Redis index is the hot path.)
 CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (critical_due_at) WHERE critical_due_at IS NOT NULL;
--- Resync hands out critical schedules first, by id.
-CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (id) WHERE critical;
+-- Resync hands out critical schedules first, then the others, by id.
+CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (critical, id);
 
 -- One row per (schedule, expected time): a fire recorded twice counts once.
 -- No foreign key (a per-row check on the hottest INSERT): delete_schedule
