@@ -605,6 +605,17 @@ AS $$
     SELECT pg_notify('pyscheduler_schedules', p_id::text);
 $$;
 
+-- _changed_json(s): notify the change of s and return it as the API does.
+CREATE OR REPLACE FUNCTION pyscheduler._changed_json(s pyscheduler.schedules)
+RETURNS jsonb
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    RETURN _changed_json(s);
+END
+$$;
+
 -- _advance(s, expected, now): after occurrence `expected` (the regular one)
 -- was handled: the next occurrence, with the catch-up rule: occurrences before
 -- now - catchup_window are not fired but counted as missed (missed, first_missed);
@@ -831,8 +842,7 @@ BEGIN
         PERFORM _schedule_error('PS311', format('a schedule named %s already exists', quote_literal(s.name)),
                                 'Use update_schedule() to change it, or delete_schedule() first.');
     END IF;
-    PERFORM _schedule_changed(v_row.id);
-    RETURN _schedule_json(v_row);
+    RETURN _changed_json(v_row);
 END
 $$;
 
@@ -903,8 +913,7 @@ BEGIN
            overlap = p_new.overlap, next_run_at = p_new.next_run_at, updated = p_now
      WHERE t.id = s.id
     RETURNING * INTO v_row;
-    PERFORM _schedule_changed(v_row.id);
-    RETURN _schedule_json(v_row);
+    RETURN _changed_json(v_row);
 END
 $$;
 
@@ -978,8 +987,7 @@ BEGIN
     UPDATE schedules t SET paused = true, paused_note = pause_schedule.note, updated = now()
      WHERE t.id = s.id
     RETURNING * INTO s;
-    PERFORM _schedule_changed(s.id);
-    RETURN _schedule_json(s);
+    RETURN _changed_json(s);
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.pause_schedule(text, text) IS
@@ -1033,8 +1041,7 @@ BEGIN
     UPDATE schedules t SET trigger_at = least(t.trigger_at, date_trunc('milliseconds', p_now))
      WHERE t.id = s.id
     RETURNING * INTO s;
-    PERFORM _schedule_changed(s.id);
-    RETURN _schedule_json(s);
+    RETURN _changed_json(s);
 END
 $$;
 
