@@ -612,7 +612,8 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
-    RETURN _changed_json(s);
+    PERFORM _schedule_changed(s.id);
+    RETURN _schedule_json(s);
 END
 $$;
 
