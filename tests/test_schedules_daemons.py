@@ -62,6 +62,7 @@ def test_two_executors_racing_never_fire_an_occurrence_twice(db, dsn, redis_url,
                  60, "three waves of 150 firings")
         ex1, ex2 = running.daemons[1], running.daemons[2]
     assert ex1.counts["fired"] > 0 and ex2.counts["fired"] > 0  # both took part
+    assert ex1.counts["prefetched"] + ex2.counts["prefetched"] > 0  # claims made while a batch was fired
     rows = db.query("SELECT schedule_id, expected_at, outcome FROM pyscheduler.schedule_executions")
     keys = kafka_keys(kafka, out, len(rows))
     assert len(keys) == len(set(keys)), "an occurrence was fired twice"
