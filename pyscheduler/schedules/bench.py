@@ -89,6 +89,9 @@ def arm(db: Database, index: Index | None, ids: list[int], first_ms: int | None,
 
 def drop(db: Database, prefix: str) -> None:
     with db.connection() as conn:
+        # executions first: they have no foreign key (delete_schedule deletes them one schedule at a time)
+        conn.execute("DELETE FROM pyscheduler.schedule_executions WHERE schedule_id IN "
+                     "(SELECT id FROM pyscheduler.schedules WHERE name LIKE %s)", (prefix + "%",))
         conn.execute("DELETE FROM pyscheduler.schedules WHERE name LIKE %s", (prefix + "%",))
 
 
