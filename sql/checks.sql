@@ -5,9 +5,9 @@
 -- and records the next check or moves the check into check_history.
 -- A catch-up pass (<) takes the checks of slots missed while runners were down.
 --
--- Proof of taking: due_checks and catch_up_checks lock the rows they return
--- (FOR UPDATE SKIP LOCKED). run_check_jobs, run_checks, submit_check_tasks and
--- finish_checks act only on rows whose lock this very transaction holds
+-- Proof of taking: due_checks, catch_up_checks and run_due_checks lock the rows
+-- they take (FOR UPDATE SKIP LOCKED). run_check_jobs, run_checks, submit_check_tasks
+-- and finish_checks act only on rows whose lock this very transaction holds
 -- (the row's xmax is the current transaction id: nobody can forge it), or, for
 -- a check handed to a task job, on the claim token that only the task's spec
 -- carries. Loaded on every migrate (CREATE OR REPLACE).
@@ -15,6 +15,12 @@
 -- SQLSTATEs: PS400 resolution, PS401 entity, PS402 job or kind, PS403 check
 -- time, PS404 slot not yet started, PS405 slot not on a boundary, PS406 shard,
 -- shards or max, PS407 check not taken by the caller, PS408 other argument.
+
+-- Private helpers of earlier versions, replaced by _take_checks (a database upgraded from
+-- them would otherwise keep them).
+DROP FUNCTION IF EXISTS pyscheduler._due_checks(timestamptz, integer, integer, integer, timestamptz);
+DROP FUNCTION IF EXISTS pyscheduler._catch_up_checks(integer, integer, integer, timestamptz);
+DROP FUNCTION IF EXISTS pyscheduler._check_take(integer, integer, integer);
 
 -- _resolution_us(resolution): the resolution in microseconds (NULL: the
 -- checks_resolution setting). PS400 unless it divides a day into whole slots.
@@ -323,6 +329,36 @@ $$;
 COMMENT ON FUNCTION pyscheduler.add_check(text, text, text, timestamptz, interval, jsonb, text, integer, interval) IS
     'Schedule a check of an entity at a slot (rounded up); idempotent per (entity_name, entity_key, job).';
 
+-- _end_checks(ids, outcomes, errors, took, ran, now): move checks into check_history, one
+-- statement for all (every path that ends checks: finish, delete, lost task jobs). ran: the
+-- check ran once more now (its slot becomes last_check_at, check_count + 1, took added);
+-- otherwise it leaves as it stands (deleted). Returns how many left.
+CREATE OR REPLACE FUNCTION pyscheduler._end_checks(
+    p_ids bigint[], p_outcomes text[], p_errors text[], p_took interval[], p_ran boolean, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    WITH gone AS (
+        DELETE FROM checks c USING unnest(p_ids, p_outcomes, p_errors, p_took) AS u(id, outcome, err, took)
+         WHERE c.id = ANY(p_ids) AND c.id = u.id  -- ANY: index scans of checks, never a hash of all of it
+        RETURNING c.*, u.outcome, u.err, u.took)
+    INSERT INTO check_history (id, entity_name, entity_key, job, kind, payload, first_check_at, last_check_at,
+                               check_count, outcome, error, last_took, total_took, created, ended)
+    SELECT g.id, g.entity_name, g.entity_key, g.job, g.kind, g.payload, g.first_check_at,
+           CASE WHEN p_ran THEN g.next_check_at ELSE g.last_check_at END,
+           g.check_count + CASE WHEN p_ran THEN 1 ELSE 0 END, g.outcome, g.err,
+           CASE WHEN p_ran THEN g.took ELSE g.last_took END, g.total_took + coalesce(g.took, interval '0'),
+           g.created, p_now
+      FROM gone g;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.delete_checks(entity_name text, entity_key text, job text DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
@@ -338,47 +374,30 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_sql_job text;
-    v_n integer;
+    v_ids bigint[];
 BEGIN
     PERFORM _check_entity(delete_checks.entity_name, delete_checks.entity_key);
     IF delete_checks.job IS NOT NULL THEN
         v_sql_job := (_sql_job(delete_checks.job)).fn::regproc::text;
     END IF;
-    WITH gone AS (
-        DELETE FROM checks c
-         WHERE c.entity_name = delete_checks.entity_name AND c.entity_key = delete_checks.entity_key
-           AND (delete_checks.job IS NULL OR c.job = delete_checks.job OR c.job = v_sql_job)
-        RETURNING c.*)
-    INSERT INTO check_history (id, entity_name, entity_key, job, kind, payload, first_check_at, last_check_at,
-                               check_count, outcome, error, last_took, total_took, created, ended)
-    SELECT g.id, g.entity_name, g.entity_key, g.job, g.kind, g.payload, g.first_check_at, g.last_check_at,
-           g.check_count, 'deleted', NULL, g.last_took, g.total_took, g.created, clock_timestamp()
-      FROM gone g;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    RETURN v_n;
+    v_ids := ARRAY(SELECT c.id FROM checks c
+                    WHERE c.entity_name = delete_checks.entity_name AND c.entity_key = delete_checks.entity_key
+                      AND (delete_checks.job IS NULL OR c.job = delete_checks.job OR c.job = v_sql_job));
+    RETURN _end_checks(v_ids, array_fill('deleted'::text, ARRAY[cardinality(v_ids)]), NULL, NULL, false,
+                       clock_timestamp());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.delete_checks(text, text, text) IS
     'Delete an entity''s pending checks (outcome deleted in check_history); returns how many.';
 
--- _check_take(slot?, shard, shards, max): PS406 for a bad shard, shards or max.
-CREATE OR REPLACE FUNCTION pyscheduler._check_take(p_shard integer, p_shards integer, p_max integer)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pyscheduler, pg_temp
-AS $$
-BEGIN
-    PERFORM _check_positive('shards', p_shards >= 1, p_shards::text);
-    PERFORM _check_positive('max', p_max >= 1, p_max::text);
-    IF p_shard IS NULL OR p_shard < 0 OR p_shard >= p_shards THEN
-        RAISE EXCEPTION 'shard must be in 0..% (shards - 1), got %', p_shards - 1, coalesce(p_shard::text, 'NULL')
-            USING ERRCODE = 'PS406', HINT = 'Runner k of n runs shard => k, shards => n (k = 0..n-1).';
-    END IF;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION pyscheduler._due_checks(
-    p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_now timestamptz)
+-- _take_checks(slot, shard, shards, max, after, now): validate a take and take. slot: a
+-- started slot boundary (the '=' pass: exactly its checks, with id > after when after is
+-- given), or NULL (the catch-up pass: checks of slots before the current one, oldest first,
+-- after ending lost task jobs as 'timeout'). Locks what it returns (FOR UPDATE SKIP LOCKED).
+-- Both passes are one range scan of checks_due_idx in take order:
+-- (next_check_at, id) > (lo, after) AND next_check_at <= hi.
+CREATE OR REPLACE FUNCTION pyscheduler._take_checks(
+    p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_after bigint, p_now timestamptz)
 RETURNS SETOF pyscheduler.future_check
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
@@ -390,13 +409,33 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_us bigint := _resolution_us(NULL);
+    v_lo timestamptz := p_slot;
+    v_hi timestamptz := p_slot;
+    v_stale record;
 BEGIN
-    PERFORM _check_take(p_shard, p_shards, p_max);
-    IF p_slot IS NULL OR p_slot <> _slot_ceil(p_slot, v_us) THEN
-        RAISE EXCEPTION 'slot % is not a slot boundary', coalesce(p_slot::text, 'NULL')
-            USING ERRCODE = 'PS405', HINT = 'Take slots from check_slots() or slot_round().';
+    PERFORM _check_positive('shards', p_shards >= 1, p_shards::text);
+    PERFORM _check_positive('max', p_max >= 1, p_max::text);
+    IF p_shard IS NULL OR p_shard < 0 OR p_shard >= p_shards THEN
+        RAISE EXCEPTION 'shard must be in 0..% (shards - 1), got %', p_shards - 1, coalesce(p_shard::text, 'NULL')
+            USING ERRCODE = 'PS406', HINT = 'Runner k of n runs shard => k, shards => n (k = 0..n-1).';
     END IF;
-    IF p_slot > p_now THEN
+    IF p_slot IS NULL THEN
+        v_lo := '-infinity';
+        v_hi := _slot_floor(p_now, v_us) - interval '1 microsecond';
+        -- checks handed to a task job that never reported back end as timeout
+        SELECT array_agg(c.id) AS ids, array_agg('timeout'::text) AS outcomes,
+               array_agg(format('task %s did not report by %s', c.task_rn, c.claim_until)) AS errors,
+               array_agg(p_now - c.next_check_at) AS took
+          INTO v_stale
+          FROM (SELECT c.* FROM checks c
+                 WHERE c.claim IS NOT NULL AND c.claim_until < p_now AND (p_shards = 1 OR c.id % p_shards = p_shard)
+                 ORDER BY c.claim_until LIMIT p_max
+                   FOR UPDATE SKIP LOCKED) c;
+        PERFORM _end_checks(v_stale.ids, v_stale.outcomes, v_stale.errors, v_stale.took, true, p_now);
+    ELSIF p_slot <> _slot_ceil(p_slot, v_us) THEN
+        RAISE EXCEPTION 'slot % is not a slot boundary', p_slot
+            USING ERRCODE = 'PS405', HINT = 'Take slots from check_slots() or slot_round().';
+    ELSIF p_slot > p_now THEN
         RAISE EXCEPTION 'slot % has not started yet (database clock %)', p_slot, p_now
             USING ERRCODE = 'PS404', HINT = 'Checks never run early: wait until the slot begins.';
     END IF;
@@ -404,7 +443,8 @@ BEGIN
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at, c.next_check_at,
            c.check_count, c.max_checks, c.created
       FROM checks c
-     WHERE c.next_check_at = p_slot AND c.claim IS NULL AND (p_shards = 1 OR c.id % p_shards = p_shard)
+     WHERE (c.next_check_at, c.id) > (v_lo, coalesce(p_after, 0)) AND c.next_check_at <= v_hi AND c.claim IS NULL
+       AND (p_shards = 1 OR c.id % p_shards = p_shard)
      ORDER BY c.next_check_at, c.id
      LIMIT p_max
        FOR UPDATE SKIP LOCKED;
@@ -414,7 +454,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.due_checks(
     slot timestamptz, shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000)
 RETURNS SETOF pyscheduler.future_check
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -430,50 +470,16 @@ AS $$
    the top level of the transaction (not inside a savepoint).
    slot: a slot boundary (PS405) that has started by the database clock
    (PS404: a check never runs early). Errors: PS404, PS405, PS406. */
-    SELECT * FROM pyscheduler._due_checks(slot, shard, shards, max, clock_timestamp());
+BEGIN
+    IF slot IS NULL THEN
+        RAISE EXCEPTION 'slot % is not a slot boundary', 'NULL'
+            USING ERRCODE = 'PS405', HINT = 'Take slots from check_slots() or slot_round().';
+    END IF;
+    RETURN QUERY SELECT * FROM pyscheduler._take_checks(slot, shard, shards, max, NULL, clock_timestamp());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.due_checks(timestamptz, integer, integer, integer) IS
     'Take and lock (SKIP LOCKED) up to max checks of exactly this started slot and shard (id % shards).';
-
-CREATE OR REPLACE FUNCTION pyscheduler._catch_up_checks(
-    p_shard integer, p_shards integer, p_max integer, p_now timestamptz)
-RETURNS SETOF pyscheduler.future_check
-LANGUAGE plpgsql
-SET search_path = pyscheduler, pg_temp
--- always the partial index in take order, stopping at max: for a slot that is a large share of
--- a small table the planner would sort a seq or bitmap scan of the whole slot instead
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_us bigint := _resolution_us(NULL);
-BEGIN
-    PERFORM _check_take(p_shard, p_shards, p_max);
-    -- checks handed to a task job that never reported back end as timeout
-    WITH stale AS (
-        SELECT c.id FROM checks c
-         WHERE c.claim IS NOT NULL AND c.claim_until < p_now AND (p_shards = 1 OR c.id % p_shards = p_shard)
-         ORDER BY c.claim_until LIMIT p_max
-           FOR UPDATE SKIP LOCKED),
-    gone AS (DELETE FROM checks c USING stale s WHERE c.id = s.id RETURNING c.*)
-    INSERT INTO check_history (id, entity_name, entity_key, job, kind, payload, first_check_at, last_check_at,
-                               check_count, outcome, error, last_took, total_took, created, ended)
-    SELECT g.id, g.entity_name, g.entity_key, g.job, g.kind, g.payload, g.first_check_at, g.next_check_at,
-           g.check_count + 1, 'timeout', format('task %s did not report by %s', g.task_rn, g.claim_until),
-           p_now - g.next_check_at, g.total_took + (p_now - g.next_check_at), g.created, p_now
-      FROM gone g;
-    RETURN QUERY
-    SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at, c.next_check_at,
-           c.check_count, c.max_checks, c.created
-      FROM checks c
-     WHERE c.next_check_at < _slot_floor(p_now, v_us) AND c.claim IS NULL
-       AND (p_shards = 1 OR c.id % p_shards = p_shard)
-     ORDER BY c.next_check_at, c.id
-     LIMIT p_max
-       FOR UPDATE SKIP LOCKED;
-END
-$$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.catch_up_checks(
     shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000)
@@ -490,32 +496,35 @@ AS $$
    the "=" pass, and never one another transaction holds, so it cannot run a
    check twice. It also ends, as 'timeout', checks handed to a task job
    whose task did not report back within task_timeout. Errors: PS406. */
-    SELECT * FROM pyscheduler._catch_up_checks(shard, shards, max, clock_timestamp());
+    SELECT * FROM pyscheduler._take_checks(NULL, shard, shards, max, NULL, clock_timestamp());
 $$;
 COMMENT ON FUNCTION pyscheduler.catch_up_checks(integer, integer, integer) IS
     'Take and lock (SKIP LOCKED) checks of slots before the current one (the catch-up pass); expire lost task jobs.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.run_check_jobs(ids bigint[])
-RETURNS TABLE (id bigint, next_check_at timestamptz, error text, took interval)
-LANGUAGE plpgsql
-SECURITY DEFINER
+-- _held_checks(ids, kind): the checks of one kind among ids that this transaction took
+-- (locked through a take: the row's xmax is this transaction; handed-to-task ones excluded).
+CREATE OR REPLACE FUNCTION pyscheduler._held_checks(p_ids bigint[], p_kind text)
+RETURNS pyscheduler.future_check[]
+LANGUAGE sql STABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* run_check_jobs(ids) -> setof (id, next_check_at, error, took)
-   Run the SQL jobs of the checks among ids that this transaction took
-   (due_checks / catch_up_checks, same transaction); other ids are ignored.
-   Each job runs as its function's owner (SECURITY DEFINER) and in its own
-   subtransaction: a job that raises is rolled back alone and reported with
-   its error text; its neighbours are unaffected. (The checks of one job run
-   first as one set in one subtransaction; only if one of them raises are
-   they re-run one subtransaction each.) Nothing is recorded: pass the
-   results to finish_checks. Timeouts: run it under SET LOCAL
-   statement_timeout inside a savepoint; on a timeout roll back to the
-   savepoint and run the ids one per statement to find the slow one (what
-   pyscheduler checks run does). */
+    SELECT coalesce(array_agg(ROW(c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at,
+                                  c.next_check_at, c.check_count, c.max_checks, c.created)::pyscheduler.future_check
+                              ORDER BY c.id), '{}')
+      FROM pyscheduler.checks c
+     WHERE c.id = ANY(p_ids) AND c.kind = p_kind AND c.claim IS NULL AND c.xmax = pg_current_xact_id()::xid;
+$$;
+
+-- _run_sql_jobs(checks): run the SQL jobs of checks the caller holds. The checks of one job
+-- run as one set in ONE subtransaction (one statement); only if one of them raises are they
+-- re-run one subtransaction each, so a failing job still affects only itself.
+CREATE OR REPLACE FUNCTION pyscheduler._run_sql_jobs(p_checks pyscheduler.future_check[])
+RETURNS TABLE (id bigint, next_check_at timestamptz, error text, took interval)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
 #variable_conflict use_column
 DECLARE
-    v_xid xid := pg_current_xact_id()::xid;
     v_job text;
     v_recs future_check[];
     v_rec future_check;
@@ -528,12 +537,7 @@ DECLARE
     v_err text;
 BEGIN
     FOR v_job, v_recs IN
-        SELECT c.job, array_agg(ROW(c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at,
-                                    c.next_check_at, c.check_count, c.max_checks, c.created)::future_check
-                                ORDER BY c.id)
-          FROM checks c
-         WHERE c.id = ANY(run_check_jobs.ids) AND c.kind = 'sql' AND c.claim IS NULL AND c.xmax = v_xid
-         GROUP BY c.job
+        SELECT r.job, array_agg(r ORDER BY r.id) FROM unnest(p_checks) r GROUP BY r.job
     LOOP
         v_fn := _sql_job(v_job);
         IF v_fn.fn IS NULL THEN
@@ -568,12 +572,57 @@ BEGIN
     END LOOP;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.run_check_jobs(ids bigint[])
+RETURNS TABLE (id bigint, next_check_at timestamptz, error text, took interval)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* run_check_jobs(ids) -> setof (id, next_check_at, error, took)
+   Run the SQL jobs of the checks among ids that this transaction took
+   (due_checks / catch_up_checks, same transaction); other ids are ignored.
+   Each job runs as its function's owner (SECURITY DEFINER) and in its own
+   subtransaction: a job that raises is rolled back alone and reported with
+   its error text; its neighbours are unaffected. (The checks of one job run
+   first as one set in one subtransaction; only if one of them raises are
+   they re-run one subtransaction each.) Nothing is recorded: pass the
+   results to finish_checks. Timeouts: run it under SET LOCAL
+   statement_timeout inside a savepoint; on a timeout roll back to the
+   savepoint and run the ids one per statement to find the slow one (what
+   pyscheduler checks run does). */
+    SELECT * FROM pyscheduler._run_sql_jobs(pyscheduler._held_checks(ids, 'sql'));
+$$;
 COMMENT ON FUNCTION pyscheduler.run_check_jobs(bigint[]) IS
     'Run the SQL jobs of checks this transaction took, each in its own subtransaction; returns next times and errors.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.submit_check_tasks(ids bigint[])
+-- _submit_check_tasks(checks): hand task-job checks the caller holds to leased tasks.
+CREATE OR REPLACE FUNCTION pyscheduler._submit_check_tasks(p_checks pyscheduler.future_check[])
 RETURNS TABLE (id bigint, task_rn uuid)
 LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_until timestamptz := clock_timestamp() + _setting('checks_task_timeout')::interval;
+    v future_check;
+    v_claim uuid;
+BEGIN
+    FOREACH v IN ARRAY p_checks LOOP
+        v_claim := gen_random_uuid();
+        task_rn := (submit_task(queue => v.job, spec => jsonb_build_object('check', to_jsonb(v), 'claim', v_claim),
+                                priority => 50) ->> 'rn')::uuid;
+        UPDATE checks c SET claim = v_claim, claim_until = v_until, task_rn = _submit_check_tasks.task_rn
+         WHERE c.id = v.id;
+        id := v.id;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_check_tasks(ids bigint[])
+RETURNS TABLE (id bigint, task_rn uuid)
+LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -585,37 +634,7 @@ AS $$
    finish_check(id, claim => spec.claim, next_check_at => ...). A task that
    does not report within task_timeout ends the check as 'timeout'
    (catch_up_checks). Other ids are ignored. */
-#variable_conflict use_column
-DECLARE
-    v_xid xid := pg_current_xact_id()::xid;
-    v_until timestamptz := clock_timestamp() + _setting('checks_task_timeout')::interval;
-    v record;
-    v_claim uuid;
-    v_task jsonb;
-BEGIN
-    FOR v IN
-        SELECT c.* FROM checks c
-         WHERE c.id = ANY(submit_check_tasks.ids) AND c.kind = 'task' AND c.claim IS NULL AND c.xmax = v_xid
-         ORDER BY c.id
-    LOOP
-        v_claim := gen_random_uuid();
-        v_task := submit_task(
-            queue => v.job,
-            spec => jsonb_build_object(
-                'check', jsonb_build_object('id', v.id, 'entity_name', v.entity_name, 'entity_key', v.entity_key,
-                                           'job', v.job, 'kind', v.kind, 'payload', v.payload,
-                                           'first_check_at', v.first_check_at, 'next_check_at', v.next_check_at,
-                                           'check_count', v.check_count, 'max_checks', v.max_checks,
-                                           'created', v.created),
-                'claim', v_claim),
-            priority => 50);
-        UPDATE checks c SET claim = v_claim, claim_until = v_until, task_rn = (v_task ->> 'rn')::uuid
-         WHERE c.id = v.id;
-        id := v.id;
-        task_rn := (v_task ->> 'rn')::uuid;
-        RETURN NEXT;
-    END LOOP;
-END
+    SELECT * FROM pyscheduler._submit_check_tasks(pyscheduler._held_checks(ids, 'task'));
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_check_tasks(bigint[]) IS
     'Hand the task-job checks this transaction took to leased tasks in their queues (claim token in the spec).';
@@ -632,6 +651,7 @@ DECLARE
     v_xid xid := pg_current_xact_id()::xid;
     v_us bigint := _resolution_us(NULL);
     v_n integer := cardinality(p_ids);
+    v record;
 BEGIN
     IF p_ids IS NULL THEN
         RETURN;
@@ -649,57 +669,49 @@ BEGIN
          ORDER BY c.id
            FOR UPDATE OF c;
     END IF;
-    RETURN QUERY
-    WITH input AS (
-        SELECT DISTINCT ON (u.id) u.id, u.nxt, u.err, coalesce(u.tmo, false) AS tmo, u.took, u.claim, u.ord
-          FROM unnest(p_ids, coalesce(p_next, array_fill(NULL::timestamptz, ARRAY[v_n])),
-                      coalesce(p_errors, array_fill(NULL::text, ARRAY[v_n])),
-                      coalesce(p_timed_out, array_fill(NULL::boolean, ARRAY[v_n])),
-                      coalesce(p_took, array_fill(NULL::interval, ARRAY[v_n])),
-                      coalesce(p_claims, array_fill(NULL::uuid, ARRAY[v_n])))
-               WITH ORDINALITY AS u(id, nxt, err, tmo, took, claim, ord)
-         ORDER BY u.id, u.ord),
-    taken AS (
-        SELECT c.id, c.check_count, c.max_checks, c.horizon, i.nxt, i.err, i.tmo, i.took,
-               _slot_ceil(i.nxt, v_us) AS slot
-          FROM checks c JOIN input i ON i.id = c.id
-         WHERE (i.claim IS NULL AND c.claim IS NULL AND c.xmax = v_xid)
-            OR (i.claim IS NOT NULL AND c.claim = i.claim)),
-    decided AS (
-        SELECT t.*, CASE WHEN t.tmo THEN 'timeout'
-                         WHEN t.err IS NOT NULL THEN 'error'
-                         WHEN t.nxt IS NULL THEN 'done'
-                         WHEN t.check_count + 1 >= t.max_checks THEN 'max_checks'
-                         WHEN t.nxt <= p_now THEN 'past'
-                         WHEN t.slot > p_now + t.horizon THEN 'horizon'
-                         ELSE 'rescheduled' END AS outcome
-          FROM taken t),
-    moved AS (
+    -- decide, in one pass: an element counts only if it is the first one of its id and the
+    -- caller holds the check (locked by this transaction, or the claim of its task)
+    WITH u AS (
+        SELECT u.*, min(u.ord) OVER (PARTITION BY u.id) = u.ord AS first
+          FROM unnest(p_ids, p_next, p_errors, p_timed_out, p_took, p_claims)
+               WITH ORDINALITY AS u(id, nxt, err, tmo, took, claim, ord)),
+    d AS (
+        SELECT u.ord, u.id, u.err, u.took, _slot_ceil(u.nxt, v_us) AS slot,
+               CASE WHEN c.id IS NULL THEN 'not_taken'
+                    WHEN u.tmo THEN 'timeout'
+                    WHEN u.err IS NOT NULL THEN 'error'
+                    WHEN u.nxt IS NULL THEN 'done'
+                    WHEN c.check_count + 1 >= c.max_checks THEN 'max_checks'
+                    WHEN u.nxt <= p_now THEN 'past'
+                    WHEN _slot_ceil(u.nxt, v_us) > p_now + c.horizon THEN 'horizon'
+                    ELSE 'rescheduled' END AS outcome
+          FROM u LEFT JOIN checks c
+            ON u.first AND c.id = u.id AND c.id = ANY(p_ids)  -- ANY: index scans, never a hash of all checks
+           AND ((u.claim IS NULL AND c.claim IS NULL AND c.xmax = v_xid) OR (u.claim IS NOT NULL AND c.claim = u.claim)))
+    SELECT array_agg(d.outcome ORDER BY d.ord) AS outcomes,
+           array_agg(CASE WHEN d.outcome = 'rescheduled' THEN d.slot END ORDER BY d.ord) AS slots,
+           array_agg(d.id) FILTER (WHERE d.outcome = 'rescheduled') AS move_ids,
+           array_agg(d.slot) FILTER (WHERE d.outcome = 'rescheduled') AS move_slots,
+           array_agg(d.took) FILTER (WHERE d.outcome = 'rescheduled') AS move_took,
+           array_agg(d.id) FILTER (WHERE d.outcome NOT IN ('rescheduled', 'not_taken')) AS end_ids,
+           array_agg(d.outcome) FILTER (WHERE d.outcome NOT IN ('rescheduled', 'not_taken')) AS end_outcomes,
+           array_agg(CASE WHEN d.outcome = 'timeout' THEN coalesce(d.err, 'the job exceeded its timeout') ELSE d.err END)
+               FILTER (WHERE d.outcome NOT IN ('rescheduled', 'not_taken')) AS end_errors,
+           array_agg(d.took) FILTER (WHERE d.outcome NOT IN ('rescheduled', 'not_taken')) AS end_took
+      INTO v
+      FROM d;
+    IF v.move_ids IS NOT NULL THEN
         UPDATE checks c
-           SET next_check_at = d.slot, last_check_at = c.next_check_at, check_count = c.check_count + 1,
-               last_took = d.took, total_took = c.total_took + coalesce(d.took, interval '0'),
+           SET next_check_at = m.slot, last_check_at = c.next_check_at, check_count = c.check_count + 1,
+               last_took = m.took, total_took = c.total_took + coalesce(m.took, interval '0'),
                claim = NULL, claim_until = NULL, task_rn = NULL
-          FROM decided d
-         WHERE c.id = d.id AND d.outcome = 'rescheduled'
-        RETURNING c.id),
-    gone AS (
-        DELETE FROM checks c USING decided d
-         WHERE c.id = d.id AND d.outcome <> 'rescheduled'
-        RETURNING c.*, d.outcome, d.err, d.took, d.tmo),
-    history AS (
-        INSERT INTO check_history (id, entity_name, entity_key, job, kind, payload, first_check_at, last_check_at,
-                                   check_count, outcome, error, last_took, total_took, created, ended)
-        SELECT g.id, g.entity_name, g.entity_key, g.job, g.kind, g.payload, g.first_check_at, g.next_check_at,
-               g.check_count + 1, g.outcome,
-               CASE WHEN g.outcome = 'timeout' THEN coalesce(g.err, 'the job exceeded its timeout') ELSE g.err END,
-               g.took, g.total_took + coalesce(g.took, interval '0'), g.created, p_now
-          FROM gone g)
-    SELECT i.id, coalesce(d.outcome, 'not_taken'),
-           CASE WHEN d.outcome = 'rescheduled' THEN d.slot END
-      FROM unnest(p_ids) WITH ORDINALITY AS i(id, ord)
-      LEFT JOIN input x ON x.id = i.id AND x.ord = i.ord
-      LEFT JOIN decided d ON d.id = x.id
-     ORDER BY i.ord;
+          FROM unnest(v.move_ids, v.move_slots, v.move_took) AS m(id, slot, took)
+         WHERE c.id = ANY(v.move_ids) AND c.id = m.id;
+    END IF;
+    IF v.end_ids IS NOT NULL THEN
+        PERFORM _end_checks(v.end_ids, v.end_outcomes, v.end_errors, v.end_took, true, p_now);
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(p_ids, v.outcomes, v.slots);
 END
 $$;
 
@@ -791,6 +803,93 @@ $$;
 COMMENT ON FUNCTION pyscheduler.run_checks(bigint[]) IS
     'Run the SQL jobs of checks this transaction took and record their results (run_check_jobs + finish_checks).';
 
+CREATE OR REPLACE FUNCTION pyscheduler._run_due_checks(
+    p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_after bigint, p_now timestamptz,
+    OUT taken integer, OUT last_id bigint, OUT outcomes jsonb, OUT checks jsonb)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_all future_check[];
+    v_sql future_check[];
+    v_res record;
+    v_tasks integer;
+BEGIN
+    SELECT coalesce(array_agg(t ORDER BY t.next_check_at, t.id), '{}'), max(t.id)
+      INTO v_all, last_id
+      FROM _take_checks(p_slot, p_shard, p_shards, p_max, p_after, p_now) t;
+    taken := cardinality(v_all);
+    outcomes := '{}';
+    -- SQL jobs: run (one subtransaction per job, per check only if one raises) and record
+    v_sql := ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'sql');
+    IF cardinality(v_sql) > 0 THEN
+        SELECT array_agg(j.id) AS ids, array_agg(j.next_check_at) AS nxt, array_agg(j.error) AS err,
+               array_agg(j.took) AS took
+          INTO v_res FROM _run_sql_jobs(v_sql) j;
+        SELECT jsonb_object_agg(f.outcome, f.n) INTO outcomes
+          FROM (SELECT f.outcome, count(*) AS n
+                  FROM _finish_checks(v_res.ids, v_res.nxt, v_res.err, NULL, v_res.took, NULL, p_now) f
+                 GROUP BY f.outcome) f;
+    END IF;
+    SELECT count(*) INTO v_tasks FROM _submit_check_tasks(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'task'));
+    IF v_tasks > 0 THEN
+        outcomes := outcomes || jsonb_build_object('task', v_tasks);
+    END IF;
+    -- arrays, not objects: a third of the bytes to build, send and parse
+    checks := (SELECT jsonb_agg(jsonb_build_array(r.id, r.entity_name, r.entity_key, r.job, r.kind, r.payload,
+                                                  r.first_check_at, r.next_check_at, r.check_count, r.max_checks,
+                                                  r.created))
+                 FROM unnest(v_all) r WHERE r.kind = 'python');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.run_due_checks(
+    slot timestamptz DEFAULT NULL, shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000,
+    after bigint DEFAULT NULL, OUT taken integer, OUT last_id bigint, OUT outcomes jsonb, OUT checks jsonb)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* run_due_checks(slot => NULL, shard => 0, shards => 1, max => 1000, after => NULL)
+     -> (taken, last_id, outcomes, checks)
+   A runner's batch in one statement: take up to max checks like due_checks
+   (slot given: exactly that slot, only ids > after when after is given) or
+   catch_up_checks (slot NULL), then run their SQL jobs and record the
+   results (run_check_jobs + finish_checks) and hand their task jobs to
+   task queues (submit_check_tasks). Returns how many checks were taken, the
+   largest id taken (the next batch's after), the in-database outcomes as
+   {"done": n, "error": n, "task": n, ...} and the Python-job checks as a
+   jsonb array with one array per check, of the future_check fields in
+   their order (id, entity_name, ..., created; NULL when none): locked by
+   this transaction, for the caller to run and record with finish_checks
+   before COMMIT. Under a statement timeout a slow SQL job cancels the whole
+   statement: roll back and take the batch again with due_checks and
+   run_check_jobs one check per statement (pyscheduler checks run does).
+   after: a runner skips the part of the slot it already ran (dead index
+   entries until VACUUM); a check another runner held meanwhile can sit
+   below after, so end a slot with a call without after.
+   Errors: PS404, PS405, PS406. */
+    SELECT * FROM pyscheduler._run_due_checks(slot, shard, shards, max, after, clock_timestamp());
+$$;
+COMMENT ON FUNCTION pyscheduler.run_due_checks(timestamptz, integer, integer, integer, bigint) IS
+    'A runner''s batch in one statement: take (slot or catch-up), run SQL jobs, hand task jobs, return Python ones.';
+
+-- _check_filters(entity_name, entity_key, max): the filters of list_checks and check_history
+-- (PS406 max; PS401 an entity_key without a valid entity_name).
+CREATE OR REPLACE FUNCTION pyscheduler._check_filters(p_name text, p_key text, p_max integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    PERFORM _check_positive('max', p_max >= 1, p_max::text);
+    IF p_key IS NOT NULL THEN
+        PERFORM _check_entity(p_name, p_key);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.list_checks(
     entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100)
 RETURNS SETOF pyscheduler.future_check
@@ -804,10 +903,7 @@ AS $$
    entity_key without entity_name), PS406 max. */
 #variable_conflict use_column
 BEGIN
-    PERFORM _check_positive('max', list_checks.max >= 1, list_checks.max::text);
-    IF list_checks.entity_key IS NOT NULL THEN
-        PERFORM _check_entity(list_checks.entity_name, list_checks.entity_key);
-    END IF;
+    PERFORM _check_filters(list_checks.entity_name, list_checks.entity_key, list_checks.max);
     RETURN QUERY
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.payload, c.first_check_at, c.next_check_at,
            c.check_count, c.max_checks, c.created
@@ -835,10 +931,7 @@ AS $$
    total. Newest first. Errors: PS401, PS406 max. */
 #variable_conflict use_column
 BEGIN
-    PERFORM _check_positive('max', check_history.max >= 1, check_history.max::text);
-    IF check_history.entity_key IS NOT NULL THEN
-        PERFORM _check_entity(check_history.entity_name, check_history.entity_key);
-    END IF;
+    PERFORM _check_filters(check_history.entity_name, check_history.entity_key, check_history.max);
     RETURN QUERY
     SELECT h.id, h.entity_name, h.entity_key, h.job, h.kind, h.payload, h.first_check_at, h.last_check_at,
            h.check_count, h.outcome, h.error, h.last_took, h.total_took, h.created, h.ended
@@ -853,34 +946,30 @@ $$;
 COMMENT ON FUNCTION pyscheduler.check_history(text, text, text, integer) IS
     'Ended checks (outcome, error, times taken) matching the filters given, newest first.';
 
--- Views (psql). The current slot is computed inline from the setting: a view
--- calls functions with the reader's privileges, and the roles have none on
--- the private helpers.
+-- Views (psql). The current slot is computed from the setting in a private view: a view
+-- calls functions with the reader's privileges, and the roles have none on the private
+-- helpers, while a view used by a view is read with its owner's.
+CREATE OR REPLACE VIEW pyscheduler._current_check_slot AS
+    SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
+                                 * interval '1 microsecond' AS slot
+      FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
+              FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r;
+
 CREATE OR REPLACE VIEW pyscheduler.checks_per_slot AS
-    WITH cur AS (
-        SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
-                                     * interval '1 microsecond' AS slot
-          FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
-                  FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r)
     SELECT c.next_check_at AS slot, count(*) AS checks,
            count(*) FILTER (WHERE c.kind = 'sql') AS sql_jobs,
            count(*) FILTER (WHERE c.kind = 'python') AS python_jobs,
            count(*) FILTER (WHERE c.kind = 'task') AS task_jobs
-      FROM pyscheduler.checks c, cur
+      FROM pyscheduler.checks c, pyscheduler._current_check_slot cur
      WHERE c.claim IS NULL AND c.next_check_at >= cur.slot
      GROUP BY c.next_check_at;
 COMMENT ON VIEW pyscheduler.checks_per_slot IS 'Pending checks per upcoming slot (the current one included), by job kind.';
 
 CREATE OR REPLACE VIEW pyscheduler.overdue_checks AS
-    WITH cur AS (
-        SELECT timestamptz 'epoch' + (floor(extract(epoch FROM now()) * 1000000 / r.us)::bigint * r.us)
-                                     * interval '1 microsecond' AS slot
-          FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
-                  FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r)
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at,
            now() - c.next_check_at AS overdue,
            CASE WHEN c.claim IS NULL THEN 'missed slot' ELSE 'task late' END AS why
-      FROM pyscheduler.checks c, cur
+      FROM pyscheduler.checks c, pyscheduler._current_check_slot cur
      WHERE (c.claim IS NULL AND c.next_check_at < cur.slot) OR (c.claim IS NOT NULL AND c.claim_until < now());
 COMMENT ON VIEW pyscheduler.overdue_checks IS
     'Checks of slots already past (runners down or behind) and task jobs past their task_timeout.';
@@ -895,7 +984,7 @@ COMMENT ON VIEW pyscheduler.check_outcomes IS 'History outcomes per job over the
 
 SELECT pyscheduler._grant('client', 'add_check', 'delete_checks', 'list_checks', 'check_history', 'slot_round',
                           'check_slots', 'checks_per_slot', 'overdue_checks', 'check_outcomes');
-SELECT pyscheduler._grant('checker', 'due_checks', 'catch_up_checks', 'run_check_jobs', 'run_checks', 'submit_check_tasks',
+SELECT pyscheduler._grant('checker', 'run_due_checks', 'due_checks', 'catch_up_checks', 'run_check_jobs', 'run_checks', 'submit_check_tasks',
                           'finish_check', 'finish_checks', 'slot_round', 'check_slots');
 SELECT pyscheduler._grant('worker', 'finish_check', 'finish_checks');
 SELECT pyscheduler._grant('monitor', 'list_checks', 'check_history', 'slot_round', 'check_slots',

@@ -190,7 +190,7 @@ def slot_of(conn, key):
 
 def due(conn, slot, shard=0, shards=1, max=1000, now=None):
     return [r["id"] for r in conn.execute(
-        "SELECT id FROM pyscheduler._due_checks(%s, %s, %s, %s, coalesce(%s, clock_timestamp()))",
+        "SELECT id FROM pyscheduler._take_checks(%s, %s, %s, %s, NULL, coalesce(%s, clock_timestamp()))",
         (slot, shard, shards, max, now))]
 
 
@@ -319,6 +319,51 @@ def test_run_check_jobs_isolates_a_job_that_raises(app):
     assert sorted(o for o, _ in out) == ["done", "error", "rescheduled"]
 
 
+def run_due(conn, slot, max=1000, after=None, now=None):
+    return one(conn, "SELECT * FROM pyscheduler._run_due_checks(%s, 0, 1, %s, %s, coalesce(%s, clock_timestamp()))",
+               (slot, max, after, now))
+
+
+def test_run_due_checks_runs_a_batch_in_one_statement_and_a_raising_job_affects_only_itself(app, second):
+    ok = [add(app, f"ok{i}")["id"] for i in range(18)]
+    bad = add(app, "bad", payload='{"raise": true}')["id"]
+    again = add(app, "again", payload='{"next": "2 hours"}')["id"]
+    py = add(app, "py", job="py_job", kind="python")["id"]
+    slot = slot_of(app, "ok0")
+    with app.transaction():
+        batch = run_due(app, slot, now=slot)
+        assert batch["taken"] == 21 and batch["last_id"] == max(ok + [bad, again, py])
+        assert batch["outcomes"] == {"done": 18, "error": 1, "rescheduled": 1}
+        assert [c[0] for c in batch["checks"]] == [py] and batch["checks"][0][3:5] == ["py_job", "python"]
+        alerts = {r["order_id"] for r in app.execute("SELECT order_id FROM app.alerts")}
+        assert alerts == {f"ok{i}" for i in range(18)} | {"again"}  # the raising job was rolled back alone
+        with second.transaction():  # the Python check stays locked by this transaction
+            assert due(second, slot, now=slot) == []
+        assert finish(app, [py], now=slot) == [("done", None)]
+    history = {h["id"]: h for h in app.execute("SELECT * FROM pyscheduler.check_history()")}
+    assert {i: history[i]["outcome"] for i in ok} == {i: "done" for i in ok}
+    assert history[bad]["outcome"] == "error" and "order bad is broken" in history[bad]["error"]
+    assert history[py]["outcome"] == "done" and again not in history
+    assert one(app, "SELECT check_count FROM pyscheduler.list_checks()")["check_count"] == 1  # again: rescheduled
+
+
+def test_run_due_checks_after_skips_what_it_ran_and_a_pass_without_after_takes_what_another_held(app, second):
+    ids = [add(app, f"k{i}")["id"] for i in range(10)]
+    slot = slot_of(app, "k0")
+    with app.transaction():
+        with second.transaction():
+            held = due(second, slot, max=3, now=slot)  # another runner holds the first three
+            first = run_due(app, slot, max=4, now=slot)
+            assert held == ids[:3] and (first["taken"], first["last_id"]) == (4, ids[6])
+        # the other runner rolled back: its three are pending again, below after
+        rest = run_due(app, slot, max=4, after=first["last_id"], now=slot)
+        assert (rest["taken"], rest["last_id"]) == (3, ids[9])  # fewer than max: the end of the slot
+        final = run_due(app, slot, max=4, now=slot)
+        assert (final["taken"], final["last_id"]) == (3, ids[2])
+        assert run_due(app, slot, max=4, now=slot)["taken"] == 0
+    assert one(app, "SELECT count(*) AS n FROM pyscheduler.check_history() WHERE outcome = 'done'")["n"] == 10
+
+
 def test_a_job_function_that_lost_security_definer_is_an_error_not_a_privilege(app):
     cid = add(app, "1")["id"]
     app.execute("ALTER FUNCTION app.order_alert(pyscheduler.future_check) SECURITY INVOKER")
@@ -341,7 +386,7 @@ def test_catch_up_takes_missed_slots_once_and_never_the_current_one(app, second)
 
     def catch_up(conn):
         return [r["id"] for r in conn.execute(
-            "SELECT id FROM pyscheduler._catch_up_checks(0, 1, 1000, %s)", (now,))]
+            "SELECT id FROM pyscheduler._take_checks(NULL, 0, 1, 1000, NULL, %s)", (now,))]
 
     with app.transaction():
         taken = catch_up(app)
@@ -380,8 +425,8 @@ def test_a_task_job_that_never_reports_ends_as_timeout(app):
     with app.transaction():
         due(app, slot, now=slot)
         app.execute("SELECT * FROM pyscheduler.submit_check_tasks(ids => %s)", ([cid],))
-    assert app.execute("SELECT * FROM pyscheduler._catch_up_checks(0, 1, 100, clock_timestamp())").fetchall() == []
+    assert app.execute("SELECT * FROM pyscheduler._take_checks(NULL, 0, 1, 100, NULL, clock_timestamp())").fetchall() == []
     assert one(app, "SELECT count(*) AS n FROM pyscheduler.check_history()")["n"] == 0
-    app.execute("SELECT * FROM pyscheduler._catch_up_checks(0, 1, 100, clock_timestamp() + interval '2 hours')")
+    app.execute("SELECT * FROM pyscheduler._take_checks(NULL, 0, 1, 100, NULL, clock_timestamp() + interval '2 hours')")
     row = one(app, "SELECT outcome, error FROM pyscheduler.check_history()")
     assert row["outcome"] == "timeout" and "did not report" in row["error"]

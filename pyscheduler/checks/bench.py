@@ -78,24 +78,16 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
     slot = db.call_one("check_slots")["slot"]
     _fill(db, 1, n, slot, job, kind)
     workers = [CheckRunner(dsn, handlers, shard=k, shards=runners, batch=batch) for k in range(runners)]
-    batch_times: list[list[float]] = [[] for _ in workers]
 
     def work(k: int, barrier: threading.Barrier) -> None:
-        runner = workers[k]
         with Database(dsn, max_size=1) as own:
             barrier.wait()
-            while True:
-                t0 = time.perf_counter()
-                got = runner.run_batch(own, lambda s: s.call("due_checks", slot=slot, shard=k, shards=runners,
-                                                             max=batch))
-                batch_times[k].append(time.perf_counter() - t0)
-                if got < batch:
-                    return
+            workers[k].run_slot(own, slot)
 
     elapsed = _run_threads(runners, work)
     ended = db.query("SELECT count(*) AS n FROM pyscheduler.check_history WHERE entity_name = %s "
                      "AND outcome = 'done'", (ENTITY,))[0]["n"]
-    times = [t for ts in batch_times for t in ts]
+    times = [t for w in workers for t in w.batch_seconds]
     phases: dict[str, float] = {}
     for w in workers:
         for k, v in w.seconds.items():

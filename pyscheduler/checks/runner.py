@@ -1,26 +1,31 @@
 """The future-check runner: wakes at each slot boundary and runs that slot's checks.
 
-Per batch, in ONE transaction (the row locks taken by ``due_checks`` are the
-runner's proof that it took the checks; ``finish_checks`` accepts no others):
+Per batch, in ONE transaction (the row locks taken by the take are the runner's
+proof that it took the checks; ``finish_checks`` accepts no others):
 
-1. ``due_checks(slot, shard, shards, max => batch)`` (or ``catch_up_checks``)
-   takes and locks up to ``batch`` checks (FOR UPDATE SKIP LOCKED);
-2. SQL jobs: ``run_checks(ids)`` runs and records them in one statement, under
-   ``statement_timeout = timeout`` (set for the batch's transaction); if that
-   times out, the transaction is rolled back and the batch is taken again and
-   run carefully: each SQL check by ``run_check_jobs`` in its own savepoint
-   and statement under the timeout, so only the slow one ends as ``timeout``;
-3. task jobs: ``submit_check_tasks(ids)`` hands them to task queues;
-4. Python jobs: the registered handler, one after another in a handler thread
+1. ``run_due_checks(slot, shard, shards, max => batch, after)`` (slot NULL: the
+   catch-up pass), ONE statement under ``statement_timeout = timeout``: takes
+   and locks up to ``batch`` checks (FOR UPDATE SKIP LOCKED), runs their SQL
+   jobs (the checks of one job as one set in one subtransaction, one
+   subtransaction per check only if one raises) and records them, hands task
+   jobs to task queues, and returns the Python-job checks. If it times out,
+   the transaction is rolled back and the batch is taken again and run
+   carefully: ``due_checks``, then each SQL check by ``run_check_jobs`` in its
+   own savepoint and statement under the timeout, so only the slow one ends as
+   ``timeout``;
+2. Python jobs: the registered handler, one after another in a handler thread
    watched against a per-check deadline (a handler past it is abandoned and
-   recorded as ``timeout``; the rest continue in a fresh thread);
-5. ``finish_checks`` records every result; COMMIT (asynchronous: a commit lost
-   in a database crash leaves the checks at their slot, so the catch-up pass
-   runs them again, the same at-least-once as after a runner crash).
+   recorded as ``timeout``; the rest continue in a fresh thread), then
+   ``finish_checks`` records their results;
+3. COMMIT (asynchronous: a commit lost in a database crash leaves the checks at
+   their slot, so the catch-up pass runs them again, the same at-least-once as
+   after a runner crash).
 
 On start (and after any gap) the runner runs the catch-up pass for its shard
 (slots before the current one), then the current slot, then each next slot as
-its boundary passes (the database clock decides).
+its boundary passes (the database clock decides). Within a slot each batch
+starts after the last id the previous one took; a last batch from the start of
+the slot picks up anything another runner held meanwhile.
 """
 
 from __future__ import annotations
@@ -61,7 +66,29 @@ class Check:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Check":
-        return cls(**{f.name: row.get(f.name) for f in fields(cls)})
+        return cls(*[row.get(name) for name in _FIELDS])
+
+    @classmethod
+    def from_values(cls, values: list[Any]) -> "Check":
+        """From the array run_due_checks returns per Python check (the fields in order; times as ISO text)."""
+        check = cls(*values)
+        check.first_check_at = datetime.fromisoformat(check.first_check_at)
+        check.next_check_at = datetime.fromisoformat(check.next_check_at)
+        check.created = datetime.fromisoformat(check.created)
+        return check
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> "Check":
+        """From a future_check as jsonb (run_due_checks, a task job's spec): times are ISO strings."""
+        row = dict(obj)
+        for key in _TIMES:
+            if isinstance(row.get(key), str):
+                row[key] = datetime.fromisoformat(row[key])
+        return cls.from_row(row)
+
+
+_FIELDS = tuple(f.name for f in fields(Check))
+_TIMES = ("first_check_at", "next_check_at", "created")
 
 
 Handler = Callable[[Check], "datetime | None"]
@@ -174,6 +201,11 @@ def _or_none(values: list) -> list | None:
     return values if any(v is not None for v in values) else None
 
 
+def _array(items: Iterable) -> str:
+    """A PostgreSQL array literal of numbers (ids, or seconds for interval[])."""
+    return "{" + ",".join(map(str, items)) + "}"
+
+
 def _seconds(took: timedelta | None) -> float:
     return took.total_seconds() if took is not None else 0.0
 
@@ -201,7 +233,9 @@ class CheckRunner:
         self.name = name or f"checks-runner-{shard}of{shards}"
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}  # where the time goes, per phase of a batch (bench)
-        self.ran: list[int] = []  # ids of checks whose job this runner ran (tests, demo)
+        self.ran: list[int] = []  # ids of Python checks this runner ran (tests, demo)
+        self.batch_seconds: list[float] = []  # wall time of each batch (bench)
+        self.last_id: int | None = None  # the largest id the last batch took (the next one's after)
         self.record_ids = False
         self.slots_done = threading.Event()  # set after each slot pass (tests wait on it)
         self.last_slot: datetime | None = None
@@ -210,9 +244,11 @@ class CheckRunner:
         self._clock: _Clock | None = None
 
     # -- one transaction: take, run, finish -----------------------------------------------------
-    def run_batch(self, db: Database, take: Callable[[Session], list[dict]]) -> int:
-        """Take one batch with ``take`` and run it in one transaction; how many checks were taken."""
+    def run_batch(self, db: Database, slot: datetime | None, after: int | None = None) -> int:
+        """Take one batch of ``slot`` (None: the catch-up pass; ``after``: only ids above it) and
+        run it in one transaction; how many checks were taken."""
         careful, self._careful = self._careful, False
+        started = time.perf_counter()
         with db.connection() as conn:
             # One round trip to begin. Asynchronous commit: a commit lost in a database crash leaves
             # the checks at their slot and the catch-up pass runs them again (at least once, as after
@@ -221,7 +257,7 @@ class CheckRunner:
             conn.execute(f"BEGIN; SET LOCAL synchronous_commit = off; "
                          f"SET LOCAL statement_timeout = {max(1, int(self.timeout * 1000))}")
             try:
-                n = self._work(conn, take, careful)
+                n = self._work_carefully(conn, slot) if careful else self._work(conn, slot, after)
                 conn.execute("COMMIT")
             except BaseException:
                 if not conn.closed:
@@ -231,56 +267,73 @@ class CheckRunner:
             finally:
                 self._clock_lap("commit")
         if n < 0:  # a SQL job was too slow for the set-based run: the same batch again, carefully
-            return self.run_batch(db, take)
+            return self.run_batch(db, slot, after)
+        self.batch_seconds.append(time.perf_counter() - started)
         return n
 
-    def _work(self, conn: psycopg.Connection, take: Callable[[Session], list[dict]], careful: bool) -> int:
+    def _work(self, conn: psycopg.Connection, slot: datetime | None, after: int | None) -> int:
+        """The fast path: one statement takes the batch, runs and records its SQL jobs and hands its
+        task jobs over (run_due_checks); the Python ones come back to run here."""
         session = Session(conn)
         self._clock = _Clock(self.seconds)
-        rows = take(session)
+        try:
+            row = session.call_one("run_due_checks", slot=slot, shard=self.shard, shards=self.shards,
+                                   max=self.batch, after=after)
+        except psycopg.errors.QueryCanceled:
+            self._careful = True
+            return -1
+        self._clock_lap("take + in-database jobs")
+        self.last_id = row["last_id"]
+        for outcome, n in (row["outcomes"] or {}).items():
+            self._count(outcome, n)
+        checks = [Check.from_values(c) for c in row["checks"] or ()]
+        if checks:
+            self._finish(session, run_handlers(checks, self.handlers, self.timeout), "python jobs")
+            if self.record_ids:
+                self.ran.extend(c.id for c in checks)
+        return row["taken"]
+
+    def _work_carefully(self, conn: psycopg.Connection, slot: datetime | None) -> int:
+        """After a timeout: take the batch again and run each SQL job in its own statement."""
+        session = Session(conn)
+        self._clock = _Clock(self.seconds)
+        self.last_id = None
+        if slot is None:
+            rows = session.call("catch_up_checks", shard=self.shard, shards=self.shards, max=self.batch)
+        else:
+            rows = session.call("due_checks", slot=slot, shard=self.shard, shards=self.shards, max=self.batch)
         self._clock_lap("take")
-        if not rows:
-            return 0
         checks = [Check.from_row(r) for r in rows]
-        results: dict[int, Result] = {}
-        sql_ids = [c.id for c in checks if c.kind == "sql"]
-        if sql_ids and not careful:
-            try:  # run and record in one statement
-                for row in session.call("run_checks", ids=sql_ids):
-                    self._count(row["outcome"])
-            except psycopg.errors.QueryCanceled:
-                self._careful = True
-                return -1
-            self._clock_lap("sql jobs")
-        elif sql_ids:
-            results.update({r["id"]: Result(next_check_at=r["next_check_at"], error=r["error"],
-                                            timed_out=r.get("timed_out", False), took=_seconds(r["took"]))
-                            for r in self._run_sql_one_by_one(conn, session, sql_ids)})
-            self._clock_lap("sql jobs")
+        results = {r["id"]: Result(next_check_at=r["next_check_at"], error=r["error"],
+                                   timed_out=r.get("timed_out", False), took=_seconds(r["took"]))
+                   for r in self._run_sql_one_by_one(conn, session, [c.id for c in checks if c.kind == "sql"])}
         task_ids = [c.id for c in checks if c.kind == "task"]
         if task_ids:
-            handed = session.call("submit_check_tasks", ids=task_ids)
-            self._count("task", len(handed))
-            self._clock_lap("task jobs")
-        py = [c for c in checks if c.kind == "python"]
-        if py:
-            results.update(run_handlers(py, self.handlers, self.timeout))
-            self._clock_lap("python jobs")
-        if results:
-            ids = list(results)
-            rs = [results[i] for i in ids]
-            out = session.call("finish_checks", ids=ids, next_check_ats=_or_none([r.next_check_at for r in rs]),
-                               errors=_or_none([r.error for r in rs]),
-                               timed_out=_or_none([r.timed_out or None for r in rs]),
-                               took=[timedelta(seconds=r.took) for r in rs])
-            for row in out:
-                self._count(row["outcome"])
-                if row["outcome"] == "not_taken":
-                    log.warning("check %s was not recorded: not taken by this transaction", row["id"])
-            self._clock_lap("finish")
+            self._count("task", len(session.call("submit_check_tasks", ids=task_ids)))
+        self._clock_lap("in-database jobs")
+        results.update(run_handlers([c for c in checks if c.kind == "python"], self.handlers, self.timeout))
+        self._finish(session, results, "python jobs")
         if self.record_ids:
-            self.ran.extend(c.id for c in checks)
+            self.ran.extend(c.id for c in checks if c.kind == "python")
         return len(rows)
+
+    def _finish(self, session: Session, results: dict[int, Result], lap: str) -> None:
+        """Record results with one finish_checks."""
+        self._clock_lap(lap)
+        if not results:
+            return
+        ids = list(results)
+        rs = list(results.values())
+        # ids and times taken as array literals: one str.join instead of a dumper call per element
+        out = session.call("finish_checks", ids=_array(ids), next_check_ats=_or_none([r.next_check_at for r in rs]),
+                           errors=_or_none([r.error for r in rs]),
+                           timed_out=_or_none([r.timed_out or None for r in rs]),
+                           took=_array(f"{r.took:.6f}" for r in rs))
+        for row in out:
+            self._count(row["outcome"])
+            if row["outcome"] == "not_taken":
+                log.warning("check %s was not recorded: not taken by this transaction", row["id"])
+        self._clock_lap("finish")
 
     def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int]) -> list[dict]:
         """Each SQL check in its own statement and savepoint: only the slow one times out."""
@@ -304,21 +357,25 @@ class CheckRunner:
 
     # -- passes ---------------------------------------------------------------------------------
     def run_slot(self, db: Database, slot: datetime) -> int:
-        """The '=' pass: every check of ``slot`` in this shard, batch by batch."""
-        total = 0
+        """The '=' pass: every check of ``slot`` in this shard, batch by batch. Each batch starts
+        after the last id the previous one took (the front of the slot is dead index entries until
+        VACUUM); the pass ends with a batch from the start of the slot, which takes any check
+        another runner held while this one went past it."""
+        total, after = 0, None
         while True:
-            n = self.run_batch(db, lambda s: s.call("due_checks", slot=slot, shard=self.shard, shards=self.shards,
-                                                    max=self.batch))
+            n = self.run_batch(db, slot, after)
             total += n
-            if n < self.batch or self._stop.is_set():  # stopping: the rest waits for the catch-up pass
+            if self._stop.is_set():  # stopping: the rest waits for the catch-up pass
                 return total
+            if n < self.batch and after is None:
+                return total
+            after = self.last_id if n == self.batch else None
 
     def catch_up(self, db: Database) -> int:
         """The '<' pass: checks of this shard from slots before the current one."""
         total = 0
         while True:
-            n = self.run_batch(db, lambda s: s.call("catch_up_checks", shard=self.shard, shards=self.shards,
-                                                    max=self.batch))
+            n = self.run_batch(db, None)
             total += n
             if n < self.batch or self._stop.is_set():
                 if total:

@@ -11,7 +11,7 @@ worker's proof). Use it with the tasks ``Worker``::
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from ..db import Database
@@ -20,18 +20,11 @@ from .runner import Check, Handler, run_handler
 
 log = logging.getLogger(__name__)
 
-_TIMES = ("first_check_at", "next_check_at", "created")
-
-
 def check_of(spec: dict[str, Any]) -> Check:
     """The Check carried by a task job's spec."""
     row = dict(spec["check"])
-    for key in _TIMES:
-        if isinstance(row.get(key), str):
-            row[key] = datetime.fromisoformat(row[key])
     row.setdefault("kind", "task")
-    row.setdefault("max_checks", None)
-    return Check.from_row(row)
+    return Check.from_json(row)
 
 
 def task_handler(db: Database, fn: Handler):
