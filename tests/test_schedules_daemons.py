@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import redis
@@ -61,6 +62,7 @@ def test_two_executors_racing_never_fire_an_occurrence_twice(db, dsn, redis_url,
                  60, "three waves of 150 firings")
         ex1, ex2 = running.daemons[1], running.daemons[2]
     assert ex1.counts["fired"] > 0 and ex2.counts["fired"] > 0  # both took part
+    assert ex1.counts["prefetched"] + ex2.counts["prefetched"] > 0  # claims made while a batch was fired
     rows = db.query("SELECT schedule_id, expected_at, outcome FROM pyscheduler.schedule_executions")
     keys = kafka_keys(kafka, out, len(rows))
     assert len(keys) == len(set(keys)), "an occurrence was fired twice"
@@ -233,6 +235,49 @@ def test_overlap_skip_with_a_slow_task(db, dsn, redis_url):
     assert all(b - a >= 2.0 for a, b in zip(started, started[1:]))  # never two at once
 
 
+def test_overlap_buffer_one_with_a_slow_task_lets_one_occurrence_wait(db, dsn, redis_url):
+    create(db, "buffered", every=1, target_kind="task", target="bufq", overlap="buffer_one")
+    started: list[str] = []
+    release = threading.Event()
+
+    def handler(ctx):
+        started.append(ctx.spec["pyscheduler"]["idempotency_key"])
+        release.wait(30)
+
+    def unfinished() -> dict[str, int]:
+        return {r["status"]: r["n"] for r in db.query(
+            "SELECT status::text, count(*) AS n FROM pyscheduler.tasks WHERE queue = 'bufq' "
+            "AND status IN ('ready', 'running') GROUP BY status")}
+
+    with Running(executor(dsn, redis_url), Worker(dsn, "bufq", handler, capacity=1, timeout=60, poll_interval=0.2)):
+        # the first task runs (and hangs), the second waits, every later occurrence is skipped
+        wait_for(lambda: count(db, "buffered", "skipped_overlap") >= 2, 40, "two skipped occurrences")
+        assert unfinished() == {"running": 1, "ready": 1} and len(started) == 1
+        fired_before = count(db, "buffered")
+        assert fired_before == 2
+        release.set()  # the slow task ends: the waiting one runs, and occurrences fire again
+        wait_for(lambda: count(db, "buffered") > fired_before and len(started) >= 3, 40, "firing after the release")
+    outcomes = [r["outcome"] for r in executions(db, "buffered")]
+    assert outcomes[:2] == ["fired", "fired"] and outcomes[2] == "skipped_overlap"
+    first_after = outcomes.index("fired", 2)
+    assert set(outcomes[2:first_after]) == {"skipped_overlap"}
+
+
+def test_reconcile_prunes_the_last_and_version_entries_of_deleted_and_ended_schedules(db, dsn, redis_url):
+    live, deleted, ended = (create(db, name, every=3600, target="t.prune") for name in ("live", "deleted", "ended"))
+    r = relay(dsn, redis_url, prune_after=0.0)
+    index = index_of(redis_url)
+    r.reconcile(db, index)
+    assert index.hashed_ids() == {live["id"], deleted["id"], ended["id"]}  # versions mirrored
+    for s in (live, deleted, ended):  # each fired once long ago
+        index.r.hset(index.k_last, s["id"], 1000)
+    db.call("delete_schedule", name="deleted")
+    db.call("update_schedule", name="ended", end_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+    r.reconcile(db, index)
+    assert index.hashed_ids() == {live["id"]} and r.pruned == 4
+    assert set(index.members()) == {live["id"]}
+
+
 def test_catch_up_after_executors_were_down_three_intervals(db, dsn, redis_url, receiver):
     s = create(db, "catchup", every=1, target_kind="http", target=receiver.url)
     with Running(relay(dsn, redis_url), executor(dsn, redis_url)):
@@ -269,7 +314,8 @@ def test_cli_pause_resume_trigger(dsn, redis_url, receiver, db):
         wait_for(lambda: sid not in index.members(), 10, "the paused schedule to leave the index again")
         run("resume", "cli")
         wait_for(lambda: sid in index.members(), 10, "the resumed schedule to be indexed")
-        assert index.members()[sid] > time.time() * 1000 + 60_000  # its next regular run, not now
+        score = index.members()[sid]  # its next regular run (on the hour: every 1h from the epoch), not now
+        assert score > time.time() * 1000 and score % 3_600_000 == 0
         run("trigger", "cli")
         wait_for(lambda: count(db, "cli") == 2, 30, "the second triggered firing")
         assert "execution count: 2" in run("runs", "cli")

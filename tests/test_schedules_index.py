@@ -92,3 +92,38 @@ def test_marker_and_resync_ids(redis_url):
     assert index.begin_resync() == second
     index.r.flushall()
     assert index.begin_resync() not in (None, first, second)
+
+
+def test_prune_forgets_last_and_version_of_inactive_members_only(redis_url):
+    index = Index(redis.Redis.from_url(redis_url))
+    t = now_ms(index) - 10
+    index.mirror([(1, t, 5), (2, t, 5), (3, t, 5)])
+    assert len(index.claim(10).claimed) == 3
+    index.settle([(1, t, None), (2, t, t + 60000)])  # 1 ended, 2 moved on, 3 still claimed (firing)
+    assert index.prune([1, 2, 3], older_than_ms=60000) == 0  # claimed too recently: a late relay write is still guarded
+    assert index.prune([1, 2, 3], older_than_ms=0) == 2  # last and ver of 1; 2 is indexed, 3 claimed
+    assert sorted(index.r.hkeys(index.k_last)) == [b"2", b"3"]
+    assert sorted(index.r.hkeys(index.k_ver)) == [b"2", b"3"]
+    assert index.hashed_ids() == {2, 3}
+    # a pruned schedule that comes back (resumed, extended) is indexed as any new one
+    assert index.mirror([(1, t + 5000, 6)]) == 1
+    assert index.members()[1] == t + 5000
+
+
+def test_lateness_observed_per_batch_equals_one_observation_each():
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from pyscheduler.schedules.executor import LATENESS, observe_ms
+
+    values = [-5, 0, 4, 5, 10, 26, 99.5, 100, 2400, 61000, 10**7]
+    samples = []
+    for batched in (False, True):
+        hist = Histogram("lateness", "", buckets=LATENESS._upper_bounds[:-1], registry=CollectorRegistry())
+        if batched:
+            observe_ms(hist, values)
+        else:
+            for v in values:
+                hist.observe(max(0.0, v / 1000))
+        samples.append({(s.name, s.labels.get("le")): s.value for m in hist.collect() for s in m.samples
+                        if not s.name.endswith("_created")})
+    assert samples[0] == samples[1]

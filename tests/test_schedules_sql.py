@@ -287,6 +287,71 @@ def test_an_execution_recorded_twice_counts_once(db, conn):
     assert (run["outcome"], run["attempts"], run["lateness"]) == ("fired", 1, timedelta(milliseconds=30))
 
 
+def test_a_batch_mixing_the_set_based_and_the_row_by_row_path_records_each_occurrence_once(db, conn):
+    a, b, c, d = (create(db, name) for name in "abcd")
+    t = {x["id"]: datetime.fromisoformat(x["next_run_at"]) for x in (a, b, c, d)}
+    # c's regular occurrence was recorded already (and its schedule not moved on)
+    conn.execute("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, "
+                 "attempts, fired_at) VALUES (%s, %s, 'fired', false, 1, now())", (c["id"], t[c["id"]]))
+    now = max(t.values()) + timedelta(milliseconds=20)
+    ids = [a["id"], b["id"], b["id"], c["id"], d["id"]]  # b twice in one batch
+    expected = [t[a["id"]], t[b["id"]], t[b["id"]], t[c["id"]], t[d["id"]] - timedelta(seconds=10)]  # d: stale
+    rows = conn.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
+                        (ids, expected, ["fired", "fired", "fired", "failed", "fired"], [1] * 5, now)).fetchall()
+    got = sorted((r["id"], r["expected_at"], r["recorded"], r["next_run_at"]) for r in rows)
+    ten = timedelta(seconds=10)
+    assert got == sorted([
+        (a["id"], t[a["id"]], True, t[a["id"]] + ten),  # the set-based path
+        (b["id"], t[b["id"]], True, t[b["id"]] + ten), (b["id"], t[b["id"]], False, t[b["id"]] + ten),
+        (c["id"], t[c["id"]], False, t[c["id"]] + ten),  # moved on, counted nothing
+        (d["id"], t[d["id"]] - ten, True, t[d["id"]])])  # a stale occurrence: recorded, moves nothing
+    assert [db.call_value("execution_count", name=n) for n in "abcd"] == [1, 1, 0, 1]
+    assert db.call_value("execution_count", name="c", outcome="failed") == 0
+
+
+def test_a_firing_of_a_non_critical_schedule_is_a_hot_update(db, conn):
+    """No index of schedules covers a column a non-critical firing changes, so the
+    row's new version stays on its page without index writes (HOT)."""
+    indexed = {r["attname"] for r in conn.execute(
+        "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "WHERE i.indrelid = 'pyscheduler.schedules'::regclass AND (a.attnum = ANY (i.indkey) "
+        "OR pg_get_expr(i.indpred, i.indrelid) ~ ('\\m' || a.attname || '\\M'))").fetchall()}
+    assert indexed == {"id", "name", "critical", "critical_due_at"}
+    s = create(db)
+    t = datetime.fromisoformat(s["next_run_at"])
+    with conn.transaction():
+        record(conn, s["id"], t, t + timedelta(milliseconds=5))
+        hot = conn.execute("SELECT pg_stat_get_xact_tuples_updated(c.oid) AS upd, "
+                           "pg_stat_get_xact_tuples_hot_updated(c.oid) AS hot FROM pg_class c "
+                           "WHERE c.oid = 'pyscheduler.schedules'::regclass").fetchone()
+    assert hot == {"upd": 1, "hot": 1}
+    crit = create(db, "crit", critical=True)
+    row = conn.execute("SELECT critical_due_at, due_at FROM pyscheduler.schedules WHERE id = %s",
+                       (crit["id"],)).fetchone()
+    assert row["critical_due_at"] == row["due_at"] is not None  # what the Postgres-only claim scans
+
+
+def test_delete_schedule_deletes_its_executions(db, conn):
+    s = create(db)
+    t = datetime.fromisoformat(s["next_run_at"])
+    record(conn, s["id"], t, t)
+    keep = create(db, "keep")
+    record(conn, keep["id"], datetime.fromisoformat(keep["next_run_at"]), t)
+    assert db.call_value("delete_schedule", name="s")
+    left = conn.execute("SELECT schedule_id FROM pyscheduler.schedule_executions").fetchall()
+    assert left == [{"schedule_id": keep["id"]}]
+
+
+def test_fire_details_are_in_the_executors_forms(db, conn):
+    s = create(db, payload=Jsonb({"b": [1, 2], "a": "x"}), retry_base="250 milliseconds", retry_jitter="1 second",
+               catchup_window="90 seconds")
+    d = conn.execute("SELECT * FROM pyscheduler.fire_details(p_ids => %s)", ([s["id"], -1],)).fetchall()
+    assert d[0]["payload"] == '{"a": "x", "b": [1, 2]}'  # the stored JSON text, not decoded
+    assert (d[0]["retry_base_ms"], d[0]["retry_jitter_ms"], d[0]["catchup_window_ms"]) == (250, 1000, 90000)
+    assert d[0]["version"] == round(datetime.fromisoformat(s["updated"]).timestamp() * 1000)
+    assert d[0]["active"] and not d[1]["active"] and d[1]["name"] is None
+
+
 def test_the_next_run_is_computed_from_the_expected_time_not_from_now(db, conn):
     s = create(db)
     t = datetime.fromisoformat(s["next_run_at"])
@@ -302,7 +367,7 @@ def test_catch_up_after_the_executors_were_down_three_intervals(db, conn):
     now = t0 + timedelta(seconds=45)
     details = conn.execute("SELECT * FROM pyscheduler.fire_details(p_ids => %s)", ([s["id"]],)).fetchone()
     stale = t0 + timedelta(seconds=10)
-    assert stale < now - details["catchup_window"]
+    assert details["catchup_window_ms"] == 15_000 and stale < now - timedelta(milliseconds=details["catchup_window_ms"])
     row = record(conn, s["id"], stale, now, outcome="missed", attempts=0)
     assert row["next_run_at"] == t0 + timedelta(seconds=30)
     row = record(conn, s["id"], row["next_run_at"], now)  # fired, oldest first

@@ -89,6 +89,9 @@ def arm(db: Database, index: Index | None, ids: list[int], first_ms: int | None,
 
 def drop(db: Database, prefix: str) -> None:
     with db.connection() as conn:
+        # executions first: they have no foreign key (delete_schedule deletes them one schedule at a time)
+        conn.execute("DELETE FROM pyscheduler.schedule_executions WHERE schedule_id IN "
+                     "(SELECT id FROM pyscheduler.schedules WHERE name LIKE %s)", (prefix + "%",))
         conn.execute("DELETE FROM pyscheduler.schedules WHERE name LIKE %s", (prefix + "%",))
 
 
@@ -97,8 +100,11 @@ def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n:
     procs = []
     for k in range(n):
         out = open(os.path.join(logdir, f"executor-{k}.log"), "wb")
+        profile = os.environ.get("PYSCHEDULER_BENCH_PROFILE")  # a directory: cProfile each executor there
+        main = ["-m", "pyscheduler.schedules.bench", os.path.join(profile, f"executor-{k}.prof")] if profile \
+            else ["-m", "pyscheduler.schedules"]
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pyscheduler.schedules", "run", "--dsn", dsn, "--redis-url", redis_url,
+            [sys.executable, *main, "run", "--dsn", dsn, "--redis-url", redis_url,
              "--bootstrap-servers", bootstrap, "--prefix", prefix, "--batch", str(batch), "--executors", "1",
              "--cleanup-s", "3600", "--relay", "0"],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYSCHEDULER_LOG_LEVEL": "INFO"}))
@@ -260,3 +266,32 @@ def bench(dsn, redis_url, kafka_bootstrap, scenario, n, seconds, executors, batc
             echo(f"steady: {stored} schedules stored, every {every:.0f}s, {due_per_s} due per second")
             _report(echo, "steady", fire_run(echo, db, dsn, redis_url, kafka_bootstrap, stored, every, every,
                                              seconds, executors, batch, degraded=False))
+
+
+def _profiled_executor(out: str) -> None:
+    """``python -m pyscheduler.schedules.bench OUT run ...``: the executor command with each
+    Executor's main loop under cProfile (stats written to OUT at stop); bench only."""
+    import cProfile
+    import logging
+    import threading
+
+    from .cli import group
+    from .executor import Executor, Recorder
+
+    def profiled(run, path):
+        def wrapper(*args):
+            prof = cProfile.Profile()
+            try:
+                prof.runcall(run, *args)
+            finally:
+                prof.dump_stats(path())
+        return wrapper
+
+    Executor.run = profiled(Executor.run, lambda: out)
+    Recorder.run = profiled(Recorder.run, lambda: f"{out}.{threading.current_thread().name.rsplit(':', 1)[-1]}")
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    group(prog_name="pyscheduler schedules")
+
+
+if __name__ == "__main__":
+    _profiled_executor(sys.argv.pop(1))

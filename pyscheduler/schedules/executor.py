@@ -6,6 +6,8 @@ One ``Executor`` is a daemon with a main loop and a recorder thread:
   are reset), one resync batch while the index is incomplete (marker key absent:
   Redis lost its data), one atomic Lua claim of up to ``batch`` due members, fire
   them (Kafka, HTTP; task targets go to the recorder), serve delivery reports,
+  while a backlog lasts the prefetch thread claims the next batch and loads its
+  fire details (``fire_details``, cached by version) as this one is fired,
   schedule retries (base * 2^n + random(0, jitter)), sleep until the next due
   score or the next retry;
 * recorder: records outcomes in batches (``record_executions``,
@@ -19,6 +21,7 @@ index is resynced. One log line per transition, gauge ``pyscheduler_schedules_de
 
 from __future__ import annotations
 
+import bisect
 import collections
 import heapq
 import logging
@@ -26,6 +29,7 @@ import queue
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -35,7 +39,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
-from .index import UNREACHABLE, DEFAULT_PREFIX, Index, from_ms, to_ms
+from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Index, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
 
 log = logging.getLogger("pyscheduler.schedules")
@@ -105,8 +109,10 @@ class Executor:
         self._next_refresh = 0.0
         self._next_ping = 0.0
         self._degraded_since = 0.0
+        self._prefetch: tuple[Future, int] | None = None  # (claim and details of the next batch, its limit)
+        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:prefetch")
         self.stop = threading.Event()
-        self.counts = collections.Counter()  # fired, failed, recorded, duplicates (tests, bench)
+        self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched (tests, bench)
 
     # -- running -------------------------------------------------------------------
 
@@ -138,6 +144,13 @@ class Executor:
                         raise
                     wait = db_outage.failed(exc)
                 self._serve(wait)
+            self._take_prefetch()
+            if self.unfired and not self.degraded:
+                try:
+                    occs, self.unfired = self.unfired, []
+                    self._fire(occs, {})  # claimed by the prefetch: fired before stopping
+                except (*UNREACHABLE, *RETRYABLE):
+                    pass  # their claims are recovered by another executor
             self._drain()
         finally:
             for r in recorders:
@@ -145,6 +158,7 @@ class Executor:
                 self.to_record.put(None)
             for t in rec_threads:
                 t.join(60)
+            self._prefetcher.shutdown(wait=True)
             self.firer.close()
             self.index.close()
             self.db.close()
@@ -168,9 +182,18 @@ class Executor:
         if self.resyncing:
             self._resync_step()
         room = cfg.max_in_flight - len(self.held)
-        if room <= 0:
-            return cfg.poll_ms / 1000
-        res = self.index.claim(min(cfg.batch, room))
+        if self._prefetch is not None:  # claimed (and details loaded) while the last batch was fired
+            (res, load_error), limit = self._prefetch[0].result(), self._prefetch[1]
+            self._prefetch = None
+            preloaded = True
+            self.counts["prefetched"] += len(res.claimed)
+        else:
+            if room <= 0:
+                return cfg.poll_ms / 1000
+            if len(self.details) > 2_000_000:  # schedules deleted long ago (no prefetch is loading now)
+                self.details.clear()
+            limit = min(cfg.batch, room)
+            res, load_error, preloaded = self.index.claim(limit), None, False
         if res.marker:
             self.marker = res.marker
         elif not self.resyncing:
@@ -179,9 +202,18 @@ class Executor:
                         "critical schedules first")
         if res.claimed:
             CLAIMED.labels("redis").inc(len(res.claimed))
-            self._fire([Occurrence(c.id, c.expected_ms) for c in res.claimed],
-                       {c.id: c.version for c in res.claimed})
-        if len(res.claimed) >= min(cfg.batch, room) or self.resyncing:
+            more = min(cfg.batch, room - len(res.claimed))
+            if len(res.claimed) >= limit and more > 0 and not self.resyncing and not self.stop.is_set():
+                # a backlog: claim the next batch and load its details in the prefetch thread
+                # (Redis and PostgreSQL round trips) while this one is fired
+                self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more)
+            occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
+            if load_error is not None:
+                self._hold(occs)
+                self.unfired += occs
+                raise load_error
+            self._fire(occs, {c.id: c.version for c in res.claimed}, preloaded=preloaded)
+        if len(res.claimed) >= limit or self.resyncing:
             return 0.0
         wait = cfg.poll_ms / 1000
         if res.next_due_ms is not None:
@@ -208,18 +240,46 @@ class Executor:
 
     # -- firing --------------------------------------------------------------------
 
-    def _fire(self, occs: list[Occurrence], versions: dict[int, str]) -> None:
+    def _claim_and_load(self, limit: int) -> tuple[ClaimResult, BaseException | None]:
+        """The prefetch thread: the next claim and its fire details. A claim that fails raises
+        (in the main thread, from the future); details that fail come back with the claim."""
+        res = self.index.claim(limit)
+        if res.claimed:
+            try:
+                self._load_details({c.id for c in res.claimed}, {c.id: c.version for c in res.claimed})
+            except RETRYABLE as exc:
+                return res, exc
+        return res, None
+
+    def _take_prefetch(self) -> None:
+        """Settle a prefetch still running (stop, degraded mode): what it claimed is fired later."""
+        if self._prefetch is None:
+            return
+        fut, self._prefetch = self._prefetch[0], None
+        try:
+            res, _ = fut.result()
+        except Exception:  # noqa: BLE001  (claim failed: nothing was claimed)
+            return
+        occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
+        self._hold(occs)
+        self.unfired += occs
+
+    def _hold(self, occs: list[Occurrence]) -> None:
         now = time.monotonic()
         with self.held_lock:
             for occ in occs:
                 if (occ.id, occ.expected_ms) not in self.held:
                     occ.claimed_at = now
                     self.held[(occ.id, occ.expected_ms)] = occ
-        try:
-            self._load_details({o.id for o in occs}, versions)
-        except RETRYABLE:
-            self.unfired += occs  # PostgreSQL away: fired when it is back (claims kept and refreshed)
-            raise
+
+    def _fire(self, occs: list[Occurrence], versions: dict[int, str], preloaded: bool = False) -> None:
+        self._hold(occs)
+        if not preloaded:
+            try:
+                self._load_details({o.id for o in occs}, versions)
+            except RETRYABLE:
+                self.unfired += occs  # PostgreSQL away: fired when it is back (claims kept and refreshed)
+                raise
         gone: list[Occurrence] = []
         now_ms = int(time.time() * 1000)
         paused: list[Occurrence] = []
@@ -273,10 +333,8 @@ class Executor:
         if not stale:
             return
         for row in self.db.call("fire_details", p_ids=stale):
-            ver = str(to_ms(row["updated"])) if row.get("updated") is not None else ""
+            ver = "" if row["version"] is None else str(row["version"])
             self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
-        if len(self.details) > 2_000_000:  # schedules deleted long ago
-            self.details.clear()
 
     def _on_done(self, occ: Occurrence, error: str | None) -> None:
         """A try finished (Kafka delivery report, HTTP response): called from any thread."""
@@ -287,13 +345,14 @@ class Executor:
     def _complete(self) -> None:
         out: list = []
         fired: dict[str, int] = {}
+        late: list[float] = []
+        now_ms = int(time.time() * 1000)  # one clock read per batch of reports
         while self.done:
             occ, error = self.done.popleft()
             d = occ.details
             if error is None:
-                occ.fired_at_ms = int(time.time() * 1000)
-                LATENESS.observe(max(0.0, (occ.fired_at_ms - occ.expected_ms) / 1000))
-                self.counts["fired"] += 1
+                occ.fired_at_ms = now_ms
+                late.append(now_ms - occ.expected_ms)
                 fired[d.kind] = fired.get(d.kind, 0) + 1
                 out.append(("fired", occ, None))
             elif occ.tries <= d.retry_attempts and not self.stop.is_set():
@@ -312,6 +371,9 @@ class Executor:
             self.to_record.put(out)
         for kind, n in fired.items():
             FIRED.labels(kind).inc(n)
+        if late:
+            self.counts["fired"] += len(late)
+            observe_ms(LATENESS, late)
 
     def _refresh_claims(self, now: float) -> None:
         """Date the Redis claims still held now, so a long retry is not taken as stuck."""
@@ -355,6 +417,7 @@ class Executor:
     # -- degraded mode -------------------------------------------------------------
 
     def _enter_degraded(self, exc: BaseException) -> None:
+        self._take_prefetch()  # its occurrences (if it claimed any) are fired from PostgreSQL's details
         self.degraded = True
         self._degraded_since = time.monotonic()
         self._next_ping = time.monotonic() + 0.5
@@ -393,6 +456,27 @@ class Executor:
             self._fire(occs, {})
             return 0.0 if len(rows) >= min(cfg.degraded_batch, room) else cfg.poll_ms / 1000
         return cfg.poll_ms / 1000
+
+
+def observe_ms(hist: Histogram, values_ms: list[float]) -> None:
+    """Observe many durations (ms, negative = 0) in a seconds histogram: one increment per
+    bucket touched instead of a locked increment per value and bucket."""
+    bounds = getattr(hist, "_upper_bounds", None)
+    buckets = getattr(hist, "_buckets", None)
+    if bounds is None or buckets is None or len(bounds) != len(buckets):  # another prometheus_client
+        for v in values_ms:
+            hist.observe(max(0.0, v / 1000))
+        return
+    counts = [0] * len(bounds)
+    total = 0.0
+    for v in values_ms:
+        v = max(0.0, v / 1000)
+        total += v
+        counts[bisect.bisect_left(bounds, v)] += 1  # the first bound >= v (the last is +Inf)
+    hist._sum.inc(total)
+    for bucket, n in zip(buckets, counts):
+        if n:
+            bucket.inc(n)
 
 
 def mirror_entries(rows: list[dict]) -> list[tuple[int, int | None, int | None]]:

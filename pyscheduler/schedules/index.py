@@ -27,6 +27,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 from datetime import datetime, timezone
 
 import redis
@@ -119,6 +120,26 @@ end
 return n
 """
 
+# KEYS: index, claims, last, ver; ARGV: older than (ms, Redis clock), then ids.
+# Forget the last-claimed occurrence and the version of schedules PostgreSQL no
+# longer has active (ended, paused or deleted): only of ids that are not members
+# (nor claimed) and whose last claim is older than the cutoff, so a relay write
+# read before the schedule ended still meets its `last` guard. -> ids pruned
+PRUNE = _NOW + """
+local cutoff = now - tonumber(ARGV[1])
+local n = 0
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if not redis.call('ZSCORE', KEYS[1], id) and not redis.call('ZSCORE', KEYS[2], id) then
+    local l = redis.call('HGET', KEYS[3], id)
+    if (not l) or tonumber(l) < cutoff then
+      n = n + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id)
+    end
+  end
+end
+return n
+"""
+
 # KEYS: index, claims, next-check; ARGV: check every ms, stuck after ms, limit
 # -> ids whose claims were reset (empty when the next check is not due yet)
 RECOVER = _NOW + """
@@ -184,8 +205,7 @@ def idempotency_key(schedule_id: int, expected_ms: int) -> str:
     return f"{schedule_id}:{expected_ms}"
 
 
-@dataclass(frozen=True)
-class Claimed:
+class Claimed(NamedTuple):
     id: int
     expected_ms: int
     version: str
@@ -216,6 +236,7 @@ class Index:
         self._begin = client.register_script(BEGIN_RESYNC)
         self._finish = client.register_script(FINISH_RESYNC)
         self._force = client.register_script(FORCE_RESYNC)
+        self._prune = client.register_script(PRUNE)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> "Index":
@@ -234,8 +255,8 @@ class Index:
                           args=[min(max(1, limit), MAX_CLAIM)])
         nxt = int(float(out[1]))
         parts = out[3].decode().split(" ") if len(out) > 3 else []
-        claimed = [Claimed(int(parts[i]), int(float(parts[i + 1])), "" if parts[i + 2] == "-" else parts[i + 2])
-                   for i in range(0, len(parts), 3)]
+        claimed = [Claimed(int(i), int(float(s)), "" if v == "-" else v)
+                   for i, s, v in zip(parts[0::3], parts[1::3], parts[2::3])]
         return ClaimResult(int(out[0]), None if nxt < 0 else nxt, out[2].decode() or None, claimed)
 
     def settle(self, entries: Sequence[tuple[int, int, int | None]]) -> None:
@@ -277,6 +298,24 @@ class Index:
             for ident, score, ver in chunk:
                 args += [ident, "" if score is None else score, "" if ver is None else ver]
             self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver], args=args, client=pipe)
+        return sum(int(n) for n in pipe.execute())
+
+    def hashed_ids(self) -> set[int]:
+        """Ids with an entry in the last-claimed or the version hash."""
+        ids: set[int] = set()
+        for key in (self.k_last, self.k_ver):
+            ids.update(int(k) for k, _ in self.r.hscan_iter(key, count=5000))  # (NOVALUES needs Redis 7.4)
+        return ids
+
+    def prune(self, ids: Sequence[int], older_than_ms: int) -> int:
+        """Drop the last/ver entries of these ids (schedules not active in PostgreSQL) that
+        are not indexed and were last claimed more than ``older_than_ms`` ago. -> entries removed"""
+        if not ids:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for chunk in _chunks(list(ids), 2000):
+            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver], args=[older_than_ms, *chunk],
+                        client=pipe)
         return sum(int(n) for n in pipe.execute())
 
     def begin_resync(self) -> str | None:

@@ -4,7 +4,9 @@
 set: it follows NOTIFY ``pyscheduler_schedules`` (payload = schedule id) and
 writes each changed schedule's ``index_entries`` row at once, and every
 ``reconcile_interval`` it pages through ``index_page`` (adding what is missing,
-fixing scores) and removes members PostgreSQL no longer has active. Its writes
+fixing scores) and removes members PostgreSQL no longer has active, and the
+``last``/``ver`` hash entries of such schedules once their last claim is older
+than ``prune_after`` (the hashes would grow with every schedule ever fired). Its writes
 never touch a claimed member and never bring back an occurrence already claimed
 (Index.mirror). Replicas are safe (writes are idempotent).
 
@@ -36,10 +38,12 @@ class IndexRelay:
     name = "schedules-relay"
 
     def __init__(self, dsn: str, redis_url: str, *, prefix: str = DEFAULT_PREFIX, reconcile_interval: float = 60.0,
-                 page: int = 5000):
+                 page: int = 5000, prune_after: float = 600.0):
         self.dsn, self.redis_url, self.prefix = dsn, redis_url, prefix
         self.reconcile_interval = reconcile_interval
         self.page = page
+        self.prune_after = prune_after  # s: last/ver entries of inactive schedules claimed longer ago go
+        self.pruned = 0
         self.pending: set[int] = set()
         self.lock = threading.Lock()
         self.wakeup = Wakeup()
@@ -120,6 +124,14 @@ class IndexRelay:
         extra = [m for m in index.members() if m not in active]
         for i in range(0, len(extra), 1000):  # re-read: created after its page was read
             written += index.mirror(mirror_entries(db.call("index_entries", p_ids=extra[i:i + 1000])))
+        # the last-claimed and version entries of schedules that ended, paused or were
+        # deleted: the hashes would otherwise grow with every schedule ever fired
+        gone = [i for i in index.hashed_ids() if i not in active]
+        pruned = index.prune(gone, int(self.prune_after * 1000)) if gone else 0
+        if pruned:
+            log.info("reconcile: pruned %d last/version entr%s of inactive schedules", pruned,
+                     "y" if pruned == 1 else "ies")
+        self.pruned += pruned
         self.reconciles += 1
         if written:
             log.info("reconcile: %d index member(s) written or removed (%d active schedules)", written, len(active))

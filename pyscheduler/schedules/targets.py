@@ -8,7 +8,6 @@ retry after a timeout or a crash recovery may cause.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -17,7 +16,6 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -32,7 +30,7 @@ KAFKA_EXPECTED_HEADER = "pyscheduler-expected-at"  # expected fire time, epoch m
 HTTP_KEY_HEADER = "Idempotency-Key"
 
 
-@dataclass
+@dataclass(slots=True)
 class Details:
     """What an executor needs to fire a schedule (fire_details), cached by version."""
 
@@ -40,7 +38,7 @@ class Details:
     name: str
     kind: str  # kafka | http | task
     target: str
-    payload: Any
+    body: bytes  # the payload's JSON text, sent as it is
     retry_attempts: int
     retry_base: float  # seconds
     retry_jitter: float  # seconds
@@ -48,21 +46,18 @@ class Details:
     active: bool  # has a due time (a paused schedule only for a pending trigger)
     paused: bool
     catchup_ms: int  # an occurrence older than this is recorded as missed, not fired
-    body: bytes = b""
+    name_b: bytes = b""  # the Kafka message key
 
     @classmethod
     def from_row(cls, row: dict) -> "Details":
-        d = cls(id=row["id"], name=row["name"] or "", kind=row["target_kind"], target=row["target"],
-                payload=row["payload"], retry_attempts=row["retry_attempts"] or 0,
-                retry_base=_seconds(row["retry_base"]), retry_jitter=_seconds(row["retry_jitter"]),
-                critical=bool(row["critical"]), active=bool(row["active"]), paused=bool(row["paused"]),
-                catchup_ms=int(_seconds(row.get("catchup_window")) * 1000) if row.get("catchup_window") else 60000)
-        d.body = json.dumps(d.payload, separators=(",", ":")).encode() if d.payload is not None else b""
-        return d
-
-
-def _seconds(value: timedelta | None) -> float:
-    return value.total_seconds() if value is not None else 0.0
+        """From a fire_details row (JSON text payload, durations in ms)."""
+        name = row["name"] or ""
+        payload = row["payload"]
+        catchup = row["catchup_window_ms"]
+        return cls(row["id"], name, row["target_kind"], row["target"], payload.encode() if payload else b"",
+                   row["retry_attempts"] or 0, (row["retry_base_ms"] or 0) / 1000, (row["retry_jitter_ms"] or 0) / 1000,
+                   bool(row["critical"]), bool(row["active"]), bool(row["paused"]),
+                   60000 if catchup is None else catchup, name.encode())
 
 
 def retry_delay(retry: int, base: float, jitter: float, rand: Callable[[], float] = random.random) -> float:
@@ -70,7 +65,7 @@ def retry_delay(retry: int, base: float, jitter: float, rand: Callable[[], float
     return base * (2 ** retry) + rand() * jitter
 
 
-@dataclass
+@dataclass(slots=True)
 class Occurrence:
     """One claimed occurrence of a schedule, from claim to record."""
 
@@ -101,6 +96,7 @@ class Firer:
     _producer: Producer | None = None
     _pool: ThreadPoolExecutor | None = None
     _http_pending: int = 0
+    _fatal: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def fire(self, occ: Occurrence, done: Done) -> None:
@@ -120,11 +116,18 @@ class Firer:
     # -- Kafka ---------------------------------------------------------------------
 
     def producer(self) -> Producer:
+        if self._fatal and self._producer is not None:
+            log.warning("Kafka producer hit a fatal error: replacing it (occurrences in flight are retried)")
+            self._producer.purge()  # what it still holds is reported failed (and retried)
+            self._producer.flush(0)
+            self._producer, self._fatal = None, False
         if self._producer is None:
             if not self.kafka_settings.get("bootstrap.servers"):
                 raise KafkaException(KafkaError(KafkaError._INVALID_ARG, "no Kafka configured"))
             ms = int(self.timeout * 1000)
-            self._producer = Producer({"linger.ms": 5, "batch.num.messages": 10000,
+            # idempotent: a batch librdkafka re-sends after a request timeout is written once
+            # (without it, an overloaded broker produced the same occurrence twice)
+            self._producer = Producer({"enable.idempotence": True, "linger.ms": 5, "batch.num.messages": 10000,
                                        "queue.buffering.max.messages": 1_000_000,
                                        "message.timeout.ms": ms, "request.timeout.ms": min(ms, 30000),
                                        "logger": log, **self.kafka_settings})
@@ -132,10 +135,13 @@ class Firer:
 
     def _kafka(self, occ: Occurrence, done: Done) -> None:
         d = occ.details
-        headers = [(KAFKA_KEY_HEADER, occ.key.encode()), (KAFKA_SCHEDULE_HEADER, d.name.encode()),
-                   (KAFKA_EXPECTED_HEADER, str(occ.expected_ms).encode())]
+        expected = str(occ.expected_ms)
+        headers = [(KAFKA_KEY_HEADER, f"{occ.id}:{expected}".encode()), (KAFKA_SCHEDULE_HEADER, d.name_b),
+                   (KAFKA_EXPECTED_HEADER, expected.encode())]
 
         def report(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None and err.fatal():
+                self._fatal = True  # the idempotent producer cannot go on: a new one for the next tries
             done(occ, None if err is None else f"kafka: {err.str()}")
 
         try:
@@ -145,7 +151,7 @@ class Firer:
             return
         while True:
             try:
-                producer.produce(d.target, d.body, d.name.encode(), headers=headers, on_delivery=report)
+                producer.produce(d.target, d.body, d.name_b, headers=headers, on_delivery=report)
                 return
             except BufferError:  # local queue full: serve delivery reports first
                 producer.poll(0.05)

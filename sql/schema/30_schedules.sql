@@ -1,5 +1,5 @@
 -- Fresh install: the recurring schedules' tables (seeds/schedulinator.md), in one place.
--- Must equal what migrations/0007_schedules.sql builds (tests/test_migrate.py checks).
+-- Must equal what migrations/0007_schedules.sql and 0009_schedules_perf.sql build (tests/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
     ('schedules_max_payload_bytes', '65536')
@@ -7,7 +7,10 @@ ON CONFLICT (name) DO NOTHING;
 
 -- One row per schedule; name is unique overall. Exactly one of every/cron.
 -- next_run_at is the next regular occurrence (NULL: ended); trigger_at a
--- pending out-of-band fire (trigger_schedule); due_at what the index holds.
+-- pending out-of-band fire (trigger_schedule); due_at what the index holds;
+-- critical_due_at the same for critical schedules only (NULL otherwise): the
+-- only column indexed by due time, so a non-critical schedule's per-firing
+-- UPDATE changes no indexed column and can be HOT (fillfactor leaves room).
 -- The counts survive the purge of old executions.
 CREATE TABLE pyscheduler.schedules (
     id                   bigint GENERATED ALWAYS AS IDENTITY,
@@ -49,6 +52,9 @@ CREATE TABLE pyscheduler.schedules (
     claimed_until        timestamptz,
     created              timestamptz NOT NULL,
     updated              timestamptz NOT NULL,
+    critical_due_at      timestamptz GENERATED ALWAYS AS (
+                             CASE WHEN critical THEN CASE WHEN paused THEN trigger_at
+                                                          ELSE least(next_run_at, trigger_at) END END) STORED,
     CONSTRAINT schedules_pkey PRIMARY KEY (id),
     CONSTRAINT schedules_name_key UNIQUE (name),
     CONSTRAINT schedules_recurrence_check CHECK ((every IS NULL) <> (cron IS NULL)),
@@ -58,15 +64,17 @@ CREATE TABLE pyscheduler.schedules (
 )
 -- Every firing updates its row: vacuum by counts, as for tasks.
 WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
-      autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
+      autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05, fillfactor = 80);
 
--- Due soon / late views and the degraded-mode claim scan exactly these.
-CREATE INDEX schedules_due_idx ON pyscheduler.schedules (due_at) WHERE due_at IS NOT NULL;
-CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (due_at) WHERE critical AND due_at IS NOT NULL;
--- Resync hands out critical schedules first, by id.
-CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (id) WHERE critical;
+-- The degraded-mode claim (claim_due_critical) scans this one. (No index on
+-- due_at: the psql views read the table; the Redis index is the hot path.)
+CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (critical_due_at) WHERE critical_due_at IS NOT NULL;
+-- Resync hands out critical schedules first, then the others, by id.
+CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (critical, id);
 
 -- One row per (schedule, expected time): a fire recorded twice counts once.
+-- No foreign key (a per-row check on the hottest INSERT): delete_schedule
+-- deletes a schedule's executions itself.
 -- 'missed' rows summarise missed_count occurrences from expected_at on.
 CREATE TABLE pyscheduler.schedule_executions (
     schedule_id  bigint NOT NULL,
@@ -80,13 +88,12 @@ CREATE TABLE pyscheduler.schedule_executions (
     error        text,
     task_rn      uuid,
     CONSTRAINT schedule_executions_pkey PRIMARY KEY (schedule_id, expected_at),
-    CONSTRAINT schedule_executions_schedule_id_fkey FOREIGN KEY (schedule_id)
-        REFERENCES pyscheduler.schedules (id) ON DELETE CASCADE,
     CONSTRAINT schedule_executions_outcome_check
         CHECK (outcome IN ('fired', 'failed', 'skipped_overlap', 'missed'))
 );
--- The retention purge scans by record time.
-CREATE INDEX schedule_executions_fired_at_idx ON pyscheduler.schedule_executions (fired_at);
+-- The retention purge scans by record time; rows arrive in fired_at order, so
+-- a BRIN index serves it at almost no cost per INSERT.
+CREATE INDEX schedule_executions_fired_at_idx ON pyscheduler.schedule_executions USING brin (fired_at);
 
 -- Resync state (the seed's optimistic scheme, one version key per sync id):
 -- takers hand out key ranges in (critical first, id) order under this row's lock.
