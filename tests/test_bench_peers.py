@@ -79,6 +79,8 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
     for row in delay[1:]:
         assert len(row) == len(report.DELAY_HEADER) and all(row), row
         assert row[7] == "0 / 0", row  # nothing lost, no duplicates, for either relay
+        # a delivered rate for each relay, the naive one (late, in bursts) included
+        assert re.fullmatch(r"[\d,]+( \([\d,]+–[\d,]+\))?", row[2]), row
         assert re.fullmatch(r"meets|misses|meets in \d+ of \d+ rounds", row[8]), row
 
     for name in (report.TASKS_CHART, report.JITTER_CHART):

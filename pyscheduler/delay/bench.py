@@ -136,8 +136,10 @@ def summarize(messages: list, total: int, max_delay: float, min_delay: float = 0
     lost, steady-state and whole-window msg/s, and the sorted lags (fire time - deadline, ms).
 
     Steady state: with delays uniform in [min_delay, max_delay], deadlines come at the full
-    rate from the first message plus max_delay to the last plus min_delay, i.e. the firing
-    window without its first and last (max_delay - min_delay) seconds."""
+    rate from the first message plus max_delay to the last plus min_delay, i.e. the deadlines'
+    span without its first and last (max_delay - min_delay) seconds; what fired in that window
+    (by fire time) over its length. The window comes from the deadlines, not the fire times,
+    so a relay that fires late or in bursts still has one."""
     values = [(m.timestamp()[1] / 1000.0, *m.value().split()) for m in messages
               if not m.value().startswith(b"warmup-")]
     unique = {i for _, i, _ in values}
@@ -145,9 +147,9 @@ def summarize(messages: list, total: int, max_delay: float, min_delay: float = 0
     if not lags:
         raise click.ClickException("nothing arrived on the output topic")
     fired = [ts for ts, _, _ in values]
-    # steady state: the middle of the firing window, where deadlines come at the full rate
+    deadlines = [float(deadline) for _, _, deadline in values]
     spread = max_delay - min_delay
-    t0, t1 = min(fired) + spread, max(fired) - spread
+    t0, t1 = min(deadlines) + spread, max(deadlines) - spread
     steady = sum(1 for ts in fired if t0 <= ts <= t1) / (t1 - t0) if t1 > t0 else float("nan")
     whole = len(values) / (max(fired) - min(fired)) if max(fired) > min(fired) else float("nan")
     return {"received": len(values), "duplicates": len(values) - len(unique), "lost": max(0, total - len(unique)),
