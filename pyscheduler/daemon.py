@@ -45,7 +45,11 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
     def handler(signum: int, _frame: object) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
+        # Not stop.set() here: the handler runs in the main thread between two bytecodes,
+        # possibly while that thread holds stop's own (non-reentrant) lock inside
+        # stop.wait(), and set() would then wait for it forever (seen: a worker that
+        # ignored SIGTERM). Another thread sets it once the main thread lets go.
+        threading.Thread(target=stop.set, name="signal-stop", daemon=True).start()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     signal.signal(signal.SIGTERM, handler)

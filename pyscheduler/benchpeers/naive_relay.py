@@ -17,11 +17,11 @@ Runs until SIGTERM or SIGINT.
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
 
+from ..daemon import install_signal_handlers
 from ..delay.relay import HEADER_DEADLINE, HEADER_ID, parse_deadline
 
 
@@ -54,8 +54,7 @@ def run(bootstrap: str, input_topic: str, output_topic: str, stop: threading.Eve
 
 def main(argv: list[str]) -> None:
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    install_signal_handlers(stop)
     run(*argv[:3], stop)
 
 
