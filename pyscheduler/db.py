@@ -126,39 +126,30 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
 
 
 def _function_call(function: str, args: dict[str, Any], binary: bool = False) -> bytes:
-    return _function_query(function, tuple(args), "b" if binary else "s")
+    # binary: every argument in binary format but None, which has no binary type and goes
+    # as an untyped NULL the server resolves
+    if not binary:
+        return _function_query(function, tuple(args))
+    return _function_query(function, tuple(args), "".join("s" if v is None else "b" for v in args.values()))
 
 
 @functools.lru_cache(maxsize=1024)
-def _function_query(function: str, names: tuple[str, ...], fmt: str = "s") -> bytes:
-    """The query text, built once per (function, parameter names, format): composing
-    it with psycopg.sql on every call cost ~40 us. Names are checked against
-    _IDENT (lower-case ASCII), so double quotes are all the quoting they need."""
+def _function_query(function: str, names: tuple[str, ...], fmts: str = "") -> bytes:
+    """The query text, built once per (function, parameter names, formats): composing
+    it with psycopg.sql on every call cost ~40 us. Names are checked against _IDENT
+    (lower-case ASCII), so double quotes are all the quoting they need. ``fmts`` holds
+    a placeholder format per name ('s' or 'b'); empty: all 's'."""
     if not _IDENT.match(function):
         raise ValueError(f"not a pyscheduler function name: {function!r}")
     for name in names:
         if not _IDENT.match(name):
             raise ValueError(f"not a parameter name: {name!r}")
-    params = ", ".join(f'"{name}" => %({name}){fmt}' for name in names)
+    params = ", ".join(f'"{name}" => %({name}){fmts[i] if fmts else "s"}' for i, name in enumerate(names))
     return f'SELECT * FROM "{SCHEMA}"."{function}"({params})'.encode()
 
 
 def _execute_binary(conn: psycopg.Connection, function: str, args: dict[str, Any]) -> list[dict[str, Any]]:
-    # a None has no binary type: sent as text (an untyped NULL the server resolves)
-    typed = {k: v for k, v in args.items() if v is not None}
-    query = _binary_query(function, tuple(typed), tuple(k for k in args if k not in typed))
-    return conn.execute(query, typed, binary=True).fetchall()
-
-
-@functools.lru_cache(maxsize=256)
-def _binary_query(function: str, names: tuple[str, ...], nulls: tuple[str, ...]) -> bytes:
-    query = _function_query(function, names, "b")
-    for name in nulls:
-        if not _IDENT.match(name):
-            raise ValueError(f"not a parameter name: {name!r}")
-    if nulls:
-        query = query[:-1] + (b", " if names else b"") + ", ".join(f'"{k}" => NULL' for k in nulls).encode() + b")"
-    return query
+    return conn.execute(_function_call(function, args, binary=True), args, binary=True).fetchall()
 
 
 class _Calls:
