@@ -565,10 +565,7 @@ class Relay:
                  "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
                  cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
                  cfg.dlq_topic or "dropped", self.max_message_bytes)
-        # fresh: a connection back in the pool within 2 s is not checked with a round trip of its
-        # own (every call is retried by _db_call if it died meanwhile)
-        self.db = Database(cfg.dsn, min_size=1, max_size=5, name=self.name, timeout=5.0,
-                           fresh=2.0).open(wait=False)
+        self.db = Database(cfg.dsn, min_size=1, max_size=5, name=self.name, timeout=5.0).open(wait=False)
         listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
                             logger=log).start()
         self.crashed = []
