@@ -76,6 +76,10 @@ MIN_HOLD_MS = 1000
 MAX_ADVANCE_MS = 60_000
 # batches claimed and not yet deleted under load: one being delivered while the next is claimed
 PIPELINE = 2
+# claims start this far below the latest deadline claimed (fire_loop) ...
+MARK_SLACK = timedelta(seconds=1)
+# ... and from the start of the waiting index at least this often (seconds)
+RESCAN_S = 2.0
 # gen-0 threshold of the cyclic garbage collector in a relay process (relax_gc)
 GC_THRESHOLD = 50_000
 
@@ -509,6 +513,7 @@ class Relay:
         self.crashed: list[BaseException] = []
         self._commits_pending = 0  # asynchronous input commits not yet answered
         self._in_flight = 0  # claimed batches not yet deleted (fire_loop)
+        self._rescan = False  # the next claim starts at the start of the waiting index (fire_loop)
 
     # -- configuration ---------------------------------------------------------
 
@@ -806,6 +811,7 @@ class Relay:
                         len(late), publisher.last_error)
             if self._enqueue_call(late, outage, stopping, store_late=True) is None:
                 return False
+            self._rescan = True  # stored with past deadlines: below the fire loop's mark
         if dead and publisher.last_error is not None and publisher.last_error.code() in UNREACHABLE:
             # the broker is away (not refusing them): dead letters have no table to wait in, so
             # they are retried until delivered; stopping first, the input is read again
@@ -850,7 +856,15 @@ class Relay:
 
         The claim runs ahead only after a full batch (more are due: under load); after a
         smaller one it waits until the previous batch is deleted, as an unpipelined loop
-        would, so a light load is claimed in batches, not one message at a time."""
+        would, so a light load is claimed in batches, not one message at a time.
+
+        Claims (and next_deadline) start at the latest deadline claimed so far minus
+        MARK_SLACK (``after``), not at the start of the waiting index, whose low end holds the
+        entries of every message fired since the last VACUUM (sql/delay.sql,
+        _delay_dead_head). A message can be waiting below that mark only if it was stored by
+        an enqueue that ran longer than MARK_SLACK, stored late (store_late), skipped while a
+        peer held it, or reset by reset_stuck: every RESCAN_S, and at once after a reset or a
+        late store by this node, a claim starts from the start instead."""
         cfg = self.cfg
         outage = Outage("PostgreSQL (fire)", log)
         poll = cfg.poll_ms / 1000.0
@@ -860,6 +874,8 @@ class Relay:
         deliverer = self._thread(self._deliver_loop, batches, done)
         deliverer.start()
         full = False
+        mark: datetime | None = None  # the latest deadline claimed (see _claim_after)
+        rescan_at = 0.0
         try:
             while not self.stop.is_set():
                 limit = PIPELINE if full else 1
@@ -867,19 +883,27 @@ class Relay:
                     if not done.wait_for(lambda: self._in_flight < limit, timeout=poll):
                         continue  # still delivering
                 claimed_at = time.time()
+                after = None
+                if mark is not None and not self._rescan and time.monotonic() < rescan_at:
+                    after = mark - MARK_SLACK
+                else:
+                    self._rescan = False
+                    rescan_at = time.monotonic() + RESCAN_S
                 CLAIMS.inc()
                 rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, tuples=True, node=self.node,
-                                     advance=cfg.advance, max_count=cfg.fire_batch)
+                                     advance=cfg.advance, max_count=cfg.fire_batch, after=after)
                 if rows is None:
                     break
                 if rows:
+                    top = max(row[1] for row in rows)
+                    mark = top if mark is None or top > mark else mark
                     with done:
                         self._in_flight += 1
                     batches.put(rows)
                 full = len(rows) >= cfg.fire_batch
                 if full:
                     continue  # more are due: no sleep
-                self.wakeup.wait(self._sleep_time(outage, poll, None if rows else claimed_at), jitter=0.2)
+                self.wakeup.wait(self._sleep_time(outage, poll, None if rows else claimed_at, after), jitter=0.2)
         finally:
             batches.put(None)  # the claimed batches are still delivered (bounded), then it stops
             deliverer.join()
@@ -899,14 +923,15 @@ class Relay:
         finally:
             publisher.close()
 
-    def _sleep_time(self, outage: Outage, poll: float, claimed_nothing_at: float | None = None) -> float:
-        """Until the next deadline minus the advance, at most the poll interval.
+    def _sleep_time(self, outage: Outage, poll: float, claimed_nothing_at: float | None = None,
+                    after: datetime | None = None) -> float:
+        """Until the next deadline (from ``after`` on) minus the advance, at most the poll interval.
 
         ``claimed_nothing_at``: when a ready_and_claim that returned nothing started. A
         message that was already due then but was not claimed is row-locked by another
         session (SKIP LOCKED): the poll interval, not a hot loop on its past deadline."""
         try:
-            nxt = self.db.call_value("next_deadline")
+            nxt = self.db.call_value("next_deadline", after=after)
             outage.ok()
         except (SchedulerError, psycopg.Error) as exc:
             if not transient(exc):
@@ -979,4 +1004,5 @@ class Relay:
                 RESETS.inc()
                 log.warning("suspected failure of %s for message %s", row["suspected_node"], row["id"])
             if rows:
+                self._rescan = True  # reset messages wait below the fire loop's mark
                 self.wakeup.poke()
