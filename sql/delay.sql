@@ -282,8 +282,8 @@ COMMENT ON FUNCTION pyscheduler.enqueue_message(text, timestamptz, bytea, bytea,
 -- second primary-key lookup.
 CREATE OR REPLACE FUNCTION pyscheduler._ready_and_claim(node uuid, advance interval DEFAULT '50 milliseconds',
                                                          max_count integer DEFAULT 1000,
-                                                         after timestamptz DEFAULT NULL,
-                                                         p_now timestamptz DEFAULT NULL)
+                                                         p_now timestamptz DEFAULT NULL,
+                                                         after timestamptz DEFAULT NULL)
 RETURNS TABLE (id text, deadline timestamptz, headers jsonb, key bytea, value bytea, readied_at timestamptz)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
@@ -345,7 +345,7 @@ AS $$
               a message stored with an earlier deadline waits for a peer.
 
    Errors: PS105 NULL node, advance outside 0..1 minute or max_count < 1. */
-    SELECT * FROM pyscheduler._ready_and_claim(node, advance, max_count, after, clock_timestamp());
+    SELECT * FROM pyscheduler._ready_and_claim(node, advance, max_count, clock_timestamp(), after);
 $$;
 COMMENT ON FUNCTION pyscheduler.ready_and_claim(uuid, interval, integer, timestamptz) IS
     'Delay queue: claim a batch of due messages for this node (SKIP LOCKED) and return them for firing.';
