@@ -65,6 +65,8 @@ UNREACHABLE = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRA
 # misconfigured ACL must not send every message to the dead-letter topic.
 REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE,
            KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE, KafkaError._BAD_MSG}
+# the reports of messages Publisher.publish purged when its time was up
+PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 # the producer's size limit when the broker does not report its own: Kafka's stock
 # message.max.bytes (librdkafka's own default, 1,000,000, is below it)
 KAFKA_MESSAGE_MAX_BYTES = 1048588
@@ -434,8 +436,12 @@ class Publisher:
                 if pending:
                     self.outage.ok()
                 return []
+            if left:  # out of time: why, as the caller needs it (a purge is not the reason)
+                real = [e for e in errors if e.code() not in PURGED]
+                self.last_error = real[0] if real else KafkaError(KafkaError._MSG_TIMED_OUT)
+                return retry
             self.last_error = errors[0]
-            if left or give_up() or (until is not None and time.monotonic() >= until):
+            if give_up() or (until is not None and time.monotonic() >= until):
                 return retry
             pause = self.outage.failed(KafkaException(errors[0]))
             time.sleep(pause if until is None else min(pause, max(0.0, until - time.monotonic())))
@@ -856,7 +862,8 @@ class Relay:
 
         The claim runs ahead only after a full batch (more are due: under load); after a
         smaller one it waits until the previous batch is deleted, as an unpipelined loop
-        would, so a light load is claimed in batches, not one message at a time.
+        would, so a light load is claimed in batches, not one message at a time, and at least
+        half the timing advance after the previous claim started.
 
         Claims (and next_deadline) start at the latest deadline claimed so far minus
         MARK_SLACK (``after``), not at the start of the waiting index, whose low end holds the
@@ -873,8 +880,13 @@ class Relay:
         batches: queue.SimpleQueue[list[dict] | None] = queue.SimpleQueue()
         deliverer = self._thread(self._deliver_loop, batches, done)
         deliverer.start()
+        # after a batch that was not full, the next claim waits at least half the timing advance
+        # (never longer than the poll interval): a message claimed that much later is still
+        # fired before its deadline, and a steady load is claimed in batches of that many
+        # milliseconds' worth instead of a few messages per round trip
+        gap = min(poll, cfg.timing_advance_ms / 2000.0)
         full = False
-        mark: datetime | None = None  # the latest deadline claimed (see _claim_after)
+        mark: datetime | None = None  # the latest deadline claimed
         rescan_at = 0.0
         try:
             while not self.stop.is_set():
@@ -882,7 +894,7 @@ class Relay:
                 with done:
                     if not done.wait_for(lambda: self._in_flight < limit, timeout=poll):
                         continue  # still delivering
-                claimed_at = time.time()
+                claimed_at, started = time.time(), time.monotonic()
                 after = None
                 if mark is not None and not self._rescan and time.monotonic() < rescan_at:
                     after = mark - MARK_SLACK
@@ -903,7 +915,13 @@ class Relay:
                 full = len(rows) >= cfg.fire_batch
                 if full:
                     continue  # more are due: no sleep
-                self.wakeup.wait(self._sleep_time(outage, poll, None if rows else claimed_at, after), jitter=0.2)
+                sleep = self._sleep_time(outage, poll, None if rows else claimed_at, after)
+                rest = started + gap - time.monotonic()
+                if rest > 0:  # a NOTIFY does not cut this short; it is still seen after it
+                    if self.stop.wait(rest):
+                        break
+                    sleep -= rest
+                self.wakeup.wait(sleep, jitter=0.2)
         finally:
             batches.put(None)  # the claimed batches are still delivered (bounded), then it stops
             deliverer.join()
