@@ -109,7 +109,8 @@ class Executor:
         self._next_refresh = 0.0
         self._next_ping = 0.0
         self._degraded_since = 0.0
-        self._prefetch: tuple[Future, int] | None = None  # (claim and details of the next batch, its limit)
+        # (claim and details of the next batch, its limit, "redis" or "postgres" (degraded mode))
+        self._prefetch: tuple[Future, int, str] | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:prefetch")
         self.stop = threading.Event()
         self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched (tests, bench)
@@ -145,10 +146,14 @@ class Executor:
                     wait = db_outage.failed(exc)
                 self._serve(wait)
             self._take_prefetch()
-            if self.unfired and not self.degraded:
+            # claimed by the prefetch: fired before stopping (in degraded mode those claimed from
+            # PostgreSQL: recorded by their tokens without Redis)
+            occs = [o for o in self.unfired if not self.degraded or o.token is not None]
+            if occs:
                 try:
-                    occs, self.unfired = self.unfired, []
-                    self._fire(occs, {})  # claimed by the prefetch: fired before stopping
+                    taken = {id(o) for o in occs}
+                    self.unfired = [o for o in self.unfired if id(o) not in taken]
+                    self._fire(occs, {})
                 except (*UNREACHABLE, *RETRYABLE):
                     pass  # their claims are recovered by another executor
             self._drain()
@@ -182,7 +187,8 @@ class Executor:
         if self.resyncing:
             self._resync_step()
         room = cfg.max_in_flight - len(self.held)
-        if self._prefetch is not None:  # claimed (and details loaded) while the last batch was fired
+        if self._prefetch is not None and self._prefetch[2] == "redis":
+            # claimed (and details loaded) while the last batch was fired
             (res, load_error), limit = self._prefetch[0].result(), self._prefetch[1]
             self._prefetch = None
             preloaded = True
@@ -206,7 +212,7 @@ class Executor:
             if len(res.claimed) >= limit and more > 0 and not self.resyncing and not self.stop.is_set():
                 # a backlog: claim the next batch and load its details in the prefetch thread
                 # (Redis and PostgreSQL round trips) while this one is fired
-                self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more)
+                self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more, "redis")
             occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
             if load_error is not None:
                 self._hold(occs)
@@ -251,16 +257,32 @@ class Executor:
                 return res, exc
         return res, None
 
+    def _claim_critical(self, limit: int) -> list[Occurrence]:
+        """Degraded mode: claim due critical schedules from PostgreSQL (held with a token)."""
+        rows = self.db.call("claim_due_critical", p_limit=limit,
+                            p_hold=timedelta(milliseconds=self.cfg.degraded_hold_ms))
+        return [Occurrence(r["id"], to_ms(r["expected_at"]), token=r["claim_token"]) for r in rows]
+
+    def _claim_critical_and_load(self, limit: int) -> tuple[list[Occurrence], BaseException | None]:
+        """The prefetch thread in degraded mode: the next PostgreSQL claim and its fire details."""
+        occs = self._claim_critical(limit)
+        if occs:
+            try:
+                self._load_details({o.id for o in occs}, {})
+            except RETRYABLE as exc:
+                return occs, exc
+        return occs, None
+
     def _take_prefetch(self) -> None:
-        """Settle a prefetch still running (stop, degraded mode): what it claimed is fired later."""
+        """Settle a prefetch still running (stop, a change of mode): what it claimed is fired later."""
         if self._prefetch is None:
             return
-        fut, self._prefetch = self._prefetch[0], None
+        (fut, _, kind), self._prefetch = self._prefetch, None
         try:
             res, _ = fut.result()
         except Exception:  # noqa: BLE001  (claim failed: nothing was claimed)
             return
-        occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
+        occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed] if kind == "redis" else res
         self._hold(occs)
         self.unfired += occs
 
@@ -438,6 +460,7 @@ class Executor:
             except UNREACHABLE:
                 pass
             else:
+                self._take_prefetch()  # claimed from PostgreSQL: fired (and recorded by token) in the Redis mode
                 self.degraded = False
                 DEGRADED.set(0)
                 started = self.index.force_resync(self.marker) if self.marker else None
@@ -446,16 +469,29 @@ class Executor:
                             f"resyncing the index (sync {started})" if started else "joining the index resync")
                 return 0.0
         room = cfg.max_in_flight - len(self.held)
-        if room <= 0:
+        if self._prefetch is not None and self._prefetch[2] == "postgres":
+            # claimed (and details loaded) while the last batch was fired, as on the Redis path
+            (occs, load_error), limit = self._prefetch[0].result(), self._prefetch[1]
+            self._prefetch = None
+            preloaded = True
+            self.counts["prefetched"] += len(occs)
+        else:
+            if room <= 0:
+                return cfg.poll_ms / 1000
+            limit = min(cfg.degraded_batch, room)
+            occs, load_error, preloaded = self._claim_critical(limit), None, False
+        if not occs:
             return cfg.poll_ms / 1000
-        rows = self.db.call("claim_due_critical", p_limit=min(cfg.degraded_batch, room),
-                            p_hold=timedelta(milliseconds=cfg.degraded_hold_ms))
-        if rows:
-            CLAIMED.labels("postgres").inc(len(rows))
-            occs = [Occurrence(r["id"], to_ms(r["expected_at"]), token=r["claim_token"]) for r in rows]
-            self._fire(occs, {})
-            return 0.0 if len(rows) >= min(cfg.degraded_batch, room) else cfg.poll_ms / 1000
-        return cfg.poll_ms / 1000
+        CLAIMED.labels("postgres").inc(len(occs))
+        more = min(cfg.degraded_batch, room - len(occs))
+        if len(occs) >= limit and more > 0 and not self.stop.is_set():
+            self._prefetch = (self._prefetcher.submit(self._claim_critical_and_load, more), more, "postgres")
+        if load_error is not None:
+            self._hold(occs)
+            self.unfired += occs
+            raise load_error
+        self._fire(occs, {}, preloaded=preloaded)
+        return 0.0 if len(occs) >= limit else cfg.poll_ms / 1000
 
 
 def observe_ms(hist: Histogram, values_ms: list[float]) -> None:
