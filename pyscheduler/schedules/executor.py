@@ -306,8 +306,10 @@ class Executor:
         now_ms = int(time.time() * 1000)
         paused: list[Occurrence] = []
         out: list = []  # to the recorders, in one queue item (a put per occurrence costs GIL hand-offs)
+        kafka: list[Occurrence] = []
+        details = self.details
         for occ in occs:
-            entry = self.details.get(occ.id)
+            entry = details.get(occ.id)
             occ.details = d = entry[2] if entry else None
             if d is None or not d.active:
                 gone.append(occ)  # deleted or ended since it was indexed: re-read its index entry
@@ -315,10 +317,14 @@ class Executor:
                 paused.append(occ)  # fires only if it is the pending trigger
             elif occ.expected_ms < now_ms - d.catchup_ms:
                 out.append(("missed", occ, None))  # too late: joins the catch-up summary
+            elif d.kind == "kafka":
+                kafka.append(occ)
             elif d.kind == "task":
                 out.append(("task", occ, None))
             else:
                 self.firer.fire(occ, self._on_done)
+        if kafka:
+            self.firer.fire_kafka(kafka, self._on_done)
         out += [("reindex", occ, None) for occ in gone]
         if out:
             self.to_record.put(out)
@@ -354,7 +360,7 @@ class Executor:
                 stale.append(i)
         if not stale:
             return
-        for row in self.db.call("fire_details", p_ids=stale):
+        for row in self.db.call_binary("fire_details", p_ids=stale):
             ver = "" if row["version"] is None else str(row["version"])
             self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
 
