@@ -39,6 +39,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
+from .arrays import EpochMsArray, Int4Array, Int8Array
 from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Index, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
 
@@ -360,7 +361,7 @@ class Executor:
                 stale.append(i)
         if not stale:
             return
-        for row in self.db.call_binary("fire_details", p_ids=stale):
+        for row in self.db.call_binary("fire_details", p_ids=Int8Array(stale)):
             ver = "" if row["version"] is None else str(row["version"])
             self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
 
@@ -598,19 +599,22 @@ class Recorder:
                 else:
                     self._settled(occs, [])  # not settled: left to the stuck-claim recovery
                 continue
-            expected = [from_ms(o.expected_ms) for o in occs]
-            args: dict[str, Any] = {"p_ids": [o.id for o in occs], "p_expected": expected}
-            if tokens:
-                args["p_tokens"] = [o.token for o in occs]
+            ids = Int8Array(o.id for o in occs)
             if group == "task":
+                args: dict[str, Any] = {"p_ids": list(ids), "p_expected": [from_ms(o.expected_ms) for o in occs]}
+                if tokens:
+                    args["p_tokens"] = [o.token for o in occs]
                 rows = self._call(give_up_after, "fire_task_schedules", args)
             else:
+                # binary arrays packed in one go (arrays.py): a text array of 2,000 timestamps
+                # cost the executor (datetimes, quoting) and the server (parsing) more
                 errors = [e for _, _, e in batch]
-                args["p_outcomes"] = [k for k, _, _ in batch]  # fired | failed | missed
-                args["p_attempts"] = [o.tries for o in occs]
-                args["p_errors"] = errors if any(e is not None for e in errors) else None
-                # binary: arrays of 2,000 timestamps as text cost the executor (quoting) and
-                # the server (parsing) more than recording them
+                args = {"p_ids": ids, "p_expected": EpochMsArray(o.expected_ms for o in occs),
+                        "p_outcomes": [k for k, _, _ in batch],  # fired | failed | missed
+                        "p_attempts": Int4Array(o.tries for o in occs),
+                        "p_errors": errors if any(e is not None for e in errors) else None}
+                if tokens:
+                    args["p_tokens"] = [o.token for o in occs]
                 rows = self._call(give_up_after, "record_executions", args, binary=True)
             if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
                 self._settled(occs, [])
@@ -619,12 +623,17 @@ class Recorder:
             if tokens:
                 self._settled(occs, [])
                 continue
-            # the rows carry the expected times as sent (equal datetimes): no conversion back to ms
-            nexts = {(r["id"], r["expected_at"]): r["next_run_at"] for r in rows}
             entries = []
-            for o, e in zip(occs, expected):
-                nxt = nexts.get((o.id, e))
-                entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
+            if len(set(ids)) == len(ids):  # one row per occurrence: matched by schedule id
+                nexts = {r["id"]: r["next_run_at"] for r in rows}
+                for o in occs:
+                    nxt = nexts.get(o.id)
+                    entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
+            else:
+                by_key = {(r["id"], to_ms(r["expected_at"])): r["next_run_at"] for r in rows}
+                for o in occs:
+                    nxt = by_key.get((o.id, o.expected_ms))
+                    entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
             self._settled(occs, entries)
 
     def _count(self, rows: list[dict], group: str) -> None:
