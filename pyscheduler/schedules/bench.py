@@ -21,6 +21,7 @@ The schedules are armed by writing next_run_at (SQL) and the index scores
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timedelta, timezone
 import subprocess
 import sys
@@ -180,12 +181,16 @@ def _find(*words: str) -> list[int]:
 
 class CpuMeter:
     """CPU seconds per component over the firing window, robust to a shared machine's load
-    (CPU time, not wall time): the executor processes, the PostgreSQL server (postmaster,
-    every backend and background process, reaped ones included), Redis (INFO used_cpu_*),
-    the Kafka broker (the process whose command line holds the bootstrap address)."""
+    (CPU time, not wall time): the executor processes; PostgreSQL: the backends and
+    autovacuum workers of the bench's database (their process titles name it) apart from
+    the server's shared processes (checkpointer, WAL writer, ...: another database of the
+    same server, e.g. the other side of an A/B run, adds its share there); Redis (INFO
+    used_cpu_*); the Kafka broker (the process whose command line holds the bootstrap
+    address)."""
 
     def __init__(self, db: Database, redis_url: str, bootstrap: str, executors: list[int]):
-        backend = db.query("SELECT pg_backend_pid() AS pid")[0]["pid"]
+        me = db.query("SELECT pg_backend_pid() AS pid, current_database() AS db")[0]
+        backend, self.database = me["pid"], me["db"]
         with open(f"/proc/{backend}/stat") as f:
             self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
         self.redis = redis.Redis.from_url(redis_url)
@@ -194,9 +199,19 @@ class CpuMeter:
 
     def sample(self) -> dict[str, float]:
         info = self.redis.info("cpu")
-        return {"executors": sum(_proc_cpu(p) for p in self.executors),
-                "postgres": _proc_cpu(self.postmaster, children=True)
-                + sum(_proc_cpu(p) for p in _children(self.postmaster)),
+        mine = shared = 0.0
+        for p in _children(self.postmaster):
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            if re.search(rf"(^|\s){re.escape(self.database)}(\s|$)", title):
+                mine += _proc_cpu(p)
+            elif not ("autovacuum worker " in title or "(" in title or "[local]" in title):
+                shared += _proc_cpu(p)  # checkpointer, WAL writer, ... (not other databases' sessions)
+        return {"executors": sum(_proc_cpu(p) for p in self.executors), "postgres": mine,
+                "postgres shared": shared,
                 "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
                 "kafka": sum(_proc_cpu(p) for p in self.broker)}
 
