@@ -76,7 +76,9 @@ class ExecutorConfig:
     http_concurrency: int = 16
     max_in_flight: int = 20000  # occurrences claimed and not recorded yet
     record_batch: int = 2000
-    recorders: int = 2  # recorder threads (connections): PostgreSQL records batches in parallel
+    # recorder threads (connections). One: two per executor made PostgreSQL spend ~10 us more
+    # per firing in the bench (concurrent writers) and recorded no faster
+    recorders: int = 1
     resync_batch: int = 1000
     degraded_batch: int = 1000
     degraded_hold_ms: int = 30000  # claimed_until of the Postgres-only claim
