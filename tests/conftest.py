@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -51,16 +53,21 @@ class PgServer:
 
 
 @pytest.fixture(scope="session")
-def pg(tmp_path_factory) -> PgServer:
+def pg() -> PgServer:
     dsn = os.environ.get("PYSCHEDULER_TEST_DSN")
     if dsn:
         yield PgServer(dsn)
         return
-    server = embedded.Postgres(tmp_path_factory.mktemp("pg")).start()
+    # Not under pytest's base temp: as root the server runs as another system user,
+    # and every new pytest session on the machine makes pytest-of-<user> private
+    # again (chmod go-rwx), which cut a running server off from its data directory.
+    workdir = Path(tempfile.mkdtemp(prefix="pyscheduler-test-pg-"))
+    server = embedded.Postgres(workdir).start()
     try:
         yield PgServer(server.dsn(), server)
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -175,11 +175,13 @@ def test_claims_run_ahead_of_unacknowledged_deliveries_and_a_kill_9_there_loses_
     (pipelining), but deletes nothing unacknowledged and holds at most two batches. The
     broker freezes (SIGSTOP) after the messages were stored: the node claims two batches of
     5 and deletes none; killed (kill -9) right there, with its deliveries unacknowledged,
-    a successor fires every message after the hold time (copies of the killed node's
+    a successor fires every message after its hold time (copies of the killed node's
     in-flight ones allowed: the only duplicates, across the crash)."""
     with private_broker(tmp_path) as (broker, topics, sender, output):
         bootstrap = broker.bootstrap
-        a = RelayProcess(dsn, bootstrap, topics, tmp_path / "a.log", "--fire-batch", "5", hold_ms=3000)
+        # A long hold for node A: it gives a batch up after half its hold time (10 s here),
+        # which would let a third claim through on a slow machine during the check below.
+        a = RelayProcess(dsn, bootstrap, topics, tmp_path / "a.log", "--fire-batch", "5", hold_ms=20000)
         try:
             node_a = a.node()
             warm_up(sender, output, partitions=1)

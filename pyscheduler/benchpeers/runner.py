@@ -210,7 +210,7 @@ BATCH_SIZE = 500
 
 
 def batch_system(a: Args) -> dict:
-    """The SQL alone: BATCH_CONNECTIONS connections loop lease_tasks(n => 500) + complete_tasks,
+    """The SQL alone: BATCH_CONNECTIONS connections loop lease_tasks_lean(n => 500) + complete_tasks,
     woken by the queue's NOTIFY when idle."""
     from ..db import Listener, Wakeup
     from ..tasks.bench import lease_and_complete
@@ -253,7 +253,7 @@ def batch_system(a: Args) -> dict:
     with db:
         result = run_phases(a, counter, start, halt, _submit_one(db), lambda: _enqueue(db, a.jobs), _durable(db))
     return dict(system="pyscheduler batch SQL", version=_version(), **result,
-                settings=f"{BATCH_CONNECTIONS} connections, lease_tasks n={BATCH_SIZE} + complete_tasks, "
+                settings=f"{BATCH_CONNECTIONS} connections, lease_tasks_lean n={BATCH_SIZE} + complete_tasks, "
                          "LISTEN/NOTIFY when idle")
 
 

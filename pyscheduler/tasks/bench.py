@@ -4,7 +4,7 @@ Three measurements, each on its own queue (removed afterwards, so it is safe
 on a database with real tasks), all through the SQL API via pyscheduler.db:
 
 1. batch lease+complete: N tasks submitted with submit_tasks, then W
-   connections loop lease_tasks(n => batch) + complete_tasks(rns) until none
+   connections loop lease_tasks_lean(n => batch) + complete_tasks(rns) until none
    is left; tasks/s = N / elapsed.
 2. single lease+complete: W connections loop lease_task + complete_task (two
    transactions per task), and W connections loop complete_and_lease (one
@@ -77,15 +77,15 @@ def _run_threads(workers: int, target) -> float:
 
 def lease_and_complete(s: Session, queue: str, worker: str, n: int, timeout: timedelta,
                        on_task: Callable[[dict], object] | None = None) -> int:
-    """One batch: lease_tasks(n) on ``s``, ``on_task(task)`` for each task, then complete_tasks
-    for all of them (one durable commit). The number of tasks completed."""
-    rows = s.call("lease_tasks", queue=queue, worker=worker, n=n, timeout=timeout)
+    """One batch: lease_tasks_lean(n) on ``s`` (what a worker needs: rn, token, spec, priority,
+    seq), ``on_task(row)`` for each task, then complete_tasks for all of them with the rns and
+    tokens as binary uuid arrays (one durable commit). The number of tasks completed."""
+    rows = s.call("lease_tasks_lean", queue=queue, worker=worker, n=n, timeout=timeout)
     if rows:
         if on_task is not None:
             for r in rows:
-                on_task(r["task"])
-        failed = s.call("complete_tasks", rns=[r["task"]["rn"] for r in rows],
-                        tokens=[r["task"]["token"] for r in rows])
+                on_task(r)
+        failed = s.call_binary("complete_tasks", rns=[r["rn"] for r in rows], tokens=[r["token"] for r in rows])
         assert not failed, failed
     return len(rows)
 
@@ -244,7 +244,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, li
                            f"{total / secs:,.0f} tasks/s")
                 n, secs = lease_complete(db, q, workers, batch)
                 rate = n / secs
-                click.echo(f"batch lease+complete (lease_tasks n={batch} + complete_tasks, {workers} workers): "
+                click.echo(f"batch lease+complete (lease_tasks_lean n={batch} + complete_tasks, {workers} workers): "
                            f"{n:,} tasks in {secs:.2f}s = {rate:,.0f} tasks/s "
                            f"({_verdict(rate, TARGETS['batch'])})")
                 _drop_queue(db, q)

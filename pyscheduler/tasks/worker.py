@@ -71,6 +71,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -155,6 +156,7 @@ class TaskContext:
         self.completed = False  # ctx.complete(): done, even if told to stop
         self.started = False  # a handler took it from the local queue
         self.lease_until = math.inf  # time.monotonic() before which the lease cannot have expired
+        self._ids: tuple[uuid.UUID, uuid.UUID] | None = None  # (rn, token) as leased, for binary calls
 
     def _event(self) -> Any:
         return threading.Event()
@@ -233,6 +235,17 @@ def task_channel(queue: str) -> str:
     return f"pyscheduler_tasks:{queue}"
 
 
+def _leases(contexts: list[TaskContext]) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """The (rns, tokens) arrays of a batch write, as uuid objects: sent in binary, a batch
+    of 500 costs the worker ~2.5 us a task instead of ~7 us as text arrays of strings."""
+    rns, tokens = [], []
+    for c in contexts:
+        rn, token = c._ids or (uuid.UUID(c.rn), uuid.UUID(str(c.token)))
+        rns.append(rn)
+        tokens.append(token)
+    return rns, tokens
+
+
 class _Dedicated:
     """One pool connection held for a thread's stream of calls (the lease loop, the completer):
     no pool checkout per call. After database trouble it is given back (the pool drops it if it
@@ -245,6 +258,12 @@ class _Dedicated:
         self._session: Session | None = None
 
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        return self._call(function, args, binary=False)
+
+    def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        return self._call(function, args, binary=True)
+
+    def _call(self, function: str, args: dict[str, Any], binary: bool) -> list[dict[str, Any]]:
         if self._session is None:
             stack = contextlib.ExitStack()
             session = stack.enter_context(self.db.session())
@@ -257,6 +276,8 @@ class _Dedicated:
                     self.close()
                     raise
         try:
+            if binary:
+                return self._session.call_binary(function, **args)
             return self._session.call(function, **args)
         except Exception as exc:
             if is_retryable(exc):
@@ -506,6 +527,7 @@ class Worker:
         ctx = self.context_class({"rn": str(row["rn"]), "token": str(row["token"]), "spec": row["spec"],
                                   "priority": row["priority"], "queue": self.queue})
         ctx.lease_until = until
+        ctx._ids = (row["rn"], row["token"])
         return ctx
 
     def _enqueue(self, rows: list[dict[str, Any]], until: float) -> None:
@@ -782,7 +804,8 @@ class Worker:
                 live = [c for c in batch if self.held.get(c.rn) is c]
             if not live:
                 return []
-            return conn.call("complete_tasks", rns=[c.rn for c in live], tokens=[c.token for c in live])
+            rns, tokens = _leases(live)
+            return conn.call_binary("complete_tasks", rns=rns, tokens=tokens)
 
         failed: list[dict[str, Any]] = []
         try:
@@ -830,11 +853,12 @@ class Worker:
         if not held:
             return
         sent = time.monotonic()
-        progress = [c._progress for c in held]
+        progress = [None if c._progress is None else float(c._progress) for c in held]  # float8[] in binary
         try:
-            refused = self.db.call("heartbeat_tasks", rns=[c.rn for c in held], tokens=[c.token for c in held],
-                                   progress=progress if any(p is not None for p in progress) else None,
-                                   timeout=self.timeout)
+            rns, tokens = _leases(held)
+            refused = self.db.call_binary("heartbeat_tasks", rns=rns, tokens=tokens,
+                                          progress=progress if any(p is not None for p in progress) else None,
+                                          timeout=self.timeout)
             outage.ok()
         except Exception as exc:
             if is_retryable(exc):
@@ -914,7 +938,8 @@ class Worker:
 
     def _yield_back(self, contexts: list[TaskContext], what: str) -> None:
         try:
-            refused = self.db.call("yield_tasks", rns=[c.rn for c in contexts], tokens=[c.token for c in contexts])
+            rns, tokens = _leases(contexts)
+            refused = self.db.call_binary("yield_tasks", rns=rns, tokens=tokens)
             gone = {str(r["rn"]): r["sqlstate"] for r in refused}
             for ctx in contexts:
                 if ctx.rn in gone:

@@ -1,5 +1,6 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
--- Must equal what migrations/0003_tasks.sql and 0005_tasks_hardening.sql build
+-- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql and
+-- 0010_tasks_lean.sql build
 -- (tests/test_migrate.py checks).
 CREATE TYPE pyscheduler.task_status AS ENUM ('ready', 'running', 'completed', 'aborted', 'cancelled');
 
@@ -15,6 +16,13 @@ CREATE SEQUENCE pyscheduler.task_seq;
 -- seq: submission order. lease_token: the secret of the current lease (NULL
 -- when none, or yielded); never shown by get/list. attempts: leases not
 -- handed back by a yield (= timed-out leases when the monitor resets it).
+-- leased_at: the time of the current lease while its TaskAssignment entry is
+-- not yet in history (a lease writes no history; the entry is shown by
+-- _task_json and written into history when the lease ends by a yield or a
+-- reset); NULL when history is complete.
+-- rn of tasks submitted since 0010 is time-ordered (_task_rn: the
+-- submission millisecond, then seq), so the writes of a task's life touch
+-- the recent end of the primary key instead of a random page.
 CREATE TABLE pyscheduler.tasks (
     rn       uuid NOT NULL,
     queue    text NOT NULL,
@@ -31,6 +39,7 @@ CREATE TABLE pyscheduler.tasks (
     seq      bigint NOT NULL DEFAULT nextval('pyscheduler.task_seq'),
     lease_token uuid,
     attempts integer NOT NULL DEFAULT 0,
+    leased_at timestamptz,
     CONSTRAINT tasks_pkey PRIMARY KEY (rn),
     CONSTRAINT tasks_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40),
     CONSTRAINT tasks_priority_check CHECK (priority BETWEEN 0 AND 4294967295),

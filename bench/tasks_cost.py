@@ -1,0 +1,124 @@
+"""What a task costs the database: per-task CPU of the server backends (and of the worker's
+Python), read from /proc, so the figures hold on a loaded machine where rates do not.
+Run on the database server's machine (it reads the backends' /proc/<pid>/stat), as a user
+allowed to read them, on a migrated scratch database (docs/benchmarks.md, "What a task
+costs the database"):
+
+    python bench/tasks_cost.py sql "$DSN"        # lease_tasks_lean n=500 + complete_tasks, two connections
+    python bench/tasks_cost.py graphile "$DSN"   # the same work in graphile-worker's shape (its own table)
+    python bench/tasks_cost.py worker "$DSN"     # one Worker, capacity 10, no-op handler
+
+Options: --tasks (50,000), --batch (500). Each run adds its tasks to queue 'cost' (the sql
+and worker modes) or to table cost_gjobs (graphile, dropped first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+import psycopg
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process pid."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+GJOBS = """DROP TABLE IF EXISTS cost_gjobs;
+CREATE TABLE cost_gjobs (id bigserial PRIMARY KEY, queue text NOT NULL, payload jsonb NOT NULL,
+    priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL DEFAULT now(), attempts int NOT NULL DEFAULT 0,
+    locked_at timestamptz, locked_by text, created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    is_available boolean GENERATED ALWAYS AS (locked_at IS NULL AND attempts < 25) STORED);
+CREATE INDEX ON cost_gjobs (priority, run_at) INCLUDE (id, queue) WHERE is_available"""
+
+STATEMENTS = {
+    "sql": ("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'cost', specs => (SELECT jsonb_agg("
+            "jsonb_build_object('i', i)) FROM generate_series(1, %(n)s) i))",
+            "SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost', worker => 'cost-1', n => %(b)s)",
+            "SELECT count(*) FROM pyscheduler.complete_tasks(rns => %(rns)b, tokens => %(tokens)b)"),
+    "graphile": ("INSERT INTO cost_gjobs (queue, payload) SELECT 'cost', jsonb_build_object('i', i)"
+                 " FROM generate_series(1, %(n)s) i",
+                 "UPDATE cost_gjobs SET attempts = cost_gjobs.attempts + 1, locked_by = 'cost-1', locked_at = now()"
+                 " WHERE id = ANY (ARRAY(SELECT id FROM cost_gjobs WHERE is_available AND run_at <= now()"
+                 " ORDER BY priority, run_at LIMIT %(b)s FOR UPDATE SKIP LOCKED)) RETURNING id, locked_by",
+                 "DELETE FROM cost_gjobs WHERE id = ANY (%(rns)b)"),
+}
+
+
+def sql_cost(dsn: str, mode: str, tasks: int, batch: int) -> str:
+    fill, lease, complete = STATEMENTS[mode]
+    with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as c:
+        for conn in (a, c):
+            conn.execute("SET synchronous_commit = off")  # backend CPU, not the WAL flush wait
+        if mode == "graphile":
+            a.execute(GJOBS)
+        a.execute(fill, {"n": tasks})
+        a.execute("VACUUM ANALYZE")
+        lease_cpu = complete_cpu = 0.0
+        done, started = 0, time.perf_counter()
+        while True:
+            before = cpu(a.info.backend_pid)
+            rows = a.execute(lease, {"b": batch}).fetchall()
+            lease_cpu += cpu(a.info.backend_pid) - before
+            if not rows:
+                break
+            before = cpu(c.info.backend_pid)
+            c.execute(complete, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
+            complete_cpu += cpu(c.info.backend_pid) - before
+            done += len(rows)
+        wall = time.perf_counter() - started
+    return (f"{mode}: {done:,} tasks in batches of {batch}: backend CPU lease {lease_cpu / done * 1e6:.1f} us/task,"
+            f" complete {complete_cpu / done * 1e6:.1f} us/task, total {(lease_cpu + complete_cpu) / done * 1e6:.1f}"
+            f" us/task ({done / wall:,.0f} tasks/s)")
+
+
+def worker_cost(dsn: str, tasks: int) -> str:
+    from pyscheduler.db import Database
+    from pyscheduler.tasks import Worker
+    from pyscheduler.tasks.bench import submit_bulk
+
+    with Database(dsn) as db:  # closed before the run: its backends are not counted
+        submit_bulk(db, "cost", tasks)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE pyscheduler.tasks")
+    lock, finished, count = threading.Lock(), threading.Event(), [0]
+
+    def handle(ctx) -> None:
+        with lock:
+            count[0] += 1
+            if count[0] == tasks:
+                finished.set()
+
+    started, py0 = time.perf_counter(), time.process_time()
+    running = Worker(dsn, "cost", handle, capacity=10, poll_interval=0.5).start()
+    finished.wait(600)
+    wall, py = time.perf_counter() - started, time.process_time() - py0
+    with psycopg.connect(dsn, autocommit=True) as c:  # the worker's backends, still connected
+        pids = [r[0] for r in c.execute("SELECT pid FROM pg_stat_activity"
+                                        " WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+        backends = sum(cpu(pid) for pid in pids)
+    running.stop()
+    return (f"worker: {count[0]:,} tasks, {count[0] / wall:,.0f} tasks/s; CPU per task: Python {py / tasks * 1e6:.1f} us,"
+            f" its {len(pids)} backends {backends / tasks * 1e6:.1f} us")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["sql", "graphile", "worker"])
+    parser.add_argument("dsn")
+    parser.add_argument("--tasks", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=500)
+    a = parser.parse_args()
+    line = worker_cost(a.dsn, a.tasks) if a.mode == "worker" else sql_cost(a.dsn, a.mode, a.tasks, a.batch)
+    print(f"{line}; load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+-- depends: 0009_schedules_perf
+-- Leased tasks, cheaper leases (issue 10). Forward-only.
+--  * leased_at: a lease records its time here instead of appending its
+--    TaskAssignment entry to history (rewriting the jsonb on every lease);
+--    _task_json shows the entry, a yield or a reset writes it into history.
+--    Existing rows keep leased_at NULL: their history already holds the
+--    entries of their leases, so every task reads exactly as before, and a
+--    running task is completed, heartbeated or reset with its current token.
+--  * new tasks get time-ordered ids and leases derive their tokens from one
+--    secret per call (sql/tasks.sql, _task_rn and _claim_tasks): no data change.
+ALTER TABLE pyscheduler.tasks ADD COLUMN leased_at timestamptz;
