@@ -19,7 +19,8 @@ Keys (prefix default ``pyscheduler:schedules``):
                     it): executors resync from PostgreSQL.
 ``<p>:resync``      the sync id of the resync in progress (the seed's current-sync-id).
 
-Every script reads the time from Redis (TIME), one clock for every executor.
+Every script reads the time from Redis (TIME), one clock for every executor. Redis >= 6.2
+(the settle script reads a batch with ZMSCORE).
 """
 
 from __future__ import annotations
