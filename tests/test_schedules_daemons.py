@@ -184,6 +184,26 @@ def test_redis_stopped_critical_fire_from_postgres_others_resume_after(db, dsn, 
         assert len(fired) == count(db, name) and fired <= received
 
 
+def test_degraded_mode_with_a_backlog_prefetches_and_fires_each_occurrence_once(db, dsn, kafka, topic):
+    out = topic("degraded")
+    for i in range(60):
+        create(db, f"dcrit-{i}", every=1, target_kind="kafka", target=out, critical=True)
+    create(db, "dplain", every=1, target_kind="kafka", target=out)
+    # Redis never reachable; small batches: the next Postgres-only claim is made while one is fired
+    with Running(executor(dsn, "redis://127.0.0.1:1/0", kafka, degraded_batch=7),
+                 executor(dsn, "redis://127.0.0.1:1/0", kafka, degraded_batch=7)) as running:
+        wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.schedule_executions")[0]["n"] >= 180,
+                 60, "three waves of 60 critical firings from PostgreSQL")
+        ex1, ex2 = running.daemons
+    assert ex1.counts["prefetched"] + ex2.counts["prefetched"] > 0
+    rows = db.query("SELECT schedule_id, expected_at, outcome FROM pyscheduler.schedule_executions")
+    keys = kafka_keys(kafka, out, len(rows))
+    assert len(keys) == len(set(keys)), "an occurrence was fired twice"
+    assert {idempotency_key(r["schedule_id"], to_ms(r["expected_at"])) for r in rows} == set(keys)
+    assert all(r["outcome"] == "fired" for r in rows) and count(db, "dplain") == 0  # critical ones only
+    assert ex1.counts["duplicates"] == ex2.counts["duplicates"] == 0
+
+
 def test_retries_follow_the_policy_and_stop_after_the_attempts(db, dsn, redis_url):
     receiver = Receiver(status=500)
     times: list[float] = []

@@ -21,6 +21,7 @@ The schedules are armed by writing next_run_at (SQL) and the index scores
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timedelta, timezone
 import subprocess
 import sys
@@ -135,6 +136,86 @@ def read_fires(bootstrap: str, topic: str, timeout: float) -> list[tuple[float, 
     return out
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_cpu(pid: int, children: bool = False) -> float:
+    """CPU seconds (user + system, all threads; with children: also the reaped ones) of a
+    process from /proc (Linux); 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / _TICK
+
+
+def _children(ppid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == ppid:
+                        out.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def _find(*words: str) -> list[int]:
+    """Pids whose command line contains every word (the broker serving this bootstrap)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if all(w in cmd for w in words):
+                out.append(int(entry))
+    return out
+
+
+class CpuMeter:
+    """CPU seconds per component over the firing window, robust to a shared machine's load
+    (CPU time, not wall time): the executor processes; PostgreSQL: the backends and
+    autovacuum workers of the bench's database (their process titles name it) apart from
+    the server's shared processes (checkpointer, WAL writer, ...: another database of the
+    same server, e.g. the other side of an A/B run, adds its share there); Redis (INFO
+    used_cpu_*); the Kafka broker (the process whose command line holds the bootstrap
+    address)."""
+
+    def __init__(self, db: Database, redis_url: str, bootstrap: str, executors: list[int]):
+        me = db.query("SELECT pg_backend_pid() AS pid, current_database() AS db")[0]
+        backend, self.database = me["pid"], me["db"]
+        with open(f"/proc/{backend}/stat") as f:
+            self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+        self.redis = redis.Redis.from_url(redis_url)
+        self.broker = [p for p in _find(bootstrap) if p not in executors and p != os.getpid()]
+        self.executors = executors
+
+    def sample(self) -> dict[str, float]:
+        info = self.redis.info("cpu")
+        mine = shared = 0.0
+        for p in _children(self.postmaster):
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            if re.search(rf"(^|\s){re.escape(self.database)}(\s|$)", title):
+                mine += _proc_cpu(p)
+            elif not ("autovacuum worker " in title or "(" in title or "[local]" in title):
+                shared += _proc_cpu(p)  # checkpointer, WAL writer, ... (not other databases' sessions)
+        return {"executors": sum(_proc_cpu(p) for p in self.executors), "postgres": mine,
+                "postgres shared": shared,
+                "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+                "kafka": sum(_proc_cpu(p) for p in self.broker)}
+
+
 def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: int, every_s: float,
              spread_s: float, seconds: float, executors: int, batch: int, degraded: bool) -> dict:
     from ..embedded import create_topics
@@ -155,10 +236,15 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
         first_ms = int(time.time() * 1000 + 1000 * (2.0 + n / 10_000))  # in the future once armed
         arm(db, index, ids, first_ms, spread_s)
         start_ms = max(first_ms, int(time.time() * 1000))  # the window starts once all is armed
+        meter = CpuMeter(db, redis_url, bootstrap, [p.pid for p in procs])
+        load = os.getloadavg()[0]
+        time.sleep(max(0.0, (start_ms - time.time() * 1000) / 1000))
+        cpu0 = meter.sample()
         if start_ms > first_ms:
             echo(f"  (arming ended {start_ms - first_ms} ms after the first due time; the window starts then)")
         end_ms = start_ms + int(seconds * 1000)
         time.sleep(max(0.0, (end_ms - time.time() * 1000) / 1000))
+        cpu1 = meter.sample()
         for p in procs:
             p.terminate()
         for p in procs:
@@ -173,7 +259,8 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
     first_t, last_t = min(t for t, _ in window), max(t for t, _ in window)
     late = [t - e for t, e in window if e >= start_ms] or [t - e for t, e in window]  # not the arming backlog
     distinct = len({k for _, _, k in fires})
-    return {"fired": len(window), "per_s": len(window) / max(1e-3, (end_ms - start_ms) / 1000),
+    cpu_us = {k: (cpu1[k] - cpu0[k]) * 1e6 / len(window) for k in cpu0}
+    return {"fired": len(window), "cpu_us": cpu_us, "load": load, "per_s": len(window) / max(1e-3, (end_ms - start_ms) / 1000),
             "first_ms": first_t - first_ms, "last_ms": last_t - first_ms, "messages": len(fires),
             "distinct": distinct, "lateness": percentiles(late)}
 
@@ -221,6 +308,9 @@ def _report(echo, what: str, res: dict, target: float | None = None) -> None:
          + (f" (target >= {target:,.0f}/s)" if target else "")
          + f"; lateness ms: {lat}; first fire +{res['first_ms']:.0f} ms; "
            f"{res['messages']} messages, {res['distinct']} distinct occurrences")
+    cpu = res["cpu_us"]
+    echo(f"  CPU per firing (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+         + f", total {sum(cpu.values()):.1f}; load average {res['load']:.2f} at the start")
 
 
 @click.command("schedules")

@@ -39,6 +39,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
+from .arrays import EpochMsArray, Int4Array, Int8Array
 from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Index, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
 
@@ -75,7 +76,9 @@ class ExecutorConfig:
     http_concurrency: int = 16
     max_in_flight: int = 20000  # occurrences claimed and not recorded yet
     record_batch: int = 2000
-    recorders: int = 2  # recorder threads (connections): PostgreSQL records batches in parallel
+    # recorder threads (connections). One: two per executor made PostgreSQL spend ~10 us more
+    # per firing in the bench (concurrent writers) and recorded no faster
+    recorders: int = 1
     resync_batch: int = 1000
     degraded_batch: int = 1000
     degraded_hold_ms: int = 30000  # claimed_until of the Postgres-only claim
@@ -109,7 +112,8 @@ class Executor:
         self._next_refresh = 0.0
         self._next_ping = 0.0
         self._degraded_since = 0.0
-        self._prefetch: tuple[Future, int] | None = None  # (claim and details of the next batch, its limit)
+        # (claim and details of the next batch, its limit, "redis" or "postgres" (degraded mode))
+        self._prefetch: tuple[Future, int, str] | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:prefetch")
         self.stop = threading.Event()
         self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched (tests, bench)
@@ -145,10 +149,14 @@ class Executor:
                     wait = db_outage.failed(exc)
                 self._serve(wait)
             self._take_prefetch()
-            if self.unfired and not self.degraded:
+            # claimed by the prefetch: fired before stopping (in degraded mode those claimed from
+            # PostgreSQL: recorded by their tokens without Redis)
+            occs = [o for o in self.unfired if not self.degraded or o.token is not None]
+            if occs:
                 try:
-                    occs, self.unfired = self.unfired, []
-                    self._fire(occs, {})  # claimed by the prefetch: fired before stopping
+                    taken = {id(o) for o in occs}
+                    self.unfired = [o for o in self.unfired if id(o) not in taken]
+                    self._fire(occs, {})
                 except (*UNREACHABLE, *RETRYABLE):
                     pass  # their claims are recovered by another executor
             self._drain()
@@ -182,7 +190,8 @@ class Executor:
         if self.resyncing:
             self._resync_step()
         room = cfg.max_in_flight - len(self.held)
-        if self._prefetch is not None:  # claimed (and details loaded) while the last batch was fired
+        if self._prefetch is not None and self._prefetch[2] == "redis":
+            # claimed (and details loaded) while the last batch was fired
             (res, load_error), limit = self._prefetch[0].result(), self._prefetch[1]
             self._prefetch = None
             preloaded = True
@@ -206,7 +215,7 @@ class Executor:
             if len(res.claimed) >= limit and more > 0 and not self.resyncing and not self.stop.is_set():
                 # a backlog: claim the next batch and load its details in the prefetch thread
                 # (Redis and PostgreSQL round trips) while this one is fired
-                self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more)
+                self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more, "redis")
             occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
             if load_error is not None:
                 self._hold(occs)
@@ -251,16 +260,32 @@ class Executor:
                 return res, exc
         return res, None
 
+    def _claim_critical(self, limit: int) -> list[Occurrence]:
+        """Degraded mode: claim due critical schedules from PostgreSQL (held with a token)."""
+        rows = self.db.call("claim_due_critical", p_limit=limit,
+                            p_hold=timedelta(milliseconds=self.cfg.degraded_hold_ms))
+        return [Occurrence(r["id"], to_ms(r["expected_at"]), token=r["claim_token"]) for r in rows]
+
+    def _claim_critical_and_load(self, limit: int) -> tuple[list[Occurrence], BaseException | None]:
+        """The prefetch thread in degraded mode: the next PostgreSQL claim and its fire details."""
+        occs = self._claim_critical(limit)
+        if occs:
+            try:
+                self._load_details({o.id for o in occs}, {})
+            except RETRYABLE as exc:
+                return occs, exc
+        return occs, None
+
     def _take_prefetch(self) -> None:
-        """Settle a prefetch still running (stop, degraded mode): what it claimed is fired later."""
+        """Settle a prefetch still running (stop, a change of mode): what it claimed is fired later."""
         if self._prefetch is None:
             return
-        fut, self._prefetch = self._prefetch[0], None
+        (fut, _, kind), self._prefetch = self._prefetch, None
         try:
             res, _ = fut.result()
         except Exception:  # noqa: BLE001  (claim failed: nothing was claimed)
             return
-        occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
+        occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed] if kind == "redis" else res
         self._hold(occs)
         self.unfired += occs
 
@@ -284,8 +309,10 @@ class Executor:
         now_ms = int(time.time() * 1000)
         paused: list[Occurrence] = []
         out: list = []  # to the recorders, in one queue item (a put per occurrence costs GIL hand-offs)
+        kafka: list[Occurrence] = []
+        details = self.details
         for occ in occs:
-            entry = self.details.get(occ.id)
+            entry = details.get(occ.id)
             occ.details = d = entry[2] if entry else None
             if d is None or not d.active:
                 gone.append(occ)  # deleted or ended since it was indexed: re-read its index entry
@@ -293,10 +320,14 @@ class Executor:
                 paused.append(occ)  # fires only if it is the pending trigger
             elif occ.expected_ms < now_ms - d.catchup_ms:
                 out.append(("missed", occ, None))  # too late: joins the catch-up summary
+            elif d.kind == "kafka":
+                kafka.append(occ)
             elif d.kind == "task":
                 out.append(("task", occ, None))
             else:
                 self.firer.fire(occ, self._on_done)
+        if kafka:
+            self.firer.fire_kafka(kafka, self._on_done)
         out += [("reindex", occ, None) for occ in gone]
         if out:
             self.to_record.put(out)
@@ -332,7 +363,7 @@ class Executor:
                 stale.append(i)
         if not stale:
             return
-        for row in self.db.call("fire_details", p_ids=stale):
+        for row in self.db.call_binary("fire_details", p_ids=Int8Array(stale)):
             ver = "" if row["version"] is None else str(row["version"])
             self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
 
@@ -438,6 +469,7 @@ class Executor:
             except UNREACHABLE:
                 pass
             else:
+                self._take_prefetch()  # claimed from PostgreSQL: fired (and recorded by token) in the Redis mode
                 self.degraded = False
                 DEGRADED.set(0)
                 started = self.index.force_resync(self.marker) if self.marker else None
@@ -446,16 +478,29 @@ class Executor:
                             f"resyncing the index (sync {started})" if started else "joining the index resync")
                 return 0.0
         room = cfg.max_in_flight - len(self.held)
-        if room <= 0:
+        if self._prefetch is not None and self._prefetch[2] == "postgres":
+            # claimed (and details loaded) while the last batch was fired, as on the Redis path
+            (occs, load_error), limit = self._prefetch[0].result(), self._prefetch[1]
+            self._prefetch = None
+            preloaded = True
+            self.counts["prefetched"] += len(occs)
+        else:
+            if room <= 0:
+                return cfg.poll_ms / 1000
+            limit = min(cfg.degraded_batch, room)
+            occs, load_error, preloaded = self._claim_critical(limit), None, False
+        if not occs:
             return cfg.poll_ms / 1000
-        rows = self.db.call("claim_due_critical", p_limit=min(cfg.degraded_batch, room),
-                            p_hold=timedelta(milliseconds=cfg.degraded_hold_ms))
-        if rows:
-            CLAIMED.labels("postgres").inc(len(rows))
-            occs = [Occurrence(r["id"], to_ms(r["expected_at"]), token=r["claim_token"]) for r in rows]
-            self._fire(occs, {})
-            return 0.0 if len(rows) >= min(cfg.degraded_batch, room) else cfg.poll_ms / 1000
-        return cfg.poll_ms / 1000
+        CLAIMED.labels("postgres").inc(len(occs))
+        more = min(cfg.degraded_batch, room - len(occs))
+        if len(occs) >= limit and more > 0 and not self.stop.is_set():
+            self._prefetch = (self._prefetcher.submit(self._claim_critical_and_load, more), more, "postgres")
+        if load_error is not None:
+            self._hold(occs)
+            self.unfired += occs
+            raise load_error
+        self._fire(occs, {}, preloaded=preloaded)
+        return 0.0 if len(occs) >= limit else cfg.poll_ms / 1000
 
 
 def observe_ms(hist: Histogram, values_ms: list[float]) -> None:
@@ -547,7 +592,7 @@ class Recorder:
         for (group, tokens), batch in groups.items():
             occs = [occ for _, occ, _ in batch]
             if group == "reindex":
-                rows = self._call(give_up_after, "index_entries", p_ids=[o.id for o in occs])
+                rows = self._call(give_up_after, "index_entries", {"p_ids": [o.id for o in occs]})
                 if rows is not None:
                     by_id = {r["id"]: r for r in rows}
                     self._settled(occs, [(o.id, o.expected_ms,
@@ -556,36 +601,52 @@ class Recorder:
                 else:
                     self._settled(occs, [])  # not settled: left to the stuck-claim recovery
                 continue
-            args: dict[str, Any] = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs]}
-            if tokens:
-                args["p_tokens"] = [o.token for o in occs]
+            ids = Int8Array(o.id for o in occs)
             if group == "task":
-                rows = self._call(give_up_after, "fire_task_schedules", **args)
+                args: dict[str, Any] = {"p_ids": list(ids), "p_expected": [from_ms(o.expected_ms) for o in occs]}
+                if tokens:
+                    args["p_tokens"] = [o.token for o in occs]
+                rows = self._call(give_up_after, "fire_task_schedules", args)
             else:
-                args["p_outcomes"] = [k for k, _, _ in batch]  # fired | failed | missed
-                args["p_attempts"] = [o.tries for o in occs]
-                args["p_errors"] = [e for _, _, e in batch]
-                rows = self._call(give_up_after, "record_executions", **args)
+                # binary arrays packed in one go (arrays.py): a text array of 2,000 timestamps
+                # cost the executor (datetimes, quoting) and the server (parsing) more
+                errors = [e for _, _, e in batch]
+                args = {"p_ids": ids, "p_expected": EpochMsArray(o.expected_ms for o in occs),
+                        "p_outcomes": [k for k, _, _ in batch],  # fired | failed | missed
+                        "p_attempts": Int4Array(o.tries for o in occs),
+                        "p_errors": errors if any(e is not None for e in errors) else None}
+                if tokens:
+                    args["p_tokens"] = [o.token for o in occs]
+                rows = self._call(give_up_after, "record_executions", args, binary=True)
             if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
                 self._settled(occs, [])
                 continue
             self._count(rows, group)
-            by_key = {(r["id"], to_ms(r["expected_at"])): r for r in rows}
+            if tokens:
+                self._settled(occs, [])
+                continue
             entries = []
-            for o in occs:
-                r = by_key.get((o.id, o.expected_ms))
-                entries.append((o.id, o.expected_ms, _next_ms(r)))
-            self._settled(occs, [] if tokens else entries)
+            if len(set(ids)) == len(ids):  # one row per occurrence: matched by schedule id
+                nexts = {r["id"]: r["next_run_at"] for r in rows}
+                for o in occs:
+                    nxt = nexts.get(o.id)
+                    entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
+            else:
+                by_key = {(r["id"], to_ms(r["expected_at"])): r["next_run_at"] for r in rows}
+                for o in occs:
+                    nxt = by_key.get((o.id, o.expected_ms))
+                    entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
+            self._settled(occs, entries)
 
     def _count(self, rows: list[dict], group: str) -> None:
-        ex = self.ex
-        for r in rows:
-            if r["recorded"]:
-                RECORDED.labels(group).inc()
-                ex.counts["recorded"] += 1
-            else:
-                DUPLICATES.inc()
-                ex.counts["duplicates"] += 1
+        recorded = sum(1 for r in rows if r["recorded"])
+        counts = self.ex.counts
+        if recorded:
+            RECORDED.labels(group).inc(recorded)
+            counts["recorded"] += recorded
+        if len(rows) > recorded:
+            DUPLICATES.inc(len(rows) - recorded)
+            counts["duplicates"] += len(rows) - recorded
 
     def _settled(self, occs: list[Occurrence], entries: list) -> None:
         with self.ex.held_lock:
@@ -603,11 +664,13 @@ class Recorder:
         except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
             self.stop.wait(self.redis_outage.failed(exc))
 
-    def _call(self, give_up_after: float | None, function: str, **args: Any) -> list[dict] | None:
+    def _call(self, give_up_after: float | None, function: str, args: dict[str, Any],
+              binary: bool = False) -> list[dict] | None:
         end = None if give_up_after is None else time.monotonic() + give_up_after
+        call = self.ex.db.call_binary if binary else self.ex.db.call
         while True:
             try:
-                rows = self.ex.db.call(function, **args)
+                rows = call(function, **args)
                 self.outage.ok()
                 return rows
             except RETRYABLE as exc:

@@ -19,7 +19,8 @@ Keys (prefix default ``pyscheduler:schedules``):
                     it): executors resync from PostgreSQL.
 ``<p>:resync``      the sync id of the resync in progress (the seed's current-sync-id).
 
-Every script reads the time from Redis (TIME), one clock for every executor.
+Every script reads the time from Redis (TIME), one clock for every executor. Redis >= 6.2
+(the settle script reads a batch with ZMSCORE).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import redis
 
@@ -76,25 +77,38 @@ end
 return out
 """
 
-# KEYS: index, claims, last; ARGV: (id, expected ms, next ms or '' = remove) triples.
+# KEYS: index, claims, last; ARGV[1]: 'id expected next id expected next ...' (one string:
+# redis-py packing three arguments per member cost more than the script; next '-' = remove).
 # Only the claim of this occurrence is settled: a member another executor claimed
-# since (after a stuck-claim reset) or a fresher score the relay wrote stays.
+# since (after a stuck-claim reset) or a fresher score the relay wrote stays. No id
+# twice in one call (Index.settle splits the batch): the reads come first (ZMSCORE,
+# HMGET: Redis >= 6.2), then one write per structure.
 SETTLE = """
-for i = 1, #ARGV, 3 do
-  local id, exp, nxt = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  local cur = redis.call('ZSCORE', KEYS[1], id)
-  if (not cur) or tonumber(cur) == -exp or tonumber(cur) == exp then
-    if nxt == '' then
-      if cur then redis.call('ZREM', KEYS[1], id) end
+local a, ids = {}, {}
+for w in string.gmatch(ARGV[1], '%S+') do a[#a + 1] = w end
+for i = 1, #a, 3 do ids[#ids + 1] = a[i] end
+if #ids == 0 then return 0 end
+local cur = redis.call('ZMSCORE', KEYS[1], unpack(ids))
+local last = redis.call('HMGET', KEYS[3], unpack(ids))
+local add, rem, unclaim, setlast = {}, {}, {}, {}
+for k = 1, #ids do
+  local id, e, nxt = ids[k], a[3 * k - 1], a[3 * k]
+  local exp, c = tonumber(e), cur[k] and tonumber(cur[k])
+  if (not c) or c == -exp or c == exp then
+    if nxt == '-' then
+      if c then rem[#rem + 1] = id end
     else
-      redis.call('ZADD', KEYS[1], nxt, id)
+      add[#add + 1] = nxt; add[#add + 1] = id
     end
   end
-  if (not cur) or tonumber(cur) == -exp then redis.call('ZREM', KEYS[2], id) end
-  local l = redis.call('HGET', KEYS[3], id)
-  if (not l) or tonumber(l) < exp then redis.call('HSET', KEYS[3], id, ARGV[i + 1]) end
+  if (not c) or c == -exp then unclaim[#unclaim + 1] = id end
+  if (not last[k]) or tonumber(last[k]) < exp then setlast[#setlast + 1] = id; setlast[#setlast + 1] = e end
 end
-return #ARGV / 3
+if #add > 0 then redis.call('ZADD', KEYS[1], unpack(add)) end
+if #rem > 0 then redis.call('ZREM', KEYS[1], unpack(rem)) end
+if #unclaim > 0 then redis.call('ZREM', KEYS[2], unpack(unclaim)) end
+if #setlast > 0 then redis.call('HSET', KEYS[3], unpack(setlast)) end
+return #ids
 """
 
 # KEYS: index, claims, last, ver; ARGV: (id, score ms or '' = remove, version or '') triples.
@@ -191,9 +205,15 @@ redis.call('DEL', KEYS[1]); redis.call('SET', KEYS[2], ARGV[1]); return 1
 """
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MS, _HALF_MS = timedelta(milliseconds=1), timedelta(microseconds=500)
+
+
 def to_ms(ts: datetime) -> int:
-    """Epoch milliseconds of a timestamptz (PostgreSQL stores next runs in whole ms)."""
-    return round(ts.timestamp() * 1000)
+    """Epoch milliseconds of a timestamptz (PostgreSQL stores next runs in whole ms), rounded.
+    Timedelta arithmetic: half the cost of ts.timestamp() on the zoneinfo datetimes psycopg
+    returns (one call per recorded occurrence)."""
+    return (ts - _EPOCH + _HALF_MS) // _MS
 
 
 def from_ms(ms: int) -> datetime:
@@ -264,11 +284,16 @@ class Index:
         if not entries:
             return
         pipe = self.r.pipeline(transaction=False)
-        for chunk in _chunks(entries, 2000):
-            args: list = []
-            for ident, expected, nxt in chunk:
-                args += [ident, expected, "" if nxt is None else nxt]
-            self._settle(keys=[self.k_index, self.k_claims, self.k_last], args=args, client=pipe)
+        keys = [self.k_index, self.k_claims, self.k_last]
+        parts: list[str] = []
+        seen: set[int] = set()
+        for ident, expected, nxt in entries:
+            if ident in seen or len(seen) >= MAX_CLAIM:  # an id once per call (the script reads first)
+                self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
+                parts, seen = [], set()
+            seen.add(ident)
+            parts.append(f"{ident} {expected} {'-' if nxt is None else nxt}")
+        self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
         pipe.execute()
 
     def refresh(self, held: Iterable[tuple[int, int]]) -> int:
