@@ -156,7 +156,7 @@ class TaskContext:
         self.completed = False  # ctx.complete(): done, even if told to stop
         self.started = False  # a handler took it from the local queue
         self.lease_until = math.inf  # time.monotonic() before which the lease cannot have expired
-        self._ids: tuple[uuid.UUID, uuid.UUID] | None = None  # (rn, token) as leased, for binary calls
+        self._ids: tuple[uuid.UUID, uuid.UUID] | None = None  # (rn, token) as leased (Worker._context)
 
     def _event(self) -> Any:
         return threading.Event()
@@ -238,12 +238,7 @@ def task_channel(queue: str) -> str:
 def _leases(contexts: list[TaskContext]) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     """The (rns, tokens) arrays of a batch write, as uuid objects: sent in binary, a batch
     of 500 costs the worker ~2.5 us a task instead of ~7 us as text arrays of strings."""
-    rns, tokens = [], []
-    for c in contexts:
-        rn, token = c._ids or (uuid.UUID(c.rn), uuid.UUID(str(c.token)))
-        rns.append(rn)
-        tokens.append(token)
-    return rns, tokens
+    return [c._ids[0] for c in contexts], [c._ids[1] for c in contexts]
 
 
 class _Dedicated:
