@@ -24,3 +24,5 @@ INSERT INTO pyscheduler.tasks_finished SELECT * FROM ONLY pyscheduler.tasks
 DELETE FROM ONLY pyscheduler.tasks WHERE status IN ('completed', 'aborted', 'cancelled');
 ALTER TABLE pyscheduler.tasks VALIDATE CONSTRAINT tasks_live_status_check;
 DROP INDEX pyscheduler.tasks_terminal_updated_idx;
+DROP FUNCTION IF EXISTS pyscheduler._lease_token(text, uuid);  -- the secret is bytes now (sql/tasks.sql)
+DROP FUNCTION IF EXISTS pyscheduler._claim_tasks(text, text, integer, interval, double precision, bigint, timestamptz);  -- answers columns now

@@ -117,11 +117,13 @@ AS $$
 $$;
 
 -- _lease_token(secret, rn): the token of a lease, unguessable without the
--- secret (one gen_random_uuid() per lease call, kept only for the call).
-CREATE OR REPLACE FUNCTION pyscheduler._lease_token(p_secret text, p_rn uuid)
+-- secret (the 16 bytes of one gen_random_uuid() per lease call, kept only
+-- for the call). Binary input: the text form (md5(secret || rn::text)) cost
+-- ~1 us more per task, mostly printing the uuid.
+CREATE OR REPLACE FUNCTION pyscheduler._lease_token(p_secret bytea, p_rn uuid)
 RETURNS uuid
 LANGUAGE sql IMMUTABLE
-AS $$ SELECT md5(p_secret || p_rn::text)::uuid $$;
+AS $$ SELECT md5(uuid_send(p_rn) || p_secret)::uuid $$;
 
 -- _leased_json(t): the task as a lease answer: _task_json plus the lease's token.
 CREATE OR REPLACE FUNCTION pyscheduler._leased_json(t pyscheduler.tasks)
@@ -472,13 +474,15 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_task pyscheduler.tasks;
+    v_done record;
 BEGIN
-    SELECT * INTO v_task FROM pyscheduler._finish_tasks(ARRAY[_cancel_task.rn], NULL, 'cancelled', NULL, p_now);
+    SELECT * INTO v_done FROM pyscheduler._finish_tasks(ARRAY[_cancel_task.rn], NULL, 'cancelled', NULL, p_now,
+                                                        p_json => true);
     IF FOUND THEN
-        IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
-            PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
+        IF v_done.owner IS NOT NULL AND v_done.lease_token IS NOT NULL THEN
+            PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_done.owner);
         END IF;
-        RETURN pyscheduler._task_json(v_task);
+        RETURN v_done.task;
     END IF;
     SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = _cancel_task.rn;
     IF NOT FOUND THEN
@@ -528,11 +532,15 @@ COMMENT ON FUNCTION pyscheduler.register_worker() IS
 -- _claim_tasks: THE batch claim (lease_tasks, lease_tasks_lean): up to n
 -- ready tasks of queue become running for worker (leased_at = now: the
 -- TaskAssignment entry, see _full_history; a new lease token each); returns
--- the leased rows, in no particular order.
+-- the leased tasks in claim order (priority desc, created, seq): what
+-- lease_tasks_lean answers, and with p_json the task as lease_tasks answers
+-- it (else NULL). Only these columns: returning whole rows through the
+-- wrappers cost ~1.5 us a task.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_tasks(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
-    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
-RETURNS SETOF pyscheduler.tasks
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now(),
+    p_json boolean DEFAULT false)
+RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint, task jsonb)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -541,7 +549,7 @@ DECLARE
     v_timeout interval := pyscheduler._timeout(_claim_tasks.timeout);
     -- one secret per claim, the tokens derived from it (_lease_token): one
     -- gen_random_uuid() per call instead of one per task (~5 us each)
-    v_secret text := gen_random_uuid()::text;
+    v_secret bytea := uuid_send(gen_random_uuid());
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _claim_tasks.queue, p_queue_given => true,
                                          p_worker => _claim_tasks.worker, p_worker_given => true,
@@ -559,6 +567,7 @@ BEGIN
         -- the right one whatever n is (see the function's SET plan_cache_mode):
         -- re-planning it on every call cost ~200 us, two thirds of a lease.
         RETURN QUERY
+        WITH u AS (
         UPDATE ONLY pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
@@ -569,7 +578,10 @@ BEGIN
                 ORDER BY r.priority DESC, r.created, r.seq
                 LIMIT n
                   FOR UPDATE SKIP LOCKED))
-        RETURNING t.*;
+        RETURNING t.rn, t.lease_token, t.spec, t.priority, t.seq, t.created,
+                  CASE WHEN p_json THEN pyscheduler._leased_json(t) END AS task)
+        SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq, u.task FROM u
+         ORDER BY u.priority DESC, u.created, u.seq;
     ELSE
         RETURN QUERY
         WITH c AS (
@@ -581,13 +593,17 @@ BEGIN
                       r.created, r.seq
              LIMIT n
                FOR UPDATE SKIP LOCKED)
+        , u AS (
         UPDATE ONLY pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
                attempts = t.attempts + 1, leased_at = p_now
           FROM c
          WHERE t.rn = c.rn
-        RETURNING t.*;
+        RETURNING t.rn, t.lease_token, t.spec, t.priority, t.seq, t.created,
+                  CASE WHEN p_json THEN pyscheduler._leased_json(t) END AS task)
+        SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq, u.task FROM u
+         ORDER BY u.priority DESC, u.created, u.seq;
     END IF;
 END
 $$;
@@ -598,8 +614,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks(
 RETURNS TABLE (task jsonb)
 LANGUAGE sql
 AS $$
-    SELECT pyscheduler._leased_json(u) FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
-     ORDER BY u.priority DESC, u.created, u.seq;
+    SELECT u.task FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7, p_json => true) AS u;
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks(
@@ -640,9 +655,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks_lean(
 RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
 LANGUAGE sql
 AS $$
-    SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq
-      FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
-     ORDER BY u.priority DESC, u.created, u.seq;
+    SELECT u.rn, u.token, u.spec, u.priority, u.seq FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u;
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks_lean(
@@ -665,7 +678,7 @@ AS $$
    Errors: PS208 queue, worker, n < 1, timeout, aging_rate, aging_cap. */
 BEGIN
     PERFORM _async_commit_if_alone();
-    RETURN QUERY SELECT * FROM _lease_tasks_lean($1, $2, $3, $4, $5, $6, now());
+    RETURN QUERY SELECT c.rn, c.token, c.spec, c.priority, c.seq FROM _claim_tasks($1, $2, $3, $4, $5, $6, now()) c;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_tasks_lean(text, text, integer, interval, double precision, bigint) IS
@@ -698,7 +711,7 @@ BEGIN
     UPDATE ONLY pyscheduler.tasks t
        SET status = 'running', owner = worker, updated = p_now,
            deadline = p_now + make_interval(secs => extract(epoch FROM timeout)::double precision),
-           lease_token = pyscheduler._lease_token(gen_random_uuid()::text, t.rn), attempts = t.attempts + 1,
+           lease_token = pyscheduler._lease_token(uuid_send(gen_random_uuid()), t.rn), attempts = t.attempts + 1,
            leased_at = p_now
      WHERE t.rn = (SELECT r.rn FROM ONLY pyscheduler.tasks r
                     WHERE r.queue = $1 AND r.status = 'ready'
@@ -824,14 +837,16 @@ $$;
 -- replaced when errors is not NULL; every other column as it was. With
 -- tokens, only a running task under token tokens[i] (the lease holder's
 -- writes); tokens NULL: any ready or running task (cancel, the monitor).
--- Returns the finished rows. A finished task is never written again (until
+-- Returns (rn, owner, lease_token) of each task finished, and with p_json
+-- the task as JSON (else NULL). A finished task is never written again (until
 -- cleanup deletes it), so the live table and its indexes hold only ready and
 -- running tasks, and the finished table is append-only: a completion is
 -- about 20 % cheaper than updating the row in place, and the lease's indexes
 -- stay small (docs/benchmarks.md, "What a task costs the database").
 CREATE OR REPLACE FUNCTION pyscheduler._finish_tasks(
-    p_rns uuid[], p_tokens uuid[], p_status pyscheduler.task_status, p_errors jsonb, p_now timestamptz)
-RETURNS SETOF pyscheduler.tasks
+    p_rns uuid[], p_tokens uuid[], p_status pyscheduler.task_status, p_errors jsonb, p_now timestamptz,
+    p_json boolean DEFAULT false)
+RETURNS TABLE (rn uuid, owner text, lease_token uuid, task jsonb)
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -848,7 +863,7 @@ BEGIN
            CASE WHEN p_status = 'completed' THEN 1 ELSE d.progress END, d.created, p_now,
            coalesce(p_errors, d.errors), d.owner, NULL, d.history, d.seq, d.lease_token, d.attempts, d.leased_at
       FROM d
-    RETURNING f.*;
+    RETURNING f.rn, f.owner, f.lease_token, CASE WHEN p_json THEN pyscheduler._task_json(f) END;
 END
 $$;
 
@@ -923,8 +938,9 @@ AS $$
 DECLARE
     v_task jsonb;
 BEGIN
-    SELECT pyscheduler._task_json(f) INTO v_task
-      FROM pyscheduler._finish_tasks(ARRAY[_complete_task.rn], ARRAY[_complete_task.token], 'completed', NULL, p_now) f;
+    SELECT f.task INTO v_task
+      FROM pyscheduler._finish_tasks(ARRAY[_complete_task.rn], ARRAY[_complete_task.token], 'completed', NULL, p_now,
+                                     p_json => true) f;
     IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_complete_task.rn, _complete_task.token);
     END IF;
@@ -1063,8 +1079,9 @@ BEGIN
     SELECT jsonb_agg(jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
                                         'description', coalesce(e -> 'description', '""')))
       INTO v_errors FROM jsonb_array_elements(_abort_task.errors) e;
-    SELECT pyscheduler._task_json(f) INTO v_task
-      FROM pyscheduler._finish_tasks(ARRAY[_abort_task.rn], ARRAY[_abort_task.token], 'aborted', v_errors, p_now) f;
+    SELECT f.task INTO v_task
+      FROM pyscheduler._finish_tasks(ARRAY[_abort_task.rn], ARRAY[_abort_task.token], 'aborted', v_errors, p_now,
+                                     p_json => true) f;
     IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_abort_task.rn, _abort_task.token);
     END IF;
@@ -1242,7 +1259,7 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     IF cardinality(v_give_up) > 0 THEN
-        RETURN QUERY SELECT pyscheduler._task_json(f) FROM pyscheduler._finish_tasks(v_give_up, NULL, 'aborted', NULL, p_now) f;
+        RETURN QUERY SELECT f.task FROM pyscheduler._finish_tasks(v_give_up, NULL, 'aborted', NULL, p_now, p_json => true) f;
     END IF;
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
 END
