@@ -474,15 +474,13 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_task pyscheduler.tasks;
-    v_done record;
 BEGIN
-    SELECT * INTO v_done FROM pyscheduler._finish_tasks(ARRAY[_cancel_task.rn], NULL, 'cancelled', NULL, p_now,
-                                                        p_json => true);
-    IF FOUND THEN
-        IF v_done.owner IS NOT NULL AND v_done.lease_token IS NOT NULL THEN
-            PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_done.owner);
+    IF cardinality(pyscheduler._finish_tasks(ARRAY[_cancel_task.rn], NULL, 'cancelled', NULL, p_now)) = 1 THEN
+        SELECT * INTO v_task FROM pyscheduler.tasks_finished f WHERE f.rn = _cancel_task.rn;
+        IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
+            PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
         END IF;
-        RETURN v_done.task;
+        RETURN pyscheduler._task_json(v_task);
     END IF;
     SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = _cancel_task.rn;
     IF NOT FOUND THEN
@@ -837,20 +835,21 @@ $$;
 -- replaced when errors is not NULL; every other column as it was. With
 -- tokens, only a running task under token tokens[i] (the lease holder's
 -- writes); tokens NULL: any ready or running task (cancel, the monitor).
--- Returns (rn, owner, lease_token) of each task finished, and with p_json
--- the task as JSON (else NULL). A finished task is never written again (until
+-- Returns the rns of the tasks finished (a row per task through the
+-- wrappers cost ~1 us a task; callers that answer the task read it back by
+-- rn). A finished task is never written again (until
 -- cleanup deletes it), so the live table and its indexes hold only ready and
 -- running tasks, and the finished table is append-only: a completion is
 -- about 20 % cheaper than updating the row in place, and the lease's indexes
 -- stay small (docs/benchmarks.md, "What a task costs the database").
 CREATE OR REPLACE FUNCTION pyscheduler._finish_tasks(
-    p_rns uuid[], p_tokens uuid[], p_status pyscheduler.task_status, p_errors jsonb, p_now timestamptz,
-    p_json boolean DEFAULT false)
-RETURNS TABLE (rn uuid, owner text, lease_token uuid, task jsonb)
+    p_rns uuid[], p_tokens uuid[], p_status pyscheduler.task_status, p_errors jsonb, p_now timestamptz)
+RETURNS uuid[]
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_done uuid[];
 BEGIN
-    RETURN QUERY
     WITH d AS (
         DELETE FROM ONLY pyscheduler.tasks t
          USING pyscheduler._leases(p_rns, coalesce(p_tokens, array_fill(NULL::uuid, ARRAY[cardinality(p_rns)]))) AS l
@@ -858,12 +857,15 @@ BEGIN
            AND CASE WHEN p_tokens IS NULL THEN t.status IN ('ready', 'running')
                     ELSE t.lease_token = l.token AND t.status = 'running' END
         RETURNING t.*)
+    , f AS (
     INSERT INTO pyscheduler.tasks_finished AS f
     SELECT d.rn, d.queue, d.spec, d.priority, p_status,
            CASE WHEN p_status = 'completed' THEN 1 ELSE d.progress END, d.created, p_now,
            coalesce(p_errors, d.errors), d.owner, NULL, d.history, d.seq, d.lease_token, d.attempts, d.leased_at
       FROM d
-    RETURNING f.rn, f.owner, f.lease_token, CASE WHEN p_json THEN pyscheduler._task_json(f) END;
+    RETURNING f.rn)
+    SELECT coalesce(array_agg(f.rn), '{}') INTO v_done FROM f;
+    RETURN v_done;
 END
 $$;
 
@@ -938,10 +940,10 @@ AS $$
 DECLARE
     v_task jsonb;
 BEGIN
-    SELECT f.task INTO v_task
-      FROM pyscheduler._finish_tasks(ARRAY[_complete_task.rn], ARRAY[_complete_task.token], 'completed', NULL, p_now,
-                                     p_json => true) f;
-    IF v_task IS NULL THEN
+    IF cardinality(pyscheduler._finish_tasks(ARRAY[_complete_task.rn], ARRAY[_complete_task.token],
+                                             'completed', NULL, p_now)) = 1 THEN
+        SELECT pyscheduler._task_json(f) INTO v_task FROM pyscheduler.tasks_finished f WHERE f.rn = _complete_task.rn;
+    ELSE
         PERFORM pyscheduler._task_refused(_complete_task.rn, _complete_task.token);
     END IF;
     RETURN v_task;
@@ -973,8 +975,7 @@ DECLARE
     v_done uuid[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
-    SELECT coalesce(array_agg(f.rn), '{}') INTO v_done
-      FROM pyscheduler._finish_tasks(rns, tokens, 'completed', NULL, p_now) f;
+    v_done := pyscheduler._finish_tasks(rns, tokens, 'completed', NULL, p_now);
     -- the rest were not touched by the update above: the state machine says why
     RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
 END
@@ -1006,9 +1007,8 @@ AS $$
 #variable_conflict use_column
 BEGIN
     IF _complete_and_lease.rn IS NOT NULL THEN
-        PERFORM FROM pyscheduler._finish_tasks(ARRAY[_complete_and_lease.rn], ARRAY[_complete_and_lease.token],
-                                               'completed', NULL, p_now);
-        IF NOT FOUND THEN
+        IF cardinality(pyscheduler._finish_tasks(ARRAY[_complete_and_lease.rn], ARRAY[_complete_and_lease.token],
+                                                 'completed', NULL, p_now)) = 0 THEN
             PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
         END IF;
     END IF;
@@ -1079,10 +1079,10 @@ BEGIN
     SELECT jsonb_agg(jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
                                         'description', coalesce(e -> 'description', '""')))
       INTO v_errors FROM jsonb_array_elements(_abort_task.errors) e;
-    SELECT f.task INTO v_task
-      FROM pyscheduler._finish_tasks(ARRAY[_abort_task.rn], ARRAY[_abort_task.token], 'aborted', v_errors, p_now,
-                                     p_json => true) f;
-    IF v_task IS NULL THEN
+    IF cardinality(pyscheduler._finish_tasks(ARRAY[_abort_task.rn], ARRAY[_abort_task.token],
+                                             'aborted', v_errors, p_now)) = 1 THEN
+        SELECT pyscheduler._task_json(f) INTO v_task FROM pyscheduler.tasks_finished f WHERE f.rn = _abort_task.rn;
+    ELSE
         PERFORM pyscheduler._task_refused(_abort_task.rn, _abort_task.token);
     END IF;
     RETURN v_task;
@@ -1259,7 +1259,8 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     IF cardinality(v_give_up) > 0 THEN
-        RETURN QUERY SELECT f.task FROM pyscheduler._finish_tasks(v_give_up, NULL, 'aborted', NULL, p_now, p_json => true) f;
+        v_give_up := pyscheduler._finish_tasks(v_give_up, NULL, 'aborted', NULL, p_now);
+        RETURN QUERY SELECT pyscheduler._task_json(f) FROM pyscheduler.tasks_finished f WHERE f.rn = ANY (v_give_up);
     END IF;
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
 END
