@@ -4,10 +4,10 @@
 --    aborted and cancelled tasks. A task is moved there (DELETE + INSERT, in
 --    one statement) when it finishes, so the live table keeps only ready and
 --    running tasks and its indexes stay small; the finished table is
---    append-mostly, with its primary key (time-ordered rn) and a BRIN index on
+--    append-mostly, with its primary key (time-ordered rn) and an index on
 --    updated for cleanup. Readers that select FROM pyscheduler.tasks see both
 --    tables, as before (inheritance); writes to live tasks use ONLY.
---  * the old partial index of terminal tasks goes (cleanup uses the BRIN index).
+--  * the old partial index of terminal tasks goes (tasks_finished has its own).
 --  * existing finished tasks are moved, unchanged (every column as it was).
 ALTER TABLE pyscheduler.tasks
     ADD CONSTRAINT tasks_live_status_check CHECK (status IN ('ready', 'running')) NO INHERIT NOT VALID;
@@ -17,7 +17,7 @@ CREATE TABLE pyscheduler.tasks_finished (
     CONSTRAINT tasks_finished_status_check CHECK (status IN ('completed', 'aborted', 'cancelled'))
 ) INHERITS (pyscheduler.tasks)
 WITH (autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 100000);
-CREATE INDEX tasks_finished_updated_brin ON pyscheduler.tasks_finished USING brin (updated);
+CREATE INDEX tasks_finished_updated_idx ON pyscheduler.tasks_finished (updated);
 
 INSERT INTO pyscheduler.tasks_finished SELECT * FROM ONLY pyscheduler.tasks
  WHERE status IN ('completed', 'aborted', 'cancelled');

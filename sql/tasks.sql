@@ -1300,7 +1300,7 @@ BEGIN
         RAISE EXCEPTION 'retention must be >= 0 and max_tasks >= 1, got % and %', retention, max_tasks
             USING ERRCODE = 'PS208';
     END IF;
-    -- finished tasks are all in tasks_finished, in about the order of updated (BRIN)
+    -- finished tasks are all in tasks_finished (tasks_finished_updated_idx)
     DELETE FROM pyscheduler.tasks_finished t
      WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks_finished r
                      WHERE r.updated < p_now - retention

@@ -71,9 +71,11 @@ CREATE INDEX tasks_running_deadline_idx ON pyscheduler.tasks (deadline)
 -- Finished tasks (completed, aborted, cancelled): a task moves here when it
 -- finishes (DELETE from tasks + INSERT here, one statement), so the live
 -- table and its indexes hold only ready and running tasks. Append-mostly:
--- its primary key (time-ordered rn, for get_task) and a BRIN index on
--- updated (the finishing time, in insertion order) for cleanup's scan of
--- tasks past retention; nothing else to maintain per completion.
+-- its primary key (time-ordered rn, for get_task) and an index on updated
+-- (the finishing time: entries go to its recent end) for cleanup's scan of
+-- tasks past retention. (Not BRIN: once cleanup has freed pages, new
+-- finished tasks fill them, and a BRIN range's summary only ever widens, so
+-- after one retention period every range would match.)
 -- Autovacuum by inserts every 100,000 finished tasks (sets pages all-visible
 -- and frozen a bit at a time, not in one anti-wraparound pass).
 CREATE TABLE pyscheduler.tasks_finished (
@@ -81,7 +83,7 @@ CREATE TABLE pyscheduler.tasks_finished (
     CONSTRAINT tasks_finished_status_check CHECK (status IN ('completed', 'aborted', 'cancelled'))
 ) INHERITS (pyscheduler.tasks)
 WITH (autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 100000);
-CREATE INDEX tasks_finished_updated_brin ON pyscheduler.tasks_finished USING brin (updated);
+CREATE INDEX tasks_finished_updated_idx ON pyscheduler.tasks_finished (updated);
 
 -- Limits (issue 11), changed by an admin with
 -- UPDATE pyscheduler.settings SET value = '50' WHERE name = 'task_max_attempts';
