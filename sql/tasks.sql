@@ -837,15 +837,22 @@ $$;
 -- writes); tokens NULL: any ready or running task (cancel, the monitor).
 -- Returns the rns of the tasks finished (a row per task through the
 -- wrappers cost ~1 us a task; callers that answer the task read it back by
--- rn). A finished task is never written again (until
--- cleanup deletes it), so the live table and its indexes hold only ready and
--- running tasks, and the finished table is append-only: a completion is
--- about 20 % cheaper than updating the row in place, and the lease's indexes
--- stay small (docs/benchmarks.md, "What a task costs the database").
+-- rn). A finished task is never written again (until cleanup deletes it),
+-- so the live table and its indexes hold only ready and running tasks and
+-- the finished table is append-only (docs/benchmarks.md, "Finished tasks in
+-- their own table": what it saves and what it does not).
 CREATE OR REPLACE FUNCTION pyscheduler._finish_tasks(
     p_rns uuid[], p_tokens uuid[], p_status pyscheduler.task_status, p_errors jsonb, p_now timestamptz)
 RETURNS uuid[]
 LANGUAGE plpgsql
+-- THE plan of the batch writes (_leases): a nested loop over the leases in
+-- rn order, each row by primary key, right for one task or thousands. The
+-- live table holds only ready and running tasks, so its statistics can say
+-- it is small (e.g. analyzed before a burst of submissions): then the
+-- planner chose a hash join over a sequential scan of the whole live table
+-- (~800 us a single completion with 200,000 ready tasks), and the rows would
+-- not be locked in rn order.
+SET plan_cache_mode = force_generic_plan SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 DECLARE
     v_done uuid[];
@@ -874,6 +881,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_tasks(
     p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off  -- a nested loop in rn order (see _finish_tasks)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1153,6 +1161,7 @@ COMMENT ON FUNCTION pyscheduler.yield_task(uuid, uuid) IS
 CREATE OR REPLACE FUNCTION pyscheduler._yield_tasks(rns uuid[], tokens uuid[], p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off  -- a nested loop in rn order (see _finish_tasks)
 AS $$
 #variable_conflict use_column
 DECLARE

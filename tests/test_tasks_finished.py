@@ -14,6 +14,7 @@ import pytest
 
 from pyscheduler import errors, migrate
 from pyscheduler.db import Database, Jsonb
+from test_tasks_lean import schema_before
 
 T0 = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
 
@@ -162,14 +163,7 @@ def test_a_task_finishing_while_a_client_cancels_it_is_refused_by_the_state_mach
 def test_migration_0012_moves_finished_tasks_and_every_reader_answers_the_same(empty_dsn):
     """Tasks written before 0012 (finished ones in the one table) read exactly the same
     after it; their finished tasks moved to tasks_finished; cleanup and writes work on them."""
-    from yoyo import get_backend
-
-    with psycopg.connect(empty_dsn, autocommit=True) as c:
-        c.execute("CREATE SCHEMA pyscheduler")
-    backend = get_backend(migrate.yoyo_uri(empty_dsn), migration_table=migrate.MIGRATION_TABLE)
-    known = migrate._migrations()
-    backend.apply_migrations_only(backend.to_apply(known[:[m.id for m in known].index("0012_tasks_finished")]))
-    backend.connection.close()
+    schema_before(empty_dsn, "0012_tasks_finished")
     # the tasks as the schema before 0012 kept them (every status in one table)
     ids = {s: uuid.uuid4() for s in ("ready", "running", "completed", "aborted", "cancelled")}
     token = uuid.uuid4()
