@@ -475,8 +475,10 @@ AS $$
 DECLARE
     v_task pyscheduler.tasks;
 BEGIN
-    IF cardinality(pyscheduler._finish_tasks(ARRAY[_cancel_task.rn], NULL, 'cancelled', NULL, p_now)) = 1 THEN
-        SELECT * INTO v_task FROM pyscheduler.tasks_finished f WHERE f.rn = _cancel_task.rn;
+    UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now
+     WHERE t.rn = _cancel_task.rn AND t.status IN ('ready', 'running')
+    RETURNING t.* INTO v_task;
+    IF FOUND THEN
         IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
             PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
         END IF;
@@ -532,8 +534,8 @@ COMMENT ON FUNCTION pyscheduler.register_worker() IS
 -- TaskAssignment entry, see _full_history; a new lease token each); returns
 -- the leased tasks in claim order (priority desc, created, seq): what
 -- lease_tasks_lean answers, and with p_json the task as lease_tasks answers
--- it (else NULL). Only these columns: returning whole rows through the
--- wrappers cost ~1.5 us a task.
+-- it (else NULL). Only these columns: whole rows through the wrappers and a
+-- second sort cost ~1 us a task.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_tasks(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now(),
@@ -566,12 +568,12 @@ BEGIN
         -- re-planning it on every call cost ~200 us, two thirds of a lease.
         RETURN QUERY
         WITH u AS (
-        UPDATE ONLY pyscheduler.tasks t
+        UPDATE pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
                attempts = t.attempts + 1, leased_at = p_now
          WHERE t.rn = ANY (ARRAY(
-               SELECT r.rn FROM ONLY pyscheduler.tasks r
+               SELECT r.rn FROM pyscheduler.tasks r
                 WHERE r.queue = _claim_tasks.queue AND r.status = 'ready'
                 ORDER BY r.priority DESC, r.created, r.seq
                 LIMIT n
@@ -583,7 +585,7 @@ BEGIN
     ELSE
         RETURN QUERY
         WITH c AS (
-            SELECT r.rn FROM ONLY pyscheduler.tasks r
+            SELECT r.rn FROM pyscheduler.tasks r
              WHERE r.queue = _claim_tasks.queue AND r.status = 'ready'
              ORDER BY greatest(r.priority, least(
                           r.priority + aging_rate * greatest(0, extract(epoch FROM p_now - r.updated)),
@@ -592,7 +594,7 @@ BEGIN
              LIMIT n
                FOR UPDATE SKIP LOCKED)
         , u AS (
-        UPDATE ONLY pyscheduler.tasks t
+        UPDATE pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
                attempts = t.attempts + 1, leased_at = p_now
@@ -706,12 +708,12 @@ BEGIN
                                              p_worker => worker, p_worker_given => true);
         PERFORM pyscheduler._timeout(timeout);
     END IF;
-    UPDATE ONLY pyscheduler.tasks t
+    UPDATE pyscheduler.tasks t
        SET status = 'running', owner = worker, updated = p_now,
            deadline = p_now + make_interval(secs => extract(epoch FROM timeout)::double precision),
            lease_token = pyscheduler._lease_token(uuid_send(gen_random_uuid()), t.rn), attempts = t.attempts + 1,
            leased_at = p_now
-     WHERE t.rn = (SELECT r.rn FROM ONLY pyscheduler.tasks r
+     WHERE t.rn = (SELECT r.rn FROM pyscheduler.tasks r
                     WHERE r.queue = $1 AND r.status = 'ready'
                     ORDER BY r.priority DESC, r.created, r.seq
                     LIMIT 1
@@ -754,7 +756,7 @@ DECLARE
     v_answer jsonb;
 BEGIN
     PERFORM pyscheduler._check_progress(_heartbeat_task.progress);
-    UPDATE ONLY pyscheduler.tasks t
+    UPDATE pyscheduler.tasks t
        SET deadline = p_now + pyscheduler._timeout(_heartbeat_task.timeout), updated = p_now,
            progress = coalesce(_heartbeat_task.progress, t.progress)
      WHERE t.rn = _heartbeat_task.rn AND t.lease_token = _heartbeat_task.token AND t.status = 'running'
@@ -828,60 +830,11 @@ AS $$
      WHERE cardinality(p_done) < cardinality(p_rns) AND l.rn <> ALL (p_done);
 $$;
 
--- _finish_tasks(rns, tokens, status, errors, p_now): THE end of a task's
--- life: the live tasks rns[i] move from tasks into tasks_finished (DELETE +
--- INSERT in one statement, locking in rn order like every batch write) with
--- status, updated = p_now, no deadline, progress 1 when completed, errors
--- replaced when errors is not NULL; every other column as it was. With
--- tokens, only a running task under token tokens[i] (the lease holder's
--- writes); tokens NULL: any ready or running task (cancel, the monitor).
--- Returns the rns of the tasks finished (a row per task through the
--- wrappers cost ~1 us a task; callers that answer the task read it back by
--- rn). A finished task is never written again (until cleanup deletes it),
--- so the live table and its indexes hold only ready and running tasks and
--- the finished table is append-only (docs/benchmarks.md, "Finished tasks in
--- their own table": what it saves and what it does not).
-CREATE OR REPLACE FUNCTION pyscheduler._finish_tasks(
-    p_rns uuid[], p_tokens uuid[], p_status pyscheduler.task_status, p_errors jsonb, p_now timestamptz)
-RETURNS uuid[]
-LANGUAGE plpgsql
--- THE plan of the batch writes (_leases): a nested loop over the leases in
--- rn order, each row by primary key, right for one task or thousands. The
--- live table holds only ready and running tasks, so its statistics can say
--- it is small (e.g. analyzed before a burst of submissions): then the
--- planner chose a hash join over a sequential scan of the whole live table
--- (~800 us a single completion with 200,000 ready tasks), and the rows would
--- not be locked in rn order.
-SET plan_cache_mode = force_generic_plan SET enable_hashjoin = off SET enable_mergejoin = off
-AS $$
-DECLARE
-    v_done uuid[];
-BEGIN
-    WITH d AS (
-        DELETE FROM ONLY pyscheduler.tasks t
-         USING pyscheduler._leases(p_rns, coalesce(p_tokens, array_fill(NULL::uuid, ARRAY[cardinality(p_rns)]))) AS l
-         WHERE t.rn = l.rn
-           AND CASE WHEN p_tokens IS NULL THEN t.status IN ('ready', 'running')
-                    ELSE t.lease_token = l.token AND t.status = 'running' END
-        RETURNING t.*)
-    , f AS (
-    INSERT INTO pyscheduler.tasks_finished AS f
-    SELECT d.rn, d.queue, d.spec, d.priority, p_status,
-           CASE WHEN p_status = 'completed' THEN 1 ELSE d.progress END, d.created, p_now,
-           coalesce(p_errors, d.errors), d.owner, NULL, d.history, d.seq, d.lease_token, d.attempts, d.leased_at
-      FROM d
-    RETURNING f.rn)
-    SELECT coalesce(array_agg(f.rn), '{}') INTO v_done FROM f;
-    RETURN v_done;
-END
-$$;
-
 CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_tasks(
     rns uuid[], tokens uuid[], progress double precision[] DEFAULT NULL, timeout interval DEFAULT '10 seconds',
     p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
-SET enable_hashjoin = off SET enable_mergejoin = off  -- a nested loop in rn order (see _finish_tasks)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -900,7 +853,7 @@ BEGIN
         PERFORM pyscheduler._check_progress(v_bad);
     END IF;
     WITH beat AS (
-        UPDATE ONLY pyscheduler.tasks t
+        UPDATE pyscheduler.tasks t
            SET deadline = v_deadline, updated = p_now, progress = coalesce(l.progress, t.progress)
           FROM (SELECT * FROM unnest(rns, tokens, coalesce(_heartbeat_tasks.progress,
                                  array_fill(NULL::double precision, ARRAY[cardinality(rns)])))
@@ -948,10 +901,10 @@ AS $$
 DECLARE
     v_task jsonb;
 BEGIN
-    IF cardinality(pyscheduler._finish_tasks(ARRAY[_complete_task.rn], ARRAY[_complete_task.token],
-                                             'completed', NULL, p_now)) = 1 THEN
-        SELECT pyscheduler._task_json(f) INTO v_task FROM pyscheduler.tasks_finished f WHERE f.rn = _complete_task.rn;
-    ELSE
+    UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
+     WHERE t.rn = _complete_task.rn AND t.lease_token = _complete_task.token AND t.status = 'running'
+    RETURNING pyscheduler._task_json(t) INTO v_task;
+    IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_complete_task.rn, _complete_task.token);
     END IF;
     RETURN v_task;
@@ -983,7 +936,12 @@ DECLARE
     v_done uuid[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
-    v_done := pyscheduler._finish_tasks(rns, tokens, 'completed', NULL, p_now);
+    WITH done AS (
+        UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
+          FROM pyscheduler._leases(rns, tokens) AS l
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+        RETURNING t.rn)
+    SELECT coalesce(array_agg(d.rn), '{}') INTO v_done FROM done d;
     -- the rest were not touched by the update above: the state machine says why
     RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
 END
@@ -1015,8 +973,10 @@ AS $$
 #variable_conflict use_column
 BEGIN
     IF _complete_and_lease.rn IS NOT NULL THEN
-        IF cardinality(pyscheduler._finish_tasks(ARRAY[_complete_and_lease.rn], ARRAY[_complete_and_lease.token],
-                                                 'completed', NULL, p_now)) = 0 THEN
+        UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
+         WHERE t.rn = _complete_and_lease.rn AND t.lease_token = _complete_and_lease.token
+           AND t.status = 'running';
+        IF NOT FOUND THEN
             PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
         END IF;
     END IF;
@@ -1087,10 +1047,10 @@ BEGIN
     SELECT jsonb_agg(jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
                                         'description', coalesce(e -> 'description', '""')))
       INTO v_errors FROM jsonb_array_elements(_abort_task.errors) e;
-    IF cardinality(pyscheduler._finish_tasks(ARRAY[_abort_task.rn], ARRAY[_abort_task.token],
-                                             'aborted', v_errors, p_now)) = 1 THEN
-        SELECT pyscheduler._task_json(f) INTO v_task FROM pyscheduler.tasks_finished f WHERE f.rn = _abort_task.rn;
-    ELSE
+    UPDATE pyscheduler.tasks t SET status = 'aborted', errors = v_errors, deadline = NULL, updated = p_now
+     WHERE t.rn = _abort_task.rn AND t.lease_token = _abort_task.token AND t.status = 'running'
+    RETURNING pyscheduler._task_json(t) INTO v_task;
+    IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_abort_task.rn, _abort_task.token);
     END IF;
     RETURN v_task;
@@ -1123,7 +1083,7 @@ AS $$
 DECLARE
     v_task jsonb;
 BEGIN
-    UPDATE ONLY pyscheduler.tasks t
+    UPDATE pyscheduler.tasks t
        SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
            attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
            leased_at = NULL,  -- the lease's TaskAssignment entry goes into history, then TaskYield
@@ -1161,7 +1121,6 @@ COMMENT ON FUNCTION pyscheduler.yield_task(uuid, uuid) IS
 CREATE OR REPLACE FUNCTION pyscheduler._yield_tasks(rns uuid[], tokens uuid[], p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
-SET enable_hashjoin = off SET enable_mergejoin = off  -- a nested loop in rn order (see _finish_tasks)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1169,7 +1128,7 @@ DECLARE
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     WITH y AS (
-        UPDATE ONLY pyscheduler.tasks t
+        UPDATE pyscheduler.tasks t
            SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
                attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
                leased_at = NULL,  -- the lease's TaskAssignment entry goes into history, then TaskYield
@@ -1216,8 +1175,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_queues text[] := '{}';
-    v_task record;
-    v_give_up uuid[] := '{}';
+    v_task jsonb;
     v_history integer := pyscheduler._task_limit('task_max_history');
     v_attempts integer := pyscheduler._task_limit('task_max_attempts');
 BEGIN
@@ -1227,18 +1185,16 @@ BEGIN
     END IF;
     FOR v_task IN
         WITH x AS (
-            SELECT r.rn, r.lease_token IS NULL AS yielded FROM ONLY pyscheduler.tasks r
+            SELECT r.rn, r.lease_token IS NULL AS yielded FROM pyscheduler.tasks r
              WHERE r.status = 'running' AND r.deadline < p_now
              ORDER BY r.deadline
              LIMIT max_tasks
                FOR UPDATE SKIP LOCKED),
         v AS (
             SELECT x.rn, x.yielded, NOT x.yielded AND t.attempts >= v_attempts AS give_up
-              FROM x JOIN ONLY pyscheduler.tasks t ON t.rn = x.rn)
-        -- a task given up on stays running here (errors and history written),
-        -- then _finish_tasks below moves it to the finished tasks as aborted
-        UPDATE ONLY pyscheduler.tasks t
-           SET status = CASE WHEN v.give_up THEN 'running' ELSE 'ready' END::pyscheduler.task_status,
+              FROM x JOIN pyscheduler.tasks t ON t.rn = x.rn)
+        UPDATE pyscheduler.tasks t
+           SET status = CASE WHEN v.give_up THEN 'aborted' ELSE 'ready' END::pyscheduler.task_status,
                owner = CASE WHEN v.give_up THEN t.owner END,
                progress = CASE WHEN v.give_up THEN t.progress ELSE 0 END,
                lease_token = CASE WHEN v.give_up THEN t.lease_token END,
@@ -1247,7 +1203,7 @@ BEGIN
                             'args', jsonb_build_object('attempts', t.attempts, 'max_attempts', v_attempts),
                             'description', format('the task''s lease timed out %s times', t.attempts)))
                         ELSE t.errors END,
-               deadline = CASE WHEN v.give_up THEN t.deadline END, updated = p_now, leased_at = NULL,
+               deadline = NULL, updated = p_now, leased_at = NULL,
                -- the lease's TaskAssignment entry (a yield wrote it already), then TaskTimeout
                history = pyscheduler._trim_history(CASE WHEN v.yielded THEN t.history
                               ELSE pyscheduler._full_history(t.history, t.owner, t.leased_at)
@@ -1255,22 +1211,14 @@ BEGIN
                               v_history)
           FROM v
          WHERE t.rn = v.rn
-        RETURNING t.rn, t.queue, v.give_up, pyscheduler._task_json(t) AS json
+        RETURNING pyscheduler._task_json(t)
     LOOP
-        IF v_task.give_up THEN
-            v_give_up := v_give_up || v_task.rn;
-            CONTINUE;
+        IF v_task ->> 'status' = 'ready' AND NOT (v_task ->> 'queue') = ANY (v_queues) THEN
+            v_queues := v_queues || (v_task ->> 'queue');
         END IF;
-        IF NOT v_task.queue = ANY (v_queues) THEN
-            v_queues := v_queues || v_task.queue;
-        END IF;
-        task := v_task.json;
+        task := v_task;
         RETURN NEXT;
     END LOOP;
-    IF cardinality(v_give_up) > 0 THEN
-        v_give_up := pyscheduler._finish_tasks(v_give_up, NULL, 'aborted', NULL, p_now);
-        RETURN QUERY SELECT pyscheduler._task_json(f) FROM pyscheduler.tasks_finished f WHERE f.rn = ANY (v_give_up);
-    END IF;
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
 END
 $$;
@@ -1309,10 +1257,10 @@ BEGIN
         RAISE EXCEPTION 'retention must be >= 0 and max_tasks >= 1, got % and %', retention, max_tasks
             USING ERRCODE = 'PS208';
     END IF;
-    -- finished tasks are all in tasks_finished (tasks_finished_updated_idx)
-    DELETE FROM pyscheduler.tasks_finished t
-     WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks_finished r
-                     WHERE r.updated < p_now - retention
+    DELETE FROM pyscheduler.tasks t
+     WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks r
+                     WHERE r.status IN ('completed', 'aborted', 'cancelled')
+                       AND r.updated < p_now - retention
                      LIMIT max_tasks
                        FOR UPDATE SKIP LOCKED);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
@@ -1347,14 +1295,14 @@ COMMENT ON VIEW pyscheduler.task_counts IS 'Number of tasks per queue and status
 
 CREATE OR REPLACE VIEW pyscheduler.expired_leases AS
     SELECT rn, queue, owner, deadline, now() - deadline AS overdue, progress
-      FROM ONLY pyscheduler.tasks
+      FROM pyscheduler.tasks
      WHERE status = 'running' AND deadline < now();
 COMMENT ON VIEW pyscheduler.expired_leases IS
     'Running tasks past their deadline: the monitor will reset them (or is not running).';
 
 CREATE OR REPLACE VIEW pyscheduler.oldest_ready_tasks AS
     SELECT DISTINCT ON (queue) queue, rn, priority, created, now() - created AS age
-      FROM ONLY pyscheduler.tasks
+      FROM pyscheduler.tasks
      WHERE status = 'ready'
      ORDER BY queue, created, seq;
 COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS 'The oldest ready task of each queue and how long it has waited.';

@@ -1,6 +1,6 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
--- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
--- 0010_tasks_lean.sql and 0012_tasks_finished.sql build
+-- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql and
+-- 0010_tasks_lean.sql build
 -- (tests/test_migrate.py checks).
 CREATE TYPE pyscheduler.task_status AS ENUM ('ready', 'running', 'completed', 'aborted', 'cancelled');
 
@@ -11,9 +11,7 @@ CREATE SEQUENCE pyscheduler.worker_id_seq;
 -- Submission order: equal priority and equal created lease in this order.
 CREATE SEQUENCE pyscheduler.task_seq;
 
--- One row per live task (ready or running; finished tasks are in
--- tasks_finished below, which inherits this table: SELECT ... FROM tasks
--- reads both, SELECT ... FROM ONLY tasks the live ones). rn is the task id: unique on its own, so (queue, rn), the
+-- One row per task. rn is the task id: unique on its own, so (queue, rn), the
 -- seed's composite key, is unique too. Times come from the database clock.
 -- seq: submission order. lease_token: the secret of the current lease (NULL
 -- when none, or yielded); never shown by get/list. attempts: leases not
@@ -47,8 +45,7 @@ CREATE TABLE pyscheduler.tasks (
     CONSTRAINT tasks_priority_check CHECK (priority BETWEEN 0 AND 4294967295),
     CONSTRAINT tasks_progress_check CHECK (progress BETWEEN 0 AND 1),
     CONSTRAINT tasks_attempts_check CHECK (attempts >= 0),
-    CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL)),
-    CONSTRAINT tasks_live_status_check CHECK (status IN ('ready', 'running')) NO INHERIT
+    CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL))
 )
 -- Autovacuum by counts, not by a fraction of the table: a lease leaves the
 -- task's entry in tasks_ready_idx until VACUUM, and every later claim steps
@@ -67,23 +64,9 @@ ALTER SEQUENCE pyscheduler.task_seq OWNED BY pyscheduler.tasks.seq;
 -- The monitor's scan for expired leases.
 CREATE INDEX tasks_running_deadline_idx ON pyscheduler.tasks (deadline)
     WHERE status = 'running';
-
--- Finished tasks (completed, aborted, cancelled): a task moves here when it
--- finishes (DELETE from tasks + INSERT here, one statement), so the live
--- table and its indexes hold only ready and running tasks. Append-mostly:
--- its primary key (time-ordered rn, for get_task) and an index on updated
--- (the finishing time: entries go to its recent end) for cleanup's scan of
--- tasks past retention. (Not BRIN: once cleanup has freed pages, new
--- finished tasks fill them, and a BRIN range's summary only ever widens, so
--- after one retention period every range would match.)
--- Autovacuum by inserts every 100,000 finished tasks (sets pages all-visible
--- and frozen a bit at a time, not in one anti-wraparound pass).
-CREATE TABLE pyscheduler.tasks_finished (
-    CONSTRAINT tasks_finished_pkey PRIMARY KEY (rn),
-    CONSTRAINT tasks_finished_status_check CHECK (status IN ('completed', 'aborted', 'cancelled'))
-) INHERITS (pyscheduler.tasks)
-WITH (autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 100000);
-CREATE INDEX tasks_finished_updated_idx ON pyscheduler.tasks_finished (updated);
+-- Cleanup's scan for terminal tasks past retention.
+CREATE INDEX tasks_terminal_updated_idx ON pyscheduler.tasks (updated)
+    WHERE status IN ('completed', 'aborted', 'cancelled');
 
 -- Limits (issue 11), changed by an admin with
 -- UPDATE pyscheduler.settings SET value = '50' WHERE name = 'task_max_attempts';
