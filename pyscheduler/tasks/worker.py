@@ -599,8 +599,13 @@ class Worker:
         than ``capacity`` (slow tasks: nothing waits locally while another worker may idle)."""
         now = time.monotonic()
         with self._lock:
-            if now - self._rate_at >= 0.2:
-                self._rate = (self._started - self._rate_count) / (now - self._rate_at)
+            elapsed, started = now - self._rate_at, self._started - self._rate_count
+            # every 0.2 s; sooner while nothing is leased ahead (target 0: at start, after idling)
+            # once the handlers have started 4 rounds of tasks, so a burst of fast tasks is not
+            # leased by capacity for 0.2 s (~5 % of a 100,000-task run)
+            if elapsed >= 0.2 or (elapsed >= 0.02 and started >= 4 * self.capacity
+                                  and self._rate * self.lookahead < self.capacity):
+                self._rate = started / elapsed
                 self._rate_at, self._rate_count = now, self._started
             target = min(self.prefetch, int(self._rate * self.lookahead))
             if target < self.capacity:
