@@ -70,6 +70,7 @@ import itertools
 import json
 import logging
 import math
+import re
 import struct
 import threading
 import time
@@ -145,10 +146,14 @@ def error_entry(code: Any, description: Any = "", args: Any = None) -> dict[str,
 _EVENTS = threading.Lock()  # makes TaskContext events once, in step with _stop
 
 
+_LONG_NUMBER = re.compile(r"\d{19}").search  # (or a digit run in a string: parsed the slow way too)
+
+
 def loads(text: str) -> Any:
-    """A jsonb value's text as Python (what psycopg's jsonb loader gives: json.loads), with
-    orjson when it can: it refuses integers beyond 64 bits, which json.loads takes."""
-    if _orjson_loads is not None:
+    """A jsonb value's text as Python, exactly what psycopg's jsonb loader gives (json.loads),
+    with orjson when that is the same: orjson turns integers of 19 digits or more (beyond
+    64 bits; jsonb writes 1.5e300 as 301 digits) into floats, json.loads into ints."""
+    if _orjson_loads is not None and _LONG_NUMBER(text) is None:
         try:
             return _orjson_loads(text)
         except _OrjsonError:
@@ -296,17 +301,23 @@ def task_channel(queue: str) -> str:
 
 
 class UuidArray:
-    """A uuid[] parameter made from uuids in their text form (as the lease returns them), sent
-    in binary: the array built in one go (~0.1 us a uuid, against ~2.5 us through uuid.UUID
-    objects and ~7 us as a text array of strings)."""
+    """A uuid[] parameter made from uuids in the database's text form (as the lease returns
+    them), sent in binary: the array built in one go (~0.1 us a uuid, against ~2.5 us through
+    uuid.UUID objects and ~7 us as a text array of strings). Other forms (no dashes, braces,
+    UUID objects) take the slow, checked way."""
 
     __slots__ = ("data",)
     _OID = 2950  # uuid (pg_type)
     _HEADER = struct.Struct("!iiIii")  # ndim 1, no nulls, element type, length, lower bound 1
 
     def __init__(self, values: list[str]):
-        text = ("00000010" + "00000010".join(values)).replace("-", "") if values else ""
-        if len(text) != 40 * len(values):  # not all canonical uuid text: the slow, checked way
+        try:
+            text = ("00000010" + "00000010".join(values)).replace("-", "") if values else ""
+            if values and set(map(len, values)) != {36}:
+                text = "?"
+        except TypeError:  # not all str
+            text = "?"
+        if len(text) != 40 * len(values):  # not 36 characters with 4 dashes each
             text = "".join(f"00000010{uuid.UUID(str(v)).hex}" for v in values)
         self.data = self._HEADER.pack(1, 0, self._OID, len(values), 1) + bytes.fromhex(text) if values \
             else struct.pack("!iiI", 0, 0, self._OID)
