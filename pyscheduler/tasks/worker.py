@@ -32,6 +32,11 @@ batches (issue 10):
   the task count as done (``Worker.completed``, it leaves ``held``). Handlers
   wait when 1,000 completions are waiting (back-pressure).
 * On stop the queued tasks go back in one ``yield_tasks`` call.
+* Per task the worker's own Python is a few microseconds: the lease's rows come
+  as tuples with rn, token and spec as their text; a context keeps them so (the
+  spec is parsed when the handler first reads ``ctx.spec``, with orjson where
+  that gives what json.loads gives); the batch writes send rns and tokens as
+  binary uuid arrays built from that text in one go (``UuidArray``).
 
 Once ``ctx.stopping`` is set (cancelled, lease lost, or the worker stopping),
 a handler that simply returns has NOT finished its task and it is not
