@@ -117,13 +117,11 @@ AS $$
 $$;
 
 -- _lease_token(secret, rn): the token of a lease, unguessable without the
--- secret (the 16 bytes of one gen_random_uuid() per lease call, kept only
--- for the call). Binary input: the text form (md5(secret || rn::text)) cost
--- ~1 us more per task, mostly printing the uuid.
-CREATE OR REPLACE FUNCTION pyscheduler._lease_token(p_secret bytea, p_rn uuid)
+-- secret (one gen_random_uuid() per lease call, kept only for the call).
+CREATE OR REPLACE FUNCTION pyscheduler._lease_token(p_secret text, p_rn uuid)
 RETURNS uuid
 LANGUAGE sql IMMUTABLE
-AS $$ SELECT md5(uuid_send(p_rn) || p_secret)::uuid $$;
+AS $$ SELECT md5(p_secret || p_rn::text)::uuid $$;
 
 -- _leased_json(t): the task as a lease answer: _task_json plus the lease's token.
 CREATE OR REPLACE FUNCTION pyscheduler._leased_json(t pyscheduler.tasks)
@@ -532,15 +530,11 @@ COMMENT ON FUNCTION pyscheduler.register_worker() IS
 -- _claim_tasks: THE batch claim (lease_tasks, lease_tasks_lean): up to n
 -- ready tasks of queue become running for worker (leased_at = now: the
 -- TaskAssignment entry, see _full_history; a new lease token each); returns
--- the leased tasks in claim order (priority desc, created, seq): what
--- lease_tasks_lean answers, and with p_json the task as lease_tasks answers
--- it (else NULL). Only these columns: whole rows through the wrappers and a
--- second sort cost ~1 us a task.
+-- the leased rows, in no particular order.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_tasks(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
-    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now(),
-    p_json boolean DEFAULT false)
-RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint, task jsonb)
+    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
+RETURNS SETOF pyscheduler.tasks
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -549,7 +543,7 @@ DECLARE
     v_timeout interval := pyscheduler._timeout(_claim_tasks.timeout);
     -- one secret per claim, the tokens derived from it (_lease_token): one
     -- gen_random_uuid() per call instead of one per task (~5 us each)
-    v_secret bytea := uuid_send(gen_random_uuid());
+    v_secret text := gen_random_uuid()::text;
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _claim_tasks.queue, p_queue_given => true,
                                          p_worker => _claim_tasks.worker, p_worker_given => true,
@@ -567,7 +561,6 @@ BEGIN
         -- the right one whatever n is (see the function's SET plan_cache_mode):
         -- re-planning it on every call cost ~200 us, two thirds of a lease.
         RETURN QUERY
-        WITH u AS (
         UPDATE pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
@@ -578,10 +571,7 @@ BEGIN
                 ORDER BY r.priority DESC, r.created, r.seq
                 LIMIT n
                   FOR UPDATE SKIP LOCKED))
-        RETURNING t.rn, t.lease_token, t.spec, t.priority, t.seq, t.created,
-                  CASE WHEN p_json THEN pyscheduler._leased_json(t) END AS task)
-        SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq, u.task FROM u
-         ORDER BY u.priority DESC, u.created, u.seq;
+        RETURNING t.*;
     ELSE
         RETURN QUERY
         WITH c AS (
@@ -593,17 +583,13 @@ BEGIN
                       r.created, r.seq
              LIMIT n
                FOR UPDATE SKIP LOCKED)
-        , u AS (
         UPDATE pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
                attempts = t.attempts + 1, leased_at = p_now
           FROM c
          WHERE t.rn = c.rn
-        RETURNING t.rn, t.lease_token, t.spec, t.priority, t.seq, t.created,
-                  CASE WHEN p_json THEN pyscheduler._leased_json(t) END AS task)
-        SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq, u.task FROM u
-         ORDER BY u.priority DESC, u.created, u.seq;
+        RETURNING t.*;
     END IF;
 END
 $$;
@@ -614,7 +600,8 @@ CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks(
 RETURNS TABLE (task jsonb)
 LANGUAGE sql
 AS $$
-    SELECT u.task FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7, p_json => true) AS u;
+    SELECT pyscheduler._leased_json(u) FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
+     ORDER BY u.priority DESC, u.created, u.seq;
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks(
@@ -655,7 +642,9 @@ CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks_lean(
 RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
 LANGUAGE sql
 AS $$
-    SELECT u.rn, u.token, u.spec, u.priority, u.seq FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u;
+    SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq
+      FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
+     ORDER BY u.priority DESC, u.created, u.seq;
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks_lean(
@@ -678,7 +667,7 @@ AS $$
    Errors: PS208 queue, worker, n < 1, timeout, aging_rate, aging_cap. */
 BEGIN
     PERFORM _async_commit_if_alone();
-    RETURN QUERY SELECT c.rn, c.token, c.spec, c.priority, c.seq FROM _claim_tasks($1, $2, $3, $4, $5, $6, now()) c;
+    RETURN QUERY SELECT * FROM _lease_tasks_lean($1, $2, $3, $4, $5, $6, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_tasks_lean(text, text, integer, interval, double precision, bigint) IS
@@ -711,7 +700,7 @@ BEGIN
     UPDATE pyscheduler.tasks t
        SET status = 'running', owner = worker, updated = p_now,
            deadline = p_now + make_interval(secs => extract(epoch FROM timeout)::double precision),
-           lease_token = pyscheduler._lease_token(uuid_send(gen_random_uuid()), t.rn), attempts = t.attempts + 1,
+           lease_token = pyscheduler._lease_token(gen_random_uuid()::text, t.rn), attempts = t.attempts + 1,
            leased_at = p_now
      WHERE t.rn = (SELECT r.rn FROM pyscheduler.tasks r
                     WHERE r.queue = $1 AND r.status = 'ready'

@@ -1,21 +1,18 @@
 """Leased tasks: what every reader (get_task, list_tasks, task_counts, the state machine's
-refusals, cancel, cleanup) shows of finished tasks, before and after cleanup, under a
-concurrent write, and for tasks finished before migration 0012 (issue 10: the contract any
-change to how tasks are stored must keep; docs/benchmarks.md, "Finished tasks in their own
-table" measured one)."""
+refusals, cancel, cleanup) shows of finished tasks, before and after cleanup and under a
+concurrent write (issue 10: the contract any change to how tasks are stored must keep;
+docs/benchmarks.md, "Finished tasks in their own table" measured one)."""
 
 from __future__ import annotations
 
 import threading
-import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
 
-from pyscheduler import errors, migrate
-from pyscheduler.db import Database, Jsonb
-from test_tasks_lean import schema_before
+from pyscheduler import errors
+from pyscheduler.db import Jsonb
 
 T0 = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
 
@@ -152,41 +149,3 @@ def test_a_task_finishing_while_a_client_cancels_it_is_refused_by_the_state_mach
     assert isinstance(results["cancel"], errors.TaskFinished)
     assert [(str(r["rn"]), r["sqlstate"]) for r in results["beat"]] == [(second["rn"], "PS202")]
     assert db.call_value("get_task", rn=first["rn"])["status"] == "completed"
-
-
-def test_tasks_written_before_migration_0012_read_the_same_after_it(empty_dsn):
-    """Tasks of every status written by the schema before 0012 read exactly the same after
-    it; a running one's holder completes it with its token; cleanup deletes the finished."""
-    schema_before(empty_dsn, "0012_tasks_lease_token")
-    # the tasks as the schema before 0012 kept them (every status in one table)
-    ids = {s: uuid.uuid4() for s in ("ready", "running", "completed", "aborted", "cancelled")}
-    token = uuid.uuid4()
-    with psycopg.connect(empty_dsn, autocommit=True) as c:
-        insert = ("INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated,"
-                  " errors, owner, deadline, history, lease_token, attempts, leased_at)"
-                  " VALUES (%s, 'm', %s, 50, %s, %s, %s, %s, %s, %s, %s, '[]', %s, 1, %s)")
-        rows = {"ready": (0, None, None, None, None), "running": (0.5, "w1", at(100), token, at(1)),
-                "completed": (1, "w1", None, uuid.uuid4(), at(1)), "aborted": (0.2, "w1", None, uuid.uuid4(), at(1)),
-                "cancelled": (0, None, None, None, None)}
-        for i, (status, (progress, owner, deadline, tok, leased)) in enumerate(rows.items()):
-            errs = [{"code": "e", "args": {}, "description": ""}] if status == "aborted" else []
-            c.execute(insert, (ids[status], Jsonb({"i": i}), status, progress, at(i), at(10 + i), Jsonb(errs),
-                               owner, deadline, tok, leased))
-    def answers(dsn):
-        with psycopg.connect(dsn, autocommit=True) as c:
-            migrate.load_functions(c)  # today's functions (they read an older table as well)
-        with Database(dsn, max_size=2) as db:
-            return readers(db) | {"get": {s: db.call_value("get_task", rn=rn) for s, rn in ids.items()}}
-
-    before = answers(empty_dsn)
-    migrate.migrate(empty_dsn)
-    after = answers(empty_dsn)
-    assert after == before
-    with Database(empty_dsn, max_size=2) as db:
-        with pytest.raises(errors.TaskFinished):
-            db.call("cancel_task", rn=ids["completed"])
-        finished = private(db, "complete_task", at(20), rn=ids["running"], token=token)
-        assert finished == {**before["get"]["running"], "status": "completed", "progress": 1.0, "deadline": None,
-                            "updated": finished["updated"]}
-        assert db.call_value("_cleanup_tasks", retention=timedelta(seconds=1), p_now=at(16)) == 3
-        assert {t["task"]["rn"] for t in db.call("list_tasks")} == {str(ids["ready"]), str(ids["running"])}

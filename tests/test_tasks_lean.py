@@ -49,18 +49,6 @@ def seen(db, rn):
     return task
 
 
-def schema_before(dsn: str, migration: str) -> None:
-    """The schema of an empty database as the migrations before ``migration`` built it."""
-    from yoyo import get_backend
-
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("CREATE SCHEMA pyscheduler")
-    backend = get_backend(migrate.yoyo_uri(dsn), migration_table=migrate.MIGRATION_TABLE)
-    known = migrate._migrations()
-    backend.apply_migrations_only(backend.to_apply(known[:[m.id for m in known].index(migration)]))
-    backend.connection.close()
-
-
 def test_history_reads_as_if_every_lease_appended_its_entry(db):
     rn = private(db, "submit_task", at(0), queue="q", spec=Jsonb({}))["rn"]
     h = lease(db, "w1", at(1))
@@ -134,7 +122,14 @@ def test_ids_follow_submission_order(db):
 def test_migration_0010_keeps_the_tasks_of_an_older_schema(empty_dsn):
     """Rows written by the 0009 schema (history holding every TaskAssignment entry) read
     exactly as before, and a running task's holder completes it with its old token."""
-    schema_before(empty_dsn, "0010_tasks_lean")
+    from yoyo import get_backend
+
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA pyscheduler")
+    backend = get_backend(migrate.yoyo_uri(empty_dsn), migration_table=migrate.MIGRATION_TABLE)
+    known = migrate._migrations()
+    backend.apply_migrations_only(backend.to_apply(known[:[m.id for m in known].index("0010_tasks_lean")]))
+    backend.connection.close()
     a1, t5, a6 = entry("TaskAssignment", "w1", 1), entry("TaskTimeout", "w1", 5, 0.5), entry("TaskAssignment", "w2", 6)
     running, done, ready, old = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     token, old_token = uuid.uuid4(), uuid.uuid4()
