@@ -7,6 +7,8 @@ costs the database"):
     python bench/tasks_cost.py sql "$DSN"        # lease_tasks_lean n=500 + complete_tasks, two connections
     python bench/tasks_cost.py graphile "$DSN"   # the same work in graphile-worker's shape (its own table)
     python bench/tasks_cost.py worker "$DSN"     # one Worker, capacity 10, no-op handler
+    python bench/tasks_cost.py single "$DSN"     # lease_task + complete_task, one call each (3,000 tasks)
+    python bench/tasks_cost.py vacuum "$DSN" --finished 500000   # VACUUM of the tasks table per 2,000 tasks
 
 Options: --tasks (50,000), --batch (500), --finished (0): first submit, lease and complete that
 many tasks of queue 'cost-done' unmeasured, the finished tasks a deployment keeps for its
@@ -114,6 +116,42 @@ def sql_cost(dsn: str, mode: str, tasks: int, batch: int, finished: int = 0) -> 
             f" us/task, server {server / done * 1e6:.1f} us/task ({done / wall:,.0f} tasks/s)")
 
 
+def single_cost(dsn: str, tasks: int, finished: int = 0) -> str:
+    """The single-task path: lease_task, then complete_task, one call each, one connection."""
+    finish_ahead(dsn, finished)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(STATEMENTS["sql"][0], {"n": tasks})
+        c.execute("VACUUM ANALYZE")
+        pid, lease_cpu, complete_cpu = c.info.backend_pid, 0.0, 0.0
+        for _ in range(tasks):
+            before = cpu(pid)
+            task = c.execute("SELECT pyscheduler.lease_task(queue => 'cost', worker => 'cost-1')").fetchone()[0]
+            lease_cpu += cpu(pid) - before
+            before = cpu(pid)
+            c.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (task["rn"], task["token"]))
+            complete_cpu += cpu(pid) - before
+    return (f"single: {tasks:,} tasks: backend CPU lease_task {lease_cpu / tasks * 1e6:.0f} us,"
+            f" complete_task {complete_cpu / tasks * 1e6:.0f} us per call")
+
+
+def vacuum_cost(dsn: str, finished: int) -> str:
+    """What a VACUUM of the tasks table costs after 2,000 leases and completions (autovacuum's
+    threshold), with a retention period's finished tasks kept (--finished), three times."""
+    finish_ahead(dsn, finished)
+    fill, _, complete = STATEMENTS["sql"]
+    passes = []
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for _ in range(3):
+            c.execute(fill, {"n": 2000})
+            rows = c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost',"
+                             " worker => 'cost-1', n => 2000)").fetchall()
+            c.execute(complete, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
+            before = cpu(c.info.backend_pid)
+            c.execute("VACUUM pyscheduler.tasks")
+            passes.append(f"{(cpu(c.info.backend_pid) - before) * 1000:.0f} ms")
+    return f"vacuum: VACUUM pyscheduler.tasks after 2,000 tasks, {finished:,} finished kept: {', '.join(passes)} CPU"
+
+
 def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
     from pyscheduler.db import Database
     from pyscheduler.tasks import Worker
@@ -150,14 +188,20 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["sql", "graphile", "worker"])
+    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "vacuum"])
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--finished", type=int, default=0)
     a = parser.parse_args()
-    line = (worker_cost(a.dsn, a.tasks, a.finished) if a.mode == "worker"
-            else sql_cost(a.dsn, a.mode, a.tasks, a.batch, a.finished))
+    if a.mode == "worker":
+        line = worker_cost(a.dsn, a.tasks, a.finished)
+    elif a.mode == "single":
+        line = single_cost(a.dsn, min(a.tasks, 3000), a.finished)
+    elif a.mode == "vacuum":
+        line = vacuum_cost(a.dsn, a.finished)
+    else:
+        line = sql_cost(a.dsn, a.mode, a.tasks, a.batch, a.finished)
     print(f"{line}; load average {os.getloadavg()[0]:.2f}")
 
 
