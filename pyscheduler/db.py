@@ -29,6 +29,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
+from psycopg.types.string import TextLoader
 import psycopg_pool
 from psycopg_pool import ConnectionPool
 
@@ -202,6 +203,16 @@ class Session(_Calls):
         with translating():
             return _execute_binary(self.conn, function, args, tuples=True)
 
+    def call_text(self, function: str, /, *, as_text: tuple[str, ...] = (), **args: Any) -> list[tuple[Any, ...]]:
+        """``call`` with rows as tuples (in the function's column order), and the columns of
+        the types named in ``as_text`` (e.g. "uuid", "jsonb") as their text, unparsed: for a
+        hot loop that parses only what it uses (the worker's lease: ~5 us a row less)."""
+        with translating():
+            cur = self.conn.cursor(row_factory=tuple_row)
+            for name in as_text:
+                cur.adapters.register_loader(name, TextLoader)  # this cursor only
+            return cur.execute(_function_call(function, args), args).fetchall()
+
 
 class Database(_Calls):
     """A pool of autocommit connections to one database."""
@@ -295,7 +306,8 @@ class Wakeup:
         self._event = threading.Event()
 
     def poke(self, *_: object) -> None:
-        self._event.set()
+        if not self._event.is_set():  # already poked: Event.set would take a lock for nothing
+            self._event.set()
 
     def wait(self, seconds: float, jitter: float = 0.2) -> bool:
         """Wait ``seconds`` * (1 + random()*jitter); True when poked."""

@@ -57,9 +57,10 @@ def test_the_local_queue_starts_tasks_by_priority_then_age(dsn, db):
 def _leased_into_queue(db, worker: Worker, queue: str, n: int, until: float) -> list[str]:
     """Lease n tasks for ``worker`` and put them in its local queue as if its lease thread had."""
     db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(n)]))
-    rows = db.call("lease_tasks_lean", queue=queue, worker="w-test", n=n)
+    with db.session() as s:  # the rows as the lease thread gets them (rn, token, spec as text)
+        rows = s.call_text("lease_tasks_lean", as_text=("uuid", "jsonb"), queue=queue, worker="w-test", n=n)
     worker._enqueue(rows, until)
-    return [str(r["rn"]) for r in rows]
+    return [r[0] for r in rows]
 
 
 def test_a_queued_task_whose_lease_could_have_expired_is_not_started(db, dsn):
