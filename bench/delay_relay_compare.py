@@ -160,12 +160,17 @@ def main() -> None:
     ap.add_argument("--rates", default="1000,10000,20000")
     ap.add_argument("--duration", type=float, default=15)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--side", action="append", default=[], metavar="NAME=PATH",
+                    help="a further checkout to run in every round (e.g. orig=/tmp/relay-orig)")
     ap.add_argument("--only", choices=["base", "new"], default=None, help="run one side only")
     ap.add_argument("--bench-arg", action="append", default=[], help="extra flag for pyscheduler bench delay")
     args = ap.parse_args()
     sides = {"base": args.base.resolve(), "new": args.new.resolve()}
     if args.only:
         sides = {args.only: sides[args.only]}
+    for extra in args.side:
+        name, _, path = extra.partition("=")
+        sides[name] = Path(path).resolve()
     with tempfile.TemporaryDirectory(prefix="relay-compare-") as tmp:
         pg = embedded.Postgres(Path(tmp) / "pg").start()
         broker = embedded.Kafka(Path(tmp) / "kafka").start()
@@ -180,7 +185,7 @@ def main() -> None:
                   "relay-us/msg  pg-us/msg  kafka-us/msg  load1", flush=True)
             for rnd in range(args.rounds):
                 for rate in [int(r) for r in args.rates.split(",")]:
-                    order = list(sides) if rnd % 2 == 0 else list(reversed(sides))
+                    order = list(sides)[rnd % len(sides):] + list(sides)[:rnd % len(sides)]
                     for name in order:
                         r = one_run(sides[name], pg.dsn(f"relay_{name}"), broker.bootstrap, rate, args.duration,
                                     servers, args.bench_arg)

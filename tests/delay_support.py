@@ -210,6 +210,29 @@ def fire_time(message) -> float:
 
 
 
+def _every_thread_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state T in /proc/<pid>/task/*/stat)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that just exited
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def freeze(broker, timeout: float = 10) -> None:
+    """Stop the broker (SIGSTOP) and return once it is stopped: every one of its threads.
+
+    kill() returns as soon as the signal is queued. The kernel wakes one thread to handle
+    it, and that thread stops the others once it runs: on a loaded machine the broker went
+    on answering for milliseconds after kill() (up to 18 ms at load 13), so a message the
+    relay published right after a bare SIGSTOP could be delivered, and a test staging a
+    publish to a frozen broker raced the freeze."""
+    broker.proc.send_signal(signal.SIGSTOP)
+    wait_for(lambda: _every_thread_stopped(broker.proc.pid), timeout, "the broker to stop (SIGSTOP)",
+             interval=0.001)
+
+
 @contextlib.contextmanager
 def private_broker(tmp_path: Path) -> Iterator[tuple[Any, Topics, Sender, Output]]:
     """A broker of the test's own (one it may freeze with SIGSTOP) with topics in, out and

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, private_broker, utcnow,
-                           wait_for, warm_up)
+from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, freeze, private_broker,
+                           utcnow, wait_for, warm_up)
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_broker_frozen_mid_run_loses_nothing(dsn, db, tmp_path, caplog):
             sender.flush()
             wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 50, 10,
                      "the messages to be stored")
-            broker.proc.send_signal(signal.SIGSTOP)
+            freeze(broker)
             try:
                 # due while the broker is gone: claimed, but cannot be published
                 caplog.set_level(logging.WARNING, logger="pyscheduler.delay")
@@ -192,7 +192,7 @@ def test_claims_run_ahead_of_unacknowledged_deliveries_and_a_kill_9_there_loses_
             sender.flush()
             wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 20, 20,
                      "the 20 messages to be stored")
-            broker.proc.send_signal(signal.SIGSTOP)
+            freeze(broker)
             wait_for(lambda: len(ready_by(db, node_a)) == 10, 20, "node A to claim two batches of 5")
             # while neither batch is acknowledged: nothing deleted, no third batch claimed
             until = time.monotonic() + 1.5

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg import sql
 
-from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, private_broker, utcnow, wait_for,
-                           warm_up)
+from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, freeze, private_broker, utcnow,
+                           wait_for, warm_up)
 from pyscheduler.errors import InvalidMessage, rejects_arguments
 
 
@@ -187,7 +187,7 @@ def freeze_with_a_late_message_read(dsn: str, db, sender: Sender, broker) -> Non
         wait_for(lambda: db.query(
             "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
             " AND query LIKE '%%enqueue_messages%%'"), 20, "the relay to wait in enqueue_messages")
-        broker.proc.send_signal(signal.SIGSTOP)
+        freeze(broker)
         locker.rollback()
 
 

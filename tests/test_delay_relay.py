@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import timedelta
 
@@ -63,6 +64,25 @@ def test_messages_fire_after_deadline_minus_advance_with_key_value_and_headers(w
         assert msg.headers() == [("trace", b"t1"), ("binary", b"\x00\xff\xfe"), ("trace", b"t2"), ("empty", None)]
     assert wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.delay_messages")[0]["n"] == 0 or None,
                     10, "fired messages to be deleted")
+
+
+def test_a_message_stored_below_the_fire_loops_mark_is_fired_by_the_rescan(wired, db):
+    """The fire loop claims from its latest claimed deadline minus MARK_SLACK on (skipping the
+    index entries fired messages leave behind); a message stored with an earlier deadline
+    behind its back (here straight into the table, 10 s overdue, as a peer's store_late would)
+    is still fired: a claim from the start of the index comes at least every RESCAN_S."""
+    sender, output, _, start = wired
+    start()
+    warm_up(sender, output, partitions=2)
+    deadline = utcnow() + timedelta(milliseconds=300)
+    sender.send("recent", deadline, value=b"recent")
+    sender.flush()
+    output.wait_values([b"recent"])  # the fire loop's mark is now about this deadline
+    db.call("enqueue_messages", ids=["old"], deadlines=[utcnow() - timedelta(seconds=10)], vals=[b"old"],
+            store_late=True)
+    stored = time.monotonic()
+    output.wait_values([b"old"], timeout=30)
+    assert time.monotonic() - stored < 15  # RESCAN_S (2 s) on a loaded machine, not "never"
 
 
 def test_deadline_formats_of_the_seed_are_accepted():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -181,6 +182,46 @@ def test_two_connections_claiming_at_once_never_get_the_same_row(dsn, db):
     everything = claimed["x"] + claimed["y"]
     assert len(everything) == len(set(everything)) == n - 50
     assert not set(everything) & {r[0] for r in second}
+
+
+def test_ready_and_claim_after_takes_only_deadlines_from_the_bound_on(db, conn):
+    node = uuid.uuid4()
+    for i in range(4):
+        enqueue(db, f"m{i}", T0 + (i + 1) * S)
+    # all four are due at T0 + 10 s; from T0 + 3 s on only m2 and m3
+    got = claim(db, node, now=T0 + 10 * S, after=T0 + 3 * S)
+    assert sorted(r["id"] for r in got) == ["m2", "m3"]
+    assert db.call_value("next_deadline", after=T0 + 3 * S) is None
+    assert db.call_value("next_deadline", after=T0 + 2 * S) == T0 + 2 * S
+    assert db.call_value("next_deadline") == T0 + S
+    # the rest is not lost: a claim without the bound takes it
+    assert [r["id"] for r in claim(db, node, now=T0 + 10 * S)] == ["m0", "m1"]
+    assert {r["id"] for r in rows(conn) if r["readied_at"] is None} == set()
+
+
+def test_a_claim_with_after_skips_the_index_entries_fired_messages_left(db, conn):
+    """Fired (claimed and deleted) messages leave their entries at the low end of the waiting
+    index until VACUUM: a claim from the start reads every one of them, one with `after`
+    starts where the relay got to."""
+    n = 5000
+    node = uuid.uuid4()
+    db.call("_enqueue_messages", ids=[f"f{i}" for i in range(n)], deadlines=[T0 + i * MS for i in range(n)],
+            p_now=T0 - S)
+    fired = claim(db, node, now=T0 + 10 * S, max_count=n)
+    db.call("delete_fired", ids=[r["id"] for r in fired], node=node)
+    enqueue(db, "next", T0 + 6 * S, now=T0)
+
+    def buffers(after):
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT) SELECT m.deadline FROM pyscheduler.delay_messages m "
+            "WHERE m.readied_at IS NULL AND m.deadline >= coalesce(%s::timestamptz, '-infinity') "
+            "ORDER BY m.deadline LIMIT 1", (after,)).fetchall())
+        return sum(int(x) for x in re.findall(r"shared hit=(\d+)", plan.split("Planning")[0])[:1])
+
+    assert db.call_value("next_deadline", after=T0 + 4 * S) == db.call_value("next_deadline") == T0 + 6 * S
+    from_start, bounded = buffers(None), buffers(T0 + 4 * S)
+    assert bounded <= 5 < from_start, (bounded, from_start)
 
 
 def test_claim_uses_the_partial_index_on_waiting_rows(conn):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
+import gc
 import logging
 import queue
 import random
@@ -30,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -62,6 +65,8 @@ UNREACHABLE = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRA
 # misconfigured ACL must not send every message to the dead-letter topic.
 REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE,
            KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE, KafkaError._BAD_MSG}
+# the reports of messages Publisher.publish purged when its time was up
+PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 # the producer's size limit when the broker does not report its own: Kafka's stock
 # message.max.bytes (librdkafka's own default, 1,000,000, is below it)
 KAFKA_MESSAGE_MAX_BYTES = 1048588
@@ -73,6 +78,12 @@ MIN_HOLD_MS = 1000
 MAX_ADVANCE_MS = 60_000
 # batches claimed and not yet deleted under load: one being delivered while the next is claimed
 PIPELINE = 2
+# claims start this far below the latest deadline claimed (fire_loop) ...
+MARK_SLACK = timedelta(seconds=1)
+# ... and from the start of the waiting index at least this often (seconds)
+RESCAN_S = 2.0
+# gen-0 threshold of the cyclic garbage collector in a relay process (relax_gc)
+GC_THRESHOLD = 50_000
 
 CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
 ENQUEUED = Counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
@@ -153,7 +164,7 @@ class Malformed(ValueError):
         self.headers = headers or []
 
 
-@dataclass
+@dataclass(slots=True)
 class Delayed:
     """A parsed input message: what enqueue_messages stores."""
 
@@ -192,8 +203,10 @@ def parse(msg: Message) -> Delayed:
         # raises SystemError or (on a second call, or when the error indicator got lost)
         # returns a (NULL, value) pair that crashes the process when the name is touched.
         # repr() shows such a name as <NULL> (a real name is quoted), without touching it.
-        headers = list(msg.headers() or [])
-        if any(repr(pair).startswith("(<NULL>") for pair in headers):
+        # gc.get_referents lists the objects a tuple holds and skips a NULL: fewer than two per
+        # pair means such a name (one C call per message; repr() of every pair cost ~2 us).
+        headers = msg.headers() or []
+        if len(gc.get_referents(*headers)) != 2 * len(headers):
             raise UnicodeDecodeError("utf-8", b"", 0, 1, "a header name is not UTF-8")
     except Exception as exc:
         raise Malformed(f"unreadable headers ({type(exc).__name__}: {str(exc)[:200]})") from None
@@ -207,22 +220,31 @@ def parse(msg: Message) -> Delayed:
 
 
 def _parse(msg: Message, headers: list[tuple[str, bytes | None]]) -> Delayed:
-    idents: list[bytes | None] = []
-    deadlines: list[bytes | None] = []
-    rest: list[tuple[str, bytes | None]] = []
-    for name, value in headers:
-        if name == HEADER_ID:
-            idents.append(value)
-        elif name == HEADER_DEADLINE:
-            deadlines.append(value)
-        else:
-            rest.append((name, value))
-    for name, found in ((HEADER_ID, idents), (HEADER_DEADLINE, deadlines)):
-        if not found or found[0] is None:
-            raise Malformed(f"header {name} is missing")
-        if len(found) > 1:
-            raise Malformed(f"header {name} appears {len(found)} times")
-    ident, deadline = idents[0], deadlines[0]
+    if len(headers) == 2 and headers[0][0] == HEADER_ID and headers[1][0] == HEADER_DEADLINE:
+        # the usual message: the two Chronos headers and nothing else
+        ident, deadline = headers[0][1], headers[1][1]
+        rest: list[tuple[str, bytes | None]] = []
+        if ident is None:
+            raise Malformed(f"header {HEADER_ID} is missing")
+        if deadline is None:
+            raise Malformed(f"header {HEADER_DEADLINE} is missing")
+    else:
+        idents: list[bytes | None] = []
+        deadlines: list[bytes | None] = []
+        rest = []
+        for name, value in headers:
+            if name == HEADER_ID:
+                idents.append(value)
+            elif name == HEADER_DEADLINE:
+                deadlines.append(value)
+            else:
+                rest.append((name, value))
+        for name, found in ((HEADER_ID, idents), (HEADER_DEADLINE, deadlines)):
+            if not found or found[0] is None:
+                raise Malformed(f"header {name} is missing")
+            if len(found) > 1:
+                raise Malformed(f"header {name} appears {len(found)} times")
+        ident, deadline = idents[0], deadlines[0]
     try:
         text = ident.decode("utf-8")
     except UnicodeDecodeError:
@@ -286,6 +308,37 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (SchedulerError, psycopg.Error)) and not rejects_arguments(exc)
 
 
+def observe_lags(fired_at: float, deadlines: Sequence[datetime]) -> None:
+    """FIRE_LAG for messages fired at ``fired_at`` (epoch seconds) with these deadlines, in one
+    pass over the buckets: Histogram.observe per message (a lock and a bucket search each) was a
+    visible share of the relay's CPU. Falls back to observe() if prometheus_client changes."""
+    try:
+        bounds, buckets, total = FIRE_LAG._upper_bounds, FIRE_LAG._buckets, FIRE_LAG._sum
+    except AttributeError:
+        for d in deadlines:
+            FIRE_LAG.observe(fired_at - d.timestamp())
+        return
+    counts = [0] * len(bounds)
+    lags = [fired_at - d.timestamp() for d in deadlines]
+    for lag in lags:
+        counts[bisect.bisect_left(bounds, lag)] += 1
+    total.inc(sum(lags))
+    for bucket, n in zip(buckets, counts):
+        if n:
+            bucket.inc(n)
+
+
+def relax_gc(threshold: int = GC_THRESHOLD) -> None:
+    """Run the cyclic garbage collector every ``threshold`` allocations instead of Python's 700
+    (never lowering a higher setting). The relay allocates several container objects per
+    message (Kafka messages, header lists, rows, tuples) that never form cycles, and with the
+    default the collector ran dozens of times per batch: ~12 % of the relay's CPU at 10,000
+    msg/s (py-spy --native). Process-wide, so ``Relay.run`` calls it once."""
+    first, *rest = gc.get_threshold()
+    if 0 < first < threshold:
+        gc.set_threshold(threshold, *rest)
+
+
 def where(msg: Message) -> str:
     return f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
 
@@ -301,7 +354,7 @@ class DeadLetter:
     row_id: str | None = None
     stripped: bool = False  # a refused dead letter sent again without key and value
 
-@dataclass
+@dataclass(slots=True)
 class Outgoing:
     """One message to publish; ``tag`` comes back with the delivery report."""
 
@@ -327,7 +380,6 @@ class Publisher:
         self.last_error: KafkaError | None = None
 
     def publish(self, items: Sequence[Outgoing], give_up: Callable[[], bool],
-                on_sent: Callable[[Outgoing, Message], None] | None = None,
                 until: float | None = None,
                 on_refused: Callable[[Outgoing, KafkaError], None] | None = None) -> list[Outgoing]:
         """Publish all; returns the ones not delivered (empty unless ``give_up`` or
@@ -336,36 +388,23 @@ class Publisher:
         With ``on_refused``, an item refused for itself (REFUSED: too large, invalid)
         is handed to it once and neither retried nor returned.
 
-        Every item without a successful delivery report is returned as not
-        delivered, those still in flight included: the caller stores them or
-        leaves them to be retried, and never takes them as delivered. Once
-        ``give_up`` is true, in-flight deliveries get at most ``STOP_GRACE``
-        seconds (and never past ``until``)."""
+        The producer reports failed deliveries only (delivery.report.only.error): an item
+        is delivered once the producer's queue drained (flush() returned 0) without a
+        report for it, so a successful delivery costs no Python call. Every item without
+        that proof is returned as not delivered: when time runs out, what is still queued
+        or in flight is purged (its reports name it) before returning, so nothing of this
+        call can be delivered later, and the caller stores it or leaves it to be retried.
+        Once ``give_up`` is true, in-flight deliveries get at most ``STOP_GRACE`` seconds
+        (and never past ``until``)."""
         pending = list(items)
         while pending:
-            failed: list[Outgoing] = []
-            errors: list[KafkaError] = []
-            done: set[int] = set()  # id() of the items with a delivery report of this round
-            in_round = {id(item) for item in pending}
-
-            # this round's lists bound as defaults: a closure would see the next round's
-            def report(item: Outgoing, err: KafkaError | None, msg: Message, failed: list = failed,
-                       errors: list = errors, done: set = done, in_round: set = in_round) -> None:
-                if id(item) not in in_round:
-                    return  # a late report of an item an earlier call already returned as undelivered
-                done.add(id(item))
-                if err is not None and on_refused is not None and err.code() in REFUSED:
-                    on_refused(item, err)
-                elif err is not None:
-                    failed.append(item)
-                    errors.append(err)
-                elif on_sent is not None:
-                    on_sent(item, msg)
-
+            failed: list[tuple[Outgoing, KafkaError]] = []
+            report = partial(self._report, failed)
             for item in pending:
                 self._produce(item, report)
             stop_by: float | None = None
-            while len(done) < len(pending):
+            left = 1
+            while left:
                 now = time.monotonic()
                 limit = now + 1.0
                 if until is not None:
@@ -375,29 +414,53 @@ class Publisher:
                     limit = min(limit, stop_by)
                 if now >= limit:
                     break
-                self.producer.flush(limit - now)
-            in_round.clear()  # reports from now on belong to no one
-            in_flight = [item for item in pending if id(item) not in done]
-            if in_flight:
-                self.last_error = errors[0] if errors else KafkaError(KafkaError._MSG_TIMED_OUT)
-                return failed + in_flight
-            if not failed:
+                left = self.producer.flush(limit - now)
+            unknown = False
+            if left:  # time is up: what is left is purged, each with a failed report
+                self.producer.purge()
+                unknown = self.producer.flush(1.0) > 0  # reports not all served: nothing is proven
+            errors = []
+            retry: list[Outgoing] = []
+            if unknown:
+                refused = [(item, err) for item, err in failed if on_refused is not None and err.code() in REFUSED]
+                seen = {id(item) for item, _ in refused}
+                failed = refused + [(item, KafkaError(KafkaError._MSG_TIMED_OUT)) for item in pending
+                                    if id(item) not in seen]
+            for item, err in failed:
+                if on_refused is not None and err.code() in REFUSED:
+                    on_refused(item, err)
+                else:
+                    retry.append(item)
+                    errors.append(err)
+            if not retry:
                 if pending:
                     self.outage.ok()
                 return []
+            if left:  # out of time: why, as the caller needs it (a purge is not the reason)
+                real = [e for e in errors if e.code() not in PURGED]
+                self.last_error = real[0] if real else KafkaError(KafkaError._MSG_TIMED_OUT)
+                return retry
             self.last_error = errors[0]
             if give_up() or (until is not None and time.monotonic() >= until):
-                return failed
+                return retry
             pause = self.outage.failed(KafkaException(errors[0]))
             time.sleep(pause if until is None else min(pause, max(0.0, until - time.monotonic())))
-            pending = failed
+            pending = retry
         return []
 
+    @staticmethod
+    def _report(failed: list[tuple[Outgoing, KafkaError]], item: Outgoing, err: KafkaError | None,
+                _msg: Message | None) -> None:
+        """A delivery report: with delivery.report.only.error, only failures come here."""
+        if err is not None:
+            failed.append((item, err))
+
     def _produce(self, item: Outgoing, report: Callable) -> None:
+        on_delivery = partial(report, item)
         while True:
             try:
                 self.producer.produce(item.topic, item.value, item.key, headers=item.headers or None,
-                                      on_delivery=lambda err, msg, item=item: report(item, err, msg))
+                                      on_delivery=on_delivery)
                 return
             except BufferError:  # local queue full: serve delivery reports, then retry
                 self.producer.poll(0.1)
@@ -456,6 +519,7 @@ class Relay:
         self.crashed: list[BaseException] = []
         self._commits_pending = 0  # asynchronous input commits not yet answered
         self._in_flight = 0  # claimed batches not yet deleted (fire_loop)
+        self._rescan = False  # the next claim starts at the start of the waiting index (fire_loop)
 
     # -- configuration ---------------------------------------------------------
 
@@ -468,8 +532,12 @@ class Relay:
             # and the size limit is the broker's (see check_topics), not librdkafka's lower default
             extra = {"message.timeout.ms": max(1000, self.cfg.hold_ms // 2),
                      "message.max.bytes": self.max_message_bytes, **extra}
-        return {"bootstrap.servers": self.cfg.bootstrap_servers, "logger": log,
-                "error_cb": self._kafka_error, **extra, **settings}
+        out = {"bootstrap.servers": self.cfg.bootstrap_servers, "logger": log,
+               "error_cb": self._kafka_error, **extra, **settings}
+        if producer:
+            # Publisher.publish proves delivery by the absence of a failure report
+            out["delivery.report.only.error"] = True
+        return out
 
     def _kafka_error(self, err: KafkaError) -> None:
         if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE):
@@ -502,6 +570,7 @@ class Relay:
         """Run until ``stop``; then finish in-flight fires, commit, return."""
         self.stop = stop
         cfg = self.cfg
+        relax_gc()
         self.check_topics()
         log.info("delay relay node %s starting: %s -> %s (group %s, advance %dms, hold %dms, poll %dms, "
                  "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
@@ -539,11 +608,11 @@ class Relay:
         return threading.Thread(target=target, name=f"{self.name}:{loop.__name__}")
 
     def _db_call(self, outage: Outage, function: str, give_up: Callable[[], bool], binary: bool = False,
-                 **args: Any) -> list[dict] | None:
+                 tuples: bool = False, **args: Any) -> list[Any] | None:
         """``db.call`` (``call_binary`` with ``binary``) retried with backoff while the database
         is unavailable or refuses for a reason that may pass (``transient``); None when giving
         up. A rejection of the values passed (errors.rejects_arguments) is raised."""
-        call = self.db.call_binary if binary else self.db.call
+        call = self.db.call_tuples if tuples else self.db.call_binary if binary else self.db.call
         while True:
             try:
                 rows = call(function, **args)
@@ -621,15 +690,14 @@ class Relay:
                 out.append(letter)
         if out and not self._publish_or_store(publisher, db_outage, out):
             return  # stopping before the broker (or the table) took them: not committed, read again
-        offsets: dict[tuple[str, int], int] = {}
-        for msg in msgs:
-            if msg.error() is None:
-                key = (msg.topic(), msg.partition())
-                offsets[key] = max(offsets.get(key, -1), msg.offset() + 1)
+        # The consumer's position: past the last message consume() returned per partition, i.e.
+        # past this batch (the previous ones were handled before it was read), without a
+        # Python step per message. A partition nothing was read from yet has none (negative).
+        offsets = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
         if not offsets:
             return
         try:
-            consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=True)
+            consumer.commit(offsets=offsets, asynchronous=True)
             self._commits_pending += 1
         except KafkaException as exc:  # e.g. a rebalance: the batch may be read again, duplicates are ignored
             log.warning("could not commit input offsets (the batch may be read again): %s", exc)
@@ -658,12 +726,12 @@ class Relay:
                     continue
                 if rows is None:
                     return None
-                outcomes.append(rows[0]["outcome"])
+                outcomes.append(rows[0][2])
             self._count(outcomes)
             return outcomes
         if rows is None:
             return None
-        outcomes = [r["outcome"] for r in rows]
+        outcomes = [r[2] for r in rows]  # (ord, id, outcome), in input order
         self._count(outcomes)
         return outcomes
 
@@ -703,21 +771,21 @@ class Relay:
                                  row_id=row_id)
 
     def _publish_refusing(self, publisher: Publisher, out: list[Outgoing], give_up: Callable[[], bool],
-                          on_sent: Callable[[Outgoing, Message], None],
-                          on_dropped: Callable[[Outgoing], None] = lambda item: None) -> list[Outgoing]:
+                          refused: list[Outgoing] | None = None) -> list[Outgoing]:
         """publish() within half the hold time; a message refused for itself is replaced by its
-        dead letter (published in the next round) or dropped. Returns the undelivered."""
+        dead letter (published in the next round) or dropped; ``refused`` collects the refused
+        messages that are not dead letters. Returns the undelivered (dead letters included)."""
         undelivered: list[Outgoing] = []
         while out:
-            refused: list[tuple[Outgoing, KafkaError]] = []
-            undelivered += publisher.publish(out, give_up, on_sent, until=time.monotonic() + self.cfg.hold_ms / 2000.0,
-                                             on_refused=lambda item, err: refused.append((item, err)))
+            rounds: list[tuple[Outgoing, KafkaError]] = []
+            undelivered += publisher.publish(out, give_up, until=time.monotonic() + self.cfg.hold_ms / 2000.0,
+                                             on_refused=lambda item, err: rounds.append((item, err)))
             out = []
-            for item, err in refused:
+            for item, err in rounds:
+                if refused is not None and not isinstance(item.tag, DeadLetter):
+                    refused.append(item)
                 instead = self._instead_of_refused(item, err)
-                if instead is None:
-                    on_dropped(item)
-                else:
+                if instead is not None:
                     out.append(instead)
         return undelivered
 
@@ -731,7 +799,13 @@ class Relay:
         broker cannot reach is retried. Stopping before every message was either
         delivered or stored, False: the caller does not commit the input."""
         stopping = self.stop.is_set
-        undelivered = self._publish_refusing(publisher, out, stopping, self._sent)
+        refused: list[Outgoing] = []
+        fired_at = time.time()
+        undelivered = self._publish_refusing(publisher, out, stopping, refused)
+        failed = {id(item) for item in undelivered} | {id(item) for item in refused}
+        fired = [item.tag.deadline for item in out if id(item) not in failed and isinstance(item.tag, Delayed)]
+        FIRED.inc(len(fired))
+        observe_lags(fired_at, fired)
         if not undelivered:
             return True
         if stopping():
@@ -743,6 +817,7 @@ class Relay:
                         len(late), publisher.last_error)
             if self._enqueue_call(late, outage, stopping, store_late=True) is None:
                 return False
+            self._rescan = True  # stored with past deadlines: below the fire loop's mark
         if dead and publisher.last_error is not None and publisher.last_error.code() in UNREACHABLE:
             # the broker is away (not refusing them): dead letters have no table to wait in, so
             # they are retried until delivered; stopping first, the input is read again
@@ -762,7 +837,7 @@ class Relay:
         vals = [d.value for d in batch]
         headers = [Jsonb(headers_to_json(d.headers)) if d.headers else None for d in batch]
         return self._db_call(
-            outage, "enqueue_messages", give_up, binary=True,
+            outage, "enqueue_messages", give_up, tuples=True,
             ids=[d.id for d in batch], deadlines=[d.deadline for d in batch],
             keys=keys if any(k is not None for k in keys) else None,
             vals=vals if any(v is not None for v in vals) else None,
@@ -776,13 +851,6 @@ class Relay:
             if n:
                 counter.inc(n)
 
-    @staticmethod
-    def _sent(item: Outgoing, msg: Message) -> None:
-        """Delivery confirmed: count fired late messages and their lag (dead letters have no tag)."""
-        if isinstance(item.tag, Delayed):
-            FIRED.inc()
-            FIRE_LAG.observe(msg.timestamp()[1] / 1000.0 - item.tag.deadline.timestamp())
-
     # -- 2. ready and fire ------------------------------------------------------
 
     def fire_loop(self) -> None:
@@ -794,7 +862,16 @@ class Relay:
 
         The claim runs ahead only after a full batch (more are due: under load); after a
         smaller one it waits until the previous batch is deleted, as an unpipelined loop
-        would, so a light load is claimed in batches, not one message at a time."""
+        would, so a light load is claimed in batches, not one message at a time, and at least
+        half the timing advance after the previous claim started.
+
+        Claims (and next_deadline) start at the latest deadline claimed so far minus
+        MARK_SLACK (``after``), not at the start of the waiting index, whose low end holds the
+        entries of every message fired since the last VACUUM (sql/delay.sql,
+        _delay_dead_head). A message can be waiting below that mark only if it was stored by
+        an enqueue that ran longer than MARK_SLACK, stored late (store_late), skipped while a
+        peer held it, or reset by reset_stuck: every RESCAN_S, and at once after a reset or a
+        late store by this node, a claim starts from the start instead."""
         cfg = self.cfg
         outage = Outage("PostgreSQL (fire)", log)
         poll = cfg.poll_ms / 1000.0
@@ -803,27 +880,48 @@ class Relay:
         batches: queue.SimpleQueue[list[dict] | None] = queue.SimpleQueue()
         deliverer = self._thread(self._deliver_loop, batches, done)
         deliverer.start()
+        # after a batch that was not full, the next claim waits at least half the timing advance
+        # (never longer than the poll interval): a message claimed that much later is still
+        # fired before its deadline, and a steady load is claimed in batches of that many
+        # milliseconds' worth instead of a few messages per round trip
+        gap = min(poll, cfg.timing_advance_ms / 2000.0)
         full = False
+        mark: datetime | None = None  # the latest deadline claimed
+        rescan_at = 0.0
         try:
             while not self.stop.is_set():
                 limit = PIPELINE if full else 1
                 with done:
                     if not done.wait_for(lambda: self._in_flight < limit, timeout=poll):
                         continue  # still delivering
-                claimed_at = time.time()
+                claimed_at, started = time.time(), time.monotonic()
+                after = None
+                if mark is not None and not self._rescan and time.monotonic() < rescan_at:
+                    after = mark - MARK_SLACK
+                else:
+                    self._rescan = False
+                    rescan_at = time.monotonic() + RESCAN_S
                 CLAIMS.inc()
-                rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, binary=True, node=self.node,
-                                     advance=cfg.advance, max_count=cfg.fire_batch)
+                rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, tuples=True, node=self.node,
+                                     advance=cfg.advance, max_count=cfg.fire_batch, after=after)
                 if rows is None:
                     break
                 if rows:
+                    top = max(row[1] for row in rows)
+                    mark = top if mark is None or top > mark else mark
                     with done:
                         self._in_flight += 1
                     batches.put(rows)
                 full = len(rows) >= cfg.fire_batch
                 if full:
                     continue  # more are due: no sleep
-                self.wakeup.wait(self._sleep_time(outage, poll, None if rows else claimed_at), jitter=0.2)
+                sleep = self._sleep_time(outage, poll, None if rows else claimed_at, after)
+                rest = started + gap - time.monotonic()
+                if rest > 0:  # a NOTIFY does not cut this short; it is still seen after it
+                    if self.stop.wait(rest):
+                        break
+                    sleep -= rest
+                self.wakeup.wait(sleep, jitter=0.2)
         finally:
             batches.put(None)  # the claimed batches are still delivered (bounded), then it stops
             deliverer.join()
@@ -843,14 +941,15 @@ class Relay:
         finally:
             publisher.close()
 
-    def _sleep_time(self, outage: Outage, poll: float, claimed_nothing_at: float | None = None) -> float:
-        """Until the next deadline minus the advance, at most the poll interval.
+    def _sleep_time(self, outage: Outage, poll: float, claimed_nothing_at: float | None = None,
+                    after: datetime | None = None) -> float:
+        """Until the next deadline (from ``after`` on) minus the advance, at most the poll interval.
 
         ``claimed_nothing_at``: when a ready_and_claim that returned nothing started. A
         message that was already due then but was not claimed is row-locked by another
         session (SKIP LOCKED): the poll interval, not a hot loop on its past deadline."""
         try:
-            nxt = self.db.call_value("next_deadline")
+            nxt = self.db.call_value("next_deadline", after=after)
             outage.ok()
         except (SchedulerError, psycopg.Error) as exc:
             if not transient(exc):
@@ -863,26 +962,14 @@ class Relay:
             return poll
         return min(poll, max(0.0, due_at - time.time()))
 
-    def _fire(self, publisher: Publisher, outage: Outage, rows: list[dict]) -> None:
-        out = [Outgoing(self.cfg.output_topic, r["key"], r["value"], headers_from_json(r["headers"]),
-                        (r["id"], r["deadline"])) for r in rows]
-        delivered: list[str] = []  # fired, dead-lettered or dropped: to delete
-        observe = FIRE_LAG.observe
-        fired = 0
-
-        def sent(item: Outgoing, msg: Message) -> None:
-            nonlocal fired
-            tag = item.tag
-            if type(tag) is tuple:
-                fired += 1
-                delivered.append(tag[0])
-                observe(msg.timestamp()[1] / 1000.0 - tag[1].timestamp())
-            else:
-                delivered.append(tag.row_id)
-
-        def dropped(item: Outgoing) -> None:
-            delivered.append(item.tag.row_id if isinstance(item.tag, DeadLetter) else item.tag[0])
-
+    def _fire(self, publisher: Publisher, outage: Outage, rows: list[tuple]) -> None:
+        """Publish claimed rows (ready_and_claim's columns: id, deadline, headers, key, value,
+        readied_at), then delete the delivered, dead-lettered or dropped ones."""
+        topic = self.cfg.output_topic
+        out = [Outgoing(topic, key, value, headers_from_json(headers) if headers else None, (ident, deadline))
+               for ident, deadline, headers, key, value, _ in rows]
+        refused: list[Outgoing] = []
+        fired_at = time.time()
         # Once stopping, in-flight fires still finish (bounded); undelivered ones stay
         # ready and are reset by a peer (or this node's successor) after the hold time.
         # Retries stop at half the hold time, so a message the broker keeps refusing (too
@@ -890,22 +977,27 @@ class Relay:
         # batch are deleted before the detector would reset them.
         # A message the broker refuses for itself (too large) is dead-lettered or dropped, and
         # deleted like a fired one: never retried every hold period.
-        undelivered = self._publish_refusing(publisher, out, self.stop.is_set, sent, dropped)
+        undelivered = self._publish_refusing(publisher, out, self.stop.is_set, refused)
         if undelivered and not self.stop.is_set():
             log.error("could not publish %d message(s) within half the hold time (%s), e.g. %s; they stay "
                       "ready and are tried again once reset", len(undelivered), publisher.last_error,
                       ", ".join(str(item.tag.row_id if isinstance(item.tag, DeadLetter) else item.tag[0])
                                 for item in undelivered[:5]))
-        FIRED.inc(fired)
+        kept = {item.tag.row_id if isinstance(item.tag, DeadLetter) else item.tag[0] for item in undelivered}
+        delivered = [row[0] for row in rows if row[0] not in kept]  # fired, dead-lettered or dropped
+        failed = kept.union(item.tag[0] for item in refused)
+        fired = [row[1] for row in rows if row[0] not in failed]
+        FIRED.inc(len(fired))
+        observe_lags(fired_at, fired)
         if not delivered:
             return
         deadline = time.monotonic() + self.cfg.hold_ms / 1000.0
         gone = self._db_call(outage, "delete_fired", lambda: self.stop.is_set() and time.monotonic() > deadline,
-                             binary=True, ids=delivered, node=self.node)
-        for row in gone or []:
+                             tuples=True, ids=delivered, node=self.node)
+        for (ident,) in gone or []:
             ALREADY_GONE.inc()
             log.warning("fired message %s was already gone (a peer suspected this node %s and fired it too)",
-                        row["id"], self.node)
+                        ident, self.node)
 
     # -- 3. detect and recover --------------------------------------------------
 
@@ -930,4 +1022,5 @@ class Relay:
                 RESETS.inc()
                 log.warning("suspected failure of %s for message %s", row["suspected_node"], row["id"])
             if rows:
+                self._rescan = True  # reset messages wait below the fire loop's mark
                 self.wakeup.poke()
