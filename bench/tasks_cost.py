@@ -7,9 +7,15 @@ costs the database"):
     python bench/tasks_cost.py sql "$DSN"        # lease_tasks_lean n=500 + complete_tasks, two connections
     python bench/tasks_cost.py graphile "$DSN"   # the same work in graphile-worker's shape (its own table)
     python bench/tasks_cost.py worker "$DSN"     # one Worker, capacity 10, no-op handler
+    python bench/tasks_cost.py single "$DSN"     # lease_task + complete_task, one call each (3,000 tasks)
+    python bench/tasks_cost.py vacuum "$DSN" --finished 500000   # VACUUM of the tasks table per 2,000 tasks
 
-Options: --tasks (50,000), --batch (500). Each run adds its tasks to queue 'cost' (the sql
-and worker modes) or to table cost_gjobs (graphile, dropped first).
+Options: --tasks (50,000), --batch (500), --finished (0): first submit, lease and complete that
+many tasks of queue 'cost-done' unmeasured, the finished tasks a deployment keeps for its
+retention period (the sql and worker modes). Each run adds its tasks to queue 'cost' (the sql
+and worker modes) or to table cost_gjobs (graphile, dropped first). Besides the backends of the
+run, it reports the CPU of the whole server per task (every PostgreSQL process: autovacuum and
+the other background processes included), so run it on a server of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +34,35 @@ def cpu(pid: int) -> float:
     """CPU seconds (user + system) of process pid."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def server_cpu(backend_pid: int) -> float:
+    """CPU seconds of the whole server: the postmaster, its children, and the children it reaped."""
+    status = open(f"/proc/{backend_pid}/status").read()
+    postmaster = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    fields = open(f"/proc/{postmaster}/stat").read().rsplit(")", 1)[1].split()
+    total = sum(int(f) for f in fields[11:15]) / CLK  # utime, stime, cutime, cstime
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == postmaster:
+                total += (int(stat[11]) + int(stat[12])) / CLK
+    return total
+
+
+def finish_ahead(dsn: str, n: int) -> None:
+    """n finished tasks in queue 'cost-done' (unmeasured): the retention period's tasks."""
+    if not n:
+        return
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(STATEMENTS["sql"][0].replace("'cost'", "'cost-done'"), {"n": n})
+        while rows := c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost-done',"
+                                " worker => 'cost-0', n => 5000)").fetchall():
+            c.execute(STATEMENTS["sql"][2], {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
+        c.execute("VACUUM ANALYZE")
 
 
 GJOBS = """DROP TABLE IF EXISTS cost_gjobs;
@@ -52,8 +87,10 @@ STATEMENTS = {
 }
 
 
-def sql_cost(dsn: str, mode: str, tasks: int, batch: int) -> str:
+def sql_cost(dsn: str, mode: str, tasks: int, batch: int, finished: int = 0) -> str:
     fill, lease, complete = STATEMENTS[mode]
+    if mode == "sql":
+        finish_ahead(dsn, finished)
     with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as c:
         for conn in (a, c):
             conn.execute("SET synchronous_commit = off")  # backend CPU, not the WAL flush wait
@@ -62,7 +99,7 @@ def sql_cost(dsn: str, mode: str, tasks: int, batch: int) -> str:
         a.execute(fill, {"n": tasks})
         a.execute("VACUUM ANALYZE")
         lease_cpu = complete_cpu = 0.0
-        done, started = 0, time.perf_counter()
+        done, started, server0 = 0, time.perf_counter(), server_cpu(a.info.backend_pid)
         while True:
             before = cpu(a.info.backend_pid)
             rows = a.execute(lease, {"b": batch}).fetchall()
@@ -73,17 +110,54 @@ def sql_cost(dsn: str, mode: str, tasks: int, batch: int) -> str:
             c.execute(complete, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
             complete_cpu += cpu(c.info.backend_pid) - before
             done += len(rows)
-        wall = time.perf_counter() - started
+        wall, server = time.perf_counter() - started, server_cpu(a.info.backend_pid) - server0
     return (f"{mode}: {done:,} tasks in batches of {batch}: backend CPU lease {lease_cpu / done * 1e6:.1f} us/task,"
             f" complete {complete_cpu / done * 1e6:.1f} us/task, total {(lease_cpu + complete_cpu) / done * 1e6:.1f}"
-            f" us/task ({done / wall:,.0f} tasks/s)")
+            f" us/task, server {server / done * 1e6:.1f} us/task ({done / wall:,.0f} tasks/s)")
 
 
-def worker_cost(dsn: str, tasks: int) -> str:
+def single_cost(dsn: str, tasks: int, finished: int = 0) -> str:
+    """The single-task path: lease_task, then complete_task, one call each, one connection."""
+    finish_ahead(dsn, finished)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(STATEMENTS["sql"][0], {"n": tasks})
+        c.execute("VACUUM ANALYZE")
+        pid, lease_cpu, complete_cpu = c.info.backend_pid, 0.0, 0.0
+        for _ in range(tasks):
+            before = cpu(pid)
+            task = c.execute("SELECT pyscheduler.lease_task(queue => 'cost', worker => 'cost-1')").fetchone()[0]
+            lease_cpu += cpu(pid) - before
+            before = cpu(pid)
+            c.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (task["rn"], task["token"]))
+            complete_cpu += cpu(pid) - before
+    return (f"single: {tasks:,} tasks: backend CPU lease_task {lease_cpu / tasks * 1e6:.0f} us,"
+            f" complete_task {complete_cpu / tasks * 1e6:.0f} us per call")
+
+
+def vacuum_cost(dsn: str, finished: int) -> str:
+    """What a VACUUM of the tasks table costs after 2,000 leases and completions (autovacuum's
+    threshold), with a retention period's finished tasks kept (--finished), three times."""
+    finish_ahead(dsn, finished)
+    fill, _, complete = STATEMENTS["sql"]
+    passes = []
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for _ in range(3):
+            c.execute(fill, {"n": 2000})
+            rows = c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost',"
+                             " worker => 'cost-1', n => 2000)").fetchall()
+            c.execute(complete, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
+            before = cpu(c.info.backend_pid)
+            c.execute("VACUUM pyscheduler.tasks")
+            passes.append(f"{(cpu(c.info.backend_pid) - before) * 1000:.0f} ms")
+    return f"vacuum: VACUUM pyscheduler.tasks after 2,000 tasks, {finished:,} finished kept: {', '.join(passes)} CPU"
+
+
+def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
     from pyscheduler.db import Database
     from pyscheduler.tasks import Worker
     from pyscheduler.tasks.bench import submit_bulk
 
+    finish_ahead(dsn, finished)
     with Database(dsn) as db:  # closed before the run: its backends are not counted
         submit_bulk(db, "cost", tasks)
     with psycopg.connect(dsn, autocommit=True) as c:
@@ -96,6 +170,8 @@ def worker_cost(dsn: str, tasks: int) -> str:
             if count[0] == tasks:
                 finished.set()
 
+    with psycopg.connect(dsn) as c:
+        server0 = server_cpu(c.info.backend_pid)
     started, py0 = time.perf_counter(), time.process_time()
     running = Worker(dsn, "cost", handle, capacity=10, poll_interval=0.5).start()
     finished.wait(600)
@@ -104,19 +180,28 @@ def worker_cost(dsn: str, tasks: int) -> str:
         pids = [r[0] for r in c.execute("SELECT pid FROM pg_stat_activity"
                                         " WHERE datname = current_database() AND pid <> pg_backend_pid()")]
         backends = sum(cpu(pid) for pid in pids)
+        server = server_cpu(c.info.backend_pid) - server0
     running.stop()
     return (f"worker: {count[0]:,} tasks, {count[0] / wall:,.0f} tasks/s; CPU per task: Python {py / tasks * 1e6:.1f} us,"
-            f" its {len(pids)} backends {backends / tasks * 1e6:.1f} us")
+            f" its {len(pids)} backends {backends / tasks * 1e6:.1f} us, server {server / tasks * 1e6:.1f} us")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["sql", "graphile", "worker"])
+    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "vacuum"])
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--finished", type=int, default=0)
     a = parser.parse_args()
-    line = worker_cost(a.dsn, a.tasks) if a.mode == "worker" else sql_cost(a.dsn, a.mode, a.tasks, a.batch)
+    if a.mode == "worker":
+        line = worker_cost(a.dsn, a.tasks, a.finished)
+    elif a.mode == "single":
+        line = single_cost(a.dsn, min(a.tasks, 3000), a.finished)
+    elif a.mode == "vacuum":
+        line = vacuum_cost(a.dsn, a.finished)
+    else:
+        line = sql_cost(a.dsn, a.mode, a.tasks, a.batch, a.finished)
     print(f"{line}; load average {os.getloadavg()[0]:.2f}")
 
 
