@@ -356,15 +356,16 @@ class _Dedicated:
         self._session: Session | None = None
 
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
-        return self._call(function, args, binary=False)
+        return self._call("call", function, args)
 
     def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
-        return self._call(function, args, binary=True)
+        return self._call("call_binary", function, args)
 
     def call_text(self, function: str, /, *, as_text: tuple[str, ...], **args: Any) -> list[tuple[Any, ...]]:
-        return self._call(function, args, binary=as_text)
+        return self._call("call_text", function, dict(args, as_text=as_text))
 
-    def _call(self, function: str, args: dict[str, Any], binary: Any) -> list[Any]:
+    def _call(self, method: str, function: str, args: dict[str, Any]) -> list[Any]:
+        """``Session.<method>(function, **args)`` on the held connection."""
         if self._session is None:
             stack = contextlib.ExitStack()
             session = stack.enter_context(self.db.session())
@@ -377,11 +378,7 @@ class _Dedicated:
                     self.close()
                     raise
         try:
-            if isinstance(binary, tuple):
-                return self._session.call_text(function, as_text=binary, **args)
-            if binary:
-                return self._session.call_binary(function, **args)
-            return self._session.call(function, **args)
+            return getattr(self._session, method)(function, **args)
         except Exception as exc:
             if is_retryable(exc):
                 self.close()
