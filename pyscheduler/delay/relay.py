@@ -308,10 +308,12 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (SchedulerError, psycopg.Error)) and not rejects_arguments(exc)
 
 
-def observe_lags(fired_at: float, deadlines: Sequence[datetime]) -> None:
-    """FIRE_LAG for messages fired at ``fired_at`` (epoch seconds) with these deadlines, in one
-    pass over the buckets: Histogram.observe per message (a lock and a bucket search each) was a
-    visible share of the relay's CPU. Falls back to observe() if prometheus_client changes."""
+def count_fired(fired_at: float, deadlines: Sequence[datetime]) -> None:
+    """FIRED and FIRE_LAG for messages fired at ``fired_at`` (epoch seconds) with these
+    deadlines, the lags in one pass over the buckets: Histogram.observe per message (a lock and
+    a bucket search each) was a visible share of the relay's CPU. Falls back to observe() if
+    prometheus_client changes."""
+    FIRED.inc(len(deadlines))
     try:
         bounds, buckets, total = FIRE_LAG._upper_bounds, FIRE_LAG._buckets, FIRE_LAG._sum
     except AttributeError:
@@ -804,8 +806,7 @@ class Relay:
         undelivered = self._publish_refusing(publisher, out, stopping, refused)
         failed = {id(item) for item in undelivered} | {id(item) for item in refused}
         fired = [item.tag.deadline for item in out if id(item) not in failed and isinstance(item.tag, Delayed)]
-        FIRED.inc(len(fired))
-        observe_lags(fired_at, fired)
+        count_fired(fired_at, fired)
         if not undelivered:
             return True
         if stopping():
@@ -987,8 +988,7 @@ class Relay:
         delivered = [row[0] for row in rows if row[0] not in kept]  # fired, dead-lettered or dropped
         failed = kept.union(item.tag[0] for item in refused)
         fired = [row[1] for row in rows if row[0] not in failed]
-        FIRED.inc(len(fired))
-        observe_lags(fired_at, fired)
+        count_fired(fired_at, fired)
         if not delivered:
             return
         deadline = time.monotonic() + self.cfg.hold_ms / 1000.0
