@@ -87,6 +87,17 @@ def test_a_uuid_array_reaches_the_database_as_the_uuids_given(db, values):
     assert got == [str(uuid.UUID(str(v))) for v in values]
 
 
+def test_a_uuid_array_refuses_values_that_are_not_uuids():
+    a = str(uuid.uuid4())
+    # 36 characters each and 64 hex digits together, but 33 and 31 each: not two uuids
+    h = uuid.uuid4().hex + uuid.uuid4().hex
+    shifted = [f"{h[:9]}-{h[9:13]}-{h[13:17]}-{h[17:33]}", f"{h[33:40]}-{h[40:44]}-{h[44:48]}-{h[48:52]}--{h[52:]}"]
+    assert [len(v) for v in shifted] == [36, 36]
+    for values in (shifted, [a, "not a uuid"], [a, None]):
+        with pytest.raises((ValueError, TypeError)):
+            UuidArray(values)
+
+
 @pytest.mark.parametrize("text", [
     '{"a": 18446744073709551616}', '[-9223372036854775809, 9223372036854775807, -9223372036854775808]',
     "[" + "1" * 301 + "]", "[0." + "0" * 300 + "1]", '{"phone": "1234567890123456789012"}', '[1e400, -0.0, 0.1]',

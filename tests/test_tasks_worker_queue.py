@@ -58,7 +58,7 @@ def _leased_into_queue(db, worker: Worker, queue: str, n: int, until: float) -> 
     """Lease n tasks for ``worker`` and put them in its local queue as if its lease thread had."""
     db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(n)]))
     with db.session() as s:  # the rows as the lease thread gets them (rn, token, spec as text)
-        rows = s.call_text("lease_tasks_lean", as_text=("uuid", "jsonb"), queue=queue, worker="w-test", n=n)
+        rows = s.call_tuples("lease_tasks_lean", as_text=("uuid", "jsonb"), queue=queue, worker="w-test", n=n)
     worker._enqueue(rows, until)
     return [r[0] for r in rows]
 
