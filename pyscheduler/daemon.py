@@ -2,8 +2,10 @@
 
 A daemon is any object with a ``name`` and a ``run(stop)`` method that works
 until the ``threading.Event`` ``stop`` is set and then returns after finishing
-its in-flight work. ``run_daemons`` runs several in threads, turns SIGTERM and
-Ctrl-C into ``stop``, and returns 0 on a clean stop, 1 if a daemon crashed.
+its in-flight work. ``run_daemons`` runs several in threads, restarts one that
+crashes (with backoff, never stopping its siblings), and returns 0 on a clean stop,
+1 if a daemon crashed. SIGTERM and Ctrl-C set ``stop`` (install_signal_handlers).
+A daemon may offer ``fresh()``: a new instance with its settings, for a restart.
 
 Capabilities plug in through ``pyscheduler/<capability>/cli.py``, which
 exposes ``group`` (its click commands), ``daemons(ctx)`` (for ``pyscheduler
@@ -16,9 +18,12 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -56,26 +61,67 @@ def install_signal_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeout: float = 30.0) -> int:
-    """Run each daemon in a thread until ``stop``; 0 when all stopped cleanly."""
-    failed: list[str] = []
+def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeout: float = 30.0,
+                first_backoff: float = 1.0, max_backoff: float = 60.0) -> int:
+    """Run each daemon in a thread until ``stop``; 0 when all stopped cleanly.
+
+    A daemon whose ``run`` raises (or returns before ``stop``) is restarted after a
+    backoff (``first_backoff`` doubling up to ``max_backoff``; back to the first after it
+    ran for ``max_backoff``), with a log line each time: one crash never stops its
+    siblings, and the process never goes on silently without it. A restart runs
+    ``daemon.fresh()`` when the daemon has it (a new instance with the same settings:
+    no state half-torn by the crash), else ``run`` again. Returns 1 when a daemon
+    crashed at least once or did not stop within ``join_timeout``. A ``ConfigError`` on a
+    daemon's first run (it cannot start as configured) stops the process instead."""
+    crashes: list[str] = []
 
     def target(d: Daemon) -> None:
-        try:
-            d.run(stop)
-        except BaseException:
-            log.exception("daemon %s crashed", d.name)
-            failed.append(d.name)
-            stop.set()
+        backoff = first_backoff
+        first = True
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                d.run(stop)
+                if stop.is_set():
+                    return
+                why = "returned before it was stopped"
+                log.error("daemon %s %s", d.name, why)
+            except ConfigError as exc:
+                crashes.append(d.name)
+                if first:  # the operator's mistake, told at once (e.g. a topic that does not exist)
+                    log.error("daemon %s cannot start: %s; stopping", d.name, exc)
+                    stop.set()
+                    return
+                why = f"crashed: {exc}"
+                log.error("daemon %s %s", d.name, why)
+            except BaseException as exc:  # noqa: BLE001 - whatever it was, its siblings go on
+                why = f"crashed: {type(exc).__name__}: {exc}"
+                log.exception("daemon %s crashed", d.name)
+            first = False
+            crashes.append(d.name)
+            if time.monotonic() - started >= max_backoff:
+                backoff = first_backoff
+            log.error("daemon %s %s; restarting it in %.1fs", d.name, why.splitlines()[0] if why else "", backoff)
+            if stop.wait(backoff):
+                return
+            backoff = min(max_backoff, backoff * 2)
+            fresh = getattr(d, "fresh", None)
+            if fresh is not None:
+                try:
+                    d = fresh()
+                except Exception:  # noqa: BLE001
+                    log.exception("daemon %s could not be rebuilt; running the old instance again", d.name)
+            log.warning("daemon %s restarting", d.name)
 
     threads = [threading.Thread(target=target, args=(d,), name=d.name) for d in daemons]
     for t in threads:
         t.start()
     while not stop.wait(0.5):
         pass
+    failed = bool(crashes)
     for t in threads:
         t.join(join_timeout)
         if t.is_alive():
             log.error("daemon %s did not stop within %.0fs", t.name, join_timeout)
-            failed.append(t.name)
+            failed = True
     return 1 if failed else 0

@@ -79,12 +79,20 @@ class ConnectionSettings:
         return {k: v for k, v in out.items() if k not in given}
 
     def apply(self, conn: psycopg.Connection) -> None:
-        """Set the statement timeout on a new connection, unless the DSN, the role or the
+        """Pin what every pyscheduler connection relies on, in one round trip, whatever the
+        role or the database sets: TimeZone UTC (times come back in UTC, and Python's
+        arithmetic on them never meets a DST change), DateStyle ISO and IntervalStyle
+        postgres (the only ones psycopg's loaders parse: another one made every value a
+        DataError). Set the statement timeout too, unless the DSN, the role or the
         database already set one (a DBA's setting wins)."""
-        if self.statement_timeout:
-            conn.execute(f"SELECT CASE WHEN current_setting('statement_timeout') = '0' "
-                         f"THEN set_config('statement_timeout', '{int(self.statement_timeout)}', false) END")
+        timeout = int(self.statement_timeout)
+        conn.execute(SESSION_PINS + (f", CASE WHEN current_setting('statement_timeout') = '0' "
+                                     f"THEN set_config('statement_timeout', '{timeout}', false) END" if timeout else ""))
 
+
+# The session settings every pyscheduler connection pins (ConnectionSettings.apply; design.md).
+SESSION_PINS = ("SELECT set_config('TimeZone', 'UTC', false), set_config('DateStyle', 'ISO, MDY', false), "
+                "set_config('IntervalStyle', 'postgres', false)")
 
 _settings: ConnectionSettings | None = None
 

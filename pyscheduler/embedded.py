@@ -161,7 +161,13 @@ class Postgres(Server):
             import stat
 
             self._os_user = "pgserver"
-            entry = ensure_user_exists(self._os_user)
+            # one useradd on a new machine: processes starting servers at once (pytest-xdist's
+            # workers) each ran it, and a server then ran as a uid another useradd had replaced
+            import fcntl
+
+            with open(Path(tempfile.gettempdir()) / "pyscheduler-useradd.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                entry = ensure_user_exists(self._os_user)
             ensure_prefix_permissions(self.bindir)
             ensure_folder_permissions(self.bindir, stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH)
             ensure_folder_permissions(self.bindir.parent / "lib", stat.S_IRGRP | stat.S_IROTH)

@@ -134,6 +134,7 @@ CODES: dict[str, type[SchedulerError]] = {
     # foundation
     "PS001": InvalidArgument,  # invalid argument to a foundation function
     "PS002": SchemaError,  # schema setting missing or corrupt
+    "PS003": InvalidArgument,  # user code (a check's SQL job) made the transaction read-only
     # delay queue
     "PS101": InvalidMessage,  # message id NULL, empty or longer than 128 characters
     "PS102": InvalidMessage,  # message without a deadline
@@ -199,35 +200,60 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
-# What a daemon's own calls retry with backoff: connection trouble and any
-# psycopg error that pyscheduler did not raise on purpose (translate() leaves
-# those untranslated), e.g. a read-only server during a failover, a statement
-# timeout, an internal error. Deliberate errors (SchedulerError other than
-# DatabaseUnavailable) are answers, not outages.
-RETRYABLE = (DatabaseUnavailable, psycopg.Error)
+# The one classification of failures (design.md, "Only an outage is retryable").
+# An outage is retried with backoff, everywhere: connection loss (class 08, and a
+# connection psycopg reports broken without a SQLSTATE), admin or crash shutdown and
+# cannot-connect-now (57P0x), a statement cancelled by a timeout or an operator
+# (57014), serialization failures and deadlocks (class 40), a lock timeout (55P03),
+# a read-only server during a failover (25006), a server out of resources (class 53:
+# too many connections, disk full) or with an I/O error (class 58). Everything else
+# is an answer: a data error (class 22/23, 54000, a PS code, a value psycopg cannot
+# load or dump) belongs to the item that caused it and is never retried; any other
+# error (a missing function or privilege: 42xxx, a bug: XX000) is not retried either,
+# and a daemon that meets one crashes and is restarted with backoff by run_daemons.
+# SQLSTATE classes and codes of an outage (psycopg's exception classes follow the DB-API,
+# not the SQLSTATE classes: QueryCanceled is no subclass of OperatorIntervention).
+OUTAGE_CLASSES = ("08", "53", "58")  # connection, insufficient resources, I/O
+OUTAGE_CODES = ("40000", "40001", "40003", "40P01",  # serialization failure, deadlock (not 40002: data)
+                "57000", "57014", "57P01", "57P02", "57P03", "57P04", "57P05",  # cancelled, shut down
+                "55P03",  # lock_not_available (lock_timeout)
+                "25006",  # read_only_sql_transaction: a standby, or a primary demoted by a failover
+                "25P03")  # idle_in_transaction_session_timeout
+
+RETRYABLE: tuple[type[BaseException], ...] = (DatabaseUnavailable,) + tuple(dict.fromkeys(
+    psycopg.errors.lookup(code) for code in (
+        *OUTAGE_CODES, "08000", "08001", "08003", "08004", "08006", "08007", "08P01", "53000", "53100", "53200", "53300", "53400", "58000", "58030")))
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """True unless ``exc`` is an answer pyscheduler gave on purpose (a SchedulerError that is
-    not DatabaseUnavailable): worth waiting and trying again."""
-    if isinstance(exc, SchedulerError):
-        return isinstance(exc, DatabaseUnavailable)
-    return isinstance(exc, Exception)
+    """True for an outage (``RETRYABLE``, a SQLSTATE of ``OUTAGE_CLASSES``/``OUTAGE_CODES``, or
+    a connection psycopg reports broken without a SQLSTATE): worth waiting and trying again.
+    False for every answer, data error and bug."""
+    if isinstance(exc, RETRYABLE):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    code = exc.sqlstate or ""
+    if not code:
+        return isinstance(exc, psycopg.OperationalError)
+    return code.startswith(OUTAGE_CLASSES) or code in OUTAGE_CODES
 
 
 def rejects_arguments(exc: BaseException) -> bool:
-    """True when the database rejected a call because of the values passed, so
-    retrying the same call cannot succeed: an ``InvalidArgument`` (a deliberate
-    PS code such as PS101 or PS104), a data exception (SQLSTATE class 22, e.g.
-    a byte sequence invalid in the server encoding) or program_limit_exceeded
-    (54000, e.g. a row too big for an index).
+    """True for a data error: the values passed or returned are at fault, so the same
+    call cannot succeed and the item that carries them is poison (it ends alone, its
+    neighbours go on). That is an ``InvalidArgument`` (a deliberate PS code such as
+    PS101), a data exception (class 22, e.g. a byte sequence invalid in the server
+    encoding, a timestamp out of range), an integrity violation (class 23, e.g. a CHECK
+    constraint), program_limit_exceeded (54000, e.g. a row too big for an index), or a
+    value psycopg cannot load or dump (``psycopg.DataError`` without a SQLSTATE: a
+    timestamp after year 9999 or BC, an infinite date, a DateStyle it cannot parse).
 
-    Everything else is about the state of the server, not the data: statement
-    or lock timeouts (57014, 55P03), deadlocks and serialization failures
-    (40xxx), a read-only transaction (25006), a full disk (53100), lost
-    connections, missing privileges. Callers retry those instead of treating
-    the data as bad."""
+    Never an outage (``is_retryable``): a statement or lock timeout, a deadlock, a
+    read-only or full database, a lost connection are about the server, not the data."""
     if isinstance(exc, InvalidArgument):
         return True
+    if isinstance(exc, psycopg.DataError) and not getattr(exc, "sqlstate", None):
+        return True
     code = getattr(exc, "sqlstate", None) or ""
-    return code.startswith("22") or code == "54000"
+    return code.startswith(("22", "23")) or code == "54000"

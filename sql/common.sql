@@ -80,3 +80,97 @@ AS $$
 $$;
 COMMENT ON FUNCTION pyscheduler.version() IS
     'The loaded pyscheduler code version and the applied schema migrations.';
+
+-- The conventions of design.md that every capability shares: who is calling, who may
+-- act on a piece of work, which instants and labels a daemon can load, and what user
+-- code may not leave behind.
+
+-- _caller(): the role calling pyscheduler: the session's current role (SET ROLE, else
+-- the login role). A SECURITY DEFINER function changes current_user to its owner but
+-- not this, and a caller cannot forge it (SET ROLE needs membership).
+CREATE OR REPLACE FUNCTION pyscheduler._caller()
+RETURNS name
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user)::name;
+$$;
+
+-- _instant_ok(at): whether an instant is in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z),
+-- the range every client library loads in any time zone (no infinity, no year 10000).
+CREATE OR REPLACE FUNCTION pyscheduler._instant_ok(p_at timestamptz)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_at >= timestamptz '1970-01-01 00:00:00+00' AND p_at < timestamptz '9999-01-01 00:00:00+00';
+$$;
+
+-- _require_instant(name, at, code): raise code unless at is NULL or _instant_ok.
+CREATE OR REPLACE FUNCTION pyscheduler._require_instant(p_name text, p_at timestamptz, p_code text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_at IS NOT NULL AND NOT pyscheduler._instant_ok(p_at) THEN
+        RAISE EXCEPTION '% % is outside the supported range', p_name, p_at
+            USING ERRCODE = p_code, HINT = 'Instants must be in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z).';
+    END IF;
+END
+$$;
+
+-- _require_interval(name, value, lo, hi, code): raise code unless value is NULL or in
+-- [lo, hi] (an interval in months counts 30 days a month, as PostgreSQL compares them).
+CREATE OR REPLACE FUNCTION pyscheduler._require_interval(p_name text, p_value interval, p_lo interval,
+                                                         p_hi interval, p_code text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_value IS NOT NULL AND NOT (p_value >= p_lo AND p_value <= p_hi) THEN
+        RAISE EXCEPTION '% must be between % and %, got %', p_name, p_lo, p_hi, p_value
+            USING ERRCODE = p_code;
+    END IF;
+END
+$$;
+
+-- _label_refusal(text, max_bytes): why a name or label a client gives is not acceptable
+-- (NULL: it is): empty or blank, longer than max_bytes, leading or trailing white space,
+-- or a control, format or separator character that makes it print as something else
+-- (C0/C1 controls, zero-width characters, bidirectional overrides and isolates, line and
+-- paragraph separators, the byte order mark).
+CREATE OR REPLACE FUNCTION pyscheduler._label_refusal(p_text text, p_max_bytes integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_text IS NULL OR p_text = '' THEN 'must not be empty'
+        WHEN pg_catalog.octet_length(p_text) > p_max_bytes THEN pg_catalog.format('must be at most %s bytes', p_max_bytes)
+        WHEN p_text ~ '^\s|\s$' THEN 'must not start or end with white space'
+        WHEN p_text ~ '[\u0001-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufeff\ufff9-\ufffb]'
+            THEN 'must not contain control, zero-width or bidirectional formatting characters'
+    END;
+$$;
+
+-- _after_user_code(): what a pyscheduler function calls right after code a client supplied
+-- (a check's SQL job) returns, before anything else: the job may have changed the
+-- session with set_config(..., false), which outlives it. Re-pins search_path (so
+-- nothing after it resolves a name in the client's schema), TimeZone, DateStyle and
+-- IntervalStyle (the daemons load values in these) for the rest of the session, and
+-- refuses (PS003) a transaction the job made read-only (nothing could be recorded).
+CREATE OR REPLACE FUNCTION pyscheduler._after_user_code()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path', 'pyscheduler, pg_temp', false),
+            pg_catalog.set_config('TimeZone', 'UTC', false),
+            pg_catalog.set_config('DateStyle', 'ISO, MDY', false),
+            pg_catalog.set_config('IntervalStyle', 'postgres', false);
+    IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+        RAISE EXCEPTION 'user code made the transaction read-only'
+            USING ERRCODE = 'PS003', HINT = 'A job must not SET TRANSACTION READ ONLY.';
+    END IF;
+END
+$$;

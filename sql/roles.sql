@@ -24,6 +24,36 @@ AS $$
     SELECT pyscheduler._setting(p_audience || '_role')::name;
 $$;
 
+-- _may_act(owner): whether the caller may change, trigger, delete or read the details
+-- of work owned by owner (design.md: only the role that created it, a role it belongs
+-- to, or the admin role). NULL owner (work from before ownership): admin only.
+CREATE OR REPLACE FUNCTION pyscheduler._may_act(p_owner name)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT p_owner = pyscheduler._caller()
+        OR (p_owner IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_owner)
+            AND pg_catalog.pg_has_role(pyscheduler._caller(), p_owner, 'MEMBER'))
+        OR pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
+$$;
+
+-- _require_owner(owner, what): 42501 unless the caller may act on work owned by owner
+-- (what names it in the message, e.g. 'schedule nightly').
+CREATE OR REPLACE FUNCTION pyscheduler._require_owner(p_owner name, p_what text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF NOT pyscheduler._may_act(p_owner) THEN
+        RAISE EXCEPTION '% belongs to another role', p_what
+            USING ERRCODE = '42501',
+                  HINT = 'Only the role that created it, a member of that role, or the admin role may act on it.';
+    END IF;
+END
+$$;
+
 DO $roles$
 DECLARE
     v_role name;

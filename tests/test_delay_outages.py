@@ -74,12 +74,12 @@ def test_deliberate_and_transient_database_errors_are_told_apart(conn):
 
 def test_a_value_psycopg_cannot_load_is_bad_data_not_an_outage(conn):
     """A BC or year-10000 timestamp fails in psycopg (no SQLSTATE): never retried as an outage."""
-    from pyscheduler.delay.relay import transient
+    from pyscheduler.errors import is_retryable
 
     for value in ("0001-01-01 BC", "10000-01-01"):
         with pytest.raises(psycopg.DataError) as info:
             conn.execute("SELECT %s::timestamptz AS t", (value,)).fetchone()
-        assert not transient(info.value), value
+        assert not is_retryable(info.value) and rejects_arguments(info.value), value
 
 
 def test_statement_timeouts_on_a_locked_table_delay_messages_but_drop_none(dsn, kafka, topics, io, caplog):

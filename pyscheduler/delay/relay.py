@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter, Gauge, Histogram
 
 from ..db import Database, Jsonb, Listener, Outage, Wakeup
-from ..errors import ConfigError, SchedulerError, rejects_arguments
+from ..errors import ConfigError, SchedulerError, is_retryable, rejects_arguments
 
 log = logging.getLogger("pyscheduler.delay")
 
@@ -295,17 +295,6 @@ def headers_from_json(headers: list[dict[str, Any]]) -> list[tuple[str, bytes | 
 def delayed_headers(message_id: str, deadline: datetime) -> list[tuple[str, bytes]]:
     """The two Chronos headers of an input message."""
     return [(HEADER_ID, message_id.encode()), (HEADER_DEADLINE, deadline.isoformat().encode())]
-
-
-def transient(exc: BaseException) -> bool:
-    """A database error to retry with backoff: anything but a rejection of the
-    values passed (errors.rejects_arguments) or a value psycopg cannot load or
-    dump (a client-side psycopg.DataError, no SQLSTATE): a lost connection, a
-    statement or lock timeout, a deadlock, a read-only or full database. Bad
-    data is never taken for an outage."""
-    if isinstance(exc, psycopg.DataError) and not getattr(exc, "sqlstate", None):
-        return False
-    return isinstance(exc, (SchedulerError, psycopg.Error)) and not rejects_arguments(exc)
 
 
 def count_fired(fired_at: float, deadlines: Sequence[datetime]) -> None:
@@ -612,7 +601,7 @@ class Relay:
     def _db_call(self, outage: Outage, function: str, give_up: Callable[[], bool], binary: bool = False,
                  tuples: bool = False, **args: Any) -> list[Any] | None:
         """``db.call`` (``call_binary`` with ``binary``) retried with backoff while the database
-        is unavailable or refuses for a reason that may pass (``transient``); None when giving
+        is unavailable or refuses for a reason that may pass (errors.is_retryable); None when giving
         up. A rejection of the values passed (errors.rejects_arguments) is raised."""
         call = self.db.call_tuples if tuples else self.db.call_binary if binary else self.db.call
         while True:
@@ -621,7 +610,7 @@ class Relay:
                 outage.ok()
                 return rows
             except (SchedulerError, psycopg.Error) as exc:
-                if not transient(exc):
+                if not is_retryable(exc):
                     raise
                 if give_up():
                     return None
@@ -953,7 +942,7 @@ class Relay:
             nxt = self.db.call_value("next_deadline", after=after)
             outage.ok()
         except (SchedulerError, psycopg.Error) as exc:
-            if not transient(exc):
+            if not is_retryable(exc):
                 raise
             return outage.failed(exc)
         if nxt is None:
@@ -1014,7 +1003,7 @@ class Relay:
                     next_backlog = time.monotonic() + 5.0
                 outage.ok()
             except (SchedulerError, psycopg.Error) as exc:
-                if not transient(exc):
+                if not is_retryable(exc):
                     raise
                 self.stop.wait(outage.failed(exc))
                 continue

@@ -822,10 +822,8 @@ class Worker:
                 outage.ok()
                 return True, result
             except Exception as exc:
-                if not is_retryable(exc) or rejects_arguments(exc):
-                    raise  # an answer, or data the database refuses: the same call cannot succeed
-                if not isinstance(exc, RETRYABLE):
-                    log.error("%s failed unexpectedly; retrying", what, exc_info=True)
+                if not is_retryable(exc):
+                    raise  # an answer, data the database refuses or a bug: the same call cannot succeed
                 delay = outage.failed(exc)
             if self._halt.is_set():
                 now = time.monotonic()
@@ -974,8 +972,6 @@ class Worker:
             outage.ok()
         except Exception as exc:
             if is_retryable(exc):
-                if not isinstance(exc, RETRYABLE):
-                    log.error("heartbeats failed unexpectedly", exc_info=True)
                 stop.wait(outage.failed(exc))
                 return
             # a deliberate error about one of them (a progress the database refuses):
@@ -1006,8 +1002,6 @@ class Worker:
                 if not is_retryable(exc):  # a deliberate error about this task: the others go on
                     log.error("heartbeat of task %s failed: %s", ctx.rn, exc)
                     continue
-                if not isinstance(exc, RETRYABLE):
-                    log.error("heartbeat of task %s failed unexpectedly", ctx.rn, exc_info=True)
                 stop.wait(outage.failed(exc))
                 break
 

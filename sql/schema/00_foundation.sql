@@ -14,7 +14,9 @@ INSERT INTO pyscheduler.settings (name, value) VALUES
     ('scheduler_role', 'pyscheduler_scheduler'),
     ('checker_role', 'pyscheduler_checker'),
     ('monitor_role', 'pyscheduler_monitor'),
-    ('admin_role', 'pyscheduler_admin');
+    ('admin_role', 'pyscheduler_admin'),
+    -- networks HTTP targets may reach although the egress policy refuses them (sql/egress.sql)
+    ('http_allow', '{}');
 
 -- NOTIFY throttling (_notify_throttled): a fixed number of slots, a channel
 -- hashed to one, so the table stays small however many channels are used.
