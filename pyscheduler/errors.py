@@ -256,4 +256,6 @@ def rejects_arguments(exc: BaseException) -> bool:
     if isinstance(exc, psycopg.DataError) and not getattr(exc, "sqlstate", None):
         return True
     code = getattr(exc, "sqlstate", None) or ""
+    if issubclass(CODES.get(code, SchedulerError), InvalidArgument):  # a PS code not translated yet
+        return True
     return code.startswith(("22", "23")) or code == "54000"

@@ -32,7 +32,7 @@ RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
-    SELECT p_owner = pyscheduler._caller()
+    SELECT coalesce(p_owner = pyscheduler._caller(), false)
         OR (p_owner IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_owner)
             AND pg_catalog.pg_has_role(pyscheduler._caller(), p_owner, 'MEMBER'))
         OR pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');

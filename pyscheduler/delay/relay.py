@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import dataclasses
 import gc
 import logging
 import queue
@@ -511,6 +512,11 @@ class Relay:
         self._commits_pending = 0  # asynchronous input commits not yet answered
         self._in_flight = 0  # claimed batches not yet deleted (fire_loop)
         self._rescan = False  # the next claim starts at the start of the waiting index (fire_loop)
+
+    def fresh(self) -> "Relay":
+        """A new node with these settings (run_daemons' restart after a crash): a new node id,
+        so the messages the crashed node held ready are reset after the hold time (reset_stuck)."""
+        return Relay(dataclasses.replace(self.cfg, node=uuid.uuid4()))
 
     # -- configuration ---------------------------------------------------------
 

@@ -37,25 +37,32 @@ class Monitor:
         self.resets = 0
         self.deleted = 0
 
+    def fresh(self) -> "Monitor":
+        """A new monitor with these settings (run_daemons' restart after a crash)."""
+        return Monitor(self.dsn, reset_interval=self.reset_interval, retention=self.retention,
+                       cleanup_interval=self.cleanup_interval, batch=self.batch)
+
     def run(self, stop: threading.Event) -> None:
         wakeup = Wakeup()
         poke_on(stop, wakeup)
         listener = Listener(self.dsn, [MONITOR_CHANNEL], wakeup.poke, on_reconnect=wakeup.poke, logger=log).start()
         outage = Outage("tasks monitor", log)
         next_cleanup = 0.0
-        with Database(self.dsn, min_size=1, max_size=1, name="pyscheduler-tasks-monitor") as db:
-            while not stop.is_set():
-                try:
-                    self.reset_once(db)
-                    if time.monotonic() >= next_cleanup:
-                        self.cleanup_once(db)
-                        next_cleanup = time.monotonic() + self.cleanup_interval
-                    outage.ok()
-                except RETRYABLE as exc:  # also read-only mode, timeouts: never die
-                    stop.wait(outage.failed(exc))
-                    continue
-                wakeup.wait(self.reset_interval)
-        listener.stop()
+        try:
+            with Database(self.dsn, min_size=1, max_size=1, name="pyscheduler-tasks-monitor") as db:
+                while not stop.is_set():
+                    try:
+                        self.reset_once(db)
+                        if time.monotonic() >= next_cleanup:
+                            self.cleanup_once(db)
+                            next_cleanup = time.monotonic() + self.cleanup_interval
+                        outage.ok()
+                    except RETRYABLE as exc:  # an outage (also read-only mode, timeouts): wait, retry
+                        stop.wait(outage.failed(exc))
+                        continue
+                    wakeup.wait(self.reset_interval)
+        finally:
+            listener.stop()
 
     def reset_once(self, db: Database) -> int:
         """Reset every expired lease now; how many."""
