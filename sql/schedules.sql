@@ -1706,7 +1706,7 @@ BEGIN
         IF NOT _poison(SQLSTATE) THEN
             RAISE;
         END IF;
-        v_fast := NULL;
+        SELECT NULL::bigint[] AS ids INTO v_fast;
     END;
     IF v_fast.ids IS NOT NULL THEN
         RETURN QUERY SELECT f.id, f.expected, f.due, true
