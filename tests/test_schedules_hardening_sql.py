@@ -435,3 +435,114 @@ def test_operations_doc_lists_every_role():
               for cell in line.split("|")[1:2]}
     assert listed == {f"pyscheduler_{a}" for a in migrate.AUDIENCES}
     assert "three roles" not in text
+
+
+# ------------------------------------------------------------------ class test: the poison catalogue
+
+NON_UTF8 = object()  # sent as the bytes b'\xff\xfe' decoded by the server as UTF-8
+TEN_MB = "x" * 10_000_000
+TEXT = ["NaN", "infinity", "-infinity", "0001-01-01", "10000-01-01", "a\x00b", NON_UTF8, TEN_MB, "a\x07b", "a\nb",
+        "a\u202eb", "a\u200bb", " ", ""]
+HOSTILE = {
+    "text": TEXT,
+    "timestamptz": ["NaN", "infinity", "-infinity", "0001-01-01T00:00:00Z", "10000-01-01T00:00:00Z",
+                    "1969-12-31T23:59:59Z", "2031-01-01\x00", NON_UTF8, TEN_MB, "2031-01-01\u202e"],
+    "interval": ["NaN", "infinity", "-infinity", "1 year", "10000 years", "-1 second", "0", "178000000 years",
+                 "1 microsecond", "\x00", TEN_MB],
+    "bigint": ["NaN", "Infinity", "-1", "0", "9223372036854775807", "-9223372036854775808", TEN_MB],
+    "integer": ["NaN", "Infinity", "-1", "2147483647", TEN_MB],
+    "jsonb": ['{"a": NaN}', '{"a": Infinity}', '"\\u0000"', '{"s": "\\u202e\\u200b\\n"}', NON_UTF8,
+              '{"x": "' + "y" * 10_000_000 + '"}', "[]", "1e400", '{"at": "10000-01-01"}', "null"],
+    "boolean": ["NaN", TEN_MB],
+}
+# every client-writable field: (type, the target kind it is tried with)
+FIELDS = {
+    "name": "text", "cron": "text", "tz": "text", "every": "interval", "start_at": "timestamptz",
+    "end_at": "timestamptz", "max_runs": "bigint", "target_kind": "text", "priority": "bigint", "payload": "jsonb",
+    "retry_attempts": "integer", "retry_base": "interval", "retry_jitter": "interval", "critical": "boolean",
+    "catchup_window": "interval", "overlap": "text", "paused_note": "text",
+    "target:kafka": "text", "target:http": "text", "target:task": "text",
+}
+BASE = {"every": "1 hour", "target": "topic-a", "retry_attempts": 0}
+
+
+def hostile_call(conn, function, name, field, value):
+    """Call function with every base argument and field = value (cast to its type)."""
+    args = dict(BASE) if function == "create_schedule" else {}
+    field, _, kind = field.partition(":")
+    if kind:
+        args["target_kind"] = kind
+    if field == "cron":
+        args.pop("every", None)
+    args.pop(field, None)
+    if field == "paused_note":
+        args["paused"] = True
+    names, params = ["name => %s"], [name]
+    for key, v in args.items():
+        names.append(f"{key} => %s")
+        params.append(v)
+    fragment = "convert_from(%s::bytea, 'UTF8')" if value is NON_UTF8 else "%s"
+    params.append(b"\xff\xfe" if value is NON_UTF8 else value)
+    if field == "name":
+        names, params = names[1:], params[1:]
+    names.append(f"{field} => ({fragment})::{FIELDS[field if not kind else 'target:' + kind]}")
+    return conn.execute(f"SELECT pyscheduler.{function}({', '.join(names)}) AS s", params).fetchone()["s"]
+
+
+def assert_loadable(conn, schedule_id):
+    """What each daemon loads about it, loaded as the daemons load it (binary for fire_details)."""
+    with conn.cursor(binary=True) as cur:
+        cur.execute("SELECT * FROM pyscheduler.fire_details(%s)", ([schedule_id],))
+        cur.fetchall()
+    conn.execute("SELECT * FROM pyscheduler.index_entries(%s)", ([schedule_id],)).fetchall()
+    conn.execute("SELECT * FROM pyscheduler.index_page(0, 100000)").fetchall()
+    name = conn.execute("SELECT name FROM pyscheduler.schedules WHERE id = %s", (schedule_id,)).fetchone()["name"]
+    conn.execute("SELECT pyscheduler.get_schedule(%s)", (name,)).fetchone()
+    conn.execute("SELECT * FROM pyscheduler.upcoming_runs(name => %s, n => 3)", (name,)).fetchall()
+
+
+def test_poison_catalogue_every_hostile_value_is_refused_clearly_or_stored_loadable(db, conn):
+    """Every client-writable field of create_schedule and update_schedule gets NaN, +-infinity,
+    year 1 and 10000, NUL, non-UTF-8, 10 MB, control and bidi characters: each is refused with
+    a data error (class 22/23, 54000, a PS3xx code, or refused by the client library before it
+    is sent), never 0A000/XX000/P0001, or stored in a form every daemon loads."""
+    neighbour = create(db, "neighbour", every="1 hour")
+    outcomes: dict[str, set] = {}
+    for function in ("create_schedule", "update_schedule"):
+        for field, type_ in FIELDS.items():
+            if function == "update_schedule" and field in ("name", "paused_note"):
+                continue  # update cannot rename, pause_schedule sets the note (below)
+            for i, value in enumerate(HOSTILE[type_]):
+                name = f"p-{field}-{i}"
+                if function == "update_schedule":
+                    kind = field.partition(":")[2] or "kafka"
+                    target = {"kafka": "topic-a", "http": "https://example.com/", "task": "q"}[kind]
+                    create(db, name, every="1 hour", target_kind=kind, target=target, retry_attempts=0)
+                try:
+                    got = hostile_call(conn, function, name, field, value)
+                except psycopg.Error as exc:
+                    state = exc.sqlstate
+                    label = state or "client"
+                    assert state not in ("0A000", "XX000", "P0001"), (function, field, repr(value)[:40], exc)
+                    assert (state is None and isinstance(exc, psycopg.DataError)) or \
+                        state.startswith(("22", "23", "PS3")) or state == "54000", (function, field, exc)
+                else:
+                    label = "stored"
+                    assert_loadable(conn, got["id"])
+                outcomes.setdefault(field, set()).add(label)
+                conn.execute("SELECT pyscheduler.delete_schedule(%s)", (name,))
+    assert_loadable(conn, neighbour["id"])
+    # every field refused something, and the obviously unusable ones with their own code
+    for field in ("name", "cron", "tz", "every", "start_at", "end_at", "target:kafka", "target:http", "target:task",
+                  "retry_base", "retry_jitter", "catchup_window", "overlap", "paused_note"):
+        assert outcomes[field] & {"PS301", "PS303", "PS306", "PS307", "PS309", "PS310", "PS312", "PS314"}, \
+            (field, outcomes[field])
+    # the note of pause_schedule, too
+    for value in HOSTILE["text"]:
+        try:
+            fragment = "convert_from(%s::bytea, 'UTF8')" if value is NON_UTF8 else "%s"
+            conn.execute(f"SELECT pyscheduler.pause_schedule(name => 'neighbour', note => {fragment})",
+                         (b"\xff\xfe" if value is NON_UTF8 else value,))
+        except psycopg.Error as exc:
+            assert exc.sqlstate is None or exc.sqlstate.startswith(("22", "PS3")), exc
+    assert_loadable(conn, neighbour["id"])
