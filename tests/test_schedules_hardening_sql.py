@@ -546,3 +546,41 @@ def test_poison_catalogue_every_hostile_value_is_refused_clearly_or_stored_loada
         except psycopg.Error as exc:
             assert exc.sqlstate is None or exc.sqlstate.startswith(("22", "PS3")), exc
     assert_loadable(conn, neighbour["id"])
+
+
+# ------------------------------------------------------------------ migration 0014 on existing rows
+
+
+def test_migration_0014_gives_old_schedules_to_the_client_role_and_ends_unloadable_ones(empty_dsn):
+    from yoyo import get_backend
+
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA pyscheduler")
+    backend = get_backend(migrate.yoyo_uri(empty_dsn), migration_table=migrate.MIGRATION_TABLE)
+    migrations = migrate._migrations()
+    before = migrations.filter(lambda m: m.id < "0014")
+    backend.apply_migrations_only(backend.to_apply(before))
+    backend.connection.close()
+    with psycopg.connect(empty_dsn, autocommit=True, row_factory=dict_row) as c:
+        c.execute(
+            "INSERT INTO pyscheduler.schedules (name, every, tz, start_at, end_at, target_kind, target, priority, "
+            "payload, retry_attempts, retry_base, retry_jitter, critical, catchup_window, overlap, paused, "
+            "next_run_at, created, updated) VALUES "
+            "('fine', '1 hour', 'UTC', NULL, 'infinity', 'kafka', 't', 50, '{}', 0, '0', '0', false, '0', 'allow', "
+            " false, '2031-01-01Z', now(), now()), "
+            "('far', '3000000 days', 'UTC', NULL, NULL, 'kafka', 't', 50, '{}', 0, '0', '0', false, '1 minute', "
+            " 'allow', false, '10183-05-01Z', now(), now()), "
+            "('early', '1 hour', 'UTC', '0001-01-01Z', NULL, 'kafka', 't', 50, '{}', 0, '0', '0', false, "
+            " '1 minute', 'allow', false, '2031-01-01Z', now(), now())")
+    migrate.migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True, row_factory=dict_row) as c:
+        rows = {r["name"]: r for r in c.execute(
+            "SELECT name, owner, end_at, catchup_window, next_run_at, ended_note FROM pyscheduler.schedules").fetchall()}
+        assert {r["owner"] for r in rows.values()} == {"pyscheduler_client"}
+        assert rows["fine"]["end_at"] is None and rows["fine"]["catchup_window"] == timedelta(seconds=1)
+        assert rows["fine"]["next_run_at"] == datetime(2031, 1, 1, tzinfo=UTC) and rows["fine"]["ended_note"] is None
+        for name in ("far", "early"):
+            assert rows[name]["next_run_at"] is None and "migration 0014" in rows[name]["ended_note"]
+        # every daemon loads the table now
+        c.execute("SELECT * FROM pyscheduler.index_page(0, 1000)").fetchall()
+        c.execute("SELECT * FROM pyscheduler.fire_details(ARRAY(SELECT id FROM pyscheduler.schedules))").fetchall()
