@@ -545,7 +545,7 @@ BEGIN
     ELSIF p_kind = 'http' THEN
         RETURN _http_target_refusal(p_target);  -- the egress policy (sql/egress.sql)
     ELSE
-        RETURN 'must be a task queue name: ' || _label_refusal(p_target, 40);
+        RETURN 'must be a task queue name: ' || _label_refusal(p_target, 40);  -- NULL when it is one
     END IF;
     RETURN NULL;
 END
