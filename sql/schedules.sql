@@ -495,35 +495,23 @@ BEGIN
 END
 $$;
 
--- _check_name(name): PS310 unless a label (pyscheduler._label_refusal) of 1 to
--- 200 characters. Checked when a schedule is created (update cannot rename).
-CREATE OR REPLACE FUNCTION pyscheduler._check_name(p_name text)
+-- _check_label(code, field, text, max bytes, max characters): raise code unless text
+-- is a label (pyscheduler._label_refusal: not blank, no leading or trailing white
+-- space, no control, zero-width or bidi characters) within both limits. Names (PS310,
+-- checked at create: update cannot rename) and notes (PS312, NULL allowed).
+CREATE OR REPLACE FUNCTION pyscheduler._check_label(p_code text, p_field text, p_text text, p_max_bytes integer,
+                                                    p_max_chars integer)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    v_why text := coalesce(_label_refusal(p_name, 800),
-                           CASE WHEN char_length(p_name) > 200 THEN 'must be at most 200 characters' END);
+    v_why text := coalesce(_label_refusal(p_text, p_max_bytes),
+                           CASE WHEN char_length(p_text) > p_max_chars THEN format('must be at most %s characters', p_max_chars) END);
 BEGIN
     IF v_why IS NOT NULL THEN
-        PERFORM _schedule_error('PS310', format('name %s, got %s', v_why, coalesce(quote_literal(left(p_name, 220)), 'NULL')),
-                                'A name is 1 to 200 printable characters without leading or trailing white space.');
-    END IF;
-END
-$$;
-
--- _check_note(field, note): PS312 unless NULL or a label (_label_refusal) of at most 1000 bytes.
-CREATE OR REPLACE FUNCTION pyscheduler._check_note(p_field text, p_note text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pyscheduler, pg_temp
-AS $$
-DECLARE
-    v_why text := CASE WHEN p_note IS NOT NULL THEN _label_refusal(p_note, 1000) END;
-BEGIN
-    IF v_why IS NOT NULL THEN
-        PERFORM _schedule_error('PS312', format('%s %s', p_field, v_why), 'A note is one line of at most 1000 bytes.');
+        PERFORM _schedule_error(p_code, format('%s %s, got %s', p_field, v_why, coalesce(quote_literal(left(p_text, 220)), 'NULL')),
+                                format('A %s is one line of printable characters without leading or trailing white space.', p_field));
     END IF;
 END
 $$;
@@ -1004,7 +992,10 @@ AS $$
 DECLARE
     v_row pyscheduler.schedules;
 BEGIN
-    PERFORM _check_name(s.name), _check_note('paused_note', s.paused_note);
+    PERFORM _check_label('PS310', 'name', s.name, 800, 200);
+    IF s.paused_note IS NOT NULL THEN
+        PERFORM _check_label('PS312', 'paused_note', s.paused_note, 1000, 1000);
+    END IF;
     s := _validate_schedule(s);
     s.runs_count := 0;
     s := _set_first_run(s, p_now, true);
@@ -1168,7 +1159,9 @@ AS $$
 DECLARE
     s schedules := _owned_row(pause_schedule.name);
 BEGIN
-    PERFORM _check_note('note', pause_schedule.note);
+    IF pause_schedule.note IS NOT NULL THEN
+        PERFORM _check_label('PS312', 'note', pause_schedule.note, 1000, 1000);
+    END IF;
     UPDATE schedules t SET paused = true, paused_note = pause_schedule.note, updated = now()
      WHERE t.id = s.id
     RETURNING * INTO s;
@@ -1626,6 +1619,88 @@ $$;
 COMMENT ON FUNCTION pyscheduler.fire_details(bigint[]) IS
     'Scheduler: target, payload and retry policy of the given schedules, for firing them.';
 
+-- _record_item(task, id, expected, outcome, attempts, error, token, now): one item of
+-- _record_each: _fire_task_one (task) or _record_one.
+CREATE OR REPLACE FUNCTION pyscheduler._record_item(
+    p_task boolean, p_id bigint, p_expected timestamptz, p_outcome text, p_attempts integer, p_error text,
+    p_token uuid, p_now timestamptz, OUT due_at timestamptz, OUT recorded boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v record;
+BEGIN
+    IF p_task THEN
+        v := _fire_task_one(p_id, p_expected, p_token, p_now);
+    ELSE
+        v := _record_one(p_id, p_expected, p_outcome, p_attempts, p_error, p_token, NULL, p_now);
+    END IF;
+    due_at := v.due_at;
+    recorded := v.recorded;
+END
+$$;
+
+-- _record_each(task, ids, expected, outcomes, attempts, errors, tokens, skip, now):
+-- record (task = false: _record_one) or fire and record (task = true:
+-- _fire_task_one) each item not marked in skip, in schedule order; one row per
+-- item. All at once first; when a data error stops that, again with each item
+-- alone, so _stop_poisoned ends the one it belongs to and the others are
+-- recorded (what the first pass wrote, tasks included, is rolled back). An
+-- unknown outcome is the caller's error: the whole call fails (PS312).
+CREATE OR REPLACE FUNCTION pyscheduler._record_each(
+    p_task boolean, p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_attempts integer[],
+    p_errors text[], p_tokens uuid[], p_skip boolean[], p_now timestamptz)
+RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    r record;
+    v record;
+    k integer;
+    v_ids bigint[];
+    v_exp timestamptz[];
+    v_due timestamptz[];
+    v_rec boolean[];
+BEGIN
+    FOR v_pass IN 1 .. 2 LOOP
+        k := 0; v_ids := '{}'; v_exp := '{}'; v_due := '{}'; v_rec := '{}';
+        BEGIN
+            FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
+                             WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
+                      WHERE p_skip IS NULL OR NOT p_skip[u.o]
+                      ORDER BY u.id, u.expected
+            LOOP
+                IF NOT p_task THEN
+                    PERFORM _check_outcome(r.outcome);
+                END IF;
+                IF v_pass = 1 THEN  -- no subtransaction per item on the common path
+                    v := _record_item(p_task, r.id, r.expected, r.outcome, r.attempts, r.error, r.token, p_now);
+                ELSE
+                    BEGIN
+                        v := _record_item(p_task, r.id, r.expected, r.outcome, r.attempts, r.error, r.token, p_now);
+                    EXCEPTION WHEN OTHERS THEN
+                        IF NOT _poison(SQLSTATE) THEN
+                            RAISE;
+                        END IF;
+                        v := _stop_poisoned(r.id, r.expected, coalesce(r.outcome, 'failed'),
+                                            SQLSTATE || ': ' || SQLERRM, p_now);
+                    END;
+                END IF;
+                k := k + 1;
+                v_ids[k] := r.id; v_exp[k] := r.expected; v_due[k] := v.due_at; v_rec[k] := v.recorded;
+            END LOOP;
+            EXIT;
+        EXCEPTION WHEN OTHERS THEN
+            IF v_pass = 2 OR NOT _poison(SQLSTATE) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(v_ids, v_exp, v_due, v_rec);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._record_executions(
     p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_attempts integer[],
     p_errors text[], p_tokens uuid[], p_now timestamptz)
@@ -1634,17 +1709,10 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    r record;
-    v record;
     v_n integer := coalesce(cardinality(p_ids), 0);
     v_fast record;
     v_done boolean[];
     v_o bigint;
-    k integer;
-    v_ids bigint[];
-    v_exp timestamptz[];
-    v_due timestamptz[];
-    v_rec boolean[];
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
                          cardinality(p_attempts), cardinality(p_errors), cardinality(p_tokens));
@@ -1719,41 +1787,9 @@ BEGIN
             v_done[v_o] := true;
         END LOOP;
     END IF;
-    -- the rest one by one, in schedule order: all at once first; when a data
-    -- error stops that, again with each item alone (_stop_poisoned ends the one
-    -- it belongs to). An unknown outcome is the caller's error: the batch fails.
-    FOR v_pass IN 1 .. 2 LOOP
-        k := 0; v_ids := '{}'; v_exp := '{}'; v_due := '{}'; v_rec := '{}';
-        BEGIN
-            FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
-                             WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
-                      WHERE v_done IS NULL OR NOT v_done[u.o]
-                      ORDER BY u.id, u.expected
-            LOOP
-                IF v_pass = 1 THEN
-                    v := _record_one(r.id, r.expected, r.outcome, r.attempts, r.error, r.token, NULL, p_now);
-                ELSE
-                    PERFORM _check_outcome(r.outcome);
-                    BEGIN
-                        v := _record_one(r.id, r.expected, r.outcome, r.attempts, r.error, r.token, NULL, p_now);
-                    EXCEPTION WHEN OTHERS THEN
-                        IF NOT _poison(SQLSTATE) THEN
-                            RAISE;
-                        END IF;
-                        v := _stop_poisoned(r.id, r.expected, r.outcome, SQLSTATE || ': ' || SQLERRM, p_now);
-                    END;
-                END IF;
-                k := k + 1;
-                v_ids[k] := r.id; v_exp[k] := r.expected; v_due[k] := v.due_at; v_rec[k] := v.recorded;
-            END LOOP;
-            EXIT;
-        EXCEPTION WHEN OTHERS THEN
-            IF v_pass = 2 OR NOT _poison(SQLSTATE) THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
-    RETURN QUERY SELECT * FROM unnest(v_ids, v_exp, v_due, v_rec);
+    -- the rest one by one, in schedule order, each poison item alone
+    RETURN QUERY SELECT * FROM _record_each(false, p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens,
+                                            v_done, p_now);
 END
 $$;
 
@@ -1874,49 +1910,9 @@ RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, reco
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
-DECLARE
-    r record;
-    v record;
-    k integer;
-    v_ids bigint[];
-    v_exp timestamptz[];
-    v_due timestamptz[];
-    v_rec boolean[];
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_tokens));
-    -- all at once; when a data error stops that, again with each item alone
-    -- (_stop_poisoned ends the one it belongs to; what pass 1 submitted is rolled back)
-    FOR v_pass IN 1 .. 2 LOOP
-        k := 0; v_ids := '{}'; v_exp := '{}'; v_due := '{}'; v_rec := '{}';
-        BEGIN
-            FOR r IN SELECT * FROM unnest(p_ids, p_expected,
-                                          coalesce(p_tokens, array_fill(NULL::uuid, ARRAY[cardinality(p_ids)])))
-                             AS u(id, expected, token)
-                      ORDER BY u.id, u.expected
-            LOOP
-                IF v_pass = 1 THEN
-                    v := _fire_task_one(r.id, r.expected, r.token, p_now);
-                ELSE
-                    BEGIN
-                        v := _fire_task_one(r.id, r.expected, r.token, p_now);
-                    EXCEPTION WHEN OTHERS THEN
-                        IF NOT _poison(SQLSTATE) THEN
-                            RAISE;
-                        END IF;
-                        v := _stop_poisoned(r.id, r.expected, 'failed', SQLSTATE || ': ' || SQLERRM, p_now);
-                    END;
-                END IF;
-                k := k + 1;
-                v_ids[k] := r.id; v_exp[k] := r.expected; v_due[k] := v.due_at; v_rec[k] := v.recorded;
-            END LOOP;
-            EXIT;
-        EXCEPTION WHEN OTHERS THEN
-            IF v_pass = 2 OR NOT _poison(SQLSTATE) THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
-    RETURN QUERY SELECT * FROM unnest(v_ids, v_exp, v_due, v_rec);
+    RETURN QUERY SELECT * FROM _record_each(true, p_ids, p_expected, NULL, NULL, NULL, p_tokens, NULL, p_now);
 END
 $$;
 
