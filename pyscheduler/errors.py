@@ -94,7 +94,7 @@ class ScheduleNotFound(NotFound):
 
 
 class InvalidSchedule(InvalidArgument):
-    """PS301-PS310, PS312, PS313: a schedule parameter is invalid (the message names it)."""
+    """PS301-PS310, PS312-PS314: a schedule parameter is invalid (the message names it)."""
 
 
 class ScheduleExists(Conflict):
@@ -158,17 +158,18 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS300": ScheduleNotFound,  # unknown schedule
     "PS301": InvalidSchedule,  # cron expression does not parse (the field is named)
     "PS302": InvalidSchedule,  # not exactly one of every / cron
-    "PS303": InvalidSchedule,  # unknown time zone
+    "PS303": InvalidSchedule,  # not an IANA time zone name
     "PS304": InvalidSchedule,  # end_at not after start_at
     "PS305": InvalidSchedule,  # recurrence shorter than the retry policy's worst case
     "PS306": InvalidSchedule,  # every not a positive whole number of milliseconds (or has months)
-    "PS307": InvalidSchedule,  # target kind or target (topic, URL, queue) invalid
+    "PS307": InvalidSchedule,  # target kind or target (topic, URL: the egress policy, queue) invalid
     "PS308": InvalidSchedule,  # payload too large or (task targets) not an object
     "PS309": InvalidSchedule,  # retry policy out of range
-    "PS310": InvalidSchedule,  # name empty, too long or with control characters
+    "PS310": InvalidSchedule,  # name empty, too long, padded, or with control, zero-width or bidi characters
     "PS311": ScheduleExists,  # name already taken
     "PS312": InvalidSchedule,  # other invalid argument (limits, outcome, overlap, array lengths, ...)
     "PS313": InvalidSchedule,  # cron expression that never fires (e.g. February 30)
+    "PS314": InvalidSchedule,  # instant outside [1970-01-01Z, 9999-01-01Z) (start_at, end_at, after, first run)
     # future checks
     "PS400": InvalidResolution,  # resolution does not divide a day
     "PS401": InvalidArgument,  # entity_name or entity_key missing or too long

@@ -14,11 +14,19 @@
 --   PS304 end_at not after start_at   PS311 name already taken
 --   PS305 recurrence shorter than the retry worst case
 --   PS306 invalid interval (every)    PS312 other invalid argument
---   PS313 cron never fires
+--   PS313 cron never fires            PS314 instant outside the supported range
 --
 -- Notifications: pyscheduler_schedules, payload = schedule id, on create,
 -- update, pause, resume, trigger, delete (not on record: the executor gets
 -- the new next run back and writes it itself).
+--
+-- Hardening (issue 15, design.md "SQL conventions"): every value the daemons
+-- load is refused here when it is created (instants in [1970-01-01Z,
+-- 9999-01-01Z), intervals bounded); a schedule whose next occurrence would
+-- fall after that range ends (next_run_at NULL, ended_note says why); a batch
+-- function ends a poison item alone; a schedule belongs to the role that
+-- created it (owner): only _may_act(owner) changes it or sees its target,
+-- payload and errors.
 
 -- ---------------------------------------------------------------- cron
 --
@@ -56,6 +64,9 @@ DECLARE
         WHEN 'day-of-week' THEN ARRAY['sun','mon','tue','wed','thu','fri','sat'] END;
     v_base integer := CASE p_field WHEN 'month' THEN 1 ELSE 0 END;
 BEGIN
+    IF p_text = '' THEN
+        RAISE EXCEPTION 'cron % field is empty', p_field USING ERRCODE = 'PS301';
+    END IF;
     FOREACH v_part IN ARRAY string_to_array(p_text, ',') LOOP
         v_m := regexp_match(v_part, '^(\*|\?|[a-z0-9]+)(?:-([a-z0-9]+))?(?:/([0-9]+))?$');
         IF v_m IS NULL OR (v_m[1] IN ('*', '?') AND v_m[2] IS NOT NULL) THEN
@@ -97,16 +108,24 @@ RETURNS bigint[]
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
-    v_expr text := lower(btrim(coalesce(p_expr, '')));
+    v_expr text;
     v_f text[];
     v_dow bigint;
 BEGIN
+    -- fields are separated by spaces or tabs (crontab(5)); anything else that is not
+    -- printable ASCII (a newline, a NUL, a bidi mark) would be read as an empty field
+    IF octet_length(p_expr) > 1000 OR p_expr !~ '^[ -~\t]*$' THEN
+        RAISE EXCEPTION 'cron must be at most 1000 bytes of printable ASCII, its fields separated by spaces or tabs, got %',
+                        quote_literal(left(p_expr, 100))
+            USING ERRCODE = 'PS301', HINT = 'No newline or other control character: e.g. ''*/15 * * * *''.';
+    END IF;
+    v_expr := lower(btrim(coalesce(p_expr, ''), E' \t'));
     v_expr := CASE v_expr
         WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *'
         WHEN '@monthly' THEN '0 0 1 * *' WHEN '@weekly' THEN '0 0 * * 0'
         WHEN '@daily' THEN '0 0 * * *' WHEN '@midnight' THEN '0 0 * * *'
         WHEN '@hourly' THEN '0 * * * *' ELSE v_expr END;
-    v_f := regexp_split_to_array(v_expr, '\s+');
+    v_f := regexp_split_to_array(v_expr, '[ \t]+');
     IF v_expr = '' OR array_length(v_f, 1) NOT IN (5, 6) THEN
         RAISE EXCEPTION 'cron must have 5 fields (minute hour day-of-month month day-of-week) or 6 (second first), got ''%''',
                         coalesce(p_expr, 'NULL')
@@ -337,40 +356,43 @@ BEGIN
 END
 $$;
 
--- _check_tz(tz): PS303 unless tz is an IANA zone name PostgreSQL knows.
-CREATE OR REPLACE FUNCTION pyscheduler._check_tz(p_tz text)
-RETURNS void
+-- _tz_name(tz): the zone's name as the tz database spells it ('utc' -> 'UTC',
+-- 'europe/berlin' -> 'Europe/Berlin'); PS303 unless tz is exactly an IANA zone name
+-- PostgreSQL has (pg_timezone_names: no abbreviations such as PST, no POSIX rules such
+-- as 'ABC-3' or 'ABC-3/x', which AT TIME ZONE would also accept).
+CREATE OR REPLACE FUNCTION pyscheduler._tz_name(p_tz text)
+RETURNS text
 LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    v_ok boolean := false;
+    v_name text;
 BEGIN
-    IF p_tz IS NOT NULL AND p_tz !~ '[\s,]' THEN
-        BEGIN
-            PERFORM now() AT TIME ZONE p_tz;
-            -- abbreviations (PST) and POSIX specs (XYZ+3) pass AT TIME ZONE; IANA names have a '/'
-            v_ok := p_tz ~ '/' OR p_tz IN ('UTC', 'GMT')
-                    OR EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = p_tz);
-        EXCEPTION WHEN invalid_parameter_value OR feature_not_supported THEN
-            v_ok := false;
-        END;
+    IF p_tz = 'UTC' THEN
+        RETURN p_tz;  -- the default: no catalog scan (pg_timezone_names reads the tz files)
     END IF;
-    IF NOT v_ok THEN
-        PERFORM _schedule_error('PS303', format('tz must be an IANA time zone name, got %s', coalesce(quote_literal(p_tz), 'NULL')),
-                                'e.g. ''Europe/Berlin'', ''America/New_York'' or ''UTC''; SELECT name FROM pg_timezone_names lists them.');
+    IF octet_length(p_tz) <= 100 THEN
+        SELECT z.name INTO v_name FROM pg_catalog.pg_timezone_names z WHERE lower(z.name) = lower(p_tz);
     END IF;
+    IF v_name IS NULL THEN
+        PERFORM _schedule_error('PS303', format('tz must be an IANA time zone name, got %s',
+                                                coalesce(quote_literal(left(p_tz, 100)), 'NULL')),
+                                'e.g. ''Europe/Berlin'', ''America/New_York'' or ''UTC'' (any case); SELECT name FROM pg_timezone_names lists them.');
+    END IF;
+    RETURN v_name;
 END
 $$;
 
--- _check_every(every): PS306 unless a positive whole number of milliseconds without months or years.
+-- _check_every(every): PS306 unless a whole number of milliseconds from 1 ms to
+-- 36525 days (100 years) without months or years.
 CREATE OR REPLACE FUNCTION pyscheduler._check_every(p_every interval)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
-    IF p_every <= interval '0' OR extract(month FROM p_every) <> 0 OR extract(year FROM p_every) <> 0
-       OR _every_us(p_every) % 1000 <> 0 THEN
+    PERFORM _require_interval('every', p_every, interval '1 millisecond', interval '36525 days', 'PS306');
+    IF extract(month FROM p_every) <> 0 OR extract(year FROM p_every) <> 0 OR _every_us(p_every) % 1000 <> 0 THEN
         PERFORM _schedule_error('PS306', format('every must be a positive whole number of milliseconds without months or years, got %s', p_every),
                                 'Use a cron expression for calendar recurrences such as monthly.');
     END IF;
@@ -435,56 +457,118 @@ BEGIN
 END
 $$;
 
--- _ended(s, at): whether an occurrence at `at` is beyond end_at or max_runs.
-CREATE OR REPLACE FUNCTION pyscheduler._past_end(s pyscheduler.schedules, p_at timestamptz)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE
+-- _ended_note(s, next): why the schedule ends when `next` is its next regular
+-- occurrence (NULL: it does not end): max_runs reached, end_at passed, or no
+-- occurrence before 9999-01-01 (the range every client loads: a time after it
+-- would stop whatever daemon loads it, so the schedule ends instead).
+CREATE OR REPLACE FUNCTION pyscheduler._ended_note(s pyscheduler.schedules, p_next timestamptz)
+RETURNS text
+LANGUAGE sql STABLE
 AS $$
-    SELECT p_at IS NULL OR (s.end_at IS NOT NULL AND p_at > s.end_at)
-           OR (s.max_runs IS NOT NULL AND s.runs_count >= s.max_runs);
+    SELECT CASE
+        WHEN s.max_runs IS NOT NULL AND s.runs_count >= s.max_runs THEN 'ended: max_runs reached'
+        WHEN s.end_at IS NOT NULL AND p_next > s.end_at THEN 'ended: end_at passed'
+        WHEN p_next IS NULL OR NOT pyscheduler._instant_ok(p_next)
+            THEN 'ended: no occurrence before 9999-01-01T00:00:00Z (the supported range)'
+    END;
 $$;
 
--- _first_run(s, now): the first occurrence at or after now, NULL when ended.
-CREATE OR REPLACE FUNCTION pyscheduler._first_run(s pyscheduler.schedules, p_now timestamptz)
-RETURNS timestamptz
+-- _set_first_run(s, now, strict): s with next_run_at = the first occurrence at or
+-- after now and ended_note (NULL, or why it ended at once). strict (create, a
+-- timing update): a first occurrence after the supported range is refused (PS314)
+-- rather than ending the schedule before it ever ran.
+CREATE OR REPLACE FUNCTION pyscheduler._set_first_run(s pyscheduler.schedules, p_now timestamptz, p_strict boolean)
+RETURNS pyscheduler.schedules
 LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
     v_next timestamptz := _next_occurrence(s, p_now - interval '1 microsecond');
 BEGIN
-    RETURN CASE WHEN _past_end(s, v_next) THEN NULL ELSE v_next END;
+    IF p_strict AND v_next IS NOT NULL AND NOT _instant_ok(v_next) THEN
+        PERFORM _schedule_error('PS314', format('the first run (%s) would be after 9999-01-01T00:00:00Z', v_next),
+                                'Instants must be in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z): check start_at and the recurrence.');
+    END IF;
+    s.ended_note := _ended_note(s, v_next);
+    s.next_run_at := CASE WHEN s.ended_note IS NULL THEN v_next END;
+    RETURN s;
 END
 $$;
 
--- _validate_schedule(s): check every field (PS301-PS313), fill cron_spec and
--- normalise (tz default, payload default). Returns the checked row.
+-- _check_label(code, field, text, max bytes, max characters): raise code unless text
+-- is a label (pyscheduler._label_refusal: not blank, no leading or trailing white
+-- space, no control, zero-width or bidi characters) within both limits. Names (PS310,
+-- checked at create: update cannot rename) and notes (PS312, NULL allowed).
+CREATE OR REPLACE FUNCTION pyscheduler._check_label(p_code text, p_field text, p_text text, p_max_bytes integer,
+                                                    p_max_chars integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_why text := coalesce(_label_refusal(p_text, p_max_bytes),
+                           CASE WHEN char_length(p_text) > p_max_chars THEN format('must be at most %s characters', p_max_chars) END);
+BEGIN
+    IF v_why IS NOT NULL THEN
+        PERFORM _schedule_error(p_code, format('%s %s, got %s', p_field, v_why, coalesce(quote_literal(left(p_text, 220)), 'NULL')),
+                                format('A %s is one line of printable characters without leading or trailing white space.', p_field));
+    END IF;
+END
+$$;
+
+-- _target_refusal(kind, target): why target may not be a target of that kind (NULL: it may).
+CREATE OR REPLACE FUNCTION pyscheduler._target_refusal(p_kind text, p_target text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_target IS NULL THEN
+        RETURN 'is missing';
+    ELSIF p_kind = 'kafka' THEN
+        -- Kafka's own rule for topic names
+        IF p_target !~ '^[A-Za-z0-9._-]{1,249}$' OR p_target IN ('.', '..') THEN
+            RETURN 'must be a Kafka topic name (1 to 249 of A-Z a-z 0-9 . _ -, not . or ..)';
+        END IF;
+    ELSIF p_kind = 'http' THEN
+        RETURN _http_target_refusal(p_target);  -- the egress policy (sql/egress.sql)
+    ELSE
+        RETURN 'must be a task queue name: ' || _label_refusal(p_target, 40);  -- NULL when it is one
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- _validate_schedule(s): check every field but the name (PS301-PS314), fill
+-- cron_spec and normalise (tz spelling and default, payload default, the
+-- infinite bounds that mean none). Returns the checked row.
 CREATE OR REPLACE FUNCTION pyscheduler._validate_schedule(s pyscheduler.schedules)
 RETURNS pyscheduler.schedules
 LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
     v_worst interval;
     v_gap interval;
     v_t timestamptz;
     v_prev timestamptz;
+    v_why text;
 BEGIN
-    IF s.name IS NULL OR length(s.name) NOT BETWEEN 1 AND 200 OR s.name ~ '[[:cntrl:]]' THEN
-        PERFORM _schedule_error('PS310', format('name must be 1 to 200 characters without control characters, got %s',
-                                                coalesce(quote_literal(left(s.name, 220)), 'NULL')));
-    END IF;
     IF (s.every IS NULL) = (s.cron IS NULL) THEN
         PERFORM _schedule_error('PS302', 'give exactly one of every (an interval) and cron (an expression)',
                                 'e.g. every => ''5 minutes'' or cron => ''*/5 * * * *''.');
     END IF;
-    s.tz := coalesce(s.tz, 'UTC');
-    PERFORM _check_tz(s.tz);
+    s.tz := _tz_name(coalesce(s.tz, 'UTC'));
     IF s.every IS NOT NULL THEN
         PERFORM _check_every(s.every);
         s.cron_spec := NULL;
     ELSE
         s.cron_spec := _cron_parse(s.cron);
-        s.cron := btrim(s.cron);
+        s.cron := btrim(s.cron, E' \t');
     END IF;
+    s.start_at := nullif(s.start_at, '-infinity');
+    s.end_at := nullif(s.end_at, 'infinity');
+    PERFORM _require_instant('start_at', s.start_at, 'PS314'), _require_instant('end_at', s.end_at, 'PS314');
     s.start_at := date_trunc('milliseconds', s.start_at);  -- scores and idempotency keys are epoch ms
     IF s.start_at IS NOT NULL AND s.end_at IS NOT NULL AND s.end_at <= s.start_at THEN
         PERFORM _schedule_error('PS304', format('end_at (%s) must be after start_at (%s)', s.end_at, s.start_at));
@@ -493,14 +577,15 @@ BEGIN
         PERFORM _schedule_error('PS312', format('max_runs must be at least 1 (NULL: no limit), got %s', s.max_runs));
     END IF;
     IF s.target_kind IS NULL OR s.target_kind NOT IN ('kafka', 'http', 'task') THEN
-        PERFORM _schedule_error('PS307', format('target_kind must be kafka, http or task, got %s', coalesce(quote_literal(s.target_kind), 'NULL')));
-    ELSIF s.target_kind = 'kafka' AND (s.target IS NULL OR s.target !~ '^[A-Za-z0-9._-]{1,249}$') THEN
-        PERFORM _schedule_error('PS307', format('target must be a Kafka topic name (1-249 of A-Z a-z 0-9 . _ -), got %s', coalesce(quote_literal(s.target), 'NULL')));
-    ELSIF s.target_kind = 'http' AND (s.target IS NULL OR s.target !~* '^https?://[^\s/]+\S*$' OR length(s.target) > 2000) THEN
-        PERFORM _schedule_error('PS307', format('target must be an http:// or https:// URL, got %s', coalesce(quote_literal(left(s.target, 200)), 'NULL')),
-                                'The executor POSTs the payload to it with an Idempotency-Key header.');
-    ELSIF s.target_kind = 'task' AND (s.target IS NULL OR octet_length(s.target) NOT BETWEEN 1 AND 40) THEN
-        PERFORM _schedule_error('PS307', format('target must be a task queue name of 1 to 40 bytes, got %s', coalesce(quote_literal(s.target), 'NULL')));
+        PERFORM _schedule_error('PS307', format('target_kind must be kafka, http or task, got %s',
+                                                coalesce(quote_literal(left(s.target_kind, 100)), 'NULL')));
+    END IF;
+    v_why := _target_refusal(s.target_kind, s.target);
+    IF v_why IS NOT NULL THEN
+        PERFORM _schedule_error('PS307', format('%s target %s: %s', s.target_kind,
+                                                coalesce(quote_literal(left(s.target, 200)), 'NULL'), v_why),
+                                CASE s.target_kind WHEN 'http' THEN 'The executor POSTs the payload to it with an Idempotency-Key header; '
+                                                                    'an admin may allow internal networks with set_http_allow.' END);
     END IF;
     s.priority := coalesce(s.priority, 50);
     IF s.priority NOT BETWEEN 0 AND 4294967295 THEN
@@ -508,7 +593,7 @@ BEGIN
     END IF;
     s.overlap := coalesce(s.overlap, 'allow');
     IF s.overlap NOT IN ('allow', 'skip', 'buffer_one') THEN
-        PERFORM _schedule_error('PS312', format('overlap must be allow, skip or buffer_one, got %s', quote_literal(s.overlap)));
+        PERFORM _schedule_error('PS312', format('overlap must be allow, skip or buffer_one, got %s', quote_literal(left(s.overlap, 100))));
     END IF;
     s.payload := coalesce(s.payload, '{}');
     IF octet_length(s.payload::text) > _setting('schedules_max_payload_bytes')::integer THEN
@@ -520,15 +605,19 @@ BEGIN
         PERFORM _schedule_error('PS308', format('payload of a task target must be a JSON object (it becomes the task spec), got %s',
                                                 left(s.payload::text, 100)));
     END IF;
-    IF s.retry_attempts IS NULL OR s.retry_attempts NOT BETWEEN 0 AND 30 OR s.retry_base IS NULL OR s.retry_base < interval '0'
-       OR s.retry_jitter IS NULL OR s.retry_jitter < interval '0' THEN
-        PERFORM _schedule_error('PS309', format('retry policy must have retry_attempts in 0..30, retry_base >= 0, retry_jitter >= 0, got %s, %s, %s',
+    IF s.retry_attempts IS NULL OR s.retry_attempts NOT BETWEEN 0 AND 30 OR s.retry_base IS NULL OR s.retry_jitter IS NULL THEN
+        PERFORM _schedule_error('PS309', format('retry policy must have retry_attempts in 0..30, retry_base and retry_jitter in 0..1 hour, got %s, %s, %s',
                                                 s.retry_attempts, s.retry_base, s.retry_jitter));
     END IF;
+    PERFORM _require_interval('retry_base', s.retry_base, interval '0', interval '1 hour', 'PS309'),
+            _require_interval('retry_jitter', s.retry_jitter, interval '0', interval '1 hour', 'PS309');
     s.critical := coalesce(s.critical, false);
-    IF s.catchup_window IS NULL OR s.catchup_window < interval '0' THEN
-        PERFORM _schedule_error('PS312', format('catchup_window must be >= 0, got %s', coalesce(s.catchup_window::text, 'NULL')));
+    -- at least the time an executor takes to claim a due occurrence: with less,
+    -- almost every occurrence would be judged too late and recorded as missed
+    IF s.catchup_window IS NULL THEN
+        PERFORM _schedule_error('PS312', 'catchup_window must be given (from 1 second to 366 days)');
     END IF;
+    PERFORM _require_interval('catchup_window', s.catchup_window, interval '1 second', interval '366 days', 'PS312');
     s.paused := coalesce(s.paused, false);
     -- the recurrence must outlast the retry policy's worst case (the seed's rule)
     v_worst := retry_worst_case(s.retry_attempts, s.retry_base, s.retry_jitter);
@@ -556,24 +645,28 @@ BEGIN
 END
 $$;
 
--- _schedule_json(s): a schedule as the API returns it.
+-- _schedule_json(s): a schedule as the API returns it. A caller that may not act
+-- on it (_may_act(owner): not its owner, a member of the owner or admin) gets it
+-- without target, payload and last_error (design.md: only the owner sees a
+-- schedule's target details and errors).
 CREATE OR REPLACE FUNCTION pyscheduler._schedule_json(s pyscheduler.schedules)
 RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
     SELECT jsonb_build_object(
-        'id', s.id, 'name', s.name, 'every', s.every, 'cron', s.cron, 'tz', s.tz,
+        'id', s.id, 'name', s.name, 'owner', s.owner, 'every', s.every, 'cron', s.cron, 'tz', s.tz,
         'start_at', s.start_at, 'end_at', s.end_at, 'max_runs', s.max_runs,
         'target_kind', s.target_kind, 'target', s.target, 'priority', s.priority, 'payload', s.payload,
         'retry_attempts', s.retry_attempts, 'retry_base', s.retry_base, 'retry_jitter', s.retry_jitter,
         'critical', s.critical, 'catchup_window', s.catchup_window, 'overlap', s.overlap,
         'paused', s.paused, 'paused_note', s.paused_note, 'next_run_at', s.next_run_at,
-        'trigger_at', s.trigger_at, 'due_at', s.due_at,
+        'trigger_at', s.trigger_at, 'due_at', s.due_at, 'ended_note', s.ended_note,
         'runs_count', s.runs_count, 'fired_count', s.fired_count, 'failed_count', s.failed_count,
         'skipped_count', s.skipped_count, 'missed_count', s.missed_count,
         'consecutive_failures', s.consecutive_failures, 'last_expected_at', s.last_expected_at,
         'last_outcome', s.last_outcome, 'last_error', s.last_error,
-        'created', s.created, 'updated', s.updated);
+        'created', s.created, 'updated', s.updated)
+        - CASE WHEN pyscheduler._may_act(s.owner) THEN '{}'::text[] ELSE ARRAY['target', 'payload', 'last_error'] END;
 $$;
 
 -- _schedule_row(name): the schedule FOR UPDATE, PS300 when unknown.
@@ -605,6 +698,21 @@ AS $$
     SELECT pg_notify('pyscheduler_schedules', p_id::text);
 $$;
 
+-- _owned_row(name): the schedule FOR UPDATE, PS300 when unknown, 42501 unless the
+-- caller may act on it (its owner, a member of the owner, or admin).
+CREATE OR REPLACE FUNCTION pyscheduler._owned_row(p_name text)
+RETURNS pyscheduler.schedules
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    s pyscheduler.schedules := _schedule_row(p_name);
+BEGIN
+    PERFORM _require_owner(s.owner, format('schedule %s', quote_literal(p_name)));
+    RETURN s;
+END
+$$;
+
 -- _changed_json(s): notify the change of s and return it as the API does.
 CREATE OR REPLACE FUNCTION pyscheduler._changed_json(s pyscheduler.schedules)
 RETURNS jsonb
@@ -620,12 +728,13 @@ $$;
 -- _advance(s, expected, now): after occurrence `expected` (the regular one)
 -- was handled: the next occurrence, with the catch-up rule: occurrences before
 -- now - catchup_window are not fired but counted as missed (missed, first_missed);
--- end_at and max_runs end the schedule (next NULL). s.runs_count must already
--- count this occurrence. Cron schedules count missed occurrences one by one,
--- at most 10,000 (beyond that, missed is a lower bound).
+-- end_at, max_runs and the supported range end the schedule (next NULL,
+-- ended_note why). s.runs_count must already count this occurrence. Cron
+-- schedules count missed occurrences one by one, at most 10,000 (beyond that,
+-- missed is a lower bound).
 CREATE OR REPLACE FUNCTION pyscheduler._advance(
     s pyscheduler.schedules, p_expected timestamptz, p_now timestamptz,
-    OUT next_run_at timestamptz, OUT missed bigint, OUT first_missed timestamptz)
+    OUT next_run_at timestamptz, OUT missed bigint, OUT first_missed timestamptz, OUT ended_note text)
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -660,7 +769,8 @@ BEGIN
             first_missed := NULL;
         END IF;
     END IF;
-    IF _past_end(s, next_run_at) THEN
+    ended_note := _ended_note(s, next_run_at);
+    IF ended_note IS NOT NULL THEN
         next_run_at := NULL;
     END IF;
 END
@@ -720,6 +830,7 @@ BEGIN
     IF v_regular THEN
         v_adv := _advance(s, p_expected, p_now);
         s.next_run_at := v_adv.next_run_at;
+        s.ended_note := v_adv.ended_note;
         IF v_adv.missed > 0 THEN
             s.missed_count := s.missed_count + v_adv.missed;
             IF p_outcome = 'missed' AND recorded THEN
@@ -748,9 +859,57 @@ BEGIN
            fired_count = s.fired_count, failed_count = s.failed_count, skipped_count = s.skipped_count,
            missed_count = s.missed_count, consecutive_failures = s.consecutive_failures,
            last_outcome = s.last_outcome, last_error = s.last_error, last_expected_at = s.last_expected_at,
-           claim_token = s.claim_token, claimed_until = s.claimed_until, task_rns = s.task_rns
+           claim_token = s.claim_token, claimed_until = s.claimed_until, task_rns = s.task_rns,
+           ended_note = s.ended_note
      WHERE t.id = p_id
     RETURNING t.due_at INTO due_at;
+END
+$$;
+
+-- _poison(sqlstate): whether an error raised while recording one item is that
+-- item's own (a data error: class 22, 23, 54 or 0A, or a PS code), so the item
+-- ends alone; anything else (a timeout, a deadlock, a lost connection, a bug) is
+-- not the item's and fails the whole call.
+CREATE OR REPLACE FUNCTION pyscheduler._poison(p_sqlstate text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_sqlstate ~ '^(22|23|54|0A|PS)';
+$$;
+
+-- _stop_poisoned(id, expected, outcome, error, now): a schedule whose occurrence
+-- could not be recorded (a stored value the recording cannot compute with) ends
+-- alone: the occurrence is recorded with its outcome and the error, the schedule
+-- is paused with a note and the error in last_error, its trigger and claim
+-- dropped; its neighbours in the batch go on. Returns (due NULL, recorded).
+CREATE OR REPLACE FUNCTION pyscheduler._stop_poisoned(
+    p_id bigint, p_expected timestamptz, p_outcome text, p_error text, p_now timestamptz,
+    OUT due_at timestamptz, OUT recorded boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_error text := left('schedule stopped: ' || p_error, 2000);
+BEGIN
+    INSERT INTO schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, fired_at, lateness, error)
+    SELECT p_id, p_expected, p_outcome, false, 0, p_now, p_now - p_expected, v_error
+     WHERE EXISTS (SELECT 1 FROM schedules t WHERE t.id = p_id)
+    ON CONFLICT (schedule_id, expected_at) DO NOTHING;
+    recorded := FOUND;
+    UPDATE schedules t
+       SET paused = true, trigger_at = NULL, claim_token = NULL, claimed_until = NULL, updated = p_now,
+           paused_note = 'stopped by pyscheduler: an occurrence could not be recorded (last_error says why); '
+                         'fix the schedule with update_schedule, then resume it',
+           last_error = v_error,
+           fired_count = t.fired_count + (recorded AND p_outcome = 'fired')::integer,
+           failed_count = t.failed_count + (recorded AND p_outcome = 'failed')::integer,
+           skipped_count = t.skipped_count + (recorded AND p_outcome = 'skipped_overlap')::integer,
+           missed_count = t.missed_count + (recorded AND p_outcome = 'missed')::integer
+     WHERE t.id = p_id
+    RETURNING t.due_at INTO due_at;
+    IF FOUND THEN
+        PERFORM _schedule_changed(p_id);
+    END IF;
 END
 $$;
 
@@ -809,11 +968,16 @@ AS $$
    both day fields restricted -> either matches. Daylight saving: see
    docs/sql-api.md (fixed-time jobs fire once; '*' hour fields by elapsed time).
    `after` is a point in time to compute from, not a clock: this function
-   changes nothing.
-   Errors: PS301 expression, PS303 time zone. */
+   changes nothing. NULL also when the next fire time would be after
+   9999-01-01 (the supported range).
+   Errors: PS301 expression, PS303 time zone, PS314 `after` outside
+   [1970-01-01Z, 9999-01-01Z). */
+DECLARE
+    v_t timestamptz;
 BEGIN
-    PERFORM _check_tz(tz);
-    RETURN _cron_next(_cron_parse(expr), coalesce(after, now()), tz);
+    PERFORM _require_instant('after', after, 'PS314');
+    v_t := _cron_next(_cron_parse(expr), coalesce(after, now()), _tz_name(tz));
+    RETURN CASE WHEN _instant_ok(v_t) THEN v_t END;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.next_cron_time(text, timestamptz, text) IS
@@ -828,15 +992,20 @@ AS $$
 DECLARE
     v_row pyscheduler.schedules;
 BEGIN
+    PERFORM _check_label('PS310', 'name', s.name, 800, 200);
+    IF s.paused_note IS NOT NULL THEN
+        PERFORM _check_label('PS312', 'paused_note', s.paused_note, 1000, 1000);
+    END IF;
     s := _validate_schedule(s);
     s.runs_count := 0;
-    s.next_run_at := _first_run(s, p_now);
+    s := _set_first_run(s, p_now, true);
     INSERT INTO schedules (name, every, cron, cron_spec, tz, start_at, end_at, max_runs, target_kind, target, priority,
                            payload, retry_attempts, retry_base, retry_jitter, critical, catchup_window, overlap,
-                           paused, paused_note, next_run_at, created, updated)
+                           paused, paused_note, next_run_at, created, updated, owner, ended_note)
     VALUES (s.name, s.every, s.cron, s.cron_spec, s.tz, s.start_at, s.end_at, s.max_runs, s.target_kind, s.target,
             s.priority, s.payload, s.retry_attempts, s.retry_base, s.retry_jitter, s.critical, s.catchup_window,
-            s.overlap, s.paused, CASE WHEN s.paused THEN s.paused_note END, s.next_run_at, p_now, p_now)
+            s.overlap, s.paused, CASE WHEN s.paused THEN s.paused_note END, s.next_run_at, p_now, p_now,
+            _caller(), s.ended_note)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO v_row;
     IF v_row.id IS NULL THEN
@@ -870,10 +1039,13 @@ AS $$
    cron (in tz). Target: kafka (topic; key = name), http (URL, POST) or task
    (queue; payload object = task spec, priority, overlap allow | skip |
    buffer_one). First run: the first occurrence at or after now (and start_at).
+   The schedule belongs to the calling role (owner): only it, its members and
+   the admin role may change it or see its target, payload and errors.
    Errors: PS301 cron, PS302 not one of every/cron, PS303 tz, PS304 end_at,
-   PS305 recurrence shorter than retry_worst_case, PS306 every, PS307 target,
-   PS308 payload, PS309 retry, PS310 name, PS311 name taken, PS312 other,
-   PS313 cron never fires. */
+   PS305 recurrence shorter than retry_worst_case, PS306 every, PS307 target
+   (the egress policy for http), PS308 payload, PS309 retry, PS310 name,
+   PS311 name taken, PS312 other, PS313 cron never fires, PS314 start_at,
+   end_at or the first run outside [1970-01-01Z, 9999-01-01Z). */
 DECLARE
     s schedules;
 BEGIN
@@ -903,7 +1075,7 @@ DECLARE
 BEGIN
     p_new := _validate_schedule(p_new);
     IF p_timing THEN
-        p_new.next_run_at := _first_run(p_new, p_now);
+        p_new := _set_first_run(p_new, p_now, true);
     END IF;
     UPDATE schedules t
        SET every = p_new.every, cron = p_new.cron, cron_spec = p_new.cron_spec, tz = p_new.tz,
@@ -911,7 +1083,7 @@ BEGIN
            target_kind = p_new.target_kind, target = p_new.target, priority = p_new.priority,
            payload = p_new.payload, retry_attempts = p_new.retry_attempts, retry_base = p_new.retry_base,
            retry_jitter = p_new.retry_jitter, critical = p_new.critical, catchup_window = p_new.catchup_window,
-           overlap = p_new.overlap, next_run_at = p_new.next_run_at, updated = p_now
+           overlap = p_new.overlap, next_run_at = p_new.next_run_at, ended_note = p_new.ended_note, updated = p_now
      WHERE t.id = s.id
     RETURNING * INTO v_row;
     RETURN _changed_json(v_row);
@@ -935,9 +1107,10 @@ AS $$
    bound; max_runs => 0 removes the limit. When a timing parameter is given
    (every, cron, tz, start_at, end_at, max_runs) the next run is recomputed
    from now; otherwise it stays. Pausing: pause_schedule / resume_schedule.
-   Errors: as create_schedule, PS300 unknown schedule. */
+   Only the owner, its members and admin may update a schedule.
+   Errors: as create_schedule, PS300 unknown schedule, 42501 another role's. */
 DECLARE
-    s schedules := _schedule_row(update_schedule.name);
+    s schedules := _owned_row(update_schedule.name);
     n schedules;
 BEGIN
     n := s;
@@ -981,10 +1154,14 @@ AS $$
    Stops regular firing (the index drops the schedule) until resume_schedule;
    the note says why (shown by schedules_paused). A pending trigger still
    fires. Pausing a paused schedule updates the note.
-   Errors: PS300 unknown schedule. */
+   Errors: PS300 unknown schedule, PS312 note (one line of at most 1000
+   bytes), 42501 another role's schedule. */
 DECLARE
-    s schedules := _schedule_row(pause_schedule.name);
+    s schedules := _owned_row(pause_schedule.name);
 BEGIN
+    IF pause_schedule.note IS NOT NULL THEN
+        PERFORM _check_label('PS312', 'note', pause_schedule.note, 1000, 1000);
+    END IF;
     UPDATE schedules t SET paused = true, paused_note = pause_schedule.note, updated = now()
      WHERE t.id = s.id
     RETURNING * INTO s;
@@ -1000,12 +1177,15 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    s pyscheduler.schedules := _schedule_row(p_name);
+    s pyscheduler.schedules := _owned_row(p_name);
+    v pyscheduler.schedules;
 BEGIN
     IF s.paused THEN
-        -- occurrences during the pause are skipped on purpose, not missed
+        -- occurrences during the pause are skipped on purpose, not missed; an ended
+        -- schedule stays ended
+        v := CASE WHEN s.next_run_at IS NULL THEN s ELSE _set_first_run(s, p_now, false) END;
         UPDATE schedules t SET paused = false, paused_note = NULL, updated = p_now,
-                               next_run_at = CASE WHEN t.next_run_at IS NULL THEN NULL ELSE _first_run(s, p_now) END
+                               next_run_at = v.next_run_at, ended_note = v.ended_note
          WHERE t.id = s.id
         RETURNING * INTO s;
         PERFORM _schedule_changed(s.id);
@@ -1023,7 +1203,8 @@ AS $$
 /* resume_schedule(name) -> schedule jsonb
    Fires again from the first occurrence at or after now: occurrences during
    the pause are skipped on purpose (neither fired nor counted as missed).
-   Resuming a running schedule changes nothing. Errors: PS300. */
+   Resuming a running schedule changes nothing.
+   Errors: PS300, 42501 another role's schedule. */
 BEGIN
     RETURN _resume_schedule(resume_schedule.name, now());
 END
@@ -1037,9 +1218,15 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    s pyscheduler.schedules := _schedule_row(p_name);
+    s pyscheduler.schedules := _owned_row(p_name);
+    v_at timestamptz := date_trunc('milliseconds', p_now);
 BEGIN
-    UPDATE schedules t SET trigger_at = least(t.trigger_at, date_trunc('milliseconds', p_now))
+    IF v_at = s.next_run_at THEN
+        -- the regular occurrence's own millisecond (and idempotency key): a trigger
+        -- there would be the same firing; one millisecond later it fires on its own
+        v_at := v_at + interval '1 millisecond';
+    END IF;
+    UPDATE schedules t SET trigger_at = least(t.trigger_at, v_at)
      WHERE t.id = s.id
     RETURNING * INTO s;
     RETURN _changed_json(s);
@@ -1057,7 +1244,10 @@ AS $$
    schedule due at once; the regular next run does not move. Works on paused
    and ended schedules. The execution is recorded with triggered = true and
    does not count toward max_runs. Triggering again before it fired changes
-   nothing. Errors: PS300. */
+   nothing. A trigger never shares the regular next run's millisecond (it
+   moves 1 ms later), so it always fires on its own; a pending trigger that a
+   regular occurrence later meets on the same millisecond fires with it, once.
+   Errors: PS300, 42501 another role's schedule. */
 BEGIN
     RETURN _trigger_schedule(trigger_schedule.name, now());
 END
@@ -1072,15 +1262,19 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* delete_schedule(name) -> boolean
-   Deletes the schedule and its executions; false when there was none. */
+   Deletes the schedule and its executions; false when there was none.
+   Errors: 42501 another role's schedule. */
 #variable_conflict use_column
 DECLARE
     v_id bigint;
+    v_owner name;
 BEGIN
-    DELETE FROM schedules t WHERE t.name = delete_schedule.name RETURNING t.id INTO v_id;
+    SELECT t.id, t.owner INTO v_id, v_owner FROM schedules t WHERE t.name = delete_schedule.name FOR UPDATE;
     IF v_id IS NULL THEN
         RETURN false;
     END IF;
+    PERFORM _require_owner(v_owner, format('schedule %s', quote_literal(delete_schedule.name)));
+    DELETE FROM schedules t WHERE t.id = v_id;
     DELETE FROM schedule_executions e WHERE e.schedule_id = v_id;  -- no foreign key: their own delete
     PERFORM _schedule_changed(v_id);
     RETURN true;
@@ -1098,8 +1292,10 @@ AS $$
 /* get_schedule(name) -> schedule jsonb
    The schedule: its parameters, next_run_at (NULL: ended), trigger_at,
    due_at (what the index holds), counts (runs, fired, failed, skipped,
-   missed: kept across the purge of old executions), last outcome and error.
-   Errors: PS300. */
+   missed: kept across the purge of old executions), last outcome and error,
+   owner, ended_note (why next_run_at is NULL). A caller that is not the
+   owner, a member of it or admin gets it without target, payload and
+   last_error. Errors: PS300. */
 BEGIN
     RETURN _schedule_json(_schedule_row(get_schedule.name, false));
 END
@@ -1116,8 +1312,9 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 /* list_schedules(name_like => NULL, target_kind => NULL, paused => NULL,
        critical => NULL, max_schedules => 100) -> setof (schedule jsonb)
-   Schedules matching every filter given (name_like: a LIKE pattern), by name.
-   Errors: PS312 max_schedules < 1. */
+   Schedules matching every filter given (name_like: a LIKE pattern), by name;
+   those of other roles without target, payload and last_error (as
+   get_schedule). Errors: PS312 max_schedules < 1. */
 BEGIN
     IF max_schedules IS NULL OR max_schedules < 1 THEN
         PERFORM _schedule_error('PS312', format('max_schedules must be at least 1, got %s', coalesce(max_schedules::text, 'NULL')));
@@ -1149,10 +1346,12 @@ AS $$
    attempts, fired_at (when recorded, database clock), lateness, missed_count
    (on 'missed' summary rows: how many occurrences), error, task_rn (task
    targets). Executions older than the retention setting are purged; the
-   counts in get_schedule survive.
+   counts in get_schedule survive. A caller that is not the owner, a member
+   of it or admin gets error and task_rn as NULL.
    Errors: PS300 unknown schedule, PS312 max_runs < 1 or unknown outcome. */
 DECLARE
     s schedules := _schedule_row(schedule_runs.name, false);
+    v_details boolean := _may_act(s.owner);
 BEGIN
     IF schedule_runs.max_runs IS NULL OR schedule_runs.max_runs < 1 THEN
         PERFORM _schedule_error('PS312', format('max_runs must be at least 1, got %s', coalesce(schedule_runs.max_runs::text, 'NULL')));
@@ -1161,7 +1360,8 @@ BEGIN
         PERFORM _check_outcome(schedule_runs.with_outcome);
     END IF;
     RETURN QUERY
-    SELECT e.expected_at, e.outcome, e.triggered, e.attempts, e.fired_at, e.lateness, e.missed_count, e.error, e.task_rn
+    SELECT e.expected_at, e.outcome, e.triggered, e.attempts, e.fired_at, e.lateness, e.missed_count,
+           CASE WHEN v_details THEN e.error END, CASE WHEN v_details THEN e.task_rn END
       FROM schedule_executions e
      WHERE e.schedule_id = s.id
        AND (schedule_runs.with_outcome IS NULL OR e.outcome = schedule_runs.with_outcome)
@@ -1223,18 +1423,19 @@ BEGIN
         IF (p_every IS NULL) = (p_cron IS NULL) THEN
             PERFORM _schedule_error('PS302', 'give a schedule name, or exactly one of every and cron');
         END IF;
-        s.every := p_every; s.cron := p_cron; s.tz := coalesce(p_tz, 'UTC'); s.start_at := p_start_at;
-        PERFORM _check_tz(s.tz);
+        s.every := p_every; s.cron := p_cron; s.tz := _tz_name(coalesce(p_tz, 'UTC'));
+        s.start_at := nullif(p_start_at, '-infinity');
+        PERFORM _require_instant('start_at', s.start_at, 'PS314');
         IF p_every IS NOT NULL THEN
             PERFORM _check_every(p_every);
         END IF;
         s.cron_spec := CASE WHEN p_cron IS NOT NULL THEN _cron_parse(p_cron) END;
         s.runs_count := 0;
-        v_t := _first_run(s, p_now);
+        v_t := (_set_first_run(s, p_now, false)).next_run_at;
     END IF;
     v_runs := s.runs_count;
     FOR i IN 1 .. p_n LOOP
-        EXIT WHEN v_t IS NULL OR (s.end_at IS NOT NULL AND v_t > s.end_at)
+        EXIT WHEN v_t IS NULL OR NOT _instant_ok(v_t) OR (s.end_at IS NOT NULL AND v_t > s.end_at)
                   OR (s.max_runs IS NOT NULL AND v_runs >= s.max_runs);
         run_at := v_t;
         RETURN NEXT;
@@ -1257,9 +1458,10 @@ AS $$
    The next n regular fire times of a schedule (from its next run, honouring
    end_at and max_runs; none while paused), or of a recurrence not yet
    created (cron or every, tz, start_at: from now), so a user can check an
-   expression before trusting it.
+   expression before trusting it; none after 9999-01-01.
    Errors: PS300 unknown schedule, PS301 cron, PS302 neither or both of
-   cron/every, PS303 tz, PS306 every, PS312 n outside 1..10000. */
+   cron/every, PS303 tz, PS306 every, PS312 n outside 1..10000, PS314
+   start_at outside [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY SELECT u.run_at FROM _upcoming_runs(upcoming_runs.name, upcoming_runs.n, upcoming_runs.cron,
                                                      upcoming_runs.every, upcoming_runs.tz, upcoming_runs.start_at, now()) u;
@@ -1417,6 +1619,88 @@ $$;
 COMMENT ON FUNCTION pyscheduler.fire_details(bigint[]) IS
     'Scheduler: target, payload and retry policy of the given schedules, for firing them.';
 
+-- _record_item(task, id, expected, outcome, attempts, error, token, now): one item of
+-- _record_each: _fire_task_one (task) or _record_one.
+CREATE OR REPLACE FUNCTION pyscheduler._record_item(
+    p_task boolean, p_id bigint, p_expected timestamptz, p_outcome text, p_attempts integer, p_error text,
+    p_token uuid, p_now timestamptz, OUT due_at timestamptz, OUT recorded boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v record;
+BEGIN
+    IF p_task THEN
+        v := _fire_task_one(p_id, p_expected, p_token, p_now);
+    ELSE
+        v := _record_one(p_id, p_expected, p_outcome, p_attempts, p_error, p_token, NULL, p_now);
+    END IF;
+    due_at := v.due_at;
+    recorded := v.recorded;
+END
+$$;
+
+-- _record_each(task, ids, expected, outcomes, attempts, errors, tokens, skip, now):
+-- record (task = false: _record_one) or fire and record (task = true:
+-- _fire_task_one) each item not marked in skip, in schedule order; one row per
+-- item. All at once first; when a data error stops that, again with each item
+-- alone, so _stop_poisoned ends the one it belongs to and the others are
+-- recorded (what the first pass wrote, tasks included, is rolled back). An
+-- unknown outcome is the caller's error: the whole call fails (PS312).
+CREATE OR REPLACE FUNCTION pyscheduler._record_each(
+    p_task boolean, p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_attempts integer[],
+    p_errors text[], p_tokens uuid[], p_skip boolean[], p_now timestamptz)
+RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    r record;
+    v record;
+    k integer;
+    v_ids bigint[];
+    v_exp timestamptz[];
+    v_due timestamptz[];
+    v_rec boolean[];
+BEGIN
+    FOR v_pass IN 1 .. 2 LOOP
+        k := 0; v_ids := '{}'; v_exp := '{}'; v_due := '{}'; v_rec := '{}';
+        BEGIN
+            FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
+                             WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
+                      WHERE p_skip IS NULL OR NOT p_skip[u.o]
+                      ORDER BY u.id, u.expected
+            LOOP
+                IF NOT p_task THEN
+                    PERFORM _check_outcome(r.outcome);
+                END IF;
+                IF v_pass = 1 THEN  -- no subtransaction per item on the common path
+                    v := _record_item(p_task, r.id, r.expected, r.outcome, r.attempts, r.error, r.token, p_now);
+                ELSE
+                    BEGIN
+                        v := _record_item(p_task, r.id, r.expected, r.outcome, r.attempts, r.error, r.token, p_now);
+                    EXCEPTION WHEN OTHERS THEN
+                        IF NOT _poison(SQLSTATE) THEN
+                            RAISE;
+                        END IF;
+                        v := _stop_poisoned(r.id, r.expected, coalesce(r.outcome, 'failed'),
+                                            SQLSTATE || ': ' || SQLERRM, p_now);
+                    END;
+                END IF;
+                k := k + 1;
+                v_ids[k] := r.id; v_exp[k] := r.expected; v_due[k] := v.due_at; v_rec[k] := v.recorded;
+            END LOOP;
+            EXIT;
+        EXCEPTION WHEN OTHERS THEN
+            IF v_pass = 2 OR NOT _poison(SQLSTATE) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT * FROM unnest(v_ids, v_exp, v_due, v_rec);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._record_executions(
     p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_attempts integer[],
     p_errors text[], p_tokens uuid[], p_now timestamptz)
@@ -1425,8 +1709,6 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    r record;
-    v record;
     v_n integer := coalesce(cardinality(p_ids), 0);
     v_fast record;
     v_done boolean[];
@@ -1439,50 +1721,61 @@ BEGIN
     END IF;
     -- Set-based path for the common case: an interval schedule's regular
     -- occurrence, once in the batch, not recorded yet, next occurrence within
-    -- the catch-up window. One UPDATE (rows in id order; under concurrent
-    -- writers its conditions are rechecked on the newest row version, so a
-    -- schedule another writer moved on is left alone) whose RETURNING feeds
-    -- the INSERT of the executions: each row is written once, and no join of
-    -- two result sets (a nested loop of batch x batch comparisons) is needed.
-    -- Everything else goes through _record_one below.
-    WITH inp AS (
-        SELECT u.*, count(*) OVER (PARTITION BY u.id) AS n
-          FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
-               WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
-         ORDER BY u.id),
-    upd AS (
-        UPDATE schedules t
-           SET fired_count = t.fired_count + (i.outcome = 'fired')::integer,
-               failed_count = t.failed_count + (i.outcome = 'failed')::integer,
-               skipped_count = t.skipped_count + (i.outcome = 'skipped_overlap')::integer,
-               runs_count = t.runs_count + (i.outcome <> 'skipped_overlap')::integer,
-               consecutive_failures = CASE i.outcome WHEN 'failed' THEN t.consecutive_failures + 1
-                                                     WHEN 'fired' THEN 0 ELSE t.consecutive_failures END,
-               last_outcome = CASE WHEN i.outcome = 'skipped_overlap' THEN t.last_outcome ELSE i.outcome END,
-               last_error = CASE i.outcome WHEN 'failed' THEN left(i.error, 2000) WHEN 'fired' THEN NULL
-                                           ELSE t.last_error END,
-               last_expected_at = greatest(t.last_expected_at, i.expected),
-               next_run_at = CASE WHEN (t.end_at IS NOT NULL AND i.expected + _every_us(t.every) * interval '1 microsecond' > t.end_at)
-                                       OR (t.max_runs IS NOT NULL
-                                           AND t.runs_count + (i.outcome <> 'skipped_overlap')::integer >= t.max_runs) THEN NULL
-                                  ELSE i.expected + _every_us(t.every) * interval '1 microsecond' END,
-               claim_token = CASE WHEN i.token IS NULL THEN t.claim_token END,
-               claimed_until = CASE WHEN i.token IS NULL THEN t.claimed_until END
-          FROM inp i
-         WHERE t.id = i.id AND i.n = 1 AND t.every IS NOT NULL AND t.next_run_at = i.expected
-           AND i.outcome IN ('fired', 'failed', 'skipped_overlap')
-           AND (i.token IS NULL OR t.claim_token = i.token)
-           AND i.expected + _every_us(t.every) * interval '1 microsecond' >= p_now - t.catchup_window
-           AND NOT EXISTS (SELECT 1 FROM schedule_executions e WHERE e.schedule_id = i.id AND e.expected_at = i.expected)
-        RETURNING t.id, i.expected, i.outcome, i.attempts, i.error, t.due_at, i.o),
-    ins AS (
-        INSERT INTO schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, fired_at, lateness, error)
-        SELECT u.id, u.expected, u.outcome, false, coalesce(u.attempts, 0), p_now, p_now - u.expected, left(u.error, 2000)
-          FROM upd u
-        ON CONFLICT ON CONSTRAINT schedule_executions_pkey DO NOTHING)
-    SELECT array_agg(u.id) AS ids, array_agg(u.expected) AS expected, array_agg(u.due_at) AS due,
-           array_agg(u.o) AS ords
-      INTO v_fast FROM upd u;
+    -- the catch-up window, not ending the schedule, no trigger on the same
+    -- millisecond. One UPDATE (rows in id order; under concurrent writers its
+    -- conditions are rechecked on the newest row version, so a schedule another
+    -- writer moved on is left alone) whose RETURNING feeds the INSERT of the
+    -- executions: each row is written once, and no join of two result sets (a
+    -- nested loop of batch x batch comparisons) is needed. Everything else goes
+    -- through _record_one below. A data error here (a stored value it cannot
+    -- compute with) leaves the whole batch to the row-by-row path, where the
+    -- item it belongs to ends alone.
+    BEGIN
+        WITH inp AS (
+            SELECT u.*, count(*) OVER (PARTITION BY u.id) AS n
+              FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
+                   WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
+             ORDER BY u.id),
+        upd AS (
+            UPDATE schedules t
+               SET fired_count = t.fired_count + (i.outcome = 'fired')::integer,
+                   failed_count = t.failed_count + (i.outcome = 'failed')::integer,
+                   skipped_count = t.skipped_count + (i.outcome = 'skipped_overlap')::integer,
+                   runs_count = t.runs_count + (i.outcome <> 'skipped_overlap')::integer,
+                   consecutive_failures = CASE i.outcome WHEN 'failed' THEN t.consecutive_failures + 1
+                                                         WHEN 'fired' THEN 0 ELSE t.consecutive_failures END,
+                   last_outcome = CASE WHEN i.outcome = 'skipped_overlap' THEN t.last_outcome ELSE i.outcome END,
+                   last_error = CASE i.outcome WHEN 'failed' THEN left(i.error, 2000) WHEN 'fired' THEN NULL
+                                               ELSE t.last_error END,
+                   last_expected_at = greatest(t.last_expected_at, i.expected),
+                   next_run_at = i.expected + _every_us(t.every) * interval '1 microsecond',
+                   claim_token = CASE WHEN i.token IS NULL THEN t.claim_token END,
+                   claimed_until = CASE WHEN i.token IS NULL THEN t.claimed_until END
+              FROM inp i
+             WHERE t.id = i.id AND i.n = 1 AND t.every IS NOT NULL AND t.next_run_at = i.expected
+               AND i.outcome IN ('fired', 'failed', 'skipped_overlap')
+               AND (i.token IS NULL OR t.claim_token = i.token)
+               AND t.trigger_at IS DISTINCT FROM i.expected
+               AND i.expected + _every_us(t.every) * interval '1 microsecond' >= p_now - t.catchup_window
+               AND i.expected + _every_us(t.every) * interval '1 microsecond'
+                   < least(t.end_at + interval '1 microsecond', timestamptz '9999-01-01 00:00:00+00')
+               AND (t.max_runs IS NULL OR t.runs_count + (i.outcome <> 'skipped_overlap')::integer < t.max_runs)
+               AND NOT EXISTS (SELECT 1 FROM schedule_executions e WHERE e.schedule_id = i.id AND e.expected_at = i.expected)
+            RETURNING t.id, i.expected, i.outcome, i.attempts, i.error, t.due_at, i.o),
+        ins AS (
+            INSERT INTO schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, fired_at, lateness, error)
+            SELECT u.id, u.expected, u.outcome, false, coalesce(u.attempts, 0), p_now, p_now - u.expected, left(u.error, 2000)
+              FROM upd u
+            ON CONFLICT ON CONSTRAINT schedule_executions_pkey DO NOTHING)
+        SELECT array_agg(u.id) AS ids, array_agg(u.expected) AS expected, array_agg(u.due_at) AS due,
+               array_agg(u.o) AS ords
+          INTO v_fast FROM upd u;
+    EXCEPTION WHEN OTHERS THEN
+        IF NOT _poison(SQLSTATE) THEN
+            RAISE;
+        END IF;
+        SELECT NULL::bigint[] AS ids INTO v_fast;
+    END;
     IF v_fast.ids IS NOT NULL THEN
         RETURN QUERY SELECT f.id, f.expected, f.due, true
                        FROM unnest(v_fast.ids, v_fast.expected, v_fast.due) AS f(id, expected, due);
@@ -1494,16 +1787,9 @@ BEGIN
             v_done[v_o] := true;
         END LOOP;
     END IF;
-    -- the rest one by one, in schedule order
-    FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens)
-                     WITH ORDINALITY AS u(id, expected, outcome, attempts, error, token, o)
-              WHERE v_done IS NULL OR NOT v_done[u.o]
-              ORDER BY u.id, u.expected
-    LOOP
-        v := _record_one(r.id, r.expected, r.outcome, r.attempts, r.error, r.token, NULL, p_now);
-        id := r.id; expected_at := r.expected; next_run_at := v.due_at; recorded := v.recorded;
-        RETURN NEXT;
-    END LOOP;
+    -- the rest one by one, in schedule order, each poison item alone
+    RETURN QUERY SELECT * FROM _record_each(false, p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens,
+                                            v_done, p_now);
 END
 $$;
 
@@ -1529,7 +1815,13 @@ AS $$
    time to write as the score (NULL -> remove the member). p_tokens: from
    claim_due_critical; a row whose token is not the schedule's current claim
    is not recorded (recorded = false). Deleted schedule -> recorded = false,
-   next NULL. Errors: PS312 arrays of different lengths or unknown outcome. */
+   next NULL. A pending trigger on the regular occurrence's millisecond is
+   cleared with it (one firing). A next occurrence after 9999-01-01 ends the
+   schedule (next NULL, ended_note). An item whose schedule holds a value the
+   recording cannot compute with ends alone: recorded with its outcome and
+   the error, the schedule paused with a note (last_error says why), next
+   NULL; the other items are recorded as usual.
+   Errors: PS312 arrays of different lengths or unknown outcome. */
 BEGIN
     RETURN QUERY SELECT * FROM _record_executions(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens, now());
 END
@@ -1545,14 +1837,21 @@ AS $$
     SELECT coalesce(p_result ->> 'rn', p_result -> 'task' ->> 'rn', p_result -> 'submit_task' ->> 'rn')::uuid;
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler._fire_task_schedules(
-    p_ids bigint[], p_expected timestamptz[], p_tokens uuid[], p_now timestamptz)
-RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
+-- _fire_task_one(id, expected, token, now): fire_task_schedules for one
+-- occurrence. Submits nothing, and answers the schedule's current due time
+-- with recorded = false, for a deleted schedule (due NULL), one that is no
+-- longer a task target (the executor fires it by its new kind once the index
+-- holds its due time again), a claim that is not the caller's, and a stale
+-- occurrence (neither the regular next run nor the pending trigger: the
+-- schedule changed since it was claimed). An occurrence recorded already
+-- submits nothing either (the schedule moves on as record_executions).
+CREATE OR REPLACE FUNCTION pyscheduler._fire_task_one(
+    p_id bigint, p_expected timestamptz, p_token uuid, p_now timestamptz,
+    OUT due_at timestamptz, OUT recorded boolean)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    r record;
     s pyscheduler.schedules;
     v record;
     v_unfinished uuid[];
@@ -1561,52 +1860,59 @@ DECLARE
     v_error text;
     v_result jsonb;
 BEGIN
+    recorded := false;
+    SELECT * INTO s FROM schedules t WHERE t.id = p_id FOR UPDATE;
+    IF NOT FOUND OR p_expected IS NULL THEN
+        RETURN;
+    END IF;
+    IF s.target_kind <> 'task' OR (p_expected IS DISTINCT FROM s.next_run_at AND p_expected IS DISTINCT FROM s.trigger_at) THEN
+        due_at := s.due_at;
+        RETURN;
+    END IF;
+    IF (p_token IS NULL OR s.claim_token = p_token)
+       AND NOT EXISTS (SELECT 1 FROM schedule_executions e WHERE e.schedule_id = p_id AND e.expected_at = p_expected) THEN
+        -- the overlap policy looks at the schedule's earlier tasks still ready or running
+        SELECT coalesce(array_agg(t.rn), '{}') INTO v_unfinished
+          FROM tasks t WHERE t.rn = ANY (s.task_rns) AND t.status IN ('ready', 'running');
+        IF p_expected < p_now - s.catchup_window AND p_expected = s.next_run_at THEN
+            v_outcome := 'missed';
+        ELSIF (s.overlap = 'skip' AND cardinality(v_unfinished) >= 1)
+              OR (s.overlap = 'buffer_one' AND cardinality(v_unfinished) >= 2) THEN
+            v_outcome := 'skipped_overlap';
+        ELSE
+            BEGIN
+                SELECT to_jsonb(x) INTO v_result FROM pyscheduler.submit_task(
+                    queue => s.target, priority => s.priority,
+                    spec => s.payload || jsonb_build_object('pyscheduler', jsonb_build_object(
+                        'schedule', s.name, 'schedule_id', s.id, 'expected_at', p_expected,
+                        'idempotency_key', s.id || ':' || (_epoch_us(p_expected) / 1000)))) x;
+                v_rn := _task_rn(v_result);
+                v_outcome := 'fired';
+            EXCEPTION WHEN OTHERS THEN
+                v_outcome := 'failed';
+                v_error := SQLSTATE || ': ' || SQLERRM;
+            END;
+        END IF;
+        IF s.overlap <> 'allow' AND (v_rn IS NOT NULL OR v_unfinished IS DISTINCT FROM s.task_rns) THEN
+            UPDATE schedules t SET task_rns = v_unfinished || coalesce(ARRAY[v_rn], '{}')
+             WHERE t.id = p_id;
+        END IF;
+    END IF;
+    v := _record_one(p_id, p_expected, coalesce(v_outcome, 'fired'), 1, v_error, p_token, v_rn, p_now);
+    due_at := v.due_at;
+    recorded := v.recorded AND v_outcome IS NOT NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._fire_task_schedules(
+    p_ids bigint[], p_expected timestamptz[], p_tokens uuid[], p_now timestamptz)
+RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_tokens));
-    FOR r IN SELECT * FROM unnest(p_ids, p_expected,
-                                  coalesce(p_tokens, array_fill(NULL::uuid, ARRAY[cardinality(p_ids)])))
-                     AS u(id, expected, token)
-              ORDER BY u.id, u.expected
-    LOOP
-        id := r.id; expected_at := r.expected; v_outcome := NULL; v_rn := NULL; v_error := NULL;
-        SELECT * INTO s FROM schedules t WHERE t.id = r.id FOR UPDATE;
-        IF FOUND AND s.target_kind <> 'task' THEN
-            PERFORM _schedule_error('PS307', format('schedule %s is not a task target (%s): fire it and use record_executions',
-                                                    quote_literal(s.name), s.target_kind));
-        END IF;
-        IF FOUND AND r.expected IS NOT NULL AND (r.token IS NULL OR s.claim_token = r.token)
-           AND NOT EXISTS (SELECT 1 FROM schedule_executions e WHERE e.schedule_id = r.id AND e.expected_at = r.expected) THEN
-            -- the overlap policy looks at the schedule's earlier tasks still ready or running
-            SELECT coalesce(array_agg(t.rn), '{}') INTO v_unfinished
-              FROM tasks t WHERE t.rn = ANY (s.task_rns) AND t.status IN ('ready', 'running');
-            IF r.expected < p_now - s.catchup_window AND r.expected = s.next_run_at THEN
-                v_outcome := 'missed';
-            ELSIF (s.overlap = 'skip' AND cardinality(v_unfinished) >= 1)
-                  OR (s.overlap = 'buffer_one' AND cardinality(v_unfinished) >= 2) THEN
-                v_outcome := 'skipped_overlap';
-            ELSE
-                BEGIN
-                    SELECT to_jsonb(x) INTO v_result FROM pyscheduler.submit_task(
-                        queue => s.target, priority => s.priority,
-                        spec => s.payload || jsonb_build_object('pyscheduler', jsonb_build_object(
-                            'schedule', s.name, 'schedule_id', s.id, 'expected_at', r.expected,
-                            'idempotency_key', s.id || ':' || (_epoch_us(r.expected) / 1000)))) x;
-                    v_rn := _task_rn(v_result);
-                    v_outcome := 'fired';
-                EXCEPTION WHEN OTHERS THEN
-                    v_outcome := 'failed';
-                    v_error := SQLSTATE || ': ' || SQLERRM;
-                END;
-            END IF;
-            IF s.overlap <> 'allow' AND (v_rn IS NOT NULL OR v_unfinished IS DISTINCT FROM s.task_rns) THEN
-                UPDATE schedules t SET task_rns = v_unfinished || coalesce(ARRAY[v_rn], '{}')
-                 WHERE t.id = r.id;
-            END IF;
-        END IF;
-        v := _record_one(r.id, r.expected, coalesce(v_outcome, 'fired'), 1, v_error, r.token, v_rn, p_now);
-        next_run_at := v.due_at;
-        recorded := v.recorded AND v_outcome IS NOT NULL;
-        RETURN NEXT;
-    END LOOP;
+    RETURN QUERY SELECT * FROM _record_each(true, p_ids, p_expected, NULL, NULL, NULL, p_tokens, NULL, p_now);
 END
 $$;
 
@@ -1628,8 +1934,13 @@ AS $$
    may wait behind the running one). An occurrence older than the catch-up
    window is recorded 'missed', not submitted. A repeat of (id, expected)
    submits nothing (recorded = false). A submit that fails is recorded as
-   'failed' with the error. p_tokens as record_executions.
-   Errors: PS307 a schedule that is not a task target, PS312 array lengths. */
+   'failed' with the error. p_tokens as record_executions. Each item is
+   answered on its own: one that is not a task target (any more) or is stale
+   (neither the regular next run nor the pending trigger: the schedule changed
+   since it was claimed) submits nothing and gets recorded = false with the
+   schedule's current due time; one whose stored values cannot be computed
+   with ends alone (recorded 'failed', the schedule paused with a note).
+   Errors: PS312 array lengths. */
 BEGIN
     RETURN QUERY SELECT * FROM _fire_task_schedules(p_ids, p_expected, p_tokens, now());
 END
@@ -1723,16 +2034,30 @@ COMMENT ON FUNCTION pyscheduler.purge_executions(integer) IS
 
 -- ---------------------------------------------------------------- views (psql)
 
+-- _may_see(owner): _may_act(owner) for the views (a view's reader needs EXECUTE
+-- on what it calls, and _may_act reads the settings): whether the reader sees a
+-- schedule's target and last error.
+CREATE OR REPLACE FUNCTION pyscheduler._may_see(p_owner name)
+RETURNS boolean
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT pyscheduler._may_act(p_owner);
+$$;
+
 CREATE OR REPLACE VIEW pyscheduler.schedules_due_soon AS
     SELECT name, due_at, due_at - now() AS due_in, trigger_at IS NOT NULL AND trigger_at = due_at AS triggered,
-           critical, target_kind, target
+           critical, target_kind, CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
      WHERE due_at IS NOT NULL AND due_at <= now() + interval '5 minutes'
      ORDER BY due_at;
-COMMENT ON VIEW pyscheduler.schedules_due_soon IS 'Schedules due within the next 5 minutes (or overdue), soonest first.';
+COMMENT ON VIEW pyscheduler.schedules_due_soon IS
+    'Schedules due within the next 5 minutes (or overdue), soonest first; target only for its owner and admin.';
 
 CREATE OR REPLACE VIEW pyscheduler.schedules_late AS
-    SELECT name, due_at, now() - due_at AS late_by, catchup_window, critical, target_kind, target
+    SELECT name, due_at, now() - due_at AS late_by, catchup_window, critical, target_kind,
+           CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
      WHERE due_at < now() - interval '10 seconds'
      ORDER BY due_at;
@@ -1740,14 +2065,17 @@ COMMENT ON VIEW pyscheduler.schedules_late IS
     'Schedules due more than 10 seconds ago and not yet fired: the executors are down or behind.';
 
 CREATE OR REPLACE VIEW pyscheduler.schedules_paused AS
-    SELECT name, paused_note, updated AS paused_since, next_run_at, target_kind, target
+    SELECT name, paused_note, updated AS paused_since, next_run_at, target_kind,
+           CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
      WHERE paused
      ORDER BY name;
 COMMENT ON VIEW pyscheduler.schedules_paused IS 'Paused schedules with their notes.';
 
 CREATE OR REPLACE VIEW pyscheduler.schedules_failing AS
-    SELECT name, consecutive_failures, last_expected_at, last_error, failed_count, fired_count, target_kind, target
+    SELECT name, consecutive_failures, last_expected_at,
+           CASE WHEN pyscheduler._may_see(owner) THEN last_error END AS last_error, failed_count, fired_count,
+           target_kind, CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
      WHERE consecutive_failures > 0
      ORDER BY consecutive_failures DESC, name;
@@ -1763,6 +2091,9 @@ SELECT pyscheduler._grant('client', 'create_schedule', 'update_schedule', 'pause
 SELECT pyscheduler._grant('scheduler', 'index_entries', 'index_page', 'resync_take', 'resync_progress',
                          'fire_details', 'record_executions', 'fire_task_schedules', 'claim_due_critical',
                          'purge_executions', 'get_schedule', 'retry_worst_case', 'next_cron_time');
+-- the views call it for their readers
+SELECT pyscheduler._grant('client', '_may_see');
+SELECT pyscheduler._grant('monitor', '_may_see');
 SELECT pyscheduler._grant('monitor', 'get_schedule', 'list_schedules', 'schedule_runs', 'upcoming_runs',
                          'execution_count', 'retry_worst_case', 'next_cron_time', 'resync_progress',
                          'schedules_due_soon', 'schedules_late', 'schedules_paused', 'schedules_failing');

@@ -175,7 +175,8 @@ def list_cmd(dsn) -> None:
             s = row["schedule"]
             rec = s.get("cron") or s.get("every")
             state = "paused" if s.get("paused") else ("ended" if s.get("next_run_at") is None else "active")
-            click.echo(f"{s['name']:<24} {str(rec):<16} {s['target_kind']}:{s['target']:<24} {state:<7} "
+            target = s.get("target", "-")  # another role's schedule: its target is not shown
+            click.echo(f"{s['name']:<24} {str(rec):<16} {s['target_kind']}:{target:<24} {state:<7} "
                        f"next={s.get('next_run_at')} runs={s.get('runs_count')}")
 
 

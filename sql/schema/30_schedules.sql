@@ -1,5 +1,6 @@
 -- Fresh install: the recurring schedules' tables (seeds/schedulinator.md), in one place.
--- Must equal what migrations/0007_schedules.sql and 0009_schedules_perf.sql build (tests/test_migrate.py checks).
+-- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
+-- 0014_schedules_hardening.sql build (tests/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
     ('schedules_max_payload_bytes', '65536')
@@ -11,7 +12,9 @@ ON CONFLICT (name) DO NOTHING;
 -- critical_due_at the same for critical schedules only (NULL otherwise): the
 -- only column indexed by due time, so a non-critical schedule's per-firing
 -- UPDATE changes no indexed column and can be HOT (fillfactor leaves room).
--- The counts survive the purge of old executions.
+-- The counts survive the purge of old executions. owner: the role that created
+-- it (only it, its members and admin act on it); ended_note: why next_run_at
+-- is NULL (end_at, max_runs, no occurrence before 9999-01-01).
 CREATE TABLE pyscheduler.schedules (
     id                   bigint GENERATED ALWAYS AS IDENTITY,
     name                 text NOT NULL,
@@ -55,6 +58,8 @@ CREATE TABLE pyscheduler.schedules (
     critical_due_at      timestamptz GENERATED ALWAYS AS (
                              CASE WHEN critical THEN CASE WHEN paused THEN trigger_at
                                                           ELSE least(next_run_at, trigger_at) END END) STORED,
+    owner                name NOT NULL,
+    ended_note           text,
     CONSTRAINT schedules_pkey PRIMARY KEY (id),
     CONSTRAINT schedules_name_key UNIQUE (name),
     CONSTRAINT schedules_recurrence_check CHECK ((every IS NULL) <> (cron IS NULL)),
