@@ -39,6 +39,12 @@ def create(db: Database, name: str, *, every: float | None = None, cron: str | N
     return db.call_value("create_schedule", name=name, **args)
 
 
+def allow_loopback(db: Database) -> None:
+    """Let HTTP targets reach 127.0.0.0/8 (the local test servers): the egress policy refuses
+    loopback addresses unless an admin allows them (set_http_allow)."""
+    db.call("set_http_allow", allow=["127.0.0.0/8"])
+
+
 def executions(db: Database, name: str) -> list[dict]:
     return db.query("SELECT e.* FROM pyscheduler.schedule_executions e JOIN pyscheduler.schedules s "
                     "ON s.id = e.schedule_id WHERE s.name = %s ORDER BY e.expected_at", (name,))
