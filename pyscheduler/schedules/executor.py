@@ -173,7 +173,8 @@ class Executor:
                         self._enter_degraded(exc)
                     wait = 0.2
                 except RETRYABLE as exc:
-                    wait = db_outage.failed(exc)
+                    # the backoff never outlasts a claim refresh (held claims are not taken for stuck)
+                    wait = min(db_outage.failed(exc), cfg.stuck_after_ms / 3000)
                 self._serve(wait)
             self._take_prefetch()
             # claimed by the prefetch: fired before stopping (in degraded mode those claimed from
@@ -253,7 +254,7 @@ class Executor:
                 # a backlog: claim the next batch and load its details in the prefetch thread
                 # (Redis and PostgreSQL round trips) while this one is fired
                 self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more, "redis")
-            occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
+            occs = self._claimed(res.claimed)
             if load_error is not None:
                 self._hold(occs)
                 self.unfired += occs
@@ -334,9 +335,16 @@ class Executor:
             res, _ = fut.result()
         except Exception:  # noqa: BLE001  (claim failed: nothing was claimed)
             return
-        occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed] if kind == "redis" else res
+        occs = self._claimed(res.claimed) if kind == "redis" else res
         self._hold(occs)
         self.unfired += occs
+
+    def _claimed(self, claimed: list) -> list[Occurrence]:
+        """The occurrences of a Redis claim, but those this executor holds already: a claim
+        the stuck-claim check reset (its refresh came late, e.g. during a PostgreSQL outage)
+        and this executor took again is still being fired or recorded here."""
+        held = self.held
+        return [Occurrence(c.id, c.expected_ms) for c in claimed if (c.id, c.expected_ms) not in held]
 
     def _hold(self, occs: list[Occurrence]) -> None:
         now = time.monotonic()
@@ -755,8 +763,10 @@ class Recorder:
             self.stop.wait(self.redis_outage.failed(exc))
 
     def _call(self, give_up_after: float | None, group: str, batch: list) -> list[dict] | None:
-        """Record (or re-read, for "reindex") a batch; an outage is retried with backoff (None:
-        given up at stop), a data error is raised (``isolate`` splits the batch)."""
+        """Record (or re-read, for "reindex") a batch in one transaction; an outage is retried
+        with backoff (None: given up at stop), a data error is raised (``isolate`` splits the
+        batch). The transaction makes a batch whose answer cannot be loaded (a next run after
+        year 9999) leave nothing behind: its parts are recorded as if it had never been tried."""
         occs = [occ for _, occ, _ in batch]
         tokens = [o.token for o in occs] if occs[0].token is not None else None
         if group == "reindex":
@@ -778,10 +788,10 @@ class Recorder:
             if tokens:
                 args["p_tokens"] = tokens
         end = None if give_up_after is None else time.monotonic() + give_up_after
-        call = self.ex.db.call_binary if binary else self.ex.db.call
         while True:
             try:
-                rows = call(function, **args)
+                with self.ex.db.session() as session, session.conn.transaction():
+                    rows = (session.call_binary if binary else session.call)(function, **args)
                 self.outage.ok()
                 return rows
             except RETRYABLE as exc:
