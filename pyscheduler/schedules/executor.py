@@ -41,7 +41,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import redis
 from prometheus_client import Counter, Gauge, Histogram
@@ -138,7 +138,7 @@ class Executor:
         self._prefetch: tuple[Future, int, str] | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:prefetch")
         self.stop = threading.Event()
-        self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched (tests, bench)
+        self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched, parked (tests, bench)
 
     def fresh(self) -> "Executor":
         """A new executor with these settings (run_daemons' restart): nothing half-torn is kept."""
@@ -372,7 +372,7 @@ class Executor:
             entry = details.get(occ.id)
             occ.details = d = entry[2] if entry else None
             if d is None and occ.id in self.poison:
-                out.append(("park", occ, self.poison[occ.id]))  # its details cannot be loaded
+                out.append(("park", occ, self.poison[occ.id]))  # its fire details cannot be loaded
             elif d is None or not d.active:
                 gone.append(occ)  # deleted or ended since it was indexed: re-read its index entry
             elif d.paused:
@@ -432,7 +432,6 @@ class Executor:
         for ident, exc in poison:
             self.details.pop(ident, None)
             self.poison[ident] = f"its fire details cannot be loaded: {exc}"
-            POISON.labels("details").inc()
 
     def _on_done(self, occ: Occurrence, error: str | None) -> None:
         """A try finished (Kafka delivery report, HTTP response): called from any thread."""
@@ -683,13 +682,13 @@ class Recorder:
             group = kind if kind in ("task", "reindex", "park") else "record"
             groups[(group, occ.token is not None)].append((kind, occ, error))
         for (group, tokens), batch in groups.items():
-            if group == "park":
-                self.park([(occ, error) for _, occ, error in batch], tokens)
+            if group == "park":  # from the main loop: fire details that cannot be loaded
+                self.park([(occ, error) for _, occ, error in batch], tokens, "details")
                 continue
             rows, poison = isolate(batch, lambda part: self._call(give_up_after, group, part))
             if poison:
                 self.park([(occ, f"PostgreSQL refused to record it or returned a value that cannot be loaded: "
-                                 f"{exc}") for (_, occ, _), exc in poison], tokens)
+                                 f"{exc}") for (_, occ, _), exc in poison], tokens, "record")
                 bad = {id(occ) for (_, occ, _), _ in poison}
                 batch = [item for item in batch if id(item[1]) not in bad]
             occs = [occ for _, occ, _ in batch]
@@ -721,11 +720,11 @@ class Recorder:
                     entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
             self._settled(occs, entries)
 
-    def park(self, items: list[tuple[Occurrence, str]], tokens: bool) -> None:
+    def park(self, items: list[tuple[Occurrence, str]], tokens: bool, where: str) -> None:
         """Set these occurrences aside: logged, counted, their members removed and kept out of
         the index until their schedules change (claimed from PostgreSQL: their claims expire)."""
         for occ, why in items:
-            POISON.labels("record").inc()
+            POISON.labels(where).inc()
             self.ex.counts["parked"] += 1
             log.error("schedule %s occurrence %s set aside: %s; it stays out of the index until the schedule is "
                       "changed (update_schedule) or deleted", occ.id, from_ms(occ.expected_ms).isoformat(), why)

@@ -324,8 +324,9 @@ class Index:
         if not entries:
             return
         pipe = self.r.pipeline(transaction=False)
-        self._park(keys=[self.k_ver, self.k_parked], args=[i for i, _ in entries], client=pipe)  # first: a
-        self._queue_settle(pipe, [(i, e, None) for i, e in entries])  # relay write meanwhile skips them
+        # parked first: a relay write between the two skips them
+        self._park(keys=[self.k_ver, self.k_parked], args=[i for i, _ in entries], client=pipe)
+        self._queue_settle(pipe, [(i, e, None) for i, e in entries])
         pipe.execute()
 
     def parked(self) -> dict[int, str]:

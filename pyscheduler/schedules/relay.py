@@ -120,7 +120,7 @@ class IndexRelay:
                 for ident, exc in poison:
                     POISON.labels("relay").inc()
                     log.error("schedule %s: its index entry cannot be read (%s): removed from the index", ident, exc)
-                written += index.mirror(mirror_entries(self._checked(rows)) + [(i, None, None) for i, _ in poison])
+                written += index.mirror(mirror_entries(self._checked(rows)) + [(p, None, None) for p, _ in poison])
         except BaseException:
             with self.lock:  # not lost: tried again after the outage
                 self.pending.update(ids)
