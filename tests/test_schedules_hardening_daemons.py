@@ -15,6 +15,7 @@ import time
 import urllib.parse
 from datetime import datetime, timedelta, timezone
 
+import psycopg
 import pytest
 import redis
 from click.testing import CliRunner
@@ -155,6 +156,27 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         assert count(db, "p-\u540d\u524d \u2615\r\nX-Evil: 1") >= 6
     finally:
         receiver.close()
+
+
+def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
+    """The one isolation every batch path uses (fire details, recorder, relay), against real
+    errors: one the server raises (22012) and one psycopg raises loading a value (a year-10000
+    timestamp, no SQLSTATE); any other error is raised, not isolated."""
+    from pyscheduler.schedules.executor import isolate
+
+    calls = []
+
+    def call(part):
+        calls.append(list(part))
+        return db.query("SELECT x, 1 / (x - 3) AS q, CASE WHEN x = 6 THEN timestamptz '10000-01-01' END AS t "
+                        "FROM unnest(%s::int[]) x", (part,))
+
+    rows, poison = isolate(list(range(1, 9)), call)
+    assert [r["x"] for r in rows] == [1, 2, 4, 5, 7, 8]
+    assert [(item, type(exc).__name__) for item, exc in poison] == [(3, "DivisionByZero"), (6, "DataError")]
+    assert len(calls) <= 2 * 8  # a split per level, not a retry loop
+    with pytest.raises(psycopg.errors.UndefinedFunction):  # 42883: a bug, not a poison item
+        isolate([1, 2], lambda part: db.query("SELECT pyscheduler.no_such_function(%s::int[])", (part,)))
 
 
 def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(db, dsn, kafka, topic, caplog):
