@@ -119,7 +119,7 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
                      "six firings of each neighbour")
             parked = {ids["every-huge"], ids["every-overflow"], ids["tz"]}
             wait_for(lambda: parked <= set(index.parked()), 20, "the poison occurrences to be parked")
-            fired_then = {k: len(keys_of(receiver.received(), ids[k])) for k in ("every-huge",)}
+            huge_then = len(keys_of(receiver.received(), ids["every-huge"]))
             tz_then = len(topic_keys(kafka, p8_topic))
             neighbours_then = {n: count(db, n) for n in ("nb-kafka", "nb-http", "nb-task")}
             wait_for(lambda: all(count(db, n) >= neighbours_then[n] + 3 for n in neighbours_then), 30,
@@ -136,7 +136,7 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         # values the daemons never load: fired as usual
         assert count(db, "p-end-inf") >= 6 and count(db, "p-updated-inf") >= 6 and count(db, "p-topic-missing") >= 6
         # fired once, parked, not fired again
-        assert fired_then == {"every-huge": 1} and len(keys_of(receiver.received(), ids["every-huge"])) == 1
+        assert huge_then == len(keys_of(receiver.received(), ids["every-huge"])) == 1
         # not recorded: its batch rolled back (with the task, for a task target), the rest recorded alone
         assert executions(db, "p-every-huge") == executions(db, "p-every-overflow") == executions(db, "p-tz") == []
         assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'pq'")[0]["n"] == 0
