@@ -1483,8 +1483,13 @@ AS $$
        due time (the earlier of the regular next run and a pending trigger;
        a paused schedule only its trigger); active = false (unknown, deleted,
        paused, ended) -> remove the member. updated: the definition's version
-       (create, update, pause, resume; not firing). One row per id given. */
-    SELECT u.id, s.due_at, coalesce(s.critical, false), s.due_at IS NOT NULL, s.updated
+       (create, update, pause, resume; not firing). One row per id given.
+       Only instants every client loads come back: an active schedule whose
+       due time is outside [1970-01-01Z, 9999-01-01Z) (a row stored before
+       create_schedule refused such values) has next_run_at NULL (it cannot
+       be indexed), an updated outside it is NULL. */
+    SELECT u.id, CASE WHEN pyscheduler._instant_ok(s.due_at) THEN s.due_at END, coalesce(s.critical, false),
+           s.due_at IS NOT NULL, CASE WHEN pyscheduler._instant_ok(s.updated) THEN s.updated END
       FROM unnest(p_ids) AS u(id)
       LEFT JOIN schedules s ON s.id = u.id;
 $$;
@@ -1499,13 +1504,17 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 /* index_page(p_after => 0, p_limit => 1000) -> setof (id, next_run_at, critical, updated)
    Active schedules (with a due time) with id > p_after, by id: the periodic
-   reconcile walks them page by page. Errors: PS312 p_limit outside 1..100000. */
+   reconcile walks them page by page. As index_entries, next_run_at is NULL
+   for a due time outside [1970-01-01Z, 9999-01-01Z) (not indexable) and
+   updated NULL outside it. Errors: PS312 p_limit outside 1..100000. */
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
         PERFORM _schedule_error('PS312', format('p_limit must be in 1..100000, got %s', coalesce(p_limit::text, 'NULL')));
     END IF;
     RETURN QUERY
-    SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
+    SELECT s.id, CASE WHEN pyscheduler._instant_ok(s.due_at) THEN s.due_at END, s.critical,
+           CASE WHEN pyscheduler._instant_ok(s.updated) THEN s.updated END
+      FROM schedules s
      WHERE s.id > coalesce(p_after, 0) AND s.due_at IS NOT NULL
      ORDER BY s.id
      LIMIT p_limit;
@@ -1514,42 +1523,80 @@ $$;
 COMMENT ON FUNCTION pyscheduler.index_page(bigint, integer) IS
     'Scheduler: a page of active schedules (id > p_after, by id) for reconciling the index.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.resync_take(p_sync_id text, p_owner text, p_limit integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION pyscheduler.resync_take(p_sync_id text, p_owner text, p_limit integer DEFAULT 1000,
+                                                   p_lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, updated timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* resync_take(p_sync_id, p_owner, p_limit => 1000) -> setof (id, next_run_at, critical, updated)
-   The seed's optimistic resync after Redis lost its data: every executor
-   that sees the new sync id calls this until it returns no rows; each call
-   hands out the next p_limit active schedules not yet handed out for this
-   sync id, critical schedules first, then by id; no schedule goes to two
-   callers. The version key is kept per sync id and key range (a cursor row
-   locked for the hand-out) rather than per schedule row, so a resync of a
-   million schedules writes one row per batch, not a million.
-   p_owner names the caller (logged in the cursor's progress only).
-   Errors: PS312 empty sync id or p_limit outside 1..100000. */
+/* resync_take(p_sync_id, p_owner, p_limit => 1000, p_lease => '30 seconds')
+       -> setof (id, next_run_at, critical, updated)
+   The seed's optimistic resync after Redis lost its data: every taker (an
+   executor, the resync command) that sees the new sync id calls this, writes
+   the rows to Redis, and calls again, until it returns no rows and
+   resync_progress says complete. Each call first acknowledges the caller's
+   previous batch (p_owner names the caller: unique per taker; calling again
+   means the batch is written), then hands out the next p_limit active
+   schedules of this sync id, critical schedules first, then by id, leased to
+   the caller for p_lease. A lease not acknowledged in time (its taker died
+   between the take and the write) is handed out again to the next caller,
+   re-read, so no batch is lost. The version key is kept per sync id and key
+   range (a cursor row locked for the hand-out, one lease row per batch)
+   rather than per schedule row, so a resync of a million schedules writes a
+   row per batch, not a million. No rows while others' leases are still out:
+   call again later (an expired one comes back). next_run_at and updated as
+   index_page (NULL outside [1970-01-01Z, 9999-01-01Z)).
+   Errors: PS312 empty sync id or owner, p_limit outside 1..100000, p_lease
+   outside 1 ms..1 day. */
 #variable_conflict use_column
 DECLARE
     r _schedule_resyncs;
+    l _schedule_resync_leases;
     v_ids bigint[];
     v_due timestamptz[];
     v_critical boolean[];
     v_updated timestamptz[];
 BEGIN
-    IF p_sync_id IS NULL OR p_sync_id = '' OR p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
-        PERFORM _schedule_error('PS312', format('p_sync_id must be non-empty and p_limit in 1..100000, got %s and %s',
-                                                coalesce(quote_literal(p_sync_id), 'NULL'), coalesce(p_limit::text, 'NULL')));
+    IF p_sync_id IS NULL OR p_sync_id = '' OR p_owner IS NULL OR p_owner = '' OR p_limit IS NULL
+       OR p_limit NOT BETWEEN 1 AND 100000 OR p_lease IS NULL
+       OR p_lease NOT BETWEEN interval '1 millisecond' AND interval '1 day' THEN
+        PERFORM _schedule_error('PS312', format(
+            'p_sync_id and p_owner must be non-empty, p_limit in 1..100000 and p_lease in 1 ms..1 day, got %s, %s, %s and %s',
+            coalesce(quote_literal(p_sync_id), 'NULL'), coalesce(quote_literal(p_owner), 'NULL'),
+            coalesce(p_limit::text, 'NULL'), coalesce(p_lease::text, 'NULL')));
     END IF;
     INSERT INTO _schedule_resyncs (sync_id, done_critical, after_id, done, total, started)
     SELECT p_sync_id, false, 0, 0, (SELECT count(*) FROM schedules s WHERE s.due_at IS NOT NULL), now()
      WHERE NOT EXISTS (SELECT 1 FROM _schedule_resyncs x WHERE x.sync_id = p_sync_id)
     ON CONFLICT (sync_id) DO NOTHING;
     -- forget resyncs of long ago
+    DELETE FROM _schedule_resync_leases x
+     WHERE x.sync_id IN (SELECT y.sync_id FROM _schedule_resyncs y WHERE y.started < now() - interval '7 days');
     DELETE FROM _schedule_resyncs x WHERE x.started < now() - interval '7 days';
     SELECT * INTO r FROM _schedule_resyncs x WHERE x.sync_id = p_sync_id FOR UPDATE;
-    LOOP  -- the critical schedules, then the others (index (critical, id) serves both)
+    -- the caller's previous batch is in Redis: it calls again only after writing it
+    WITH acked AS (DELETE FROM _schedule_resync_leases x WHERE x.sync_id = p_sync_id AND x.owner = p_owner
+                   RETURNING x.n)
+    UPDATE _schedule_resyncs x SET done = x.done + (SELECT coalesce(sum(a.n), 0) FROM acked a)
+     WHERE x.sync_id = p_sync_id;
+    -- a range whose taker did not acknowledge it in time: taken again, as it is now
+    SELECT * INTO l FROM _schedule_resync_leases x WHERE x.sync_id = p_sync_id AND x.until < now()
+     ORDER BY x.critical DESC, x.after_id LIMIT 1;
+    IF FOUND THEN
+        SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}'), array_agg(s.due_at ORDER BY s.id),
+               array_agg(s.critical ORDER BY s.id), array_agg(s.updated ORDER BY s.id)
+          INTO v_ids, v_due, v_critical, v_updated
+          FROM schedules s
+         WHERE s.critical = l.critical AND s.id > l.after_id AND s.id <= l.last_id AND s.due_at IS NOT NULL;
+        UPDATE _schedule_resync_leases x SET owner = p_owner, until = now() + p_lease, n = cardinality(v_ids)
+         WHERE x.sync_id = p_sync_id AND x.critical = l.critical AND x.after_id = l.after_id;
+        RETURN QUERY SELECT u.id, CASE WHEN pyscheduler._instant_ok(u.due) THEN u.due END, u.critical,
+                            CASE WHEN pyscheduler._instant_ok(u.upd) THEN u.upd END
+                       FROM unnest(v_ids, v_due, v_critical, v_updated) AS u(id, due, critical, upd);
+        RETURN;
+    END IF;
+    WHILE NOT r.exhausted LOOP  -- the critical schedules, then the others (index (critical, id) serves both)
         SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}'), array_agg(x.due_at ORDER BY x.id),
                array_agg(x.critical ORDER BY x.id), array_agg(x.updated ORDER BY x.id)
           INTO v_ids, v_due, v_critical, v_updated
@@ -1557,35 +1604,55 @@ BEGIN
                  WHERE s.critical = NOT r.done_critical AND s.id > r.after_id AND s.due_at IS NOT NULL
                  ORDER BY s.id LIMIT p_limit) x;
         IF cardinality(v_ids) > 0 THEN
-            UPDATE _schedule_resyncs x SET after_id = v_ids[cardinality(v_ids)], done = x.done + cardinality(v_ids)
-             WHERE x.sync_id = p_sync_id;
-            RETURN QUERY SELECT * FROM unnest(v_ids, v_due, v_critical, v_updated);
+            INSERT INTO _schedule_resync_leases (sync_id, critical, after_id, last_id, n, owner, until)
+            VALUES (p_sync_id, NOT r.done_critical, r.after_id, v_ids[cardinality(v_ids)], cardinality(v_ids), p_owner,
+                    now() + p_lease);
+            UPDATE _schedule_resyncs x SET after_id = v_ids[cardinality(v_ids)] WHERE x.sync_id = p_sync_id;
+            RETURN QUERY SELECT u.id, CASE WHEN pyscheduler._instant_ok(u.due) THEN u.due END, u.critical,
+                                CASE WHEN pyscheduler._instant_ok(u.upd) THEN u.upd END
+                           FROM unnest(v_ids, v_due, v_critical, v_updated) AS u(id, due, critical, upd);
             RETURN;
         END IF;
-        EXIT WHEN r.done_critical;
-        UPDATE _schedule_resyncs x SET done_critical = true, after_id = 0 WHERE x.sync_id = p_sync_id;
-        r.done_critical := true;
-        r.after_id := 0;
+        IF r.done_critical THEN
+            UPDATE _schedule_resyncs x SET exhausted = true WHERE x.sync_id = p_sync_id;
+            r.exhausted := true;
+        ELSE
+            UPDATE _schedule_resyncs x SET done_critical = true, after_id = 0 WHERE x.sync_id = p_sync_id;
+            r.done_critical := true;
+            r.after_id := 0;
+        END IF;
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.resync_take(text, text, integer) IS
-    'Scheduler: the next batch of schedules to re-add to a lost Redis index for this sync id (critical first); none = done.';
+COMMENT ON FUNCTION pyscheduler.resync_take(text, text, integer, interval) IS
+    'Scheduler: acknowledge the caller''s last batch, lease it the next batch of schedules to re-add to a lost Redis index (critical first).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.resync_progress(p_sync_id text)
-RETURNS TABLE (done bigint, total bigint)
+RETURNS TABLE (done bigint, total bigint, complete boolean)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-    /* resync_progress(p_sync_id) -> (done, total)
-       Schedules handed out so far for this sync id, and the active schedules
-       there were when it began; (0, active now) before the first take. */
-    SELECT coalesce(x.done, 0), coalesce(x.total, (SELECT count(*) FROM schedules s WHERE s.due_at IS NOT NULL))
+    /* resync_progress(p_sync_id) -> (done, total, complete)
+       Schedules written to Redis so far for this sync id (acknowledged
+       batches), the active schedules there were when it began ((0, active
+       now) before the first take), and whether every batch was handed out and
+       acknowledged: only then may a taker mark the index complete. */
+    SELECT coalesce(x.done, 0), coalesce(x.total, (SELECT count(*) FROM schedules s WHERE s.due_at IS NOT NULL)),
+           coalesce(x.exhausted, false)
+           AND NOT EXISTS (SELECT 1 FROM _schedule_resync_leases l WHERE l.sync_id = p_sync_id)
       FROM (SELECT 1) one LEFT JOIN _schedule_resyncs x ON x.sync_id = p_sync_id;
 $$;
 COMMENT ON FUNCTION pyscheduler.resync_progress(text) IS
-    'Progress of a resync: schedules handed out so far and the total to do.';
+    'Progress of a resync: schedules written so far, the total to do, and whether it is complete.';
+
+-- _fire_ms(iv): an interval in whole milliseconds for the executors, in 0..10^15 (NULL stays NULL).
+CREATE OR REPLACE FUNCTION pyscheduler._fire_ms(p_iv interval)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE WHEN p_iv IS NOT NULL THEN greatest(0, least(date_part('epoch', p_iv) * 1000, 1e15))::bigint END;
+$$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.fire_details(p_ids bigint[])
 RETURNS TABLE (id bigint, name text, target_kind text, target text, priority bigint, payload text,
@@ -1604,14 +1671,18 @@ AS $$
        what the index's version hash holds: cache by it). Unknown ids come
        back with active = false and the rest NULL. An occurrence older than
        now - catchup_window_ms should not be fired but recorded with outcome
-       'missed'. */
+       'missed'. Every value loads, whatever a row stored before the
+       create-time checks holds: retry_attempts within 0..30, durations
+       within 0..10^15 ms, version NULL for an `updated` outside
+       [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY
-    SELECT u.id, s.name, s.target_kind, s.target, s.priority, s.payload::text, s.retry_attempts,
-           (date_part('epoch', s.retry_base) * 1000)::bigint, (date_part('epoch', s.retry_jitter) * 1000)::bigint,
-           s.critical, s.paused, coalesce(s.due_at IS NOT NULL, false),
-           (date_part('epoch', s.catchup_window) * 1000)::bigint, s.overlap,
-           round(date_part('epoch', s.updated) * 1000)::bigint  -- float8: numeric extract() costs 3 times as much
+    SELECT u.id, s.name, s.target_kind, s.target, s.priority, s.payload::text,
+           CASE WHEN s.retry_attempts IS NOT NULL THEN greatest(0, least(s.retry_attempts, 30)) END,
+           _fire_ms(s.retry_base), _fire_ms(s.retry_jitter),
+           s.critical, s.paused, coalesce(s.due_at IS NOT NULL, false), _fire_ms(s.catchup_window), s.overlap,
+           CASE WHEN _instant_ok(s.updated)  -- float8: numeric extract() costs 3 times as much
+                THEN round(date_part('epoch', s.updated) * 1000)::bigint END
       FROM unnest(p_ids) AS u(id)
       LEFT JOIN schedules s ON s.id = u.id;
 END

@@ -39,6 +39,12 @@ def create(db: Database, name: str, *, every: float | None = None, cron: str | N
     return db.call_value("create_schedule", name=name, **args)
 
 
+def allow_loopback(db: Database) -> None:
+    """Let HTTP targets reach 127.0.0.0/8 (the local test servers): the egress policy refuses
+    loopback addresses unless an admin allows them (set_http_allow)."""
+    db.call("set_http_allow", allow=["127.0.0.0/8"])
+
+
 def executions(db: Database, name: str) -> list[dict]:
     return db.query("SELECT e.* FROM pyscheduler.schedule_executions e JOIN pyscheduler.schedules s "
                     "ON s.id = e.schedule_id WHERE s.name = %s ORDER BY e.expected_at", (name,))
@@ -96,3 +102,82 @@ def executor_process(dsn: str, redis_url: str, log: Path, *extra: str, prefix: s
     out = open(log, "wb")
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+class Probe:
+    """A local HTTP server that records every connection it accepts and every request
+    (method, path, headers) and answers ``status`` (with ``Location`` for a 3xx)."""
+
+    def __init__(self, status: int = 200, location: str = "/elsewhere"):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[tuple[str, str, dict]] = []
+        self.connections = 0
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with outer.lock:
+                    outer.requests.append((self.command, self.path, dict(self.headers)))
+                self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET = _any  # noqa: N815
+
+            def log_message(self, *args) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def get_request(self):
+                got = super().get_request()
+                with outer.lock:
+                    outer.connections += 1
+                return got
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def received(self) -> list[tuple[str, str, dict]]:
+        with self.lock:
+            return list(self.requests)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Blackhole:
+    """A TCP server that accepts every connection and never answers (nor closes it)."""
+
+    def __init__(self):
+        import socket
+
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=512)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/never"
+        self.held: list = []
+        self.closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+        for conn in self.held:
+            conn.close()

@@ -21,13 +21,15 @@ from pyscheduler.schedules.index import Index, idempotency_key, to_ms
 from pyscheduler.schedules.targets import KAFKA_KEY_HEADER
 from pyscheduler.tasks.worker import Worker
 
-from schedules_support import Receiver, Running, count, create, executions, executor, executor_process, relay, wait_for
+from schedules_support import (Receiver, Running, allow_loopback, count, create, executions, executor, executor_process,
+                               relay, wait_for)
 
 PREFIX = "t:schedules"
 
 
 @pytest.fixture
-def receiver():
+def receiver(db):
+    allow_loopback(db)
     r = Receiver()
     yield r
     r.close()
@@ -72,6 +74,7 @@ def test_two_executors_racing_never_fire_an_occurrence_twice(db, dsn, redis_url,
 
 
 def test_executor_killed_after_claiming_fires_after_recovery_counted_once(db, dsn, redis_url, tmp_path):
+    allow_loopback(db)
     hold = threading.Event()
     receiver = Receiver()
     original = receiver.server.RequestHandlerClass.do_POST
@@ -205,6 +208,7 @@ def test_degraded_mode_with_a_backlog_prefetches_and_fires_each_occurrence_once(
 
 
 def test_retries_follow_the_policy_and_stop_after_the_attempts(db, dsn, redis_url):
+    allow_loopback(db)
     receiver = Receiver(status=500)
     times: list[float] = []
     original = receiver.server.RequestHandlerClass.do_POST

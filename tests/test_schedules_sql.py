@@ -650,7 +650,10 @@ def test_resync_hands_out_every_active_schedule_once_critical_first(db, conn):
     assert len(ids) == len(set(ids)) == 24
     flags = [r["critical"] for batch in taken for r in batch]
     assert flags == sorted(flags, reverse=True)  # critical first
-    assert db.call_one("resync_progress", p_sync_id="sync-1") == {"done": 24, "total": 24}
+    # a taker acknowledges its batch by calling again (after writing it): b's last is still out
+    assert db.call_one("resync_progress", p_sync_id="sync-1") == {"done": 20, "total": 24, "complete": False}
+    assert db.call("resync_take", p_sync_id="sync-1", p_owner="b") == []
+    assert db.call_one("resync_progress", p_sync_id="sync-1") == {"done": 24, "total": 24, "complete": True}
     assert db.call("resync_take", p_sync_id="sync-1", p_owner="c") == []
     second = []  # a new sync id starts over; callers loop until a call returns nothing
     while batch := db.call("resync_take", p_sync_id="sync-2", p_owner="c", p_limit=100):

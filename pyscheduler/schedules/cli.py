@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
+import time
 import uuid
+from datetime import timedelta, timezone
 
 import click
 
@@ -39,7 +42,9 @@ RUN_FLAGS = {
     "stuck_after_ms": (30000, "A claim older than this is reset (its executor died)."),
     "check_every_ms": (5000, "Period of the global stuck-claim check."),
     "fire_timeout_ms": (10000, "Kafka delivery and HTTP request timeout."),
-    "http_concurrency": (16, "HTTP requests in flight per executor."),
+    "http_concurrency": (64, "HTTP requests in flight per executor."),
+    "http_per_host": (4, "HTTP requests in flight per executor to one host (a slow host delays only its own "
+                         "schedules)."),
     "reconcile_s": (60, "Period of the relay's full reconcile."),
     "cleanup_s": (60, "Period of the executions cleanup."),
 }
@@ -70,7 +75,7 @@ def build_daemons(dsn: str, redis_url: str | None, kafka_bootstrap: str | None, 
             kafka_settings=kafka_settings, prefix=values["prefix"], batch=values["batch"],
             poll_ms=values["poll_ms"], stuck_after_ms=values["stuck_after_ms"],
             check_every_ms=values["check_every_ms"], fire_timeout_ms=values["fire_timeout_ms"],
-            http_concurrency=values["http_concurrency"])))
+            http_concurrency=values["http_concurrency"], http_per_host=values["http_per_host"])))
     return out
 
 
@@ -109,6 +114,64 @@ def _echo_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 
 
+class Instant(click.DateTime):
+    """An ISO 8601 date and time; without a UTC offset it is UTC (never the session's PGTZ)."""
+
+    name = "instant"
+
+    def __init__(self) -> None:
+        super().__init__(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S",
+                          "%Y-%m-%dT%H:%M:%S.%f"])
+
+    def convert(self, value, param, ctx):
+        at = super().convert(value, param, ctx)
+        return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at
+
+
+INSTANT = Instant()
+
+
+def _require_text(value: str | None, hint: str) -> None:
+    """A clear usage error for text PostgreSQL cannot store (not UTF-8, a NUL character)."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.BadParameter("not valid UTF-8", param_hint=hint) from None
+    if "\x00" in value:
+        raise click.BadParameter("contains a NUL character", param_hint=hint)
+
+
+def _payload(text: str) -> Jsonb:
+    """--payload: a JSON value PostgreSQL's jsonb stores (no NaN or Infinity, no NUL character,
+    UTF-8), else a usage error naming the flag."""
+    def constant(word: str):
+        raise ValueError(f"{word} is not JSON (jsonb has no NaN or Infinity)")
+
+    def number(word: str) -> float:
+        value = float(word)
+        if not math.isfinite(value):
+            raise ValueError(f"{word} is out of range (jsonb has no Infinity)")
+        return value
+
+    def nul(v) -> bool:
+        if isinstance(v, str):
+            return "\x00" in v
+        if isinstance(v, dict):
+            return any(nul(k) or nul(x) for k, x in v.items())
+        return isinstance(v, list) and any(nul(x) for x in v)
+
+    try:
+        value = json.loads(text, parse_constant=constant, parse_float=number)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (ValueError, UnicodeEncodeError, RecursionError) as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+    if nul(value):
+        raise click.BadParameter("jsonb cannot store a \\u0000 (NUL) character", param_hint="--payload")
+    return Jsonb(value)
+
+
 @group.command("create")
 @dsn_option
 @click.argument("name")
@@ -126,20 +189,22 @@ def _echo_json(obj) -> None:
 @click.option("--critical", is_flag=True, default=None, help="Fire from PostgreSQL while Redis is down.")
 @click.option("--catchup-window", type=DURATION, default=None)
 @click.option("--overlap", type=click.Choice(["allow", "skip", "buffer_one"]), default=None)
-@click.option("--start", "start_at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]),
-              default=None)
-@click.option("--end", "end_at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"]), default=None)
+@click.option("--start", "start_at", type=INSTANT, default=None,
+              help="First run not before this instant, e.g. 2030-01-01T09:00:00+02:00; without an offset: UTC.")
+@click.option("--end", "end_at", type=INSTANT, default=None,
+              help="No run after this instant (as --start; without an offset: UTC).")
 @click.option("--max-runs", type=click.IntRange(1), default=None)
 def create_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, **fields) -> None:
-    """Create a schedule NAME (exactly one of --every/--cron, one of --kafka/--http/--task)."""
+    """Create a schedule NAME (exactly one of --every/--cron, one of --kafka/--http/--task).
+    Instants without a UTC offset (--start, --end) are UTC, whatever PGTZ says."""
     targets = [(k, v) for k, v in (("kafka", kafka_topic), ("http", http_url), ("task", task_queue)) if v]
     if len(targets) != 1:
         raise click.UsageError("give exactly one target: --kafka TOPIC, --http URL or --task QUEUE")
+    for hint, value in (("NAME", name), ("--kafka/--http/--task", targets[0][1]), ("--cron", fields.get("cron")),
+                        ("--tz", fields.get("tz"))):
+        _require_text(value, hint)
     if payload is not None:
-        try:
-            fields["payload"] = Jsonb(json.loads(payload))
-        except ValueError as exc:
-            raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+        fields["payload"] = _payload(payload)
     args = {k: v for k, v in fields.items() if v is not None}
     with _db(dsn) as db:
         _echo_json(db.call_value("create_schedule", name=name, target_kind=targets[0][0], target=targets[0][1],
@@ -210,7 +275,10 @@ def next_cmd(dsn, name, count) -> None:
 @redis_option
 @option("--prefix", envvar=_env("prefix"), default=DEFAULT_PREFIX, show_default=True)
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True)
-def resync_cmd(dsn, redis_url, prefix, batch) -> None:
+@click.option("--lease", type=click.FloatRange(0.001, 86400), default=30.0, show_default=True,
+              help="Seconds a batch stays leased to its taker (a taker that dies before writing it: "
+                   "another takes it again after this).")
+def resync_cmd(dsn, redis_url, prefix, batch, lease) -> None:
     """Rebuild the Redis index from PostgreSQL now (critical schedules first), with a progress bar.
     Running executors join in."""
     if not redis_url:
@@ -224,16 +292,22 @@ def resync_cmd(dsn, redis_url, prefix, batch) -> None:
         with click.progressbar(length=total, label=f"resync {sync_id[:8]}", show_pos=True) as bar:
             shown = 0
             while True:
-                rows = db.call("resync_take", p_sync_id=sync_id, p_owner=owner, p_limit=batch)
+                # each take acknowledges the batch written before it (a batch taken by a
+                # taker that died is taken again once its lease expires)
+                rows = db.call("resync_take", p_sync_id=sync_id, p_owner=owner, p_limit=batch,
+                               p_lease=timedelta(seconds=lease))
                 if rows:
                     index.mirror(mirror_entries(rows))
-                done = min(total, db.call_one("resync_progress", p_sync_id=sync_id)["done"])
+                progress = db.call_one("resync_progress", p_sync_id=sync_id)
+                done = min(total, progress["done"])
                 bar.update(max(0, done - shown))
                 if not tty and done > shown:  # no bar without a terminal: one line per batch
                     click.echo(f"  {done}/{total}")
                 shown = max(shown, done)
                 if not rows:
-                    break
+                    if progress["complete"]:
+                        break
+                    time.sleep(0.2)  # other takers' batches are still out
         finished = index.finish_resync(sync_id)
     click.echo(f"index resynced: {index.stats()['indexed']} members"
                + ("" if finished else " (a newer resync took over)"))

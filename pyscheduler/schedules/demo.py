@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -56,6 +57,18 @@ class Receiver:
         self.server.server_close()
 
 
+@contextlib.contextmanager
+def _loopback_allowed(db: Database):
+    """The receiver listens on loopback, which the egress policy refuses by default: allowed
+    for the demo's run only (the admin's allow-list comes back afterwards)."""
+    allowed = db.call_value("http_allow") or []
+    db.call("set_http_allow", allow=[*allowed, "127.0.0.1/32"])
+    try:
+        yield
+    finally:
+        db.call("set_http_allow", allow=allowed)
+
+
 def demo(ctx: RunContext, echo) -> None:
     """Three schedules (Kafka every 1 s, HTTP cron every second, task every 2 s) fired for ~6 s."""
     if not ctx.redis_url:
@@ -69,7 +82,7 @@ def demo(ctx: RunContext, echo) -> None:
     receiver = Receiver()
     stop = threading.Event()
     threads = []
-    with Database(ctx.dsn, max_size=2) as db:
+    with Database(ctx.dsn, max_size=2) as db, _loopback_allowed(db):
         names = {"kafka": f"demo-kafka-{suffix}", "http": f"demo-http-{suffix}", "task": f"demo-task-{suffix}"}
         if ctx.kafka_bootstrap:
             create_topics(ctx.kafka_bootstrap, [topic], settings=ctx.kafka_settings)

@@ -14,6 +14,14 @@ One ``Executor`` is a daemon with a main loop and a recorder thread:
   ``fire_task_schedules``), then sets each score to the next run the database
   computed from the expected time (or removes the member when the schedule ended).
 
+A stored value never stops an executor (docs/sql-api.md, convention A): only an
+outage is retried. A batch that fails with a data error (``errors.rejects_arguments``:
+a value psycopg cannot load, a row PostgreSQL refuses) is split until the poison
+occurrence is alone (``isolate``); that one is parked (its member removed and kept out
+of the index until the schedule changes, logged, counted in
+``pyscheduler_schedules_poison``) and its neighbours go on. Any other error crashes
+the executor (``run_daemons`` restarts it with ``fresh()``).
+
 Redis unreachable -> degraded mode: critical schedules are claimed from
 PostgreSQL (``claim_due_critical``) and fired until Redis answers again; then the
 index is resynced. One log line per transition, gauge ``pyscheduler_schedules_degraded``.
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import heapq
 import logging
 import queue
@@ -31,12 +40,13 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TypeVar
 
 import redis
 from prometheus_client import Counter, Gauge, Histogram
 
+from .. import egress
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
 from .arrays import EpochMsArray, Int4Array, Int8Array
@@ -55,6 +65,8 @@ RECOVERED = Counter("pyscheduler_schedules_recovered", "Stuck claims reset by th
 RESYNCED = Counter("pyscheduler_schedules_resynced", "Index members written by a resync")
 DEGRADED = Gauge("pyscheduler_schedules_degraded", "1 while Redis is unreachable (critical schedules fire "
                                                    "from PostgreSQL)")
+POISON = Counter("pyscheduler_schedules_poison", "Occurrences or schedules set aside because a value could not be "
+                 "loaded or a row was refused (logged with the schedule id)", ["where"])
 LATENESS = Histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 
@@ -73,7 +85,9 @@ class ExecutorConfig:
     stuck_after_ms: int = 30000  # a claim older than this is reset (its executor died)
     check_every_ms: int = 5000  # the global next-check period
     fire_timeout_ms: int = 10000  # Kafka delivery / HTTP request timeout
-    http_concurrency: int = 16
+    http_concurrency: int = 64  # HTTP requests in flight
+    http_per_host: int = 4  # ... to one host: a slow host delays only its own schedules
+    allow_refresh_ms: int = 10000  # how often the egress allow-list (http_allow()) is read again
     max_in_flight: int = 20000  # occurrences claimed and not recorded yet
     record_batch: int = 2000
     # recorder threads (connections). One: two per executor made PostgreSQL spend ~10 us more
@@ -94,10 +108,12 @@ class Executor:
         self.wakeup = Wakeup()
         self.firer = Firer(kafka_settings=({"bootstrap.servers": cfg.kafka_bootstrap, **cfg.kafka_settings}
                                            if cfg.kafka_bootstrap else {}),
-                           timeout=cfg.fire_timeout_ms / 1000, http_concurrency=cfg.http_concurrency)
+                           timeout=cfg.fire_timeout_ms / 1000, http_concurrency=cfg.http_concurrency,
+                           http_per_host=cfg.http_per_host)
         self.db: Database | None = None
         self.index: Index | None = None
         self.details: dict[int, tuple[str, float, Details]] = {}  # id -> (version, fetched at, details)
+        self.poison: dict[int, str] = {}  # id -> why its fire details could not be loaded
         self.held: dict[tuple[int, int], Occurrence] = {}  # claimed, not settled yet
         self.held_lock = threading.Lock()
         self.done: collections.deque[tuple[Occurrence, str | None]] = collections.deque()
@@ -108,6 +124,12 @@ class Executor:
         self.degraded = False
         self.marker: str | None = None  # last marker value seen (None: index incomplete)
         self.resyncing = False
+        # names this executor in resync_take: a new one per instance and after a batch it could
+        # not write (a call acknowledges the caller's previous batch as written)
+        self.resync_owner = f"{cfg.owner}-{uuid.uuid4().hex[:6]}"
+        self._next_resync = 0.0
+        self._next_allow = 0.0
+        self.crashed: BaseException | None = None  # a recorder thread's crash, raised by the main loop
         self._next_recover = 0.0
         self._next_refresh = 0.0
         self._next_ping = 0.0
@@ -116,7 +138,11 @@ class Executor:
         self._prefetch: tuple[Future, int, str] | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:prefetch")
         self.stop = threading.Event()
-        self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched (tests, bench)
+        self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched, parked (tests, bench)
+
+    def fresh(self) -> "Executor":
+        """A new executor with these settings (run_daemons' restart): nothing half-torn is kept."""
+        return Executor(dataclasses.replace(self.cfg, owner=uuid.uuid4().hex[:12]))
 
     # -- running -------------------------------------------------------------------
 
@@ -136,7 +162,10 @@ class Executor:
         db_outage = Outage("schedules executor: PostgreSQL", log)
         try:
             while not stop.is_set():
+                if self.crashed is not None:
+                    raise RuntimeError(f"a recorder thread crashed: {self.crashed!r}") from self.crashed
                 try:
+                    self._refresh_allow()
                     wait = self._degraded_step() if self.degraded else self._redis_step()
                     db_outage.ok()
                 except UNREACHABLE as exc:
@@ -144,9 +173,8 @@ class Executor:
                         self._enter_degraded(exc)
                     wait = 0.2
                 except RETRYABLE as exc:
-                    if rejects_arguments(exc):
-                        raise
-                    wait = db_outage.failed(exc)
+                    # the backoff never outlasts a claim refresh (held claims are not taken for stuck)
+                    wait = min(db_outage.failed(exc), cfg.stuck_after_ms / 3000)
                 self._serve(wait)
             self._take_prefetch()
             # claimed by the prefetch: fired before stopping (in degraded mode those claimed from
@@ -172,6 +200,16 @@ class Executor:
             self.db.close()
         log.info("schedules executor %s stopped", cfg.owner)
 
+    def _refresh_allow(self) -> None:
+        """Read the egress allow-list again (http_allow(), set by an admin) now and then."""
+        now = time.monotonic()
+        if now >= self._next_allow:
+            self._next_allow = now + self.cfg.allow_refresh_ms / 1000
+            try:
+                self.firer.allow = egress.allow_list(self.db.call_value("http_allow"))
+            except RETRYABLE:
+                pass  # PostgreSQL away: the list read last stays
+
     def _redis_step(self) -> float:
         """One round on the Redis index; returns how long to wait before the next."""
         cfg, now = self.cfg, time.monotonic()
@@ -187,8 +225,8 @@ class Executor:
         if self.unfired:
             occs, self.unfired = self.unfired, []
             self._fire(occs, {})
-        if self.resyncing:
-            self._resync_step()
+        if self.resyncing and now >= self._next_resync:
+            self._resync_step(now)
         room = cfg.max_in_flight - len(self.held)
         if self._prefetch is not None and self._prefetch[2] == "redis":
             # claimed (and details loaded) while the last batch was fired
@@ -216,13 +254,13 @@ class Executor:
                 # a backlog: claim the next batch and load its details in the prefetch thread
                 # (Redis and PostgreSQL round trips) while this one is fired
                 self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more, "redis")
-            occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed]
+            occs = self._claimed(res.claimed)
             if load_error is not None:
                 self._hold(occs)
                 self.unfired += occs
                 raise load_error
             self._fire(occs, {c.id: c.version for c in res.claimed}, preloaded=preloaded)
-        if len(res.claimed) >= limit or self.resyncing:
+        if len(res.claimed) >= limit or (self.resyncing and self._next_resync <= now):
             return 0.0
         wait = cfg.poll_ms / 1000
         if res.next_due_ms is not None:
@@ -261,10 +299,22 @@ class Executor:
         return res, None
 
     def _claim_critical(self, limit: int) -> list[Occurrence]:
-        """Degraded mode: claim due critical schedules from PostgreSQL (held with a token)."""
-        rows = self.db.call("claim_due_critical", p_limit=limit,
-                            p_hold=timedelta(milliseconds=self.cfg.degraded_hold_ms))
-        return [Occurrence(r["id"], to_ms(r["expected_at"]), token=r["claim_token"]) for r in rows]
+        """Degraded mode: claim due critical schedules from PostgreSQL (held with a token). The
+        due times come as text: one a row stored before the range checks holds (infinity, year
+        10000, BC) would fail the whole batch's loading after the claim was committed; it is
+        left out instead (its claim expires; logged)."""
+        rows = self.db.call_tuples("claim_due_critical", as_text=("timestamptz",), p_limit=limit,
+                                   p_hold=timedelta(milliseconds=self.cfg.degraded_hold_ms))
+        occs = []
+        for ident, expected, token in rows:
+            ms = parse_ms(expected)
+            if ms is None:
+                POISON.labels("claim").inc()
+                log.error("schedule %s is due at %s, outside the supported range [1970, 9999): not fired "
+                          "(update_schedule or delete it)", ident, expected)
+                continue
+            occs.append(Occurrence(ident, ms, token=token))
+        return occs
 
     def _claim_critical_and_load(self, limit: int) -> tuple[list[Occurrence], BaseException | None]:
         """The prefetch thread in degraded mode: the next PostgreSQL claim and its fire details."""
@@ -285,9 +335,16 @@ class Executor:
             res, _ = fut.result()
         except Exception:  # noqa: BLE001  (claim failed: nothing was claimed)
             return
-        occs = [Occurrence(c.id, c.expected_ms) for c in res.claimed] if kind == "redis" else res
+        occs = self._claimed(res.claimed) if kind == "redis" else res
         self._hold(occs)
         self.unfired += occs
+
+    def _claimed(self, claimed: list) -> list[Occurrence]:
+        """The occurrences of a Redis claim, but those this executor holds already: a claim
+        the stuck-claim check reset (its refresh came late, e.g. during a PostgreSQL outage)
+        and this executor took again is still being fired or recorded here."""
+        held = self.held
+        return [Occurrence(c.id, c.expected_ms) for c in claimed if (c.id, c.expected_ms) not in held]
 
     def _hold(self, occs: list[Occurrence]) -> None:
         now = time.monotonic()
@@ -314,7 +371,9 @@ class Executor:
         for occ in occs:
             entry = details.get(occ.id)
             occ.details = d = entry[2] if entry else None
-            if d is None or not d.active:
+            if d is None and occ.id in self.poison:
+                out.append(("park", occ, self.poison[occ.id]))  # its fire details cannot be loaded
+            elif d is None or not d.active:
                 gone.append(occ)  # deleted or ended since it was indexed: re-read its index entry
             elif d.paused:
                 paused.append(occ)  # fires only if it is the pending trigger
@@ -354,6 +413,8 @@ class Executor:
             self.to_record.put(out)
 
     def _load_details(self, ids: set[int], versions: dict[int, str]) -> None:
+        """Load the fire details of these ids unless cached at their version; the ids whose
+        details cannot be loaded (a data error, isolated) go to ``self.poison``."""
         now = time.monotonic()
         stale = []
         for i in ids:
@@ -363,9 +424,14 @@ class Executor:
                 stale.append(i)
         if not stale:
             return
-        for row in self.db.call_binary("fire_details", p_ids=Int8Array(stale)):
+        rows, poison = isolate(stale, lambda chunk: self.db.call_binary("fire_details", p_ids=Int8Array(chunk)))
+        for row in rows:
             ver = "" if row["version"] is None else str(row["version"])
             self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
+            self.poison.pop(row["id"], None)
+        for ident, exc in poison:
+            self.details.pop(ident, None)
+            self.poison[ident] = f"its fire details cannot be loaded: {exc}"
 
     def _on_done(self, occ: Occurrence, error: str | None) -> None:
         """A try finished (Kafka delivery report, HTTP response): called from any thread."""
@@ -418,9 +484,14 @@ class Executor:
                 o.claimed_at = now
 
     def _drain(self, grace: float = 10.0) -> None:
-        """On stop: wait for tries in flight (their outcome is recorded); pending retries are
-        left claimed (the stuck-claim recovery hands them to another executor)."""
+        """On stop: wait for tries in flight (their outcome is recorded); pending retries and
+        HTTP tries waiting for a slow host are left claimed (the stuck-claim recovery hands them
+        to another executor)."""
         end = time.monotonic() + grace
+        dropped = self.firer.drop_queued()
+        if dropped:
+            log.info("stopping with %d HTTP tr%s waiting for a slow host: their claims are recovered by another "
+                     "executor", dropped, "y" if dropped == 1 else "ies")
         while self.firer.in_flight() and time.monotonic() < end:
             self._serve(0.05)
         self._serve(0.0)
@@ -430,16 +501,26 @@ class Executor:
 
     # -- resync --------------------------------------------------------------------
 
-    def _resync_step(self) -> None:
+    def _resync_step(self, now: float) -> None:
+        """Take a batch of the resync (leased to this executor), write it, and so acknowledge
+        it with the next take; the index is complete once every batch was acknowledged."""
         sync_id = self.index.begin_resync()
         if sync_id is None:
             self.resyncing = False
             return
-        rows = self.db.call("resync_take", p_sync_id=sync_id, p_owner=self.cfg.owner,
-                            p_limit=self.cfg.resync_batch)
+        rows = self.db.call("resync_take", p_sync_id=sync_id, p_owner=self.resync_owner,
+                            p_limit=self.cfg.resync_batch, p_lease=timedelta(milliseconds=self.cfg.stuck_after_ms))
         if rows:
-            self.index.mirror(mirror_entries(rows))
+            try:
+                self.index.mirror(mirror_entries(rows))
+            except BaseException:
+                # not written: the next take must not acknowledge it (its lease expires and
+                # another taker writes it)
+                self.resync_owner = f"{self.cfg.owner}-{uuid.uuid4().hex[:6]}"
+                raise
             RESYNCED.inc(len(rows))
+        elif not self.db.call_one("resync_progress", p_sync_id=sync_id)["complete"]:
+            self._next_resync = now + self.cfg.poll_ms / 1000  # other takers' batches are still out
         elif self.index.finish_resync(sync_id):
             self.resyncing = False
             self.marker = sync_id
@@ -542,10 +623,21 @@ class Recorder:
         self.ex = ex
         self.stop = threading.Event()
         self.unsettled: list[tuple[int, int, int | None]] = []
+        self.unparked: list[tuple[int, int]] = []  # (id, expected) to park in Redis
         self.outage = Outage("schedules recorder: PostgreSQL", log)
         self.redis_outage = Outage("schedules recorder: Redis", log)
 
     def run(self) -> None:
+        """The thread: a crash (neither an outage nor a data error) stops the executor, whose
+        main loop raises it (run_daemons restarts the executor)."""
+        try:
+            self._run()
+        except BaseException as exc:
+            log.exception("schedules recorder crashed")
+            self.ex.crashed = exc
+            self.ex.wakeup.poke()
+
+    def _run(self) -> None:
         q = self.ex.to_record
         limit = self.ex.cfg.record_batch
         while True:
@@ -587,46 +679,36 @@ class Recorder:
     def record(self, items: list, give_up_after: float | None = None) -> None:
         groups: dict[tuple[str, bool], list] = collections.defaultdict(list)
         for kind, occ, error in items:
-            group = "task" if kind == "task" else "reindex" if kind == "reindex" else "record"
+            group = kind if kind in ("task", "reindex", "park") else "record"
             groups[(group, occ.token is not None)].append((kind, occ, error))
         for (group, tokens), batch in groups.items():
-            occs = [occ for _, occ, _ in batch]
-            if group == "reindex":
-                rows = self._call(give_up_after, "index_entries", {"p_ids": [o.id for o in occs]})
-                if rows is not None:
-                    by_id = {r["id"]: r for r in rows}
-                    self._settled(occs, [(o.id, o.expected_ms,
-                                          _next_ms(by_id.get(o.id)) if by_id.get(o.id, {}).get("active") else None)
-                                         for o in occs])
-                else:
-                    self._settled(occs, [])  # not settled: left to the stuck-claim recovery
+            if group == "park":  # from the main loop: fire details that cannot be loaded
+                self.park([(occ, error) for _, occ, error in batch], tokens, "details")
                 continue
-            ids = Int8Array(o.id for o in occs)
-            if group == "task":
-                args: dict[str, Any] = {"p_ids": list(ids), "p_expected": [from_ms(o.expected_ms) for o in occs]}
-                if tokens:
-                    args["p_tokens"] = [o.token for o in occs]
-                rows = self._call(give_up_after, "fire_task_schedules", args)
-            else:
-                # binary arrays packed in one go (arrays.py): a text array of 2,000 timestamps
-                # cost the executor (datetimes, quoting) and the server (parsing) more
-                errors = [e for _, _, e in batch]
-                args = {"p_ids": ids, "p_expected": EpochMsArray(o.expected_ms for o in occs),
-                        "p_outcomes": [k for k, _, _ in batch],  # fired | failed | missed
-                        "p_attempts": Int4Array(o.tries for o in occs),
-                        "p_errors": errors if any(e is not None for e in errors) else None}
-                if tokens:
-                    args["p_tokens"] = [o.token for o in occs]
-                rows = self._call(give_up_after, "record_executions", args, binary=True)
+            rows, poison = isolate(batch, lambda part: self._call(give_up_after, group, part))
+            if poison:
+                self.park([(occ, f"PostgreSQL refused to record it or returned a value that cannot be loaded: "
+                                 f"{exc}") for (_, occ, _), exc in poison], tokens, "record")
+                bad = {id(occ) for (_, occ, _), _ in poison}
+                batch = [item for item in batch if id(item[1]) not in bad]
+            occs = [occ for _, occ, _ in batch]
+            if not occs:
+                continue
             if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
                 self._settled(occs, [])
+                continue
+            if group == "reindex":
+                by_id = {r["id"]: r for r in rows}
+                self._settled(occs, [(o.id, o.expected_ms,
+                                      _next_ms(by_id.get(o.id)) if by_id.get(o.id, {}).get("active") else None)
+                                     for o in occs])
                 continue
             self._count(rows, group)
             if tokens:
                 self._settled(occs, [])
                 continue
             entries = []
-            if len(set(ids)) == len(ids):  # one row per occurrence: matched by schedule id
+            if len({o.id for o in occs}) == len(occs):  # one row per occurrence: matched by schedule id
                 nexts = {r["id"]: r["next_run_at"] for r in rows}
                 for o in occs:
                     nxt = nexts.get(o.id)
@@ -637,6 +719,19 @@ class Recorder:
                     nxt = by_key.get((o.id, o.expected_ms))
                     entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
             self._settled(occs, entries)
+
+    def park(self, items: list[tuple[Occurrence, str]], tokens: bool, where: str) -> None:
+        """Set these occurrences aside: logged, counted, their members removed and kept out of
+        the index until their schedules change (claimed from PostgreSQL: their claims expire)."""
+        for occ, why in items:
+            POISON.labels(where).inc()
+            self.ex.counts["parked"] += 1
+            log.error("schedule %s occurrence %s set aside: %s; it stays out of the index until the schedule is "
+                      "changed (update_schedule) or deleted", occ.id, from_ms(occ.expected_ms).isoformat(), why)
+        occs = [occ for occ, _ in items]
+        self._settled(occs, [])
+        if not tokens:
+            self.unparked += [(o.id, o.expected_ms) for o in occs]
 
     def _count(self, rows: list[dict], group: str) -> None:
         recorded = sum(1 for r in rows if r["recorded"])
@@ -655,38 +750,92 @@ class Recorder:
         self.unsettled.extend(entries)
 
     def settle(self) -> None:
-        if not self.unsettled:
+        if not self.unsettled and not self.unparked:
             return
         try:
+            self.ex.index.park(self.unparked)
+            self.unparked = []
             self.ex.index.settle(self.unsettled)
             self.unsettled = []
             self.redis_outage.ok()
         except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
             self.stop.wait(self.redis_outage.failed(exc))
 
-    def _call(self, give_up_after: float | None, function: str, args: dict[str, Any],
-              binary: bool = False) -> list[dict] | None:
+    def _call(self, give_up_after: float | None, group: str, batch: list) -> list[dict] | None:
+        """Record (or re-read, for "reindex") a batch in one transaction; an outage is retried
+        with backoff (None: given up at stop), a data error is raised (``isolate`` splits the
+        batch). The transaction makes a batch whose answer cannot be loaded (a next run after
+        year 9999) leave nothing behind: its parts are recorded as if it had never been tried."""
+        occs = [occ for _, occ, _ in batch]
+        tokens = [o.token for o in occs] if occs[0].token is not None else None
+        if group == "reindex":
+            function, binary, args = "index_entries", False, {"p_ids": [o.id for o in occs]}
+        elif group == "task":
+            function, binary = "fire_task_schedules", False
+            args = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs]}
+            if tokens:
+                args["p_tokens"] = tokens
+        else:
+            # binary arrays packed in one go (arrays.py): a text array of 2,000 timestamps
+            # cost the executor (datetimes, quoting) and the server (parsing) more
+            errors = [e for _, _, e in batch]
+            function, binary = "record_executions", True
+            args = {"p_ids": Int8Array(o.id for o in occs), "p_expected": EpochMsArray(o.expected_ms for o in occs),
+                    "p_outcomes": [k for k, _, _ in batch],  # fired | failed | missed
+                    "p_attempts": Int4Array(o.tries for o in occs),
+                    "p_errors": errors if any(e is not None for e in errors) else None}
+            if tokens:
+                args["p_tokens"] = tokens
         end = None if give_up_after is None else time.monotonic() + give_up_after
-        call = self.ex.db.call_binary if binary else self.ex.db.call
         while True:
             try:
-                rows = call(function, **args)
+                with self.ex.db.session() as session, session.conn.transaction():
+                    rows = (session.call_binary if binary else session.call)(function, **args)
                 self.outage.ok()
                 return rows
             except RETRYABLE as exc:
-                if rejects_arguments(exc):
-                    log.error("%s rejected a batch of %d: %s (their claims are recovered later)", function,
-                              len(args["p_ids"]), exc)
-                    return None
                 pause = self.outage.failed(exc)
                 if end is None and self.stop.is_set():
                     end = time.monotonic() + 10.0
                 if end is not None and time.monotonic() + pause > end:
                     log.warning("giving up recording %d occurrence(s) at stop: their claims are recovered "
-                                "by another executor and fired again with the same idempotency keys",
-                                len(args["p_ids"]))
+                                "by another executor and fired again with the same idempotency keys", len(occs))
                     return None
                 self.stop.wait(pause) if end is None else time.sleep(pause)
+
+
+T = TypeVar("T")
+
+
+def isolate(items: list[T], call) -> tuple[list | None, list[tuple[T, BaseException]]]:
+    """``call(items)`` -> rows; when it fails with a data error (``rejects_arguments``: a value
+    that cannot be loaded, a row the database refuses), split the batch in halves until
+    each poison item is alone: (rows of the other items, [(poison item, error)]). Rows are
+    None when ``call`` returned None for a part (it gave up). Any other error is raised."""
+    try:
+        return call(items), []
+    except Exception as exc:
+        if not rejects_arguments(exc):
+            raise
+        if len(items) == 1:
+            return [], [(items[0], exc)]
+    mid = len(items) // 2
+    rows1, poison1 = isolate(items[:mid], call)
+    rows2, poison2 = isolate(items[mid:], call)
+    return (None if rows1 is None or rows2 is None else rows1 + rows2), poison1 + poison2
+
+
+def parse_ms(text: str | None) -> int | None:
+    """Epoch ms of a timestamptz in PostgreSQL's ISO text form, or None when it cannot be
+    loaded or is outside [1970-01-01Z, 9999-01-01Z) (infinity, year 10000, BC)."""
+    try:
+        ms = to_ms(datetime.fromisoformat(text))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return ms if 0 <= ms < _MAX_MS else None
+
+
+_MAX_MS = 253_370_764_800_000  # 9999-01-01T00:00:00Z
 
 
 def _next_ms(row: dict | None) -> int | None:

@@ -10,6 +10,14 @@ than ``prune_after`` (the hashes would grow with every schedule ever fired). Its
 never touch a claimed member and never bring back an occurrence already claimed
 (Index.mirror). Replicas are safe (writes are idempotent).
 
+A stored value never stops it: an outage (PostgreSQL or Redis) is retried with
+backoff; the functions it reads return only values every client loads (a schedule
+whose due time is outside [1970, 9999), stored before create_schedule checked it,
+comes back without one: it is left out of the index and logged once), and a batch
+of notified ids that still fails with a data error is split until the poison id is
+alone (``isolate``; its member is removed). Anything else crashes it
+(``run_daemons`` restarts it with ``fresh()``).
+
 ``Cleanup`` deletes executions past the retention setting with
 ``purge_executions`` in batches, every ``interval``.
 """
@@ -24,7 +32,7 @@ from prometheus_client import Counter
 
 from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
-from .executor import mirror_entries
+from .executor import POISON, isolate, mirror_entries
 from .index import DEFAULT_PREFIX, UNREACHABLE, Index
 
 log = logging.getLogger("pyscheduler.schedules")
@@ -49,6 +57,12 @@ class IndexRelay:
         self.wakeup = Wakeup()
         self.reconcile_now = True
         self.reconciles = 0
+        self.unindexable: set[int] = set()  # ids logged as not indexable (due time out of range)
+
+    def fresh(self) -> "IndexRelay":
+        """A new relay with these settings (run_daemons' restart)."""
+        return IndexRelay(self.dsn, self.redis_url, prefix=self.prefix, reconcile_interval=self.reconcile_interval,
+                          page=self.page, prune_after=self.prune_after)
 
     def _notified(self, _channel: str, payload: str) -> None:
         ids = []
@@ -102,8 +116,11 @@ class IndexRelay:
         written = 0
         try:
             for i in range(0, len(ids), 1000):
-                chunk = ids[i:i + 1000]
-                written += index.mirror(mirror_entries(db.call("index_entries", p_ids=chunk)))
+                rows, poison = isolate(ids[i:i + 1000], lambda part: db.call("index_entries", p_ids=part))
+                for ident, exc in poison:
+                    POISON.labels("relay").inc()
+                    log.error("schedule %s: its index entry cannot be read (%s): removed from the index", ident, exc)
+                written += index.mirror(mirror_entries(self._checked(rows)) + [(p, None, None) for p, _ in poison])
         except BaseException:
             with self.lock:  # not lost: tried again after the outage
                 self.pending.update(ids)
@@ -118,12 +135,12 @@ class IndexRelay:
             rows = db.call("index_page", p_after=after, p_limit=self.page)
             if not rows:
                 break
-            written += index.mirror(mirror_entries(rows))
+            written += index.mirror(mirror_entries(self._checked(rows)))
             active.update(r["id"] for r in rows)
             after = rows[-1]["id"]
         extra = [m for m in index.members() if m not in active]
         for i in range(0, len(extra), 1000):  # re-read: created after its page was read
-            written += index.mirror(mirror_entries(db.call("index_entries", p_ids=extra[i:i + 1000])))
+            written += index.mirror(mirror_entries(self._checked(db.call("index_entries", p_ids=extra[i:i + 1000]))))
         # the last-claimed and version entries of schedules that ended, paused or were
         # deleted: the hashes would otherwise grow with every schedule ever fired
         gone = [i for i in index.hashed_ids() if i not in active]
@@ -139,6 +156,18 @@ class IndexRelay:
         return written
 
 
+    def _checked(self, rows: list[dict]) -> list[dict]:
+        """Log (once) the active schedules whose due time cannot be indexed (out of range)."""
+        for r in rows:
+            if r["next_run_at"] is None and r.get("active", True) and r["id"] not in self.unindexable:
+                self.unindexable.add(r["id"])
+                POISON.labels("relay").inc()
+                log.error("schedule %s is due at a time outside [1970-01-01, 9999-01-01) (stored before "
+                          "create_schedule checked it): left out of the index until update_schedule fixes it",
+                          r["id"])
+        return rows
+
+
 class Cleanup:
     """Deletes executions past retention (``purge_executions``) in batches."""
 
@@ -147,6 +176,10 @@ class Cleanup:
     def __init__(self, dsn: str, *, interval: float = 60.0, batch: int = 10000):
         self.dsn, self.interval, self.batch = dsn, interval, batch
         self.deleted = 0
+
+    def fresh(self) -> "Cleanup":
+        """A new cleanup with these settings (run_daemons' restart)."""
+        return Cleanup(self.dsn, interval=self.interval, batch=self.batch)
 
     def run(self, stop: threading.Event) -> None:
         outage = Outage("schedules cleanup", log)

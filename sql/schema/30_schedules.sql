@@ -111,3 +111,18 @@ CREATE TABLE pyscheduler._schedule_resyncs (
     started       timestamptz NOT NULL,
     CONSTRAINT _schedule_resyncs_pkey PRIMARY KEY (sync_id)
 );
+
+-- Resync leases (migration 0015_schedules_daemons): each range handed out is
+-- leased to its taker until it acknowledges it (its next resync_take, made after
+-- the write to Redis) or the lease expires and another taker takes it again.
+ALTER TABLE pyscheduler._schedule_resyncs ADD COLUMN exhausted boolean NOT NULL DEFAULT false;
+CREATE TABLE pyscheduler._schedule_resync_leases (
+    sync_id  text NOT NULL,
+    critical boolean NOT NULL,
+    after_id bigint NOT NULL,
+    last_id  bigint NOT NULL,
+    n        bigint NOT NULL,
+    owner    text NOT NULL,
+    until    timestamptz NOT NULL,
+    CONSTRAINT _schedule_resync_leases_pkey PRIMARY KEY (sync_id, critical, after_id)
+);
