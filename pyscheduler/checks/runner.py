@@ -147,7 +147,7 @@ class Result:
 def error_text(text: str) -> str:
     """An error as check_history can keep it: no NUL, valid UTF-8, at most ERROR_CHARS characters."""
     text = str(text)[:ERROR_CHARS].replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:ERROR_CHARS]
 
 
 def _failure(exc: BaseException) -> str:
@@ -420,6 +420,8 @@ class CheckRunner:
                 n = None
             if n is None:  # too slow, unloadable or ended by the watchdog: the batch again, carefully
                 self._careful = True
+                if self._stop.is_set():  # unless stopping: its checks wait at their slot
+                    return 0
                 continue
             self.batch_seconds.append(time.perf_counter() - started)
             return n
