@@ -1240,7 +1240,7 @@ BEGIN
         v_rest := v_rest - coalesce(cardinality(v_res.ids), 0);
     END IF;
     -- task and Python jobs, but not those the SQL jobs (or a client meanwhile) deleted
-    v_all := pyscheduler._without_deleted(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind <> 'sql'), p_now);
+    v_all := pyscheduler._without_deleted(v_all, p_now);
     SELECT count(*) FILTER (WHERE s.task_rn IS NOT NULL) AS handed, count(*) FILTER (WHERE s.task_rn IS NULL) AS failed
       INTO v_tasks
       FROM pyscheduler._submit_check_tasks(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'task')) s;
