@@ -1,18 +1,18 @@
 -- depends: 0012_egress
 -- Hardening of future checks (issue 15): every check records the role that added it
--- (owner: existing checks and history belong to the client role, so existing clients
+-- (owner, as text: existing checks and history belong to the client role, so existing clients
 -- keep access), the composites carry it; requests a client makes of a check a runner
 -- holds (delete, add again) wait in check_requests instead of waiting for the runner;
 -- check_user_code names who a running SQL job acts as; history retention and the
 -- payload limit are settings. The same end state as sql/schema/40_checks.sql.
-ALTER TYPE pyscheduler.future_check ADD ATTRIBUTE owner name;
-ALTER TYPE pyscheduler.ended_check ADD ATTRIBUTE owner name;
+ALTER TYPE pyscheduler.future_check ADD ATTRIBUTE owner text;
+ALTER TYPE pyscheduler.ended_check ADD ATTRIBUTE owner text;
 
-ALTER TABLE pyscheduler.checks ADD COLUMN owner name;
+ALTER TABLE pyscheduler.checks ADD COLUMN owner text;
 UPDATE pyscheduler.checks SET owner = (SELECT value FROM pyscheduler.settings WHERE name = 'client_role');
 ALTER TABLE pyscheduler.checks ALTER COLUMN owner SET NOT NULL;
 
-ALTER TABLE pyscheduler.check_history ADD COLUMN owner name;
+ALTER TABLE pyscheduler.check_history ADD COLUMN owner text;
 UPDATE pyscheduler.check_history SET owner = (SELECT value FROM pyscheduler.settings WHERE name = 'client_role');
 ALTER TABLE pyscheduler.check_history ALTER COLUMN owner SET NOT NULL;
 
@@ -21,13 +21,13 @@ CREATE TABLE pyscheduler.check_requests (
     entity_name      text NOT NULL,
     entity_key       text NOT NULL,
     job              text NOT NULL,
-    delete_by        name,
+    delete_by        text,
     readd_kind       text,
     readd_payload    jsonb,
     readd_at         timestamptz,
     readd_max_checks integer,
     readd_horizon    interval,
-    readd_by         name,
+    readd_by         text,
     requested        timestamptz NOT NULL,
     CONSTRAINT check_requests_pkey PRIMARY KEY (check_id)
 );

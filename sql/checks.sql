@@ -563,7 +563,7 @@ BEGIN
            g.created, p_now, g.owner
       FROM gone g;
     GET DIAGNOSTICS v_n = ROW_COUNT;
-    IF EXISTS (SELECT 1 FROM check_requests) THEN
+    IF pyscheduler._requests_pending() THEN
         PERFORM pyscheduler._apply_requests(p_ids);
     END IF;
     RETURN v_n;
@@ -628,6 +628,15 @@ COMMENT ON FUNCTION pyscheduler.delete_checks(text, text, text) IS
 
 -- _without_deleted(checks, now): the checks (taken by this transaction) without those a
 -- client or a job asked to delete since, which are ended here as 'deleted' without running.
+-- Batch paths call it only when check_requests has rows (_requests_pending): passing a batch
+-- to a function copies it.
+CREATE OR REPLACE FUNCTION pyscheduler._requests_pending()
+RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pyscheduler.check_requests);
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._without_deleted(p_checks pyscheduler.future_check[], p_now timestamptz)
 RETURNS pyscheduler.future_check[]
 LANGUAGE plpgsql
@@ -726,7 +735,7 @@ BEGIN
                  ORDER BY c.claim_until LIMIT p_max
                    FOR UPDATE SKIP LOCKED) c;
         PERFORM pyscheduler._end_checks(v_stale.ids, v_stale.outcomes, v_stale.errors, v_stale.took, true, p_now);
-        IF EXISTS (SELECT 1 FROM check_requests) THEN
+        IF pyscheduler._requests_pending() THEN
             PERFORM pyscheduler._reconcile_requests(p_shard, p_shards, p_max, p_now);
         END IF;
     ELSIF NOT pyscheduler._instant_ok(p_slot) OR p_slot <> pyscheduler._slot_ceil(p_slot, v_us) THEN
@@ -888,8 +897,10 @@ BEGIN
         SELECT r.job, r.owner, array_agg(r ORDER BY r.id) FROM unnest(p_checks) r
          GROUP BY r.job, r.owner ORDER BY min(r.id)
     LOOP
-        v_recs := pyscheduler._without_deleted(v_recs, clock_timestamp());
-        CONTINUE WHEN cardinality(v_recs) = 0;
+        IF pyscheduler._requests_pending() THEN
+            v_recs := pyscheduler._without_deleted(v_recs, clock_timestamp());
+            CONTINUE WHEN cardinality(v_recs) = 0;
+        END IF;
         v_fn := pyscheduler._sql_job(v_job, v_owner);
         IF v_fn.why IS NOT NULL THEN
             RETURN QUERY SELECT r.id, NULL::timestamptz, v_fn.why, interval '0' FROM unnest(v_recs) r;
@@ -1056,7 +1067,7 @@ BEGIN
          ORDER BY c.id
            FOR UPDATE OF c;
     END IF;
-    IF EXISTS (SELECT 1 FROM check_requests r WHERE r.delete_by IS NOT NULL) THEN
+    IF pyscheduler._requests_pending() THEN
         -- deleted while they ran: they end as deleted (unless their run ended them anyway)
         v_del := ARRAY(SELECT r.check_id FROM check_requests r WHERE r.check_id = ANY(p_ids) AND r.delete_by IS NOT NULL);
     END IF;
@@ -1103,7 +1114,7 @@ BEGIN
                claim = NULL, claim_until = NULL, task_rn = NULL
           FROM unnest(v.move_ids, v.move_slots, v.move_took) AS m(id, slot, took)
          WHERE c.id = ANY(v.move_ids) AND c.id = m.id;
-        IF EXISTS (SELECT 1 FROM check_requests) THEN
+        IF pyscheduler._requests_pending() THEN
             -- added again while they ran: they are pending, so that changes nothing
             DELETE FROM check_requests r WHERE r.check_id = ANY(v.move_ids) AND r.delete_by IS NULL;
         END IF;
@@ -1226,7 +1237,9 @@ BEGIN
     taken := cardinality(v_all);
     outcomes := '{}';
     v_rest := taken;
-    v_all := pyscheduler._without_deleted(v_all, p_now);
+    IF pyscheduler._requests_pending() THEN
+        v_all := pyscheduler._without_deleted(v_all, p_now);
+    END IF;
     -- SQL jobs: run (one subtransaction per job, per check only if one raises) and record
     v_sql := ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'sql');
     IF cardinality(v_sql) > 0 THEN
@@ -1240,7 +1253,9 @@ BEGIN
         v_rest := v_rest - coalesce(cardinality(v_res.ids), 0);
     END IF;
     -- task and Python jobs, but not those the SQL jobs (or a client meanwhile) deleted
-    v_all := pyscheduler._without_deleted(v_all, p_now);
+    IF pyscheduler._requests_pending() THEN
+        v_all := pyscheduler._without_deleted(v_all, p_now);
+    END IF;
     SELECT count(*) FILTER (WHERE s.task_rn IS NOT NULL) AS handed, count(*) FILTER (WHERE s.task_rn IS NULL) AS failed
       INTO v_tasks
       FROM pyscheduler._submit_check_tasks(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'task')) s;

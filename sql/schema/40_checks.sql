@@ -17,7 +17,7 @@ CREATE TYPE pyscheduler.future_check AS (
     check_count    integer,
     max_checks     integer,
     created        timestamptz,
-    owner          name
+    owner          text
 );
 
 -- A check that left: what check_history() returns.
@@ -37,7 +37,7 @@ CREATE TYPE pyscheduler.ended_check AS (
     total_took     interval,
     created        timestamptz,
     ended          timestamptz,
-    owner          name
+    owner          text
 );
 
 -- One row per pending check: the seed's future_job. A row leaves (into
@@ -62,7 +62,8 @@ CREATE TABLE pyscheduler.checks (
     claim_until    timestamptz,
     task_rn        uuid,
     created        timestamptz NOT NULL,
-    owner          name NOT NULL,  -- the role that added it (convention C); its job runs only if it may EXECUTE it
+    owner          text NOT NULL,  -- the role that added it (convention C; text, not the 64-byte name: a
+                                   -- hot table); its job runs only if that role may EXECUTE it
     CONSTRAINT checks_pkey PRIMARY KEY (id),
     CONSTRAINT checks_entity_job_key UNIQUE (entity_name, entity_key, job),
     CONSTRAINT checks_kind_check CHECK (kind IN ('sql', 'python', 'task')),
@@ -97,7 +98,7 @@ CREATE TABLE pyscheduler.check_history (
     total_took     interval NOT NULL,
     created        timestamptz NOT NULL,
     ended          timestamptz NOT NULL,
-    owner          name NOT NULL,
+    owner          text NOT NULL,
     CONSTRAINT check_history_outcome_check
         CHECK (outcome IN ('done', 'max_checks', 'horizon', 'past', 'timeout', 'error', 'deleted'))
 );
@@ -114,13 +115,13 @@ CREATE TABLE pyscheduler.check_requests (
     entity_name      text NOT NULL,
     entity_key       text NOT NULL,
     job              text NOT NULL,
-    delete_by        name,
+    delete_by        text,
     readd_kind       text,
     readd_payload    jsonb,
     readd_at         timestamptz,
     readd_max_checks integer,
     readd_horizon    interval,
-    readd_by         name,
+    readd_by         text,
     requested        timestamptz NOT NULL,
     CONSTRAINT check_requests_pkey PRIMARY KEY (check_id)
 );
