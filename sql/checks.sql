@@ -661,8 +661,9 @@ $$;
 
 -- _reconcile_requests(shard, shards, max, now): requests a runner did not apply because they
 -- came after it looked (the catch-up pass calls this): for a check that has ended, its re-add
--- becomes a new check; a pending check no runner holds is deleted, or its re-add dropped (it
--- is pending: adding it again changes nothing). Requests of held checks wait.
+-- becomes a new check; a pending check no runner holds that a client asked to delete is
+-- deleted. (A re-add of a check that is still pending waits for its next run: applied if that
+-- run ends it, dropped if it reschedules it.) Requests of held checks wait.
 CREATE OR REPLACE FUNCTION pyscheduler._reconcile_requests(p_shard integer, p_shards integer, p_max integer,
                                                            p_now timestamptz)
 RETURNS void
@@ -670,23 +671,20 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    v record;
+    v_id bigint;
 BEGIN
-    FOR v IN SELECT r.check_id, r.delete_by IS NOT NULL AS del FROM check_requests r
-              WHERE p_shards = 1 OR r.check_id % p_shards = p_shard
-              ORDER BY r.requested LIMIT p_max
+    FOR v_id IN SELECT r.check_id FROM check_requests r
+                 WHERE (p_shards = 1 OR r.check_id % p_shards = p_shard)
+                   AND (r.delete_by IS NOT NULL OR NOT EXISTS (SELECT 1 FROM checks c WHERE c.id = r.check_id))
+                 ORDER BY r.requested LIMIT p_max
     LOOP
-        IF NOT EXISTS (SELECT 1 FROM checks c WHERE c.id = v.check_id) THEN
-            PERFORM pyscheduler._apply_requests(ARRAY[v.check_id]);
+        IF NOT EXISTS (SELECT 1 FROM checks c WHERE c.id = v_id) THEN
+            PERFORM pyscheduler._apply_requests(ARRAY[v_id]);
             CONTINUE;
         END IF;
-        PERFORM 1 FROM checks c WHERE c.id = v.check_id AND c.claim IS NULL FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            CONTINUE;
-        ELSIF v.del THEN
-            PERFORM pyscheduler._end_checks(ARRAY[v.check_id], ARRAY['deleted'], NULL, NULL, false, p_now);
-        ELSE
-            DELETE FROM check_requests r WHERE r.check_id = v.check_id;
+        PERFORM 1 FROM checks c WHERE c.id = v_id AND c.claim IS NULL FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            PERFORM pyscheduler._end_checks(ARRAY[v_id], ARRAY['deleted'], NULL, NULL, false, p_now);
         END IF;
     END LOOP;
 END
@@ -757,6 +755,26 @@ BEGIN
 END
 $$;
 
+-- _take_undeleted(slot, shard, shards, max, now): _take_checks without the checks a client
+-- asked to delete while a runner held them (ended here as 'deleted'): what due_checks and
+-- catch_up_checks give their callers.
+CREATE OR REPLACE FUNCTION pyscheduler._take_undeleted(
+    p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_now timestamptz)
+RETURNS SETOF pyscheduler.future_check
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF NOT pyscheduler._requests_pending() THEN
+        RETURN QUERY SELECT * FROM pyscheduler._take_checks(p_slot, p_shard, p_shards, p_max, NULL, p_now);
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT (x).* FROM unnest(pyscheduler._without_deleted(
+        ARRAY(SELECT t FROM pyscheduler._take_checks(p_slot, p_shard, p_shards, p_max, NULL, p_now) t), p_now)) x;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.due_checks(
     slot timestamptz, shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000)
 RETURNS SETOF pyscheduler.future_check
@@ -770,7 +788,9 @@ AS $$
    LOCKED) for the rest of the calling transaction. Runners k = 0..n-1 with
    shards => n take disjoint sets that together cover the slot; a check locked
    by a runner still busy with it is skipped by every other caller, so no
-   check runs twice even with two runners on one shard. In the same
+   check runs twice even with two runners on one shard. A check a client
+   asked to delete while a runner held it is ended as deleted instead of
+   being returned. In the same
    transaction: run_check_jobs / submit_check_tasks run the in-database jobs,
    finish_checks records every result; COMMIT releases the locks. Call it at
    the top level of the transaction (not inside a savepoint).
@@ -781,7 +801,7 @@ BEGIN
         RAISE EXCEPTION 'slot % is not a slot boundary', 'NULL'
             USING ERRCODE = 'PS405', HINT = 'Take slots from check_slots() or slot_round().';
     END IF;
-    RETURN QUERY SELECT * FROM pyscheduler._take_checks(slot, shard, shards, max, NULL, clock_timestamp());
+    RETURN QUERY SELECT * FROM pyscheduler._take_undeleted(slot, shard, shards, max, clock_timestamp());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.due_checks(timestamptz, integer, integer, integer) IS
@@ -804,7 +824,7 @@ AS $$
    whose task did not report back within task_timeout, and applies what
    clients asked (delete_checks, add_check) of checks while runners held
    them, if no runner did. Errors: PS406. */
-    SELECT * FROM pyscheduler._take_checks(NULL, shard, shards, max, NULL, clock_timestamp());
+    SELECT * FROM pyscheduler._take_undeleted(NULL, shard, shards, max, clock_timestamp());
 $$;
 COMMENT ON FUNCTION pyscheduler.catch_up_checks(integer, integer, integer) IS
     'Take and lock (SKIP LOCKED) checks of slots before the current one (the catch-up pass); expire lost task jobs.';

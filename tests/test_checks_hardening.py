@@ -738,3 +738,35 @@ def test_run_handler_turns_every_bad_result_into_an_error():
     kolkata = datetime(2030, 1, 1, 10, 0, tzinfo=ZoneInfo("Asia/Kolkata"))
     assert run_handler(lambda c: kolkata, check).next_check_at == kolkata and \
         run_handler(lambda c: kolkata, check).next_check_at.tzinfo is UTC
+
+
+def test_what_a_client_asks_of_a_held_check_is_applied_by_the_next_runner_if_the_first_dies(app, dsn):
+    """A runner holds three checks; the client deletes one and adds another again without waiting;
+    the runner dies (rolls back). The next runner's take leaves the deleted one out (ended as
+    deleted, never run), and ending the other applies the re-add."""
+    now = datetime.now(UTC)
+    ids = [app.execute("SELECT id FROM pyscheduler._add_check('order', %s, 'app.ret', 'sql', %s, NULL, NULL, NULL, "
+                       "NULL, %s)", (f"k{i}", now - timedelta(hours=1), now - timedelta(hours=2))).fetchone()["id"]
+           for i in range(3)]
+    with psycopg.connect(dsn, row_factory=dict_row) as runner, \
+            psycopg.connect(dsn, autocommit=True, row_factory=dict_row, options="-c statement_timeout=2000") as client:
+        held = [r["id"] for r in runner.execute("SELECT id FROM pyscheduler.catch_up_checks()")]
+        assert held == ids
+        assert client.execute("SELECT pyscheduler.delete_checks(entity_name => 'order', entity_key => 'k0') AS n"
+                              ).fetchone()["n"] == 1
+        readd = client.execute("SELECT * FROM pyscheduler.add_check(entity_name => 'order', entity_key => 'k1', "
+                               "job => 'app.ret', check_after => '1 hour')").fetchone()
+        assert readd["added"] is None and readd["id"] == ids[1]
+        assert [r["id"] for r in client.execute("SELECT id FROM pyscheduler.list_checks()")] == ids[1:]
+        runner.rollback()  # the runner dies
+        # the next runner, the careful way: the take ends k0, the jobs run, ending k1 applies the re-add
+        taken = [r["id"] for r in runner.execute("SELECT id FROM pyscheduler.catch_up_checks()")]
+        assert taken == ids[1:]
+        out = runner.execute("SELECT * FROM pyscheduler.run_checks(ids => %s)", (taken,)).fetchall()
+        assert {r["outcome"] for r in out} == {"done"}
+        runner.commit()
+    ended = {r["entity_key"]: r for r in app.execute("SELECT * FROM pyscheduler.check_history()")}
+    assert (ended["k0"]["outcome"], ended["k0"]["check_count"]) == ("deleted", 0) and "k0" not in ran(app)
+    assert [(r["entity_key"], r["next_check_at"]) for r in app.execute("SELECT * FROM pyscheduler.list_checks()")] \
+        == [("k1", readd["next_check_at"])]
+    assert app.execute("SELECT count(*) AS n FROM pyscheduler.check_requests").fetchone()["n"] == 0
