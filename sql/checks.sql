@@ -926,9 +926,9 @@ BEGIN
             RETURN QUERY SELECT r.id, NULL::timestamptz, v_fn.why, interval '0' FROM unnest(v_recs) r;
             CONTINUE;
         END IF;
-        -- while the jobs run, the pyscheduler functions they call act as their function's owner
-        INSERT INTO check_user_code AS u (pid, role) VALUES (pg_backend_pid(), v_fn.fn_owner)
-        ON CONFLICT ON CONSTRAINT check_user_code_pkey DO UPDATE SET role = EXCLUDED.role;
+        -- while the jobs run, the pyscheduler functions they call act as their function's owner (the
+        -- row never outlives this loop: an error that skips its DELETE rolls its INSERT back too)
+        INSERT INTO check_user_code (pid, role) VALUES (pg_backend_pid(), v_fn.fn_owner);
         BEGIN
             EXECUTE format(
                 'SELECT array_agg(x.id), array_agg(x.nxt), array_agg(x.t1 - x.t0) '
