@@ -172,14 +172,17 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS314": InvalidSchedule,  # instant outside [1970-01-01Z, 9999-01-01Z) (start_at, end_at, after, first run)
     # future checks
     "PS400": InvalidResolution,  # resolution does not divide a day
-    "PS401": InvalidArgument,  # entity_name or entity_key missing or too long
-    "PS402": InvalidJob,  # invalid kind or job (SQL job function missing, wrong type, not SECURITY DEFINER)
-    "PS403": InvalidArgument,  # check time: not exactly one of check_at/check_after, negative, beyond horizon
+    "PS401": InvalidArgument,  # entity_name not a clean label, entity_key missing or too long
+    "PS402": InvalidJob,  # invalid kind or job (SQL job function missing, wrong type, not SECURITY DEFINER,
+    #                       no pinned search_path ending in pg_temp; handler or queue name not a clean label)
+    "PS403": InvalidArgument,  # check time: not one of check_at/check_after, outside the instants, beyond horizon
     "PS404": SlotNotStarted,  # slot after the database clock
     "PS405": SlotNotOnBoundary,  # slot not on a slot boundary
     "PS406": InvalidArgument,  # shard, shards or max out of range
     "PS407": CheckNotTaken,  # finish of a check the caller did not take
-    "PS408": InvalidArgument,  # other invalid argument (max_checks, horizon, task_timeout, array lengths)
+    "PS408": InvalidArgument,  # other invalid argument (max_checks, horizon, task_timeout, retention, batch, ...)
+    "PS409": InvalidArgument,  # payload larger than max_payload_bytes (or than a task's spec may be)
+    "PS410": Conflict,  # a check of (entity_name, entity_key, job) is pending with another kind
 }
 
 

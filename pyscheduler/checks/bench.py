@@ -45,8 +45,8 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 'SELECT N
 
 FILL = """
 INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at,
-                                max_checks, horizon, created)
-SELECT %(entity)s, i::text, %(job)s, %(kind)s, s, s, 5, '30 days', now()
+                                max_checks, horizon, created, owner)
+SELECT %(entity)s, i::text, %(job)s, %(kind)s, s, s, 5, '30 days', now(), current_user
   FROM generate_series(%(first)s::bigint, %(last)s::bigint) i,
        LATERAL (SELECT %(slot)s::timestamptz + CASE WHEN %(spread)s THEN (1 + i %% 2880) * %(res)s::interval
                                                     ELSE interval '0' END AS s) x

@@ -31,14 +31,19 @@ def _runner_options(f):
                help="How many runners split each slot (by check id modulo shards).")(f)
     f = option("--shard", type=click.IntRange(0), default=0, show_default=True, envvar=env("checks_shard"),
                help="This runner's share of each slot: 0..shards-1.")(f)
+    f = option("--purge-interval", type=DURATION, default="60s", show_default=True,
+               envvar=env("checks_purge_interval"),
+               help="How often ended checks older than the history_retention setting are deleted "
+                    "(0: never).")(f)
     return f
 
 
-def _runner(dsn: str, shard: int, shards: int, batch: int, timeout: timedelta, handlers: str) -> CheckRunner:
+def _runner(dsn: str, shard: int, shards: int, batch: int, timeout: timedelta, handlers: str,
+            purge_interval: timedelta) -> CheckRunner:
     if shard >= shards:
         raise click.BadParameter(f"shard must be in 0..{shards - 1}, got {shard}", param_hint="--shard")
     return CheckRunner(dsn, import_handlers(handlers.split(",")), shard=shard, shards=shards, batch=batch,
-                       timeout=timeout.total_seconds())
+                       timeout=timeout.total_seconds(), purge_interval=purge_interval.total_seconds())
 
 
 @click.group("checks")
@@ -49,47 +54,74 @@ def group() -> None:
 @group.command("run")
 @dsn_option
 @_runner_options
-def run_cmd(dsn, shard, shards, batch, timeout, handlers) -> None:
+def run_cmd(dsn, shard, shards, batch, timeout, handlers, purge_interval) -> None:
     """Run the check runner: each slot's checks of this shard, at the slot boundary."""
     stop = threading.Event()
     install_signal_handlers(stop)
-    sys.exit(run_daemons([_runner(require_dsn(dsn), shard, shards, batch, timeout, handlers)], stop))
+    sys.exit(run_daemons([_runner(require_dsn(dsn), shard, shards, batch, timeout, handlers, purge_interval)], stop))
 
 
 def _db(dsn: str | None) -> Database:
     return Database(require_dsn(dsn), max_size=1)
 
 
+def _text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A name or key as PostgreSQL can take it: UTF-8 (an argument in another encoding reaches
+    Python as lone surrogates) and without NUL."""
+    if value is None:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.BadParameter("is not valid UTF-8") from None
+    if "\x00" in value:
+        raise click.BadParameter("must not contain NUL")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _payload(ctx: click.Context, param: click.Parameter, value: str | None) -> Jsonb | None:
+    """--payload: JSON (strict: NaN and Infinity are not JSON and cannot be stored)."""
+    value = _text(ctx, param, value)
+    if value is None:
+        return None
+    try:
+        return Jsonb(json.loads(value, parse_constant=_no_constant))
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+
+
 @group.command("add")
 @dsn_option
-@click.argument("entity_name")
-@click.argument("entity_key")
-@click.option("--job", required=True, help="SQL function (schema.name), Python handler name or task queue.")
+@click.argument("entity_name", callback=_text)
+@click.argument("entity_key", callback=_text)
+@click.option("--job", required=True, callback=_text,
+              help="SQL function (schema.name), Python handler name or task queue.")
 @click.option("--kind", type=click.Choice(["sql", "python", "task"]), default="sql", show_default=True)
 @click.option("--after", "check_after", type=DURATION, default=None, help="Check after this long, e.g. 3h.")
 @click.option("--at", "check_at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
               default=None, help="Check at this time (with an offset, e.g. 2030-01-01T10:00:00+00:00).")
-@click.option("--payload", default=None, help="JSON given to the job.")
+@click.option("--payload", default=None, callback=_payload, help="JSON given to the job.")
 def add_cmd(dsn, entity_name, entity_key, job, kind, check_after, check_at, payload) -> None:
     """Add a check of ENTITY_NAME ENTITY_KEY (rounded up to a slot; idempotent per job)."""
     if (check_after is None) == (check_at is None):
         raise click.UsageError("give exactly one of --after and --at")
-    try:
-        payload_obj = None if payload is None else Jsonb(json.loads(payload))
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
     with _db(dsn) as db:
         row = db.call_one("add_check", entity_name=entity_name, entity_key=entity_key, job=job, kind=kind,
-                          check_after=check_after, check_at=check_at, payload=payload_obj)
-    click.echo(f"check {row['id']} at {row['next_check_at'].isoformat()}"
-               f"{'' if row['added'] else ' (already pending: unchanged)'}")
+                          check_after=check_after, check_at=check_at, payload=payload)
+    note = {True: "", False: " (already pending: unchanged)",
+            None: " (the pending check is running: added again if that run ends it)"}[row["added"]]
+    click.echo(f"check {row['id']} at {row['next_check_at'].isoformat()}{note}")
 
 
 @group.command("delete")
 @dsn_option
-@click.argument("entity_name")
-@click.argument("entity_key")
-@click.option("--job", default=None, help="Only this job's check.")
+@click.argument("entity_name", callback=_text)
+@click.argument("entity_key", callback=_text)
+@click.option("--job", default=None, callback=_text, help="Only this job's check.")
 def delete_cmd(dsn, entity_name, entity_key, job) -> None:
     """Delete the pending checks of ENTITY_NAME ENTITY_KEY (history: deleted)."""
     with _db(dsn) as db:
@@ -99,9 +131,9 @@ def delete_cmd(dsn, entity_name, entity_key, job) -> None:
 
 def _filters(f):
     f = click.option("--limit", type=click.IntRange(1), default=20, show_default=True)(f)
-    f = click.option("--job", default=None)(f)
-    f = click.option("--entity-key", default=None)(f)
-    return click.option("--entity-name", default=None)(f)
+    f = click.option("--job", default=None, callback=_text)(f)
+    f = click.option("--entity-key", default=None, callback=_text)(f)
+    return click.option("--entity-name", default=None, callback=_text)(f)
 
 
 @group.command("list")
@@ -134,7 +166,7 @@ def daemons(ctx: RunContext) -> list:
     """One runner, configured from the same environment variables as ``checks run``."""
     values = {}
     for p in run_cmd.params:
-        if p.name in ("shard", "shards", "batch", "timeout", "handlers"):
+        if p.name in ("shard", "shards", "batch", "timeout", "handlers", "purge_interval"):
             raw = os.environ.get(p.envvar) or p.default
             values[p.name] = p.type.convert(raw, p, None)
     return [_runner(ctx.dsn, **values)]

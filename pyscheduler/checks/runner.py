@@ -8,24 +8,39 @@ proof that it took the checks; ``finish_checks`` accepts no others):
    and locks up to ``batch`` checks (FOR UPDATE SKIP LOCKED), runs their SQL
    jobs (the checks of one job as one set in one subtransaction, one
    subtransaction per check only if one raises) and records them, hands task
-   jobs to task queues, and returns the Python-job checks. If it times out,
-   the transaction is rolled back and the batch is taken again and run
-   carefully: ``due_checks``, then each SQL check by ``run_check_jobs`` in its
-   own savepoint and statement under the timeout, so only the slow one ends as
-   ``timeout``;
+   jobs to task queues, and returns the Python-job checks. If it times out (or
+   a value cannot be loaded), the transaction is rolled back and the batch is
+   taken again and run carefully: ``due_checks``, then each SQL check by
+   ``run_check_jobs`` in its own savepoint and statement under the timeout, so
+   only the slow one ends as ``timeout``;
 2. Python jobs: the registered handler, one after another in a handler thread
    watched against a per-check deadline (a handler past it is abandoned and
    recorded as ``timeout``; the rest continue in a fresh thread), then
-   ``finish_checks`` records their results;
+   ``finish_checks`` records their results. Every second of handler time the
+   runner asks ``end_deleted_checks`` which of the checks not yet started a
+   client deleted meanwhile, and skips them;
 3. COMMIT (asynchronous: a commit lost in a database crash leaves the checks at
    their slot, so the catch-up pass runs them again, the same at-least-once as
    after a runner crash).
 
+A statement that runs SQL jobs is watched: a job that catches the statement
+timeout's cancel and goes on would hold the runner (and its batch's locks)
+forever, so past ``timeout`` plus a grace a watchdog terminates the backend from
+a connection of its own. The batch is then run carefully; the check whose
+statement had to be terminated is remembered and, when the batch is taken again,
+recorded as ``timeout`` without running it again.
+
 On start (and after any gap) the runner runs the catch-up pass for its shard
 (slots before the current one), then the current slot, then each next slot as
-its boundary passes (the database clock decides). Within a slot each batch
-starts after the last id the previous one took; a last batch from the start of
-the slot picks up anything another runner held meanwhile.
+its boundary passes (the database clock decides; slot arithmetic in UTC).
+Within a slot each batch starts after the last id the previous one took; a last
+batch from the start of the slot picks up anything another runner held
+meanwhile. Every ``purge_interval`` it deletes history past its retention.
+
+A stored value never stops it (design.md): a job's or a handler's bad result,
+a payload a task cannot carry, a job that hangs, are each recorded against
+their own check; a lost database connection is waited out; anything else
+crashes the runner, and ``pyscheduler run`` restarts it (``fresh()``).
 """
 
 from __future__ import annotations
@@ -37,15 +52,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 
-from ..db import Database, Outage, Session
-from ..errors import SlotNotStarted, SlotNotOnBoundary, is_retryable
+from ..db import Database, Outage, Session, connect
+from ..errors import SlotNotOnBoundary, SlotNotStarted, is_retryable, rejects_arguments
 
 log = logging.getLogger(__name__)
+
+UTC = timezone.utc
+ERROR_CHARS = 2000  # an error text is kept to this many characters (as in check_history)
 
 
 @dataclass
@@ -63,6 +81,7 @@ class Check:
     check_count: int
     max_checks: int
     created: datetime
+    owner: str | None = None  # the role that added it
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Check":
@@ -125,27 +144,51 @@ class Result:
     took: float = 0.0
 
 
+def error_text(text: str) -> str:
+    """An error as check_history can keep it: no NUL, valid UTF-8, at most ERROR_CHARS characters."""
+    text = str(text)[:ERROR_CHARS].replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:ERROR_CHARS]
+
+
+def _failure(exc: BaseException) -> str:
+    return error_text(f"{type(exc).__name__}: {exc}")
+
+
 def run_handler(fn: Handler | None, check: Check) -> Result:
-    """Call one handler; a raise or a bad return becomes an error result."""
+    """Call one handler; a raise (any: a handler's ``CancelledError`` or ``SystemExit`` too) or a
+    bad return becomes an error result. A next check time comes back in UTC."""
     started = time.monotonic()
     if fn is None:
         return Result(error=f"no Python handler named {check.job!r} is registered with this runner")
     try:
         nxt = fn(check)
-    except Exception as exc:  # the job's failure, recorded as 'error'
-        return Result(error=f"{type(exc).__name__}: {exc}", took=time.monotonic() - started)
+    except BaseException as exc:  # noqa: BLE001 - the job's failure, whatever it raised, is recorded as 'error'
+        return Result(error=_failure(exc), took=time.monotonic() - started)
     took = time.monotonic() - started
-    if nxt is not None and (not isinstance(nxt, datetime) or nxt.tzinfo is None):
-        return Result(error=f"handler returned {nxt!r}, not None or a timezone-aware datetime", took=took)
-    return Result(next_check_at=nxt, took=took)
+    if nxt is None:
+        return Result(took=took)
+    try:
+        if not isinstance(nxt, datetime) or nxt.utcoffset() is None:
+            raise TypeError("not None or a timezone-aware datetime")
+        return Result(next_check_at=nxt.astimezone(UTC), took=took)
+    except BaseException as exc:  # noqa: BLE001 - e.g. OverflowError in UTC, a tzinfo that raises
+        return Result(error=error_text(f"handler returned {_shown(nxt)}: {type(exc).__name__}: {exc}"), took=took)
+
+
+def _shown(value: Any) -> str:
+    try:
+        return repr(value)[:200]
+    except BaseException:  # noqa: BLE001 - a __repr__ that raises
+        return f"a {type(value).__name__}"
 
 
 class _Lane(threading.Thread):
     """Runs handlers one after another; the runner watches the current one's deadline."""
 
-    def __init__(self, checks: list[Check], handlers: dict[str, Handler], results: dict[int, Result]):
+    def __init__(self, checks: list[Check], handlers: dict[str, Handler], results: dict[int, Result],
+                 skip: set[int]):
         super().__init__(name="checks-handlers", daemon=True)
-        self.checks, self.handlers, self.results = checks, handlers, results
+        self.checks, self.handlers, self.results, self.skip = checks, handlers, results, skip
         self.lock = threading.Lock()
         self.current: tuple[int, float] | None = None  # (check id, started)
         self.abandoned = False
@@ -157,6 +200,8 @@ class _Lane(threading.Thread):
                 with self.lock:
                     if self.abandoned:
                         return
+                    if check.id in self.skip:
+                        continue
                     self.current = (check.id, time.monotonic())
                 result = run_handler(self.handlers.get(check.job), check)
                 with self.lock:
@@ -167,21 +212,35 @@ class _Lane(threading.Thread):
             self.done.set()
 
 
-def run_handlers(checks: list[Check], handlers: dict[str, Handler], timeout: float) -> dict[int, Result]:
-    """Run each check's handler under a deadline of ``timeout`` seconds; one result per check."""
+def run_handlers(checks: list[Check], handlers: dict[str, Handler], timeout: float,
+                 deleted: Callable[[list[int]], Iterable[int]] | None = None,
+                 poll: float = 1.0) -> dict[int, Result]:
+    """Run each check's handler under a deadline of ``timeout`` seconds; one result per check run.
+    ``deleted(ids)``, asked every ``poll`` seconds with the checks not started yet, names those
+    to skip (deleted meanwhile: they get no result)."""
     results: dict[int, Result] = {}
+    skip: set[int] = set()
     todo = checks
+    next_poll = time.monotonic() + poll
     while todo:
-        lane = _Lane(todo, handlers, results)
+        lane = _Lane(todo, handlers, results, skip)
         lane.start()
         while not lane.done.is_set():
+            now = time.monotonic()
+            if deleted is not None and now >= next_poll:
+                with lane.lock:  # the lane starts no check meanwhile
+                    running = lane.current[0] if lane.current else None
+                    waiting = [c.id for c in todo if c.id not in results and c.id not in skip and c.id != running]
+                    if waiting:
+                        skip.update(deleted(waiting))
+                next_poll = time.monotonic() + poll
             current = lane.current
             if current is None:
                 lane.done.wait(0.001)
                 continue
             remaining = current[1] + timeout - time.monotonic()
             if remaining > 0:
-                lane.done.wait(remaining)
+                lane.done.wait(remaining if deleted is None else min(remaining, max(0.0, next_poll - now)))
                 continue
             with lane.lock:
                 if lane.current is current and current[0] not in results:
@@ -192,7 +251,10 @@ def run_handlers(checks: list[Check], handlers: dict[str, Handler], timeout: flo
                 log.warning("check %s: handler still running after its %g s deadline; abandoned", current[0],
                             timeout)
                 break
-        todo = [c for c in todo if c.id not in results] if lane.abandoned else []
+        todo = [c for c in todo if c.id not in results and c.id not in skip] if lane.abandoned else []
+    for check in checks:  # a lane that died without a result (it cannot: run_handler catches everything)
+        if check.id not in results and check.id not in skip:
+            results[check.id] = Result(error="the handler thread ended without a result")
     return results
 
 
@@ -210,6 +272,21 @@ def _seconds(took: timedelta | None) -> float:
     return took.total_seconds() if took is not None else 0.0
 
 
+def next_step(last_slot: datetime | None, slot: datetime, clock: datetime,
+              resolution: timedelta) -> tuple[str, Any]:
+    """What the runner does next, from check_slots() (any time zone: the arithmetic is in UTC, so a
+    DST change in the session's zone never stretches or skips a slot):
+    ("catch_up", slot) at start or after more than one slot missed (the catch-up pass, then slot),
+    ("wait", seconds) until the next slot begins, or ("run", next slot)."""
+    slot, clock = slot.astimezone(UTC), clock.astimezone(UTC)
+    if last_slot is None or last_slot.astimezone(UTC) + resolution < slot:
+        return "catch_up", slot
+    target = last_slot.astimezone(UTC) + resolution
+    if target > clock:
+        return "wait", (target - clock).total_seconds()
+    return "run", target
+
+
 class _Clock:
     """Adds the time since the previous lap to ``seconds[name]``."""
 
@@ -222,14 +299,92 @@ class _Clock:
         self.last = now
 
 
+class _Watch:
+    """One watched statement: its backend, its deadline, and whether the watchdog ended it."""
+
+    __slots__ = ("pid", "deadline", "fired")
+
+    def __init__(self, pid: int, deadline: float):
+        self.pid, self.deadline, self.fired = pid, deadline, False
+
+
+class _Watchdog:
+    """Ends a statement that outlives its deadline: terminates its backend from a connection of its
+    own (a job that catches the statement timeout's cancel would otherwise run forever, holding the
+    runner and its batch's locks). One thread per runner, started on first use."""
+
+    def __init__(self, dsn: str, name: str):
+        self.dsn, self.name = dsn, name
+        self._cond = threading.Condition()
+        self._watch: _Watch | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @contextlib.contextmanager
+    def watch(self, conn: psycopg.Connection, seconds: float):
+        w = _Watch(conn.info.backend_pid, time.monotonic() + seconds)
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"{self.name}-watchdog", daemon=True)
+                self._thread.start()
+            self._watch = w
+            self._cond.notify()
+        try:
+            yield w
+        finally:
+            with self._cond:
+                if self._watch is w:
+                    self._watch = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                w = self._watch
+                if w is None:
+                    self._cond.wait()
+                    continue
+                remaining = w.deadline - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                self._watch, w.fired = None, True
+                self._cond.release()
+                try:
+                    self._terminate(w.pid)
+                finally:
+                    self._cond.acquire()
+
+    def _terminate(self, pid: int) -> None:
+        log.warning("%s: a statement ran past its deadline (a job that ignores its timeout); "
+                    "terminating backend %s", self.name, pid)
+        try:
+            with contextlib.closing(connect(self.dsn, connect_timeout=5)) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        except Exception as exc:  # noqa: BLE001 - the database is down: so is the statement
+            log.warning("%s: could not terminate backend %s: %s", self.name, pid, exc)
+
+
+class _Rerun(Exception):
+    """The batch's transaction is lost (the watchdog ended a statement): run the batch again, carefully."""
+
+
 class CheckRunner:
     """Runs the checks of its shard slot by slot (a daemon: ``run(stop)``)."""
 
     def __init__(self, dsn: str, handlers: dict[str, Handler] | None = None, *, shard: int = 0, shards: int = 1,
-                 batch: int = 1000, timeout: float = 10.0, name: str | None = None):
+                 batch: int = 1000, timeout: float = 10.0, name: str | None = None,
+                 purge_interval: float = 60.0, grace: float | None = None):
         self.dsn = dsn
         self.handlers = dict(HANDLERS if handlers is None else handlers)
         self.shard, self.shards, self.batch, self.timeout = shard, shards, batch, timeout
+        self.purge_interval = purge_interval  # s between history purges (0: never)
+        # how long past its timeout a statement may run before the watchdog ends it
+        self.grace = max(2.0, timeout / 2) if grace is None else grace
         self.name = name or f"checks-runner-{shard}of{shards}"
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}  # where the time goes, per phase of a batch (bench)
@@ -240,15 +395,38 @@ class CheckRunner:
         self.slots_done = threading.Event()  # set after each slot pass (tests wait on it)
         self.last_slot: datetime | None = None
         self._careful = False  # run the next batch's SQL jobs one statement each (after a timeout)
+        self._verdicts: dict[int, Result] = {}  # checks whose statement the watchdog ended: not run again
+        self._last_purge = 0.0
         self._stop = threading.Event()
         self._clock: _Clock | None = None
+        self._watchdog = _Watchdog(dsn, self.name)
+
+    def fresh(self) -> "CheckRunner":
+        """A new runner with this one's settings (``run_daemons`` restarts a crashed runner with it)."""
+        return CheckRunner(self.dsn, self.handlers, shard=self.shard, shards=self.shards, batch=self.batch,
+                           timeout=self.timeout, name=self.name, purge_interval=self.purge_interval,
+                           grace=self.grace)
 
     # -- one transaction: take, run, finish -----------------------------------------------------
     def run_batch(self, db: Database, slot: datetime | None, after: int | None = None) -> int:
         """Take one batch of ``slot`` (None: the catch-up pass; ``after``: only ids above it) and
         run it in one transaction; how many checks were taken."""
-        careful, self._careful = self._careful, False
-        started = time.perf_counter()
+        while True:
+            careful, self._careful = self._careful, False
+            started = time.perf_counter()
+            try:
+                n = self._transaction(db, slot, after, careful)
+            except _Rerun:
+                n = None
+            if n is None:  # too slow, unloadable or ended by the watchdog: the batch again, carefully
+                self._careful = True
+                if self._stop.is_set():  # unless stopping: its checks wait at their slot
+                    return 0
+                continue
+            self.batch_seconds.append(time.perf_counter() - started)
+            return n
+
+    def _transaction(self, db: Database, slot: datetime | None, after: int | None, careful: bool) -> int | None:
         with db.connection() as conn:
             # One round trip to begin. Asynchronous commit: a commit lost in a database crash leaves
             # the checks at their slot and the catch-up pass runs them again (at least once, as after
@@ -266,31 +444,47 @@ class CheckRunner:
                 raise
             finally:
                 self._clock_lap("commit")
-        if n < 0:  # a SQL job was too slow for the set-based run: the same batch again, carefully
-            return self.run_batch(db, slot, after)
-        self.batch_seconds.append(time.perf_counter() - started)
         return n
 
-    def _work(self, conn: psycopg.Connection, slot: datetime | None, after: int | None) -> int:
+    def _watched(self, conn: psycopg.Connection, call: Callable[[], Any]) -> Any:
+        """``call()``, a statement that runs SQL jobs, under the watchdog; _Rerun if it had to end it."""
+        with self._watchdog.watch(conn, self.timeout + self.grace) as w:
+            try:
+                return call()
+            except Exception as exc:
+                if w.fired:
+                    raise _Rerun() from exc
+                raise
+
+    def _work(self, conn: psycopg.Connection, slot: datetime | None, after: int | None) -> int | None:
         """The fast path: one statement takes the batch, runs and records its SQL jobs and hands its
-        task jobs over (run_due_checks); the Python ones come back to run here."""
+        task jobs over (run_due_checks); the Python ones come back to run here. None: run the batch
+        carefully instead."""
         session = Session(conn)
         self._clock = _Clock(self.seconds)
         try:
-            row = session.call_one("run_due_checks", slot=slot, shard=self.shard, shards=self.shards,
-                                   max=self.batch, after=after)
+            row = self._watched(conn, lambda: session.call_one("run_due_checks", slot=slot, shard=self.shard,
+                                                               shards=self.shards, max=self.batch, after=after))
         except psycopg.errors.QueryCanceled:
-            self._careful = True
-            return -1
+            return None
+        except Exception as exc:
+            if not rejects_arguments(exc):
+                raise
+            log.warning("%s: a batch could not be loaded (%s); running it check by check", self.name, exc)
+            return None
         self._clock_lap("take + in-database jobs")
         self.last_id = row["last_id"]
         for outcome, n in (row["outcomes"] or {}).items():
             self._count(outcome, n)
-        checks = [Check.from_values(c) for c in row["checks"] or ()]
-        if checks:
-            self._finish(session, run_handlers(checks, self.handlers, self.timeout), "python jobs")
-            if self.record_ids:
-                self.ran.extend(c.id for c in checks)
+        results: dict[int, Result] = {}
+        checks = []
+        for values in row["checks"] or ():
+            try:
+                checks.append(Check.from_values(values))
+            except Exception as exc:  # noqa: BLE001 - a check this runner cannot load ends alone
+                results[values[0]] = Result(error=_failure(exc))
+        results.update(self._run_python(session, checks))
+        self._finish(session, results, "python jobs")
         return row["taken"]
 
     def _work_carefully(self, conn: psycopg.Connection, slot: datetime | None) -> int:
@@ -304,18 +498,33 @@ class CheckRunner:
             rows = session.call("due_checks", slot=slot, shard=self.shard, shards=self.shards, max=self.batch)
         self._clock_lap("take")
         checks = [Check.from_row(r) for r in rows]
-        results = {r["id"]: Result(next_check_at=r["next_check_at"], error=r["error"],
-                                   timed_out=r.get("timed_out", False), took=_seconds(r["took"]))
-                   for r in self._run_sql_one_by_one(conn, session, [c.id for c in checks if c.kind == "sql"])}
-        task_ids = [c.id for c in checks if c.kind == "task"]
+        results = {c.id: self._verdicts.pop(c.id) for c in checks if c.id in self._verdicts}
+        results.update(self._run_sql_one_by_one(conn, session, [c.id for c in checks
+                                                                if c.kind == "sql" and c.id not in results]))
+        task_ids = [c.id for c in checks if c.kind == "task" and c.id not in results]
         if task_ids:
-            self._count("task", len(session.call("submit_check_tasks", ids=task_ids)))
+            handed = session.call("submit_check_tasks", ids=task_ids)
+            self._count("task", sum(r["task_rn"] is not None for r in handed))
+            self._count("error", sum(r["task_rn"] is None for r in handed))
         self._clock_lap("in-database jobs")
-        results.update(run_handlers([c for c in checks if c.kind == "python"], self.handlers, self.timeout))
+        results.update(self._run_python(session, [c for c in checks if c.kind == "python" and c.id not in results]))
         self._finish(session, results, "python jobs")
-        if self.record_ids:
-            self.ran.extend(c.id for c in checks if c.kind == "python")
         return len(rows)
+
+    def _run_python(self, session: Session, checks: list[Check]) -> dict[int, Result]:
+        """The Python checks' handlers, skipping those a client deletes meanwhile."""
+        if not checks:
+            return {}
+
+        def deleted(ids: list[int]) -> list[int]:
+            gone = [next(iter(r.values())) for r in session.call("end_deleted_checks", ids=_array(ids))]
+            self._count("deleted", len(gone))
+            return gone
+
+        results = run_handlers(checks, self.handlers, self.timeout, deleted)
+        if self.record_ids:
+            self.ran.extend(results)
+        return results
 
     def _finish(self, session: Session, results: dict[int, Result], lap: str) -> None:
         """Record results with one finish_checks."""
@@ -335,18 +544,38 @@ class CheckRunner:
                 log.warning("check %s was not recorded: not taken by this transaction", row["id"])
         self._clock_lap("finish")
 
-    def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int]) -> list[dict]:
-        """Each SQL check in its own statement and savepoint: only the slow one times out."""
-        rows: list[dict] = []
+    def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int]) -> dict[int, Result]:
+        """Each SQL check in its own statement and savepoint: only the slow one times out, only the one
+        whose result cannot be loaded fails; one the watchdog had to end is remembered (_Rerun)."""
+        results: dict[int, Result] = {}
         for check_id in ids:
             try:
                 with conn.transaction():
-                    rows += session.call("run_check_jobs", ids=[check_id])
+                    rows = self._watched(conn, lambda: session.call("run_check_jobs", ids=[check_id]))
             except psycopg.errors.QueryCanceled:
-                rows.append({"id": check_id, "next_check_at": None, "timed_out": True,
-                             "error": f"the job exceeded its statement timeout of {self.timeout:g} s",
-                             "took": timedelta(seconds=self.timeout)})
-        return rows
+                results[check_id] = Result(timed_out=True, took=self.timeout,
+                                           error=f"the job exceeded its statement timeout of {self.timeout:g} s")
+                continue
+            except _Rerun:
+                limit = self.timeout + self.grace
+                self._verdicts[check_id] = Result(
+                    timed_out=True, took=limit,
+                    error=f"the job did not stop at its statement timeout of {self.timeout:g} s; its connection "
+                          f"was terminated after {limit:g} s")
+                if len(self._verdicts) > 10_000:  # never taken again by this runner: forget the oldest
+                    del self._verdicts[next(iter(self._verdicts))]
+                raise
+            except Exception as exc:
+                if not rejects_arguments(exc):
+                    raise
+                results[check_id] = Result(error=f"its result could not be loaded: {_failure(exc)}")
+                continue
+            if not rows:
+                self._count("deleted")  # deleted meanwhile: ended without running
+            for r in rows:
+                results[check_id] = Result(next_check_at=r["next_check_at"], error=r["error"],
+                                           took=_seconds(r["took"]))
+        return results
 
     def _clock_lap(self, name: str) -> None:
         if self._clock is not None:
@@ -382,11 +611,25 @@ class CheckRunner:
                     log.info("%s: caught up %d checks from missed slots", self.name, total)
                 return total
 
+    def purge(self, db: Database) -> int:
+        """Delete history past its retention (at most 10 batches of 10,000 a call)."""
+        self._last_purge = time.monotonic()
+        total = 0
+        for _ in range(10):
+            n = db.call_value("purge_check_history", batch=10_000)
+            total += n
+            if n < 10_000:
+                break
+        if total:
+            log.info("%s: purged %d ended checks from the history", self.name, total)
+        return total
+
     # -- the daemon -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         self._stop = stop
         outage = Outage(f"{self.name}: database", log)
-        with Database(self.dsn, max_size=1, name=self.name) as db:
+        db = Database(self.dsn, max_size=1, name=self.name).open(wait=False)  # a database still down: retried
+        try:
             while not stop.is_set():
                 try:
                     self._step(db, stop)
@@ -399,22 +642,23 @@ class CheckRunner:
                     if not is_retryable(exc):
                         raise
                     stop.wait(outage.failed(exc))
+        finally:
+            self._watchdog.close()
+            db.close()
 
     def _step(self, db: Database, stop: threading.Event) -> None:
         info = db.call_one("check_slots")
-        resolution: timedelta = info["resolution"]
-        if self.last_slot is None or self.last_slot + resolution < info["slot"]:
-            # start, or more than one slot missed: the catch-up pass, then the current slot
+        action, arg = next_step(self.last_slot, info["slot"], info["clock"], info["resolution"])
+        if action == "wait":
+            stop.wait(arg)
+            return
+        if action == "catch_up":  # start, or more than one slot missed: the catch-up pass, then the current slot
             self.catch_up(db)
-            self.run_slot(db, info["slot"])
-            self.last_slot = info["slot"]
-            self.slots_done.set()
-            return
-        target = self.last_slot + resolution
-        if target > info["clock"]:
-            stop.wait((target - info["clock"]).total_seconds())
-            return
-        self.run_slot(db, target)
-        self.last_slot = target
-        self.catch_up(db)  # periodically: also expires task jobs that never reported
+            self.run_slot(db, arg)
+        else:
+            self.run_slot(db, arg)
+            self.catch_up(db)  # periodically: also expires task jobs that never reported
+        self.last_slot = arg
+        if self.purge_interval and time.monotonic() - self._last_purge >= self.purge_interval:
+            self.purge(db)
         self.slots_done.set()

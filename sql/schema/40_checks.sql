@@ -1,6 +1,7 @@
 -- Future checks (seeds/are-we-there-yet.md): pending checks, their history,
 -- the composite a SQL job receives, the defaults. Fresh install: must equal
--- migrations/0008_checks.sql (tests/test_migrate.py compares the two).
+-- migrations/0008_checks.sql + 0013_checks_hardening.sql (tests/test_migrate.py
+-- compares the two).
 
 -- A pending check: what a SQL job function receives (job(c pyscheduler.future_check)
 -- RETURNS timestamptz) and what due_checks and list_checks return.
@@ -15,7 +16,8 @@ CREATE TYPE pyscheduler.future_check AS (
     next_check_at  timestamptz,
     check_count    integer,
     max_checks     integer,
-    created        timestamptz
+    created        timestamptz,
+    owner          text
 );
 
 -- A check that left: what check_history() returns.
@@ -34,7 +36,8 @@ CREATE TYPE pyscheduler.ended_check AS (
     last_took      interval,
     total_took     interval,
     created        timestamptz,
-    ended          timestamptz
+    ended          timestamptz,
+    owner          text
 );
 
 -- One row per pending check: the seed's future_job. A row leaves (into
@@ -59,6 +62,8 @@ CREATE TABLE pyscheduler.checks (
     claim_until    timestamptz,
     task_rn        uuid,
     created        timestamptz NOT NULL,
+    owner          text NOT NULL,  -- the role that added it (convention C; text, not the 64-byte name: a
+                                   -- hot table); its job runs only if that role may EXECUTE it
     CONSTRAINT checks_pkey PRIMARY KEY (id),
     CONSTRAINT checks_entity_job_key UNIQUE (entity_name, entity_key, job),
     CONSTRAINT checks_kind_check CHECK (kind IN ('sql', 'python', 'task')),
@@ -93,15 +98,49 @@ CREATE TABLE pyscheduler.check_history (
     total_took     interval NOT NULL,
     created        timestamptz NOT NULL,
     ended          timestamptz NOT NULL,
+    owner          text NOT NULL,
     CONSTRAINT check_history_outcome_check
         CHECK (outcome IN ('done', 'max_checks', 'horizon', 'past', 'timeout', 'error', 'deleted'))
 );
 CREATE INDEX check_history_ended_idx ON pyscheduler.check_history (ended);
 CREATE INDEX check_history_entity_idx ON pyscheduler.check_history (entity_name, entity_key);
 
+-- What a client asked of a check a runner holds (taken by a pass, or handed to a task job):
+-- delete_checks and add_check never wait for a runner's batch. delete_by: end it as
+-- 'deleted' (not run if it has not started); readd_*: add it again once the run in progress
+-- ends it (dropped if the run reschedules it: the check is pending). Applied by the runner
+-- that ends or reschedules the check, or by the catch-up pass.
+CREATE TABLE pyscheduler.check_requests (
+    check_id         bigint NOT NULL,
+    entity_name      text NOT NULL,
+    entity_key       text NOT NULL,
+    job              text NOT NULL,
+    delete_by        text,
+    readd_kind       text,
+    readd_payload    jsonb,
+    readd_at         timestamptz,
+    readd_max_checks integer,
+    readd_horizon    interval,
+    readd_by         text,
+    requested        timestamptz NOT NULL,
+    CONSTRAINT check_requests_pkey PRIMARY KEY (check_id)
+);
+
+-- While a check's SQL job runs, the role of its function's owner, for the pyscheduler
+-- functions the job calls (add_check, delete_checks, list_checks, check_history act as
+-- that role, not as the runner's login). Written and deleted inside the runner's
+-- transaction, so never committed; a job cannot write it.
+CREATE UNLOGGED TABLE pyscheduler.check_user_code (
+    pid  integer NOT NULL,
+    role name NOT NULL,
+    CONSTRAINT check_user_code_pkey PRIMARY KEY (pid)
+);
+
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('checks_resolution', '15 minutes'),
     ('checks_max_checks', '5'),
     ('checks_horizon', '30 days'),
-    ('checks_task_timeout', '1 hour')
+    ('checks_task_timeout', '1 hour'),
+    ('checks_history_retention', '30 days'),
+    ('checks_max_payload_bytes', '65536')
 ON CONFLICT (name) DO NOTHING;
