@@ -1,10 +1,9 @@
--- depends: 0012_egress
+-- depends: 0012_hardening
 -- Hardening of future checks (issue 15): every check records the role that added it
 -- (owner, as text: existing checks and history belong to the client role, so existing clients
 -- keep access), the composites carry it; requests a client makes of a check a runner
 -- holds (delete, add again) wait in check_requests instead of waiting for the runner;
--- check_user_code names who a running SQL job acts as; history retention and the
--- payload limit are settings. The same end state as sql/schema/40_checks.sql.
+-- history retention and the payload limit are settings. The same end state as sql/schema/40_checks.sql.
 ALTER TYPE pyscheduler.future_check ADD ATTRIBUTE owner text;
 ALTER TYPE pyscheduler.ended_check ADD ATTRIBUTE owner text;
 
@@ -30,12 +29,6 @@ CREATE TABLE pyscheduler.check_requests (
     readd_by         text,
     requested        timestamptz NOT NULL,
     CONSTRAINT check_requests_pkey PRIMARY KEY (check_id)
-);
-
-CREATE UNLOGGED TABLE pyscheduler.check_user_code (
-    pid  integer NOT NULL,
-    role name NOT NULL,
-    CONSTRAINT check_user_code_pkey PRIMARY KEY (pid)
 );
 
 INSERT INTO pyscheduler.settings (name, value) VALUES

@@ -1,4 +1,4 @@
--- depends: 0012_egress
+-- depends: 0012_hardening
 -- Hardening of recurring schedules (issue 15). Forward-only; function code in
 -- sql/schedules.sql. A schedule belongs to the role that created it (owner);
 -- the ones that exist already belong to the client role, so the clients that

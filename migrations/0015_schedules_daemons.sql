@@ -1,4 +1,4 @@
--- depends: 0012_egress
+-- depends: 0012_hardening
 -- Hardening of the schedule daemons (issue 15): a resync hands out leases on
 -- key ranges, acknowledged after the taker wrote them to Redis, so a taker
 -- that dies between the take and the write loses nothing (its lease expires

@@ -27,8 +27,8 @@
 -- _after_user_code), the timeouts and transaction defaults the runner relies on. So
 -- no statement of pyscheduler after user code resolves a name in a client's schema;
 -- on top, every pyscheduler function is called schema-qualified. While a job runs,
--- check_user_code names its function's owner, whom the pyscheduler functions it
--- calls act as (_check_caller), not the runner's login.
+-- the pyscheduler functions it calls act as its function's owner (_begin_user_code:
+-- _caller() is that role), not as the runner's login.
 --
 -- SQLSTATEs: PS400 resolution, PS401 entity, PS402 job or kind, PS403 check
 -- time, PS404 slot not yet started, PS405 slot not on a boundary, PS406 shard,
@@ -236,34 +236,6 @@ BEGIN
 END
 $$;
 
--- _check_caller(): the role pyscheduler's check functions act for: while a check's SQL
--- job runs (check_user_code, written by _run_sql_jobs around it), the owner of the job's
--- function, else _caller() (the session's role). A job cannot write check_user_code.
-CREATE OR REPLACE FUNCTION pyscheduler._check_caller()
-RETURNS name
-LANGUAGE sql STABLE
-SET search_path = pyscheduler, pg_temp
-AS $$
-    SELECT coalesce((SELECT u.role FROM pyscheduler.check_user_code u WHERE u.pid = pg_catalog.pg_backend_pid()),
-                    pyscheduler._caller());
-$$;
-
--- _check_may_act(owner): _may_act(owner) for _check_caller() (the owner, a member of it,
--- or the admin role).
-CREATE OR REPLACE FUNCTION pyscheduler._check_may_act(p_owner name)
-RETURNS boolean
-LANGUAGE sql STABLE
-SET search_path = pyscheduler, pg_temp
-AS $$
-    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pyscheduler.check_user_code u WHERE u.pid = pg_catalog.pg_backend_pid())
-                THEN pyscheduler._may_act(p_owner)
-                ELSE p_owner = v.who
-                  OR (p_owner IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_owner)
-                      AND pg_catalog.pg_has_role(v.who, p_owner, 'MEMBER'))
-                  OR pg_catalog.pg_has_role(v.who, pyscheduler._role('admin'), 'MEMBER') END
-      FROM (SELECT pyscheduler._check_caller() AS who) v;
-$$;
-
 -- _sql_job(job, role): the SQL job function job(pyscheduler.future_check) RETURNS
 -- timestamptz, what to call it by (schema-qualified), its owner; or why not (why, with the
 -- SQLSTATE in code): it does not exist, returns another type, is not SECURITY DEFINER (it
@@ -394,7 +366,7 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_owner name := pyscheduler._check_caller();
+    v_owner name := pyscheduler._caller();
     v_job text;
     v_at timestamptz;
     v_slot timestamptz;
@@ -450,7 +422,7 @@ BEGIN
          WHERE c.entity_name = p_entity_name AND c.entity_key = p_entity_key AND c.job = v_job;
         EXIT WHEN FOUND;  -- else it ended meanwhile: insert again
     END LOOP;
-    IF NOT pyscheduler._check_may_act(v_row.owner) THEN
+    IF NOT pyscheduler._may_act(v_row.owner) THEN
         RAISE EXCEPTION 'a check of (%, %, %) is pending and belongs to another role', p_entity_name,
                         left(p_entity_key, 40), v_job
             USING ERRCODE = '42501',
@@ -602,7 +574,7 @@ BEGIN
     v_mine := ARRAY(SELECT c.id FROM checks c
                      WHERE c.entity_name = delete_checks.entity_name AND c.entity_key = delete_checks.entity_key
                        AND (delete_checks.job IS NULL OR c.job = delete_checks.job OR c.job = v_sql_job)
-                       AND pyscheduler._check_may_act(c.owner)
+                       AND pyscheduler._may_act(c.owner)
                        AND NOT EXISTS (SELECT 1 FROM check_requests r
                                         WHERE r.check_id = c.id AND r.delete_by IS NOT NULL));
     -- free ones and ones handed to a task job: now; not those this transaction took (a job of
@@ -612,7 +584,7 @@ BEGIN
                       FOR UPDATE SKIP LOCKED);
     v_held := ARRAY(SELECT u FROM unnest(v_mine) u WHERE u <> ALL(v_now));
     INSERT INTO check_requests AS r (check_id, entity_name, entity_key, job, delete_by, requested)
-    SELECT c.id, c.entity_name, c.entity_key, c.job, pyscheduler._check_caller(), clock_timestamp()
+    SELECT c.id, c.entity_name, c.entity_key, c.job, pyscheduler._caller(), clock_timestamp()
       FROM checks c WHERE c.id = ANY(v_held)
     ON CONFLICT ON CONSTRAINT check_requests_pkey DO UPDATE  -- a delete drops an earlier re-add
        SET delete_by = EXCLUDED.delete_by, readd_kind = NULL, readd_payload = NULL, readd_at = NULL,
@@ -928,7 +900,7 @@ BEGIN
         END IF;
         -- while the jobs run, the pyscheduler functions they call act as their function's owner (the
         -- row never outlives this loop: an error that skips its DELETE rolls its INSERT back too)
-        INSERT INTO check_user_code (pid, role) VALUES (pg_backend_pid(), v_fn.fn_owner);
+        PERFORM pyscheduler._begin_user_code(v_fn.fn_owner);
         BEGIN
             EXECUTE format(
                 'SELECT array_agg(x.id), array_agg(x.nxt), array_agg(x.t1 - x.t0) '
@@ -965,7 +937,7 @@ BEGIN
                 RETURN NEXT;
             END LOOP;
         END;
-        DELETE FROM check_user_code u WHERE u.pid = pg_backend_pid();
+        PERFORM pyscheduler._end_user_code();
     END LOOP;
 END
 $$;
@@ -1387,7 +1359,7 @@ BEGIN
     PERFORM pyscheduler._check_filters(list_checks.entity_name, list_checks.entity_key, list_checks.max);
     RETURN QUERY
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind,
-           CASE WHEN pyscheduler._check_may_act(c.owner) THEN c.payload END, c.first_check_at, c.next_check_at,
+           CASE WHEN pyscheduler._may_act(c.owner) THEN c.payload END, c.first_check_at, c.next_check_at,
            c.check_count, c.max_checks, c.created, c.owner
       FROM checks c
      WHERE (list_checks.entity_name IS NULL OR c.entity_name = list_checks.entity_name)
@@ -1421,7 +1393,7 @@ BEGIN
     SELECT h.id, h.entity_name, h.entity_key, h.job, h.kind, CASE WHEN v.may THEN h.payload END, h.first_check_at,
            h.last_check_at, h.check_count, h.outcome, CASE WHEN v.may THEN h.error END, h.last_took, h.total_took,
            h.created, h.ended, h.owner
-      FROM pyscheduler.check_history h, LATERAL (SELECT pyscheduler._check_may_act(h.owner) AS may) v
+      FROM pyscheduler.check_history h, LATERAL (SELECT pyscheduler._may_act(h.owner) AS may) v
      WHERE (check_history.entity_name IS NULL OR h.entity_name = check_history.entity_name)
        AND (check_history.entity_key IS NULL OR h.entity_key = check_history.entity_key)
        AND (check_history.job IS NULL OR h.job = check_history.job)

@@ -85,14 +85,36 @@ COMMENT ON FUNCTION pyscheduler.version() IS
 -- act on a piece of work, which instants and labels a daemon can load, and what user
 -- code may not leave behind.
 
--- _caller(): the role calling pyscheduler: the session's current role (SET ROLE, else
--- the login role). A SECURITY DEFINER function changes current_user to its owner but
--- not this, and a caller cannot forge it (SET ROLE needs membership).
+-- _caller(): the role calling pyscheduler. While code a client supplied runs (a check's
+-- SQL job, between _begin_user_code and _end_user_code), the role that code acts as;
+-- otherwise the session's current role (SET ROLE, else the login role). A SECURITY
+-- DEFINER function changes current_user to its owner but neither of these, and a caller
+-- cannot forge them (SET ROLE needs membership; user code cannot write _user_code).
 CREATE OR REPLACE FUNCTION pyscheduler._caller()
 RETURNS name
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE sql STABLE
 AS $$
-    SELECT coalesce(nullif(pg_catalog.current_setting('role'), 'none'), session_user)::name;
+    SELECT coalesce((SELECT u.role FROM pyscheduler._user_code u WHERE u.pid = pg_catalog.pg_backend_pid()),
+                    nullif(pg_catalog.current_setting('role'), 'none')::name, session_user);
+$$;
+
+-- _begin_user_code(role) / _end_user_code(): around code a client supplied, in the same
+-- transaction: the pyscheduler functions that code calls act as role (_caller()), not as
+-- the daemon that runs it (often an admin). The row never outlives the transaction: an
+-- error that skips _end_user_code rolls _begin_user_code back too.
+CREATE OR REPLACE FUNCTION pyscheduler._begin_user_code(p_role name)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO pyscheduler._user_code (pid, role) VALUES (pg_catalog.pg_backend_pid(), p_role)
+    ON CONFLICT (pid) DO UPDATE SET role = excluded.role;
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._end_user_code()
+RETURNS void
+LANGUAGE sql
+AS $$
+    DELETE FROM pyscheduler._user_code u WHERE u.pid = pg_catalog.pg_backend_pid();
 $$;
 
 -- _instant_ok(at): whether an instant is in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z),

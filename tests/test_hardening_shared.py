@@ -359,3 +359,34 @@ def test_an_allowed_target_gets_one_post_and_a_redirect_is_not_followed():
     finally:
         listener.close()
 
+
+
+# -- B and C across capabilities: user code acts as its owner, never as the daemon running it ----
+
+def test_a_check_job_acts_as_its_functions_owner_not_as_the_runner_that_runs_it(conn, dsn, logins):
+    """The runner's login is often an admin: a client's SQL job that calls another
+    capability's functions (pause bob's schedule) must meet the ownership rule as the
+    client, whatever role runs the check."""
+    from schedules_support import wait_for
+
+    alice, alice_dsn = logins("client")
+    bob, bob_dsn = logins("client")
+    with psycopg.connect(bob_dsn, autocommit=True) as b:
+        b.execute("SELECT pyscheduler.create_schedule(name => 'bobs', every => '1 hour', target_kind => 'task', "
+                  "target => 'q')")
+    conn.execute(sql.SQL("CREATE SCHEMA alice_s AUTHORIZATION {}").format(sql.Identifier(alice)))
+    conn.execute("SELECT pyscheduler.set_check_settings(resolution => '1 second')")
+    with psycopg.connect(alice_dsn, autocommit=True) as a:
+        a.execute("CREATE FUNCTION alice_s.job(c pyscheduler.future_check) RETURNS timestamptz LANGUAGE plpgsql "
+                  "SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$ BEGIN "
+                  "PERFORM pyscheduler.pause_schedule(name => 'bobs', note => 'paused by alice'); RETURN NULL; END $$")
+        slot = a.execute("SELECT next_check_at FROM pyscheduler.add_check(entity_name => 'x', entity_key => '1', "
+                         "job => 'alice_s.job', check_after => '0')").fetchone()[0]
+    with Database(dsn, max_size=1) as db:  # the runner's login: the superuser
+        wait_for(lambda: db.call_one("check_slots")["slot"] >= slot, 10, "the check's slot")
+        with db.connection() as c, c.transaction():
+            c.execute("SELECT * FROM pyscheduler.run_due_checks(slot => %s)", (slot,))
+        ended = db.call_one("check_history", entity_name="x", entity_key="1")
+        paused = db.call_value("get_schedule", name="bobs")["paused"]
+    assert not paused
+    assert ended["outcome"] == "error" and "belongs to another role" in ended["error"], ended

@@ -26,3 +26,13 @@ CREATE UNLOGGED TABLE pyscheduler._notify_throttle (
     last_at timestamptz NOT NULL,
     CONSTRAINT _notify_throttle_slot_check CHECK (slot BETWEEN 0 AND 1023)
 );
+
+-- While code a client supplied runs (a check's SQL job), the role it acts as: the
+-- pyscheduler functions it calls take the caller from here (pyscheduler._caller()),
+-- not from the session's login. Written and deleted inside the transaction that runs
+-- the code, so never committed; the code cannot write it.
+CREATE UNLOGGED TABLE pyscheduler._user_code (
+    pid  integer NOT NULL,
+    role name NOT NULL,
+    CONSTRAINT _user_code_pkey PRIMARY KEY (pid)
+);

@@ -126,16 +126,6 @@ CREATE TABLE pyscheduler.check_requests (
     CONSTRAINT check_requests_pkey PRIMARY KEY (check_id)
 );
 
--- While a check's SQL job runs, the role of its function's owner, for the pyscheduler
--- functions the job calls (add_check, delete_checks, list_checks, check_history act as
--- that role, not as the runner's login). Written and deleted inside the runner's
--- transaction, so never committed; a job cannot write it.
-CREATE UNLOGGED TABLE pyscheduler.check_user_code (
-    pid  integer NOT NULL,
-    role name NOT NULL,
-    CONSTRAINT check_user_code_pkey PRIMARY KEY (pid)
-);
-
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('checks_resolution', '15 minutes'),
     ('checks_max_checks', '5'),
