@@ -43,6 +43,15 @@ def poison(db, name: str, assignments: str, *params) -> int:
                     (*params, name))[0]["id"]
 
 
+def closed_port_url() -> str:
+    """An allowed (loopback) HTTP target where nothing listens: every try fails, and is retried."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/closed"
+
+
 def keys_of(received: list[str], schedule_id: int) -> list[str]:
     return [k for k in received if k.startswith(f"{schedule_id}:")]
 
@@ -95,8 +104,8 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         # values the daemons do not load: they fire as any schedule
         ids["end-inf"] = poison(db, "p-end-inf", "end_at = 'infinity'")
         ids["updated-inf"] = poison(db, "p-updated-inf", "updated = 'infinity'")
-        # fired once, then its next run cannot be loaded (year 10240) / computed (overflow) /
-        # its time zone is gone: recorded (or refused) alone and parked
+        # fired once, then its next run would pass 9999 (year 10240) / cannot be computed
+        # (overflow) / its time zone is gone: recorded alone, with an outcome and a readable error
         ids["every-huge"] = poison(db, "p-every-huge", "every = '3000000 days', next_run_at = %s",
                                    soon.replace(microsecond=0))
         ids["every-overflow"] = poison(db, "p-every-overflow", "every = '170000000 years', next_run_at = %s",
@@ -109,22 +118,20 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         ids["url-iri"] = poison(db, "p-url-iri", "target = %s", receiver.url + "/caf\u00e9")
         ids["url-bad"] = poison(db, "p-url-bad", "target = 'http://[::1/x'")
         ids["name"] = poison(db, "p-name", "name = %s", "p-\u540d\u524d \u2615\r\nX-Evil: 1")
-        ids["retries"] = poison(db, "p-retries", "target = 'http://169.254.169.254/latest/meta-data/', "
-                                "retry_attempts = 1000000, retry_base = '0', retry_jitter = '0'")
+        ids["retries"] = poison(db, "p-retries", "target = %s, retry_attempts = 1000000, retry_base = '0', "
+                                "retry_jitter = '0'", closed_port_url())
         ids["topic-missing"] = poison(db, "p-topic-missing", "target = %s", missing)
         index = index_of(redis_url)
         with Running(relay(dsn, redis_url), executor(dsn, redis_url, kafka)) as running:
             ex = running.daemons[1]
             wait_for(lambda: all(count(db, n) >= 6 for n in ("nb-kafka", "nb-http", "nb-task")), 60,
                      "six firings of each neighbour")
-            parked = {ids["every-huge"], ids["every-overflow"], ids["tz"]}
-            wait_for(lambda: parked <= set(index.parked()), 20, "the poison occurrences to be parked")
-            huge_then = len(keys_of(receiver.received(), ids["every-huge"]))
-            tz_then = len(topic_keys(kafka, p8_topic))
+            ended = ("p-every-huge", "p-every-overflow", "p-tz")
+            wait_for(lambda: all(executions(db, n) for n in ended), 20, "the poison occurrences to be recorded")
             neighbours_then = {n: count(db, n) for n in ("nb-kafka", "nb-http", "nb-task")}
             wait_for(lambda: all(count(db, n) >= neighbours_then[n] + 3 for n in neighbours_then), 30,
                      "three more firings of each neighbour")
-            assert ex.counts["parked"] == 3  # each poison occurrence set aside once, not again and again
+            assert ex.counts["parked"] == 0  # nothing the SQL side answers needed setting aside
         for n in ("nb-kafka", "nb-http", "nb-task"):
             fired_on_time(db, n)
         assert ex.counts["duplicates"] == 0  # no neighbour was fired (or recorded) twice
@@ -135,20 +142,27 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
             assert any(f"schedule {ids[k]} is due at a time outside" in r.getMessage() for r in caplog.records)
         # values the daemons never load: fired as usual
         assert count(db, "p-end-inf") >= 6 and count(db, "p-updated-inf") >= 6 and count(db, "p-topic-missing") >= 6
-        # fired once, parked, not fired again
-        assert huge_then == len(keys_of(receiver.received(), ids["every-huge"])) == 1
-        # not recorded: its batch rolled back (with the task, for a task target), the rest recorded alone
-        assert executions(db, "p-every-huge") == executions(db, "p-every-overflow") == executions(db, "p-tz") == []
+        # fired once, recorded once with its outcome, never fired again: the one whose next run
+        # would pass 9999 ended (ended_note), the two that cannot be computed with are paused
+        # with the error in last_error (and in their execution)
+        assert len(keys_of(receiver.received(), ids["every-huge"])) == 1
+        assert len(topic_keys(kafka, p8_topic)) == 1
+        huge = db.call_value("get_schedule", name="p-every-huge")
+        assert [r["outcome"] for r in executions(db, "p-every-huge")] == ["fired"]
+        assert huge["next_run_at"] is None and "9999-01-01" in huge["ended_note"] and not huge["paused"]
+        for k, outcome, error in (("every-overflow", "failed", "22003"), ("tz", "fired", "Mars/Olympus")):
+            [run] = executions(db, f"p-{k}")
+            got = db.call_value("get_schedule", name=f"p-{k}")
+            assert run["outcome"] == outcome and error in run["error"], run
+            assert got["paused"] and got["due_at"] is None and error in got["last_error"], got
+        # the task of the one that could not be recorded was not submitted either
         assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'pq'")[0]["n"] == 0
-        assert tz_then == len(topic_keys(kafka, p8_topic)) == 1
         for k in ("every-huge", "every-overflow", "tz"):
-            assert ids[k] not in index.members()
-            assert any(f"schedule {ids[k]} occurrence" in r.getMessage() and "set aside" in r.getMessage()
-                       for r in caplog.records)
+            assert ids[k] not in index.members() and ids[k] not in index.parked()
         # refused by the target's client: each occurrence a failed try with its error
         for k, error in (("topic-dots", "topic"), ("topic-long", "topic"),
                          ("payload-10mb", "Message size too large"), ("url-iri", "UnicodeEncodeError"),
-                         ("url-bad", "Invalid IPv6 URL"), ("retries", "refused by the egress policy")):
+                         ("url-bad", "Invalid IPv6 URL"), ("retries", "could not connect")):
             rows = executions(db, f"p-{k}")
             assert rows and all(r["outcome"] == "failed" and error in r["error"] for r in rows), (k, rows[:2])
         assert {r["attempts"] for r in executions(db, "p-retries")} == {31}  # at most 30 retries, whatever is stored
@@ -198,7 +212,7 @@ def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(d
 
 def test_a_resync_taker_that_dies_between_take_and_write_loses_no_batch(db, dsn, redis_url):
     for i in range(30):
-        create(db, f"r-{i}", every=3600, target_kind="http", target="http://192.0.2.1/", critical=i < 6,
+        create(db, f"r-{i}", every=3600, target_kind="kafka", target="t", critical=i < 6,
                start_at=datetime.now(timezone.utc) + timedelta(days=1))
     ids = {r["id"] for r in db.query("SELECT id FROM pyscheduler.schedules")}
     index = index_of(redis_url)
