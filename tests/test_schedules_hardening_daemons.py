@@ -367,6 +367,25 @@ def test_the_egress_allow_list_is_read_again_while_the_executor_runs(db, dsn, re
         probe.close()
 
 
+def test_a_try_the_egress_policy_refuses_fails_the_occurrence_at_once(db, dsn, redis_url):
+    """Refused now, refused on every retry until an admin changes the allow-list: the
+    occurrence is recorded failed with the refusal after one try, whatever its retry policy."""
+    allow_loopback(db)
+    probe = Probe()
+    try:
+        create(db, "narrowed", every=3600, soon=True, target_kind="http", target=probe.url, retry_attempts=5,
+               retry_base=0.2, retry_jitter=0)
+        db.call("set_http_allow", allow=[])  # an admin narrows the allow-list after the create
+        with Running(executor(dsn, redis_url)):
+            wait_for(lambda: len(executions(db, "narrowed")) == 1, 30, "the occurrence to be recorded")
+        [row] = executions(db, "narrowed")
+        assert row["outcome"] == "failed" and row["attempts"] == 1, row
+        assert row["error"].startswith("http: refused by the egress policy: 127.0.0.1")
+        assert probe.connections == 0
+    finally:
+        probe.close()
+
+
 def test_a_target_that_never_answers_does_not_delay_other_schedules(db, dsn, redis_url):
     allow_loopback(db)
     hole, victim = Blackhole(), Receiver()

@@ -8,7 +8,8 @@ One ``Executor`` is a daemon with a main loop and a recorder thread:
   them (Kafka, HTTP; task targets go to the recorder), serve delivery reports,
   while a backlog lasts the prefetch thread claims the next batch and loads its
   fire details (``fire_details``, cached by version) as this one is fired,
-  schedule retries (base * 2^n + random(0, jitter)), sleep until the next due
+  schedule retries (base * 2^n + random(0, jitter); a try the egress policy
+  refused is not retried: every try would be), sleep until the next due
   score or the next retry;
 * recorder: records outcomes in batches (``record_executions``,
   ``fire_task_schedules``), then sets each score to the next run the database
@@ -452,7 +453,7 @@ class Executor:
                 late.append(now_ms - occ.expected_ms)
                 fired[d.kind] = fired.get(d.kind, 0) + 1
                 out.append(("fired", occ, None))
-            elif occ.tries <= d.retry_attempts and not self.stop.is_set():
+            elif occ.tries <= d.retry_attempts and not occ.refused and not self.stop.is_set():
                 occ.error = error
                 delay = retry_delay(occ.tries - 1, d.retry_base, d.retry_jitter)
                 self._seq += 1
