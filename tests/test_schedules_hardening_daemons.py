@@ -207,6 +207,54 @@ def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(d
     assert any(f"schedule {sid} is due at -infinity" in r.getMessage() for r in caplog.records)
 
 
+# ------------------------------------------------------------------ 21: a change while an occurrence is recorded
+
+
+def test_a_schedule_changed_between_its_record_and_its_settle_fires_nothing_of_the_old_cadence(db, dsn, redis_url):
+    """Item 21, Kafka and HTTP targets, step by step with the executor's own recorder and the
+    relay: the occurrence is claimed and recorded, then the schedule changes (a new cadence;
+    a trigger) and the relay writes the change while the member is still claimed, then the
+    recorder settles. The index must hold the due time after the change, never the next run
+    of the old cadence that the record computed."""
+    from pyscheduler.schedules.executor import Recorder
+    from pyscheduler.schedules.targets import Occurrence
+
+    create(db, "cadence", every=3600, soon=True, target_kind="kafka", target="t")
+    create(db, "trigger", every=3600, soon=True, target_kind="http", target="https://example.com/hook")
+    ids = {r["name"]: r["id"] for r in db.query("SELECT id, name FROM pyscheduler.schedules")}
+    index = index_of(redis_url)
+    the_relay = relay(dsn, redis_url)
+    ex = executor(dsn, redis_url)
+    ex.db, ex.index = db, index
+    recorder = Recorder(ex)
+
+    def relay_writes(*names: str) -> None:  # the relay, notified of the change
+        the_relay.pending.update(ids[n] for n in names)
+        the_relay.follow(db, index)
+
+    relay_writes("cadence", "trigger")
+    claimed: list = []
+    wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "both occurrences claimed")
+    first = {c.id: c.expected_ms for c in claimed}
+    recorder.record([("fired", Occurrence(c.id, c.expected_ms, tries=1), None) for c in claimed])
+    old_next = {n: first[ids[n]] + 3_600_000 for n in ids}
+    assert {n: to_ms(datetime.fromisoformat(db.call_value("get_schedule", name=n)["next_run_at"])) for n in ids} \
+        == old_next  # recorded: the next runs of the old cadence are computed
+    new = db.call_value("update_schedule", name="cadence", every=timedelta(seconds=2))
+    trig = db.call_value("trigger_schedule", name="trigger")
+    relay_writes("cadence", "trigger")  # both still claimed: the relay may not write them
+    recorder.settle()
+    members = index.members()
+    assert members[ids["cadence"]] == to_ms(datetime.fromisoformat(new["next_run_at"])) != old_next["cadence"]
+    assert members[ids["trigger"]] == to_ms(datetime.fromisoformat(trig["trigger_at"])) != old_next["trigger"]
+    assert index.stats()["claims"] == 0
+    # what is claimed next is the new cadence's run and the trigger, nothing of the old cadence
+    claimed.clear()
+    wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "the next two occurrences")
+    assert {(c.id, c.expected_ms) for c in claimed} == {(ids["cadence"], members[ids["cadence"]]),
+                                                        (ids["trigger"], members[ids["trigger"]])}
+
+
 # ------------------------------------------------------------------ resync
 
 

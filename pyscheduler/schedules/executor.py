@@ -625,6 +625,7 @@ class Recorder:
         self.stop = threading.Event()
         self.unsettled: list[tuple[int, int, int | None]] = []
         self.unparked: list[tuple[int, int]] = []  # (id, expected) to park in Redis
+        self.changed: list[tuple[int, int]] = []  # (id, expected) still claimed: due time to read again
         self.outage = Outage("schedules recorder: PostgreSQL", log)
         self.redis_outage = Outage("schedules recorder: Redis", log)
 
@@ -750,17 +751,28 @@ class Recorder:
                 self.ex.held.pop((o.id, o.expected_ms), None)
         self.unsettled.extend(entries)
 
-    def settle(self) -> None:
-        if not self.unsettled and not self.unparked:
-            return
-        try:
-            self.ex.index.park(self.unparked)
-            self.unparked = []
-            self.ex.index.settle(self.unsettled)
-            self.unsettled = []
-            self.redis_outage.ok()
-        except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
-            self.stop.wait(self.redis_outage.failed(exc))
+    def settle(self, rounds: int = 3) -> None:
+        """Write the next runs recorded to Redis. A member the relay met while it was claimed
+        (its schedule changed: update_schedule, pause, trigger, delete) is not given the next
+        run recorded, which may be the old cadence's: its due time is read again
+        (index_entries) and settled, in up to ``rounds`` rounds here, the rest in the next call."""
+        for _ in range(rounds):
+            if self.changed:
+                changed, self.changed = self.changed, []
+                self.record([("reindex", Occurrence(i, e), None) for i, e in changed])
+            if not self.unsettled and not self.unparked:
+                return
+            try:
+                self.ex.index.park(self.unparked)
+                self.unparked = []
+                self.changed = self.ex.index.settle(self.unsettled)
+                self.unsettled = []
+                self.redis_outage.ok()
+            except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
+                self.stop.wait(self.redis_outage.failed(exc))
+                return
+            if not self.changed:
+                return
 
     def _call(self, give_up_after: float | None, group: str, batch: list) -> list[dict] | None:
         """Record (or re-read, for "reindex") a batch in one transaction; an outage is retried

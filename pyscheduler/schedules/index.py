@@ -18,6 +18,13 @@ Keys (prefix default ``pyscheduler:schedules``):
                     resync that filled it). Absent = Redis lost its data (or never had
                     it): executors resync from PostgreSQL.
 ``<p>:resync``      the sync id of the resync in progress (the seed's current-sync-id).
+``<p>:changed``     set of ids the relay or the resync had an entry for while they were
+                    claimed (it does not touch a claimed member): their schedule may have
+                    changed (update_schedule, pause, trigger, delete) after the occurrence
+                    was recorded, so the next run the recorder computed may be the old
+                    cadence's. The settle keeps such a member claimed and hands it back
+                    to the recorder, which re-reads its due time (index_entries) and
+                    settles it with that.
 ``<p>:parked``      hash id -> definition version: schedules set aside because an
                     occurrence could not be fired or recorded (a value the executor
                     cannot load, a row PostgreSQL refuses to record: logged with the
@@ -82,44 +89,70 @@ end
 return out
 """
 
-# KEYS: index, claims, last; ARGV[1]: 'id expected next id expected next ...' (one string:
-# redis-py packing three arguments per member cost more than the script; next '-' = remove).
+# KEYS: index, claims, last, changed; ARGV[1]: 'id expected next id expected next ...' (one
+# string: redis-py packing three arguments per member cost more than the script; next '-' =
+# remove); ARGV[2]: '1' = heed `changed`, '0' = settle regardless (parking).
 # Only the claim of this occurrence is settled: a member another executor claimed
-# since (after a stuck-claim reset) or a fresher score the relay wrote stays. No id
-# twice in one call (Index.settle splits the batch): the reads come first (ZMSCORE,
-# HMGET: Redis >= 6.2), then one write per structure.
+# since (after a stuck-claim reset) or a fresher score the relay wrote stays. A member
+# in `changed` is not given this next run (it may be the old cadence's): it stays
+# claimed (its claim dated now) and comes back as 'id expected ...' for the caller to
+# settle again with the due time it re-reads. No id twice in one call (Index.settle
+# splits the batch): the reads come first (ZMSCORE, HMGET, SMISMEMBER: Redis >= 6.2),
+# then one write per structure. -> the ids to re-read with their expected times
 SETTLE = """
 local a, ids = {}, {}
 for w in string.gmatch(ARGV[1], '%S+') do a[#a + 1] = w end
 for i = 1, #a, 3 do ids[#ids + 1] = a[i] end
-if #ids == 0 then return 0 end
+if #ids == 0 then return '' end
 local cur = redis.call('ZMSCORE', KEYS[1], unpack(ids))
 local last = redis.call('HMGET', KEYS[3], unpack(ids))
-local add, rem, unclaim, setlast = {}, {}, {}, {}
+local chg = {}
+if ARGV[2] == '1' and redis.call('SCARD', KEYS[4]) > 0 then chg = redis.call('SMISMEMBER', KEYS[4], unpack(ids)) end
+local add, rem, unclaim, setlast, reread, held = {}, {}, {}, {}, {}, {}
 for k = 1, #ids do
   local id, e, nxt = ids[k], a[3 * k - 1], a[3 * k]
   local exp, c = tonumber(e), cur[k] and tonumber(cur[k])
-  if (not c) or c == -exp or c == exp then
-    if nxt == '-' then
-      if c then rem[#rem + 1] = id end
-    else
-      add[#add + 1] = nxt; add[#add + 1] = id
+  local mine = (not c) or c == -exp or c == exp
+  if mine and chg[k] == 1 then
+    reread[#reread + 1] = id; reread[#reread + 1] = e
+    if c == -exp then held[#held + 1] = id end
+  else
+    if mine then
+      if nxt == '-' then
+        if c then rem[#rem + 1] = id end
+      else
+        add[#add + 1] = nxt; add[#add + 1] = id
+      end
     end
+    if (not c) or c == -exp then unclaim[#unclaim + 1] = id end
   end
-  if (not c) or c == -exp then unclaim[#unclaim + 1] = id end
   if (not last[k]) or tonumber(last[k]) < exp then setlast[#setlast + 1] = id; setlast[#setlast + 1] = e end
 end
 if #add > 0 then redis.call('ZADD', KEYS[1], unpack(add)) end
 if #rem > 0 then redis.call('ZREM', KEYS[1], unpack(rem)) end
 if #unclaim > 0 then redis.call('ZREM', KEYS[2], unpack(unclaim)) end
 if #setlast > 0 then redis.call('HSET', KEYS[3], unpack(setlast)) end
-return #ids
+if #reread > 0 then
+  local forget = {}
+  for i = 1, #reread, 2 do forget[#forget + 1] = reread[i] end
+  redis.call('SREM', KEYS[4], unpack(forget))
+end
+if #held > 0 then
+  redis.replicate_commands()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local dated = {}
+  for _, id in ipairs(held) do dated[#dated + 1] = now; dated[#dated + 1] = id end
+  redis.call('ZADD', KEYS[2], unpack(dated))
+end
+return table.concat(reread, ' ')
 """
 
-# KEYS: index, claims, last, ver, parked; ARGV: (id, score ms or '' = remove, version or '')
-# triples. The relay's and the resync's write: never touches a claimed (negative) member,
-# never writes a score at or before the last claimed occurrence, leaves a parked id out
-# while its version is the parked one (a new version unparks it). -> members written.
+# KEYS: index, claims, last, ver, parked, changed; ARGV: (id, score ms or '' = remove,
+# version or '') triples. The relay's and the resync's write: never touches a claimed
+# (negative) member but marks it `changed` (its settle re-reads the due time), never
+# writes a score at or before the last claimed occurrence, leaves a parked id out while
+# its version is the parked one (a new version unparks it). -> members written.
 MIRROR = """
 local n = 0
 for i = 1, #ARGV, 3 do
@@ -130,7 +163,7 @@ for i = 1, #ARGV, 3 do
     if ver == '' or ver == parked then s = '' else redis.call('HDEL', KEYS[5], id) end
   end
   if cur and tonumber(cur) < 0 then
-    -- claimed: its executor settles it
+    redis.call('SADD', KEYS[6], id)  -- claimed: its executor settles it, with the due time read again
   elseif s == '' then
     if cur then redis.call('ZREM', KEYS[1], id); n = n + 1 end
   else
@@ -144,8 +177,8 @@ end
 return n
 """
 
-# KEYS: index, claims, last, ver, parked; ARGV: older than (ms, Redis clock), then ids.
-# Forget the last-claimed occurrence, the version and the parking of schedules
+# KEYS: index, claims, last, ver, parked, changed; ARGV: older than (ms, Redis clock), then
+# ids. Forget the last-claimed occurrence, the version and the parking of schedules
 # PostgreSQL no longer has active (ended, paused or deleted): only of ids that are
 # not members (nor claimed) and whose last claim is older than the cutoff, so a relay
 # write read before the schedule ended still meets its `last` guard. -> entries pruned
@@ -158,6 +191,7 @@ for i = 2, #ARGV do
     local l = redis.call('HGET', KEYS[3], id)
     if (not l) or tonumber(l) < cutoff then
       n = n + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id) + redis.call('HDEL', KEYS[5], id)
+      redis.call('SREM', KEYS[6], id)
     end
   end
 end
@@ -265,7 +299,7 @@ class Index:
         k = f"{prefix}:"
         self.k_index, self.k_claims, self.k_last, self.k_ver = k + "index", k + "claims", k + "last", k + "ver"
         self.k_next_check, self.k_marker, self.k_resync = k + "next-check", k + "marker", k + "resync"
-        self.k_parked = k + "parked"
+        self.k_parked, self.k_changed = k + "parked", k + "changed"
         self._claim = client.register_script(CLAIM)
         self._settle = client.register_script(SETTLE)
         self._mirror = client.register_script(MIRROR)
@@ -298,25 +332,33 @@ class Index:
                    for i, s, v in zip(parts[0::3], parts[1::3], parts[2::3])]
         return ClaimResult(int(out[0]), None if nxt < 0 else nxt, out[2].decode() or None, claimed)
 
-    def settle(self, entries: Sequence[tuple[int, int, int | None]]) -> None:
-        """(id, expected ms, next ms or None = ended): release these claims with their next run."""
+    def settle(self, entries: Sequence[tuple[int, int, int | None]]) -> list[tuple[int, int]]:
+        """(id, expected ms, next ms or None = ended): release these claims with their next run.
+        -> (id, expected ms) of the members the relay or the resync met while claimed (their
+        schedule may have changed since the next run was computed): still claimed, to be
+        settled again with the due time read again (index_entries)."""
         if not entries:
-            return
+            return []
         pipe = self.r.pipeline(transaction=False)
-        self._queue_settle(pipe, entries)
-        pipe.execute()
+        self._queue_settle(pipe, entries, True)
+        reread = []
+        for out in pipe.execute():
+            parts = out.decode().split()
+            reread += [(int(i), int(e)) for i, e in zip(parts[0::2], parts[1::2])]
+        return reread
 
-    def _queue_settle(self, pipe, entries: Sequence[tuple[int, int, int | None]]) -> None:
-        keys = [self.k_index, self.k_claims, self.k_last]
+    def _queue_settle(self, pipe, entries: Sequence[tuple[int, int, int | None]], heed_changed: bool) -> None:
+        keys = [self.k_index, self.k_claims, self.k_last, self.k_changed]
+        flag = "1" if heed_changed else "0"
         parts: list[str] = []
         seen: set[int] = set()
         for ident, expected, nxt in entries:
             if ident in seen or len(seen) >= MAX_CLAIM:  # an id once per call (the script reads first)
-                self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
+                self._settle(keys=keys, args=[" ".join(parts), flag], client=pipe)
                 parts, seen = [], set()
             seen.add(ident)
             parts.append(f"{ident} {expected} {'-' if nxt is None else nxt}")
-        self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
+        self._settle(keys=keys, args=[" ".join(parts), flag], client=pipe)
 
     def park(self, entries: Sequence[tuple[int, int]]) -> None:
         """(id, expected ms): release these claims, remove the members, and keep the ids out
@@ -326,7 +368,7 @@ class Index:
         pipe = self.r.pipeline(transaction=False)
         # parked first: a relay write between the two skips them
         self._park(keys=[self.k_ver, self.k_parked], args=[i for i, _ in entries], client=pipe)
-        self._queue_settle(pipe, [(i, e, None) for i, e in entries])
+        self._queue_settle(pipe, [(i, e, None) for i, e in entries], False)
         pipe.execute()
 
     def parked(self) -> dict[int, str]:
@@ -359,8 +401,8 @@ class Index:
             args: list = []
             for ident, score, ver in chunk:
                 args += [ident, "" if score is None else score, "" if ver is None else ver]
-            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked], args=args,
-                         client=pipe)
+            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked, self.k_changed],
+                         args=args, client=pipe)
         return sum(int(n) for n in pipe.execute())
 
     def hashed_ids(self) -> set[int]:
@@ -377,7 +419,7 @@ class Index:
             return 0
         pipe = self.r.pipeline(transaction=False)
         for chunk in _chunks(list(ids), 2000):
-            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked],
+            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked, self.k_changed],
                         args=[older_than_ms, *chunk], client=pipe)
         return sum(int(n) for n in pipe.execute())
 
