@@ -131,7 +131,7 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
             neighbours_then = {n: count(db, n) for n in ("nb-kafka", "nb-http", "nb-task")}
             wait_for(lambda: all(count(db, n) >= neighbours_then[n] + 3 for n in neighbours_then), 30,
                      "three more firings of each neighbour")
-            assert ex.counts["parked"] == 0  # nothing the SQL side answers needed setting aside
+            assert ex.counts["poison"] == 0  # the SQL side answered each one: the executor's net never caught one
         for n in ("nb-kafka", "nb-http", "nb-task"):
             fired_on_time(db, n)
         assert ex.counts["duplicates"] == 0  # no neighbour was fired (or recorded) twice
@@ -158,7 +158,7 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         # the task of the one that could not be recorded was not submitted either
         assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'pq'")[0]["n"] == 0
         for k in ("every-huge", "every-overflow", "tz"):
-            assert ids[k] not in index.members() and ids[k] not in index.parked()
+            assert ids[k] not in index.members()
         # refused by the target's client: each occurrence a failed try with its error
         for k, error in (("topic-dots", "topic"), ("topic-long", "topic"),
                          ("payload-10mb", "Message size too large"), ("url-iri", "UnicodeEncodeError"),
@@ -191,6 +191,39 @@ def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
     assert len(calls) <= 2 * 8  # a split per level, not a retry loop
     with pytest.raises(psycopg.errors.UndefinedFunction):  # 42883: a bug, not a poison item
         isolate([1, 2], lambda part: db.query("SELECT pyscheduler.no_such_function(%s::int[])", (part,)))
+
+
+def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sql_side_does(db, dsn, redis_url):
+    """The executor's net under the SQL side's per-item answers, with its own recorder: a due
+    time written to the table behind the functions' back after the claim (a trigger at
+    -infinity) makes record_executions' answer unloadable. That occurrence alone ends as
+    record_executions ends a poison item (recorded with its outcome and the error, its
+    schedule paused with the error in last_error), its neighbour is recorded and moves on,
+    and the index drops the stopped one."""
+    from pyscheduler.schedules.executor import Recorder, mirror_entries
+    from pyscheduler.schedules.targets import Occurrence
+
+    for name in ("ok", "bad"):
+        create(db, name, every=3600, soon=True, target_kind="kafka", target="t")
+    ids = {r["name"]: r["id"] for r in db.query("SELECT id, name FROM pyscheduler.schedules")}
+    index = index_of(redis_url)
+    index.mirror(mirror_entries(db.call("index_entries", p_ids=list(ids.values()))))
+    claimed: list = []
+    wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "both occurrences claimed")
+    poison(db, "bad", "trigger_at = '-infinity'")
+    ex = executor(dsn, redis_url)
+    ex.db, ex.index = db, index
+    recorder = Recorder(ex)
+    recorder.record([("fired", Occurrence(c.id, c.expected_ms, tries=1), None) for c in claimed])
+    recorder.settle()
+    first = {c.id: c.expected_ms for c in claimed}
+    assert [r["outcome"] for r in executions(db, "ok")] == ["fired"]
+    [run] = executions(db, "bad")
+    assert run["outcome"] == "fired" and "cannot be loaded" in run["error"], run
+    bad = db.call_value("get_schedule", name="bad")
+    assert bad["paused"] and bad["due_at"] is None and "cannot be loaded" in bad["last_error"], bad
+    assert index.members() == {ids["ok"]: first[ids["ok"]] + 3_600_000} and index.stats()["claims"] == 0
+    assert ex.counts["poison"] == 1 and ex.counts["recorded"] == 2
 
 
 def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(db, dsn, kafka, topic, caplog):

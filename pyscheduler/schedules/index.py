@@ -25,11 +25,6 @@ Keys (prefix default ``pyscheduler:schedules``):
                     cadence's. The settle keeps such a member claimed and hands it back
                     to the recorder, which re-reads its due time (index_entries) and
                     settles it with that.
-``<p>:parked``      hash id -> definition version: schedules set aside because an
-                    occurrence could not be fired or recorded (a value the executor
-                    cannot load, a row PostgreSQL refuses to record: logged with the
-                    error). The relay and the resync leave a parked id out of the
-                    index until its version changes (update_schedule, pause, resume).
 
 Every script reads the time from Redis (TIME), one clock for every executor. Redis >= 6.2
 (the settle script reads a batch with ZMSCORE).
@@ -91,7 +86,7 @@ return out
 
 # KEYS: index, claims, last, changed; ARGV[1]: 'id expected next id expected next ...' (one
 # string: redis-py packing three arguments per member cost more than the script; next '-' =
-# remove); ARGV[2]: '1' = heed `changed`, '0' = settle regardless (parking).
+# remove).
 # Only the claim of this occurrence is settled: a member another executor claimed
 # since (after a stuck-claim reset) or a fresher score the relay wrote stays. A member
 # in `changed` is not given this next run (it may be the old cadence's): it stays
@@ -107,7 +102,7 @@ if #ids == 0 then return '' end
 local cur = redis.call('ZMSCORE', KEYS[1], unpack(ids))
 local last = redis.call('HMGET', KEYS[3], unpack(ids))
 local chg = {}
-if ARGV[2] == '1' and redis.call('SCARD', KEYS[4]) > 0 then chg = redis.call('SMISMEMBER', KEYS[4], unpack(ids)) end
+if redis.call('SCARD', KEYS[4]) > 0 then chg = redis.call('SMISMEMBER', KEYS[4], unpack(ids)) end
 local add, rem, unclaim, setlast, reread, held = {}, {}, {}, {}, {}, {}
 for k = 1, #ids do
   local id, e, nxt = ids[k], a[3 * k - 1], a[3 * k]
@@ -148,22 +143,17 @@ end
 return table.concat(reread, ' ')
 """
 
-# KEYS: index, claims, last, ver, parked, changed; ARGV: (id, score ms or '' = remove,
-# version or '') triples. The relay's and the resync's write: never touches a claimed
-# (negative) member but marks it `changed` (its settle re-reads the due time), never
-# writes a score at or before the last claimed occurrence, leaves a parked id out while
-# its version is the parked one (a new version unparks it). -> members written.
+# KEYS: index, claims, last, ver, changed; ARGV: (id, score ms or '' = remove, version or
+# '') triples. The relay's and the resync's write: never touches a claimed (negative)
+# member but marks it `changed` (its settle re-reads the due time), never writes a score
+# at or before the last claimed occurrence. -> members written.
 MIRROR = """
 local n = 0
 for i = 1, #ARGV, 3 do
   local id, s, ver = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local cur = redis.call('ZSCORE', KEYS[1], id)
-  local parked = redis.call('HGET', KEYS[5], id)
-  if parked then
-    if ver == '' or ver == parked then s = '' else redis.call('HDEL', KEYS[5], id) end
-  end
   if cur and tonumber(cur) < 0 then
-    redis.call('SADD', KEYS[6], id)  -- claimed: its executor settles it, with the due time read again
+    redis.call('SADD', KEYS[5], id)  -- claimed: its executor settles it, with the due time read again
   elseif s == '' then
     if cur then redis.call('ZREM', KEYS[1], id); n = n + 1 end
   else
@@ -177,11 +167,11 @@ end
 return n
 """
 
-# KEYS: index, claims, last, ver, parked, changed; ARGV: older than (ms, Redis clock), then
-# ids. Forget the last-claimed occurrence, the version and the parking of schedules
-# PostgreSQL no longer has active (ended, paused or deleted): only of ids that are
-# not members (nor claimed) and whose last claim is older than the cutoff, so a relay
-# write read before the schedule ended still meets its `last` guard. -> entries pruned
+# KEYS: index, claims, last, ver, changed; ARGV: older than (ms, Redis clock), then ids.
+# Forget the last-claimed occurrence and the version of schedules PostgreSQL no
+# longer has active (ended, paused or deleted): only of ids that are not members
+# (nor claimed) and whose last claim is older than the cutoff, so a relay write
+# read before the schedule ended still meets its `last` guard. -> entries pruned
 PRUNE = _NOW + """
 local cutoff = now - tonumber(ARGV[1])
 local n = 0
@@ -190,19 +180,12 @@ for i = 2, #ARGV do
   if not redis.call('ZSCORE', KEYS[1], id) and not redis.call('ZSCORE', KEYS[2], id) then
     local l = redis.call('HGET', KEYS[3], id)
     if (not l) or tonumber(l) < cutoff then
-      n = n + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id) + redis.call('HDEL', KEYS[5], id)
-      redis.call('SREM', KEYS[6], id)
+      n = n + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id)
+      redis.call('SREM', KEYS[5], id)
     end
   end
 end
 return n
-"""
-
-# KEYS: ver, parked; ARGV: ids. Park these ids at their current version (the one the
-# relay mirrors: a new one unparks them). -> ids parked
-PARK = """
-for i = 1, #ARGV do redis.call('HSET', KEYS[2], ARGV[i], redis.call('HGET', KEYS[1], ARGV[i]) or '') end
-return #ARGV
 """
 
 # KEYS: index, claims, next-check; ARGV: check every ms, stuck after ms, limit
@@ -299,7 +282,7 @@ class Index:
         k = f"{prefix}:"
         self.k_index, self.k_claims, self.k_last, self.k_ver = k + "index", k + "claims", k + "last", k + "ver"
         self.k_next_check, self.k_marker, self.k_resync = k + "next-check", k + "marker", k + "resync"
-        self.k_parked, self.k_changed = k + "parked", k + "changed"
+        self.k_changed = k + "changed"
         self._claim = client.register_script(CLAIM)
         self._settle = client.register_script(SETTLE)
         self._mirror = client.register_script(MIRROR)
@@ -309,7 +292,6 @@ class Index:
         self._finish = client.register_script(FINISH_RESYNC)
         self._force = client.register_script(FORCE_RESYNC)
         self._prune = client.register_script(PRUNE)
-        self._park = client.register_script(PARK)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> "Index":
@@ -339,41 +321,22 @@ class Index:
         settled again with the due time read again (index_entries)."""
         if not entries:
             return []
+        keys = [self.k_index, self.k_claims, self.k_last, self.k_changed]
         pipe = self.r.pipeline(transaction=False)
-        self._queue_settle(pipe, entries, True)
+        parts: list[str] = []
+        seen: set[int] = set()
+        for ident, expected, nxt in entries:
+            if ident in seen or len(seen) >= MAX_CLAIM:  # an id once per call (the script reads first)
+                self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
+                parts, seen = [], set()
+            seen.add(ident)
+            parts.append(f"{ident} {expected} {'-' if nxt is None else nxt}")
+        self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
         reread = []
         for out in pipe.execute():
             parts = out.decode().split()
             reread += [(int(i), int(e)) for i, e in zip(parts[0::2], parts[1::2])]
         return reread
-
-    def _queue_settle(self, pipe, entries: Sequence[tuple[int, int, int | None]], heed_changed: bool) -> None:
-        keys = [self.k_index, self.k_claims, self.k_last, self.k_changed]
-        flag = "1" if heed_changed else "0"
-        parts: list[str] = []
-        seen: set[int] = set()
-        for ident, expected, nxt in entries:
-            if ident in seen or len(seen) >= MAX_CLAIM:  # an id once per call (the script reads first)
-                self._settle(keys=keys, args=[" ".join(parts), flag], client=pipe)
-                parts, seen = [], set()
-            seen.add(ident)
-            parts.append(f"{ident} {expected} {'-' if nxt is None else nxt}")
-        self._settle(keys=keys, args=[" ".join(parts), flag], client=pipe)
-
-    def park(self, entries: Sequence[tuple[int, int]]) -> None:
-        """(id, expected ms): release these claims, remove the members, and keep the ids out
-        of the index until their definition version changes."""
-        if not entries:
-            return
-        pipe = self.r.pipeline(transaction=False)
-        # parked first: a relay write between the two skips them
-        self._park(keys=[self.k_ver, self.k_parked], args=[i for i, _ in entries], client=pipe)
-        self._queue_settle(pipe, [(i, e, None) for i, e in entries], False)
-        pipe.execute()
-
-    def parked(self) -> dict[int, str]:
-        """Parked ids and the version each was parked at."""
-        return {int(k): v.decode() for k, v in self.r.hgetall(self.k_parked).items()}
 
     def refresh(self, held: Iterable[tuple[int, int]]) -> int:
         """Date the claims this executor still holds now (long retries are not stuck)."""
@@ -401,25 +364,26 @@ class Index:
             args: list = []
             for ident, score, ver in chunk:
                 args += [ident, "" if score is None else score, "" if ver is None else ver]
-            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked, self.k_changed],
-                         args=args, client=pipe)
+            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed], args=args,
+                         client=pipe)
         return sum(int(n) for n in pipe.execute())
 
     def hashed_ids(self) -> set[int]:
-        """Ids with an entry in the last-claimed, the version or the parked hash."""
+        """Ids with an entry in the last-claimed or the version hash."""
         ids: set[int] = set()
-        for key in (self.k_last, self.k_ver, self.k_parked):
+        for key in (self.k_last, self.k_ver):
             ids.update(int(k) for k, _ in self.r.hscan_iter(key, count=5000))  # (NOVALUES needs Redis 7.4)
         return ids
 
     def prune(self, ids: Sequence[int], older_than_ms: int) -> int:
-        """Drop the last/ver/parked entries of these ids (schedules not active in PostgreSQL) that
-        are not indexed and were last claimed more than ``older_than_ms`` ago. -> entries removed"""
+        """Drop the last/ver entries (and `changed` marks) of these ids (schedules not active in
+        PostgreSQL) that are not indexed and were last claimed more than ``older_than_ms`` ago.
+        -> entries removed"""
         if not ids:
             return 0
         pipe = self.r.pipeline(transaction=False)
         for chunk in _chunks(list(ids), 2000):
-            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked, self.k_changed],
+            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed],
                         args=[older_than_ms, *chunk], client=pipe)
         return sum(int(n) for n in pipe.execute())
 
@@ -449,9 +413,8 @@ class Index:
     def stats(self) -> dict[str, int | bool]:
         pipe = self.r.pipeline(transaction=False)
         pipe.zcard(self.k_index).zcount(self.k_index, "-inf", "(0").zcard(self.k_claims).exists(self.k_marker)
-        pipe.hlen(self.k_parked)
-        size, claimed, claims, marker, parked = pipe.execute()
-        return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker), "parked": parked}
+        size, claimed, claims, marker = pipe.execute()
+        return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker)}
 
 
 def _chunks(seq: Sequence, n: int):
