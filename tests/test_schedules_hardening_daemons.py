@@ -288,6 +288,23 @@ def test_a_schedule_changed_between_its_record_and_its_settle_fires_nothing_of_t
                                                         (ids["trigger"], members[ids["trigger"]])}
 
 
+def test_the_relay_ignores_notifications_that_are_not_schedule_ids(db, dsn, redis_url):
+    """Any role may NOTIFY pyscheduler_schedules (PostgreSQL asks no privilege for it): a
+    payload that is not a list of schedule ids (a non-ASCII digit, a number past bigint, a
+    sign, 10,000 digits) neither stops the relay's listener nor crashes the relay; the
+    next real change is still followed at once (the reconcile is an hour away)."""
+    with Running(relay(dsn, redis_url, reconcile_interval=3600)) as running:
+        the_relay = running.daemons[0]
+        wait_for(lambda: the_relay.reconciles >= 1, 10, "the first reconcile")
+        for payload in ("\u00b2", "\u0663", "99999999999999999999", "9223372036854775808", "-1", "1e3", "9" * 7000,
+                        " , ,", "1,\u00b2,2"):
+            db.query("SELECT pg_notify('pyscheduler_schedules', %s)", (payload,))
+        s = create(db, "after", every=3600, target_kind="kafka", target="t")
+        index = index_of(redis_url)
+        wait_for(lambda: s["id"] in index.members(), 10, "the schedule created after them to be indexed")
+    # Running.stop re-raised nothing: the relay never crashed
+
+
 # ------------------------------------------------------------------ resync
 
 

@@ -65,10 +65,13 @@ class IndexRelay:
                           page=self.page, prune_after=self.prune_after)
 
     def _notified(self, _channel: str, payload: str) -> None:
+        """A notification: schedule ids, comma-separated. Any role may NOTIFY (PostgreSQL asks
+        no privilege for it), so whatever else a payload holds is ignored: only ASCII digits
+        within bigint reach index_entries."""
         ids = []
         for part in payload.split(","):
             part = part.strip()
-            if part.isdigit():
+            if part.isascii() and part.isdigit() and len(part) <= 19 and int(part) < 2 ** 63:
                 ids.append(int(part))
         if ids:
             with self.lock:
