@@ -173,7 +173,7 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
 
 
 def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
-    """The one isolation every batch path uses (fire details, recorder, relay), against real
+    """The executor's isolation (fire details, recorder), against real
     errors: one the server raises (22012) and one psycopg raises loading a value (a year-10000
     timestamp, no SQLSTATE); any other error is raised, not isolated."""
     from pyscheduler.schedules.executor import isolate
