@@ -701,8 +701,8 @@ class Recorder:
               give_up_after: float | None) -> None:
         """End (outcome, occurrence, error) items as record_executions ends a poison item of
         its own (stop_schedules: recorded with the outcome and the error, the schedule paused
-        with a note); logged and counted. Nothing stopping takes comes from the schedule's
-        row, so a data error here is not a poison item but a bug: raised."""
+        with a note); logged and counted. stop_schedules reads nothing from the schedule's row
+        that could be poison, so a data error here is a bug: raised, not isolated."""
         for _, occ, why in items:
             POISON.labels(where).inc()
             self.ex.counts["poison"] += 1
