@@ -2019,6 +2019,59 @@ $$;
 COMMENT ON FUNCTION pyscheduler.fire_task_schedules(bigint[], timestamptz[], uuid[]) IS
     'Scheduler: submit the tasks of due task-target schedules (overlap policy) and record them, in one transaction.';
 
+CREATE OR REPLACE FUNCTION pyscheduler._stop_schedules(
+    p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_errors text[], p_now timestamptz)
+RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    r record;
+    v record;
+BEGIN
+    PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
+                         cardinality(p_errors));
+    FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_errors) AS u(id, expected, outcome, error)
+              ORDER BY u.id, u.expected
+    LOOP
+        PERFORM _check_outcome(r.outcome);
+        IF r.expected IS NULL OR r.error IS NULL THEN
+            PERFORM _schedule_error('PS312', 'each item needs an expected time and an error');
+        END IF;
+        v := _stop_poisoned(r.id, r.expected, r.outcome, r.error, p_now);
+        id := r.id; expected_at := r.expected; next_run_at := v.due_at; recorded := coalesce(v.recorded, false);
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.stop_schedules(
+    p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_errors text[])
+RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* stop_schedules(p_ids, p_expected, p_outcomes, p_errors)
+       -> setof (id, expected_at, next_run_at, recorded)
+   The daemons' end for an occurrence they could not fire or record although
+   PostgreSQL answered (record_executions or fire_details failed for it alone
+   with a data error, or answered a value they cannot load): as a poison item
+   of record_executions, it is recorded with its outcome (fired, failed, ...)
+   and the error, and its schedule paused with a note (last_error says why;
+   fix it with update_schedule, then resume it). next_run_at is the due time
+   left (a pending trigger of a paused schedule is dropped too: NULL); an
+   occurrence recorded before keeps its row (recorded = false); a deleted
+   schedule: recorded = false, next NULL.
+   Errors: PS312 array lengths, an unknown outcome, a NULL expected time or
+   error. */
+BEGIN
+    RETURN QUERY SELECT * FROM _stop_schedules(p_ids, p_expected, p_outcomes, p_errors, now());
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], text[], text[]) IS
+    'Scheduler: record occurrences the daemons could not fire or record, with their error, and pause their schedules.';
+
 CREATE OR REPLACE FUNCTION pyscheduler._claim_due_critical(p_limit integer, p_hold interval, p_now timestamptz)
 RETURNS TABLE (id bigint, expected_at timestamptz, claim_token uuid)
 LANGUAGE plpgsql
@@ -2160,8 +2213,9 @@ SELECT pyscheduler._grant('client', 'create_schedule', 'update_schedule', 'pause
                          'upcoming_runs', 'execution_count', 'retry_worst_case', 'next_cron_time',
                          'schedules_due_soon', 'schedules_late', 'schedules_paused', 'schedules_failing');
 SELECT pyscheduler._grant('scheduler', 'index_entries', 'index_page', 'resync_take', 'resync_progress',
-                         'fire_details', 'record_executions', 'fire_task_schedules', 'claim_due_critical',
-                         'purge_executions', 'get_schedule', 'retry_worst_case', 'next_cron_time');
+                         'fire_details', 'record_executions', 'fire_task_schedules', 'stop_schedules',
+                         'claim_due_critical', 'purge_executions', 'get_schedule', 'retry_worst_case',
+                         'next_cron_time');
 -- the views call it for their readers
 SELECT pyscheduler._grant('client', '_may_see');
 SELECT pyscheduler._grant('monitor', '_may_see');

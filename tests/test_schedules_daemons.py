@@ -353,7 +353,7 @@ def test_cli_pause_resume_trigger(dsn, redis_url, receiver, db):
 
 def test_resync_by_hand_shows_progress_and_rebuilds_the_index(db, dsn, redis_url):
     for i in range(25):
-        create(db, f"r-{i}", every=60, target_kind="http", target="http://127.0.0.1:9/", critical=i < 5)
+        create(db, f"r-{i}", every=60, target_kind="kafka", target="t", critical=i < 5)
     index = index_of(redis_url)
     index.mirror([(999999, 1, None)])  # a member PostgreSQL does not have stays until a reconcile
     result = CliRunner().invoke(main, ["schedules", "resync", "--dsn", dsn, "--redis-url", redis_url,
@@ -377,7 +377,7 @@ def test_pyscheduler_run_includes_relay_executors_and_cleanup(dsn, redis_url, mo
 def test_cleanup_purges_old_executions_and_counts_survive(db, dsn):
     from pyscheduler.schedules.relay import Cleanup
 
-    s = create(db, "old", every=60, target_kind="http", target="http://127.0.0.1:9/")
+    s = create(db, "old", every=60, target_kind="kafka", target="t")
     db.query("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, now() - interval '40 days')",
              ([s["id"]], [s["next_run_at"]], ["fired"], [1]))
     assert count(db, "old") == 1 and len(executions(db, "old")) == 1

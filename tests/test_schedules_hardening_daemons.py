@@ -43,6 +43,15 @@ def poison(db, name: str, assignments: str, *params) -> int:
                     (*params, name))[0]["id"]
 
 
+def closed_port_url() -> str:
+    """An allowed (loopback) HTTP target where nothing listens: every try fails, and is retried."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/closed"
+
+
 def keys_of(received: list[str], schedule_id: int) -> list[str]:
     return [k for k in received if k.startswith(f"{schedule_id}:")]
 
@@ -95,8 +104,8 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         # values the daemons do not load: they fire as any schedule
         ids["end-inf"] = poison(db, "p-end-inf", "end_at = 'infinity'")
         ids["updated-inf"] = poison(db, "p-updated-inf", "updated = 'infinity'")
-        # fired once, then its next run cannot be loaded (year 10240) / computed (overflow) /
-        # its time zone is gone: recorded (or refused) alone and parked
+        # fired once, then its next run would pass 9999 (year 10240) / cannot be computed
+        # (overflow) / its time zone is gone: recorded alone, with an outcome and a readable error
         ids["every-huge"] = poison(db, "p-every-huge", "every = '3000000 days', next_run_at = %s",
                                    soon.replace(microsecond=0))
         ids["every-overflow"] = poison(db, "p-every-overflow", "every = '170000000 years', next_run_at = %s",
@@ -109,22 +118,20 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         ids["url-iri"] = poison(db, "p-url-iri", "target = %s", receiver.url + "/caf\u00e9")
         ids["url-bad"] = poison(db, "p-url-bad", "target = 'http://[::1/x'")
         ids["name"] = poison(db, "p-name", "name = %s", "p-\u540d\u524d \u2615\r\nX-Evil: 1")
-        ids["retries"] = poison(db, "p-retries", "target = 'http://169.254.169.254/latest/meta-data/', "
-                                "retry_attempts = 1000000, retry_base = '0', retry_jitter = '0'")
+        ids["retries"] = poison(db, "p-retries", "target = %s, retry_attempts = 1000000, retry_base = '0', "
+                                "retry_jitter = '0'", closed_port_url())
         ids["topic-missing"] = poison(db, "p-topic-missing", "target = %s", missing)
         index = index_of(redis_url)
         with Running(relay(dsn, redis_url), executor(dsn, redis_url, kafka)) as running:
             ex = running.daemons[1]
             wait_for(lambda: all(count(db, n) >= 6 for n in ("nb-kafka", "nb-http", "nb-task")), 60,
                      "six firings of each neighbour")
-            parked = {ids["every-huge"], ids["every-overflow"], ids["tz"]}
-            wait_for(lambda: parked <= set(index.parked()), 20, "the poison occurrences to be parked")
-            huge_then = len(keys_of(receiver.received(), ids["every-huge"]))
-            tz_then = len(topic_keys(kafka, p8_topic))
+            ended = ("p-every-huge", "p-every-overflow", "p-tz")
+            wait_for(lambda: all(executions(db, n) for n in ended), 20, "the poison occurrences to be recorded")
             neighbours_then = {n: count(db, n) for n in ("nb-kafka", "nb-http", "nb-task")}
             wait_for(lambda: all(count(db, n) >= neighbours_then[n] + 3 for n in neighbours_then), 30,
                      "three more firings of each neighbour")
-            assert ex.counts["parked"] == 3  # each poison occurrence set aside once, not again and again
+            assert ex.counts["poison"] == 0  # the SQL side answered each one: the executor's net never caught one
         for n in ("nb-kafka", "nb-http", "nb-task"):
             fired_on_time(db, n)
         assert ex.counts["duplicates"] == 0  # no neighbour was fired (or recorded) twice
@@ -135,20 +142,27 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
             assert any(f"schedule {ids[k]} is due at a time outside" in r.getMessage() for r in caplog.records)
         # values the daemons never load: fired as usual
         assert count(db, "p-end-inf") >= 6 and count(db, "p-updated-inf") >= 6 and count(db, "p-topic-missing") >= 6
-        # fired once, parked, not fired again
-        assert huge_then == len(keys_of(receiver.received(), ids["every-huge"])) == 1
-        # not recorded: its batch rolled back (with the task, for a task target), the rest recorded alone
-        assert executions(db, "p-every-huge") == executions(db, "p-every-overflow") == executions(db, "p-tz") == []
+        # fired once, recorded once with its outcome, never fired again: the one whose next run
+        # would pass 9999 ended (ended_note), the two that cannot be computed with are paused
+        # with the error in last_error (and in their execution)
+        assert len(keys_of(receiver.received(), ids["every-huge"])) == 1
+        assert len(topic_keys(kafka, p8_topic)) == 1
+        huge = db.call_value("get_schedule", name="p-every-huge")
+        assert [r["outcome"] for r in executions(db, "p-every-huge")] == ["fired"]
+        assert huge["next_run_at"] is None and "9999-01-01" in huge["ended_note"] and not huge["paused"]
+        for k, outcome, error in (("every-overflow", "failed", "22003"), ("tz", "fired", "Mars/Olympus")):
+            [run] = executions(db, f"p-{k}")
+            got = db.call_value("get_schedule", name=f"p-{k}")
+            assert run["outcome"] == outcome and error in run["error"], run
+            assert got["paused"] and got["due_at"] is None and error in got["last_error"], got
+        # the task of the one that could not be recorded was not submitted either
         assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'pq'")[0]["n"] == 0
-        assert tz_then == len(topic_keys(kafka, p8_topic)) == 1
         for k in ("every-huge", "every-overflow", "tz"):
             assert ids[k] not in index.members()
-            assert any(f"schedule {ids[k]} occurrence" in r.getMessage() and "set aside" in r.getMessage()
-                       for r in caplog.records)
         # refused by the target's client: each occurrence a failed try with its error
         for k, error in (("topic-dots", "topic"), ("topic-long", "topic"),
                          ("payload-10mb", "Message size too large"), ("url-iri", "UnicodeEncodeError"),
-                         ("url-bad", "Invalid IPv6 URL"), ("retries", "refused by the egress policy")):
+                         ("url-bad", "Invalid IPv6 URL"), ("retries", "could not connect")):
             rows = executions(db, f"p-{k}")
             assert rows and all(r["outcome"] == "failed" and error in r["error"] for r in rows), (k, rows[:2])
         assert {r["attempts"] for r in executions(db, "p-retries")} == {31}  # at most 30 retries, whatever is stored
@@ -159,7 +173,7 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
 
 
 def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
-    """The one isolation every batch path uses (fire details, recorder, relay), against real
+    """The executor's isolation (fire details, recorder), against real
     errors: one the server raises (22012) and one psycopg raises loading a value (a year-10000
     timestamp, no SQLSTATE); any other error is raised, not isolated."""
     from pyscheduler.schedules.executor import isolate
@@ -179,6 +193,39 @@ def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
         isolate([1, 2], lambda part: db.query("SELECT pyscheduler.no_such_function(%s::int[])", (part,)))
 
 
+def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sql_side_does(db, dsn, redis_url):
+    """The executor's net under the SQL side's per-item answers, with its own recorder: a due
+    time written to the table behind the functions' back after the claim (a trigger at
+    -infinity) makes record_executions' answer unloadable. That occurrence alone ends as
+    record_executions ends a poison item (recorded with its outcome and the error, its
+    schedule paused with the error in last_error), its neighbour is recorded and moves on,
+    and the index drops the stopped one."""
+    from pyscheduler.schedules.executor import Recorder, mirror_entries
+    from pyscheduler.schedules.targets import Occurrence
+
+    for name in ("ok", "bad"):
+        create(db, name, every=3600, soon=True, target_kind="kafka", target="t")
+    ids = {r["name"]: r["id"] for r in db.query("SELECT id, name FROM pyscheduler.schedules")}
+    index = index_of(redis_url)
+    index.mirror(mirror_entries(db.call("index_entries", p_ids=list(ids.values()))))
+    claimed: list = []
+    wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "both occurrences claimed")
+    poison(db, "bad", "trigger_at = '-infinity'")
+    ex = executor(dsn, redis_url)
+    ex.db, ex.index = db, index
+    recorder = Recorder(ex)
+    recorder.record([("fired", Occurrence(c.id, c.expected_ms, tries=1), None) for c in claimed])
+    recorder.settle()
+    first = {c.id: c.expected_ms for c in claimed}
+    assert [r["outcome"] for r in executions(db, "ok")] == ["fired"]
+    [run] = executions(db, "bad")
+    assert run["outcome"] == "fired" and "cannot be loaded" in run["error"], run
+    bad = db.call_value("get_schedule", name="bad")
+    assert bad["paused"] and bad["due_at"] is None and "cannot be loaded" in bad["last_error"], bad
+    assert index.members() == {ids["ok"]: first[ids["ok"]] + 3_600_000} and index.stats()["claims"] == 0
+    assert ex.counts["poison"] == 1 and ex.counts["recorded"] == 2
+
+
 def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(db, dsn, kafka, topic, caplog):
     caplog.set_level(logging.ERROR, logger="pyscheduler.schedules")
     out = topic("crit")
@@ -193,12 +240,77 @@ def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(d
     assert any(f"schedule {sid} is due at -infinity" in r.getMessage() for r in caplog.records)
 
 
+# ------------------------------------------------------------------ 21: a change while an occurrence is recorded
+
+
+def test_a_schedule_changed_between_its_record_and_its_settle_fires_nothing_of_the_old_cadence(db, dsn, redis_url):
+    """Item 21, Kafka and HTTP targets, step by step with the executor's own recorder and the
+    relay: the occurrence is claimed and recorded, then the schedule changes (a new cadence;
+    a trigger) and the relay writes the change while the member is still claimed, then the
+    recorder settles. The index must hold the due time after the change, never the next run
+    of the old cadence that the record computed."""
+    from pyscheduler.schedules.executor import Recorder
+    from pyscheduler.schedules.targets import Occurrence
+
+    create(db, "cadence", every=3600, soon=True, target_kind="kafka", target="t")
+    create(db, "trigger", every=3600, soon=True, target_kind="http", target="https://example.com/hook")
+    ids = {r["name"]: r["id"] for r in db.query("SELECT id, name FROM pyscheduler.schedules")}
+    index = index_of(redis_url)
+    the_relay = relay(dsn, redis_url)
+    ex = executor(dsn, redis_url)
+    ex.db, ex.index = db, index
+    recorder = Recorder(ex)
+
+    def relay_writes(*names: str) -> None:  # the relay, notified of the change
+        the_relay.pending.update(ids[n] for n in names)
+        the_relay.follow(db, index)
+
+    relay_writes("cadence", "trigger")
+    claimed: list = []
+    wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "both occurrences claimed")
+    first = {c.id: c.expected_ms for c in claimed}
+    recorder.record([("fired", Occurrence(c.id, c.expected_ms, tries=1), None) for c in claimed])
+    old_next = {n: first[ids[n]] + 3_600_000 for n in ids}
+    assert {n: to_ms(datetime.fromisoformat(db.call_value("get_schedule", name=n)["next_run_at"])) for n in ids} \
+        == old_next  # recorded: the next runs of the old cadence are computed
+    new = db.call_value("update_schedule", name="cadence", every=timedelta(seconds=2))
+    trig = db.call_value("trigger_schedule", name="trigger")
+    relay_writes("cadence", "trigger")  # both still claimed: the relay may not write them
+    recorder.settle()
+    members = index.members()
+    assert members[ids["cadence"]] == to_ms(datetime.fromisoformat(new["next_run_at"])) != old_next["cadence"]
+    assert members[ids["trigger"]] == to_ms(datetime.fromisoformat(trig["trigger_at"])) != old_next["trigger"]
+    assert index.stats()["claims"] == 0
+    # what is claimed next is the new cadence's run and the trigger, nothing of the old cadence
+    claimed.clear()
+    wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "the next two occurrences")
+    assert {(c.id, c.expected_ms) for c in claimed} == {(ids["cadence"], members[ids["cadence"]]),
+                                                        (ids["trigger"], members[ids["trigger"]])}
+
+
+def test_the_relay_ignores_notifications_that_are_not_schedule_ids(db, dsn, redis_url):
+    """Any role may NOTIFY pyscheduler_schedules (PostgreSQL asks no privilege for it): a
+    payload that is not a list of schedule ids (a non-ASCII digit, a number past bigint, a
+    sign, 10,000 digits) neither stops the relay's listener nor crashes the relay; the
+    next real change is still followed at once (the reconcile is an hour away)."""
+    with Running(relay(dsn, redis_url, reconcile_interval=3600)) as running:
+        the_relay = running.daemons[0]
+        wait_for(lambda: the_relay.reconciles >= 1, 10, "the first reconcile")
+        for payload in ("\u00b2", "\u0663", "99999999999999999999", "9223372036854775808", "-1", "1e3", "9" * 7000,
+                        " , ,", "1,\u00b2,2"):
+            db.query("SELECT pg_notify('pyscheduler_schedules', %s)", (payload,))
+        s = create(db, "after", every=3600, target_kind="kafka", target="t")
+        index = index_of(redis_url)
+        wait_for(lambda: s["id"] in index.members(), 10, "the schedule created after them to be indexed")
+    # Running.stop re-raised nothing: the relay never crashed
+
+
 # ------------------------------------------------------------------ resync
 
 
 def test_a_resync_taker_that_dies_between_take_and_write_loses_no_batch(db, dsn, redis_url):
     for i in range(30):
-        create(db, f"r-{i}", every=3600, target_kind="http", target="http://192.0.2.1/", critical=i < 6,
+        create(db, f"r-{i}", every=3600, target_kind="kafka", target="t", critical=i < 6,
                start_at=datetime.now(timezone.utc) + timedelta(days=1))
     ids = {r["id"] for r in db.query("SELECT id FROM pyscheduler.schedules")}
     index = index_of(redis_url)
@@ -349,6 +461,25 @@ def test_the_egress_allow_list_is_read_again_while_the_executor_runs(db, dsn, re
             allow_loopback(db)  # an admin widens the allow-list: no restart needed
             wait_for(lambda: count(db, "later") >= 1, 30, "an occurrence fired once allowed")
         assert probe.connections >= 1
+    finally:
+        probe.close()
+
+
+def test_a_try_the_egress_policy_refuses_fails_the_occurrence_at_once(db, dsn, redis_url):
+    """Refused now, refused on every retry until an admin changes the allow-list: the
+    occurrence is recorded failed with the refusal after one try, whatever its retry policy."""
+    allow_loopback(db)
+    probe = Probe()
+    try:
+        create(db, "narrowed", every=3600, soon=True, target_kind="http", target=probe.url, retry_attempts=5,
+               retry_base=0.2, retry_jitter=0)
+        db.call("set_http_allow", allow=[])  # an admin narrows the allow-list after the create
+        with Running(executor(dsn, redis_url)):
+            wait_for(lambda: len(executions(db, "narrowed")) == 1, 30, "the occurrence to be recorded")
+        [row] = executions(db, "narrowed")
+        assert row["outcome"] == "failed" and row["attempts"] == 1, row
+        assert row["error"].startswith("http: refused by the egress policy: 127.0.0.1")
+        assert probe.connections == 0
     finally:
         probe.close()
 

@@ -175,10 +175,12 @@ def test_fire_task_schedules_answers_each_item_alone(db, conn):
 
 def test_a_stale_task_occurrence_is_not_submitted(db, conn):
     """Item 21 (task targets): the recurrence changed after the occurrence was claimed;
-    firing the old cadence's occurrence submits nothing and answers the new due time."""
+    firing the old cadence's occurrence submits nothing and answers the new due time.
+    The two cadences never meet (the hour's :00 against its :30), whatever the clock."""
     s = task_schedule(db, "t", every="1 hour")
     old = datetime.fromisoformat(s["next_run_at"])
-    new = db.call_value("update_schedule", name="t", every="7 minutes")
+    assert old.minute == 0
+    new = db.call_value("update_schedule", name="t", cron="30 * * * *")
     got = fire_tasks(conn, [s["id"]], [old], old)[s["id"]]
     assert not got["recorded"] and got["next_run_at"] == datetime.fromisoformat(new["next_run_at"]) != old
     assert db.call("list_tasks", queue="q-t") == [] and db.call("schedule_runs", name="t") == []

@@ -8,19 +8,22 @@ One ``Executor`` is a daemon with a main loop and a recorder thread:
   them (Kafka, HTTP; task targets go to the recorder), serve delivery reports,
   while a backlog lasts the prefetch thread claims the next batch and loads its
   fire details (``fire_details``, cached by version) as this one is fired,
-  schedule retries (base * 2^n + random(0, jitter)), sleep until the next due
+  schedule retries (base * 2^n + random(0, jitter); a try the egress policy
+  refused is not retried: every try would be), sleep until the next due
   score or the next retry;
 * recorder: records outcomes in batches (``record_executions``,
   ``fire_task_schedules``), then sets each score to the next run the database
   computed from the expected time (or removes the member when the schedule ended).
 
 A stored value never stops an executor (docs/sql-api.md, convention A): only an
-outage is retried. A batch that fails with a data error (``errors.rejects_arguments``:
-a value psycopg cannot load, a row PostgreSQL refuses) is split until the poison
-occurrence is alone (``isolate``); that one is parked (its member removed and kept out
-of the index until the schedule changes, logged, counted in
-``pyscheduler_schedules_poison``) and its neighbours go on. Any other error crashes
-the executor (``run_daemons`` restarts it with ``fresh()``).
+outage is retried. The SQL side ends a poison item itself (record_executions and
+fire_task_schedules answer each item, fire_details returns only values the executor
+loads); should a call still fail with a data error (``errors.rejects_arguments``: a
+value psycopg cannot load, a row PostgreSQL refuses), the batch is split until the
+poison occurrence is alone (``isolate``) and that one is ended the same way
+(``stop_schedules``: recorded with its outcome and the error, its schedule paused;
+logged, counted in ``pyscheduler_schedules_poison``); its neighbours go on. Any
+other error crashes the executor (``run_daemons`` restarts it with ``fresh()``).
 
 Redis unreachable -> degraded mode: critical schedules are claimed from
 PostgreSQL (``claim_due_critical``) and fired until Redis answers again; then the
@@ -65,8 +68,8 @@ RECOVERED = Counter("pyscheduler_schedules_recovered", "Stuck claims reset by th
 RESYNCED = Counter("pyscheduler_schedules_resynced", "Index members written by a resync")
 DEGRADED = Gauge("pyscheduler_schedules_degraded", "1 while Redis is unreachable (critical schedules fire "
                                                    "from PostgreSQL)")
-POISON = Counter("pyscheduler_schedules_poison", "Occurrences or schedules set aside because a value could not be "
-                 "loaded or a row was refused (logged with the schedule id)", ["where"])
+POISON = Counter("pyscheduler_schedules_poison", "Occurrences stopped, or schedules left out of the index, because a "
+                 "value could not be loaded or a row was refused (logged with the schedule id)", ["where"])
 LATENESS = Histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 
@@ -138,7 +141,7 @@ class Executor:
         self._prefetch: tuple[Future, int, str] | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:prefetch")
         self.stop = threading.Event()
-        self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched, parked (tests, bench)
+        self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched, poison (tests, bench)
 
     def fresh(self) -> "Executor":
         """A new executor with these settings (run_daemons' restart): nothing half-torn is kept."""
@@ -372,7 +375,7 @@ class Executor:
             entry = details.get(occ.id)
             occ.details = d = entry[2] if entry else None
             if d is None and occ.id in self.poison:
-                out.append(("park", occ, self.poison[occ.id]))  # its fire details cannot be loaded
+                out.append(("poison", occ, self.poison[occ.id]))  # its fire details cannot be loaded
             elif d is None or not d.active:
                 gone.append(occ)  # deleted or ended since it was indexed: re-read its index entry
             elif d.paused:
@@ -452,7 +455,7 @@ class Executor:
                 late.append(now_ms - occ.expected_ms)
                 fired[d.kind] = fired.get(d.kind, 0) + 1
                 out.append(("fired", occ, None))
-            elif occ.tries <= d.retry_attempts and not self.stop.is_set():
+            elif occ.tries <= d.retry_attempts and not occ.refused and not self.stop.is_set():
                 occ.error = error
                 delay = retry_delay(occ.tries - 1, d.retry_base, d.retry_jitter)
                 self._seq += 1
@@ -623,7 +626,7 @@ class Recorder:
         self.ex = ex
         self.stop = threading.Event()
         self.unsettled: list[tuple[int, int, int | None]] = []
-        self.unparked: list[tuple[int, int]] = []  # (id, expected) to park in Redis
+        self.changed: list[tuple[int, int]] = []  # (id, expected) still claimed: due time to read again
         self.outage = Outage("schedules recorder: PostgreSQL", log)
         self.redis_outage = Outage("schedules recorder: Redis", log)
 
@@ -679,59 +682,64 @@ class Recorder:
     def record(self, items: list, give_up_after: float | None = None) -> None:
         groups: dict[tuple[str, bool], list] = collections.defaultdict(list)
         for kind, occ, error in items:
-            group = kind if kind in ("task", "reindex", "park") else "record"
+            group = kind if kind in ("task", "reindex", "poison") else "record"
             groups[(group, occ.token is not None)].append((kind, occ, error))
         for (group, tokens), batch in groups.items():
-            if group == "park":  # from the main loop: fire details that cannot be loaded
-                self.park([(occ, error) for _, occ, error in batch], tokens, "details")
+            if group == "poison":  # from the main loop: fire details that cannot be loaded
+                self._stop([("failed", occ, error) for _, occ, error in batch], tokens, "details", give_up_after)
                 continue
             rows, poison = isolate(batch, lambda part: self._call(give_up_after, group, part))
             if poison:
-                self.park([(occ, f"PostgreSQL refused to record it or returned a value that cannot be loaded: "
-                                 f"{exc}") for (_, occ, _), exc in poison], tokens, "record")
                 bad = {id(occ) for (_, occ, _), _ in poison}
                 batch = [item for item in batch if id(item[1]) not in bad]
-            occs = [occ for _, occ, _ in batch]
-            if not occs:
-                continue
-            if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
-                self._settled(occs, [])
-                continue
-            if group == "reindex":
-                by_id = {r["id"]: r for r in rows}
-                self._settled(occs, [(o.id, o.expected_ms,
-                                      _next_ms(by_id.get(o.id)) if by_id.get(o.id, {}).get("active") else None)
-                                     for o in occs])
-                continue
-            self._count(rows, group)
-            if tokens:
-                self._settled(occs, [])
-                continue
-            entries = []
-            if len({o.id for o in occs}) == len(occs):  # one row per occurrence: matched by schedule id
-                nexts = {r["id"]: r["next_run_at"] for r in rows}
-                for o in occs:
-                    nxt = nexts.get(o.id)
-                    entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
-            else:
-                by_key = {(r["id"], to_ms(r["expected_at"])): r["next_run_at"] for r in rows}
-                for o in occs:
-                    nxt = by_key.get((o.id, o.expected_ms))
-                    entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
-            self._settled(occs, entries)
+                self._stop([(kind if group == "record" else "failed", occ,
+                             f"PostgreSQL refused to record it or returned a value that cannot be loaded: {exc}")
+                            for (kind, occ, _), exc in poison], tokens, "record", give_up_after)
+            self._recorded(group, tokens, [occ for _, occ, _ in batch], rows)
 
-    def park(self, items: list[tuple[Occurrence, str]], tokens: bool, where: str) -> None:
-        """Set these occurrences aside: logged, counted, their members removed and kept out of
-        the index until their schedules change (claimed from PostgreSQL: their claims expire)."""
-        for occ, why in items:
+    def _stop(self, items: list[tuple[str, Occurrence, str]], tokens: bool, where: str,
+              give_up_after: float | None) -> None:
+        """End (outcome, occurrence, error) items as record_executions ends a poison item of
+        its own (stop_schedules: recorded with the outcome and the error, the schedule paused
+        with a note); logged and counted. stop_schedules reads nothing from the schedule's row
+        that could be poison, so a data error here is a bug: raised, not isolated."""
+        for _, occ, why in items:
             POISON.labels(where).inc()
-            self.ex.counts["parked"] += 1
-            log.error("schedule %s occurrence %s set aside: %s; it stays out of the index until the schedule is "
-                      "changed (update_schedule) or deleted", occ.id, from_ms(occ.expected_ms).isoformat(), why)
-        occs = [occ for occ, _ in items]
-        self._settled(occs, [])
-        if not tokens:
-            self.unparked += [(o.id, o.expected_ms) for o in occs]
+            self.ex.counts["poison"] += 1
+            log.error("schedule %s occurrence %s stopped: %s; its schedule is paused (last_error says why: fix it "
+                      "with update_schedule, then resume it)", occ.id, from_ms(occ.expected_ms).isoformat(), why)
+        occs = [occ for _, occ, _ in items]
+        self._recorded("stop", tokens, occs, self._call(give_up_after, "stop", items))
+
+    def _recorded(self, group: str, tokens: bool, occs: list[Occurrence], rows: list[dict] | None) -> None:
+        """Count what a call recorded and queue the next runs it answered for the settle."""
+        if not occs:
+            return
+        if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
+            self._settled(occs, [])
+            return
+        if group == "reindex":
+            by_id = {r["id"]: r for r in rows}
+            self._settled(occs, [(o.id, o.expected_ms,
+                                  _next_ms(by_id.get(o.id)) if by_id.get(o.id, {}).get("active") else None)
+                                 for o in occs])
+            return
+        self._count(rows, group)
+        if tokens:
+            self._settled(occs, [])
+            return
+        entries = []
+        if len({o.id for o in occs}) == len(occs):  # one row per occurrence: matched by schedule id
+            nexts = {r["id"]: r["next_run_at"] for r in rows}
+            for o in occs:
+                nxt = nexts.get(o.id)
+                entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
+        else:
+            by_key = {(r["id"], to_ms(r["expected_at"])): r["next_run_at"] for r in rows}
+            for o in occs:
+                nxt = by_key.get((o.id, o.expected_ms))
+                entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
+        self._settled(occs, entries)
 
     def _count(self, rows: list[dict], group: str) -> None:
         recorded = sum(1 for r in rows if r["recorded"])
@@ -749,27 +757,40 @@ class Recorder:
                 self.ex.held.pop((o.id, o.expected_ms), None)
         self.unsettled.extend(entries)
 
-    def settle(self) -> None:
-        if not self.unsettled and not self.unparked:
-            return
-        try:
-            self.ex.index.park(self.unparked)
-            self.unparked = []
-            self.ex.index.settle(self.unsettled)
-            self.unsettled = []
-            self.redis_outage.ok()
-        except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
-            self.stop.wait(self.redis_outage.failed(exc))
+    def settle(self, rounds: int = 3) -> None:
+        """Write the next runs recorded to Redis. A member the relay met while it was claimed
+        (its schedule changed: update_schedule, pause, trigger, delete) is not given the next
+        run recorded, which may be the old cadence's: its due time is read again
+        (index_entries) and settled, in up to ``rounds`` rounds here, the rest in the next call."""
+        for _ in range(rounds):
+            if self.changed:
+                changed, self.changed = self.changed, []
+                self.record([("reindex", Occurrence(i, e), None) for i, e in changed])
+            if not self.unsettled:
+                return
+            try:
+                self.changed = self.ex.index.settle(self.unsettled)
+                self.unsettled = []
+                self.redis_outage.ok()
+            except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
+                self.stop.wait(self.redis_outage.failed(exc))
+                return
+            if not self.changed:
+                return
 
     def _call(self, give_up_after: float | None, group: str, batch: list) -> list[dict] | None:
-        """Record (or re-read, for "reindex") a batch in one transaction; an outage is retried
-        with backoff (None: given up at stop), a data error is raised (``isolate`` splits the
-        batch). The transaction makes a batch whose answer cannot be loaded (a next run after
-        year 9999) leave nothing behind: its parts are recorded as if it had never been tried."""
+        """Record (re-read, for "reindex"; stop, for "stop") a batch in one transaction; an
+        outage is retried with backoff (None: given up at stop), a data error is raised
+        (``isolate`` splits the batch). The transaction makes a batch whose answer cannot be
+        loaded leave nothing behind: its parts are recorded as if it had never been tried."""
         occs = [occ for _, occ, _ in batch]
         tokens = [o.token for o in occs] if occs[0].token is not None else None
         if group == "reindex":
             function, binary, args = "index_entries", False, {"p_ids": [o.id for o in occs]}
+        elif group == "stop":
+            function, binary = "stop_schedules", False
+            args = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs],
+                    "p_outcomes": [k for k, _, _ in batch], "p_errors": [e for _, _, e in batch]}
         elif group == "task":
             function, binary = "fire_task_schedules", False
             args = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs]}

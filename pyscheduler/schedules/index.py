@@ -18,11 +18,13 @@ Keys (prefix default ``pyscheduler:schedules``):
                     resync that filled it). Absent = Redis lost its data (or never had
                     it): executors resync from PostgreSQL.
 ``<p>:resync``      the sync id of the resync in progress (the seed's current-sync-id).
-``<p>:parked``      hash id -> definition version: schedules set aside because an
-                    occurrence could not be fired or recorded (a value the executor
-                    cannot load, a row PostgreSQL refuses to record: logged with the
-                    error). The relay and the resync leave a parked id out of the
-                    index until its version changes (update_schedule, pause, resume).
+``<p>:changed``     set of ids the relay or the resync had an entry for while they were
+                    claimed (it does not touch a claimed member): their schedule may have
+                    changed (update_schedule, pause, trigger, delete) after the occurrence
+                    was recorded, so the next run the recorder computed may be the old
+                    cadence's. The settle keeps such a member claimed and hands it back
+                    to the recorder, which re-reads its due time (index_entries) and
+                    settles it with that.
 
 Every script reads the time from Redis (TIME), one clock for every executor. Redis >= 6.2
 (the settle script reads a batch with ZMSCORE).
@@ -82,55 +84,76 @@ end
 return out
 """
 
-# KEYS: index, claims, last; ARGV[1]: 'id expected next id expected next ...' (one string:
-# redis-py packing three arguments per member cost more than the script; next '-' = remove).
+# KEYS: index, claims, last, changed; ARGV[1]: 'id expected next id expected next ...' (one
+# string: redis-py packing three arguments per member cost more than the script; next '-' =
+# remove).
 # Only the claim of this occurrence is settled: a member another executor claimed
-# since (after a stuck-claim reset) or a fresher score the relay wrote stays. No id
-# twice in one call (Index.settle splits the batch): the reads come first (ZMSCORE,
-# HMGET: Redis >= 6.2), then one write per structure.
+# since (after a stuck-claim reset) or a fresher score the relay wrote stays. A member
+# in `changed` is not given this next run (it may be the old cadence's): it stays
+# claimed (its claim dated now) and comes back as 'id expected ...' for the caller to
+# settle again with the due time it re-reads. No id twice in one call (Index.settle
+# splits the batch): the reads come first (ZMSCORE, HMGET, SMISMEMBER: Redis >= 6.2),
+# then one write per structure. -> the ids to re-read with their expected times
 SETTLE = """
 local a, ids = {}, {}
 for w in string.gmatch(ARGV[1], '%S+') do a[#a + 1] = w end
 for i = 1, #a, 3 do ids[#ids + 1] = a[i] end
-if #ids == 0 then return 0 end
+if #ids == 0 then return '' end
 local cur = redis.call('ZMSCORE', KEYS[1], unpack(ids))
 local last = redis.call('HMGET', KEYS[3], unpack(ids))
-local add, rem, unclaim, setlast = {}, {}, {}, {}
+local chg = {}
+if redis.call('SCARD', KEYS[4]) > 0 then chg = redis.call('SMISMEMBER', KEYS[4], unpack(ids)) end
+local add, rem, unclaim, setlast, reread, held = {}, {}, {}, {}, {}, {}
 for k = 1, #ids do
   local id, e, nxt = ids[k], a[3 * k - 1], a[3 * k]
   local exp, c = tonumber(e), cur[k] and tonumber(cur[k])
-  if (not c) or c == -exp or c == exp then
-    if nxt == '-' then
-      if c then rem[#rem + 1] = id end
-    else
-      add[#add + 1] = nxt; add[#add + 1] = id
+  local mine = (not c) or c == -exp or c == exp
+  if mine and chg[k] == 1 then
+    reread[#reread + 1] = id; reread[#reread + 1] = e
+    if c == -exp then held[#held + 1] = id end
+  else
+    if mine then
+      if nxt == '-' then
+        if c then rem[#rem + 1] = id end
+      else
+        add[#add + 1] = nxt; add[#add + 1] = id
+      end
     end
+    if (not c) or c == -exp then unclaim[#unclaim + 1] = id end
   end
-  if (not c) or c == -exp then unclaim[#unclaim + 1] = id end
   if (not last[k]) or tonumber(last[k]) < exp then setlast[#setlast + 1] = id; setlast[#setlast + 1] = e end
 end
 if #add > 0 then redis.call('ZADD', KEYS[1], unpack(add)) end
 if #rem > 0 then redis.call('ZREM', KEYS[1], unpack(rem)) end
 if #unclaim > 0 then redis.call('ZREM', KEYS[2], unpack(unclaim)) end
 if #setlast > 0 then redis.call('HSET', KEYS[3], unpack(setlast)) end
-return #ids
+if #reread > 0 then
+  local forget = {}
+  for i = 1, #reread, 2 do forget[#forget + 1] = reread[i] end
+  redis.call('SREM', KEYS[4], unpack(forget))
+end
+if #held > 0 then
+  redis.replicate_commands()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local dated = {}
+  for _, id in ipairs(held) do dated[#dated + 1] = now; dated[#dated + 1] = id end
+  redis.call('ZADD', KEYS[2], unpack(dated))
+end
+return table.concat(reread, ' ')
 """
 
-# KEYS: index, claims, last, ver, parked; ARGV: (id, score ms or '' = remove, version or '')
-# triples. The relay's and the resync's write: never touches a claimed (negative) member,
-# never writes a score at or before the last claimed occurrence, leaves a parked id out
-# while its version is the parked one (a new version unparks it). -> members written.
+# KEYS: index, claims, last, ver, changed; ARGV: (id, score ms or '' = remove, version or
+# '') triples. The relay's and the resync's write: never touches a claimed (negative)
+# member but marks it `changed` (its settle re-reads the due time), never writes a score
+# at or before the last claimed occurrence. -> members written.
 MIRROR = """
 local n = 0
 for i = 1, #ARGV, 3 do
   local id, s, ver = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local cur = redis.call('ZSCORE', KEYS[1], id)
-  local parked = redis.call('HGET', KEYS[5], id)
-  if parked then
-    if ver == '' or ver == parked then s = '' else redis.call('HDEL', KEYS[5], id) end
-  end
   if cur and tonumber(cur) < 0 then
-    -- claimed: its executor settles it
+    redis.call('SADD', KEYS[5], id)  -- claimed: its executor settles it, with the due time read again
   elseif s == '' then
     if cur then redis.call('ZREM', KEYS[1], id); n = n + 1 end
   else
@@ -144,11 +167,11 @@ end
 return n
 """
 
-# KEYS: index, claims, last, ver, parked; ARGV: older than (ms, Redis clock), then ids.
-# Forget the last-claimed occurrence, the version and the parking of schedules
-# PostgreSQL no longer has active (ended, paused or deleted): only of ids that are
-# not members (nor claimed) and whose last claim is older than the cutoff, so a relay
-# write read before the schedule ended still meets its `last` guard. -> entries pruned
+# KEYS: index, claims, last, ver, changed; ARGV: older than (ms, Redis clock), then ids.
+# Forget the last-claimed occurrence and the version of schedules PostgreSQL no
+# longer has active (ended, paused or deleted): only of ids that are not members
+# (nor claimed) and whose last claim is older than the cutoff, so a relay write
+# read before the schedule ended still meets its `last` guard. -> entries pruned
 PRUNE = _NOW + """
 local cutoff = now - tonumber(ARGV[1])
 local n = 0
@@ -157,18 +180,12 @@ for i = 2, #ARGV do
   if not redis.call('ZSCORE', KEYS[1], id) and not redis.call('ZSCORE', KEYS[2], id) then
     local l = redis.call('HGET', KEYS[3], id)
     if (not l) or tonumber(l) < cutoff then
-      n = n + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id) + redis.call('HDEL', KEYS[5], id)
+      n = n + redis.call('HDEL', KEYS[3], id) + redis.call('HDEL', KEYS[4], id)
+      redis.call('SREM', KEYS[5], id)
     end
   end
 end
 return n
-"""
-
-# KEYS: ver, parked; ARGV: ids. Park these ids at their current version (the one the
-# relay mirrors: a new one unparks them). -> ids parked
-PARK = """
-for i = 1, #ARGV do redis.call('HSET', KEYS[2], ARGV[i], redis.call('HGET', KEYS[1], ARGV[i]) or '') end
-return #ARGV
 """
 
 # KEYS: index, claims, next-check; ARGV: check every ms, stuck after ms, limit
@@ -265,7 +282,7 @@ class Index:
         k = f"{prefix}:"
         self.k_index, self.k_claims, self.k_last, self.k_ver = k + "index", k + "claims", k + "last", k + "ver"
         self.k_next_check, self.k_marker, self.k_resync = k + "next-check", k + "marker", k + "resync"
-        self.k_parked = k + "parked"
+        self.k_changed = k + "changed"
         self._claim = client.register_script(CLAIM)
         self._settle = client.register_script(SETTLE)
         self._mirror = client.register_script(MIRROR)
@@ -275,7 +292,6 @@ class Index:
         self._finish = client.register_script(FINISH_RESYNC)
         self._force = client.register_script(FORCE_RESYNC)
         self._prune = client.register_script(PRUNE)
-        self._park = client.register_script(PARK)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> "Index":
@@ -298,16 +314,15 @@ class Index:
                    for i, s, v in zip(parts[0::3], parts[1::3], parts[2::3])]
         return ClaimResult(int(out[0]), None if nxt < 0 else nxt, out[2].decode() or None, claimed)
 
-    def settle(self, entries: Sequence[tuple[int, int, int | None]]) -> None:
-        """(id, expected ms, next ms or None = ended): release these claims with their next run."""
+    def settle(self, entries: Sequence[tuple[int, int, int | None]]) -> list[tuple[int, int]]:
+        """(id, expected ms, next ms or None = ended): release these claims with their next run.
+        -> (id, expected ms) of the members the relay or the resync met while claimed (their
+        schedule may have changed since the next run was computed): still claimed, to be
+        settled again with the due time read again (index_entries)."""
         if not entries:
-            return
+            return []
+        keys = [self.k_index, self.k_claims, self.k_last, self.k_changed]
         pipe = self.r.pipeline(transaction=False)
-        self._queue_settle(pipe, entries)
-        pipe.execute()
-
-    def _queue_settle(self, pipe, entries: Sequence[tuple[int, int, int | None]]) -> None:
-        keys = [self.k_index, self.k_claims, self.k_last]
         parts: list[str] = []
         seen: set[int] = set()
         for ident, expected, nxt in entries:
@@ -317,21 +332,11 @@ class Index:
             seen.add(ident)
             parts.append(f"{ident} {expected} {'-' if nxt is None else nxt}")
         self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
-
-    def park(self, entries: Sequence[tuple[int, int]]) -> None:
-        """(id, expected ms): release these claims, remove the members, and keep the ids out
-        of the index until their definition version changes."""
-        if not entries:
-            return
-        pipe = self.r.pipeline(transaction=False)
-        # parked first: a relay write between the two skips them
-        self._park(keys=[self.k_ver, self.k_parked], args=[i for i, _ in entries], client=pipe)
-        self._queue_settle(pipe, [(i, e, None) for i, e in entries])
-        pipe.execute()
-
-    def parked(self) -> dict[int, str]:
-        """Parked ids and the version each was parked at."""
-        return {int(k): v.decode() for k, v in self.r.hgetall(self.k_parked).items()}
+        reread = []
+        for out in pipe.execute():
+            parts = out.decode().split()
+            reread += [(int(i), int(e)) for i, e in zip(parts[0::2], parts[1::2])]
+        return reread
 
     def refresh(self, held: Iterable[tuple[int, int]]) -> int:
         """Date the claims this executor still holds now (long retries are not stuck)."""
@@ -359,25 +364,26 @@ class Index:
             args: list = []
             for ident, score, ver in chunk:
                 args += [ident, "" if score is None else score, "" if ver is None else ver]
-            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked], args=args,
+            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed], args=args,
                          client=pipe)
         return sum(int(n) for n in pipe.execute())
 
     def hashed_ids(self) -> set[int]:
-        """Ids with an entry in the last-claimed, the version or the parked hash."""
+        """Ids with an entry in the last-claimed or the version hash."""
         ids: set[int] = set()
-        for key in (self.k_last, self.k_ver, self.k_parked):
+        for key in (self.k_last, self.k_ver):
             ids.update(int(k) for k, _ in self.r.hscan_iter(key, count=5000))  # (NOVALUES needs Redis 7.4)
         return ids
 
     def prune(self, ids: Sequence[int], older_than_ms: int) -> int:
-        """Drop the last/ver/parked entries of these ids (schedules not active in PostgreSQL) that
-        are not indexed and were last claimed more than ``older_than_ms`` ago. -> entries removed"""
+        """Drop the last/ver entries (and `changed` marks) of these ids (schedules not active in
+        PostgreSQL) that are not indexed and were last claimed more than ``older_than_ms`` ago.
+        -> entries removed"""
         if not ids:
             return 0
         pipe = self.r.pipeline(transaction=False)
         for chunk in _chunks(list(ids), 2000):
-            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_parked],
+            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed],
                         args=[older_than_ms, *chunk], client=pipe)
         return sum(int(n) for n in pipe.execute())
 
@@ -407,9 +413,8 @@ class Index:
     def stats(self) -> dict[str, int | bool]:
         pipe = self.r.pipeline(transaction=False)
         pipe.zcard(self.k_index).zcount(self.k_index, "-inf", "(0").zcard(self.k_claims).exists(self.k_marker)
-        pipe.hlen(self.k_parked)
-        size, claimed, claims, marker, parked = pipe.execute()
-        return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker), "parked": parked}
+        size, claimed, claims, marker = pipe.execute()
+        return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker)}
 
 
 def _chunks(seq: Sequence, n: int):

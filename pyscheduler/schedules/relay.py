@@ -7,16 +7,16 @@ writes each changed schedule's ``index_entries`` row at once, and every
 fixing scores) and removes members PostgreSQL no longer has active, and the
 ``last``/``ver`` hash entries of such schedules once their last claim is older
 than ``prune_after`` (the hashes would grow with every schedule ever fired). Its writes
-never touch a claimed member and never bring back an occurrence already claimed
+never touch a claimed member (they mark it ``changed``: its executor settles it with
+the due time read again) and never bring back an occurrence already claimed
 (Index.mirror). Replicas are safe (writes are idempotent).
 
 A stored value never stops it: an outage (PostgreSQL or Redis) is retried with
-backoff; the functions it reads return only values every client loads (a schedule
-whose due time is outside [1970, 9999), stored before create_schedule checked it,
-comes back without one: it is left out of the index and logged once), and a batch
-of notified ids that still fails with a data error is split until the poison id is
-alone (``isolate``; its member is removed). Anything else crashes it
-(``run_daemons`` restarts it with ``fresh()``).
+backoff, and the functions it reads (index_entries, index_page) return only values
+every client loads (a schedule whose due time is outside [1970, 9999), stored
+before create_schedule checked it, comes back without one: it is left out of the
+index and logged once). Anything else crashes it (``run_daemons`` restarts it with
+``fresh()``).
 
 ``Cleanup`` deletes executions past the retention setting with
 ``purge_executions`` in batches, every ``interval``.
@@ -32,7 +32,7 @@ from prometheus_client import Counter
 
 from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
-from .executor import POISON, isolate, mirror_entries
+from .executor import POISON, mirror_entries
 from .index import DEFAULT_PREFIX, UNREACHABLE, Index
 
 log = logging.getLogger("pyscheduler.schedules")
@@ -65,10 +65,13 @@ class IndexRelay:
                           page=self.page, prune_after=self.prune_after)
 
     def _notified(self, _channel: str, payload: str) -> None:
+        """A notification: schedule ids, comma-separated. Any role may NOTIFY (PostgreSQL asks
+        no privilege for it), so whatever else a payload holds is ignored: only ASCII digits
+        within bigint reach index_entries."""
         ids = []
         for part in payload.split(","):
             part = part.strip()
-            if part.isdigit():
+            if part.isascii() and part.isdigit() and len(part) <= 19 and int(part) < 2 ** 63:
                 ids.append(int(part))
         if ids:
             with self.lock:
@@ -116,11 +119,7 @@ class IndexRelay:
         written = 0
         try:
             for i in range(0, len(ids), 1000):
-                rows, poison = isolate(ids[i:i + 1000], lambda part: db.call("index_entries", p_ids=part))
-                for ident, exc in poison:
-                    POISON.labels("relay").inc()
-                    log.error("schedule %s: its index entry cannot be read (%s): removed from the index", ident, exc)
-                written += index.mirror(mirror_entries(self._checked(rows)) + [(p, None, None) for p, _ in poison])
+                written += index.mirror(mirror_entries(self._checked(db.call("index_entries", p_ids=ids[i:i + 1000]))))
         except BaseException:
             with self.lock:  # not lost: tried again after the outage
                 self.pending.update(ids)

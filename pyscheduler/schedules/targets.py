@@ -9,7 +9,8 @@ A try ends with a report (``done``), never with an exception in the executor: a
 value a client library refuses (a topic name, a URL, a header) is a failed try
 with its error. HTTP goes through the egress policy (``pyscheduler.egress.post``:
 the resolved address is checked against the allow-list before every request,
-redirects are not followed) with at most ``http_per_host`` requests in flight per
+redirects are not followed; a refused try marks the occurrence ``refused``: it
+fails without retries) with at most ``http_per_host`` requests in flight per
 host and a bounded queue per host, so a target that never answers delays only its
 own schedules. The Kafka producer is replaced after a fatal error (reported by a
 delivery, the error callback, or raised by poll/flush/produce) and when it delivered
@@ -101,6 +102,9 @@ class Occurrence:
     tries: int = 0
     token: Any = None  # claim token of the Postgres-only claim (degraded mode)
     error: str | None = None
+    # the last try was refused by the egress policy before any connection: every try would
+    # be, until an admin changes the allow-list, so the occurrence fails without retries
+    refused: bool = False
     fired_at_ms: int | None = None
     claimed_at: float = 0.0  # monotonic, for claim refreshes
 
@@ -326,6 +330,7 @@ class Firer:
                 HTTP_SCHEDULE_HEADER: schedule_header(d.name), "X-Pyscheduler-Expected-At": str(occ.expected_ms)},
                 timeout=self.timeout, allow=self.allow)
         except egress.EgressRefused as exc:  # before any connection: the same words, open port or not
+            occ.refused = True
             return f"http: refused by the egress policy: {exc}"
         except Exception as exc:  # noqa: BLE001  (timeout, reset, a URL or header it cannot send)
             return f"http: {type(exc).__name__}: {exc}"
