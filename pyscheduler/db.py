@@ -387,6 +387,15 @@ class Listener:
         self._stop.set()
         self._thread.join(timeout)
 
+    def _deliver(self, channel: str, payload: str) -> None:
+        """Hand one notification to the callback. Any role that may LISTEN may also NOTIFY
+        these channels with any payload: a callback that raises on one is logged and the
+        listener goes on (it used to end the thread, leaving only the polling fallback)."""
+        try:
+            self.callback(channel, payload)
+        except Exception:  # noqa: BLE001
+            self.log.exception("notification on %s with payload %r not handled", channel, payload[:100])
+
     def _run(self) -> None:
         outage = Outage(f"LISTEN {','.join(self.channels)}", self.log)
         first = True
@@ -402,6 +411,6 @@ class Listener:
                     first = False
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            self.callback(note.channel, note.payload)
+                            self._deliver(note.channel, note.payload)
             except psycopg.Error as exc:
                 self._stop.wait(outage.failed(exc))

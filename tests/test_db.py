@@ -52,3 +52,20 @@ def test_listener_delivers_notifications(dsn, db):
                              p_min_gap="1 hour") is False
     finally:
         listener.stop()
+
+
+def test_a_notification_the_callback_cannot_handle_does_not_end_the_listener(dsn, conn):
+    """Any role that may LISTEN may NOTIFY the same channel with any payload."""
+    got: queue.Queue = queue.Queue()
+
+    def callback(channel: str, payload: str) -> None:
+        got.put(int(payload))  # ValueError on a payload that is not a number
+
+    listener = Listener(dsn, ["pyscheduler_test"], callback).start()
+    try:
+        assert listener.ready.wait(10)
+        conn.execute("SELECT pg_notify('pyscheduler_test', '²'), pg_notify('pyscheduler_test', '')")
+        conn.execute("SELECT pg_notify('pyscheduler_test', '7')")
+        assert got.get(timeout=10) == 7
+    finally:
+        listener.stop()
