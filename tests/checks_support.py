@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections import Counter
 from datetime import timedelta
 
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.db import Jsonb
@@ -69,25 +67,6 @@ def running():
     r = Running()
     yield r
     r.close()
-
-
-@pytest.fixture
-def login(dsn, conn):
-    """login(*groups) -> (name, DSN) of a fresh login role that is a member of those groups."""
-    made = []
-
-    def make(*groups: str) -> tuple[str, str]:
-        name = f"login_{uuid.uuid4().hex[:8]}"
-        conn.execute(f'CREATE ROLE "{name}" LOGIN')
-        for group in groups:
-            conn.execute(f'GRANT "{group}" TO "{name}"')
-        made.append(name)
-        return name, make_conninfo(dsn, user=name)
-
-    yield make
-    for name in made:
-        conn.execute(f'DROP OWNED BY "{name}" CASCADE')
-        conn.execute(f'DROP ROLE "{name}"')
 
 
 def add_many(db, n: int, job: str, kind: str, after: float = 1.0, payload=None, prefix: str = "k",

@@ -121,6 +121,26 @@ def pg_db_factory(pg: PgServer):
 
 
 @pytest.fixture
+def login(dsn, conn):
+    """login(*roles) -> (name, DSN) of a fresh login role that is a member of those roles
+    (e.g. login("pyscheduler_client")); dropped, with what it owns, after the test."""
+    made = []
+
+    def make(*roles: str) -> tuple[str, str]:
+        name = f"login_{uuid.uuid4().hex[:8]}"
+        conn.execute(f'CREATE ROLE "{name}" LOGIN')
+        for role in roles:
+            conn.execute(f'GRANT "{role}" TO "{name}"')
+        made.append(name)
+        return name, make_conninfo(dsn, user=name)
+
+    yield make
+    for name in reversed(made):
+        conn.execute(f'DROP OWNED BY "{name}" CASCADE')
+        conn.execute(f'DROP ROLE "{name}"')
+
+
+@pytest.fixture
 def db(dsn: str) -> Database:
     """A pool on this test's database; call SQL as db.call('fn', arg=...)."""
     with Database(dsn, max_size=4) as database:

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from checks_support import Counting, Running, add_many, history, login, running, slots, wait_history  # noqa: F401
+from checks_support import Counting, Running, add_many, history, running, slots, wait_history  # noqa: F401
 from pyscheduler import errors
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.checks.runner import run_handler

@@ -346,3 +346,23 @@ def test_a_relay_logged_in_with_only_the_relay_role_does_its_whole_job(wired, ka
         conn.execute(f'DROP ROLE "{name}"')
     # enqueue, claim, delete, reset_stuck (every 100 ms) and the backlog view all went through
     assert not [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+
+
+def test_an_enqueue_refused_for_a_missing_function_dead_letters_nothing(wired, conn):
+    """Only a data error is a message's fault (dead-lettered alone). A missing function or
+    privilege is the deployment's: the node crashes with its offsets uncommitted (run_daemons
+    restarts it) and, once fixed, every message arrives; none was dead-lettered."""
+    sender, output, dlq, start = wired
+    relay = start()
+    warm_up(sender, output, partitions=2)
+    conn.execute("ALTER FUNCTION pyscheduler.enqueue_messages RENAME TO enqueue_messages_gone")
+    soon = utcnow() + timedelta(milliseconds=300)
+    for i in range(3):
+        sender.send(f"gone-{i}", soon, value=f"gone-{i}".encode(), partition=0)
+    sender.flush()
+    wait_for(lambda: not relay.thread.is_alive(), 30, "the node to stop on the missing function")
+    assert relay.error is not None and getattr(relay.error, "sqlstate", None) == "42883"
+    conn.execute("ALTER FUNCTION pyscheduler.enqueue_messages_gone RENAME TO enqueue_messages")
+    start()  # what run_daemons does: a fresh node
+    output.wait_values([b"gone-0", b"gone-1", b"gone-2"])
+    assert dlq.fresh(0, idle=0.5, timeout=5) == []

@@ -8,12 +8,10 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
-import uuid
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from pyscheduler import egress
 from pyscheduler.daemon import run_daemons
@@ -161,29 +159,10 @@ def test_a_config_error_on_the_first_run_stops_the_process_and_later_it_only_res
 
 # -- SQL helpers: caller, ownership, instants, labels, user code ---------------------------------
 
-@pytest.fixture
-def logins(conn, dsn):
-    """Make login roles: logins('client') -> (name, dsn). Dropped afterwards."""
-    made = []
-
-    def make(*audiences: str) -> tuple[str, str]:
-        name = f"u_{uuid.uuid4().hex[:10]}"
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-        for audience in audiences:
-            role = conn.execute("SELECT pyscheduler._role(%s) AS r", (audience,)).fetchone()["r"]
-            conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(role), sql.Identifier(name)))
-        made.append(name)
-        return name, make_conninfo(dsn, user=name)
-
-    yield make
-    for name in made:
-        conn.execute(sql.SQL("DROP OWNED BY {}; DROP ROLE {}").format(sql.Identifier(name), sql.Identifier(name)))
-
-
-def test_the_caller_is_the_calling_role_even_inside_security_definer_functions(conn, logins):
+def test_the_caller_is_the_calling_role_even_inside_security_definer_functions(conn, login):
     conn.execute("CREATE FUNCTION public.who() RETURNS name LANGUAGE sql SECURITY DEFINER "
                  "SET search_path = pg_catalog, pg_temp AS $$ SELECT pyscheduler._caller() $$")
-    alice, alice_dsn = logins("client")
+    alice, alice_dsn = login("pyscheduler_client")
     conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION public.who() TO {}").format(sql.Identifier(alice)))
     with psycopg.connect(alice_dsn, autocommit=True) as c:
         assert c.execute("SELECT public.who()").fetchone()[0] == alice
@@ -191,13 +170,13 @@ def test_the_caller_is_the_calling_role_even_inside_security_definer_functions(c
         assert c.execute("SELECT public.who()").fetchone()[0] == "pyscheduler_client"
 
 
-def test_work_may_be_acted_on_by_its_owner_a_member_or_an_admin_only(conn, logins):
+def test_work_may_be_acted_on_by_its_owner_a_member_or_an_admin_only(conn, login):
     conn.execute("CREATE FUNCTION public.may(o name) RETURNS boolean LANGUAGE sql SECURITY DEFINER "
                  "SET search_path = pg_catalog, pg_temp AS $$ SELECT pyscheduler._may_act(o) $$; "
                  "GRANT EXECUTE ON FUNCTION public.may(name) TO PUBLIC")
-    alice, alice_dsn = logins("client")
-    bob, bob_dsn = logins("client")
-    admin, admin_dsn = logins("admin")
+    alice, alice_dsn = login("pyscheduler_client")
+    bob, bob_dsn = login("pyscheduler_client")
+    admin, admin_dsn = login("pyscheduler_admin")
     expect = {alice_dsn: {alice: True, bob: False, "pyscheduler_client": True, None: False},
               bob_dsn: {alice: False, bob: True, None: False},
               admin_dsn: {alice: True, bob: True, None: True}}
@@ -363,14 +342,14 @@ def test_an_allowed_target_gets_one_post_and_a_redirect_is_not_followed():
 
 # -- B and C across capabilities: user code acts as its owner, never as the daemon running it ----
 
-def test_a_check_job_acts_as_its_functions_owner_not_as_the_runner_that_runs_it(conn, dsn, logins):
+def test_a_check_job_acts_as_its_functions_owner_not_as_the_runner_that_runs_it(conn, dsn, login):
     """The runner's login is often an admin: a client's SQL job that calls another
     capability's functions (pause bob's schedule) must meet the ownership rule as the
     client, whatever role runs the check."""
     from schedules_support import wait_for
 
-    alice, alice_dsn = logins("client")
-    bob, bob_dsn = logins("client")
+    alice, alice_dsn = login("pyscheduler_client")
+    bob, bob_dsn = login("pyscheduler_client")
     with psycopg.connect(bob_dsn, autocommit=True) as b:
         b.execute("SELECT pyscheduler.create_schedule(name => 'bobs', every => '1 hour', target_kind => 'task', "
                   "target => 'q')")

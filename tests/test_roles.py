@@ -5,29 +5,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from pyscheduler import errors, migrate
 from pyscheduler.db import Database
-
-
-@pytest.fixture
-def login(dsn, conn):
-    """login(*groups) -> DSN of a fresh login role that is a member of those groups."""
-    made = []
-
-    def make(*groups: str) -> str:
-        name = f"login_{uuid.uuid4().hex[:8]}"
-        conn.execute(f'CREATE ROLE "{name}" LOGIN')
-        for group in groups:
-            conn.execute(f'GRANT "{group}" TO "{name}"')
-        made.append(name)
-        return make_conninfo(dsn, user=name)
-
-    yield make
-    for name in made:
-        conn.execute(f'DROP OWNED BY "{name}"')
-        conn.execute(f'DROP ROLE "{name}"')
 
 
 def call(dsn, function, **args):
@@ -45,12 +25,12 @@ def public_functions(conn):
 
 def test_a_role_without_grants_can_call_nothing(dsn, login):
     with pytest.raises(errors.PermissionDenied) as info:
-        call(login(), "version")
+        call(login()[1], "version")
     assert info.value.sqlstate == "42501"
 
 
 def test_client_can_view_but_not_call_worker_or_admin_functions(dsn, login):
-    client = login("pyscheduler_client")
+    client = login("pyscheduler_client")[1]
     assert call(client, "version")[0]["migrations"]
     for function, args in [
         ("lease_task", {"queue": "q", "worker": "worker-1"}),  # worker
@@ -63,7 +43,7 @@ def test_client_can_view_but_not_call_worker_or_admin_functions(dsn, login):
 
 def test_worker_cannot_call_admin_functions(dsn, login):
     with pytest.raises(errors.PermissionDenied):
-        call(login("pyscheduler_worker"), "cleanup_tasks", retention="1 day")
+        call(login("pyscheduler_worker")[1], "cleanup_tasks", retention="1 day")
 
 
 def test_admin_may_call_every_public_function(conn):

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from pyscheduler import errors, migrate
@@ -338,25 +336,6 @@ def test_http_targets_are_checked_against_the_egress_policy_at_create_and_update
 
 
 # ------------------------------------------------------------------ C: ownership, the privilege walk
-
-
-@pytest.fixture
-def login(dsn, conn):
-    """login(*groups) -> (role name, DSN) of a fresh login role that is a member of those groups."""
-    made = []
-
-    def make(*groups: str) -> tuple[str, str]:
-        name = f"login_{uuid.uuid4().hex[:8]}"
-        conn.execute(f'CREATE ROLE "{name}" LOGIN')
-        for group in groups:
-            conn.execute(f'GRANT "{group}" TO "{name}"')
-        made.append(name)
-        return name, make_conninfo(dsn, user=name)
-
-    yield make
-    for name in reversed(made):
-        conn.execute(f'DROP OWNED BY "{name}"')
-        conn.execute(f'DROP ROLE "{name}"')
 
 
 def test_privilege_walk_a_client_cannot_act_on_or_see_the_details_of_another_roles_schedule(db, conn, login):

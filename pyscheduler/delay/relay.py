@@ -702,21 +702,26 @@ class Relay:
     def _enqueue(self, good: list[tuple[Message, Delayed]], bad: list[tuple[Message, str, list]],
                  outage: Outage, give_up: Callable[[], bool]) -> list[str] | None:
         """Outcome per good message; a message the database rejects (errors.rejects_arguments)
-        moves to ``bad``. Any other error (a timeout, a lock, a read-only or unreachable
-        database) is retried with backoff by _db_call: never a reason to drop a message.
-        None when stopping first."""
+        moves to ``bad``. An outage (a timeout, a lock, a read-only or unreachable database)
+        is retried with backoff by _db_call; any other error (a missing privilege or
+        function) is raised: the node crashes and is restarted, its offsets uncommitted.
+        Neither is ever a reason to drop a message. None when stopping first."""
         if not good:
             return []
         try:
             rows = self._enqueue_call([d for _, d in good], outage, give_up)
-        except (SchedulerError, psycopg.Error) as exc:  # rejects_arguments: _db_call retries the rest
+        except (SchedulerError, psycopg.Error) as exc:
+            if not rejects_arguments(exc):
+                raise
             # Rejected as a whole: find the culprit(s) one by one so neighbours still go through.
             log.warning("batch of %d rejected (%s); enqueueing one by one", len(good), exc)
             outcomes: list[str] = []
             for msg, d in list(good):
                 try:
                     rows = self._enqueue_call([d], outage, give_up)
-                except (SchedulerError, psycopg.Error) as one:  # rejects_arguments only
+                except (SchedulerError, psycopg.Error) as one:
+                    if not rejects_arguments(one):
+                        raise
                     bad.append((msg, f"rejected by the database: {one}", [
                         (HEADER_ID, d.id.encode()), (HEADER_DEADLINE, d.deadline.isoformat().encode()), *d.headers]))
                     outcomes.append("rejected")

@@ -811,9 +811,10 @@ class Worker:
                 del self.held[ctx.rn]
 
     def _retry(self, what: str, call: Callable[[], Any]) -> tuple[bool, Any]:
-        """(True, call()) once it succeeds. Database trouble and unexpected errors are retried
-        with backoff until the worker stops, then for at most one lease length (the lease is
-        gone after that anyway): (False, None), logged. Deliberate errors propagate."""
+        """(True, call()) once it succeeds. An outage (errors.is_retryable) is retried with
+        backoff until the worker stops, then for at most one lease length (the lease is gone
+        after that anyway): (False, None), logged. Anything else propagates: a deliberate
+        answer, data the database refuses, a missing privilege, a bug."""
         outage = Outage(what, log)
         give_up_at: float | None = None
         while True:
