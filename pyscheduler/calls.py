@@ -141,6 +141,15 @@ def value(convert: Callable[[Any], T]) -> Callable[[Rows], T]:
     return result
 
 
+def one(convert: Callable[[dict[str, Any]], T]) -> Callable[[Rows], T]:
+    """The single row a function returns, converted."""
+
+    def result(rows: Rows) -> T:
+        return convert(rows[0])
+
+    return result
+
+
 def each(convert: Callable[[Any], T], column: str | None = None) -> Callable[[Rows], list[T]]:
     """Every row (or one column of it), converted."""
 
