@@ -149,6 +149,11 @@ def delete_cmd(dsn, entity_name, entity_key, job) -> None:
     click.echo(f"deleted {n} check(s)")
 
 
+def _need_name(entity_name: str | None, entity_key: str | None) -> None:
+    if entity_key is not None and entity_name is None:
+        raise click.UsageError("--entity-key needs --entity-name")
+
+
 def _filters(f):
     f = click.option("--limit", type=click.IntRange(1), default=20, show_default=True)(f)
     f = click.option("--job", default=None, callback=_text, help="Only this job's checks.")(f)
@@ -161,6 +166,7 @@ def _filters(f):
 @_filters
 def list_cmd(dsn, entity_name, entity_key, job, limit) -> None:
     """Pending checks, soonest first."""
+    _need_name(entity_name, entity_key)
     for c in _client(dsn, lambda client: client.list(entity_name, entity_key, job, limit)):
         click.echo(f"{c.id:>8}  {c.next_check_at.isoformat()}  {c.entity_name}:{c.entity_key}  "
                    f"{c.kind}:{c.job}  runs={c.check_count}/{c.max_checks}")
@@ -171,6 +177,7 @@ def list_cmd(dsn, entity_name, entity_key, job, limit) -> None:
 @_filters
 def history_cmd(dsn, entity_name, entity_key, job, limit) -> None:
     """Ended checks, newest first: outcome, runs, time taken."""
+    _need_name(entity_name, entity_key)
     for h in _client(dsn, lambda client: client.history(entity_name, entity_key, job, limit)):
         error = f"  {h.error}" if h.error else ""
         click.echo(f"{h.id:>8}  {h.ended.isoformat()}  {h.entity_name}:{h.entity_key}  "

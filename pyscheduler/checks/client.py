@@ -84,6 +84,8 @@ def _added(row: Mapping[str, Any]) -> AddedCheck:
 
 
 def _filters(entity_name: str | None, entity_key: str | None, job: str | None, limit: int) -> dict[str, Any]:
+    if entity_key is not None and entity_name is None:
+        raise InvalidArgument("entity_key needs entity_name (a key names an entity of one kind)")
     return {"entity_name": text("entity_name", entity_name, optional=True),
             "entity_key": text("entity_key", entity_key, optional=True), "job": text("job", job, optional=True),
             "max": integer("limit", limit, 1, INT32)}
