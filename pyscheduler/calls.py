@@ -92,22 +92,18 @@ class AsyncClient:
         return call.result(await self.db.call_binary(call.function, **call.args))
 
 
-def _method(op: Callable[..., Any], method: Callable[..., Any], result: str) -> None:
-    """Name, document and sign ``method`` as ``op`` with ``self`` first and ``result`` as its return."""
+def _method(op: Callable[..., Any], method: Callable[..., Any]) -> None:
+    """Name, document and sign ``method`` as ``op``, with ``self`` first and, as its return,
+    what the ``Call`` returned by ``op`` gives (help() and IDEs show the method, not the call)."""
     functools.update_wrapper(method, op)
-    del method.__wrapped__  # type: ignore[attr-defined]  # help() shows the method, not the call
-    name = op.__name__.lstrip("_")
-    method.__name__ = method.__qualname__ = name
+    del method.__wrapped__  # type: ignore[attr-defined]
+    method.__name__ = method.__qualname__ = op.__name__.lstrip("_")
     sig = inspect.signature(op)
+    returns = str(sig.return_annotation)  # "Call[Task]" (annotations are strings here)
     self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
     method.__signature__ = sig.replace(  # type: ignore[attr-defined]
-        parameters=[self, *sig.parameters.values()], return_annotation=result)
-
-
-def _result_of(op: Callable[..., Any]) -> str:
-    annotation = inspect.signature(op).return_annotation
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    return text[len("Call["):-1] if text.startswith("Call[") else text
+        parameters=[self, *sig.parameters.values()],
+        return_annotation=returns[len("Call["):-1] if returns.startswith("Call[") else returns)
 
 
 def sync(op: Callable[P, Call[T]]) -> Callable[Concatenate[SyncClient, P], T]:
@@ -116,7 +112,7 @@ def sync(op: Callable[P, Call[T]]) -> Callable[Concatenate[SyncClient, P], T]:
     def method(self: SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._run(op(*args, **kwargs))
 
-    _method(op, method, _result_of(op))
+    _method(op, method)
     return method
 
 
@@ -126,7 +122,7 @@ def asynchronous(op: Callable[P, Call[T]]) -> Callable[Concatenate[AsyncClient, 
     async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._run(op(*args, **kwargs))
 
-    _method(op, method, _result_of(op))
+    _method(op, method)
     return method
 
 

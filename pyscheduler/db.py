@@ -82,7 +82,7 @@ class ConnectionSettings:
                                "keepalives_count": self.keepalives_count, "tcp_user_timeout": self.tcp_user_timeout}
         return {k: v for k, v in out.items() if k not in given}
 
-    def apply(self, conn: psycopg.Connection) -> None:
+    def apply(self, conn: psycopg.Connection[Any]) -> None:
         """Pin what every pyscheduler connection relies on, in one round trip, whatever the
         role or the database sets: TimeZone UTC (times come back in UTC, and Python's
         arithmetic on them never meets a DST change), DateStyle ISO and IntervalStyle
@@ -313,7 +313,7 @@ class Database(_Calls):
                  timeout: float = 30.0, connection: ConnectionSettings | None = None, fresh: float = 0.0):
         self.dsn = dsn
         self.fresh = fresh
-        self.pool = ConnectionPool(
+        self.pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             dsn,
             min_size=min_size,
             max_size=max_size,
@@ -336,10 +336,10 @@ class Database(_Calls):
     # library: it saves a round trip per completion batch, heartbeat, abort and
     # yield). Only for callers that retry: a connection that died meanwhile
     # fails its first call with DatabaseUnavailable.
-    def _returned(self, conn: psycopg.Connection) -> None:
+    def _returned(self, conn: psycopg.Connection[Any]) -> None:
         self._back[id(conn)] = time.monotonic()
 
-    def _check(self, conn: psycopg.Connection) -> None:
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
         back = self._back.pop(id(conn), None)
         if conn.broken or conn.closed:
             raise psycopg.OperationalError("the connection is closed")
@@ -364,7 +364,7 @@ class Database(_Calls):
     def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """A pool connection: autocommit, dict rows, pyscheduler's settings."""
         with translating(), self.pool.connection() as conn:
-            yield conn  # type: ignore[misc]  # the pool's connections are made with dict_row
+            yield conn
 
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         """``SELECT * FROM pyscheduler.function(name => value, ...)``; rows as dicts."""

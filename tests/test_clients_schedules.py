@@ -39,6 +39,11 @@ def odd_connection(dsn: str, style: str) -> psycopg.Connection:
                            options=f"-c DateStyle=SQL,DMY -c IntervalStyle={style} -c TimeZone=America/New_York")
 
 
+def settings_of(conn) -> tuple:
+    return conn.execute("SELECT current_setting('DateStyle'), current_setting('IntervalStyle'), "
+                        "current_setting('TimeZone'), current_setting('search_path')").fetchone()
+
+
 def assert_fields(s: Schedule, name: str, **expected) -> None:
     for key, want in expected.items():
         assert getattr(s, key) == want, key
@@ -50,6 +55,7 @@ def assert_fields(s: Schedule, name: str, **expected) -> None:
 @pytest.mark.parametrize("style", STYLES)
 def test_every_field_round_trips_in_any_interval_style(dsn, db, style):
     with odd_connection(dsn, style) as conn:
+        before = settings_of(conn)
         client = ScheduleClient(conn)
         created = client.create("billing-report", **FIELDS)
         assert_fields(created, "billing-report", **FIELDS)
@@ -58,6 +64,7 @@ def test_every_field_round_trips_in_any_interval_style(dsn, db, style):
                                 retry_base=timedelta(0), catchup_window=timedelta(days=366))
         assert (updated.every, updated.cron, updated.retry_base, updated.catchup_window) == (
             timedelta(hours=1, minutes=30, milliseconds=5), None, timedelta(0), timedelta(days=366))
+        assert settings_of(conn) == before  # nothing SET on the application's session
     ours = ScheduleClient(db).get("billing-report")  # the pool: pinned settings, same values
     assert ours == updated
     raw = db.call_value("get_schedule", name="billing-report")
