@@ -1,7 +1,9 @@
 """Leased tasks (seeds/scylla.md): queues, priorities, leases, heartbeats,
 cancel, yield, and a monitor that resets expired leases.
 
-* ``TaskClient``: submit, get, list, cancel.
+* ``TaskClient``: submit, get, list, cancel, on pyscheduler's pool or on the
+  application's connection in its transaction (``AsyncTaskClient`` for asyncio);
+  results are ``Task`` objects.
 * ``Worker``: register, lease woken by NOTIFY into a local queue (prefetch),
   handler threads, batched heartbeats and completions, cancellation delivered
   to the handler, yield on stop.
@@ -19,3 +21,7 @@ from .worker import Abort, RunningWorker, TaskContext, Worker
 
 __all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "RunningWorker", "TaskClient", "TaskContext",
            "Worker"]
+
+from .client import AsyncTaskClient, Task  # noqa: E402
+
+__all__ += ["AsyncTaskClient", "Task"]

@@ -20,7 +20,7 @@ import click
 from ..config import dsn_option, env, option, require_dsn
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
-from .client import STATUSES, TaskClient
+from .client import STATUSES, Task, TaskClient
 from .monitor import Monitor
 from .worker import TaskContext, Worker, wait_for
 
@@ -71,7 +71,7 @@ def _with_client(dsn: str | None, action):
 
 
 def _echo_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, default=str))
+    click.echo(json.dumps(obj.json if isinstance(obj, Task) else obj, indent=2, default=str))
 
 
 @click.group("tasks")

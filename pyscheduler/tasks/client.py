@@ -1,118 +1,178 @@
 """The client side of leased tasks: submit, view, cancel (seeds/scylla.md).
 
-Clients have no identity: any client may view or cancel any task. Tasks are
-dicts in the seed's JSON shape (``rn``, ``spec``, ``queue``, ``priority``,
-``status``, ``progress``, ``created``, ``updated``, ``errors``, ``owner``,
-``deadline``, ``history``).
+``TaskClient(db)`` runs on pyscheduler's pool; ``TaskClient(conn)`` on the
+application's own psycopg connection or cursor, inside its transaction: a task
+submitted there exists only if the application commits (``AsyncTaskClient(conn)``
+for asyncio). Results are :class:`Task` objects. Clients have no identity: any
+client may view or cancel any task.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, get_args
 from uuid import UUID
 
-from ..db import Database, Jsonb
+from ..calls import (AsyncClient, Call, SyncClient, asynchronous, each, instant, integer, json_object,
+                     required_instant, sync, text, value)
+from ..db import Jsonb
 from ..errors import InvalidArgument
 
+__all__ = ["MAX_PRIORITY", "STATUSES", "AsyncTaskClient", "HistoryEntry", "Task", "TaskClient", "TaskError",
+           "TaskStatus"]
+
 MAX_PRIORITY = 4_294_967_295
-STATUSES = ("ready", "running", "completed", "aborted", "cancelled")
+TaskStatus = Literal["ready", "running", "completed", "aborted", "cancelled"]
+STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
 
 
-def _bad_json(value: Any, path: str, depth: int = 0) -> str | None:
-    """Why ``value`` (at ``path``) cannot be stored as jsonb, or None: NaN and infinities
-    (JSON has no such numbers), NUL characters (jsonb cannot hold U+0000), unencodable
-    surrogates, non-string keys, and anything json.dumps cannot write."""
-    if depth > 1000:
-        return f"{path} is nested too deeply"
-    if value is None or isinstance(value, (bool, int)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path} is {value!r}: JSON has no NaN or infinity"
-    if isinstance(value, str):
-        if "\x00" in value:
-            return f"{path} contains a NUL character (\\u0000), which PostgreSQL cannot store"
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"{path} is not valid Unicode (a lone surrogate)"
-        return None
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path} has a key that is not a string: {key!r}"
-            why = _bad_json(key, f"{path} key {key!r}", depth + 1) or _bad_json(item, f"{path}[{key!r}]", depth + 1)
-            if why:
-                return why
-        return None
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            why = _bad_json(item, f"{path}[{i}]", depth + 1)
-            if why:
-                return why
-        return None
-    return f"{path} is a {type(value).__name__}, which is not JSON"
+@dataclass(frozen=True, slots=True)
+class TaskError:
+    """An entry of a task's ``errors``: what aborted it (``Abort(code, description, args)``)."""
+
+    code: str
+    description: str
+    args: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)  # any other key of the entry
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> TaskError:
+        rest = {k: v for k, v in obj.items() if k not in ("code", "description", "args")}
+        return cls(obj.get("code", ""), obj.get("description", ""), dict(obj.get("args") or {}), rest)
 
 
-def check_spec(spec: Any, what: str = "spec") -> Jsonb:
-    """A spec as the SQL functions take it; InvalidArgument naming ``what`` (and the bad
-    field inside it) otherwise. Never retryable: the same spec would fail again."""
-    if not isinstance(spec, Mapping):
-        raise InvalidArgument(f"{what} must be a JSON object (a dict), got {type(spec).__name__}")
-    why = _bad_json(spec, what)
-    if why:
-        raise InvalidArgument(f"{what} is not storable JSON: {why}")
-    try:
-        json.dumps(spec, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidArgument(f"{what} is not JSON-serialisable: {exc}") from exc
-    return Jsonb(dict(spec))
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """An entry of a task's ``history``: ``type`` is the seed's ``_typ`` (``TaskAssignment``,
+    ``TaskTimeout``, ``TaskYield``, ...), ``worker`` the lease's worker, ``time`` when it happened,
+    ``progress`` the progress reported before a timeout or a yield."""
+
+    type: str
+    time: datetime
+    worker: str | None = None
+    progress: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # any other key of the entry
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> HistoryEntry:
+        rest = {k: v for k, v in obj.items() if k not in ("_typ", "time", "worker", "progress")}
+        progress = obj.get("progress")
+        return cls(obj["_typ"], required_instant(obj["time"]), obj.get("worker"),
+                   None if progress is None else float(progress), rest)
 
 
-def check_priority(priority: Any) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= MAX_PRIORITY:
-        raise InvalidArgument(f"priority must be an integer in 0..{MAX_PRIORITY}, got {priority!r}")
-    return priority
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A task: its id ``rn``, ``spec`` (the submitted JSON object), ``queue``, ``priority``
+    (higher first), ``status``, ``progress`` (0..1, from heartbeats), ``created`` and
+    ``updated`` (UTC), ``errors`` (why it was aborted), ``owner`` (the worker holding or that
+    last held it), ``deadline`` (of the current lease, UTC) and ``history``.
+
+    ``json`` is the task in the seed's JSON shape, as the SQL functions return it, and
+    ``task["rn"]`` reads it (``task["created"]`` is the text ``2021-10-09T12:13:21.000000Z``,
+    ``task["history"]`` the entries with their ``_typ``)."""
+
+    rn: UUID
+    queue: str
+    spec: dict[str, Any]
+    priority: int
+    status: TaskStatus
+    progress: float
+    created: datetime
+    updated: datetime
+    errors: list[TaskError]
+    owner: str | None
+    deadline: datetime | None
+    history: list[HistoryEntry]
+    json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Task:
+        """From the jsonb the SQL functions return (keys they add later are ignored)."""
+        return cls(rn=UUID(obj["rn"]), queue=obj["queue"], spec=obj["spec"], priority=int(obj["priority"]),
+                   status=obj["status"], progress=float(obj["progress"]), created=required_instant(obj["created"]),
+                   updated=required_instant(obj["updated"]),
+                   errors=[TaskError.from_json(e) for e in obj.get("errors") or ()], owner=obj.get("owner"),
+                   deadline=instant(obj.get("deadline")),
+                   history=[HistoryEntry.from_json(h) for h in obj.get("history") or ()], json=obj)
+
+    def __getitem__(self, key: str) -> Any:
+        """A key of the seed's JSON shape (``json``)."""
+        return self.json[key]
 
 
-class TaskClient:
-    """Submit, view and cancel tasks through the SQL API (role pyscheduler_client)."""
-
-    def __init__(self, db: Database):
-        self.db = db
-
-    def submit(self, queue: str, spec: Mapping[str, Any], priority: int = 50) -> dict[str, Any]:
-        """Submit one ready task; idle workers of ``queue`` are woken at once."""
-        return self.db.call_value("submit_task", queue=queue, spec=check_spec(spec),
-                                  priority=check_priority(priority))
-
-    def submit_many(self, queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50) -> list[dict[str, Any]]:
-        """Submit many tasks of one queue and priority in one statement."""
-        specs = [check_spec(s, f"specs[{i}]").obj for i, s in enumerate(specs)]
-        rows = self.db.call("submit_tasks", queue=queue, specs=Jsonb(specs), priority=check_priority(priority))
-        return [r["task"] for r in rows]
-
-    def get(self, rn: str | UUID) -> dict[str, Any]:
-        """The task; TaskNotFound (PS200) when there is none."""
-        return self.db.call_value("get_task", rn=_rn(rn))
-
-    def list(self, queue: str | None = None, status: str | None = None, owner: str | None = None,
-             limit: int = 100) -> list[dict[str, Any]]:
-        """Tasks matching every filter given, newest first."""
-        if status is not None and status not in STATUSES:
-            raise InvalidArgument(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
-        rows = self.db.call("list_tasks", queue=queue, status=status, owner=owner, max_tasks=limit)
-        return [r["task"] for r in rows]
-
-    def cancel(self, rn: str | UUID) -> dict[str, Any]:
-        """Cancel a ready or running task (terminal); its worker is told at once."""
-        return self.db.call_value("cancel_task", rn=_rn(rn))
-
-
-def _rn(rn: str | UUID) -> UUID:
+def task_id(rn: str | UUID) -> UUID:
+    """A task id from a UUID or its text, else InvalidArgument naming ``rn``."""
     try:
         return rn if isinstance(rn, UUID) else UUID(str(rn))
     except ValueError as exc:
         raise InvalidArgument(f"rn must be a task id (a UUID), got {rn!r}") from exc
+
+
+def _priority(priority: int) -> int:
+    return int(integer("priority", priority, 0, MAX_PRIORITY))
+
+
+def _queue(queue: str) -> str:
+    return str(text("queue", queue))
+
+
+# -- the calls: one function each, a method of both clients ----------------------------------
+
+def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50) -> Call[Task]:
+    """Submit one ready task to ``queue``; idle workers of the queue are woken at once."""
+    return Call("submit_task", {"queue": _queue(queue), "spec": json_object("spec", spec),
+                                "priority": _priority(priority)}, value(Task.from_json))
+
+
+def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50) -> Call[list[Task]]:
+    """Submit many tasks of one queue and priority in one statement; they lease in this order."""
+    objects = [json_object(f"specs[{i}]", s).obj for i, s in enumerate(specs)]
+    return Call("submit_tasks", {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority)},
+                each(Task.from_json, "task"))
+
+
+def _get(rn: str | UUID) -> Call[Task]:
+    """The task; TaskNotFound (PS200) when there is none."""
+    return Call("get_task", {"rn": task_id(rn)}, value(Task.from_json))
+
+
+def _list(queue: str | None = None, status: TaskStatus | None = None, owner: str | None = None,
+          limit: int = 100) -> Call[list[Task]]:
+    """Tasks matching every filter given (None: any), newest first, at most ``limit``."""
+    if status is not None and status not in STATUSES:
+        raise InvalidArgument(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+    return Call("list_tasks", {"queue": text("queue", queue, optional=True), "status": status,
+                               "owner": text("owner", owner, optional=True),
+                               "max_tasks": integer("limit", limit, 1, 2**31 - 1)}, each(Task.from_json, "task"))
+
+
+def _cancel(rn: str | UUID) -> Call[Task]:
+    """Cancel a ready or running task (terminal); its worker is told at once. TaskFinished
+    (PS209) when it is already completed or aborted."""
+    return Call("cancel_task", {"rn": task_id(rn)}, value(Task.from_json))
+
+
+class TaskClient(SyncClient):
+    """Submit, view and cancel tasks (role pyscheduler_client): ``TaskClient(db)`` on a
+    ``Database``, or ``TaskClient(conn)`` on the application's psycopg connection or cursor,
+    in its transaction (the task exists only if the application commits)."""
+
+    submit = sync(_submit)
+    submit_many = sync(_submit_many)
+    get = sync(_get)
+    list = sync(_list)
+    cancel = sync(_cancel)
+
+
+class AsyncTaskClient(AsyncClient):
+    """``TaskClient`` for asyncio, on the application's psycopg ``AsyncConnection`` or
+    ``AsyncCursor``, in its transaction: ``await AsyncTaskClient(conn).submit(...)``."""
+
+    submit = asynchronous(_submit)
+    submit_many = asynchronous(_submit_many)
+    get = asynchronous(_get)
+    list = asynchronous(_list)
+    cancel = asynchronous(_cancel)

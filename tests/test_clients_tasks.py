@@ -1,0 +1,210 @@
+"""TaskClient and AsyncTaskClient: typed results, and transactional enqueue on the application's
+own connection or cursor (the task exists only if the application's transaction commits)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import threading
+from datetime import timedelta, timezone
+
+import psycopg
+import pytest
+from psycopg.rows import namedtuple_row, tuple_row
+
+from pyscheduler.db import Jsonb, Session
+from pyscheduler.errors import InvalidArgument, TaskFinished, TaskNotFound
+from pyscheduler.tasks import AsyncTaskClient, Task, TaskClient, TaskContext, Worker
+from pyscheduler.tasks.client import HistoryEntry, TaskError
+from pyscheduler.tasks.worker import wait_for
+
+# A session as unlike pyscheduler's as PostgreSQL allows: psycopg's text loaders cannot
+# read these DateStyle and IntervalStyle values, and the TimeZone has daylight saving.
+ODD = "-c DateStyle=German,DMY -c IntervalStyle=iso_8601 -c TimeZone=America/New_York"
+
+
+def odd_connection(dsn: str, **kwargs) -> psycopg.Connection:
+    return psycopg.connect(dsn, options=ODD, **kwargs)
+
+
+def settings_of(conn) -> tuple:
+    with psycopg.Cursor(conn) as cur:
+        return tuple(cur.execute("SELECT current_setting('DateStyle') AS d, current_setting('IntervalStyle') AS i, "
+                                 "current_setting('TimeZone') AS t").fetchone())
+
+
+class Seen:
+    """A worker handler that records the spec of every task it runs."""
+
+    def __init__(self) -> None:
+        self.specs: list[dict] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, ctx: TaskContext) -> None:
+        with self.lock:
+            self.specs.append(ctx.spec)
+
+
+@pytest.fixture
+def worker(dsn):
+    """A worker on queue 'app' recording what it runs (``seen.specs``; ``seen.worker.polls``
+    counts its lease calls)."""
+    seen = Seen()
+    running = Worker(dsn, "app", seen, timeout=5, capacity=1).start()
+    running.wait_idle(30)
+    seen.worker = running.worker
+    yield seen
+    running.stop()
+
+
+def test_a_task_submitted_in_a_rolled_back_transaction_never_exists_and_never_runs(dsn, db, worker):
+    with psycopg.connect(dsn) as conn:  # not autocommit: the submit opens the application's transaction
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        conn.commit()
+        conn.execute("INSERT INTO orders VALUES (1)")
+        task = TaskClient(conn).submit("app", {"order": 1})
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # nothing committed
+        conn.rollback()
+    with pytest.raises(TaskNotFound):
+        TaskClient(db).get(task.rn)
+    TaskClient(db).submit("app", {"order": "sentinel"})  # leased after any older task of the queue
+    wait_for(lambda: worker.specs, timeout=30)
+    assert worker.specs == [{"order": "sentinel"}]
+    assert TaskClient(db).list("app", status="ready") == []
+
+
+def test_a_task_submitted_in_a_transaction_is_leased_only_once_it_commits(dsn, db, worker):
+    TaskClient(db).submit("app", {"order": "before"})
+    wait_for(lambda: worker.specs, timeout=30)
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction():
+            task = TaskClient(conn.cursor()).submit("app", {"order": 2}, priority=90)  # on a cursor
+            polls = worker.worker.polls
+            wait_for(lambda: worker.worker.polls >= polls + 2, timeout=30)  # two lease calls since
+            assert worker.specs == [{"order": "before"}]  # the uncommitted task is invisible to them
+            assert TaskClient(conn).get(task.rn).status == "ready"  # ... but not in its own transaction
+        wait_for(lambda: len(worker.specs) == 2, timeout=30)
+    assert worker.specs[1] == {"order": 2}
+    wait_for(lambda: TaskClient(db).get(task.rn).status == "completed", timeout=30)
+
+
+@pytest.mark.xfail(strict=True, raises=psycopg.errors.QueryCanceled, reason="sql/common.sql _notify_throttled: the first submit to a throttle slot "
+                                       "INSERTs the slot's row, and another submit to that slot waits on it "
+                                       "until the application's transaction ends (reported to the lead)")
+def test_an_open_application_transaction_does_not_block_other_submitters_of_its_queue(dsn, db):
+    with psycopg.connect(dsn) as conn:
+        TaskClient(conn).submit("blocked", {"order": 1})  # the transaction stays open
+        with psycopg.connect(dsn, autocommit=True, options="-c statement_timeout=3000") as other:
+            TaskClient(other).submit("blocked", {"order": 2})  # QueryCanceled after 3 s while it waits
+        conn.rollback()
+
+
+def test_calls_on_the_callers_connection_leave_its_settings_and_return_typed_results(dsn, db):
+    with odd_connection(dsn, row_factory=namedtuple_row, cursor_factory=psycopg.ClientCursor) as conn:
+        before = settings_of(conn)
+        client = TaskClient(conn)
+        task = client.submit("odd", {"a": [1, 2.5, None], "b": "ü"}, priority=4_294_967_295)
+        many = client.submit_many("odd", [{"i": 1}, {"i": 2}], priority=0)
+        listed = client.list("odd", status="ready", limit=10)
+        cancelled = client.cancel(many[0].rn)
+        assert settings_of(conn) == before
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.commit()
+    assert [t.rn for t in listed] == [many[1].rn, many[0].rn, task.rn]  # newest first
+    assert cancelled.status == "cancelled" and cancelled.rn == many[0].rn
+    for mine in (task, *many):
+        assert mine.created.tzinfo is timezone.utc and mine.updated.tzinfo is timezone.utc
+    ours = TaskClient(db).get(task.rn)  # pyscheduler's own pool, its pinned settings
+    assert ours == task and ours.json == task.json
+    assert (task.queue, task.spec, task.priority, task.status, task.progress) == (
+        "odd", {"a": [1, 2.5, None], "b": "ü"}, 4_294_967_295, "ready", 0.0)
+
+
+def test_the_typed_task_round_trips_every_field(db, conn):
+    """Every key get_task returns is a field of Task, loaded to its Python type."""
+    rn = TaskClient(db).submit("rt", {"k": {"nested": [1, "x"]}}, priority=7).rn
+    leased = db.call_value("lease_task", queue="rt", worker="w-1", timeout=timedelta(seconds=30))
+    db.call("heartbeat_task", rn=rn, token=leased["token"], progress=0.25, timeout=timedelta(seconds=30))
+    db.call("abort_task", rn=rn, token=leased["token"],
+            errors=Jsonb([{"code": "bad", "args": {"why": 1}, "description": "no"}]))
+    task = TaskClient(db).get(rn)
+    raw = db.call_value("get_task", rn=rn)
+    assert {f.name for f in dataclasses.fields(Task)} - {"json"} == set(raw), "Task misses or adds a field"
+    assert (task.rn, task.queue, task.spec, task.priority, task.status, task.progress, task.owner) == (
+        rn, "rt", {"k": {"nested": [1, "x"]}}, 7, "aborted", 0.25, "w-1")
+    assert task.errors == [TaskError("bad", "no", {"why": 1})]
+    assert task.deadline is None and task.created <= task.updated
+    assert [(h.type, h.worker) for h in task.history] == [("TaskAssignment", "w-1")]
+    assert isinstance(task.history[0], HistoryEntry) and task.history[0].time.tzinfo is timezone.utc
+    assert task["errors"] == raw["errors"] and task["created"].endswith("Z")  # the seed's JSON shape
+    with pytest.raises(TaskFinished):
+        TaskClient(db).cancel(rn)
+
+
+def test_bad_arguments_are_refused_naming_the_field_before_any_round_trip(dsn):
+    conn = psycopg.connect(dsn)
+    conn.close()  # any round trip would fail with DatabaseUnavailable
+    client = TaskClient(conn)
+    for call, field in ((lambda: client.submit("q", {"x": math.nan}), "spec"),
+                        (lambda: client.submit("q", {"x": "a\x00b"}), "spec"),
+                        (lambda: client.submit("q", ["not", "an", "object"]), "spec"),
+                        (lambda: client.submit("q", {}, priority=2**32), "priority"),
+                        (lambda: client.submit("q", {}, priority=True), "priority"),
+                        (lambda: client.submit("q\x00", {}), "queue"),
+                        (lambda: client.submit_many("q", [{}, {"x": math.inf}]), "specs[1]"),
+                        (lambda: client.get("not-a-uuid"), "rn"),
+                        (lambda: client.list(status="done"), "status"),
+                        (lambda: client.list(limit=0), "limit")):
+        with pytest.raises(InvalidArgument, match=field.replace("[", r"\[")):
+            call()
+
+
+def test_a_refused_call_leaves_the_application_transaction_failed_for_it_to_roll_back(dsn, db):
+    with psycopg.connect(dsn) as conn:
+        client = TaskClient(conn)
+        with pytest.raises(TaskNotFound):
+            client.get("00000000-0000-0000-0000-000000000000")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        conn.rollback()
+        rn = client.submit("after", {}).rn  # the connection goes on after the rollback
+        conn.commit()
+    assert TaskClient(db).get(rn).status == "ready"
+
+
+def test_a_session_on_an_autocommit_connection_commits_each_call_itself(dsn, db):
+    with psycopg.connect(dsn, autocommit=True, row_factory=tuple_row) as conn:
+        rn = TaskClient(Session.borrow(conn)).submit("auto", {}).rn
+    assert TaskClient(db).get(rn).queue == "auto"
+
+
+def test_the_async_client_enqueues_in_the_applications_transaction(dsn, db, worker):
+    async def scenario() -> tuple[Task, Task]:
+        aconn = await psycopg.AsyncConnection.connect(dsn, options=ODD, row_factory=tuple_row)
+        async with aconn:
+            client = AsyncTaskClient(aconn)
+            dropped = await client.submit("app", {"order": "rolled back"})
+            await aconn.rollback()
+            async with aconn.transaction():
+                kept = await AsyncTaskClient(aconn.cursor()).submit("app", {"order": "committed"})
+                got = await client.get(kept.rn)
+                assert got == kept and got.created.tzinfo is timezone.utc
+                assert [t.rn for t in await client.list("app")] == [kept.rn]
+            many = await client.submit_many("other", [{"i": 1}])
+            assert (await client.cancel(many[0].rn)).status == "cancelled"
+            await aconn.commit()
+        return dropped, kept
+
+    dropped, kept = asyncio.run(scenario())
+    wait_for(lambda: TaskClient(db).get(kept.rn).status == "completed", timeout=30)
+    with pytest.raises(TaskNotFound):
+        TaskClient(db).get(dropped.rn)
+    assert worker.specs == [{"order": "committed"}]
+
+
+def test_the_async_client_refuses_what_is_not_an_async_connection(dsn):
+    with psycopg.connect(dsn) as conn:
+        with pytest.raises(TypeError, match="AsyncConnection"):
+            AsyncTaskClient(conn)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="Connection or Cursor"):
+            TaskClient("dsn")  # type: ignore[arg-type]
