@@ -28,6 +28,13 @@ $$;
 -- and a slot remembers the last channel notified through it. Two channels
 -- sharing a slot only throttle each other less (a slot held by another
 -- channel counts as "not notified lately"), never suppress a notification.
+-- Only a call that is its whole transaction (one statement: the row lock is
+-- gone at once) uses the throttle. A call inside a longer transaction (an
+-- application's, enqueueing in its own transaction) just notifies: PostgreSQL
+-- sends it at commit, once per channel and payload, and never if it rolls
+-- back; taking the slot's row lock there would hold it until that
+-- transaction ends, making other notifiers of the slot wait (on the row's
+-- insert) or stay silent (counting on a notification that may never come).
 CREATE OR REPLACE FUNCTION pyscheduler._notify_throttled(
     p_channel text, p_payload text DEFAULT '', p_min_gap interval DEFAULT '10 milliseconds')
 RETURNS boolean
@@ -39,6 +46,10 @@ DECLARE
     v_channel text;
     v_last timestamptz;
 BEGIN
+    IF statement_timestamp() <> transaction_timestamp() THEN  -- a statement of a longer transaction
+        PERFORM pg_notify(p_channel, p_payload);
+        RETURN true;
+    END IF;
     SELECT channel, last_at INTO v_channel, v_last FROM pyscheduler._notify_throttle
      WHERE slot = v_slot FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
