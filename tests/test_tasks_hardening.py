@@ -257,7 +257,7 @@ def test_a_task_that_keeps_timing_out_is_aborted_with_task_max_attempts(db, conn
     task = db.call_value("get_task", rn=rn)
     assert task["status"] == "aborted" and task["owner"] == "w1" and task["deadline"] is None
     assert task["errors"] == [{"code": "TaskMaxAttempts", "args": {"attempts": 3, "max_attempts": 3},
-                               "description": "the task's lease timed out 3 times"}]
+                               "description": "attempt 3 of 3: the lease timed out"}]
     assert types_of(task)[-1] == "TaskTimeout"
     assert lease(db, now=at(1000)) is None
 
