@@ -1687,7 +1687,7 @@ BEGIN
             USING ERRCODE = 'PS208', HINT = 'retry_in[i] is the delay of rns[i] (NULL: the default backoff).';
     END IF;
     SELECT d, i INTO v_bad FROM unnest(retry_in) WITH ORDINALITY AS u(d, i)
-     WHERE d IS NOT NULL AND NOT (d >= interval '0' AND d <= interval '365 days') LIMIT 1;
+     WHERE d IS NOT NULL AND NOT extract(epoch FROM d) BETWEEN 0 AND 31536000 LIMIT 1;  -- 365 days, as seconds
     IF FOUND THEN
         RAISE EXCEPTION 'retry_in must be between 0 and 365 days, got %', v_bad.d
             USING ERRCODE = 'PS212', HINT = 'NULL: the default backoff; 0: ready again at once.';
