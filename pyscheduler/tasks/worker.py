@@ -485,7 +485,7 @@ class Worker:
         self.listener: Listener | None = None
         self.polls = 0  # lease calls made (tests and benches wait for the first one)
         self.completed = 0  # completions recorded (durably) by this worker
-        self.failed = 0  # failed attempts recorded (retried, or aborted after their last attempt)
+        self.failed = 0  # failed attempts handed to fail_task(s) (retried, or aborted after their last attempt)
         self._unrecorded: list[TaskContext] = []  # completions for the completer's next batch
         self._unfailed: list[tuple[TaskContext, dict[str, Any]]] = []  # failures (fail_task args), same
         self._recordable = threading.Condition(self._lock)  # _unrecorded or _unfailed got an entry
@@ -937,6 +937,9 @@ class Worker:
         if refused is not None:
             log.error("task %s: the short error was refused too; yielding the task", ctx.rn)
             self._finish(ctx, "yield_task")
+        elif function == "fail_task":
+            with self._lock:
+                self.failed += 1
 
     def _finish(self, ctx: TaskContext, function: str, **args: Any) -> Exception | None:
         """Record abort_task / yield_task, retried through database trouble. Returns the
