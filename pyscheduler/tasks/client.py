@@ -18,7 +18,7 @@ from ..db import Database, Jsonb
 from ..errors import InvalidArgument
 
 MAX_PRIORITY = 4_294_967_295
-STATUSES = ("ready", "running", "completed", "aborted", "cancelled")
+STATUSES = ("scheduled", "ready", "running", "completed", "aborted", "cancelled")
 
 
 def _bad_json(value: Any, path: str, depth: int = 0) -> str | None:
