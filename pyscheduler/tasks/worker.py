@@ -920,24 +920,21 @@ class Worker:
         else:
             errors = [args["error"]]
             refused = self._finish(ctx, function, error=Jsonb(errors[0]), retry_in=args.get("retry_in"))
-        if refused is None:
-            if function == "fail_task":
-                with self._lock:
-                    self.failed += 1
-            return
-        log.error("task %s: the database refused the %s's error (%s); recording a short error instead",
-                  ctx.rn, "abort" if function == "abort_task" else "failure", refused)
-        first = errors[0] if errors else {}
-        short = error_entry(str(first.get("code", "error"))[:100], str(first.get("description", ""))[:100],
-                            {"refused": str(refused)[:100]})
-        if function == "abort_task":
-            refused = self._finish(ctx, function, errors=Jsonb([short]))
-        else:
-            refused = self._finish(ctx, function, error=Jsonb(short))
         if refused is not None:
-            log.error("task %s: the short error was refused too; yielding the task", ctx.rn)
-            self._finish(ctx, "yield_task")
-        elif function == "fail_task":
+            log.error("task %s: the database refused the %s's error (%s); recording a short error instead",
+                      ctx.rn, "abort" if function == "abort_task" else "failure", refused)
+            first = errors[0] if errors else {}
+            short = error_entry(str(first.get("code", "error"))[:100], str(first.get("description", ""))[:100],
+                                {"refused": str(refused)[:100]})
+            if function == "abort_task":
+                refused = self._finish(ctx, function, errors=Jsonb([short]))
+            else:
+                refused = self._finish(ctx, function, error=Jsonb(short))
+            if refused is not None:
+                log.error("task %s: the short error was refused too; yielding the task", ctx.rn)
+                self._finish(ctx, "yield_task")
+                return
+        if function == "fail_task":
             with self._lock:
                 self.failed += 1
 
