@@ -1222,8 +1222,11 @@ AS $$
    then in submission order, skipping rows other workers are leasing (FOR
    UPDATE SKIP LOCKED). Each becomes running, owner = worker, deadline = now
    + timeout, history += TaskAssignment, and gets a new secret lease token,
-   returned as the task's "token": heartbeat, complete, abort and yield need it.
-   Returns nothing when no task is ready.
+   returned as the task's "token": heartbeat, complete, fail, abort and yield
+   need it. Returns nothing when no task is ready, or the queue is paused
+   (pause_queue). The queue's scheduled tasks that are due (run_at passed:
+   delayed tasks, retries) are made ready first, so they lease in this order
+   too (_lease_gate).
    timeout: more than 0, at most 1 day, no months or years.
    Fairness (off by default): with aging_rate > 0 a ready task's effective
    priority is priority + aging_rate * seconds since it became ready, capped at
@@ -1238,7 +1241,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, double precision, bigint) IS
-    'Lease up to n ready tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; each with its lease token.';
+    'Lease up to n ready (or due) tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; each with its lease token; none when paused.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks_lean(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
