@@ -209,6 +209,7 @@ class TaskContext:
     finishing = False  # the handler returned; its outcome is being recorded
     completed = False  # ctx.complete(): done, even if told to stop
     started = False  # a handler took it from the local queue
+    failure: dict[str, Any] | None = None  # fail_task's error and retry_in, while the failure waits to be recorded
     lease_until = math.inf  # time.monotonic() before which the lease cannot have expired
     priority = 0
     queue = ""
@@ -487,7 +488,7 @@ class Worker:
         self.completed = 0  # completions recorded (durably) by this worker
         self.failed = 0  # failed attempts handed to fail_task(s) (retried, or aborted after their last attempt)
         self._unrecorded: list[TaskContext] = []  # completions for the completer's next batch
-        self._unfailed: list[tuple[TaskContext, dict[str, Any]]] = []  # failures (fail_task args), same
+        self._unfailed: list[TaskContext] = []  # failures (ctx.failure) for the completer's next batch
         self._recordable = threading.Condition(self._lock)  # _unrecorded or _unfailed got an entry
         self._room = threading.Condition(self._lock)  # the completer took them (back-pressure)
         self._halt = threading.Event()  # stop was asked for, or a worker thread died
@@ -826,7 +827,8 @@ class Worker:
                 if not block:
                     return False
                 self._room.wait()
-            self._unfailed.append((ctx, args))
+            ctx.failure = args
+            self._unfailed.append(ctx)
         self._recordable.notify()
         return True
 
@@ -987,98 +989,98 @@ class Worker:
                         self._fail(failures, conn)
                 except Exception:  # never let the completer die: it frees the leases
                     log.exception("recording %d completions and %d failures failed", len(batch), len(failures))
-                    for ctx in batch + [c for c, _ in failures]:
+                    for ctx in batch + failures:
                         self._release(ctx)
         finally:
             conn.close()
 
     def _complete(self, batch: list[TaskContext], conn: _Dedicated) -> None:
+        """Record completions with one complete_tasks call (durably); then they count as done."""
+        try:
+            live, refused = self._write_batch(batch, "completions", lambda live, rns, tokens: conn.call_binary(
+                "complete_tasks", rns=rns, tokens=tokens))
+        except SchedulerError as exc:
+            log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
+            for ctx in batch:
+                self._release(ctx)
+            return
+        recorded = self._written(batch, live, refused, "finished")
+        with self._lock:
+            self.completed += recorded
+
+    def _fail(self, batch: list[TaskContext], conn: _Dedicated) -> None:
+        """Record failed attempts with one fail_tasks call, as _complete records completions. If
+        the database refuses the call's data (one error it cannot store), each is recorded on its
+        own (_record_error), so one poison error never holds back the others."""
+
+        def call(live: list[TaskContext], rns: UuidArray, tokens: UuidArray) -> list[dict[str, Any]]:
+            delays = [c.failure["retry_in"] for c in live]  # type: ignore[index]
+            return conn.call_binary("fail_tasks", rns=rns, tokens=tokens,
+                                    errors=Jsonb([c.failure["error"] for c in live]),  # type: ignore[index]
+                                    retry_in=delays if any(d is not None for d in delays) else None)
+
+        try:
+            live, refused = self._write_batch(batch, "failures", call)
+        except Exception as exc:  # noqa: BLE001 - refused as data, or not adaptable at all
+            poison = rejects_arguments(exc) or not isinstance(exc, (SchedulerError, psycopg.Error))
+            if not poison:
+                log.error("could not record %d failures (%s); the monitor will reset them", len(batch), exc)
+                for ctx in batch:
+                    self._release(ctx)
+                return
+            log.error("recording %d failures together was refused (%s); recording them one by one", len(batch), exc)
+            for ctx in batch:
+                if self.held.get(ctx.rn) is ctx:
+                    self._record_error(ctx, "fail_task", ctx.failure or {})
+                self._release(ctx)
+            return
+        recorded = self._written(batch, live, refused, "failed")
+        with self._lock:
+            self.failed += recorded
+
+    def _write_batch(self, batch: list[TaskContext], what: str,
+                     write: Callable[[list[TaskContext], UuidArray, UuidArray], list[dict[str, Any]]]
+                     ) -> tuple[list[TaskContext], list[dict[str, Any]]]:
+        """``write(live, rns, tokens)`` for the leases of ``batch`` still ours, retried through
+        database trouble (_retry): (those leases, the rows it refused). Not the outcome of a
+        lease lost meanwhile (the task leased again)."""
         live = batch
 
         def call() -> list[dict[str, Any]]:
             nonlocal live
-            with self._lock:  # not the outcome of a lease lost meanwhile (the task leased again)
+            with self._lock:
                 live = [c for c in batch if self.held.get(c.rn) is c]
             if not live:
                 return []
             rns, tokens = _leases(live)
-            return conn.call_binary("complete_tasks", rns=rns, tokens=tokens)
+            return write(live, rns, tokens)
 
-        failed: list[dict[str, Any]] = []
-        try:
-            _, failed = self._retry(f"completions of {self.worker_id}", call)
-            failed = failed or []
-        except SchedulerError as exc:
-            log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
+        _, refused = self._retry(f"{what} of {self.worker_id}", call)
+        return live, refused or []
+
+    def _written(self, batch: list[TaskContext], live: list[TaskContext], refused: list[dict[str, Any]],
+                 done: str) -> int:
+        """After a batch write: say why a task's outcome was not recorded (its lease was lost, or
+        it was cancelled), and release every lease of the batch. How many were recorded."""
         if len(live) != len(batch):
             kept = {id(c) for c in live}
             for ctx in batch:
                 if id(ctx) not in kept:
                     log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
-        if failed:
-            why = {str(r["rn"]): r["sqlstate"] for r in failed}
+        if refused:
+            why = {str(r["rn"]): r["sqlstate"] for r in refused}
             for ctx in batch:
                 code = why.get(ctx.rn)
                 if code == "PS203":
-                    log.info("task %s was cancelled before it finished; it stays cancelled", ctx.rn)
+                    log.info("task %s was cancelled before it %s; it stays cancelled", ctx.rn, done)
                 elif code:
-                    log.warning("task %s: lease lost before it finished (SQLSTATE %s)", ctx.rn, code)
+                    log.warning("task %s: lease lost before it %s (SQLSTATE %s)", ctx.rn, done, code)
         with self._lock:
-            self.completed += len(live) - len(failed)
             held = self.held
             for ctx in batch:
                 if held.get(ctx.rn) is ctx:
                     del held[ctx.rn]
-
-    def _fail(self, failures: list[tuple[TaskContext, dict[str, Any]]], conn: _Dedicated) -> None:
-        """Record failed attempts with one fail_tasks call, as _complete records completions. If
-        the database refuses the call's data (one error it cannot store), each is recorded on its
-        own (_record_error), so one poison error never holds back the others."""
-        live = failures
-
-        def call() -> list[dict[str, Any]]:
-            nonlocal live
-            with self._lock:  # not the outcome of a lease lost meanwhile (the task leased again)
-                live = [f for f in failures if self.held.get(f[0].rn) is f[0]]
-            if not live:
-                return []
-            rns, tokens = _leases([c for c, _ in live])
-            delays = [a.get("retry_in") for _, a in live]
-            return conn.call_binary("fail_tasks", rns=rns, tokens=tokens, errors=Jsonb([a["error"] for _, a in live]),
-                                    retry_in=delays if any(d is not None for d in delays) else None)
-
-        refused: list[dict[str, Any]] = []
-        try:
-            _, refused = self._retry(f"failures of {self.worker_id}", call)
-            refused = refused or []
-        except Exception as exc:  # noqa: BLE001 - refused as data, or not adaptable at all
-            if rejects_arguments(exc) or not isinstance(exc, (SchedulerError, psycopg.Error)):
-                log.error("recording %d failures together was refused (%s); recording them one by one",
-                          len(live), exc)
-                for ctx, args in live:
-                    self._record_error(ctx, "fail_task", args)
-                    self._release(ctx)
-                return
-            log.error("could not record %d failures (%s); the monitor will reset them", len(live), exc)
-            for ctx, _ in failures:
-                self._release(ctx)
-            return
-        why = {str(r["rn"]): r["sqlstate"] for r in refused}
-        kept = {id(c) for c, _ in live}
-        for ctx, _ in failures:
-            code = why.get(ctx.rn)
-            if id(ctx) not in kept:
-                log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
-            elif code == "PS203":
-                log.info("task %s was cancelled before it failed; it stays cancelled", ctx.rn)
-            elif code:
-                log.warning("task %s: lease lost before its failure was recorded (SQLSTATE %s)", ctx.rn, code)
-        with self._lock:
-            self.failed += len(live) - len(refused)
-            held = self.held
-            for ctx, _ in failures:
-                if held.get(ctx.rn) is ctx:
-                    del held[ctx.rn]
+        return len(live) - len(refused)
 
     # -- heartbeats: one heartbeat_tasks call for every lease held, queued ones included
 
