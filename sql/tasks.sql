@@ -285,11 +285,30 @@ BEGIN
 END
 $$;
 
--- _check_errors(errors, what): errors (a non-empty JSON array of
--- {"code": text, "args": object, "description": text}, args and description
--- optional) normalised to the stored shape ({} and "" where left out); PS207
--- naming what otherwise, or when it has more than task_max_errors entries or
--- task_max_errors_bytes bytes.
+-- _bad_error(e): whether e is not an error entry {"code": text, "args":
+-- object, "description": text} (args and description optional).
+CREATE OR REPLACE FUNCTION pyscheduler._bad_error(e jsonb)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT jsonb_typeof(e) IS DISTINCT FROM 'object'
+        OR jsonb_typeof(e -> 'code') IS DISTINCT FROM 'string'
+        OR (e ? 'args' AND jsonb_typeof(e -> 'args') <> 'object')
+        OR (e ? 'description' AND jsonb_typeof(e -> 'description') <> 'string');
+$$;
+
+-- _error_entry(e): an error entry in its stored shape ({} and "" where left out).
+CREATE OR REPLACE FUNCTION pyscheduler._error_entry(e jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
+                              'description', coalesce(e -> 'description', '""'));
+$$;
+
+-- _check_errors(errors, what): errors (a non-empty JSON array of error
+-- entries) in their stored shape; PS207 naming what otherwise, or when it has
+-- more than task_max_errors entries or task_max_errors_bytes bytes.
 CREATE OR REPLACE FUNCTION pyscheduler._check_errors(p_errors jsonb, p_what text DEFAULT 'errors')
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
@@ -299,11 +318,7 @@ DECLARE
     v_max_bytes integer := pyscheduler._task_limit('task_max_errors_bytes');
 BEGIN
     IF p_errors IS NULL OR jsonb_typeof(p_errors) <> 'array' OR jsonb_array_length(p_errors) = 0
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_errors) e
-                   WHERE jsonb_typeof(e) <> 'object'
-                      OR jsonb_typeof(e -> 'code') IS DISTINCT FROM 'string'
-                      OR (e ? 'args' AND jsonb_typeof(e -> 'args') <> 'object')
-                      OR (e ? 'description' AND jsonb_typeof(e -> 'description') <> 'string')) THEN
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_errors) e WHERE pyscheduler._bad_error(e)) THEN
         RAISE EXCEPTION '% must be a non-empty JSON array of {"code", "args", "description"}, got %',
                         p_what, coalesce(left(p_errors::text, 200), 'NULL')
             USING ERRCODE = 'PS207',
@@ -314,8 +329,7 @@ BEGIN
                         p_what, jsonb_array_length(p_errors), pg_column_size(p_errors), v_max, v_max_bytes
             USING ERRCODE = 'PS207', HINT = 'Record the first errors and a short description.';
     END IF;
-    RETURN (SELECT jsonb_agg(jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
-                                                'description', coalesce(e -> 'description', '""')) ORDER BY i)
+    RETURN (SELECT jsonb_agg(pyscheduler._error_entry(e) ORDER BY i)
               FROM jsonb_array_elements(p_errors) WITH ORDINALITY AS a(e, i));
 END
 $$;
@@ -532,8 +546,10 @@ BEGIN
     v_answers := array_fill(NULL::jsonb, ARRAY[cardinality(unique_keys)]);
     v_todo := ARRAY(SELECT generate_series(1, cardinality(unique_keys)));
     FOR v_round IN 1..10 LOOP
-        -- insert the specs not answered yet, in order; a key held by a live task
-        -- (or by an earlier spec of this statement) is skipped by DO NOTHING
+        -- insert the specs not answered yet; a key held by a live task (or by an
+        -- earlier spec of this statement) is skipped by DO NOTHING. seq follows the
+        -- order of specs (the lease order); the rows go in in key order, so
+        -- concurrent batches with keys in common wait for each other, never deadlock.
         v_seqs := ARRAY(SELECT nextval('pyscheduler.task_seq') FROM unnest(v_todo));
         WITH ins AS (
             INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated,
@@ -544,7 +560,7 @@ BEGIN
               FROM (SELECT s.p, s.seq, a.e
                       FROM unnest(v_todo, v_seqs) AS s(p, seq)
                       JOIN jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i) ON a.i = s.p
-                     ORDER BY s.p) AS x
+                     ORDER BY unique_keys[s.p] COLLATE "C" NULLS FIRST, s.p) AS x
             ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'ready', 'running')
             DO NOTHING
             RETURNING t.seq, pyscheduler._task_json(t) AS json)
@@ -745,19 +761,33 @@ $$;
 COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer) IS
     'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks.';
 
+-- _owned_task(rn): task rn, locked (FOR UPDATE), when the caller may act on it
+-- (convention C: the role that submitted it, a member of it, or admin);
+-- PS200 when there is none, 42501 when it belongs to another role.
+CREATE OR REPLACE FUNCTION pyscheduler._owned_task(p_rn uuid)
+RETURNS pyscheduler.tasks
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_task pyscheduler.tasks;
+BEGIN
+    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = p_rn FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pyscheduler._task_refused(p_rn, NULL);
+    END IF;
+    PERFORM pyscheduler._require_owner(v_task.submitted_by, format('task %s', p_rn));
+    RETURN v_task;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._cancel_task(rn uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_task pyscheduler.tasks;
+    v_task pyscheduler.tasks := pyscheduler._owned_task(_cancel_task.rn);
 BEGIN
-    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = _cancel_task.rn FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM pyscheduler._task_refused(_cancel_task.rn, NULL);
-    END IF;
-    PERFORM pyscheduler._require_owner(v_task.submitted_by, format('task %s', _cancel_task.rn));
     IF v_task.status = 'cancelled' THEN
         RETURN pyscheduler._task_json(v_task);
     ELSIF v_task.status NOT IN ('scheduled', 'ready', 'running') THEN
@@ -795,32 +825,26 @@ $$;
 COMMENT ON FUNCTION pyscheduler.cancel_task(uuid) IS
     'Cancel a scheduled, ready or running task of the caller''s role (terminal); the owner of a running task learns at once via NOTIFY.';
 
--- _requeue(t, by, p_now): the row of task t requeued by role by: ready again
--- for a fresh round of attempts (attempts 0, no owner, no lease, progress 0,
--- run_at NULL), errors kept, history += the last lease's TaskAssignment
--- (when it is only in leased_at) and TaskRequeued.
-CREATE OR REPLACE FUNCTION pyscheduler._requeue(t pyscheduler.tasks, p_by name, p_max_history integer,
-                                                p_now timestamptz)
+-- _requeue(rn, by, max_history, p_now): task rn (aborted or cancelled, locked
+-- by the caller) requeued by role by: ready again for a fresh round of
+-- attempts (attempts 0, no owner, no lease, progress 0, run_at NULL), errors
+-- kept, history += the last lease's TaskAssignment (when it is only in
+-- leased_at) and TaskRequeued. Raises unique_violation when another live
+-- task of its queue holds its unique_key.
+CREATE OR REPLACE FUNCTION pyscheduler._requeue(p_rn uuid, p_by name, p_max_history integer, p_now timestamptz)
 RETURNS pyscheduler.tasks
-LANGUAGE plpgsql STABLE
+LANGUAGE sql
 AS $$
-BEGIN
-    t.history := pyscheduler._trim_history(
-        pyscheduler._full_history(t.history, t.owner, t.leased_at)
-        || jsonb_build_array(jsonb_build_object('_typ', 'TaskRequeued', 'by', p_by, 'status', t.status,
-                                                'attempts', t.attempts, 'time', pyscheduler._ts(p_now))),
-        p_max_history);
-    t.status := 'ready';
-    t.attempts := 0;
-    t.owner := NULL;
-    t.lease_token := NULL;
-    t.leased_at := NULL;
-    t.deadline := NULL;
-    t.progress := 0;
-    t.run_at := NULL;
-    t.updated := p_now;
-    RETURN t;
-END
+    UPDATE pyscheduler.tasks t
+       SET status = 'ready', attempts = 0, owner = NULL, lease_token = NULL, leased_at = NULL, deadline = NULL,
+           progress = 0, run_at = NULL, updated = p_now,
+           history = pyscheduler._trim_history(
+               pyscheduler._full_history(t.history, t.owner, t.leased_at)
+               || jsonb_build_array(jsonb_build_object('_typ', 'TaskRequeued', 'by', p_by, 'status', t.status,
+                                                       'attempts', t.attempts, 'time', pyscheduler._ts(p_now))),
+               p_max_history)
+     WHERE t.rn = p_rn
+    RETURNING t.*;
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._retry_task(rn uuid, p_now timestamptz DEFAULT now())
@@ -829,26 +853,16 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_task pyscheduler.tasks;
-    v_code text;
+    v_task pyscheduler.tasks := pyscheduler._owned_task(_retry_task.rn);
+    v_code text := pyscheduler._requeue_refusal(v_task.status);
 BEGIN
-    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = _retry_task.rn FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM pyscheduler._task_refused(_retry_task.rn, NULL);
-    END IF;
-    PERFORM pyscheduler._require_owner(v_task.submitted_by, format('task %s', _retry_task.rn));
-    v_code := pyscheduler._requeue_refusal(v_task.status);
     IF v_code IS NOT NULL THEN
         RAISE EXCEPTION 'task % is %: only aborted or cancelled tasks can be requeued', _retry_task.rn, v_task.status
             USING ERRCODE = v_code, HINT = 'A live task runs anyway; a completed one is done (submit a new task).';
     END IF;
-    v_task := pyscheduler._requeue(v_task, pyscheduler._caller(), pyscheduler._task_limit('task_max_history'), p_now);
     BEGIN
-        UPDATE pyscheduler.tasks t
-           SET status = v_task.status, attempts = v_task.attempts, owner = v_task.owner,
-               lease_token = v_task.lease_token, leased_at = v_task.leased_at, deadline = v_task.deadline,
-               progress = v_task.progress, run_at = v_task.run_at, updated = v_task.updated, history = v_task.history
-         WHERE t.rn = _retry_task.rn;
+        v_task := pyscheduler._requeue(_retry_task.rn, pyscheduler._caller(),
+                                       pyscheduler._task_limit('task_max_history'), p_now);
     EXCEPTION WHEN unique_violation THEN
         RAISE EXCEPTION 'task %: another live task of queue % holds its unique_key %', _retry_task.rn, v_task.queue,
                         quote_literal(v_task.unique_key)
@@ -909,14 +923,8 @@ BEGIN
          LIMIT max_tasks
            FOR UPDATE SKIP LOCKED
     LOOP
-        v_task := pyscheduler._requeue(v_task, v_caller, v_history, p_now);
         BEGIN
-            UPDATE pyscheduler.tasks t
-               SET status = v_task.status, attempts = v_task.attempts, owner = v_task.owner,
-                   lease_token = v_task.lease_token, leased_at = v_task.leased_at, deadline = v_task.deadline,
-                   progress = v_task.progress, run_at = v_task.run_at, updated = v_task.updated,
-                   history = v_task.history
-             WHERE t.rn = v_task.rn;
+            v_task := pyscheduler._requeue(v_task.rn, v_caller, v_history, p_now);
         EXCEPTION WHEN unique_violation THEN
             CONTINUE;  -- another live task holds its unique_key: it stays as it is
         END;
@@ -1697,10 +1705,7 @@ BEGIN
     END IF;
     -- every error checked (PS207 names the first bad one): a batch is failed whole or not at all
     SELECT e, i INTO v_bad FROM jsonb_array_elements(errors) WITH ORDINALITY AS a(e, i)
-     WHERE jsonb_typeof(e) <> 'object' OR jsonb_typeof(e -> 'code') IS DISTINCT FROM 'string'
-        OR (e ? 'args' AND jsonb_typeof(e -> 'args') <> 'object')
-        OR (e ? 'description' AND jsonb_typeof(e -> 'description') <> 'string')
-        OR pg_column_size(e) > v_max_bytes LIMIT 1;
+     WHERE pyscheduler._bad_error(e) OR pg_column_size(e) > v_max_bytes LIMIT 1;
     IF FOUND THEN
         PERFORM pyscheduler._check_errors(jsonb_build_array(v_bad.e), format('errors[%s]', v_bad.i - 1));
     END IF;
@@ -1711,9 +1716,7 @@ BEGIN
                                  THEN 'scheduled'
                              ELSE 'ready' END::pyscheduler.task_status,
                errors = pyscheduler._capped_errors(
-                            t.errors || jsonb_build_object('code', l.error -> 'code',
-                                                           'args', coalesce(l.error -> 'args', '{}'),
-                                                           'description', coalesce(l.error -> 'description', '""'))
+                            t.errors || pyscheduler._error_entry(l.error)
                             || CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN jsonb_build_object(
                                    'code', 'TaskMaxAttempts',
                                    'args', jsonb_build_object('attempts', t.attempts,
