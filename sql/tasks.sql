@@ -606,21 +606,11 @@ BEGIN
     PERFORM pyscheduler._check_submit(_submit_task.queue, _submit_task.priority, _submit_task.run_at,
                                       _submit_task.max_attempts);
     PERFORM pyscheduler._check_spec(_submit_task.spec, 'spec', pyscheduler._task_limit('task_max_spec_bytes'));
-    IF _submit_task.unique_key IS NULL THEN
-        v_seq := nextval('pyscheduler.task_seq');
-        INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors,
-                                            history, run_at, max_attempts, submitted_by)
-        VALUES (pyscheduler._task_rn(pyscheduler._rn_prefix(p_now), v_seq), v_seq, _submit_task.queue,
-                _submit_task.spec, _submit_task.priority, v_status, 0, p_now, p_now, '[]', '[]', _submit_task.run_at,
-                _submit_task.max_attempts, v_by)
-        RETURNING pyscheduler._task_json(t) INTO v_task;
-        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_task.queue));
-        RETURN v_task;
-    END IF;
     PERFORM pyscheduler._check_unique_key(_submit_task.unique_key);
     -- One live task per (queue, unique_key): the unique index decides, so
     -- concurrent submits of one key make one task (a submit waits for a
-    -- concurrent one's transaction, then finds its task).
+    -- concurrent one's transaction, then finds its task). Without a key the
+    -- insert always succeeds (ON CONFLICT costs nothing measurable then).
     FOR v_round IN 1..10 LOOP
         v_seq := nextval('pyscheduler.task_seq');
         INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors,
