@@ -7,16 +7,16 @@ import asyncio
 import dataclasses
 import math
 import threading
-from datetime import timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 from psycopg.rows import namedtuple_row, tuple_row
 
 from pyscheduler.db import Jsonb, Session
-from pyscheduler.errors import InvalidArgument, TaskFinished, TaskNotFound
+from pyscheduler.errors import InvalidArgument, TaskFinished, TaskNotFound, TaskNotRequeueable
 from pyscheduler.tasks import AsyncTaskClient, Task, TaskClient, TaskContext, Worker
-from pyscheduler.tasks.client import HistoryEntry, TaskError
+from pyscheduler.tasks.client import HistoryEntry, QueueState, TaskError
 from pyscheduler.tasks.worker import wait_for
 
 # A session as unlike pyscheduler's as PostgreSQL allows: psycopg's text loaders cannot
@@ -128,17 +128,22 @@ def test_calls_on_the_callers_connection_leave_its_settings_and_return_typed_res
 
 
 def test_the_typed_task_round_trips_every_field(db, conn):
-    """Every key get_task returns is a field of Task, loaded to its Python type."""
-    rn = TaskClient(db).submit("rt", {"k": {"nested": [1, "x"]}}, priority=7).rn
+    """Every key get_task returns is a field of Task (and "deduplicated", which only a submit's
+    answer has), loaded to its Python type."""
+    rn = TaskClient(db).submit("rt", {"k": {"nested": [1, "x"]}}, priority=7, unique_key="rt:1", max_attempts=3).rn
     leased = db.call_value("lease_task", queue="rt", worker="w-1", timeout=timedelta(seconds=30))
     db.call("heartbeat_task", rn=rn, token=leased["token"], progress=0.25, timeout=timedelta(seconds=30))
     db.call("abort_task", rn=rn, token=leased["token"],
             errors=Jsonb([{"code": "bad", "args": {"why": 1}, "description": "no"}]))
     task = TaskClient(db).get(rn)
     raw = db.call_value("get_task", rn=rn)
-    assert {f.name for f in dataclasses.fields(Task)} - {"json"} == set(raw), "Task misses or adds a field"
+    assert {f.name for f in dataclasses.fields(Task)} - {"json", "deduplicated"} == set(raw), \
+        "Task misses or adds a field"
     assert (task.rn, task.queue, task.spec, task.priority, task.status, task.progress, task.owner) == (
         rn, "rt", {"k": {"nested": [1, "x"]}}, 7, "aborted", 0.25, "w-1")
+    assert (task.attempts, task.max_attempts, task.unique_key, task.run_at, task.deduplicated) == (
+        1, 3, "rt:1", None, False)
+    assert task.submitted_by == db.query("SELECT current_user AS u")[0]["u"]
     assert task.errors == [TaskError("bad", "no", {"why": 1})]
     assert task.deadline is None and task.created <= task.updated
     assert [(h.type, h.worker) for h in task.history] == [("TaskAssignment", "w-1")]
@@ -161,7 +166,16 @@ def test_bad_arguments_are_refused_naming_the_field_before_any_round_trip(dsn):
                         (lambda: client.submit_many("q", [{}, {"x": math.inf}]), "specs[1]"),
                         (lambda: client.get("not-a-uuid"), "rn"),
                         (lambda: client.list(status="done"), "status"),
-                        (lambda: client.list(limit=0), "limit")):
+                        (lambda: client.list(limit=0), "limit"),
+                        (lambda: client.submit("q", {}, run_at=datetime(2030, 1, 1)), "run_at"),
+                        (lambda: client.submit("q", {}, run_at=datetime(9999, 6, 1, tzinfo=timezone.utc)), "run_at"),
+                        (lambda: client.submit("q", {}, run_at=3600), "run_at"),  # type: ignore[arg-type]
+                        (lambda: client.submit("q", {}, unique_key="k\x00"), "unique_key"),
+                        (lambda: client.submit("q", {}, max_attempts=0), "max_attempts"),
+                        (lambda: client.submit_many("q", [{}, {}], unique_keys=["a"]), "unique_keys"),
+                        (lambda: client.retry_many("q", status="completed"), "status"),  # type: ignore[arg-type]
+                        (lambda: client.retry_many("q", limit=10_001), "limit"),
+                        (lambda: client.pause_queue("q", note="\ud800"), "note")):
         with pytest.raises(InvalidArgument, match=field.replace("[", r"\[")):
             call()
 
@@ -214,3 +228,49 @@ def test_the_async_client_refuses_what_is_not_an_async_connection(dsn):
             AsyncTaskClient(conn)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="Connection or Cursor"):
             TaskClient("dsn")  # type: ignore[arg-type]
+
+
+def test_the_job_queue_through_the_typed_client(dsn, db):
+    """Later (an instant, or a delay by the database clock), once per unique key, requeue, pause:
+    each call of the client answers what the SQL did, typed."""
+    client = TaskClient(db)
+    now = db.query("SELECT now() AS t")[0]["t"]
+    later = client.submit("jq", {"n": 1}, run_at=now + timedelta(hours=1), max_attempts=2)
+    assert (later.status, later.run_at, later.max_attempts) == ("scheduled", now + timedelta(hours=1), 2)
+    soon = client.submit("jq", {"n": 2}, run_at=timedelta(minutes=5))
+    assert soon.status == "scheduled" and timedelta(minutes=4) < soon.run_at - now < timedelta(minutes=6)
+    first = client.submit("jq", {"n": 3}, unique_key="invoice:1")
+    again = client.submit("jq", {"n": 4}, unique_key="invoice:1")
+    assert (again.rn, again.deduplicated, again.spec, first.deduplicated) == (first.rn, True, {"n": 3}, False)
+    batch = client.submit_many("jq", [{"n": 5}, {"n": 6}], unique_keys=["invoice:1", None])
+    assert [(t.rn == first.rn, t.deduplicated) for t in batch] == [(True, True), (False, False)]
+
+    assert client.cancel(first.rn).status == "cancelled"
+    with pytest.raises(TaskNotRequeueable):
+        client.retry(soon.rn)  # scheduled: live, not requeueable
+    requeued = client.retry(first.rn)
+    assert (requeued.status, requeued.attempts, requeued.history[-1].type) == ("ready", 0, "TaskRequeued")
+    assert client.cancel(batch[1].rn).status == "cancelled"
+    assert [t.rn for t in client.retry_many("jq", "cancelled")] == [batch[1].rn]
+
+    paused = client.pause_queue("jq", note="provider down")
+    assert paused == QueueState("jq", True, "provider down", paused.paused_by, paused.updated) and paused.paused_by
+    assert db.call_value("lease_task", queue="jq", worker="w", timeout=timedelta(seconds=5)) is None
+    resumed = client.resume_queue("jq")
+    assert (resumed.paused, resumed.note) == (False, None)
+    assert db.call_value("lease_task", queue="jq", worker="w", timeout=timedelta(seconds=5))["rn"] == str(first.rn)
+
+
+def test_the_async_client_has_the_job_queue_calls(dsn, db):
+    async def scenario() -> Task:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            client = AsyncTaskClient(aconn)
+            task = await client.submit("ajq", {"n": 1}, run_at=timedelta(seconds=30), unique_key="k")
+            assert (await client.submit("ajq", {"n": 2}, unique_key="k")).deduplicated
+            assert (await client.pause_queue("ajq")).paused and not (await client.resume_queue("ajq")).paused
+            await client.cancel(task.rn)
+            assert [t.rn for t in await client.retry_many("ajq", "cancelled")] == [task.rn]
+            await client.cancel(task.rn)
+            return await client.retry(task.rn)
+
+    assert asyncio.run(scenario()).status == "ready"

@@ -13,10 +13,9 @@ from datetime import timedelta
 import click
 
 from ..clihints import HintedGroup
-from ..config import dsn_option, env, option, require_dsn
+from ..config import DURATION, dsn_option, env, option, require_dsn
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database, Jsonb
-from ..tasks.cli import DURATION
 from .client import CheckClient
 from .runner import CheckRunner, import_handlers
 

@@ -18,16 +18,16 @@ import sys
 import threading
 import time
 import uuid
-from datetime import timedelta, timezone
+from datetime import timedelta
 
 import click
 
 from ..calls import duration_text, jsonable
 from ..clihints import HintedGroup
-from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, option, redis_option, require_dsn
+from ..config import (DURATION, INSTANT, bootstrap_option, dsn_option, env, kafka_settings_option, option, redis_option,
+                      require_dsn, require_text)
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database
-from ..tasks.cli import DURATION
 from .client import UNBOUNDED, ScheduleClient
 from .executor import Executor, ExecutorConfig, mirror_entries
 from .index import DEFAULT_PREFIX, Index
@@ -134,35 +134,6 @@ def _echo_json(obj) -> None:
     click.echo(json.dumps(jsonable(obj), indent=2, default=str))
 
 
-class Instant(click.DateTime):
-    """An ISO 8601 date and time; without a UTC offset it is UTC (never the session's PGTZ)."""
-
-    name = "instant"
-
-    def __init__(self) -> None:
-        super().__init__(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S",
-                          "%Y-%m-%dT%H:%M:%S.%f"])
-
-    def convert(self, value, param, ctx):
-        at = super().convert(value, param, ctx)
-        return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at
-
-
-INSTANT = Instant()
-
-
-def _require_text(value: str | None, hint: str) -> None:
-    """A clear usage error for text PostgreSQL cannot store (not UTF-8, a NUL character)."""
-    if value is None:
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise click.BadParameter("not valid UTF-8", param_hint=hint) from None
-    if "\x00" in value:
-        raise click.BadParameter("contains a NUL character", param_hint=hint)
-
-
 def _payload(text: str):
     """--payload: a JSON value PostgreSQL's jsonb stores (no NaN or Infinity, no NUL character,
     UTF-8), else a usage error naming the flag."""
@@ -243,7 +214,7 @@ def _fields(name, kafka_topic, http_url, task_queue, payload, *, required: bool,
         raise click.UsageError("give at most one of --every and --cron")
     for hint, value in (("NAME", name), ("--kafka/--http/--task", targets[0][1] if targets else None),
                         ("--cron", fields.get("cron")), ("--tz", fields.get("tz"))):
-        _require_text(value, hint)
+        require_text(value, hint)
     if targets:
         fields["target_kind"], fields["target"] = targets[0]
     if payload is not None:
@@ -288,7 +259,7 @@ def _name_command(command: str, doc: str, action, extra=None):
     params = [click.Argument(["name"])] + (extra or [])
 
     def callback(dsn, name, **kw):
-        _require_text(name, "NAME")
+        require_text(name, "NAME")
         _echo_json(_client(dsn, lambda client: action(client, name, **kw)))
 
     cmd = click.Command(command, callback=callback, params=params, help=doc)
@@ -313,7 +284,7 @@ _name_command("get", "Show schedule NAME.", ScheduleClient.get)
 @click.option("--limit", type=click.IntRange(1), default=1000, show_default=True)
 def list_cmd(dsn, name_like, target_kind, paused, critical, limit) -> None:
     """List schedules by name: recurrence, target, state, next run, runs."""
-    _require_text(name_like, "--name-like")
+    require_text(name_like, "--name-like")
     schedules = _client(dsn, lambda client: client.list(name_like, target_kind, paused, critical, limit))
     for s in schedules:
         rec = s.cron or duration_text(s.every)
@@ -335,7 +306,7 @@ def list_cmd(dsn, name_like, target_kind, paused, critical, limit) -> None:
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
 def runs_cmd(dsn, name, outcome, since, limit) -> None:
     """Executions of schedule NAME, newest first, and its execution counts."""
-    _require_text(name, "NAME")
+    require_text(name, "NAME")
 
     def show(client: ScheduleClient):
         for r in client.runs(name, outcome, since, limit):
@@ -352,7 +323,7 @@ def runs_cmd(dsn, name, outcome, since, limit) -> None:
 @click.option("-n", "count", type=click.IntRange(1, 1000), default=5, show_default=True)
 def next_cmd(dsn, name, count) -> None:
     """The next N fire times of schedule NAME (check an expression before trusting it)."""
-    _require_text(name, "NAME")
+    require_text(name, "NAME")
     for at in _client(dsn, lambda client: client.next(name, count)):
         click.echo(at.isoformat())
 
