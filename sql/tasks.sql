@@ -567,7 +567,7 @@ BEGIN
 END
 $$;
 
--- _live_task(queue, unique_key): the live (scheduled, ready or running) task
+-- _live_task(queue, unique_key): the live (waiting, scheduled, ready or running) task
 -- holding unique_key in queue, as a deduplicated answer, or NULL.
 CREATE OR REPLACE FUNCTION pyscheduler._live_task(p_queue text, p_key text)
 RETURNS jsonb
@@ -576,7 +576,7 @@ AS $$
     SELECT pyscheduler._task_json(t) || '{"deduplicated": true}'
       FROM pyscheduler.tasks t
      WHERE t.queue = p_queue AND t.unique_key = p_key AND t.unique_key IS NOT NULL
-       AND t.status IN ('scheduled', 'ready', 'running');
+       AND t.status IN ('waiting', 'scheduled', 'ready', 'running');
 $$;
 
 -- _check_concurrency_key(key, what): PS215 unless key is NULL or a clean label
@@ -2408,22 +2408,32 @@ BEGIN
             PERFORM pyscheduler._check_result(v_bad.e, format('results[%s]', v_bad.i - 1));
         END IF;
     END IF;
-    WITH done AS (
-        UPDATE pyscheduler.tasks t
-           SET status = 'completed', progress = 1, deadline = NULL, updated = p_now,
-               result = CASE WHEN results IS NOT NULL THEN results -> (l.i - 1)::integer END
-          FROM (SELECT u.rn, u.token, u.i FROM unnest(rns, tokens) WITH ORDINALITY AS u(rn, token, i)
-                 ORDER BY u.rn) AS l  -- rows locked in rn order (as _leases)
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
-        RETURNING t.rn, t.watched OR t.has_children AS more, t.limited, t.queue)
-    SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more),
-           array_agg(DISTINCT d.queue) FILTER (WHERE d.limited)
-      INTO v_done, v_more, v_queues FROM done d;
-    IF v_more IS NOT NULL THEN
-        PERFORM pyscheduler._finished(v_more, p_now);
+    IF results IS NULL THEN
+        WITH done AS (
+            UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
+              FROM pyscheduler._leases(rns, tokens) AS l
+             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+            RETURNING t.rn, t.watched OR t.has_children OR t.limited AS more)
+        SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
+    ELSE
+        WITH done AS (
+            UPDATE pyscheduler.tasks t
+               SET status = 'completed', progress = 1, deadline = NULL, updated = p_now, result = results -> (l.i - 1)::integer
+              FROM (SELECT u.rn, u.token, u.i FROM unnest(rns, tokens) WITH ORDINALITY AS u(rn, token, i)
+                     ORDER BY u.rn) AS l  -- rows locked in rn order (as _leases)
+             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+            RETURNING t.rn, t.watched OR t.has_children OR t.limited AS more)
+        SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
     END IF;
-    IF v_queues IS NOT NULL THEN  -- slots are free: wake the queues' idle workers
-        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
+    IF v_more IS NOT NULL THEN  -- the rare tasks someone waits for, with children, or of a limited queue
+        SELECT array_agg(t.rn) FILTER (WHERE t.watched OR t.has_children), array_agg(DISTINCT t.queue) FILTER (WHERE t.limited)
+          INTO v_more, v_queues FROM pyscheduler.tasks t WHERE t.rn = ANY (v_more);
+        IF v_more IS NOT NULL THEN
+            PERFORM pyscheduler._finished(v_more, p_now);
+        END IF;
+        IF v_queues IS NOT NULL THEN  -- slots are free: wake the queues' idle workers
+            PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
+        END IF;
     END IF;
     -- the rest were not touched by the update above: the state machine says why
     RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);

@@ -408,3 +408,236 @@ def test_holds_lease_guards_an_update_and_keeps_the_lease_until_commit(dsn, db, 
         assert got.rowcount == 0
     assert balance(app) == 90
     assert db.call_value("holds_lease", rn=str(uuid.uuid4()), token=str(uuid.uuid4())) is False
+
+
+# ------------------------------------------------------------------ item 2: rate limits
+
+
+def test_a_rate_limit_is_a_token_bucket_on_the_database_clock(db):
+    db.call("set_rate_limit", queue="q", starts=5, per="1 second")
+    submit_many(db, "q", 40, None, now=at(0))
+    assert len(lease_n(db, "q", 10, now=at(0))) == 5  # a full bucket: the burst
+    assert len(lease_n(db, "q", 10, now=at(0))) == 0  # over the limit: the tasks wait in ready
+    assert len(lease_n(db, "q", 10, now=at(0.5))) == 2  # 2.5 tokens
+    assert len(lease_n(db, "q", 10, now=at(1.0))) == 3  # 0.5 + 2.5
+    assert len(lease_n(db, "q", 10, now=at(11))) == 5  # never more than the burst
+    assert len(lease_n(db, "q", 1, now=at(11.2))) == 1
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE status = 'ready'")[0]["n"] == 40 - 16
+
+
+def test_a_rate_limit_by_key_has_a_bucket_per_key(db):
+    db.call("set_rate_limit", queue="q", starts=2, per="1 minute", by_key=True)
+    submit_many(db, "q", 9, ["a", "a", "a", "b", "b", "b", None, None, None], now=at(0))
+    got = lease_n(db, "q", 20, now=at(0))
+    assert sorted((t["concurrency_key"] or "-") for t in got) == ["-", "-", "-", "a", "a", "b", "b"]
+    assert lease_n(db, "q", 20, now=at(29)) == []
+    assert [t["concurrency_key"] for t in lease_n(db, "q", 20, now=at(30))] == ["a", "b"]
+
+
+def test_racing_workers_hold_a_rate_on_the_real_clock(dsn, db):
+    """4 workers on their own connections lease a queue limited to 20 starts a second for 3 s,
+    sleeping only as next_task_due says: a full bucket's burst (20) plus 20/s."""
+    db.call("set_rate_limit", queue="rate", starts=20, per="1 second")
+    submit_many(db, "rate", 400, None)
+    starts: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(4)
+
+    def worker(i):
+        with psycopg.connect(dsn, autocommit=True) as c:
+            barrier.wait()
+            begin = time.monotonic()
+            while time.monotonic() - begin < 3.0:
+                rows = c.execute("SELECT rn FROM pyscheduler.lease_tasks_lean('rate', %s, n => 10)",
+                                 (f"w{i}",)).fetchall()
+                now = time.monotonic()
+                with lock:
+                    starts.extend([now] * len(rows))
+                if not rows:
+                    due = c.execute("SELECT extract(epoch FROM pyscheduler.next_task_due('rate'))").fetchone()[0]
+                    assert due is not None and 0 < due <= 0.05 + 1e-6, due  # the next token, not a poll
+                    time.sleep(float(due))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    begin = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    elapsed = time.monotonic() - begin
+    assert 20 + 20 * 2.7 <= len(starts) <= 20 + 20 * elapsed + 1, (len(starts), elapsed)
+
+
+# ------------------------------------------------------------------ item 4: dependencies
+
+
+def test_a_task_after_others_waits_for_them_and_reads_their_results(db):
+    a, b = submit(db, spec={"p": "a"}), submit(db, queue="other", spec={"p": "b"})  # any queue of the role
+    child = submit(db, spec={"c": 1}, after=[a["rn"], b["rn"]])
+    assert (child["status"], child["after"]) == ("waiting", [a["rn"], b["rn"]])
+    assert db.query("SELECT waiting FROM pyscheduler.queue_status WHERE queue = 'q'")[0]["waiting"] == 1
+    ta = lease(db)
+    assert ta["rn"] == a["rn"] and lease(db) is None  # the child is not leased while it waits
+    value(db, "complete_task", **held(ta), result=Jsonb({"a": 1}))
+    assert get(db, child["rn"])["status"] == "waiting"
+    tb = lease(db, queue="other")
+    value(db, "complete_task", **held(tb), result=Jsonb([2]))
+    assert get(db, child["rn"])["status"] == "ready"
+    tc = lease(db)
+    assert tc["rn"] == child["rn"]
+    assert tc["parents"] == [{"rn": a["rn"], "status": "completed", "result": {"a": 1}},
+                             {"rn": b["rn"], "status": "completed", "result": [2]}]
+    assert value(db, "parent_results", **held(tc)) == tc["parents"]
+    assert "parents" not in lease_or_none(db, submit(db))
+
+
+def lease_or_none(db, task):
+    t = lease(db)
+    assert t["rn"] == task["rn"]
+    return t
+
+
+def test_a_failed_parent_cancels_its_dependents_in_turn_unless_they_run_anyway(db):
+    p = submit(db)
+    child = submit(db, after=[p["rn"]])
+    grandchild = submit(db, after=[child["rn"]])
+    anyway = submit(db, after=[p["rn"]], on_parent_failure="run")
+    value(db, "abort_task", **held(lease(db)), errors=Jsonb([ERROR]))
+    c = get(db, child["rn"])
+    assert c["status"] == "cancelled"
+    assert c["history"][-1] | {"time": None} == {"_typ": "TaskParentFailed", "parent": p["rn"], "status": "aborted",
+                                                 "time": None}
+    g = get(db, grandchild["rn"])
+    assert (g["status"], g["history"][-1]["parent"]) == ("cancelled", child["rn"])
+    assert get(db, anyway["rn"])["status"] == "ready"
+    # a parent cancelled by its client: the same
+    q = submit(db)
+    d = submit(db, after=[q["rn"]])
+    db.call("cancel_task", rn=q["rn"])
+    assert get(db, d["rn"])["history"][-1]["status"] == "cancelled"
+
+
+def test_after_a_finished_task(db):
+    done = submit(db)
+    value(db, "complete_task", **held(lease(db)))
+    assert submit(db, after=[done["rn"]])["status"] == "ready"
+    assert submit(db, after=[done["rn"]], run_in="1 hour")["status"] == "scheduled"
+    lease(db), lease(db)  # empty the queue of ready tasks
+    failed = submit(db, queue="f")
+    db.call("cancel_task", rn=failed["rn"])
+    late = submit(db, after=[failed["rn"]])
+    assert (late["status"], late["history"][0]["_typ"]) == ("cancelled", "TaskParentFailed")
+    assert submit(db, after=[failed["rn"]], on_parent_failure="run")["status"] == "ready"
+
+
+def test_after_refuses_missing_foreign_and_too_many_parents(db, conn, dsn, login):
+    p = submit(db)
+    for after in ([str(uuid.uuid4())], [p["rn"], None]):
+        assert code(lambda: submit(db, after=after)) == "PS219"
+    assert code(lambda: submit(db, after=[p["rn"]], on_parent_failure="ignore")) == "PS219"
+    conn.execute("UPDATE pyscheduler.settings SET value = '3' WHERE name = 'task_max_parents'")
+    others = [submit(db)["rn"] for _ in range(3)]
+    assert code(lambda: submit(db, after=others + [p["rn"]])) == "PS219"
+    twice = submit(db, after=[p["rn"], p["rn"]])
+    assert db.query("SELECT waiting_on FROM pyscheduler.tasks WHERE rn = %s", [twice["rn"]])[0]["waiting_on"] == 1
+    from pyscheduler.db import Database
+    with Database(login("pyscheduler_client")[1]) as stranger:
+        assert code(lambda: stranger.call("submit_task", queue="q", spec=Jsonb({}), after=[p["rn"]])) == "PS219"
+    # a task after itself cannot be named before it exists: only through a workflow (a cycle, PS220)
+    before = db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"]
+    assert code(lambda: db.call("submit_workflow", workflow=Jsonb([{"name": "a", "queue": "q", "spec": {},
+                                                                     "after": ["a"]}]))) == "PS220"
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == before
+
+
+def test_a_join_after_ten_thousand_parents_is_released_by_a_counter(db):
+    parents = [r["task"]["rn"] for r in db.call("submit_tasks", queue="fan", specs=Jsonb([{"i": i} for i in range(10_000)]))]
+    join = submit(db, queue="join", after=parents)
+    assert join["status"] == "waiting"
+    leased = []
+    while True:
+        rows = lease_n(db, "fan", 1000)
+        if not rows:
+            break
+        leased += rows
+        assert db.call("complete_tasks", rns=[t["rn"] for t in rows], tokens=[t["token"] for t in rows]) == []
+        left = db.query("SELECT waiting_on, status FROM pyscheduler.tasks WHERE rn = %s", [join["rn"]])[0]
+        assert left["waiting_on"] == 10_000 - len(leased)
+    assert len(leased) == 10_000
+    assert get(db, join["rn"])["status"] == "ready"
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.task_edges")[0]["n"] == 0
+
+
+def test_a_parent_finishing_while_its_child_is_submitted_releases_it(dsn, db):
+    """The submit locks the parent: a completion racing with it waits for its commit, then finds the edge."""
+    p = submit(db)
+    t = lease(db)
+    with psycopg.connect(dsn) as c:
+        child = c.execute("SELECT pyscheduler.submit_task('q', '{}', after => ARRAY[%s]::uuid[])",
+                          [p["rn"]]).fetchone()[0]
+        done = threading.Thread(target=lambda: value(db, "complete_task", **held(t)))
+        done.start()
+        with psycopg.connect(dsn, autocommit=True) as w:
+            while not w.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                "AND query LIKE '%%complete_task%%'").fetchall():
+                pass
+        c.commit()
+        done.join(10)
+    assert get(db, child["rn"])["status"] == "ready"
+
+
+def test_a_waiting_task_holds_its_unique_key_and_can_be_cancelled(db):
+    p = submit(db)
+    w = submit(db, after=[p["rn"]], unique_key="once")
+    assert submit(db, unique_key="once")["deduplicated"] is True
+    assert db.call_value("cancel_task", rn=w["rn"])["status"] == "cancelled"
+    value(db, "complete_task", **held(lease(db)))
+    assert get(db, w["rn"])["status"] == "cancelled"
+
+
+# ------------------------------------------------------------------ submit_workflow
+
+
+def test_a_workflow_is_submitted_parents_first_and_runs_in_order(db):
+    flow = [{"name": "join", "queue": "q", "spec": {"s": "join"}, "after": ["left", "right"]},
+            {"name": "left", "queue": "q", "spec": {"s": "left"}, "after": ["fetch"]},
+            {"name": "right", "queue": "q", "spec": {"s": "right"}, "after": ["fetch"], "priority": 60},
+            {"name": "fetch", "queue": "q", "spec": {"s": "fetch"}, "concurrency_key": "api"}]
+    tasks = db.call_value("submit_workflow", workflow=Jsonb(flow))
+    assert set(tasks) == {"join", "left", "right", "fetch"}
+    assert tasks["fetch"]["status"] == "ready" and tasks["join"]["after"] == [tasks["left"]["rn"], tasks["right"]["rn"]]
+    order = []
+    while (t := lease(db)) is not None:
+        order.append(t["spec"]["s"])
+        value(db, "complete_task", **held(t))
+    assert order == ["fetch", "right", "left", "join"]
+
+
+@pytest.mark.parametrize("flow", [
+    [{"name": "a", "queue": "q", "spec": {}, "after": ["b"]}, {"name": "b", "queue": "q", "spec": {}, "after": ["a"]}],
+    [{"name": "a", "queue": "q", "spec": {}, "after": ["nobody"]}],
+    [{"name": "a", "queue": "q", "spec": {}}, {"name": "a", "queue": "q", "spec": {}}],
+    [{"name": "a", "queue": "q", "spec": {}, "after": "a"}],
+    [{"name": "", "queue": "q", "spec": {}}],
+    [{"queue": "q", "spec": {}}],
+    [{"name": "a", "queue": "q", "spec": {}, "colour": "red"}],
+    [],
+    {"a": {}},
+])
+def test_a_bad_workflow_is_refused_and_nothing_is_submitted(db, flow):
+    ok = {"name": "z", "queue": "q", "spec": {}}
+    body = flow + [ok] if isinstance(flow, list) and flow else flow
+    assert code(lambda: db.call("submit_workflow", workflow=Jsonb(body))) == "PS220"
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+
+
+def test_a_workflow_above_the_setting_is_refused(db):
+    nodes = [{"name": f"n{i}", "queue": "q", "spec": {}} for i in range(100_000)]
+    assert code(lambda: db.call("submit_workflow", workflow=Jsonb(nodes))) == "PS220"
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+
+
+def test_a_node_with_a_bad_value_refuses_the_whole_workflow(db):
+    flow = [{"name": "a", "queue": "q", "spec": {}}, {"name": "b", "queue": "q", "spec": [], "after": ["a"]}]
+    assert code(lambda: db.call("submit_workflow", workflow=Jsonb(flow))) == "PS206"
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
