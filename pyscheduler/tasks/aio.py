@@ -149,8 +149,7 @@ class AsyncWorker(Worker):
         ctx = await self._next(None)
         while ctx is not None:
             try:
-                await self.handler(ctx)  # type: ignore[misc]
-                function, args = "complete_task", {}
+                function, args = self._returned(ctx, await self.handler(ctx))  # type: ignore[misc]
             except asyncio.CancelledError as exc:
                 if _being_cancelled():
                     if ctx.reason is None:
@@ -160,6 +159,10 @@ class AsyncWorker(Worker):
                     function, args = self._failed(ctx, exc)
             except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
                 function, args = self._failed(ctx, exc)
+            if function is None:  # completed in the application's transaction: nothing to record
+                self._release(ctx)
+                ctx = await self._next(ctx)
+                continue
             if function == "complete_task":
                 while (following := self._take(ctx, block=False, complete=True)) is _FULL:
                     await asyncio.sleep(0.005)  # back-pressure: the completer is behind
