@@ -45,6 +45,8 @@ ALTER TABLE pyscheduler.tasks
 
 CREATE INDEX tasks_waiting_idx ON pyscheduler.tasks (queue)
     WHERE status = 'waiting';
+CREATE INDEX tasks_ready_key_idx ON pyscheduler.tasks (queue, concurrency_key, priority DESC, created, seq)
+    WHERE status = 'ready' AND concurrency_key IS NOT NULL;
 CREATE INDEX tasks_limited_idx ON pyscheduler.tasks (queue, concurrency_key)
     WHERE status = 'running' AND limited;
 DROP INDEX pyscheduler.tasks_unique_idx;

@@ -1776,6 +1776,22 @@ AS $$
     RETURNING b.tokens;
 $$;
 
+-- _bucket_tokens_many(queue, keys, starts, rate, p_now): _bucket_tokens for
+-- many keys in one statement (rows written in key order).
+CREATE OR REPLACE FUNCTION pyscheduler._bucket_tokens_many(
+    p_queue text, p_keys text[], p_starts integer, p_rate double precision, p_now timestamptz)
+RETURNS TABLE (key text, tokens double precision)
+LANGUAGE sql
+AS $$
+    INSERT INTO pyscheduler.task_rate_buckets AS b (queue, key, tokens, at)
+    SELECT p_queue, k, p_starts, p_now FROM unnest(p_keys) AS k ORDER BY k
+    ON CONFLICT (queue, key) DO UPDATE
+       SET tokens = least(p_starts::double precision,
+                          b.tokens + p_rate * greatest(0, extract(epoch FROM p_now - b.at))),
+           at = greatest(b.at, p_now)
+    RETURNING b.key, b.tokens;
+$$;
+
 -- _claim_limited: the claim of a queue with limits (_lease_gate answered 2):
 -- up to n ready tasks, in claim order, such that no concurrency key has more
 -- than running_per_key tasks running, the queue no more than running_total,
@@ -1789,18 +1805,20 @@ $$;
 -- first, then the keys sorted), so two claims never deadlock; each count is
 -- a new statement, so under READ COMMITTED it sees every lease committed
 -- before the lock was granted (PS218 in another isolation level). No
--- head-of-line blocking: a round that finds only tasks of full keys looks
--- again past those keys (keys found full before are skipped from the start;
--- later rounds only try the locks, never wait), so one call leases a task of
--- a free key behind any number of ready tasks of full keys (the scan steps
--- over them: about a microsecond each). Custom plans: the full keys are a
--- constant to the planner, so the skip is a hashed lookup.
+-- head-of-line blocking: a round reads the first n + 1000 ready tasks (no
+-- locks) and takes those of keys not known to be full (a hashed subplan);
+-- when all of them were of full keys it reads 10 times as many (up to about
+-- a million in four rounds), so one call leases a task of a free key behind
+-- any number of ready tasks of full keys (stepping over them: about a
+-- microsecond each). Keys found full are skipped from the start. A call that leased anything stops
+-- (the worker asks again), so a steady state reads n + 1000 entries a call.
+-- Every step is one statement for all the keys of a round: lock them, count
+-- them, choose, update.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_limited(
     p_queue text, p_worker text, p_n integer, p_timeout interval, p_aging_rate double precision,
     p_aging_cap bigint, p_now timestamptz, p_secret text)
 RETURNS SETOF pyscheduler.tasks
 LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
     v_q pyscheduler.task_queues;
@@ -1809,19 +1827,22 @@ DECLARE
     v_per_key boolean;
     v_rate_key boolean;
     v_keyed boolean;
-    v_full text[] := '{}';
+    v_hint text[] := '{}';      -- keys full when the call began (read without the locks)
+    v_skip text[] := '{}';      -- keys whose lock another lease holds (later rounds only try)
+    v_full text[] := '{}';      -- keys not to look at: v_hint, v_skip, and the keys with nothing left
     v_rns uuid[];
     v_keys text[];
-    v_lock_keys text[];
-    v_left_keys text[] := '{}';
+    v_new text[];
+    v_got text[];
+    v_left_keys text[] := '{}'; -- the keys counted under their lock, and what each has left
     v_left integer[] := '{}';
+    v_new_left integer[];
     v_chosen uuid[];
     v_chosen_keys text[];
     v_taken integer := 0;
     v_want integer;
-    v_l integer;
-    v_i integer;
     v_n integer;
+    v_hit boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'queue % has limits: lease its tasks in a READ COMMITTED transaction, not %', p_queue,
@@ -1850,67 +1871,102 @@ BEGIN
         RETURN;
     END IF;
     IF v_per_key THEN
-        -- a hint, read without the locks (checked again under them): the keys at their limit now
-        v_full := ARRAY(SELECT r.concurrency_key FROM pyscheduler.tasks r
+        v_hint := ARRAY(SELECT r.concurrency_key FROM pyscheduler.tasks r
                          WHERE r.queue = p_queue AND r.status = 'running' AND r.limited AND r.lease_token IS NOT NULL
                            AND r.concurrency_key IS NOT NULL
                          GROUP BY r.concurrency_key HAVING count(*) >= v_q.running_per_key);
+        v_full := v_hint;
     END IF;
-    FOR v_round IN 1..4 LOOP
+    FOR v_round IN 1..3 LOOP
         v_want := v_cap - v_taken;
-        -- candidates in claim order, past the keys known to be full
-        IF p_aging_rate = 0 THEN
-            SELECT array_agg(c.rn ORDER BY c.priority DESC, c.created, c.seq),
-                   array_agg(c.concurrency_key ORDER BY c.priority DESC, c.created, c.seq)
-              INTO v_rns, v_keys
-              FROM (SELECT r.rn, r.concurrency_key, r.priority, r.created, r.seq FROM pyscheduler.tasks r
-                     WHERE r.queue = p_queue AND r.status = 'ready'
-                       AND (r.concurrency_key IS NULL OR r.concurrency_key <> ALL (v_full))
-                     ORDER BY r.priority DESC, r.created, r.seq
-                     LIMIT v_want
-                       FOR UPDATE SKIP LOCKED) AS c;
-        ELSE
-            SELECT array_agg(c.rn ORDER BY c.o DESC, c.created, c.seq),
-                   array_agg(c.concurrency_key ORDER BY c.o DESC, c.created, c.seq)
-              INTO v_rns, v_keys
-              FROM (SELECT r.rn, r.concurrency_key, r.created, r.seq,
+        -- candidates in claim order, past the keys known to be full (NOT IN a subquery: a hashed
+        -- lookup). First round: among the first n + 1000 ready tasks, read without locks. When those
+        -- were all of full keys: the best ready task of each key that is not full (a skip scan of
+        -- tasks_ready_key_idx: one probe per key with ready tasks, whatever their number).
+        IF p_aging_rate <> 0 AND NOT v_keyed THEN  -- aging sorts every ready task anyway
+            SELECT array_agg(c.rn ORDER BY c.o DESC, c.created, c.seq) INTO v_rns
+              FROM (SELECT r.rn, r.created, r.seq,
                            greatest(r.priority, least(
                                r.priority + p_aging_rate * greatest(0, extract(epoch FROM p_now - r.updated)),
                                p_aging_cap)) AS o
                       FROM pyscheduler.tasks r
                      WHERE r.queue = p_queue AND r.status = 'ready'
-                       AND (r.concurrency_key IS NULL OR r.concurrency_key <> ALL (v_full))
-                     ORDER BY 5 DESC, r.created, r.seq
-                     LIMIT v_want
-                       FOR UPDATE SKIP LOCKED) AS c;
+                     ORDER BY 4 DESC, r.created, r.seq
+                     LIMIT v_want) AS c;
+        ELSIF v_round = 1 THEN
+            WITH s AS MATERIALIZED (
+                SELECT r.rn, r.concurrency_key FROM pyscheduler.tasks r
+                 WHERE r.queue = p_queue AND r.status = 'ready'
+                 ORDER BY r.priority DESC, r.created, r.seq
+                 LIMIT v_want + 1000)
+            SELECT (SELECT count(*) FROM s) >= v_want + 1000,
+                   ARRAY(SELECT s.rn FROM s
+                          WHERE s.concurrency_key IS NULL OR s.concurrency_key NOT IN (SELECT unnest(v_full))
+                          LIMIT v_want)
+              INTO v_hit, v_rns;
+        ELSE
+            WITH RECURSIVE keys(key) AS (
+                (SELECT r.concurrency_key FROM pyscheduler.tasks r
+                  WHERE r.queue = p_queue AND r.status = 'ready' AND r.concurrency_key IS NOT NULL
+                  ORDER BY r.concurrency_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT r.concurrency_key FROM pyscheduler.tasks r
+                         WHERE r.queue = p_queue AND r.status = 'ready' AND r.concurrency_key > keys.key
+                         ORDER BY r.concurrency_key LIMIT 1)
+                  FROM keys WHERE keys.key IS NOT NULL)
+            SELECT array_agg(h.rn ORDER BY h.priority DESC, h.created, h.seq) INTO v_rns
+              FROM (SELECT h.rn, h.priority, h.created, h.seq
+                      FROM keys k
+                      CROSS JOIN LATERAL (
+                          SELECT r.rn, r.priority, r.created, r.seq FROM pyscheduler.tasks r
+                           WHERE r.queue = p_queue AND r.status = 'ready' AND r.concurrency_key = k.key
+                           ORDER BY r.priority DESC, r.created, r.seq
+                           LIMIT coalesce(v_q.running_per_key, v_want)) AS h
+                     WHERE k.key IS NOT NULL AND k.key NOT IN (SELECT unnest(v_full))
+                     ORDER BY h.priority DESC, h.created, h.seq
+                     LIMIT v_want) AS h;
         END IF;
-        EXIT WHEN v_rns IS NULL;
+        -- lock them (by primary key; SKIP LOCKED: another lease is taking them)
+        SELECT array_agg(c.rn ORDER BY c.priority DESC, c.created, c.seq),
+               array_agg(c.concurrency_key ORDER BY c.priority DESC, c.created, c.seq)
+          INTO v_rns, v_keys
+          FROM (SELECT r.rn, r.concurrency_key, r.priority, r.created, r.seq
+                  FROM unnest(v_rns) AS u(rn) JOIN pyscheduler.tasks r ON r.rn = u.rn
+                 WHERE r.status = 'ready'
+                   FOR UPDATE OF r SKIP LOCKED) AS c;
+        IF v_rns IS NULL THEN
+            EXIT WHEN v_round > 1 OR NOT v_keyed OR NOT v_hit;  -- nothing ready past the full keys
+            CONTINUE;  -- the first n + 1000 were all of full keys: look past them
+        END IF;
         IF v_keyed THEN
-            -- lock and count the keys not counted yet: in lock order, waiting in the
-            -- first round only (later rounds may hold locks out of order: try, else skip)
-            v_lock_keys := ARRAY(SELECT k FROM (SELECT DISTINCT k FROM unnest(v_keys) AS k
-                                                  WHERE k IS NOT NULL AND k <> ALL (v_left_keys)) AS d
-                                  ORDER BY pyscheduler._limit_lock(p_queue, k), k);
-            FOR v_i IN 1..coalesce(cardinality(v_lock_keys), 0) LOOP
-                IF v_round = 1 THEN
-                    PERFORM pg_advisory_xact_lock(pyscheduler._limit_lock(p_queue, v_lock_keys[v_i]));
-                ELSIF NOT pg_try_advisory_xact_lock(pyscheduler._limit_lock(p_queue, v_lock_keys[v_i])) THEN
-                    v_full := v_full || v_lock_keys[v_i];
-                    CONTINUE;
-                END IF;
-                v_l := 2147483647;
-                IF v_per_key THEN
-                    SELECT v_q.running_per_key - count(*) INTO v_l FROM pyscheduler.tasks r
-                     WHERE r.queue = p_queue AND r.concurrency_key = v_lock_keys[v_i] AND r.status = 'running'
-                       AND r.limited AND r.lease_token IS NOT NULL;
-                END IF;
-                IF v_rate_key THEN
-                    v_l := least(v_l, floor(pyscheduler._bucket_tokens(p_queue, v_lock_keys[v_i], v_q.rate_starts,
-                                                                       v_rate, p_now))::integer);
-                END IF;
-                v_left_keys := v_left_keys || v_lock_keys[v_i];
-                v_left := v_left || v_l;
-            END LOOP;
+            -- the keys not counted yet, locked without waiting: a key whose lock another lease
+            -- holds is skipped (that lease is counting it, and most likely takes it), so leases
+            -- never wait for each other's keys and never deadlock
+            v_new := ARRAY(SELECT DISTINCT k FROM unnest(v_keys) AS k
+                            WHERE k IS NOT NULL AND k NOT IN (SELECT unnest(v_left_keys)));
+            v_got := ARRAY(SELECT k FROM unnest(v_new) AS k
+                            WHERE pg_try_advisory_xact_lock(pyscheduler._limit_lock(p_queue, k)));
+            IF cardinality(v_got) < cardinality(v_new) THEN
+                v_skip := v_skip || ARRAY(SELECT unnest(v_new) EXCEPT SELECT unnest(v_got));
+            END IF;
+            -- count them (a new statement: it sees every lease committed before the locks were granted)
+            SELECT coalesce(array_agg(g.k ORDER BY g.k), '{}'), coalesce(array_agg(g.n ORDER BY g.k), '{}')
+              INTO v_got, v_new_left
+              FROM (SELECT u.k, CASE WHEN v_per_key THEN v_q.running_per_key - coalesce(c.n, 0)
+                                     ELSE 2147483647 END::integer AS n
+                      FROM unnest(v_got) AS u(k)
+                      LEFT JOIN LATERAL (  -- one probe of tasks_limited_idx per key
+                          SELECT count(*) AS n FROM pyscheduler.tasks r
+                           WHERE r.queue = p_queue AND r.concurrency_key = u.k AND r.status = 'running'
+                             AND r.limited AND r.lease_token IS NOT NULL) AS c ON true) AS g;
+            IF v_rate_key AND cardinality(v_got) > 0 THEN
+                SELECT array_agg(least(n.n, floor(b.tokens)::integer) ORDER BY n.k) INTO v_new_left
+                  FROM unnest(v_got, v_new_left) AS n(k, n)
+                  JOIN pyscheduler._bucket_tokens_many(p_queue, v_got, v_q.rate_starts, v_rate, p_now) AS b
+                    ON b.key = n.k;
+            END IF;
+            v_left_keys := v_left_keys || v_got;
+            v_left := v_left || v_new_left;
             -- the candidates that fit, in claim order: the first v_left of each key
             SELECT array_agg(x.rn), array_agg(x.k) INTO v_chosen, v_chosen_keys
               FROM (SELECT c.rn, c.k, row_number() OVER (PARTITION BY c.k ORDER BY c.o) AS nth
@@ -1932,21 +1988,20 @@ BEGIN
         END IF;
         IF v_keyed THEN
             -- what each key has left; a key with nothing left is full for the next rounds
-            FOR v_i IN 1..cardinality(v_left_keys) LOOP
-                v_n := (SELECT count(*) FROM unnest(v_chosen_keys) AS k WHERE k = v_left_keys[v_i]);
-                IF v_n > 0 THEN
-                    v_left[v_i] := v_left[v_i] - v_n;
-                    IF v_rate_key THEN
-                        UPDATE pyscheduler.task_rate_buckets b SET tokens = b.tokens - v_n
-                         WHERE b.queue = p_queue AND b.key = v_left_keys[v_i];
-                    END IF;
-                END IF;
-                IF v_left[v_i] <= 0 AND v_left_keys[v_i] <> ALL (v_full) THEN
-                    v_full := v_full || v_left_keys[v_i];
-                END IF;
-            END LOOP;
+            SELECT array_agg(l.n - coalesce(t.c, 0)::integer ORDER BY l.i) INTO v_left
+              FROM unnest(v_left_keys, v_left) WITH ORDINALITY AS l(k, n, i)
+              LEFT JOIN (SELECT k, count(*) AS c FROM unnest(v_chosen_keys) AS k GROUP BY k) AS t ON t.k = l.k;
+            IF v_rate_key AND v_chosen_keys IS NOT NULL THEN
+                UPDATE pyscheduler.task_rate_buckets b SET tokens = b.tokens - t.c
+                  FROM (SELECT k, count(*) AS c FROM unnest(v_chosen_keys) AS k WHERE k IS NOT NULL
+                         GROUP BY k ORDER BY k) AS t
+                 WHERE b.queue = p_queue AND b.key = t.k;
+            END IF;
+            v_full := v_hint || v_skip || ARRAY(SELECT l.k FROM unnest(v_left_keys, v_left) AS l(k, n) WHERE l.n <= 0);
         END IF;
-        EXIT WHEN v_taken >= v_cap OR cardinality(v_rns) < v_want;
+        -- enough for this call once it leased anything (the worker asks again); a round that
+        -- found only keys that turned out full under their locks looks again past them
+        EXIT WHEN v_taken > 0 OR NOT v_keyed;
     END LOOP;
     IF v_taken > 0 AND v_q.rate_starts IS NOT NULL AND NOT v_q.rate_by_key THEN
         UPDATE pyscheduler.task_rate_buckets b SET tokens = b.tokens - v_taken
@@ -1955,10 +2010,6 @@ BEGIN
 END
 $$;
 
--- _claim_tasks: THE batch claim (lease_tasks, lease_tasks_lean): up to n
--- ready tasks of queue become running for worker (leased_at = now: the
--- TaskAssignment entry, see _full_history; a new lease token each); returns
--- the leased rows, in no particular order.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_tasks(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
@@ -2353,9 +2404,6 @@ BEGIN
     IF v_more THEN
         PERFORM pyscheduler._finished(ARRAY[_complete_task.rn], p_now);
     END IF;
-    IF v_limited THEN  -- a slot is free: wake the queue's idle workers
-        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task ->> 'queue'));
-    END IF;
     RETURN v_task;
 END
 $$;
@@ -2413,7 +2461,7 @@ BEGIN
             UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
               FROM pyscheduler._leases(rns, tokens) AS l
              WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
-            RETURNING t.rn, t.watched OR t.has_children OR t.limited AS more)
+            RETURNING t.rn, t.watched OR t.has_children AS more)
         SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
     ELSE
         WITH done AS (
@@ -2422,17 +2470,14 @@ BEGIN
               FROM (SELECT u.rn, u.token, u.i FROM unnest(rns, tokens) WITH ORDINALITY AS u(rn, token, i)
                      ORDER BY u.rn) AS l  -- rows locked in rn order (as _leases)
              WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
-            RETURNING t.rn, t.watched OR t.has_children OR t.limited AS more)
+            RETURNING t.rn, t.watched OR t.has_children AS more)
         SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
     END IF;
-    IF v_more IS NOT NULL THEN  -- the rare tasks someone waits for, with children, or of a limited queue
-        SELECT array_agg(t.rn) FILTER (WHERE t.watched OR t.has_children), array_agg(DISTINCT t.queue) FILTER (WHERE t.limited)
-          INTO v_more, v_queues FROM pyscheduler.tasks t WHERE t.rn = ANY (v_more);
+    IF v_more IS NOT NULL THEN  -- the rare tasks someone waits for, or with children
+        SELECT array_agg(t.rn) FILTER (WHERE t.watched OR t.has_children)
+          INTO v_more FROM pyscheduler.tasks t WHERE t.rn = ANY (v_more);
         IF v_more IS NOT NULL THEN
             PERFORM pyscheduler._finished(v_more, p_now);
-        END IF;
-        IF v_queues IS NOT NULL THEN  -- slots are free: wake the queues' idle workers
-            PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
         END IF;
     END IF;
     -- the rest were not touched by the update above: the state machine says why
@@ -2545,9 +2590,6 @@ BEGIN
     END IF;
     IF v_more THEN
         PERFORM pyscheduler._finished(ARRAY[_abort_task.rn], p_now);
-    END IF;
-    IF v_limited THEN
-        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task ->> 'queue'));
     END IF;
     RETURN v_task;
 END

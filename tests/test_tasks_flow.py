@@ -180,7 +180,10 @@ def test_racing_workers_never_exceed_the_limits(dsn, db):
     submit_many(db, "race", 400, keys)
     events: list[tuple[float, int, str]] = []  # (time, +1 or -1, key)
     lock = threading.Lock()
-    live: dict[str, tuple[str, str]] = {}  # rn -> (key, token): for the monitor's resets
+    live: dict[tuple[str, str], str] = {}  # (rn, the lease's TaskAssignment time) -> key: for the monitor's resets
+
+    def lease_of(task):  # which lease of the task: its last TaskAssignment entry
+        return task["rn"], [h for h in task["history"] if h["_typ"] == "TaskAssignment"][-1]["time"]
     stop = threading.Event()
     barrier = threading.Barrier(9)
     failures: list[BaseException] = []
@@ -207,7 +210,7 @@ def test_racing_workers_never_exceed_the_limits(dsn, db):
                         t = r["task"]
                         record(+1, t["concurrency_key"], began)
                         with lock:
-                            live[t["rn"]] = (t["concurrency_key"], t["token"])
+                            live[lease_of(t)] = t["concurrency_key"]
                     for r in rows:
                         t = r["task"]
                         time.sleep(rnd.random() * 0.004)  # the work
@@ -230,7 +233,7 @@ def test_racing_workers_never_exceed_the_limits(dsn, db):
                             assert exc.sqlstate in ("PS202", "PS201", "PS210"), exc
                             continue
                         with lock:
-                            if live.pop(t["rn"], None) is not None:
+                            if live.pop(lease_of(t), None) is not None:
                                 events.append((ended, -1, t["concurrency_key"]))
         except BaseException as exc:  # noqa: BLE001
             failures.append(exc)
@@ -243,8 +246,8 @@ def test_racing_workers_never_exceed_the_limits(dsn, db):
                 before = time.monotonic()
                 rows = c.execute("SELECT task FROM pyscheduler.reset_expired_tasks()").fetchall()
                 with lock:
-                    for r in rows:
-                        if live.pop(r["task"]["rn"], None) is not None:
+                    for r in rows:  # a lease that timed out (a yielded one ended at its yield)
+                        if live.pop(lease_of(r["task"]), None) is not None:
                             events.append((before, -1, r["task"]["concurrency_key"]))
                 time.sleep(0.05)
 

@@ -110,6 +110,11 @@ CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (queue, unique_key)
 -- Tasks waiting for their parents, per queue (queue_status counts them).
 CREATE INDEX tasks_waiting_idx ON pyscheduler.tasks (queue)
     WHERE status = 'waiting';
+-- Ready tasks with a concurrency key, per key in claim order: a lease of a
+-- queue with per-key limits finds the best task of each key that has room
+-- (one probe per key), however many ready tasks of full keys come first.
+CREATE INDEX tasks_ready_key_idx ON pyscheduler.tasks (queue, concurrency_key, priority DESC, created, seq)
+    WHERE status = 'ready' AND concurrency_key IS NOT NULL;
 -- The running tasks a queue's limits count: only those leased under limits
 -- (per concurrency key, and per queue by its first column).
 CREATE INDEX tasks_limited_idx ON pyscheduler.tasks (queue, concurrency_key)
