@@ -1799,19 +1799,24 @@ $$;
 -- Running tasks are counted, not kept in counters: status running, limited
 -- (leased here, or running when the limits were set) and not yielded, through
 -- tasks_limited_idx; a finished, failed, yielded or reset task stops
--- counting by its own write. What serialises the counting: an advisory
--- transaction lock per (queue, key) (and the queue's own for running_total
--- and a per-queue rate), taken before counting, in lock order (the queue's
--- first, then the keys sorted), so two claims never deadlock; each count is
--- a new statement, so under READ COMMITTED it sees every lease committed
--- before the lock was granted (PS218 in another isolation level). No
--- head-of-line blocking: a round reads the first n + 1000 ready tasks (no
--- locks) and takes those of keys not known to be full (a hashed subplan);
--- when all of them were of full keys it reads 10 times as many (up to about
--- a million in four rounds), so one call leases a task of a free key behind
--- any number of ready tasks of full keys (stepping over them: about a
--- microsecond each). Keys found full are skipped from the start. A call that leased anything stops
--- (the worker asks again), so a steady state reads n + 1000 entries a call.
+-- counting by its own write.
+-- What serialises the counting: an advisory transaction lock per (queue,
+-- key), held to the commit and taken with pg_try_advisory_xact_lock before
+-- counting: a key another lease is counting is skipped by this one, so
+-- leases never wait for each other's keys and never deadlock; the queue's
+-- own lock (running_total, a per-queue rate) is the one lock a lease waits
+-- for. Each count is a new statement, so under READ COMMITTED it sees every
+-- lease committed before the lock was granted (PS218 in another isolation
+-- level).
+-- No head-of-line blocking: the first round reads the first n + 1000 ready
+-- tasks (no locks) and takes those of keys not known to be full (a hashed
+-- subplan); when those were all of full keys, the next round takes the best
+-- ready task of each key that is not full, by a skip scan of
+-- tasks_ready_key_idx (one probe per key with ready tasks, ~6 us each,
+-- however many ready tasks the full keys have). A call that leased anything
+-- stops (the worker asks again). Tasks without a key in a queue with
+-- per-key limits are found in the first round only (give every task of such
+-- a queue a key). Aging applies only to a queue without per-key limits.
 -- Every step is one statement for all the keys of a round: lock them, count
 -- them, choose, update.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_limited(

@@ -233,3 +233,20 @@ def test_async_client_handle_is_awaited(dsn, client):
         assert asyncio.run(main()) == 2
     finally:
         running.stop()
+
+
+def test_async_ctx_complete_in_the_applications_transaction(dsn, client, accounts):
+    handle = client.submit("acharge", {"amount": 7})
+
+    async def handler(ctx):
+        async with await psycopg.AsyncConnection.connect(dsn) as app:
+            await app.execute("UPDATE public.accounts SET balance = balance - %s WHERE id = 1", [ctx.spec["amount"]])
+            await ctx.complete_in(app, result="charged")
+            await app.commit()
+
+    running = AsyncWorker(dsn, "acharge", handler).start()
+    try:
+        assert handle.result(timeout=30) == "charged"
+    finally:
+        running.stop()
+    assert accounts.execute("SELECT balance FROM public.accounts").fetchone()["balance"] == 93

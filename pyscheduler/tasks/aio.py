@@ -27,9 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..calls import json_value
+from ..db import AsyncSession
 from .worker import _FULL, _SLOW, TaskContext, Worker, poke_on
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,16 @@ class AsyncTaskContext(TaskContext):
 
     def _event(self) -> Any:
         return LoopEvent(self.loop)
+
+    async def complete_in(self, conn: Any, *, result: Any = None) -> None:
+        """``ctx.complete(conn=...)`` on the application's psycopg ``AsyncConnection`` (or
+        ``AsyncCursor``), inside its transaction: raises if the lease was lost, and the
+        application rolls back; the worker records nothing more for the task."""
+        self.completed = True
+        await AsyncSession.borrow(conn).call_binary(
+            "complete_task", rn=uuid.UUID(self.rn), token=uuid.UUID(str(self.token)),
+            result=None if result is None else json_value("result", result))
+        self.completed_outside = True
 
 
 AsyncHandler = Callable[[AsyncTaskContext], Awaitable[Any]]
