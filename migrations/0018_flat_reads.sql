@@ -57,8 +57,11 @@ CREATE TABLE pyscheduler._check_outcome_counts (
     sum_runs bigint NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
--- list_checks pages through checks handed to a task job in the same order as the others
-CREATE INDEX checks_claimed_due_idx ON pyscheduler.checks (next_check_at, id) WHERE claim IS NOT NULL;
+-- checks_due_idx holds every pending check, those handed to a task job too: list_checks and
+-- overdue_checks walk it in their order; the passes skip the handed-out ones (a task job's
+-- check keeps its slot while the task runs: no more of them than tasks in flight).
+DROP INDEX pyscheduler.checks_due_idx;
+CREATE INDEX checks_due_idx ON pyscheduler.checks (next_check_at, id);
 -- check_history pages newest first by (ended, id); the purge reads it oldest first
 DROP INDEX pyscheduler.check_history_ended_idx;
 CREATE INDEX check_history_ended_idx ON pyscheduler.check_history (ended, id);

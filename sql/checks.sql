@@ -668,7 +668,8 @@ $$;
 -- after ending lost task jobs as 'timeout' and applying clients' requests no runner applied).
 -- Locks what it returns (FOR UPDATE SKIP LOCKED).
 -- Both passes are one range scan of checks_due_idx in take order:
--- (next_check_at, id) > (lo, after) AND next_check_at <= hi.
+-- (next_check_at, id) > (lo, after) AND next_check_at <= hi, skipping the checks handed to a
+-- task job (they keep their slot while the task runs: no more than tasks in flight).
 CREATE OR REPLACE FUNCTION pyscheduler._take_checks(
     p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_after bigint, p_now timestamptz)
 RETURNS SETOF pyscheduler.future_check
@@ -1362,8 +1363,8 @@ RETURNS SETOF pyscheduler.future_check
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
--- a page walks checks_due_idx and checks_claimed_due_idx from the cursor on (merged) and stops
--- at max, or reads one entity's checks (checks_entity_job_key): never the whole table
+-- a page walks checks_due_idx from the cursor on and stops at max, or reads one entity's
+-- checks (checks_entity_job_key): never the whole table
 SET enable_seqscan = off SET enable_bitmapscan = off
 AS $$
 /* list_checks(entity_name => NULL, entity_key => NULL, job => NULL, max => 100,
@@ -1405,21 +1406,11 @@ BEGIN
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind,
            CASE WHEN pyscheduler._may_act(c.owner) THEN c.payload END, c.first_check_at, c.next_check_at,
            c.check_count, c.max_checks, c.created, c.owner
-      FROM ((SELECT c.* FROM checks c  -- not held by a task job: checks_due_idx
-              WHERE c.claim IS NULL AND (c.next_check_at, c.id) > (v_at, v_id)
-                AND (list_checks.entity_name IS NULL OR c.entity_name = list_checks.entity_name)
-                AND (list_checks.job IS NULL OR c.job = list_checks.job)
-                AND NOT EXISTS (SELECT 1 FROM check_requests r WHERE r.check_id = c.id AND r.delete_by IS NOT NULL)
-              ORDER BY c.next_check_at, c.id
-              LIMIT list_checks.max)
-            UNION ALL
-            (SELECT c.* FROM checks c  -- handed to a task job: checks_claimed_due_idx
-              WHERE c.claim IS NOT NULL AND (c.next_check_at, c.id) > (v_at, v_id)
-                AND (list_checks.entity_name IS NULL OR c.entity_name = list_checks.entity_name)
-                AND (list_checks.job IS NULL OR c.job = list_checks.job)
-                AND NOT EXISTS (SELECT 1 FROM check_requests r WHERE r.check_id = c.id AND r.delete_by IS NOT NULL)
-              ORDER BY c.next_check_at, c.id
-              LIMIT list_checks.max)) c
+      FROM checks c
+     WHERE (c.next_check_at, c.id) > (v_at, v_id)
+       AND (list_checks.entity_name IS NULL OR c.entity_name = list_checks.entity_name)
+       AND (list_checks.job IS NULL OR c.job = list_checks.job)
+       AND NOT EXISTS (SELECT 1 FROM check_requests r WHERE r.check_id = c.id AND r.delete_by IS NOT NULL)
      ORDER BY c.next_check_at, c.id
      LIMIT list_checks.max;
 END
@@ -1768,16 +1759,14 @@ CREATE OR REPLACE VIEW pyscheduler.checks_per_slot AS
 COMMENT ON VIEW pyscheduler.checks_per_slot IS
     'Pending checks per upcoming slot (the current one included), by job kind, soonest first (kept counts).';
 
+-- overdue_checks: one walk of checks_due_idx from its start, in the view's order (a LIMIT stops
+-- it); the bound is a scalar subquery, so it is an index condition.
 CREATE OR REPLACE VIEW pyscheduler.overdue_checks AS
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at, now() - c.next_check_at AS overdue,
-           c.why
-      FROM (SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at, 'missed slot' AS why
-              FROM pyscheduler.checks c, pyscheduler._current_check_slot cur
-             WHERE c.claim IS NULL AND c.next_check_at < cur.slot
-            UNION ALL
-            SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at, 'task late'
-              FROM pyscheduler.checks c
-             WHERE c.claim IS NOT NULL AND c.claim_until < now()) c
+           CASE WHEN c.claim IS NULL THEN 'missed slot' ELSE 'task late' END AS why
+      FROM pyscheduler.checks c
+     WHERE c.next_check_at < (SELECT cur.slot FROM pyscheduler._current_check_slot cur)
+       AND (c.claim IS NULL OR c.claim_until < now())
      ORDER BY c.next_check_at, c.id;
 COMMENT ON VIEW pyscheduler.overdue_checks IS
     'Checks of slots already past (runners down or behind) and task jobs past their task_timeout, oldest first.';

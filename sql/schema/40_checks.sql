@@ -75,13 +75,13 @@ CREATE TABLE pyscheduler.checks (
 WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
       autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
 
--- The slot pass (next_check_at = slot) and the catch-up pass (< current slot)
--- scan exactly the unclaimed rows, in take order.
-CREATE INDEX checks_due_idx ON pyscheduler.checks (next_check_at, id) WHERE claim IS NULL;
+-- Every pending check in take order (0018_flat_reads): the slot pass (next_check_at =
+-- slot) and the catch-up pass (< current slot) skip the ones handed to a task job (no more
+-- than tasks in flight: such a check keeps its slot while the task runs); list_checks and
+-- overdue_checks walk it in their order.
+CREATE INDEX checks_due_idx ON pyscheduler.checks (next_check_at, id);
 -- Checks handed to a task job whose task never reported back.
 CREATE INDEX checks_claimed_idx ON pyscheduler.checks (claim_until) WHERE claim IS NOT NULL;
--- list_checks pages through checks handed to a task job in the same order as the others
-CREATE INDEX checks_claimed_due_idx ON pyscheduler.checks (next_check_at, id) WHERE claim IS NOT NULL;
 
 -- Every check that left pyscheduler.checks, with how and why.
 CREATE TABLE pyscheduler.check_history (
