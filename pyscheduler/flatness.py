@@ -379,7 +379,7 @@ class Checks(Section):
                 "CASE WHEN i %% 6 = 4 THEN 'bench' END, (i %% 1000) * interval '1 millisecond', "
                 "(i %% 5000) * interval '1 millisecond', e - interval '1 hour', e, current_user "
                 "FROM generate_series(%s::bigint, %s::bigint) i, "
-                "LATERAL (SELECT now() - (i %% 2592000) * interval '1 second' AS e) x", (lo, hi))
+                "LATERAL (SELECT now() - (i::float8 / %s) * interval '30 days' AS e) x", (lo, hi, self.n))
 
     def measures(self) -> list[Measure]:
         state = {"k": 0}

@@ -679,6 +679,7 @@ SET search_path = pyscheduler, pg_temp
 -- a small table the planner would sort a seq or bitmap scan of the whole slot instead
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_indexscan = on  -- whatever the session set
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -24,7 +24,9 @@
 -- statistics the planner picks a sequential scan and a sort for "the earliest waiting
 -- deadlines", whose cost then grows with the backlog it creates (seen in the relay bench:
 -- 2,000-row claims taking over half a second, 10,000 msg/s collapsing to 1,000). With
--- them off, each lookup is an index scan whatever the statistics say.
+-- them off, each lookup is an index scan whatever the statistics say; enable_indexscan is
+-- set on too, so a session that turned it off does not change these plans either. The
+-- views' functions (_delay_queue, _delay_ready_by_node) likewise.
 
 -- _delay_headers_ok(headers): NULL, or a JSON array of objects with exactly one
 -- key each (the seed's [{"k1": "v1"}, {"k2": "v2"}]). A plain SQL function (no SET
@@ -115,7 +117,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._enqueue_messages(
 RETURNS TABLE (ord integer, id text, outcome text)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -292,7 +294,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._ready_and_claim(node uuid, advance inter
 RETURNS TABLE (id text, deadline timestamptz, headers jsonb, key bytea, value bytea, readied_at timestamptz)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -360,7 +362,7 @@ RETURNS TABLE (id text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 /* delete_fired(ids, node) -> TABLE (id)
 
@@ -398,7 +400,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._reset_stuck(hold interval DEFAULT '5 sec
 RETURNS TABLE (id text, suspected_node uuid, readied_at timestamptz)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -456,7 +458,7 @@ RETURNS timestamptz
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 /* next_deadline(after) -> timestamptz
 
@@ -478,7 +480,7 @@ RETURNS boolean
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 /* cancel_message(id) -> boolean
 
@@ -574,7 +576,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._delay_queue(
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans above
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans above
 AS $$
 DECLARE
     v_oldest timestamptz;
@@ -597,7 +599,7 @@ RETURNS TABLE (node uuid, ready bigint, oldest_readied_at timestamptz, oldest_re
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans above
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans above
 AS $$
     SELECT m.readied_by, count(*), min(m.readied_at), now() - min(m.readied_at)
       FROM pyscheduler.delay_messages m

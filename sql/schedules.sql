@@ -2130,7 +2130,7 @@ RETURNS TABLE (id bigint, expected_at timestamptz, claim_token uuid)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off
-SET enable_hashjoin = off SET enable_mergejoin = off
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_indexscan = on SET enable_tidscan = on
 AS $$
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 OR p_hold IS NULL OR p_hold <= interval '0' THEN
