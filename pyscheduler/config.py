@@ -7,7 +7,9 @@ checked by click, so a bad flag or environment value is a usage error naming it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from datetime import timedelta, timezone
 from typing import Any
 
 import click
@@ -90,9 +92,62 @@ def servers_options(f: Callable) -> Callable:
     return f
 
 
-
 def require_dsn(dsn: str | None) -> str:
     """The DSN of a command that cannot start its own database."""
     if not dsn:
         raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
     return dsn
+
+
+# -- parameter types the command groups share ---------------------------------------------------
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class Duration(click.ParamType):
+    """Seconds, or a number with a unit: 500ms, 10s, 5m, 2h, 7d."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, timedelta):
+            return value
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(value))
+        if not m:
+            self.fail(f"expected a duration such as 30s, 5m, 2h or 7d, got {value!r}", param, ctx)
+        try:
+            return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2) or "s"])
+        except OverflowError:
+            self.fail(f"{value!r} is longer than any duration pyscheduler keeps", param, ctx)
+
+
+DURATION = Duration()
+
+
+class Instant(click.DateTime):
+    """An ISO 8601 date and time; without a UTC offset it is UTC (never the session's PGTZ)."""
+
+    name = "instant"
+
+    def __init__(self) -> None:
+        super().__init__(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S",
+                          "%Y-%m-%dT%H:%M:%S.%f"])
+
+    def convert(self, value, param, ctx):
+        at = super().convert(value, param, ctx)
+        return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at
+
+
+INSTANT = Instant()
+
+
+def require_text(value: str | None, hint: str) -> None:
+    """A clear usage error for text PostgreSQL cannot store (not UTF-8, a NUL character)."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.BadParameter("not valid UTF-8", param_hint=hint) from None
+    if "\x00" in value:
+        raise click.BadParameter("contains a NUL character", param_hint=hint)

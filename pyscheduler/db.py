@@ -3,6 +3,10 @@
 * ``Database``: a psycopg-pool pool; ``call()`` runs ``pyscheduler.<fn>(a => ..)``
   with named arguments and returns rows as dicts; errors are translated in one
   place (``pyscheduler.errors.translate``).
+* ``Session``: the same calls on one connection: one held from the pool
+  (``Database.session()``), or the application's own connection or cursor
+  (``Session.borrow(conn)``), inside whatever transaction it has open.
+  ``AsyncSession``: the same on an ``AsyncConnection`` or ``AsyncCursor``.
 * ``Listener``: a dedicated LISTEN connection in a thread that hands each
   notification to a callback, reconnecting with backoff.
 * ``Wakeup``: an event a sleeper waits on; notifications set it, polling with
@@ -40,8 +44,8 @@ log = logging.getLogger(__name__)
 SCHEMA = "pyscheduler"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
-__all__ = ["Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "ConnectionSettings", "configure",
-           "connect", "translating"]
+__all__ = ["AsyncSession", "Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "ConnectionSettings",
+           "Untyped", "configure", "connect", "translating"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class ConnectionSettings:
                                "keepalives_count": self.keepalives_count, "tcp_user_timeout": self.tcp_user_timeout}
         return {k: v for k, v in out.items() if k not in given}
 
-    def apply(self, conn: psycopg.Connection) -> None:
+    def apply(self, conn: psycopg.Connection[Any]) -> None:
         """Pin what every pyscheduler connection relies on, in one round trip, whatever the
         role or the database sets: TimeZone UTC (times come back in UTC, and Python's
         arithmetic on them never meets a DST change), DateStyle ISO and IntervalStyle
@@ -134,12 +138,20 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
         return conn
 
 
+class Untyped(str):
+    """An argument sent as text of no declared type, which the server reads as the parameter's
+    type: for a value no Python type holds (``Untyped("infinity")`` for a timestamptz)."""
+
+    __slots__ = ()
+
+
 def _function_call(function: str, args: dict[str, Any], binary: bool = False) -> bytes:
     # binary: every argument in binary format but None, which has no binary type and goes
-    # as an untyped NULL the server resolves
+    # as an untyped NULL the server resolves, and Untyped text
     if not binary:
         return _function_query(function, tuple(args))
-    return _function_query(function, tuple(args), "".join("s" if v is None else "b" for v in args.values()))
+    return _function_query(function, tuple(args),
+                           "".join("s" if v is None or isinstance(v, Untyped) else "b" for v in args.values()))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -157,14 +169,17 @@ def _function_query(function: str, names: tuple[str, ...], fmts: str = "") -> by
     return f'SELECT * FROM "{SCHEMA}"."{function}"({params})'.encode()
 
 
-def _execute_binary(conn: psycopg.Connection, function: str, args: dict[str, Any]) -> list[dict[str, Any]]:
-    return conn.execute(_function_call(function, args, binary=True), args, binary=True).fetchall()
+def _execute_binary(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], function: str,
+                    args: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = conn.execute(_function_call(function, args, binary=True), args,
+                                              binary=True).fetchall()
+    return rows
 
 
-def _execute_tuples(conn: psycopg.Connection, function: str, args: dict[str, Any],
+def _execute_tuples(conn: psycopg.Connection[Any], function: str, args: dict[str, Any],
                     as_text: tuple[str, ...]) -> list[tuple[Any, ...]]:
     """``call_tuples`` on ``conn``: binary, or text with the ``as_text`` types left unparsed."""
-    with conn.cursor(row_factory=tuple_row) as cur:
+    with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
         if not as_text:
             return cur.execute(_function_call(function, args, binary=True), args, binary=True).fetchall()
         for name in as_text:
@@ -205,24 +220,90 @@ class _Calls:
 
 
 class Session(_Calls):
-    """``call`` on one connection held from the pool (``Database.session()``):
-    no pool checkout per call, for tight loops such as a worker's."""
+    """``call`` on one connection. Held from the pool (``Database.session()``): no pool
+    checkout per call, for tight loops such as a worker's. Or the application's own
+    (``Session.borrow(conn)``, ``pinned=False``): see ``borrow``."""
 
-    def __init__(self, conn: psycopg.Connection):
+    def __init__(self, conn: psycopg.Connection[Any], *, pinned: bool = True):
         self.conn = conn
+        self.pinned = pinned  # the connection has pyscheduler's settings (ConnectionSettings.apply)
+
+    @classmethod
+    def borrow(cls, target: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> "Session":
+        """Calls on the application's own connection (or a cursor's connection), in whatever
+        transaction it has open: what they write exists only if the application commits it.
+        Nothing is committed, rolled back or SET: on a connection that is not in autocommit,
+        a call starts a transaction as any statement does, and one that fails leaves it
+        failed, for the application to roll back. Whatever the connection's row factory,
+        cursor factory, TimeZone, DateStyle or IntervalStyle, calls return dict rows loaded
+        from PostgreSQL's binary format, which none of those settings change (datetimes
+        come in the session's TimeZone)."""
+        conn = target.connection if isinstance(target, psycopg.Cursor) else target
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(f"expected a psycopg Connection or Cursor, got {type(target).__name__}")
+        return cls(conn, pinned=False)
+
+    def _cursor(self) -> psycopg.Cursor[dict[str, Any]]:
+        """A cursor of our own on a borrowed connection: dict rows, server-side binding."""
+        return psycopg.Cursor(self.conn, row_factory=dict_row)
 
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         with translating():
-            return self.conn.execute(_function_call(function, args), args).fetchall()
+            if self.pinned:
+                rows: list[dict[str, Any]] = self.conn.execute(_function_call(function, args), args).fetchall()
+                return rows
+            with self._cursor() as cur:  # results in binary: the caller's settings do not matter
+                return cur.execute(_function_call(function, args), args, binary=True).fetchall()
 
     def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         with translating():
-            return _execute_binary(self.conn, function, args)
+            if self.pinned:
+                return _execute_binary(self.conn, function, args)
+            with self._cursor() as cur:
+                return _execute_binary(cur, function, args)
 
     def call_tuples(self, function: str, /, *, as_text: tuple[str, ...] = (),
                     **args: Any) -> list[tuple[Any, ...]]:
+        if as_text and not self.pinned:  # text results would depend on the caller's DateStyle
+            raise ValueError("as_text needs a connection with pyscheduler's settings (a pool connection)")
         with translating():
             return _execute_tuples(self.conn, function, args, as_text)
+
+
+class AsyncSession:
+    """``Session.borrow`` for asyncio: calls on the application's own ``AsyncConnection``
+    (or an ``AsyncCursor``'s connection) in whatever transaction it has open, with the same
+    guarantees (nothing committed, rolled back or SET; dict rows in binary format)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]):
+        self.conn = conn
+
+    @classmethod
+    def borrow(cls, target: psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]) -> "AsyncSession":
+        conn = target.connection if isinstance(target, psycopg.AsyncCursor) else target
+        if not isinstance(conn, psycopg.AsyncConnection):
+            raise TypeError(f"expected a psycopg AsyncConnection or AsyncCursor, got {type(target).__name__}")
+        return cls(conn)
+
+    async def _execute(self, query: bytes, args: dict[str, Any]) -> list[dict[str, Any]]:
+        with translating():
+            async with psycopg.AsyncCursor(self.conn, row_factory=dict_row) as cur:
+                await cur.execute(query, args, binary=True)
+                return await cur.fetchall()
+
+    async def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        return await self._execute(_function_call(function, args), args)
+
+    async def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
+        return await self._execute(_function_call(function, args, binary=True), args)
+
+    async def call_one(self, function: str, /, **args: Any) -> dict[str, Any] | None:
+        rows = await self.call(function, **args)
+        return rows[0] if rows else None
+
+    async def call_value(self, function: str, /, **args: Any) -> Any:
+        row = await self.call_one(function, **args)
+        return None if row is None else next(iter(row.values()))
 
 
 class Database(_Calls):
@@ -232,7 +313,7 @@ class Database(_Calls):
                  timeout: float = 30.0, connection: ConnectionSettings | None = None, fresh: float = 0.0):
         self.dsn = dsn
         self.fresh = fresh
-        self.pool = ConnectionPool(
+        self.pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             dsn,
             min_size=min_size,
             max_size=max_size,
@@ -255,10 +336,10 @@ class Database(_Calls):
     # library: it saves a round trip per completion batch, heartbeat, abort and
     # yield). Only for callers that retry: a connection that died meanwhile
     # fails its first call with DatabaseUnavailable.
-    def _returned(self, conn: psycopg.Connection) -> None:
+    def _returned(self, conn: psycopg.Connection[Any]) -> None:
         self._back[id(conn)] = time.monotonic()
 
-    def _check(self, conn: psycopg.Connection) -> None:
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
         back = self._back.pop(id(conn), None)
         if conn.broken or conn.closed:
             raise psycopg.OperationalError("the connection is closed")
@@ -280,7 +361,8 @@ class Database(_Calls):
         self.close()
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection]:
+    def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A pool connection: autocommit, dict rows, pyscheduler's settings."""
         with translating(), self.pool.connection() as conn:
             yield conn
 
@@ -305,7 +387,7 @@ class Database(_Calls):
         with self.connection() as conn:
             yield Session(conn)
 
-    def query(self, query: str | sql.Composable, params: Any = None) -> list[dict[str, Any]]:
+    def query(self, query: str | sql.SQL | sql.Composed, params: Any = None) -> list[dict[str, Any]]:
         """A read-only query on views (admin and tests); functions go through call()."""
         with self.connection() as conn:
             return conn.execute(query, params).fetchall()

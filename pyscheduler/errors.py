@@ -84,6 +84,14 @@ class TaskYielded(Conflict):
     """PS210: the lease was yielded; the monitor makes the task ready for another lease."""
 
 
+class TaskNotRequeueable(Conflict):
+    """PS211: only an aborted or cancelled task can be requeued (retry_task)."""
+
+
+class UniqueKeyTaken(Conflict):
+    """PS214: another live task of the queue holds the task's unique_key (a requeue would make two)."""
+
+
 # Answers to a lease holder's write that mean "this lease is gone": stop working on the task.
 LEASE_GONE = (TaskNotFound, TaskNotOwned, TaskNotRunning, TaskCancelled, TaskYielded)
 
@@ -151,9 +159,14 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS205": InvalidArgument,  # invalid progress
     "PS206": InvalidArgument,  # invalid spec (not an object, too large)
     "PS207": InvalidArgument,  # invalid errors (shape, too many, too large)
-    "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, aging, status, retention, tokens)
+    "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, aging, status, retention, tokens,
+    #                            max_attempts, note, array lengths)
     "PS209": TaskFinished,  # cancel of a completed or aborted task
     "PS210": TaskYielded,  # the lease was yielded
+    "PS211": TaskNotRequeueable,  # retry of a task that is not aborted or cancelled
+    "PS212": InvalidArgument,  # run_at outside [1970-01-01Z, 9999-01-01Z), retry_in outside 0..365 days
+    "PS213": InvalidArgument,  # unique_key empty, over 200 bytes, padded, or with control/zero-width/bidi characters
+    "PS214": UniqueKeyTaken,  # requeue of a task whose unique_key another live task holds
     # recurring schedules (PS300-PS349; the daemons' own codes PS350-PS399)
     "PS300": ScheduleNotFound,  # unknown schedule
     "PS301": InvalidSchedule,  # cron expression does not parse (the field is named)

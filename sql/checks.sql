@@ -989,9 +989,11 @@ BEGIN
     FOREACH v IN ARRAY p_checks LOOP
         v_claim := gen_random_uuid();
         BEGIN
-            task_rn := (pyscheduler.submit_task(queue => v.job, spec => jsonb_build_object('check', to_jsonb(v),
-                                                                                          'claim', v_claim),
-                                                priority => 50) ->> 'rn')::uuid;
+            -- the task belongs to the check's owner (who may cancel or requeue it)
+            task_rn := (pyscheduler._submit_task(queue => v.job, spec => jsonb_build_object('check', to_jsonb(v),
+                                                                                           'claim', v_claim),
+                                                 priority => 50, p_now => now(), p_submitted_by => v.owner::name)
+                        ->> 'rn')::uuid;
             UPDATE checks c SET claim = v_claim, claim_until = v_until, task_rn = _submit_check_tasks.task_rn
              WHERE c.id = v.id;
             id := v.id;

@@ -19,15 +19,23 @@ BEGIN
 END
 $$;
 
--- _notify_throttled(channel, payload, min_gap): NOTIFY at most once per
--- min_gap per channel, without ever blocking: a caller that finds the
--- channel's row locked by a concurrent notifier of the same channel skips
--- (that one will notify). Returns whether this call sent the notification.
--- Listeners treat a notification as a hint to poll; polling remains the fallback.
--- The throttle state is bounded: a channel is hashed to one of 1024 slots,
--- and a slot remembers the last channel notified through it. Two channels
--- sharing a slot only throttle each other less (a slot held by another
--- channel counts as "not notified lately"), never suppress a notification.
+-- _notify_throttled(channel, payload, min_gap): NOTIFY at most about once per
+-- min_gap per channel, without ever blocking or staying silent when it matters.
+-- Returns whether this call sent the notification. Listeners treat a
+-- notification as a hint to poll; polling remains the fallback.
+-- The throttle state is bounded: a channel is hashed to one of 1024 slots
+-- (rows made by the schema: an insert makes a concurrent notifier wait for the
+-- inserting transaction; only a crash recovery, which empties the unlogged
+-- table, makes this function insert a slot's row again), and a slot
+-- remembers the last channel notified through it. Two channels sharing a slot
+-- only throttle each other less, never suppress a notification.
+-- 1. The slot's committed state, read without a lock: this channel notified
+--    within min_gap -> nothing to do (the common case under load).
+-- 2. Else lock the slot (SKIP LOCKED), record now, notify.
+-- 3. The slot is locked by another transaction -> notify anyway: that one may
+--    be an application's transaction that enqueued and stays open (its own
+--    notification is sent only at its commit, and never if it rolls back), so
+--    counting on it could leave this call's work unannounced.
 CREATE OR REPLACE FUNCTION pyscheduler._notify_throttled(
     p_channel text, p_payload text DEFAULT '', p_min_gap interval DEFAULT '10 milliseconds')
 RETURNS boolean
@@ -39,25 +47,20 @@ DECLARE
     v_channel text;
     v_last timestamptz;
 BEGIN
-    SELECT channel, last_at INTO v_channel, v_last FROM pyscheduler._notify_throttle
-     WHERE slot = v_slot FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        SELECT channel INTO v_channel FROM pyscheduler._notify_throttle WHERE slot = v_slot;
-        IF FOUND THEN
-            IF v_channel = p_channel THEN
-                RETURN false;  -- locked: a concurrent transaction is notifying this channel
-            END IF;
-            -- locked by a notifier of another channel: notify without the throttle
-        ELSE
-            INSERT INTO pyscheduler._notify_throttle (slot, channel, last_at)
-            VALUES (v_slot, p_channel, clock_timestamp())
-            ON CONFLICT (slot) DO NOTHING;
-        END IF;
-    ELSIF v_channel = p_channel AND v_last > clock_timestamp() - p_min_gap THEN
+    SELECT channel, last_at INTO v_channel, v_last FROM pyscheduler._notify_throttle WHERE slot = v_slot;
+    IF v_channel = p_channel AND v_last > clock_timestamp() - p_min_gap THEN
         RETURN false;
+    END IF;
+    IF v_last IS NULL THEN  -- no row: the unlogged table was emptied by a crash recovery
+        INSERT INTO pyscheduler._notify_throttle (slot, channel, last_at)
+        VALUES (v_slot, p_channel, clock_timestamp())
+        ON CONFLICT (slot) DO NOTHING;
     ELSE
-        UPDATE pyscheduler._notify_throttle SET channel = p_channel, last_at = clock_timestamp()
-         WHERE slot = v_slot;
+        PERFORM 1 FROM pyscheduler._notify_throttle WHERE slot = v_slot FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            UPDATE pyscheduler._notify_throttle SET channel = p_channel, last_at = clock_timestamp()
+             WHERE slot = v_slot;
+        END IF;
     END IF;
     PERFORM pg_notify(p_channel, p_payload);
     RETURN true;

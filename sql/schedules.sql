@@ -1990,7 +1990,7 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM schedule_executions e WHERE e.schedule_id = p_id AND e.expected_at = p_expected) THEN
         -- the overlap policy looks at the schedule's earlier tasks still ready or running
         SELECT coalesce(array_agg(t.rn), '{}') INTO v_unfinished
-          FROM tasks t WHERE t.rn = ANY (s.task_rns) AND t.status IN ('ready', 'running');
+          FROM tasks t WHERE t.rn = ANY (s.task_rns) AND t.status IN ('scheduled', 'ready', 'running');
         IF p_expected < p_now - s.catchup_window AND p_expected = s.next_run_at THEN
             v_outcome := 'missed';
         ELSIF (s.overlap = 'skip' AND cardinality(v_unfinished) >= 1)
@@ -1998,11 +1998,12 @@ BEGIN
             v_outcome := 'skipped_overlap';
         ELSE
             BEGIN
-                SELECT to_jsonb(x) INTO v_result FROM pyscheduler.submit_task(
-                    queue => s.target, priority => s.priority,
+                -- the task belongs to the schedule's owner (who may cancel or requeue it)
+                SELECT to_jsonb(x) INTO v_result FROM pyscheduler._submit_task(
+                    p_submitted_by => s.owner, p_now => now(), queue => s.target, priority => s.priority,
                     spec => s.payload || jsonb_build_object('pyscheduler', jsonb_build_object(
                         'schedule', s.name, 'schedule_id', s.id, 'expected_at', p_expected,
-                        'idempotency_key', s.id || ':' || (_epoch_us(p_expected) / 1000)))) x;
+                        'idempotency_key', s.id || ':' || (_epoch_us(p_expected) / 1000)))) AS x(submit_task);
                 v_rn := _task_rn(v_result);
                 v_outcome := 'fired';
             EXCEPTION WHEN OTHERS THEN

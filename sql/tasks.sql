@@ -4,8 +4,16 @@
 -- secret lease token), kept alive with heartbeats, and finished by the holder
 -- of the lease (completed, aborted) or by a client (cancelled). The monitor
 -- resets running tasks whose deadline has passed (TaskTimeout in history, not
--- after a TaskYield; aborted with TaskMaxAttempts after too many leases) and
+-- after a TaskYield; aborted with TaskMaxAttempts after too many attempts) and
 -- deletes terminal tasks past retention.
+--
+-- Job-queue extensions (issue 16; the seed's states, history and abort are
+-- unchanged): a task submitted with a future run_at, or failed by its lease
+-- holder (fail_task) and waiting for its retry, is 'scheduled' until its
+-- run_at; the next lease of its queue makes it ready (_lease_gate). A
+-- unique_key keeps at most one live (scheduled, ready, running) task per
+-- queue and key. retry_task requeues an aborted or cancelled task. A paused
+-- queue (task_queues) leases nothing.
 --
 -- Clock: every public function takes the time from the database clock
 -- (now()). Each is a thin wrapper of a private `_name(..., p_now)` granted to
@@ -14,31 +22,42 @@
 -- Ownership: lease_task, lease_tasks and complete_and_lease return the task
 -- with a `token` (an unguessable uuid, new for every lease: the md5 of a
 -- secret drawn by gen_random_uuid() once per lease call, never stored, and
--- the task's rn; see _claim_tasks). heartbeat, complete,
+-- the task's rn; see _claim_tasks). heartbeat, complete, fail,
 -- abort and yield act only when given the token of the task's current lease;
--- the worker id is a label for people (owner, history), not a proof.
+-- the worker id is a label for people (owner, history), not a proof. A task
+-- belongs to the role that submitted it (submitted_by): only that role, a
+-- member of it, or admin cancels or requeues it (42501 otherwise).
 --
 -- The state machine, in one place: the writes of a lease holder all guard
 -- with `status = 'running' AND lease_token = token` (yield clears the token),
--- cancel with `status IN ('ready', 'running')`; why a write matched no row
--- is _refusal() below. docs/sql-api.md has it as a table, checked by
--- tests/test_tasks_sql.py against these functions.
+-- cancel with `status IN ('scheduled', 'ready', 'running')`, retry with
+-- `status IN ('aborted', 'cancelled')`; why a write matched no row is
+-- _refusal() below. docs/sql-api.md has it as a table, checked by
+-- tests/test_tasks_hardening.py against these functions.
 --
 -- SQLSTATE codes (docs/sql-api.md, pyscheduler/errors.py):
---   PS200 unknown task          PS206 invalid spec (not an object, too large)
---   PS201 lease lost (another   PS207 invalid errors (shape, too many, too large)
---         lease holds the task) PS208 invalid argument (queue, worker, timeout,
---   PS202 not running                  n, aging, status, retention, max_tasks, tokens)
+--   PS200 unknown task          PS207 invalid errors (shape, too many, too large)
+--   PS201 lease lost (another   PS208 invalid argument (queue, worker, timeout,
+--         lease holds the task)        n, aging, status, retention, max_tasks,
+--   PS202 not running                  tokens, max_attempts, note)
 --   PS203 task cancelled        PS209 task already finished (cancel of completed/aborted)
 --   PS204 invalid priority      PS210 the lease was yielded
---   PS205 invalid progress
+--   PS205 invalid progress      PS211 not requeueable (retry of a task not aborted/cancelled)
+--   PS206 invalid spec (not an  PS212 run_at or retry_in outside its bounds
+--         object, too large)    PS213 invalid unique_key
+--                               PS214 unique_key held by another live task (requeue)
 --
 -- Limits (pyscheduler.settings): task_max_spec_bytes, task_max_errors,
 -- task_max_errors_bytes, task_max_history (entries kept after each reset),
--- task_max_attempts (timed-out leases after which a task is aborted, not made ready).
+-- task_max_attempts (attempts, i.e. leases not yielded, after which a failed
+-- or timed-out task is aborted; a task's max_attempts overrides it),
+-- task_backoff_base and task_backoff_cap (a failure's default retry delay:
+-- least(base * 2^attempt, cap) * random 0.5..1.5).
 --
 -- Notifications (hints; polling is the fallback), throttled per channel:
---   pyscheduler_tasks:<queue>    a task became ready in <queue> (submit, reset)
+--   pyscheduler_tasks:<queue>    <queue> may have work: a task became ready
+--                                or scheduled (submit, reset, fail, retry) or
+--                                the queue was resumed
 --   pyscheduler_cancel:<worker>  a task <worker> holds was cancelled
 --   pyscheduler_tasks_monitor    a task was yielded: the monitor may reset it now
 
@@ -83,7 +102,9 @@ AS $$
                 ELSE p_history || pyscheduler._history('TaskAssignment', p_owner, p_leased_at) END;
 $$;
 
--- _task_json(t): a task in the seed's JSON shape (never the lease token).
+-- _task_json(t): a task in the seed's JSON shape (never the lease token), and
+-- the job-queue extensions: run_at, attempts, max_attempts (NULL: the
+-- setting), unique_key, submitted_by.
 CREATE OR REPLACE FUNCTION pyscheduler._task_json(t pyscheduler.tasks)
 RETURNS jsonb
 LANGUAGE sql STABLE
@@ -93,7 +114,9 @@ AS $$
         'status', t.status, 'progress', t.progress, 'created', pyscheduler._ts(t.created),
         'updated', pyscheduler._ts(t.updated), 'errors', t.errors, 'owner', t.owner,
         'deadline', pyscheduler._ts(t.deadline),
-        'history', pyscheduler._full_history(t.history, t.owner, t.leased_at));
+        'history', pyscheduler._full_history(t.history, t.owner, t.leased_at),
+        'run_at', pyscheduler._ts(t.run_at), 'attempts', t.attempts, 'max_attempts', t.max_attempts,
+        'unique_key', t.unique_key, 'submitted_by', t.submitted_by);
 $$;
 
 -- _rn_prefix(time) and _task_rn(prefix, seq): a new task's id, time-ordered
@@ -262,9 +285,92 @@ BEGIN
 END
 $$;
 
+-- _bad_error(e): whether e is not an error entry {"code": text, "args":
+-- object, "description": text} (args and description optional).
+CREATE OR REPLACE FUNCTION pyscheduler._bad_error(e jsonb)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT jsonb_typeof(e) IS DISTINCT FROM 'object'
+        OR jsonb_typeof(e -> 'code') IS DISTINCT FROM 'string'
+        OR (e ? 'args' AND jsonb_typeof(e -> 'args') <> 'object')
+        OR (e ? 'description' AND jsonb_typeof(e -> 'description') <> 'string');
+$$;
+
+-- _error_entry(e): an error entry in its stored shape ({} and "" where left out).
+CREATE OR REPLACE FUNCTION pyscheduler._error_entry(e jsonb)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
+                              'description', coalesce(e -> 'description', '""'));
+$$;
+
+-- _check_errors(errors, what): errors (a non-empty JSON array of error
+-- entries) in their stored shape; PS207 naming what otherwise, or when it has
+-- more than task_max_errors entries or task_max_errors_bytes bytes.
+CREATE OR REPLACE FUNCTION pyscheduler._check_errors(p_errors jsonb, p_what text DEFAULT 'errors')
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_max integer := pyscheduler._task_limit('task_max_errors');
+    v_max_bytes integer := pyscheduler._task_limit('task_max_errors_bytes');
+BEGIN
+    IF p_errors IS NULL OR jsonb_typeof(p_errors) <> 'array' OR jsonb_array_length(p_errors) = 0
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_errors) e WHERE pyscheduler._bad_error(e)) THEN
+        RAISE EXCEPTION '% must be a non-empty JSON array of {"code", "args", "description"}, got %',
+                        p_what, coalesce(left(p_errors::text, 200), 'NULL')
+            USING ERRCODE = 'PS207',
+                  HINT = 'e.g. ''[{"code": "superseded", "args": {}, "description": "new task added"}]''';
+    END IF;
+    IF jsonb_array_length(p_errors) > v_max OR pg_column_size(p_errors) > v_max_bytes THEN
+        RAISE EXCEPTION '% has % entries of % bytes, more than task_max_errors (%) or task_max_errors_bytes (%)',
+                        p_what, jsonb_array_length(p_errors), pg_column_size(p_errors), v_max, v_max_bytes
+            USING ERRCODE = 'PS207', HINT = 'Record the first errors and a short description.';
+    END IF;
+    RETURN (SELECT jsonb_agg(pyscheduler._error_entry(e) ORDER BY i)
+              FROM jsonb_array_elements(p_errors) WITH ORDINALITY AS a(e, i));
+END
+$$;
+
+-- _capped_errors(errors, max, max_bytes): the newest entries of errors that
+-- fit in max entries and max_bytes bytes (a task that fails again and again
+-- keeps its latest errors; the first ones go).
+CREATE OR REPLACE FUNCTION pyscheduler._capped_errors(p_errors jsonb, p_max integer, p_max_bytes integer)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v jsonb := p_errors;
+BEGIN
+    WHILE jsonb_array_length(v) > 1 AND (jsonb_array_length(v) > p_max OR pg_column_size(v) > p_max_bytes) LOOP
+        v := v - 0;
+    END LOOP;
+    RETURN v;
+END
+$$;
+
+-- _retry_at(attempt, delay, jitter, base_s, cap_s, now): when a task whose
+-- attempt-th attempt failed is tried again: now + delay when the lease holder
+-- chose one, else now + the default backoff least(base * 2^attempt, cap)
+-- seconds times jitter (a random factor in [0.5, 1.5) drawn by the caller, so
+-- tasks that failed together do not come back together).
+CREATE OR REPLACE FUNCTION pyscheduler._retry_at(
+    p_attempt integer, p_delay interval, p_jitter double precision, p_base_s double precision,
+    p_cap_s double precision, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT p_now + coalesce(p_delay, make_interval(
+        secs => least(p_base_s * power(2, least(greatest(p_attempt, 0), 60)), p_cap_s) * p_jitter))
+$$;
+
 -- _refusal(status, lease_token, token): THE state machine of a lease holder's
--- writes (heartbeat, complete, abort, yield): NULL when the write is allowed,
--- else the SQLSTATE it is refused with. status NULL: the task does not exist.
+-- writes (heartbeat, complete, fail, abort, yield): NULL when the write is
+-- allowed, else the SQLSTATE it is refused with. status NULL: the task does
+-- not exist. (A scheduled task, waiting for a retry after its lease holder
+-- failed it, is not running: PS202, as a ready one.)
 CREATE OR REPLACE FUNCTION pyscheduler._refusal(
     p_status pyscheduler.task_status, p_lease_token uuid, p_token uuid)
 RETURNS text
@@ -272,10 +378,21 @@ LANGUAGE sql IMMUTABLE
 AS $$
     SELECT CASE WHEN p_status IS NULL THEN 'PS200'          -- unknown (or cleaned up)
                 WHEN p_status = 'cancelled' THEN 'PS203'    -- cancelled: stop
-                WHEN p_status <> 'running' THEN 'PS202'     -- ready again, or finished
+                WHEN p_status <> 'running' THEN 'PS202'     -- ready or scheduled again, or finished
                 WHEN p_lease_token IS NULL THEN 'PS210'     -- the lease was yielded
                 WHEN p_lease_token = p_token THEN NULL      -- the current lease: allowed
                 ELSE 'PS201' END;                           -- another lease holds it
+$$;
+
+-- _requeue_refusal(status): the state machine of retry_task: NULL when the
+-- task may be requeued (aborted or cancelled), else the SQLSTATE.
+CREATE OR REPLACE FUNCTION pyscheduler._requeue_refusal(p_status pyscheduler.task_status)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN p_status IS NULL THEN 'PS200'
+                WHEN p_status IN ('aborted', 'cancelled') THEN NULL
+                ELSE 'PS211' END;                           -- live, or completed
 $$;
 
 -- _task_refused(rn, token): raise why a lease holder's write to task rn
@@ -316,8 +433,62 @@ $$;
 
 -- ---------------------------------------------------------------- client
 
+-- _check_submit(queue, priority, run_at, max_attempts, p_now): PS204, PS208 and
+-- PS212 for the arguments submit_task and submit_tasks share.
+CREATE OR REPLACE FUNCTION pyscheduler._check_submit(
+    p_queue text, p_priority bigint, p_run_at timestamptz, p_max_attempts integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true,
+                                         p_priority => coalesce(p_priority, -1));
+    IF p_run_at IS NOT NULL AND NOT pyscheduler._instant_ok(p_run_at) THEN
+        PERFORM pyscheduler._require_instant('run_at', p_run_at, 'PS212');
+    END IF;
+    IF p_max_attempts IS NOT NULL AND p_max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max_attempts must be NULL (the setting task_max_attempts) or in 1..1000, got %', p_max_attempts
+            USING ERRCODE = 'PS208', HINT = 'Attempts are leases that were not yielded; 1 means never retried.';
+    END IF;
+END
+$$;
+
+-- _check_unique_key(key, what): PS213 unless key is NULL or a clean label of
+-- at most 200 bytes (_label_refusal: no control, zero-width or bidirectional
+-- formatting characters, no leading or trailing white space).
+CREATE OR REPLACE FUNCTION pyscheduler._check_unique_key(p_key text, p_what text DEFAULT 'unique_key')
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_why text;
+BEGIN
+    IF p_key IS NOT NULL THEN
+        v_why := pyscheduler._label_refusal(p_key, 200);
+        IF v_why IS NOT NULL THEN
+            RAISE EXCEPTION '% %, got %', p_what, v_why, quote_literal(left(p_key, 100))
+                USING ERRCODE = 'PS213', HINT = 'A unique key names the work, e.g. ''invoice:233''; NULL for none.';
+        END IF;
+    END IF;
+END
+$$;
+
+-- _live_task(queue, unique_key): the live (scheduled, ready or running) task
+-- holding unique_key in queue, as a deduplicated answer, or NULL.
+CREATE OR REPLACE FUNCTION pyscheduler._live_task(p_queue text, p_key text)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT pyscheduler._task_json(t) || '{"deduplicated": true}'
+      FROM pyscheduler.tasks t
+     WHERE t.queue = p_queue AND t.unique_key = p_key AND t.unique_key IS NOT NULL
+       AND t.status IN ('scheduled', 'ready', 'running');
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._submit_tasks(
-    queue text, specs jsonb, priority bigint DEFAULT 50, p_now timestamptz DEFAULT now())
+    queue text, specs jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL,
+    unique_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL, p_now timestamptz DEFAULT now(),
+    p_submitted_by name DEFAULT NULL)
 RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
 AS $$
@@ -325,10 +496,18 @@ AS $$
 DECLARE
     v_max integer := pyscheduler._task_limit('task_max_spec_bytes');
     v_prefix bigint := pyscheduler._rn_prefix(p_now);
+    v_status pyscheduler.task_status := CASE WHEN _submit_tasks.run_at > p_now THEN 'scheduled' ELSE 'ready' END;
+    v_by name := coalesce(p_submitted_by, pyscheduler._caller());
     v_bad record;
+    v_answers jsonb[];
+    v_todo integer[];
+    v_seqs bigint[];
+    v_ps integer[];
+    v_js jsonb[];
+    v_inserted boolean := false;
 BEGIN
-    PERFORM pyscheduler._check_task_args(p_queue => _submit_tasks.queue, p_queue_given => true,
-                                         p_priority => coalesce(_submit_tasks.priority, -1));
+    PERFORM pyscheduler._check_submit(_submit_tasks.queue, _submit_tasks.priority, _submit_tasks.run_at,
+                                      _submit_tasks.max_attempts);
     IF specs IS NULL OR jsonb_typeof(specs) <> 'array' THEN
         RAISE EXCEPTION 'specs must be a JSON array of spec objects, got %', coalesce(left(specs::text, 200), 'NULL')
             USING ERRCODE = 'PS206', HINT = 'e.g. ''[{"orderId": "1"}, {"orderId": "2"}]''';
@@ -338,20 +517,82 @@ BEGIN
     IF FOUND THEN
         PERFORM pyscheduler._check_spec(v_bad.e, format('specs[%s]', v_bad.i - 1), v_max);
     END IF;
-    RETURN QUERY
-    INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors, history)
-    SELECT pyscheduler._task_rn(v_prefix, a.seq), a.seq, _submit_tasks.queue, a.e, _submit_tasks.priority, 'ready', 0,
-           p_now, p_now, '[]', '[]'
-      FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e  -- after the sort: seq follows the order of specs
-              FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
-             ORDER BY a.i) AS a
-    RETURNING pyscheduler._task_json(t);
-    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_tasks.queue));
+    IF unique_keys IS NULL THEN
+        RETURN QUERY
+        INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors,
+                                            history, run_at, max_attempts, submitted_by)
+        SELECT pyscheduler._task_rn(v_prefix, a.seq), a.seq, _submit_tasks.queue, a.e, _submit_tasks.priority,
+               v_status, 0, p_now, p_now, '[]', '[]', _submit_tasks.run_at, _submit_tasks.max_attempts, v_by
+          FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e  -- after the sort: seq follows the order of specs
+                  FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
+                 ORDER BY a.i) AS a
+        RETURNING pyscheduler._task_json(t);
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_tasks.queue));
+        RETURN;
+    END IF;
+    -- Unique keys, one per spec (NULL: none): each spec either becomes a task or
+    -- is answered with the live task that holds its key (marked "deduplicated"),
+    -- the first of equal keys in the array winning. One row per spec, in order.
+    IF cardinality(unique_keys) <> jsonb_array_length(specs) THEN
+        RAISE EXCEPTION 'unique_keys must be NULL or as long as specs, got % and %',
+                        cardinality(unique_keys), jsonb_array_length(specs)
+            USING ERRCODE = 'PS208', HINT = 'unique_keys[i] is the key of specs[i - 1] (NULL: none).';
+    END IF;
+    SELECT k, i INTO v_bad FROM unnest(unique_keys) WITH ORDINALITY AS u(k, i)
+     WHERE k IS NOT NULL AND pyscheduler._label_refusal(k, 200) IS NOT NULL LIMIT 1;
+    IF FOUND THEN
+        PERFORM pyscheduler._check_unique_key(v_bad.k, format('unique_keys[%s]', v_bad.i));
+    END IF;
+    v_answers := array_fill(NULL::jsonb, ARRAY[cardinality(unique_keys)]);
+    v_todo := ARRAY(SELECT generate_series(1, cardinality(unique_keys)));
+    FOR v_round IN 1..10 LOOP
+        -- insert the specs not answered yet; a key held by a live task (or by an
+        -- earlier spec of this statement) is skipped by DO NOTHING. seq follows the
+        -- order of specs (the lease order); the rows go in in key order, so
+        -- concurrent batches with keys in common wait for each other, never deadlock.
+        v_seqs := ARRAY(SELECT nextval('pyscheduler.task_seq') FROM unnest(v_todo));
+        WITH ins AS (
+            INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated,
+                                                errors, history, run_at, max_attempts, submitted_by, unique_key)
+            SELECT pyscheduler._task_rn(v_prefix, x.seq), x.seq, _submit_tasks.queue, x.e, _submit_tasks.priority,
+                   v_status, 0, p_now, p_now, '[]', '[]', _submit_tasks.run_at, _submit_tasks.max_attempts, v_by,
+                   unique_keys[x.p]
+              FROM (SELECT s.p, s.seq, a.e
+                      FROM unnest(v_todo, v_seqs) AS s(p, seq)
+                      JOIN jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i) ON a.i = s.p
+                     ORDER BY unique_keys[s.p] COLLATE "C" NULLS FIRST, s.p) AS x
+            ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'ready', 'running')
+            DO NOTHING
+            RETURNING t.seq, pyscheduler._task_json(t) AS json)
+        SELECT coalesce(array_agg(s.p), '{}'), coalesce(array_agg(ins.json), '{}') INTO v_ps, v_js
+          FROM ins JOIN unnest(v_todo, v_seqs) AS s(p, seq) ON s.seq = ins.seq;
+        FOR j IN 1..cardinality(v_ps) LOOP
+            v_answers[v_ps[j]] := v_js[j];
+        END LOOP;
+        v_inserted := v_inserted OR cardinality(v_ps) > 0;
+        -- the others: answered with the live task that holds their key
+        v_todo := ARRAY(SELECT p FROM unnest(v_todo) AS p WHERE v_answers[p] IS NULL);
+        FOR j IN 1..cardinality(v_todo) LOOP
+            v_answers[v_todo[j]] := pyscheduler._live_task(_submit_tasks.queue, unique_keys[v_todo[j]]);
+        END LOOP;
+        -- a key whose task finished meanwhile is free again: insert once more
+        v_todo := ARRAY(SELECT p FROM unnest(v_todo) AS p WHERE v_answers[p] IS NULL);
+        EXIT WHEN cardinality(v_todo) = 0;
+    END LOOP;
+    IF cardinality(v_todo) > 0 THEN
+        RAISE EXCEPTION 'unique keys kept changing hands while submitting; try again'
+            USING ERRCODE = '40001';
+    END IF;
+    IF v_inserted THEN
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_tasks.queue));
+    END IF;
+    RETURN QUERY SELECT a.answer FROM unnest(v_answers) WITH ORDINALITY AS a(answer, i) ORDER BY a.i;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._submit_task(
-    queue text, spec jsonb, priority bigint DEFAULT 50, p_now timestamptz DEFAULT now())
+    queue text, spec jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL, unique_key text DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, p_now timestamptz DEFAULT now(), p_submitted_by name DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
@@ -359,53 +600,126 @@ AS $$
 DECLARE
     v_task jsonb;
     v_seq bigint;
+    v_status pyscheduler.task_status := CASE WHEN _submit_task.run_at > p_now THEN 'scheduled' ELSE 'ready' END;
+    v_by name := coalesce(p_submitted_by, pyscheduler._caller());
 BEGIN
-    PERFORM pyscheduler._check_task_args(p_queue => _submit_task.queue, p_queue_given => true,
-                                         p_priority => coalesce(_submit_task.priority, -1));
+    PERFORM pyscheduler._check_submit(_submit_task.queue, _submit_task.priority, _submit_task.run_at,
+                                      _submit_task.max_attempts);
     PERFORM pyscheduler._check_spec(_submit_task.spec, 'spec', pyscheduler._task_limit('task_max_spec_bytes'));
-    v_seq := nextval('pyscheduler.task_seq');
-    INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors, history)
-    VALUES (pyscheduler._task_rn(pyscheduler._rn_prefix(p_now), v_seq), v_seq, _submit_task.queue, _submit_task.spec,
-            _submit_task.priority, 'ready', 0, p_now, p_now, '[]', '[]')
-    RETURNING pyscheduler._task_json(t) INTO v_task;
-    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_task.queue));
-    RETURN v_task;
+    PERFORM pyscheduler._check_unique_key(_submit_task.unique_key);
+    -- One live task per (queue, unique_key): the unique index decides, so
+    -- concurrent submits of one key make one task (a submit waits for a
+    -- concurrent one's transaction, then finds its task). Without a key the
+    -- insert always succeeds (ON CONFLICT costs nothing measurable then).
+    FOR v_round IN 1..10 LOOP
+        v_seq := nextval('pyscheduler.task_seq');
+        INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors,
+                                            history, run_at, max_attempts, submitted_by, unique_key)
+        VALUES (pyscheduler._task_rn(pyscheduler._rn_prefix(p_now), v_seq), v_seq, _submit_task.queue,
+                _submit_task.spec, _submit_task.priority, v_status, 0, p_now, p_now, '[]', '[]', _submit_task.run_at,
+                _submit_task.max_attempts, v_by, _submit_task.unique_key)
+        ON CONFLICT (queue, unique_key) WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'ready', 'running')
+        DO NOTHING
+        RETURNING pyscheduler._task_json(t) INTO v_task;
+        IF v_task IS NOT NULL THEN
+            PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_task.queue));
+            RETURN v_task;
+        END IF;
+        v_task := pyscheduler._live_task(_submit_task.queue, _submit_task.unique_key);
+        IF v_task IS NOT NULL THEN
+            RETURN v_task;
+        END IF;
+        -- the task that held the key finished meanwhile: the key is free, insert again
+    END LOOP;
+    RAISE EXCEPTION 'unique key % kept changing hands while submitting; try again', _submit_task.unique_key
+        USING ERRCODE = '40001';
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.submit_task(queue text, spec jsonb, priority bigint DEFAULT 50)
+-- _run_at(run_at, run_in, now): when a submitted task may first be leased:
+-- run_at, or now + run_in (0..365 days, as seconds, like fail_task's
+-- retry_in), or NULL (at once). PS212 when both are given or run_in is out of
+-- bounds (run_at's own bounds are _check_submit's).
+CREATE OR REPLACE FUNCTION pyscheduler._run_at(p_run_at timestamptz, p_run_in interval, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_run_in IS NULL THEN
+        RETURN p_run_at;
+    END IF;
+    IF p_run_at IS NOT NULL THEN
+        RAISE EXCEPTION 'give run_at or run_in, not both'
+            USING ERRCODE = 'PS212', HINT = 'run_at is an instant, run_in a delay from now.';
+    END IF;
+    IF NOT extract(epoch FROM p_run_in) BETWEEN 0 AND 31536000 THEN  -- 365 days, as seconds
+        RAISE EXCEPTION 'run_in must be between 0 and 365 days, got %', p_run_in
+            USING ERRCODE = 'PS212', HINT = 'For a later time, give run_at.';
+    END IF;
+    RETURN p_now + make_interval(secs => extract(epoch FROM p_run_in)::double precision);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_task(
+    queue text, spec jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL, unique_key text DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* submit_task(queue, spec, priority => 50) -> task jsonb
-   Add a ready task to queue and wake that queue's idle workers (NOTIFY).
-   queue:    1..40 bytes; tasks of a queue are leased by that queue's workers.
-   spec:     a JSON object, opaque to pyscheduler, at most task_max_spec_bytes.
-   priority: 0..4294967295, higher is leased first; equal priorities in
-             submission order.
-   Errors: PS204 priority, PS206 spec, PS208 queue. */
-    SELECT pyscheduler._submit_task(queue, spec, priority, now());
+/* submit_task(queue, spec, priority => 50, run_at => NULL, unique_key => NULL,
+               max_attempts => NULL, run_in => NULL) -> task jsonb
+   Add a task to queue and wake that queue's idle workers (NOTIFY). The task
+   belongs to the calling role (submitted_by).
+   queue:        1..40 bytes; tasks of a queue are leased by that queue's workers.
+   spec:         a JSON object, opaque to pyscheduler, at most task_max_spec_bytes.
+   priority:     0..4294967295, higher is leased first; equal priorities in
+                 submission order.
+   run_at:       not leased before this time (database clock): the task is
+                 'scheduled' until then; 'ready' at once when NULL or past.
+                 In [1970-01-01Z, 9999-01-01Z).
+   run_in:       or: not leased before now() + run_in (0..365 days, applied
+                 as that many seconds); give run_at or run_in, not both.
+   unique_key:   while a task of queue with this key is scheduled, ready or
+                 running, submitting another returns that task instead, with
+                 "deduplicated": true (nothing is changed). A label of at most
+                 200 bytes; free again once the task finished.
+   max_attempts: attempts (leases not yielded) before a failing or timing-out
+                 task is aborted, 1..1000; NULL: the setting task_max_attempts.
+   Errors: PS204 priority, PS206 spec, PS208 queue, max_attempts, PS212 run_at or
+   run_in, PS213 unique_key. */
+    SELECT pyscheduler._submit_task(queue, spec, priority, pyscheduler._run_at(run_at, run_in, now()), unique_key,
+                                    max_attempts, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_task(text, jsonb, bigint) IS
-    'Submit a ready task to a queue (priority 0..4294967295, higher first); returns the task as JSON.';
+COMMENT ON FUNCTION pyscheduler.submit_task(text, jsonb, bigint, timestamptz, text, integer, interval) IS
+    'Submit a task to a queue (priority; run_at or run_in to run it later; unique_key: one live task per key; max_attempts); returns it as JSON.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(queue text, specs jsonb, priority bigint DEFAULT 50)
+CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(
+    queue text, specs jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL,
+    unique_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL)
 RETURNS TABLE (task jsonb)
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* submit_tasks(queue, specs, priority => 50) -> setof (task jsonb)
+/* submit_tasks(queue, specs, priority => 50, run_at => NULL, unique_keys => NULL,
+                max_attempts => NULL, run_in => NULL) -> setof (task jsonb)
    The batch form of submit_task: specs is a JSON array of spec objects, all
-   submitted to queue with one priority in one statement, one NOTIFY; they
-   lease in the order of specs. Errors: PS204 priority, PS206 specs (not an
-   array of objects, or an element too large: the message names it), PS208 queue. */
-    SELECT t.task FROM pyscheduler._submit_tasks(queue, specs, priority, now()) AS t;
+   submitted to queue with one priority, run_at (or run_in) and max_attempts in one
+   statement, one NOTIFY; they lease in the order of specs.
+   unique_keys: NULL, or one key per spec (unique_keys[i] for specs[i - 1],
+   NULL for none): a spec whose key a live task holds (or an earlier spec of
+   the array) is answered with that task, "deduplicated": true; the answer
+   then has one row per spec, in the order of specs.
+   Errors: PS204 priority, PS206 specs (not an array of objects, or an element
+   too large: the message names it), PS208 queue, max_attempts, unique_keys
+   not as long as specs, PS212 run_at or run_in, PS213 a unique key (named). */
+    SELECT t.task FROM pyscheduler._submit_tasks(queue, specs, priority, pyscheduler._run_at(run_at, run_in, now()),
+                                                 unique_keys, max_attempts, now()) AS t;
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint) IS
-    'Submit a JSON array of specs as ready tasks of one queue and priority (leased in array order); returns the tasks.';
+COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint, timestamptz, text[], integer, interval) IS
+    'Submit a JSON array of specs as tasks of one queue (leased in array order), optionally delayed, one unique key each; returns the tasks.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.get_task(rn uuid)
 RETURNS jsonb
@@ -440,7 +754,7 @@ AS $$
 /* list_tasks(queue => NULL, status => NULL, owner => NULL, max_tasks => 100)
        -> setof (task jsonb)
    Tasks matching every filter given (NULL = any), newest first, at most max_tasks.
-   status: ready | running | completed | aborted | cancelled.
+   status: scheduled | ready | running | completed | aborted | cancelled.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
 BEGIN
@@ -465,29 +779,44 @@ $$;
 COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer) IS
     'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks.';
 
+-- _owned_task(rn): task rn, locked (FOR UPDATE), when the caller may act on it
+-- (convention C: the role that submitted it, a member of it, or admin);
+-- PS200 when there is none, 42501 when it belongs to another role.
+CREATE OR REPLACE FUNCTION pyscheduler._owned_task(p_rn uuid)
+RETURNS pyscheduler.tasks
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_task pyscheduler.tasks;
+BEGIN
+    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = p_rn FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pyscheduler._task_refused(p_rn, NULL);
+    END IF;
+    PERFORM pyscheduler._require_owner(v_task.submitted_by, format('task %s', p_rn));
+    RETURN v_task;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._cancel_task(rn uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_task pyscheduler.tasks;
+    v_task pyscheduler.tasks := pyscheduler._owned_task(_cancel_task.rn);
 BEGIN
-    UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now
-     WHERE t.rn = _cancel_task.rn AND t.status IN ('ready', 'running')
-    RETURNING t.* INTO v_task;
-    IF FOUND THEN
-        IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
-            PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
-        END IF;
+    IF v_task.status = 'cancelled' THEN
         RETURN pyscheduler._task_json(v_task);
-    END IF;
-    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = _cancel_task.rn;
-    IF NOT FOUND THEN
-        PERFORM pyscheduler._task_refused(_cancel_task.rn, NULL);
-    ELSIF v_task.status <> 'cancelled' THEN
+    ELSIF v_task.status NOT IN ('scheduled', 'ready', 'running') THEN
         RAISE EXCEPTION 'task % is already %', _cancel_task.rn, v_task.status
-            USING ERRCODE = 'PS209', HINT = 'Only ready or running tasks can be cancelled.';
+            USING ERRCODE = 'PS209', HINT = 'Only scheduled, ready or running tasks can be cancelled.';
+    END IF;
+    UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now
+     WHERE t.rn = _cancel_task.rn
+    RETURNING t.* INTO v_task;
+    IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
+        PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
     END IF;
     RETURN pyscheduler._task_json(v_task);
 END
@@ -500,15 +829,274 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* cancel_task(rn) -> task jsonb
-   A ready or running task becomes cancelled (terminal). A running task keeps
-   its owner, who is told at once (NOTIFY pyscheduler_cancel:<owner>) and in
-   any case by PS203 on its next heartbeat or status write. Cancelling a
-   cancelled task returns it unchanged. Any client may cancel any task (the seed).
-   Errors: PS200 unknown task, PS209 already completed or aborted. */
+   A scheduled, ready or running task becomes cancelled (terminal). A running
+   task keeps its owner, who is told at once (NOTIFY
+   pyscheduler_cancel:<owner>) and in any case by PS203 on its next heartbeat
+   or status write. Cancelling a cancelled task returns it unchanged. The
+   task belongs to the role that submitted it: only that role, a member of
+   it, or admin may cancel it (any client instance of that application, as in
+   the seed; not another application's role).
+   Errors: PS200 unknown task, PS209 already completed or aborted, 42501 the
+   task belongs to another role. */
     SELECT pyscheduler._cancel_task(rn, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.cancel_task(uuid) IS
-    'Cancel a ready or running task (terminal); the owner of a running task learns at once via NOTIFY.';
+    'Cancel a scheduled, ready or running task of the caller''s role (terminal); the owner of a running task learns at once via NOTIFY.';
+
+-- _requeue(rn, by, max_history, p_now): task rn (aborted or cancelled, locked
+-- by the caller) requeued by role by: ready again for a fresh round of
+-- attempts (attempts 0, no owner, no lease, progress 0, run_at NULL), errors
+-- kept, history += the last lease's TaskAssignment (when it is only in
+-- leased_at) and TaskRequeued. Raises unique_violation when another live
+-- task of its queue holds its unique_key.
+CREATE OR REPLACE FUNCTION pyscheduler._requeue(p_rn uuid, p_by name, p_max_history integer, p_now timestamptz)
+RETURNS pyscheduler.tasks
+LANGUAGE sql
+AS $$
+    UPDATE pyscheduler.tasks t
+       SET status = 'ready', attempts = 0, owner = NULL, lease_token = NULL, leased_at = NULL, deadline = NULL,
+           progress = 0, run_at = NULL, updated = p_now,
+           history = pyscheduler._trim_history(
+               pyscheduler._full_history(t.history, t.owner, t.leased_at)
+               || jsonb_build_array(jsonb_build_object('_typ', 'TaskRequeued', 'by', p_by, 'status', t.status,
+                                                       'attempts', t.attempts, 'time', pyscheduler._ts(p_now))),
+               p_max_history)
+     WHERE t.rn = p_rn
+    RETURNING t.*;
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._retry_task(rn uuid, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_task pyscheduler.tasks := pyscheduler._owned_task(_retry_task.rn);
+    v_code text := pyscheduler._requeue_refusal(v_task.status);
+BEGIN
+    IF v_code IS NOT NULL THEN
+        RAISE EXCEPTION 'task % is %: only aborted or cancelled tasks can be requeued', _retry_task.rn, v_task.status
+            USING ERRCODE = v_code, HINT = 'A live task runs anyway; a completed one is done (submit a new task).';
+    END IF;
+    BEGIN
+        v_task := pyscheduler._requeue(_retry_task.rn, pyscheduler._caller(),
+                                       pyscheduler._task_limit('task_max_history'), p_now);
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'task %: another live task of queue % holds its unique_key %', _retry_task.rn, v_task.queue,
+                        quote_literal(v_task.unique_key)
+            USING ERRCODE = 'PS214', HINT = 'That task runs the work already; requeue this one once it finished.';
+    END;
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task.queue));
+    RETURN pyscheduler._task_json(v_task);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.retry_task(rn uuid)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* retry_task(rn) -> task jsonb
+   Requeue an aborted or cancelled task: ready again for a fresh round of
+   attempts (attempts 0, progress 0, no owner), its errors kept, history +=
+   TaskRequeued {"by": the calling role, "status", "attempts": the ones used,
+   "time"}; wakes the queue's workers. An extension of the seed, whose aborted
+   and cancelled tasks are terminal. Only the role that submitted the task, a
+   member of it, or admin may requeue it.
+   Errors: PS200 unknown task, PS211 not aborted or cancelled, PS214 another
+   live task of its queue holds its unique_key, 42501 another role's task. */
+    SELECT pyscheduler._retry_task(rn, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.retry_task(uuid) IS
+    'Requeue an aborted or cancelled task of the caller''s role: ready again with attempts reset, errors kept (TaskRequeued).';
+
+CREATE OR REPLACE FUNCTION pyscheduler._retry_tasks(
+    queue text, status text DEFAULT 'aborted', max_tasks integer DEFAULT 100, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_caller name := pyscheduler._caller();
+    v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
+    v_history integer := pyscheduler._task_limit('task_max_history');
+    v_task pyscheduler.tasks;
+    v_any boolean := false;
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => _retry_tasks.queue, p_queue_given => true);
+    IF _retry_tasks.status IS NULL OR _retry_tasks.status NOT IN ('aborted', 'cancelled') THEN
+        RAISE EXCEPTION 'status must be aborted or cancelled, got %', coalesce(quote_literal(_retry_tasks.status), 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'Only aborted or cancelled tasks can be requeued.';
+    END IF;
+    IF max_tasks IS NULL OR max_tasks NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'max_tasks must be in 1..10000, got %', coalesce(max_tasks::text, 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'Call again while it returns max_tasks tasks.';
+    END IF;
+    FOR v_task IN
+        SELECT * FROM pyscheduler.tasks t
+         WHERE t.queue = _retry_tasks.queue AND t.status = _retry_tasks.status::pyscheduler.task_status
+           AND (v_admin OR t.submitted_by = v_caller OR pyscheduler._may_act(t.submitted_by))
+         ORDER BY t.updated
+         LIMIT max_tasks
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        BEGIN
+            v_task := pyscheduler._requeue(v_task.rn, v_caller, v_history, p_now);
+        EXCEPTION WHEN unique_violation THEN
+            CONTINUE;  -- another live task holds its unique_key: it stays as it is
+        END;
+        v_any := true;
+        task := pyscheduler._task_json(v_task);
+        RETURN NEXT;
+    END LOOP;
+    IF v_any THEN
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_retry_tasks.queue));
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.retry_tasks(
+    queue text, status text DEFAULT 'aborted', max_tasks integer DEFAULT 100)
+RETURNS TABLE (task jsonb)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* retry_tasks(queue, status => 'aborted', max_tasks => 100) -> setof (task jsonb)
+   The batch form of retry_task: requeues up to max_tasks tasks of queue in
+   status (aborted or cancelled) that the caller may act on (its role's, all
+   for admin), those finished longest ago first; returns them. A task whose
+   unique_key another live task holds is left as it is. Call again while it
+   returns max_tasks tasks.
+   Errors: PS208 queue, status, max_tasks (1..10000). */
+    SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;
+$$;
+COMMENT ON FUNCTION pyscheduler.retry_tasks(text, text, integer) IS
+    'Requeue up to max_tasks aborted (or cancelled) tasks of a queue that belong to the caller''s role, oldest first.';
+
+-- ---------------------------------------------------------------- queues
+
+CREATE OR REPLACE FUNCTION pyscheduler._queue_json(q pyscheduler.task_queues)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT jsonb_build_object('queue', q.queue, 'paused', q.paused, 'note', q.note, 'paused_by', q.paused_by,
+                              'updated', pyscheduler._ts(q.updated));
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._pause_queue(queue text, note text DEFAULT NULL, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue pyscheduler.task_queues;
+    v_why text;
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => _pause_queue.queue, p_queue_given => true);
+    IF _pause_queue.note IS NOT NULL THEN
+        v_why := pyscheduler._label_refusal(_pause_queue.note, 1000);
+        IF v_why IS NOT NULL THEN
+            RAISE EXCEPTION 'note %', v_why USING ERRCODE = 'PS208', HINT = 'Say why, e.g. ''payment provider down''.';
+        END IF;
+    END IF;
+    INSERT INTO pyscheduler.task_queues AS q (queue, paused, note, paused_by, updated)
+    VALUES (_pause_queue.queue, true, _pause_queue.note, pyscheduler._caller(), p_now)
+    ON CONFLICT (queue) DO UPDATE
+       SET paused = true, note = excluded.note, paused_by = excluded.paused_by, updated = excluded.updated
+     WHERE NOT q.paused OR pyscheduler._may_act(q.paused_by)
+    RETURNING q.* INTO v_queue;
+    IF NOT FOUND THEN
+        SELECT * INTO v_queue FROM pyscheduler.task_queues q WHERE q.queue = _pause_queue.queue;
+        PERFORM pyscheduler._require_owner(v_queue.paused_by, format('the pause of queue %s', _pause_queue.queue));
+    END IF;
+    RETURN pyscheduler._queue_json(v_queue);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.pause_queue(queue text, note text DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* pause_queue(queue, note => NULL) -> {"queue", "paused", "note", "paused_by", "updated"}
+   Pause a queue: from the next lease call on, its workers lease nothing
+   (tasks already leased run to their end; submits go on). note says why
+   (a label of at most 1000 bytes). The pause belongs to the calling role
+   (paused_by): pausing again changes the note; a queue another role paused
+   can only be resumed or re-paused by that role, a member of it, or admin.
+   Errors: PS208 queue or note, 42501 paused by another role. */
+    SELECT pyscheduler._pause_queue(queue, note, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.pause_queue(text, text) IS
+    'Pause a queue: its workers lease nothing from the next lease call on, until resume_queue.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._resume_queue(queue text, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue pyscheduler.task_queues;
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => _resume_queue.queue, p_queue_given => true);
+    SELECT * INTO v_queue FROM pyscheduler.task_queues q WHERE q.queue = _resume_queue.queue FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('queue', _resume_queue.queue, 'paused', false, 'note', NULL, 'paused_by', NULL,
+                                  'updated', NULL);
+    END IF;
+    IF v_queue.paused THEN
+        PERFORM pyscheduler._require_owner(v_queue.paused_by, format('the pause of queue %s', _resume_queue.queue));
+        UPDATE pyscheduler.task_queues q SET paused = false, note = NULL, paused_by = NULL, updated = p_now
+         WHERE q.queue = _resume_queue.queue
+        RETURNING q.* INTO v_queue;
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_resume_queue.queue));
+    END IF;
+    RETURN pyscheduler._queue_json(v_queue);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.resume_queue(queue text)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* resume_queue(queue) -> {"queue", "paused", "note", "paused_by", "updated"}
+   Resume a paused queue and wake its workers (NOTIFY); a queue that is not
+   paused is answered unchanged. Only the role that paused it, a member of
+   it, or admin may resume it.
+   Errors: PS208 queue, 42501 paused by another role. */
+    SELECT pyscheduler._resume_queue(queue, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.resume_queue(text) IS
+    'Resume a paused queue (the role that paused it, or admin) and wake its workers.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.next_task_due(queue text)
+RETURNS interval
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* next_task_due(queue) -> interval or NULL
+   How long until a lease of queue can get a task that is not ready now: the
+   time until its earliest scheduled task is due ('00:00:00' when one is due
+   already: the next lease makes it ready), NULL when none is scheduled or
+   the queue is paused (resume_queue wakes the workers). An idle worker
+   sleeps at most this long (the worker library does), so a delayed task or
+   a retry is leased when it comes due without polling every task. One probe
+   of an index, and the queue's row by primary key. */
+    SELECT greatest(r.run_at - now(), interval '0')
+      FROM pyscheduler.tasks r
+     WHERE r.queue = next_task_due.queue AND r.status = 'scheduled'
+       AND NOT EXISTS (SELECT 1 FROM pyscheduler.task_queues q WHERE q.queue = next_task_due.queue AND q.paused)
+     ORDER BY r.run_at
+     LIMIT 1;
+$$;
+COMMENT ON FUNCTION pyscheduler.next_task_due(text) IS
+    'Time until the queue''s earliest scheduled task is due (0: due now; NULL: none, or the queue is paused).';
 
 -- ---------------------------------------------------------------- worker
 
@@ -526,6 +1114,45 @@ AS $$
 $$;
 COMMENT ON FUNCTION pyscheduler.register_worker() IS
     'A new unique worker id (worker-<n>) from a database sequence; register once per process.';
+
+-- _lease_gate(queue, n, p_now): what every lease call does first, for the
+-- queue's own state, in one statement of two index probes (~5 us when there
+-- is nothing to do): the queue's row in task_queues by primary key (a paused
+-- queue leases nothing: false; a queue without a row, or not paused, is
+-- leased as if the table did not exist; issue 20's limits will be read from
+-- that row here), and the first entry of the queue in tasks_scheduled_idx.
+-- When that one is due, the due scheduled tasks become ready, earliest run_at
+-- first, at most greatest(n, 1000) per call, so the claim that follows sees
+-- them in its own order (priority, created, seq); the claim never steps over
+-- tasks that are not due yet. (A scalar subquery with ORDER BY, not EXISTS:
+-- its plan is the index's first entry whatever the statistics say.)
+CREATE OR REPLACE FUNCTION pyscheduler._lease_gate(p_queue text, p_n integer, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_paused boolean;
+    v_due boolean;
+BEGIN
+    SELECT EXISTS (SELECT 1 FROM pyscheduler.task_queues q WHERE q.queue = p_queue AND q.paused),
+           (SELECT r.run_at FROM pyscheduler.tasks r WHERE r.queue = p_queue AND r.status = 'scheduled'
+             ORDER BY r.run_at LIMIT 1) <= p_now
+      INTO v_paused, v_due;
+    IF v_paused THEN
+        RETURN false;
+    END IF;
+    IF v_due THEN
+        UPDATE pyscheduler.tasks t SET status = 'ready', updated = p_now
+         WHERE t.rn = ANY (ARRAY(
+               SELECT r.rn FROM pyscheduler.tasks r
+                WHERE r.queue = p_queue AND r.status = 'scheduled' AND r.run_at <= p_now
+                ORDER BY r.run_at
+                LIMIT greatest(p_n, 1000)
+                  FOR UPDATE SKIP LOCKED));
+    END IF;
+    RETURN true;
+END
+$$;
 
 -- _claim_tasks: THE batch claim (lease_tasks, lease_tasks_lean): up to n
 -- ready tasks of queue become running for worker (leased_at = now: the
@@ -551,6 +1178,9 @@ BEGIN
                                          p_aging_cap => _claim_tasks.aging_cap);
     IF n IS NULL OR n < 1 THEN
         RAISE EXCEPTION 'n must be at least 1, got %', coalesce(n::text, 'NULL') USING ERRCODE = 'PS208';
+    END IF;
+    IF NOT pyscheduler._lease_gate(_claim_tasks.queue, n, p_now) THEN
+        RETURN;  -- paused
     END IF;
     -- The claim is one statement per path, written out twice on purpose: each
     -- keeps its own cached plan, and one statement measured ~1.5x faster for
@@ -618,8 +1248,11 @@ AS $$
    then in submission order, skipping rows other workers are leasing (FOR
    UPDATE SKIP LOCKED). Each becomes running, owner = worker, deadline = now
    + timeout, history += TaskAssignment, and gets a new secret lease token,
-   returned as the task's "token": heartbeat, complete, abort and yield need it.
-   Returns nothing when no task is ready.
+   returned as the task's "token": heartbeat, complete, fail, abort and yield
+   need it. Returns nothing when no task is ready, or the queue is paused
+   (pause_queue). The queue's scheduled tasks that are due (run_at passed:
+   delayed tasks, retries) are made ready first, so they lease in this order
+   too (_lease_gate).
    timeout: more than 0, at most 1 day, no months or years.
    Fairness (off by default): with aging_rate > 0 a ready task's effective
    priority is priority + aging_rate * seconds since it became ready, capped at
@@ -634,7 +1267,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, double precision, bigint) IS
-    'Lease up to n ready tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; each with its lease token.';
+    'Lease up to n ready (or due) tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; each with its lease token; none when paused.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks_lean(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
@@ -696,6 +1329,9 @@ BEGIN
         PERFORM pyscheduler._check_task_args(p_queue => queue, p_queue_given => true,
                                              p_worker => worker, p_worker_given => true);
         PERFORM pyscheduler._timeout(timeout);
+    END IF;
+    IF NOT pyscheduler._lease_gate(queue, 1, p_now) THEN
+        RETURN NULL;  -- paused
     END IF;
     UPDATE pyscheduler.tasks t
        SET status = 'running', owner = worker, updated = p_now,
@@ -1011,32 +1647,13 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_errors jsonb;
+    v_errors jsonb := pyscheduler._check_errors(_abort_task.errors);
     v_task jsonb;
-    v_max integer := pyscheduler._task_limit('task_max_errors');
-    v_max_bytes integer := pyscheduler._task_limit('task_max_errors_bytes');
 BEGIN
-    IF _abort_task.errors IS NULL OR jsonb_typeof(_abort_task.errors) <> 'array'
-       OR jsonb_array_length(_abort_task.errors) = 0
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(_abort_task.errors) e
-                   WHERE jsonb_typeof(e) <> 'object'
-                      OR jsonb_typeof(e -> 'code') IS DISTINCT FROM 'string'
-                      OR (e ? 'args' AND jsonb_typeof(e -> 'args') <> 'object')
-                      OR (e ? 'description' AND jsonb_typeof(e -> 'description') <> 'string')) THEN
-        RAISE EXCEPTION 'errors must be a non-empty JSON array of {"code", "args", "description"}, got %',
-                        coalesce(left(_abort_task.errors::text, 200), 'NULL')
-            USING ERRCODE = 'PS207',
-                  HINT = 'e.g. ''[{"code": "superseded", "args": {}, "description": "new task added"}]''';
-    END IF;
-    IF jsonb_array_length(_abort_task.errors) > v_max OR pg_column_size(_abort_task.errors) > v_max_bytes THEN
-        RAISE EXCEPTION 'errors has % entries of % bytes, more than task_max_errors (%) or task_max_errors_bytes (%)',
-                        jsonb_array_length(_abort_task.errors), pg_column_size(_abort_task.errors), v_max, v_max_bytes
-            USING ERRCODE = 'PS207', HINT = 'Record the first errors and a short description.';
-    END IF;
-    SELECT jsonb_agg(jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
-                                        'description', coalesce(e -> 'description', '""')))
-      INTO v_errors FROM jsonb_array_elements(_abort_task.errors) e;
-    UPDATE pyscheduler.tasks t SET status = 'aborted', errors = v_errors, deadline = NULL, updated = p_now
+    UPDATE pyscheduler.tasks t
+       SET status = 'aborted', deadline = NULL, updated = p_now,
+           errors = pyscheduler._capped_errors(t.errors || v_errors, pyscheduler._task_limit('task_max_errors'),
+                                               pyscheduler._task_limit('task_max_errors_bytes'))
      WHERE t.rn = _abort_task.rn AND t.lease_token = _abort_task.token AND t.status = 'running'
     RETURNING pyscheduler._task_json(t) INTO v_task;
     IF v_task IS NULL THEN
@@ -1053,7 +1670,9 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* abort_task(rn, token, errors) -> task jsonb
-   The lease holder gives up on a running task for good: aborted, errors recorded.
+   The lease holder gives up on a running task for good: aborted, errors
+   appended to those of earlier failed attempts (never retried; retry_task
+   requeues it by hand).
    errors: a non-empty JSON array of {"code": text, "args": object,
    "description": text} (args and description optional; stored as {} and ""),
    at most task_max_errors entries and task_max_errors_bytes bytes.
@@ -1063,6 +1682,176 @@ AS $$
 $$;
 COMMENT ON FUNCTION pyscheduler.abort_task(uuid, uuid, jsonb) IS
     'The lease holder (token) aborts a running task with errors [{code, args, description}]; terminal, never retried.';
+
+-- _fail_tasks: THE failure of a lease (fail_task, fail_tasks): each lease
+-- (rns[i], tokens[i]) whose task is running under that token gets errors[i]
+-- appended and is retried after retry_in[i] (NULL: the default backoff), or
+-- is aborted when it has used its max_attempts. Rows are locked in rn order
+-- (as _leases). Returns the rns it failed.
+CREATE OR REPLACE FUNCTION pyscheduler._fail_leases(
+    rns uuid[], tokens uuid[], errors jsonb, retry_in interval[], p_now timestamptz)
+RETURNS uuid[]
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_bad record;
+    v_max_attempts integer := pyscheduler._task_limit('task_max_attempts');
+    v_max_errors integer := pyscheduler._task_limit('task_max_errors');
+    v_max_bytes integer := pyscheduler._task_limit('task_max_errors_bytes');
+    v_history integer := pyscheduler._task_limit('task_max_history');
+    v_base double precision := extract(epoch FROM pyscheduler._setting('task_backoff_base')::interval);
+    v_cap double precision := extract(epoch FROM pyscheduler._setting('task_backoff_cap')::interval);
+    v_done uuid[];
+    v_queues text[];
+BEGIN
+    PERFORM pyscheduler._check_leases(rns, tokens);
+    IF errors IS NULL OR jsonb_typeof(errors) <> 'array' OR jsonb_array_length(errors) <> cardinality(rns) THEN
+        RAISE EXCEPTION 'errors must be a JSON array of one error object per rn, got % for % rns',
+                        coalesce(left(errors::text, 200), 'NULL'), cardinality(rns)
+            USING ERRCODE = 'PS207', HINT = 'errors -> (i - 1) is the error of rns[i], {"code", "args", "description"}.';
+    END IF;
+    IF retry_in IS NOT NULL AND cardinality(retry_in) <> cardinality(rns) THEN
+        RAISE EXCEPTION 'retry_in must be NULL or as long as rns, got % and %', cardinality(retry_in), cardinality(rns)
+            USING ERRCODE = 'PS208', HINT = 'retry_in[i] is the delay of rns[i] (NULL: the default backoff).';
+    END IF;
+    SELECT d, i INTO v_bad FROM unnest(retry_in) WITH ORDINALITY AS u(d, i)
+     WHERE d IS NOT NULL AND NOT extract(epoch FROM d) BETWEEN 0 AND 31536000 LIMIT 1;  -- 365 days, as seconds
+    IF FOUND THEN
+        RAISE EXCEPTION 'retry_in must be between 0 and 365 days, got %', v_bad.d
+            USING ERRCODE = 'PS212', HINT = 'NULL: the default backoff; 0: ready again at once.';
+    END IF;
+    -- every error checked (PS207 names the first bad one): a batch is failed whole or not at all
+    SELECT e, i INTO v_bad FROM jsonb_array_elements(errors) WITH ORDINALITY AS a(e, i)
+     WHERE pyscheduler._bad_error(e) OR pg_column_size(e) > v_max_bytes LIMIT 1;
+    IF FOUND THEN
+        PERFORM pyscheduler._check_errors(jsonb_build_array(v_bad.e), format('errors[%s]', v_bad.i - 1));
+    END IF;
+    WITH u AS (
+        UPDATE pyscheduler.tasks t
+           SET status = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN 'aborted'
+                             WHEN pyscheduler._retry_at(t.attempts, l.delay, l.jitter, v_base, v_cap, p_now) > p_now
+                                 THEN 'scheduled'
+                             ELSE 'ready' END::pyscheduler.task_status,
+               errors = pyscheduler._capped_errors(
+                            t.errors || pyscheduler._error_entry(l.error)
+                            || CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN jsonb_build_object(
+                                   'code', 'TaskMaxAttempts',
+                                   'args', jsonb_build_object('attempts', t.attempts,
+                                                              'max_attempts', coalesce(t.max_attempts, v_max_attempts)),
+                                   'description', format('attempt %s of %s failed', t.attempts,
+                                                         coalesce(t.max_attempts, v_max_attempts)))
+                               ELSE '[]' END,
+                            v_max_errors, v_max_bytes),
+               deadline = NULL, updated = p_now,
+               -- aborted: as abort_task. Retried: back in the queue without an owner
+               -- or a lease; history += the lease's TaskAssignment, TaskRetry.
+               run_at = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.run_at
+                             ELSE pyscheduler._retry_at(t.attempts, l.delay, l.jitter, v_base, v_cap, p_now) END,
+               owner = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.owner END,
+               progress = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.progress ELSE 0 END,
+               lease_token = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.lease_token END,
+               leased_at = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.leased_at END,
+               history = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.history
+                         ELSE pyscheduler._trim_history(
+                             pyscheduler._full_history(t.history, t.owner, t.leased_at)
+                             || jsonb_build_array(jsonb_build_object(
+                                    '_typ', 'TaskRetry', 'worker', t.owner, 'progress', t.progress,
+                                    'attempt', t.attempts,
+                                    'run_at', pyscheduler._ts(pyscheduler._retry_at(t.attempts, l.delay, l.jitter,
+                                                                                     v_base, v_cap, p_now)),
+                                    'time', pyscheduler._ts(p_now))),
+                             v_history) END
+          FROM (SELECT u.rn, u.token, e.e AS error, 0.5 + random() AS jitter,
+                       make_interval(secs => extract(epoch FROM u.delay)::double precision) AS delay
+                  FROM unnest(rns, tokens, coalesce(retry_in, array_fill(NULL::interval, ARRAY[cardinality(rns)])))
+                           WITH ORDINALITY AS u(rn, token, delay, i)
+                  JOIN jsonb_array_elements(errors) WITH ORDINALITY AS e(e, i) ON e.i = u.i
+                 ORDER BY u.rn) AS l
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+        RETURNING t.rn, t.queue, t.status)
+    SELECT coalesce(array_agg(u.rn), '{}'),
+           coalesce(array_agg(DISTINCT u.queue) FILTER (WHERE u.status <> 'aborted'), '{}')
+      INTO v_done, v_queues FROM u;
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
+    RETURN v_done;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._fail_task(
+    rn uuid, token uuid, error jsonb, retry_in interval DEFAULT NULL, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_task jsonb;
+BEGIN
+    IF cardinality(pyscheduler._fail_leases(ARRAY[_fail_task.rn], ARRAY[_fail_task.token],
+                                            jsonb_build_array(_fail_task.error), ARRAY[_fail_task.retry_in],
+                                            p_now)) = 0 THEN
+        PERFORM pyscheduler._task_refused(_fail_task.rn, _fail_task.token);
+    END IF;
+    SELECT pyscheduler._task_json(t) INTO v_task FROM pyscheduler.tasks t WHERE t.rn = _fail_task.rn;
+    RETURN v_task;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.fail_task(rn uuid, token uuid, error jsonb, retry_in interval DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* fail_task(rn, token, error, retry_in => NULL) -> task jsonb
+   The lease holder reports that this attempt failed and the task should be
+   tried again: error (one {"code", "args", "description"} object, as in
+   abort_task) is appended to errors, history += the lease's TaskAssignment
+   and TaskRetry {"worker", "progress", "attempt", "run_at", "time"}, and the
+   task is back in its queue without owner or lease, 'scheduled' until
+   run_at = now + retry_in (0: ready at once), or by default now + the
+   backoff least(task_backoff_base * 2^attempt, task_backoff_cap) * a random
+   factor in [0.5, 1.5) (settings; 1 s and 1 hour: 1-3 s after the first
+   attempt, 2-6 s after the second, ...). A task that has used its attempts
+   (max_attempts, or the setting task_max_attempts) is aborted instead, with
+   its errors and a last one {"code": "TaskMaxAttempts"}. The lease's token
+   is refused from then on. Wakes the queue's idle workers.
+   Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
+   PS203 cancelled (the task stays cancelled), PS207 error, PS210 yielded,
+   PS212 retry_in outside 0..365 days. */
+    SELECT pyscheduler._fail_task(rn, token, error, retry_in, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.fail_task(uuid, uuid, jsonb, interval) IS
+    'The lease holder (token) fails this attempt: error appended, retried after retry_in or the backoff; aborted after max_attempts.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._fail_tasks(
+    rns uuid[], tokens uuid[], errors jsonb, retry_in interval[] DEFAULT NULL, p_now timestamptz DEFAULT now())
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE sql
+AS $$
+    SELECT * FROM pyscheduler._refused(rns, tokens, pyscheduler._fail_leases(rns, tokens, errors, retry_in, p_now));
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.fail_tasks(
+    rns uuid[], tokens uuid[], errors jsonb, retry_in interval[] DEFAULT NULL)
+RETURNS TABLE (rn uuid, sqlstate text)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* fail_tasks(rns, tokens, errors, retry_in => NULL) -> setof (rn uuid, sqlstate text)
+   The batch form of fail_task, in one statement: fails every lease (rns[i],
+   tokens[i]) whose task is running under that token, with the error
+   errors -> (i - 1) and the delay retry_in[i] (NULL, or no array: the
+   default backoff). Returns one row per lease it did NOT fail, with the
+   SQLSTATE fail_task would have raised for it (PS200, PS201, PS202, PS203,
+   PS210); no rows means all were failed. Errors: PS207 errors not an array
+   of as many error objects (the first bad one is named), PS208 arrays of
+   different lengths, PS212 a retry_in outside 0..365 days. */
+    SELECT * FROM pyscheduler._fail_tasks(rns, tokens, errors, retry_in, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.fail_tasks(uuid[], uuid[], jsonb, interval[]) IS
+    'Fail many leases (rns[i] with token tokens[i], error errors[i-1], delay retry_in[i]) in one statement; returns (rn, sqlstate) for each not failed.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._yield_task(rn uuid, token uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb
@@ -1167,6 +1956,8 @@ DECLARE
     v_task jsonb;
     v_history integer := pyscheduler._task_limit('task_max_history');
     v_attempts integer := pyscheduler._task_limit('task_max_attempts');
+    v_max_errors integer := pyscheduler._task_limit('task_max_errors');
+    v_max_bytes integer := pyscheduler._task_limit('task_max_errors_bytes');
 BEGIN
     IF max_tasks IS NULL OR max_tasks < 1 THEN
         RAISE EXCEPTION 'max_tasks must be at least 1, got %', coalesce(max_tasks::text, 'NULL')
@@ -1180,17 +1971,20 @@ BEGIN
              LIMIT max_tasks
                FOR UPDATE SKIP LOCKED),
         v AS (
-            SELECT x.rn, x.yielded, NOT x.yielded AND t.attempts >= v_attempts AS give_up
+            SELECT x.rn, x.yielded, coalesce(t.max_attempts, v_attempts) AS max_attempts,
+                   NOT x.yielded AND t.attempts >= coalesce(t.max_attempts, v_attempts) AS give_up
               FROM x JOIN pyscheduler.tasks t ON t.rn = x.rn)
         UPDATE pyscheduler.tasks t
            SET status = CASE WHEN v.give_up THEN 'aborted' ELSE 'ready' END::pyscheduler.task_status,
                owner = CASE WHEN v.give_up THEN t.owner END,
                progress = CASE WHEN v.give_up THEN t.progress ELSE 0 END,
                lease_token = CASE WHEN v.give_up THEN t.lease_token END,
-               errors = CASE WHEN v.give_up THEN jsonb_build_array(jsonb_build_object(
+               errors = CASE WHEN v.give_up THEN pyscheduler._capped_errors(t.errors || jsonb_build_object(
                             'code', 'TaskMaxAttempts',
-                            'args', jsonb_build_object('attempts', t.attempts, 'max_attempts', v_attempts),
-                            'description', format('the task''s lease timed out %s times', t.attempts)))
+                            'args', jsonb_build_object('attempts', t.attempts, 'max_attempts', v.max_attempts),
+                            'description', format('attempt %s of %s: the lease timed out', t.attempts,
+                                                  v.max_attempts)),
+                            v_max_errors, v_max_bytes)
                         ELSE t.errors END,
                deadline = NULL, updated = p_now, leased_at = NULL,
                -- the lease's TaskAssignment entry (a yield wrote it already), then TaskTimeout
@@ -1222,16 +2016,17 @@ AS $$
    The failure detector: running tasks whose deadline < now become ready again
    (owner NULL, progress 0, deadline NULL, no lease); history += TaskTimeout
    (worker, progress at the timeout) unless the lease was yielded. A task
-   whose lease timed out for the task_max_attempts-th time is aborted
-   instead, with the error TaskMaxAttempts (the crash-loop guard; yielded
-   leases do not count). History keeps its last
+   whose timed-out lease was its last attempt (attempts = leases not
+   yielded, failed ones included; max_attempts or the setting
+   task_max_attempts) is aborted instead, with the error TaskMaxAttempts
+   appended (the crash-loop guard). History keeps its last
    task_max_history entries. At most max_tasks per call (call again while it
    returns max_tasks); wakes the workers of each queue touched. Returns the
    tasks reset or aborted. Errors: PS208 max_tasks < 1. */
     SELECT t.task FROM pyscheduler._reset_expired_tasks(max_tasks, now()) AS t;
 $$;
 COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
-    'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after task_max_attempts, aborted.';
+    'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after their last attempt, aborted.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._cleanup_tasks(
     retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000, p_now timestamptz DEFAULT now())
@@ -1296,12 +2091,43 @@ CREATE OR REPLACE VIEW pyscheduler.oldest_ready_tasks AS
      ORDER BY queue, created, seq;
 COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS 'The oldest ready task of each queue and how long it has waited.';
 
+-- queue_status: one row per queue with live tasks or a task_queues row. It
+-- reads the live tasks only (scheduled, ready and running, through their
+-- partial indexes), never the finished ones kept for retention: its cost
+-- grows with the work waiting and running, not with the tasks stored (less
+-- than task_counts, which counts every task).
+CREATE OR REPLACE VIEW pyscheduler.queue_status AS
+    WITH ready AS (
+        SELECT queue, count(*) AS n, now() - min(updated) AS oldest
+          FROM pyscheduler.tasks WHERE status = 'ready' GROUP BY queue),
+    delayed AS (
+        SELECT queue, count(*) AS n, min(run_at) AS next_due
+          FROM pyscheduler.tasks WHERE status = 'scheduled' GROUP BY queue),
+    running AS (
+        SELECT queue, count(*) AS n
+          FROM pyscheduler.tasks WHERE status = 'running' GROUP BY queue),
+    queues AS (
+        SELECT queue FROM ready UNION SELECT queue FROM delayed UNION SELECT queue FROM running
+        UNION SELECT queue FROM pyscheduler.task_queues)
+    SELECT n.queue, coalesce(r.n, 0) AS ready, coalesce(d.n, 0) AS delayed, coalesce(g.n, 0) AS running,
+           coalesce(q.paused, false) AS paused, q.note, q.paused_by, r.oldest AS oldest_ready_age, d.next_due
+      FROM queues n
+      LEFT JOIN ready r ON r.queue = n.queue
+      LEFT JOIN delayed d ON d.queue = n.queue
+      LEFT JOIN running g ON g.queue = n.queue
+      LEFT JOIN pyscheduler.task_queues q ON q.queue = n.queue;
+COMMENT ON VIEW pyscheduler.queue_status IS
+    'Per queue: tasks ready, delayed (scheduled) and running, whether it is paused, the oldest ready task''s wait, the next due time.';
+
 -- ---------------------------------------------------------------- grants
 
 SELECT pyscheduler._grant('client', 'submit_task', 'submit_tasks', 'get_task', 'list_tasks', 'cancel_task',
-                         'task_counts', 'expired_leases', 'oldest_ready_tasks');
+                         'retry_task', 'retry_tasks', 'pause_queue', 'resume_queue', 'next_task_due',
+                         'task_counts', 'expired_leases', 'oldest_ready_tasks', 'queue_status');
 SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_tasks', 'lease_tasks_lean',
                          'heartbeat_task', 'heartbeat_tasks', 'complete_task', 'complete_tasks', 'complete_and_lease',
-                         'abort_task', 'yield_task', 'yield_tasks', 'get_task');
-SELECT pyscheduler._grant('monitor', 'get_task', 'list_tasks', 'task_counts', 'expired_leases', 'oldest_ready_tasks');
+                         'fail_task', 'fail_tasks', 'abort_task', 'yield_task', 'yield_tasks', 'get_task',
+                         'next_task_due');
+SELECT pyscheduler._grant('monitor', 'get_task', 'list_tasks', 'next_task_due', 'task_counts', 'expired_leases',
+                         'oldest_ready_tasks', 'queue_status');
 SELECT pyscheduler._grant('admin', 'reset_expired_tasks', 'cleanup_tasks');

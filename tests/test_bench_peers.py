@@ -1,8 +1,9 @@
 """``pyscheduler bench peers``: the command works and its output is complete (not its speed).
 
 One run of ``--quick`` against the test servers checks every system and every
-column of the markdown it writes, the two charts, and that a rerun replaces the
-section in place instead of adding another.
+column of the markdown it writes (the no-op runs, the failure and delay runs),
+the two charts, and that a rerun replaces the section in place instead of
+adding another.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import pytest
 
 from pyscheduler.benchpeers import report
-from pyscheduler.benchpeers.tasks import SYSTEMS
+from pyscheduler.benchpeers.tasks import SCENARIOS, SYSTEMS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PEERS = ["procrastinate", "graphile-worker", "pg-boss"]
@@ -57,7 +58,7 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
     section = _section(text)
     assert "`pyscheduler bench peers --quick`" in section  # the command, without server addresses
     assert pg.base_dsn not in section and kafka not in section
-    tasks, ratios, delay = _tables(section)
+    tasks, ratios, scenarios, delay = _tables(section)
 
     assert tasks[0] == report.TASKS_HEADER
     assert [r[0] for r in tasks[1:]] == OURS + PEERS
@@ -73,6 +74,14 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
     assert ratios[0] == ["pyscheduler"] + PEERS
     assert [r[0] for r in ratios[1:]] == OURS
     assert all(re.fullmatch(r"\d+\.\d\dx", cell) for r in ratios[1:] for cell in r[1:]), ratios
+
+    # failures and delays: pyscheduler and graphile-worker, each run against graphile-worker's
+    assert scenarios[0] == report.SCENARIO_HEADER
+    runs = [r[:2] for r in scenarios[1:]]
+    assert runs == [[SCENARIOS[sc], name] for sc in ("fail", "delay") for name in OURS + ["graphile-worker"]]
+    for row in scenarios[1:]:
+        assert re.fullmatch(r"[\d,]+", row[3].split(" ")[0]), row  # a completion rate, not capped away
+        assert re.fullmatch(r"\d+\.\d\dx", row[4]) if row[1] in OURS else row[4] == "—", row
 
     assert delay[0] == report.DELAY_HEADER
     assert sorted(r[0] for r in delay[1:]) == sorted(RELAYS)

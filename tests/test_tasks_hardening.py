@@ -18,7 +18,8 @@ from test_tasks_sql import at, call, code_of, held, lease, submit, types_of, val
 PUBLIC_TASK_FUNCTIONS = ("submit_task", "submit_tasks", "cancel_task", "lease_task", "lease_tasks",
                          "heartbeat_task", "complete_task", "complete_tasks", "complete_and_lease", "abort_task",
                          "yield_task", "reset_expired_tasks", "cleanup_tasks", "lease_tasks_lean",
-                         "heartbeat_tasks", "yield_tasks")
+                         "heartbeat_tasks", "yield_tasks", "fail_task", "fail_tasks", "retry_task", "retry_tasks",
+                         "pause_queue", "resume_queue")
 
 
 # ------------------------------------------------------------------ item 1: the clock
@@ -62,8 +63,8 @@ def test_a_worker_role_cannot_reach_the_clock(dsn, conn):
 
 # ------------------------------------------------------------------ item 6: the state machine table
 
-STATES = ("ready", "running (this lease)", "running (another lease)", "yielded (this lease)", "completed",
-          "aborted", "cancelled", "deleted")
+STATES = ("ready", "scheduled (this lease failed)", "running (this lease)", "running (another lease)",
+          "yielded (this lease)", "completed", "aborted", "cancelled", "deleted")
 
 
 def state_machine_table() -> dict[tuple[str, str], str]:
@@ -91,6 +92,8 @@ def put_task_in(db, conn, state: str) -> dict:
     h = held(mine)
     if state == "ready":
         call(db, "reset_expired_tasks", at(100))
+    elif state == "scheduled (this lease failed)":
+        db.call("fail_task", **h, error=Jsonb({"code": "x"}), retry_in="1 hour")
     elif state == "running (another lease)":
         call(db, "reset_expired_tasks", at(100))
         assert lease(db, queue=queue, worker="w2", now=at(101))["rn"] == rn
@@ -120,6 +123,10 @@ CALLS = {
     "yield_tasks": lambda db, h: [r["sqlstate"] for r in db.call("yield_tasks", rns=[h["rn"]],
                                                                   tokens=[h["token"]])],
     "cancel_task": lambda db, h: db.call("cancel_task", rn=h["rn"]),
+    "fail_task": lambda db, h: db.call("fail_task", **h, error=Jsonb({"code": "x"})),
+    "fail_tasks": lambda db, h: [r["sqlstate"] for r in db.call("fail_tasks", rns=[h["rn"]], tokens=[h["token"]],
+                                                                 errors=Jsonb([{"code": "x"}]))],
+    "retry_task": lambda db, h: db.call("retry_task", rn=h["rn"]),
 }
 
 
@@ -257,7 +264,7 @@ def test_a_task_that_keeps_timing_out_is_aborted_with_task_max_attempts(db, conn
     task = db.call_value("get_task", rn=rn)
     assert task["status"] == "aborted" and task["owner"] == "w1" and task["deadline"] is None
     assert task["errors"] == [{"code": "TaskMaxAttempts", "args": {"attempts": 3, "max_attempts": 3},
-                               "description": "the task's lease timed out 3 times"}]
+                               "description": "attempt 3 of 3: the lease timed out"}]
     assert types_of(task)[-1] == "TaskTimeout"
     assert lease(db, now=at(1000)) is None
 

@@ -56,8 +56,11 @@ def code_of(exc_info) -> str:
 
 def test_submit_returns_a_ready_task_in_the_seed_shape(db):
     task = submit(db, spec={"orderId": "233"}, now=T0)
-    assert set(task) == {"rn", "spec", "queue", "priority", "status", "progress", "created", "updated",
-                         "errors", "owner", "deadline", "history"}
+    seed = {"rn", "spec", "queue", "priority", "status", "progress", "created", "updated", "errors", "owner",
+            "deadline", "history"}
+    extensions = {"run_at", "attempts", "max_attempts", "unique_key", "submitted_by"}  # issue 16, documented
+    assert set(task) == seed | extensions
+    assert (task["run_at"], task["attempts"], task["max_attempts"], task["unique_key"]) == (None, 0, None, None)
     assert uuid.UUID(task["rn"])
     assert task["spec"] == {"orderId": "233"}
     assert (task["queue"], task["priority"], task["status"], task["progress"]) == ("q", 50, "ready", 0)

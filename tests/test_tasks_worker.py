@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from pyscheduler import errors
 from pyscheduler.cli import main
+from pyscheduler.db import Jsonb
 from pyscheduler.daemon import RunContext
 from pyscheduler.tasks import Abort, Monitor, TaskClient, TaskContext, Worker
 from pyscheduler.tasks.cli import WorkerProcess, daemons
@@ -123,7 +124,7 @@ def test_cancellation_reaches_the_handler_at_once_and_the_task_stays_cancelled(d
         running.stop()
 
 
-def test_handler_errors_abort_the_task(dsn, client):
+def test_abort_aborts_and_other_exceptions_fail_the_attempt(dsn, db, client):
     def handler(ctx: TaskContext) -> None:
         if ctx.spec["kind"] == "abort":
             raise Abort("superseded", "new task superseded", {"by": 2})
@@ -132,11 +133,14 @@ def test_handler_errors_abort_the_task(dsn, client):
     running = Worker(dsn, "e", handler, capacity=2).start()
     try:
         a = client.submit("e", {"kind": "abort"})["rn"]
-        b = client.submit("e", {"kind": "crash"})["rn"]
+        # any other exception fails the attempt (retried after a backoff); its only attempt: aborted
+        b = db.call_value("submit_task", queue="e", spec=Jsonb({"kind": "crash"}), max_attempts=1)["rn"]
         wait_for(lambda: status(client, a) == "aborted" and status(client, b) == "aborted")
         assert client.get(a)["errors"] == [{"code": "superseded", "args": {"by": 2},
                                             "description": "new task superseded"}]
-        assert client.get(b)["errors"] == [{"code": "ValueError", "args": {}, "description": "bad input"}]
+        assert client.get(b)["errors"] == [{"code": "ValueError", "args": {}, "description": "bad input"},
+                                           {"code": "TaskMaxAttempts", "args": {"attempts": 1, "max_attempts": 1},
+                                            "description": "attempt 1 of 1 failed"}]
     finally:
         running.stop()
 

@@ -64,7 +64,7 @@ def test_async_cancellation_reaches_the_awaiting_handler_and_the_task_stays_canc
         running.stop()
 
 
-def test_async_handler_errors_abort_the_task(dsn, client):
+def test_async_abort_aborts_and_other_exceptions_fail_the_attempt(dsn, db, client):
     async def handler(ctx: AsyncTaskContext) -> None:
         await asyncio.sleep(0)
         if ctx.spec["kind"] == "abort":
@@ -74,11 +74,14 @@ def test_async_handler_errors_abort_the_task(dsn, client):
     running = AsyncWorker(dsn, "ae", handler, capacity=2).start()
     try:
         a = client.submit("ae", {"kind": "abort"})["rn"]
-        b = client.submit("ae", {"kind": "crash"})["rn"]
+        # any other exception fails the attempt (retried after a backoff); its only attempt: aborted
+        b = db.call_value("submit_task", queue="ae", spec=Jsonb({"kind": "crash"}), max_attempts=1)["rn"]
         wait_for(lambda: status(client, a) == "aborted" and status(client, b) == "aborted")
         assert client.get(a)["errors"] == [{"code": "superseded", "args": {"by": 2},
                                             "description": "new task superseded"}]
-        assert client.get(b)["errors"] == [{"code": "ValueError", "args": {}, "description": "bad input"}]
+        assert client.get(b)["errors"] == [{"code": "ValueError", "args": {}, "description": "bad input"},
+                                           {"code": "TaskMaxAttempts", "args": {"attempts": 1, "max_attempts": 1},
+                                            "description": "attempt 1 of 1 failed"}]
     finally:
         running.stop()
 

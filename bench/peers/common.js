@@ -1,16 +1,25 @@
 // The runner protocol of `pyscheduler bench peers` for the Node.js peers: the same
 // steps as pyscheduler/benchpeers/runner.py (read its docstring), in JavaScript.
-//   node bench/peers/<peer>.js DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS
-// DSN names an EMPTY database the runner may fill. Prints one line of JSON.
+//   node bench/peers/<peer>.js DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS [SCENARIO]
+// DSN names an EMPTY database the runner may fill. Prints one line of JSON. SCENARIO
+// (noop, fail, delay) and its constants are those of runner.py.
 const { performance } = require("node:perf_hooks");
 
 const WARM_UP = 3;
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
+// The scenarios of runner.py: fail: job i fails its first attempt when i % FAIL_EVERY == 0
+// (retried after e s, graphile-worker's fixed first backoff), jobs with max_attempts
+// MAX_ATTEMPTS; delay: job i runs DELAY_SECONDS after its enqueue when i % DELAY_EVERY == 1.
+const SCENARIOS = { FAIL_EVERY: 10, MAX_ATTEMPTS: 5, DELAY_EVERY: 2, DELAY_SECONDS: 1 };
+
 function parseArgs(argv = process.argv.slice(2)) {
-  const [dsn, jobs, concurrency, samples, gapMs, maxSeconds] = argv;
+  const [dsn, jobs, concurrency, samples, gapMs, maxSeconds, scenario] = argv;
+  if (scenario !== undefined && !["noop", "fail", "delay"].includes(scenario)) {
+    throw new Error(`unknown scenario ${scenario}`);
+  }
   return { dsn, jobs: Number(jobs), concurrency: Number(concurrency), samples: Number(samples),
-           gapMs: Number(gapMs), maxSeconds: Number(maxSeconds) };
+           gapMs: Number(gapMs), maxSeconds: Number(maxSeconds), scenario: scenario || "noop" };
 }
 
 // Jobs whose handler ran, and enqueue-to-start latencies (ms) of the sample jobs.
@@ -88,4 +97,4 @@ function main(fn) {
   fn(parseArgs()).then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });
 }
 
-module.exports = { Counter, main, report, runPhases, sleep };
+module.exports = { Counter, SCENARIOS, main, report, runPhases, sleep };

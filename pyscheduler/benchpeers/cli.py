@@ -101,6 +101,9 @@ def _command(ctx: click.Context) -> str:
               help=f"Cap on one system's work phase, seconds  [default: {FULL['max_work_seconds']:g}]")
 @click.option("--system", "only", multiple=True, type=click.Choice([s.key for s in tasks_part.SYSTEMS]),
               help="Run only these systems (repeatable). Default: all.")
+@click.option("--scenario", "scenarios", multiple=True, type=click.Choice(list(tasks_part.SCENARIOS)),
+              help="Job-queue runs (repeatable): noop (every system), fail (10 %% of jobs fail once and retry) "
+                   "and delay (50 %% delayed 1 s), these two for pyscheduler and graphile-worker. Default: all.")
 @click.option("--loads", default=None, help=f"Delay part: offered loads in msg/s, comma-separated  [default: {FULL['loads']}]")
 @click.option("--delay-duration", type=click.FloatRange(1), default=None,
               help=f"Delay part: seconds of producing per run  [default: {FULL['delay_duration']:g}]")
@@ -115,7 +118,8 @@ def _command(ctx: click.Context) -> str:
 @click.option("--note", default=None, help="Said about the run in the markdown, e.g. 'measured on a busy machine'.")
 @click.pass_context
 def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, gap_ms, max_work_seconds, only,
-          loads, delay_duration, min_delay, max_delay, with_delay, with_tasks, markdown, img_dir, note) -> None:
+          scenarios, loads, delay_duration, min_delay, max_delay, with_delay, with_tasks, markdown, img_dir,
+          note) -> None:
     """pyscheduler side by side with procrastinate, graphile-worker and pg-boss (no-op jobs, same
     concurrency, same server), and its delay relay side by side with a naive one."""
     echo = click.echo
@@ -130,7 +134,9 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
     if not 0 <= o["min_delay"] <= o["max_delay"]:
         raise click.BadParameter("need 0 <= --min-delay <= --max-delay", param_hint="--min-delay")
 
-    wanted = [s for s in tasks_part.SYSTEMS if (not only or s.key in only) and with_tasks]
+    scenarios = tuple(sc for sc in tasks_part.SCENARIOS if not scenarios or sc in scenarios)
+    wanted = [s for s in tasks_part.SYSTEMS
+              if (not only or s.key in only) and with_tasks and s.scenarios & set(scenarios)]
     skipped = {s.name: why for s in wanted if (why := s.missing())}
     systems = [s for s in wanted if s.name not in skipped]
     for name, why in skipped.items():
@@ -142,7 +148,8 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
                                max_seconds=o["max_work_seconds"])
     with _servers(dsn, kafka_bootstrap, with_delay and bool(load_rates), echo) as (dsn, bootstrap, what):
         context = _context(dsn, what, note)
-        results = tasks_part.run_rounds(dsn, systems, params, o["rounds"], echo) if systems else {}
+        runs = tasks_part.run_rounds(dsn, systems, params, o["rounds"], echo, scenarios) if systems else {}
+        results = runs.get("noop", {})
         loads_run = [delay_part.Load(rate, o["delay_duration"], o["min_delay"], o["max_delay"])
                      for rate in load_rates] if with_delay else []
         delays = delay_part.run_loads(dsn, bootstrap, loads_run, o["rounds"], echo)
@@ -152,12 +159,13 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
                   "50 ms timing advance, batches of 2,000) and the naive baseline "
                   "(`python -m pyscheduler.benchpeers.naive_relay`). Jitter = output timestamp - deadline; "
                   "delivered counted by a fresh read of the output topic." if delays else "Not run.")
-    section = report.markdown(command=_command(ctx), context=context, systems=systems, skipped=skipped,
+    noop_systems = [s for s in systems if s.key in results]
+    section = report.markdown(command=_command(ctx), context=context, systems=noop_systems, skipped=skipped,
                               results=results, delay=delays, jobs=o["jobs"], concurrency=concurrency,
                               rounds=o["rounds"], max_seconds=o["max_work_seconds"], samples=o["samples"],
-                              delay_note=delay_note, charts=img_dir, doc=markdown)
+                              delay_note=delay_note, charts=img_dir, doc=markdown, scenarios=runs)
     report.write_markdown(markdown, section)
-    paths = report.charts(img_dir, systems, results, delays)
+    paths = report.charts(img_dir, noop_systems, results, delays)
     echo("")
     echo(section)
     echo(f"\nwrote {markdown} and {', '.join(str(p) for p in paths)} in {time.monotonic() - started:.0f} s")

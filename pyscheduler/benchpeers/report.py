@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..delay.bench import percentiles
 from .delay import SLA_P999_MS, SLA_RATE, by_relay_and_load
-from .tasks import System
+from .runner import DELAY_SECONDS, FAIL_EVERY, MAX_ATTEMPTS, RETRY_SECONDS
+from .tasks import SCENARIOS, SYSTEMS, System
 
 BEGIN = "<!-- bench-peers:begin (written by `pyscheduler bench peers`; a rerun replaces everything down to the end marker) -->"
 END = "<!-- bench-peers:end -->"
@@ -53,6 +54,29 @@ def ratio_rows(systems: list[System], results: dict[str, list[dict]]) -> tuple[l
     return [p.name for p in peers], rows
 
 
+REFERENCE = "graphile-worker"  # the peer each failure and delay run is compared with
+
+
+def scenario_rows(results: dict[str, dict[str, list[dict]]]) -> list[list[str]]:
+    """One row per run other than no-op jobs and system: completion rate, and pyscheduler's rate /
+    graphile-worker's computed per round."""
+    rows = []
+    for scenario, by_system in results.items():
+        if scenario == "noop":
+            continue
+        reference = by_system.get(REFERENCE)
+        for s in SYSTEMS:
+            runs = by_system.get(s.key)
+            if not runs:
+                continue
+            capped = sum(r["capped"] for r in runs)
+            ratio = (_spread([a["rate"] / b["rate"] for a, b in zip(runs, reference)], "{:.2f}x")
+                     if s.ours and reference else "—")
+            rows.append([SCENARIOS[scenario], s.name, f"{runs[0]['jobs']:,}",
+                         _spread([r["rate"] for r in runs]) + (f" ({capped} capped)" if capped else ""), ratio])
+    return rows
+
+
 def _sla(runs: list[dict]) -> str:
     met = sum(1 for r in runs if r["sla"])
     return "meets" if met == len(runs) else "misses" if met == 0 else f"meets in {met} of {len(runs)} rounds"
@@ -78,13 +102,17 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 TASKS_HEADER = ["system", "version", "settings", "jobs", "enqueue (jobs/s)", "completion (jobs/s)",
                 "enqueue-to-start p50", "p99"]
+SCENARIO_HEADER = ["run", "system", "jobs", "completion (jobs/s)", f"/ {REFERENCE} (per round)"]
 DELAY_HEADER = ["relay", "offered (msg/s)", "delivered, steady (msg/s)", "p50", "p99", "p99.9", "max",
                 "lost / dup", f"SLA (p99.9 <= {SLA_P999_MS:.0f} ms, all delivered)"]
 
 
 def markdown(*, command: str, context: str, systems: list[System], skipped: dict[str, str],
              results: dict[str, list[dict]], delay: list[dict], jobs: int, concurrency: int, rounds: int,
-             max_seconds: float, samples: int, delay_note: str, charts: Path, doc: Path) -> str:
+             max_seconds: float, samples: int, delay_note: str, charts: Path, doc: Path,
+             scenarios: dict[str, dict[str, list[dict]]] | None = None) -> str:
+    """``results``: the no-op runs {system key: rounds}; ``scenarios``: every run {scenario:
+    {system key: rounds}} (the failure and delay runs get a table of their own)."""
     rel = Path(os.path.relpath(charts, doc.parent)).as_posix()
     out = [BEGIN, "", f"`{command}` — {context}", "",
            f"**Job queues.** {jobs:,} no-op jobs per system and round (procrastinate a twentieth: it completes a few "
@@ -100,6 +128,17 @@ def markdown(*, command: str, context: str, systems: list[System], skipped: dict
     if peers and rows:
         out += ["", "Completion rate, pyscheduler / peer (computed per round; median, min–max):", ""]
         out += _table(["pyscheduler"] + peers, rows)
+    others = scenario_rows(scenarios or {})
+    if others:
+        out += ["", f"**Failures and delays.** The same protocol and settings, each system against {REFERENCE} "
+                    f"in the same rounds. *{SCENARIOS['fail']}*: every {FAIL_EVERY}th job fails its first attempt "
+                    f"and succeeds when retried {RETRY_SECONDS:.2f} s later ({REFERENCE}'s fixed first backoff, "
+                    f"exp(1) s; pyscheduler's handler raises `Retry(in_=e s)`), jobs submitted with max_attempts "
+                    f"{MAX_ATTEMPTS}; completion counts each job once, when its retry is durably done, so the "
+                    f"time includes the last failures' {RETRY_SECONDS:.2f} s wait. *{SCENARIOS['delay']}*: every "
+                    f"other job is submitted with run_at = its enqueue time + {DELAY_SECONDS:g} s; the workers "
+                    "start right after the enqueue, so the last delayed jobs come due while they work.", ""]
+        out += _table(SCENARIO_HEADER, others)
     out += ["", f"**Delay queue.** {delay_note} The seed's SLA: {SLA_RATE:,} msg/s with p99.9 jitter "
                 f"<= {SLA_P999_MS:.0f} ms; the SLA column applies the same bound at every load.", ""]
     out += _table(DELAY_HEADER, delay_rows(delay))

@@ -4,7 +4,17 @@ and the runners of pyscheduler itself.
 A runner is a process given an EMPTY database it may fill (each system, each
 round gets a fresh one) and the run's parameters:
 
-    RUNNER DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS
+    RUNNER DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS [SCENARIO]
+
+SCENARIO (default ``noop``) says what the JOBS jobs do:
+
+* ``noop``: nothing.
+* ``fail``: every tenth job (i % 10 == 0) fails its first attempt and is retried
+  after ``RETRY_SECONDS`` (e s: graphile-worker's fixed first backoff,
+  exp(1) s; pyscheduler's handler raises ``Retry(in_=e s)``), then succeeds;
+  all jobs are submitted with ``max_attempts`` ``MAX_ATTEMPTS``.
+* ``delay``: every other job (i % 2 == 1) is submitted with ``run_at`` =
+  its enqueue time + ``DELAY_SECONDS`` (1 s).
 
 It then, in this order (the same for every system, Python or Node.js):
 
@@ -21,8 +31,9 @@ It then, in this order (the same for every system, Python or Node.js):
    count query per 20 ms ask the database what is durably done (at the cap:
    one count).
 
-It prints one line of JSON: ``system``, ``version``, ``settings``, ``jobs``,
-``completed``, ``enqueue_s``, ``work_s``, ``latency_ms`` (the samples).
+Completed means durably completed: a job that failed counts once its retry
+completed. It prints one line of JSON: ``system``, ``version``, ``settings``,
+``jobs``, ``completed``, ``enqueue_s``, ``work_s``, ``latency_ms`` (the samples).
 
 Python runners use :class:`Args`, :class:`Counter`, :func:`finish` and
 :func:`report` below (bench/peers/procrastinate_peer.py too); the Node.js
@@ -34,15 +45,22 @@ ones (bench/peers/*.js) share bench/peers/common.js, which does the same.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 WARM_UP = 3
 QUEUE = "peers"
+SCENARIOS = ("noop", "fail", "delay")
+FAIL_EVERY = 10  # scenario fail: job i fails once when i % FAIL_EVERY == 0
+RETRY_SECONDS = math.e  # graphile-worker's first backoff: exp(least(attempts, 10)) s with attempts 1
+MAX_ATTEMPTS = 5
+DELAY_EVERY = 2  # scenario delay: job i is delayed when i % DELAY_EVERY == 1
+DELAY_SECONDS = 1.0
 
 
 class NotBuilt(RuntimeError):
@@ -57,11 +75,16 @@ class Args:
     samples: int
     gap: float  # seconds
     max_seconds: float
+    scenario: str = "noop"
 
     @classmethod
     def parse(cls, argv: list[str]) -> "Args":
         dsn, jobs, concurrency, samples, gap_ms, max_seconds = argv[:6]
-        return cls(dsn, int(jobs), int(concurrency), int(samples), float(gap_ms) / 1000, float(max_seconds))
+        scenario = argv[6] if len(argv) > 6 else "noop"
+        if scenario not in SCENARIOS:
+            raise SystemExit(f"unknown scenario {scenario!r}: one of {', '.join(SCENARIOS)}")
+        return cls(dsn, int(jobs), int(concurrency), int(samples), float(gap_ms) / 1000, float(max_seconds),
+                    scenario)
 
 
 @dataclass
@@ -156,13 +179,43 @@ def _durable(db) -> Callable[[], int]:
     return count
 
 
-def _enqueue(db, jobs: int) -> float:
-    from ..tasks.bench import submit_bulk
+def _enqueue(db, jobs: int, scenario: str = "noop", chunk: int = 5000) -> float:
+    """JOBS jobs of the scenario, ``chunk`` per submit_tasks call (a delayed half in a call of
+    its own: one run_at per call); seconds taken, then ANALYZE."""
+    from ..db import Jsonb
 
-    secs = submit_bulk(db, QUEUE, jobs)
+    started = time.perf_counter()
+    for first in range(0, jobs, chunk):
+        ids = range(first, min(first + chunk, jobs))
+        if scenario == "fail":
+            db.call("submit_tasks", queue=QUEUE, max_attempts=MAX_ATTEMPTS,
+                    specs=Jsonb([{"i": i, "f": True} if i % FAIL_EVERY == 0 else {"i": i} for i in ids]))
+        elif scenario == "delay":
+            db.call("submit_tasks", queue=QUEUE, specs=Jsonb([{"i": i} for i in ids if i % DELAY_EVERY != 1]))
+            later = datetime.now(timezone.utc) + timedelta(seconds=DELAY_SECONDS)
+            db.call("submit_tasks", queue=QUEUE, run_at=later,
+                    specs=Jsonb([{"i": i} for i in ids if i % DELAY_EVERY == 1]))
+        else:
+            db.call("submit_tasks", queue=QUEUE, specs=Jsonb([{"i": i} for i in ids]))
+    secs = time.perf_counter() - started
     with db.connection() as conn:
         conn.execute("ANALYZE")
     return secs
+
+
+class FailOnce:
+    """Scenario fail: whether a job fails now (its first attempt) or runs (its retry). One
+    process leases each job's attempts (one worker), so a set of the ids seen is enough."""
+
+    def __init__(self, scenario: str):
+        self.on = scenario == "fail"
+        self.seen: set[str] = set()
+
+    def now(self, rn: str, spec: dict) -> bool:
+        if self.on and spec.get("f") and rn not in self.seen:
+            self.seen.add(rn)
+            return True
+        return False
 
 
 def _submit_one(db) -> Callable[[dict], object]:
@@ -174,19 +227,25 @@ def _submit_one(db) -> Callable[[dict], object]:
 def worker_system(a: Args, flavour: str = "sync") -> dict:
     """The ``Worker`` library (threads), or its asyncio flavour ``AsyncWorker`` (``async def``
     handlers, issue 10 item 2); capacity = concurrency."""
-    from ..tasks import AsyncWorker, Worker
+    from ..tasks import AsyncWorker, Retry, Worker
 
     counter = Counter()
+    fail = FailOnce(a.scenario)
+    retry_in = timedelta(seconds=RETRY_SECONDS)
 
-    async def handle(ctx) -> None:
+    def handle(ctx) -> None:
+        if fail.now(ctx.rn, ctx.spec):
+            raise Retry(in_=retry_in)
         counter.handled(ctx.spec)
+
+    async def handle_async(ctx) -> None:
+        handle(ctx)
 
     def start(ready: bool):
         if flavour == "async":
-            worker = AsyncWorker(a.dsn, QUEUE, handle, capacity=a.concurrency, poll_interval=0.5)
+            worker = AsyncWorker(a.dsn, QUEUE, handle_async, capacity=a.concurrency, poll_interval=0.5)
         else:
-            worker = Worker(a.dsn, QUEUE, lambda ctx: counter.handled(ctx.spec), capacity=a.concurrency,
-                            poll_interval=0.5)
+            worker = Worker(a.dsn, QUEUE, handle, capacity=a.concurrency, poll_interval=0.5)
         running = worker.start()
         if ready:
             running.wait_idle(timeout=30)
@@ -194,7 +253,7 @@ def worker_system(a: Args, flavour: str = "sync") -> dict:
 
     with _prepare(a) as db:
         result = run_phases(a, counter, start, lambda running: running.stop(), _submit_one(db),
-                            lambda: _enqueue(db, a.jobs), _durable(db))
+                            lambda: _enqueue(db, a.jobs, a.scenario), _durable(db))
     return dict(system="pyscheduler Worker" + (" (async)" if flavour == "async" else ""), version=_version(),
                 **result, settings=f"capacity {a.concurrency}, local queue (prefetch up to 500), LISTEN/NOTIFY, "
                                    f"poll 0.5 s")
@@ -210,8 +269,9 @@ BATCH_SIZE = 500
 
 
 def batch_system(a: Args) -> dict:
-    """The SQL alone: BATCH_CONNECTIONS connections loop lease_tasks_lean(n => 500) + complete_tasks,
-    woken by the queue's NOTIFY when idle."""
+    """The SQL alone: BATCH_CONNECTIONS connections loop lease_tasks_lean(n => 500) + complete_tasks
+    (and fail_tasks for the failures), woken by the queue's NOTIFY when idle, sleeping at most
+    until next_task_due."""
     from ..db import Listener, Wakeup
     from ..tasks.bench import lease_and_complete
     from ..tasks.worker import task_channel
@@ -220,16 +280,27 @@ def batch_system(a: Args) -> dict:
     db = _prepare(a, BATCH_CONNECTIONS + 2)
     wake = Wakeup()
     lease = timedelta(seconds=60)
+    fail = FailOnce(a.scenario)
+    lock = threading.Lock()
+
+    def run(task: dict) -> bool:
+        """The job; True when it failed."""
+        with lock:
+            failed = fail.now(str(task["rn"]), task["spec"])
+        if not failed:
+            counter.handled(task["spec"])
+        return failed
 
     def loop(k: int, stop: threading.Event) -> None:
         with db.session() as s:
             while not stop.is_set():
-                n = lease_and_complete(s, QUEUE, f"batch-{k}", BATCH_SIZE, lease,
-                                       lambda task: counter.handled(task["spec"]))
+                n = lease_and_complete(s, QUEUE, f"batch-{k}", BATCH_SIZE, lease, run,
+                                       retry_in=timedelta(seconds=RETRY_SECONDS))
                 if n:
                     wake.poke()  # the other connection: there may be more
                 else:
-                    wake.wait(0.5)
+                    due = s.call_value("next_task_due", queue=QUEUE)
+                    wake.wait(0.5 if due is None else min(0.5, due.total_seconds() + 0.001), jitter=0)
 
     def start(ready: bool) -> tuple[threading.Event, list[threading.Thread], Listener]:
         stop = threading.Event()
@@ -251,10 +322,11 @@ def batch_system(a: Args) -> dict:
         listener.stop()
 
     with db:
-        result = run_phases(a, counter, start, halt, _submit_one(db), lambda: _enqueue(db, a.jobs), _durable(db))
+        result = run_phases(a, counter, start, halt, _submit_one(db), lambda: _enqueue(db, a.jobs, a.scenario),
+                            _durable(db))
     return dict(system="pyscheduler batch SQL", version=_version(), **result,
-                settings=f"{BATCH_CONNECTIONS} connections, lease_tasks_lean n={BATCH_SIZE} + complete_tasks, "
-                         "LISTEN/NOTIFY when idle")
+                settings=f"{BATCH_CONNECTIONS} connections, lease_tasks_lean n={BATCH_SIZE} + complete_tasks "
+                         "(+ fail_tasks), LISTEN/NOTIFY and next_task_due when idle")
 
 
 SYSTEMS = {"worker": worker_system, "worker-async": worker_async_system, "batch": batch_system}

@@ -24,6 +24,12 @@ import click
 PEERS_DIR = Path(__file__).resolve().parents[2] / "bench" / "peers"
 
 
+# The runs of the job-queue part (runner.py's SCENARIOS): what the jobs do.
+SCENARIOS = {"noop": "no-op jobs", "fail": "10 % of jobs fail once and retry",
+             "delay": "50 % of jobs delayed 1 s"}
+ALL_SCENARIOS = frozenset(SCENARIOS)
+
+
 @dataclass(frozen=True)
 class System:
     key: str
@@ -32,6 +38,7 @@ class System:
     ours: bool = False  # pyscheduler (ratios are ours / peer)
     missing: Callable[[], str | None] = lambda: None  # why it cannot run here, or None
     jobs_divisor: int = 1  # runs N / jobs_divisor jobs (procrastinate: a few hundred jobs/s)
+    scenarios: frozenset[str] = frozenset({"noop"})  # the runs it takes part in
 
 
 def _ours(key: str) -> Callable[[], list[str]]:
@@ -57,16 +64,17 @@ def _node_missing() -> str | None:
 
 
 SYSTEMS = [
-    System("worker", "pyscheduler Worker", _ours("worker"), ours=True),
+    System("worker", "pyscheduler Worker", _ours("worker"), ours=True, scenarios=ALL_SCENARIOS),
     # The asyncio flavour's slot: it runs as soon as pyscheduler.tasks.worker has an AsyncWorker
     # (and runner.worker_async_system drives it).
     System("worker-async", "pyscheduler Worker (async)", _ours("worker-async"), ours=True,
-           missing=_async_worker_missing),
-    System("batch", "pyscheduler batch SQL", _ours("batch"), ours=True),
+           missing=_async_worker_missing, scenarios=ALL_SCENARIOS),
+    System("batch", "pyscheduler batch SQL", _ours("batch"), ours=True, scenarios=ALL_SCENARIOS),
     System("procrastinate", "procrastinate", lambda: [sys.executable, str(PEERS_DIR / "procrastinate_peer.py")],
            missing=_procrastinate_missing, jobs_divisor=20),
+    # graphile-worker, the fastest peer, is the one each failure and delay run is compared with
     System("graphile-worker", "graphile-worker", lambda: ["node", str(PEERS_DIR / "graphile_worker.js")],
-           missing=_node_missing),
+           missing=_node_missing, scenarios=ALL_SCENARIOS),
     System("pg-boss", "pg-boss", lambda: ["node", str(PEERS_DIR / "pg_boss.js")], missing=_node_missing),
 ]
 
@@ -124,12 +132,12 @@ class Params:
     max_seconds: float
 
 
-def run_system(dsn: str, system: System, p: Params) -> dict:
+def run_system(dsn: str, system: System, p: Params, scenario: str = "noop") -> dict:
     """One run of one system in a fresh database; the runner's JSON plus the rates."""
     jobs = max(1, p.jobs // system.jobs_divisor)
     with scratch_database(dsn, f"pyscheduler_peers_{system.key.replace('-', '_')}_{os.getpid()}") as uri:
         argv = system.argv() + [uri, str(jobs), str(p.concurrency), str(p.samples), f"{p.gap_ms:g}",
-                                f"{p.max_seconds:g}"]
+                                f"{p.max_seconds:g}", scenario]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=p.max_seconds + 300,
                              cwd=PEERS_DIR, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if out.returncode != 0:
@@ -138,19 +146,24 @@ def run_system(dsn: str, system: System, p: Params) -> dict:
     result["enqueue_rate"] = result["jobs"] / result["enqueue_s"]
     result["rate"] = result["completed"] / result["work_s"]
     result["capped"] = result["completed"] < result["jobs"]
+    result["scenario"] = scenario
     return result
 
 
-def run_rounds(dsn: str, systems: list[System], p: Params, rounds: int,
-               echo: Callable[[str], None]) -> dict[str, list[dict]]:
-    """{system key: [result of each round]}; the order rotates by one each round."""
-    results: dict[str, list[dict]] = {s.key: [] for s in systems}
+def run_rounds(dsn: str, systems: list[System], p: Params, rounds: int, echo: Callable[[str], None],
+               scenarios: tuple[str, ...] = ("noop",)) -> dict[str, dict[str, list[dict]]]:
+    """{scenario: {system key: [result of each round]}} for the systems that take part in each
+    scenario; each round runs every scenario in turn, the systems' order rotating by one each round."""
+    results: dict[str, dict[str, list[dict]]] = {
+        sc: {s.key: [] for s in systems if sc in s.scenarios} for sc in scenarios}
     for r in range(rounds):
-        order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for system in order:
-            res = run_system(dsn, system, p)
-            results[system.key].append(res)
-            echo(f"round {r + 1}/{rounds} {system.name}: enqueue {res['enqueue_rate']:,.0f} jobs/s, "
-                 f"{res['completed']:,} of {res['jobs']:,} jobs in {res['work_s']:.2f}s = "
-                 f"{res['rate']:,.0f} jobs/s{' (capped)' if res['capped'] else ''}")
+        for scenario in scenarios:
+            those = [s for s in systems if scenario in s.scenarios]
+            order = those[r % len(those):] + those[:r % len(those)] if those else []
+            for system in order:
+                res = run_system(dsn, system, p, scenario)
+                results[scenario][system.key].append(res)
+                echo(f"round {r + 1}/{rounds} {SCENARIOS[scenario]}, {system.name}: "
+                     f"enqueue {res['enqueue_rate']:,.0f} jobs/s, {res['completed']:,} of {res['jobs']:,} jobs in "
+                     f"{res['work_s']:.2f}s = {res['rate']:,.0f} jobs/s{' (capped)' if res['capped'] else ''}")
     return results

@@ -12,10 +12,11 @@ from datetime import timedelta
 
 import click
 
-from ..config import dsn_option, env, option, require_dsn
+from ..clihints import HintedGroup
+from ..config import DURATION, dsn_option, env, option, require_dsn
 from ..daemon import RunContext, install_signal_handlers, run_daemons
 from ..db import Database, Jsonb
-from ..tasks.cli import DURATION
+from .client import CheckClient
 from .runner import CheckRunner, import_handlers
 
 
@@ -46,7 +47,16 @@ def _runner(dsn: str, shard: int, shards: int, batch: int, timeout: timedelta, h
                        timeout=timeout.total_seconds(), purge_interval=purge_interval.total_seconds())
 
 
-@click.group("checks")
+class _Checks(HintedGroup):
+    hints = {
+        "delete_checks first to change its kind.":
+            "Delete it first to change its kind: pyscheduler checks delete ENTITY_NAME ENTITY_KEY --job JOB.",
+        "e.g. check_after => '3 hours'": "e.g. --after 3h",
+        "Pass a larger horizon or check earlier.": "Pass a larger --horizon or check earlier.",
+    }
+
+
+@click.group("checks", cls=_Checks)
 def group() -> None:
     """Future checks: "do this when that hasn't happened for X", in time slots."""
 
@@ -83,15 +93,21 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _payload(ctx: click.Context, param: click.Parameter, value: str | None) -> Jsonb | None:
+def _payload(ctx: click.Context, param: click.Parameter, value: str | None):
     """--payload: JSON (strict: NaN and Infinity are not JSON and cannot be stored)."""
     value = _text(ctx, param, value)
     if value is None:
         return None
     try:
-        return Jsonb(json.loads(value, parse_constant=_no_constant))
+        return json.loads(value, parse_constant=_no_constant)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}") from None
+
+
+def _client(dsn: str | None, action):
+    """``action(CheckClient)`` on a short-lived pool; its result."""
+    with _db(dsn) as db:
+        return action(CheckClient(db))
 
 
 @group.command("add")
@@ -105,16 +121,20 @@ def _payload(ctx: click.Context, param: click.Parameter, value: str | None) -> J
 @click.option("--at", "check_at", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z"]),
               default=None, help="Check at this time (with an offset, e.g. 2030-01-01T10:00:00+00:00).")
 @click.option("--payload", default=None, callback=_payload, help="JSON given to the job.")
-def add_cmd(dsn, entity_name, entity_key, job, kind, check_after, check_at, payload) -> None:
+@click.option("--max-checks", type=click.IntRange(1), default=None,
+              help="Runs at most (default: the max_checks setting, 5).")
+@click.option("--horizon", type=DURATION, default=None,
+              help="Furthest a next check may be (default: the horizon setting, 30d).")
+def add_cmd(dsn, entity_name, entity_key, job, kind, check_after, check_at, payload, max_checks, horizon) -> None:
     """Add a check of ENTITY_NAME ENTITY_KEY (rounded up to a slot; idempotent per job)."""
     if (check_after is None) == (check_at is None):
         raise click.UsageError("give exactly one of --after and --at")
-    with _db(dsn) as db:
-        row = db.call_one("add_check", entity_name=entity_name, entity_key=entity_key, job=job, kind=kind,
-                          check_after=check_after, check_at=check_at, payload=payload)
-    note = {True: "", False: " (already pending: unchanged)",
-            None: " (the pending check is running: added again if that run ends it)"}[row["added"]]
-    click.echo(f"check {row['id']} at {row['next_check_at'].isoformat()}{note}")
+    added = _client(dsn, lambda client: client.add(entity_name, entity_key, job, check_at=check_at,
+                                                   check_after=check_after, payload=payload, kind=kind,
+                                                   max_checks=max_checks, horizon=horizon))
+    note = {True: "", False: " (already pending: unchanged; pyscheduler checks delete first to replace it)",
+            None: " (the pending check is running: added again if that run ends it)"}[added.added]
+    click.echo(f"check {added.id} at {added.next_check_at.isoformat()}{note}")
 
 
 @group.command("delete")
@@ -124,16 +144,20 @@ def add_cmd(dsn, entity_name, entity_key, job, kind, check_after, check_at, payl
 @click.option("--job", default=None, callback=_text, help="Only this job's check.")
 def delete_cmd(dsn, entity_name, entity_key, job) -> None:
     """Delete the pending checks of ENTITY_NAME ENTITY_KEY (history: deleted)."""
-    with _db(dsn) as db:
-        n = db.call_value("delete_checks", entity_name=entity_name, entity_key=entity_key, job=job)
+    n = _client(dsn, lambda client: client.delete(entity_name, entity_key, job))
     click.echo(f"deleted {n} check(s)")
+
+
+def _need_name(entity_name: str | None, entity_key: str | None) -> None:
+    if entity_key is not None and entity_name is None:
+        raise click.UsageError("--entity-key needs --entity-name")
 
 
 def _filters(f):
     f = click.option("--limit", type=click.IntRange(1), default=20, show_default=True)(f)
-    f = click.option("--job", default=None, callback=_text)(f)
-    f = click.option("--entity-key", default=None, callback=_text)(f)
-    return click.option("--entity-name", default=None, callback=_text)(f)
+    f = click.option("--job", default=None, callback=_text, help="Only this job's checks.")(f)
+    f = click.option("--entity-key", default=None, callback=_text, help="Only this entity key's checks.")(f)
+    return click.option("--entity-name", default=None, callback=_text, help="Only this entity's checks.")(f)
 
 
 @group.command("list")
@@ -141,11 +165,10 @@ def _filters(f):
 @_filters
 def list_cmd(dsn, entity_name, entity_key, job, limit) -> None:
     """Pending checks, soonest first."""
-    with _db(dsn) as db:
-        rows = db.call("list_checks", entity_name=entity_name, entity_key=entity_key, job=job, max=limit)
-    for r in rows:
-        click.echo(f"{r['id']:>8}  {r['next_check_at'].isoformat()}  {r['entity_name']}:{r['entity_key']}  "
-                   f"{r['kind']}:{r['job']}  runs={r['check_count']}/{r['max_checks']}")
+    _need_name(entity_name, entity_key)
+    for c in _client(dsn, lambda client: client.list(entity_name, entity_key, job, limit)):
+        click.echo(f"{c.id:>8}  {c.next_check_at.isoformat()}  {c.entity_name}:{c.entity_key}  "
+                   f"{c.kind}:{c.job}  runs={c.check_count}/{c.max_checks}")
 
 
 @group.command("history")
@@ -153,13 +176,12 @@ def list_cmd(dsn, entity_name, entity_key, job, limit) -> None:
 @_filters
 def history_cmd(dsn, entity_name, entity_key, job, limit) -> None:
     """Ended checks, newest first: outcome, runs, time taken."""
-    with _db(dsn) as db:
-        rows = db.call("check_history", entity_name=entity_name, entity_key=entity_key, job=job, max=limit)
-    for r in rows:
-        took = r["total_took"].total_seconds() if r["total_took"] is not None else 0.0
-        error = f"  {r['error']}" if r["error"] else ""
-        click.echo(f"{r['id']:>8}  {r['ended'].isoformat()}  {r['entity_name']}:{r['entity_key']}  "
-                   f"{r['kind']}:{r['job']}  {r['outcome']:<10} runs={r['check_count']} took={took:.3f}s{error}")
+    _need_name(entity_name, entity_key)
+    for h in _client(dsn, lambda client: client.history(entity_name, entity_key, job, limit)):
+        error = f"  {h.error}" if h.error else ""
+        click.echo(f"{h.id:>8}  {h.ended.isoformat()}  {h.entity_name}:{h.entity_key}  "
+                   f"{h.kind}:{h.job}  {h.outcome:<10} runs={h.check_count} "
+                   f"took={h.total_took.total_seconds():.3f}s{error}")
 
 
 def daemons(ctx: RunContext) -> list:

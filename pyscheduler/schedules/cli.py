@@ -18,14 +18,17 @@ import sys
 import threading
 import time
 import uuid
-from datetime import timedelta, timezone
+from datetime import timedelta
 
 import click
 
-from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, option, redis_option, require_dsn
+from ..calls import duration_text, jsonable
+from ..clihints import HintedGroup
+from ..config import (DURATION, INSTANT, bootstrap_option, dsn_option, env, kafka_settings_option, option, redis_option,
+                      require_dsn, require_text)
 from ..daemon import RunContext, install_signal_handlers, run_daemons
-from ..db import Database, Jsonb
-from ..tasks.cli import DURATION
+from ..db import Database
+from .client import UNBOUNDED, ScheduleClient
 from .executor import Executor, ExecutorConfig, mirror_entries
 from .index import DEFAULT_PREFIX, Index
 from .relay import Cleanup, IndexRelay
@@ -79,7 +82,17 @@ def build_daemons(dsn: str, redis_url: str | None, kafka_bootstrap: str | None, 
     return out
 
 
-@click.group("schedules")
+class _Schedules(HintedGroup):
+    hints = {
+        "list_schedules() shows the schedules there are.": "pyscheduler schedules list shows the schedules there are.",
+        "Use update_schedule() to change it, or delete_schedule() first.":
+            "Change it with pyscheduler schedules update NAME, or pyscheduler schedules delete NAME first.",
+        "Lengthen the recurrence or shrink retry_attempts / retry_base / retry_jitter; see retry_worst_case().":
+            "Lengthen the recurrence (--every, --cron) or shrink --retry-attempts / --retry-base / --retry-jitter.",
+    }
+
+
+@click.group("schedules", cls=_Schedules)
 def group() -> None:
     """Recurring schedules: interval and cron, PostgreSQL as truth, a Redis sorted set as hot index."""
 
@@ -110,40 +123,18 @@ def _db(dsn):
     return Database(require_dsn(dsn), max_size=1)
 
 
+def _client(dsn, action):
+    """``action(ScheduleClient)`` on a short-lived pool; its result."""
+    with _db(dsn) as db:
+        return action(ScheduleClient(db))
+
+
 def _echo_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, default=str))
+    """A result as JSON: instants in ISO 8601, durations as the flags take them (30s, 5m)."""
+    click.echo(json.dumps(jsonable(obj), indent=2, default=str))
 
 
-class Instant(click.DateTime):
-    """An ISO 8601 date and time; without a UTC offset it is UTC (never the session's PGTZ)."""
-
-    name = "instant"
-
-    def __init__(self) -> None:
-        super().__init__(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S",
-                          "%Y-%m-%dT%H:%M:%S.%f"])
-
-    def convert(self, value, param, ctx):
-        at = super().convert(value, param, ctx)
-        return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at
-
-
-INSTANT = Instant()
-
-
-def _require_text(value: str | None, hint: str) -> None:
-    """A clear usage error for text PostgreSQL cannot store (not UTF-8, a NUL character)."""
-    if value is None:
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise click.BadParameter("not valid UTF-8", param_hint=hint) from None
-    if "\x00" in value:
-        raise click.BadParameter("contains a NUL character", param_hint=hint)
-
-
-def _payload(text: str) -> Jsonb:
+def _payload(text: str):
     """--payload: a JSON value PostgreSQL's jsonb stores (no NaN or Infinity, no NUL character,
     UTF-8), else a usage error naming the flag."""
     def constant(word: str):
@@ -169,94 +160,161 @@ def _payload(text: str) -> Jsonb:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
     if nul(value):
         raise click.BadParameter("jsonb cannot store a \\u0000 (NUL) character", param_hint="--payload")
-    return Jsonb(value)
+    return value
+
+
+def _schedule_options(update: bool):
+    """The options create and update share; for update each is optional (unchanged when left out)."""
+    then = "" if not update else " (left out: unchanged)."
+
+    def decorate(f):
+        opts = [
+            click.option("--every", type=DURATION, default=None, help="Fixed interval (e.g. 30s, 5m)" + (
+                "; replaces --cron." if update else ".")),
+            click.option("--cron", default=None, help="Cron expression, 5 fields or 6 with seconds" + (
+                "; replaces --every." if update else ".")),
+            click.option("--tz", default=None, help="IANA time zone of the cron expression" + (then or " (default UTC).")),
+            click.option("--kafka", "kafka_topic", default=None, metavar="TOPIC", help="Target: a Kafka topic."),
+            click.option("--http", "http_url", default=None, metavar="URL", help="Target: an HTTP URL (POST)."),
+            click.option("--task", "task_queue", default=None, metavar="QUEUE", help="Target: a leased-task queue."),
+            click.option("--priority", type=int, default=None, help="Priority of task targets."),
+            click.option("--payload", default=None, help="JSON payload."),
+            click.option("--retry-attempts", type=click.IntRange(0), default=None),
+            click.option("--retry-base", type=DURATION, default=None),
+            click.option("--retry-jitter", type=DURATION, default=None),
+            click.option("--critical/--not-critical", default=None,
+                         help="Fire from PostgreSQL while Redis is down" + (then or " (default: not critical).")),
+            click.option("--catchup-window", type=DURATION, default=None),
+            click.option("--overlap", type=click.Choice(["allow", "skip", "buffer_one"]), default=None),
+            click.option("--start", "start_at", type=INSTANT, default=None,
+                         help="First run not before this instant, e.g. 2030-01-01T09:00:00+02:00; without an offset: "
+                              "UTC."),
+            click.option("--end", "end_at", type=INSTANT, default=None,
+                         help="No run after this instant (as --start; without an offset: UTC)."),
+            click.option("--max-runs", type=click.IntRange(1), default=None),
+        ]
+        if update:
+            opts += [click.option("--no-start", is_flag=True, help="Remove the --start bound."),
+                     click.option("--no-end", is_flag=True, help="Remove the --end bound."),
+                     click.option("--no-max-runs", is_flag=True, help="Remove the --max-runs limit.")]
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return decorate
+
+
+def _fields(name, kafka_topic, http_url, task_queue, payload, *, required: bool, **fields) -> dict:
+    """The client's keyword arguments from the shared options, checked as usage errors."""
+    targets = [(k, v) for k, v in (("kafka", kafka_topic), ("http", http_url), ("task", task_queue)) if v]
+    if len(targets) > 1 or (required and not targets):
+        raise click.UsageError(("give exactly one target: " if required else "give at most one target: ")
+                               + "--kafka TOPIC, --http URL or --task QUEUE")
+    if fields.get("every") is not None and fields.get("cron") is not None:
+        raise click.UsageError("give at most one of --every and --cron")
+    for hint, value in (("NAME", name), ("--kafka/--http/--task", targets[0][1] if targets else None),
+                        ("--cron", fields.get("cron")), ("--tz", fields.get("tz"))):
+        require_text(value, hint)
+    if targets:
+        fields["target_kind"], fields["target"] = targets[0]
+    if payload is not None:
+        fields["payload"] = _payload(payload)
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 @group.command("create")
 @dsn_option
 @click.argument("name")
-@click.option("--every", type=DURATION, default=None, help="Fixed interval (e.g. 30s, 5m).")
-@click.option("--cron", default=None, help="Cron expression, 5 fields or 6 with seconds.")
-@click.option("--tz", default=None, help="IANA time zone of the cron expression (default UTC).")
-@click.option("--kafka", "kafka_topic", default=None, metavar="TOPIC", help="Target: a Kafka topic.")
-@click.option("--http", "http_url", default=None, metavar="URL", help="Target: an HTTP URL (POST).")
-@click.option("--task", "task_queue", default=None, metavar="QUEUE", help="Target: a leased-task queue.")
-@click.option("--priority", type=int, default=None, help="Priority of task targets.")
-@click.option("--payload", default=None, help="JSON payload.")
-@click.option("--retry-attempts", type=click.IntRange(0), default=None)
-@click.option("--retry-base", type=DURATION, default=None)
-@click.option("--retry-jitter", type=DURATION, default=None)
-@click.option("--critical", is_flag=True, default=None, help="Fire from PostgreSQL while Redis is down.")
-@click.option("--catchup-window", type=DURATION, default=None)
-@click.option("--overlap", type=click.Choice(["allow", "skip", "buffer_one"]), default=None)
-@click.option("--start", "start_at", type=INSTANT, default=None,
-              help="First run not before this instant, e.g. 2030-01-01T09:00:00+02:00; without an offset: UTC.")
-@click.option("--end", "end_at", type=INSTANT, default=None,
-              help="No run after this instant (as --start; without an offset: UTC).")
-@click.option("--max-runs", type=click.IntRange(1), default=None)
+@_schedule_options(update=False)
 def create_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, **fields) -> None:
     """Create a schedule NAME (exactly one of --every/--cron, one of --kafka/--http/--task).
     Instants without a UTC offset (--start, --end) are UTC, whatever PGTZ says."""
-    targets = [(k, v) for k, v in (("kafka", kafka_topic), ("http", http_url), ("task", task_queue)) if v]
-    if len(targets) != 1:
-        raise click.UsageError("give exactly one target: --kafka TOPIC, --http URL or --task QUEUE")
-    for hint, value in (("NAME", name), ("--kafka/--http/--task", targets[0][1]), ("--cron", fields.get("cron")),
-                        ("--tz", fields.get("tz"))):
-        _require_text(value, hint)
-    if payload is not None:
-        fields["payload"] = _payload(payload)
-    args = {k: v for k, v in fields.items() if v is not None}
-    with _db(dsn) as db:
-        _echo_json(db.call_value("create_schedule", name=name, target_kind=targets[0][0], target=targets[0][1],
-                                 **args))
+    if (fields.get("every") is None) == (fields.get("cron") is None):
+        raise click.UsageError("give exactly one of --every and --cron")
+    args = _fields(name, kafka_topic, http_url, task_queue, payload, required=True, **fields)
+    _echo_json(_client(dsn, lambda client: client.create(name, **args)))
 
 
-def _name_command(command: str, function: str, doc: str, extra=None):
+@group.command("update")
+@dsn_option
+@click.argument("name")
+@_schedule_options(update=True)
+def update_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, no_start, no_end, no_max_runs, **fields) -> None:
+    """Change schedule NAME: only the options given (--every replaces --cron and vice versa;
+    --no-start, --no-end and --no-max-runs remove a bound). A timing change recomputes the
+    next run from now."""
+    for flag, removal, name_ in (("--start", no_start, "start_at"), ("--end", no_end, "end_at"),
+                                 ("--max-runs", no_max_runs, "max_runs")):
+        if removal:
+            if fields.get(name_) is not None:
+                raise click.UsageError(f"give {flag} or --no-{flag[2:]}, not both")
+            fields[name_] = UNBOUNDED
+    args = _fields(name, kafka_topic, http_url, task_queue, payload, required=False, **fields)
+    if not args:
+        raise click.UsageError("nothing to change: give at least one option (see --help)")
+    _echo_json(_client(dsn, lambda client: client.update(name, **args)))
+
+
+def _name_command(command: str, doc: str, action, extra=None):
     params = [click.Argument(["name"])] + (extra or [])
 
     def callback(dsn, name, **kw):
-        with _db(dsn) as db:
-            _echo_json(db.call_value(function, name=name, **{k: v for k, v in kw.items() if v is not None}))
+        require_text(name, "NAME")
+        _echo_json(_client(dsn, lambda client: action(client, name, **kw)))
 
     cmd = click.Command(command, callback=callback, params=params, help=doc)
     dsn_option(cmd)
     group.add_command(cmd)
 
 
-_name_command("pause", "pause_schedule", "Pause schedule NAME (it stays, nothing fires).",
+_name_command("pause", "Pause schedule NAME (it stays, nothing fires).", ScheduleClient.pause,
               [click.Option(["--note"], default=None, help="Why (shown by list and get).")])
-_name_command("resume", "resume_schedule", "Resume schedule NAME from its next regular run.")
-_name_command("trigger", "trigger_schedule", "Fire schedule NAME once now, out of band.")
-_name_command("delete", "delete_schedule", "Delete schedule NAME.")
-_name_command("get", "get_schedule", "Show schedule NAME.")
+_name_command("resume", "Resume schedule NAME from its next regular run.", ScheduleClient.resume)
+_name_command("trigger", "Fire schedule NAME once now, out of band.", ScheduleClient.trigger)
+_name_command("delete", "Delete schedule NAME (true; false when there was none).", ScheduleClient.delete)
+_name_command("get", "Show schedule NAME.", ScheduleClient.get)
 
 
 @group.command("list")
 @dsn_option
-def list_cmd(dsn) -> None:
-    """List schedules."""
-    with _db(dsn) as db:
-        for row in db.call("list_schedules", max_schedules=10000):
-            s = row["schedule"]
-            rec = s.get("cron") or s.get("every")
-            state = "paused" if s.get("paused") else ("ended" if s.get("next_run_at") is None else "active")
-            target = s.get("target", "-")  # another role's schedule: its target is not shown
-            click.echo(f"{s['name']:<24} {str(rec):<16} {s['target_kind']}:{target:<24} {state:<7} "
-                       f"next={s.get('next_run_at')} runs={s.get('runs_count')}")
+@click.option("--name-like", default=None, metavar="PATTERN", help="Names LIKE this pattern (% and _ wildcards).")
+@click.option("--target-kind", type=click.Choice(["kafka", "http", "task"]), default=None)
+@click.option("--paused/--not-paused", default=None, help="Only paused (or only not paused) schedules.")
+@click.option("--critical/--not-critical", default=None, help="Only critical (or only not critical) schedules.")
+@click.option("--limit", type=click.IntRange(1), default=1000, show_default=True)
+def list_cmd(dsn, name_like, target_kind, paused, critical, limit) -> None:
+    """List schedules by name: recurrence, target, state, next run, runs."""
+    require_text(name_like, "--name-like")
+    schedules = _client(dsn, lambda client: client.list(name_like, target_kind, paused, critical, limit))
+    for s in schedules:
+        rec = s.cron or duration_text(s.every)
+        state = "paused" if s.paused else ("ended" if s.next_run_at is None else "active")
+        target = "-" if s.details_hidden else s.target  # another role's schedule: its target is not shown
+        next_run = s.next_run_at.isoformat() if s.next_run_at else None
+        click.echo(f"{s.name:<24} {rec:<16} {s.target_kind}:{target:<24} {state:<7} next={next_run} "
+                   f"runs={s.runs_count}")
+    if len(schedules) == limit:
+        click.echo(f"(the first {limit}: --limit for more)")
 
 
 @group.command("runs")
 @dsn_option
 @click.argument("name")
+@click.option("--outcome", type=click.Choice(["fired", "failed", "skipped_overlap", "missed"]), default=None,
+              help="Only executions with this outcome.")
+@click.option("--since", type=INSTANT, default=None, help="Only occurrences expected at or after this instant.")
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
-def runs_cmd(dsn, name, limit) -> None:
-    """Executions of schedule NAME, newest first."""
-    with _db(dsn) as db:
-        for r in db.call("schedule_runs", name=name, max_runs=limit):
-            click.echo("  ".join(f"{k}={v}" for k, v in r.items() if v is not None))
-        counts = {o: db.call_value("execution_count", name=name, outcome=o)
-                  for o in ("fired", "failed", "skipped_overlap", "missed")}
-        click.echo(f"execution count: {counts['fired']} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
+def runs_cmd(dsn, name, outcome, since, limit) -> None:
+    """Executions of schedule NAME, newest first, and its execution counts."""
+    require_text(name, "NAME")
+
+    def show(client: ScheduleClient):
+        for r in client.runs(name, outcome, since, limit):
+            click.echo("  ".join(f"{k}={v}" for k, v in jsonable(r).items() if v is not None))
+        return {o: client.count(name, o) for o in ("fired", "failed", "skipped_overlap", "missed")}
+
+    counts = _client(dsn, show)
+    click.echo(f"execution count: {counts['fired']} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
 
 
 @group.command("next")
@@ -265,9 +323,9 @@ def runs_cmd(dsn, name, limit) -> None:
 @click.option("-n", "count", type=click.IntRange(1, 1000), default=5, show_default=True)
 def next_cmd(dsn, name, count) -> None:
     """The next N fire times of schedule NAME (check an expression before trusting it)."""
-    with _db(dsn) as db:
-        for r in db.call("upcoming_runs", name=name, n=count):
-            click.echo(r["run_at"].isoformat())
+    require_text(name, "NAME")
+    for at in _client(dsn, lambda client: client.next(name, count)):
+        click.echo(at.isoformat())
 
 
 @group.command("resync")

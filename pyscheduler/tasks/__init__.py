@@ -1,10 +1,13 @@
 """Leased tasks (seeds/scylla.md): queues, priorities, leases, heartbeats,
 cancel, yield, and a monitor that resets expired leases.
 
-* ``TaskClient``: submit, get, list, cancel.
+* ``TaskClient``: submit, get, list, cancel, on pyscheduler's pool or on the
+  application's connection in its transaction (``AsyncTaskClient`` for asyncio);
+  results are ``Task`` objects.
 * ``Worker``: register, lease woken by NOTIFY into a local queue (prefetch),
-  handler threads, batched heartbeats and completions, cancellation delivered
-  to the handler, yield on stop.
+  handler threads, batched heartbeats, completions and failures (retried with
+  backoff; ``Abort`` aborts, ``Retry`` picks the delay), cancellation
+  delivered to the handler, yield on stop.
 * ``AsyncWorker`` (``pyscheduler.tasks.aio``): the same for ``async def`` handlers.
 * ``Monitor``: the daemon that resets expired leases and cleans up.
 
@@ -15,7 +18,11 @@ only calls it.
 from .client import TaskClient
 from .aio import AsyncTaskContext, AsyncWorker
 from .monitor import Monitor
-from .worker import Abort, RunningWorker, TaskContext, Worker
+from .worker import Abort, Retry, RunningWorker, TaskContext, Worker
 
-__all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "RunningWorker", "TaskClient", "TaskContext",
+__all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "Retry", "RunningWorker", "TaskClient", "TaskContext",
            "Worker"]
+
+from .client import AsyncTaskClient, Task  # noqa: E402
+
+__all__ += ["AsyncTaskClient", "Task"]

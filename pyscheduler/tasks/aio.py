@@ -151,11 +151,14 @@ class AsyncWorker(Worker):
             try:
                 await self.handler(ctx)  # type: ignore[misc]
                 function, args = "complete_task", {}
-            except asyncio.CancelledError:
-                if ctx.reason is None:
-                    raise
-                function, args = "complete_task", {}  # cancelled after being told to stop: settled below
-            except Exception as exc:
+            except asyncio.CancelledError as exc:
+                if _being_cancelled():
+                    if ctx.reason is None:
+                        raise  # this slot is cancelled (the worker stops): not the handler's outcome
+                    function, args = "complete_task", {}  # cancelled after being told to stop: settled below
+                else:  # the handler's own CancelledError (a future it awaited was cancelled): a failure
+                    function, args = self._failed(ctx, exc)
+            except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
                 function, args = self._failed(ctx, exc)
             if function == "complete_task":
                 while (following := self._take(ctx, block=False, complete=True)) is _FULL:
@@ -183,15 +186,13 @@ class AsyncWorker(Worker):
         queued = False
         try:
             settled = self._settle(ctx, function)
-            if settled == "complete_task":
+            if settled in ("complete_task", "fail_task"):
                 while True:
                     with self._lock:
-                        if self._room_for_one(block=False):
-                            self._unrecorded.append(ctx)
-                            self._recordable.notify()
-                            queued = True
-                            break
-                    await asyncio.sleep(0.005)
+                        queued = self._batch(ctx, settled, args, block=False)
+                    if queued:
+                        break
+                    await asyncio.sleep(0.005)  # back-pressure: the completer is behind
             elif settled is not None:
                 await asyncio.to_thread(self._record, ctx, settled, args)
         except Exception:  # never silently, and never kill the slot
@@ -199,6 +200,13 @@ class AsyncWorker(Worker):
         finally:
             if not queued:
                 self._release(ctx)
+
+
+def _being_cancelled() -> bool:
+    """Whether the running asyncio task was asked to cancel (task.cancel()), as opposed to a
+    CancelledError raised inside it by something it awaited."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class _LoopSetter:

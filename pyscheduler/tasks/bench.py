@@ -76,17 +76,25 @@ def _run_threads(workers: int, target) -> float:
 
 
 def lease_and_complete(s: Session, queue: str, worker: str, n: int, timeout: timedelta,
-                       on_task: Callable[[dict], object] | None = None) -> int:
+                       on_task: Callable[[dict], object] | None = None, retry_in: timedelta | None = None) -> int:
     """One batch: lease_tasks_lean(n) on ``s`` (what a worker needs: rn, token, spec, priority,
     seq), ``on_task(row)`` for each task, then complete_tasks for all of them with the rns and
-    tokens as binary uuid arrays (one durable commit). The number of tasks completed."""
+    tokens as binary uuid arrays (one durable commit); the tasks for which ``on_task`` returned
+    True failed instead: one fail_tasks call retries them after ``retry_in`` (None: the
+    backoff). The number of tasks leased."""
     rows = s.call("lease_tasks_lean", queue=queue, worker=worker, n=n, timeout=timeout)
     if rows:
-        if on_task is not None:
-            for r in rows:
-                on_task(r)
-        failed = s.call_binary("complete_tasks", rns=[r["rn"] for r in rows], tokens=[r["token"] for r in rows])
-        assert not failed, failed
+        outcomes = [on_task(r) is True for r in rows] if on_task is not None else [False] * len(rows)
+        failed = [r for r, f in zip(rows, outcomes) if f]
+        done = [r for r, f in zip(rows, outcomes) if not f] if failed else rows
+        if done:
+            refused = s.call_binary("complete_tasks", rns=[r["rn"] for r in done], tokens=[r["token"] for r in done])
+            assert not refused, refused
+        if failed:
+            refused = s.call_binary("fail_tasks", rns=[r["rn"] for r in failed], tokens=[r["token"] for r in failed],
+                                    errors=Jsonb([{"code": "bench"}] * len(failed)),
+                                    retry_in=[retry_in] * len(failed) if retry_in is not None else None)
+            assert not refused, refused
     return len(rows)
 
 

@@ -7,43 +7,26 @@ import json
 import logging
 import os
 import queue as queue_mod
-import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 import click
 
-from ..config import dsn_option, env, option, require_dsn
+from ..calls import jsonable
+from ..clihints import HintedGroup
+from ..config import DURATION, INSTANT, dsn_option, env, option, require_dsn, require_text
 from ..daemon import RunContext, install_signal_handlers, run_daemons
-from ..db import Database
-from .client import STATUSES, TaskClient
+from ..db import Database, Jsonb
+from .client import STATUSES, Task, TaskClient
 from .monitor import Monitor
 from .worker import TaskContext, Worker, wait_for
 
 log = logging.getLogger(__name__)
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class Duration(click.ParamType):
-    """Seconds, or a number with a unit: 500ms, 10s, 5m, 2h, 7d."""
-
-    name = "duration"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, timedelta):
-            return value
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(value))
-        if not m:
-            self.fail(f"expected a duration such as 30s, 5m, 2h or 7d, got {value!r}", param, ctx)
-        return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2) or "s"])
-
-
-DURATION = Duration()
 
 
 def _monitor_options(f):
@@ -64,6 +47,25 @@ def _monitor(dsn: str, reset_interval: timedelta, retention: timedelta, cleanup_
                    cleanup_interval=cleanup_interval.total_seconds(), batch=batch)
 
 
+class _Tasks(HintedGroup):
+    """What to do next, in commands (the SQL's hints name SQL functions and arguments)."""
+
+    codes = {
+        "PS200": "The task never existed or was cleaned up after its retention period; "
+                 "`pyscheduler tasks list` shows the tasks kept.",
+        "PS201": "Another lease holds the task now: this token's lease expired; `pyscheduler tasks get RN` shows it.",
+        "PS202": "The task is not running under a lease (reset, failed or finished); `pyscheduler tasks get RN` shows it.",
+        "PS203": "The task was cancelled and stays cancelled; `pyscheduler tasks retry RN` requeues it.",
+        "PS209": "Only scheduled, ready or running tasks can be cancelled; `pyscheduler tasks retry RN` requeues an "
+                 "aborted one.",
+        "PS210": "The lease was yielded; the monitor makes the task ready again.",
+        "PS211": "Only aborted or cancelled tasks can be requeued; `pyscheduler tasks get RN` shows its status.",
+        "PS214": "A live task of the queue holds its unique key: `pyscheduler tasks list --queue QUEUE` shows it; "
+                 "requeue this one once that one finished.",
+        "42501": "It belongs to another role: run the command with that role's --dsn, or an admin's.",
+    }
+
+
 def _with_client(dsn: str | None, action):
     """``action(TaskClient)`` on a short-lived pool; its result."""
     with Database(require_dsn(dsn), max_size=1) as db:
@@ -71,10 +73,11 @@ def _with_client(dsn: str | None, action):
 
 
 def _echo_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, default=str))
+    """A task as the SQL functions return it; another result with its fields."""
+    click.echo(json.dumps(obj.json if isinstance(obj, Task) else jsonable(obj), indent=2, default=str))
 
 
-@click.group("tasks")
+@click.group("tasks", cls=_Tasks)
 def group() -> None:
     """Leased tasks: queues, priorities, leases, heartbeats, cancel, yield, monitor."""
 
@@ -94,13 +97,26 @@ def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch) -> None
 @click.argument("queue")
 @click.argument("spec")
 @click.option("--priority", type=click.IntRange(0, 4_294_967_295), default=50, show_default=True)
-def submit_cmd(dsn, queue, spec, priority) -> None:
-    """Submit a task: QUEUE and SPEC (a JSON object)."""
+@click.option("--run-at", type=INSTANT, default=None,
+              help="Not leased before this time (ISO 8601; UTC without an offset).")
+@click.option("--delay", type=DURATION, default=None,
+              help="Not leased before this long from now, by the database clock (e.g. 30s, 5m).")
+@click.option("--unique-key", default=None,
+              help="At most one live task of QUEUE with this key: a second submit answers the first task.")
+@click.option("--max-attempts", type=click.IntRange(1, 1000), default=None,
+              help="Attempts before a failing task is aborted  [default: the setting task_max_attempts]")
+def submit_cmd(dsn, queue, spec, priority, run_at, delay, unique_key, max_attempts) -> None:
+    """Submit a task: QUEUE and SPEC (a JSON object); later with --run-at or --delay."""
     try:
         spec_obj = json.loads(spec)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="SPEC") from exc
-    _echo_json(_with_client(dsn, lambda client: client.submit(queue, spec_obj, priority)))
+    if run_at is not None and delay is not None:
+        raise click.UsageError("give --run-at or --delay, not both")
+    require_text(unique_key, "--unique-key")
+    _echo_json(_with_client(dsn, lambda client: client.submit(
+        queue, spec_obj, priority, run_at=delay if delay is not None else run_at, unique_key=unique_key,
+        max_attempts=max_attempts)))
 
 
 @group.command("get")
@@ -118,18 +134,99 @@ def get_cmd(dsn, rn) -> None:
 @click.option("--owner", default=None)
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
 def list_cmd(dsn, queue, status, owner, limit) -> None:
-    """List tasks, newest first."""
+    """List tasks, newest first (filters: --queue, --status, --owner)."""
     for t in _with_client(dsn, lambda client: client.list(queue, status, owner, limit)):
-        click.echo(f"{t['rn']}  {t['queue']:<12} {t['status']:<9} p={t['priority']:<5} "
-                   f"progress={t['progress']:.2f} owner={t['owner'] or '-'}")
+        due = f" run_at={t['run_at']}" if t.status == "scheduled" else ""
+        click.echo(f"{t.rn}  {t.queue:<12} {t.status:<9} p={t.priority:<5} "
+                   f"progress={t.progress:.2f} attempts={t.attempts} owner={t.owner or '-'}{due}")
 
 
 @group.command("cancel")
 @dsn_option
 @click.argument("rn")
 def cancel_cmd(dsn, rn) -> None:
-    """Cancel a ready or running task."""
+    """Cancel a scheduled, ready or running task of your role."""
     _echo_json(_with_client(dsn, lambda client: client.cancel(rn)))
+
+
+@group.command("retry")
+@dsn_option
+@click.argument("rn", required=False)
+@click.option("--queue", default=None, help="Requeue tasks of this queue instead of one task.")
+@click.option("--status", type=click.Choice(["aborted", "cancelled"]), default="aborted", show_default=True,
+              help="With --queue: which tasks.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="With --queue: at most this many, finished longest ago first.")
+def retry_cmd(dsn, rn, queue, status, limit) -> None:
+    """Requeue an aborted or cancelled task RN of your role (or, with --queue, up to --limit of
+    them): ready again with its attempts reset and its errors kept."""
+    if (rn is None) == (queue is None):
+        raise click.UsageError("give RN (one task) or --queue (a batch), not both")
+    if rn is not None:
+        _echo_json(_with_client(dsn, lambda client: client.retry(_uuid(rn))))
+        return
+    require_text(queue, "--queue")
+    rows = _with_client(dsn, lambda client: client.retry_many(queue, status, limit))
+    for task in rows:
+        click.echo(task.rn)
+    click.echo(f"requeued {len(rows)} {status} task{'s' if len(rows) != 1 else ''} of queue {queue}"
+               + (f" (at most {limit}: run it again for more)" if len(rows) == limit else ""))
+
+
+@group.command("abort")
+@dsn_option
+@click.argument("rn")
+@click.option("--token", required=True, help="The lease token (from the lease).")
+@click.option("--code", required=True, help="The error code, e.g. superseded.")
+@click.option("--description", default="", help="What went wrong.")
+def abort_cmd(dsn, rn, token, code, description) -> None:
+    """Abort task RN for good as the holder of its lease (--token): a worker written as a script.
+    To stop a task you do not hold, `pyscheduler tasks cancel RN`."""
+    require_text(code, "--code")
+    require_text(description, "--description")
+    errors = [{"code": code, "args": {}, "description": description}]
+    _echo_json(_with_client(dsn, lambda client: client.db.call_value(
+        "abort_task", rn=_uuid(rn), token=_uuid(token, "--token"), errors=Jsonb(errors))))
+
+
+@group.command("pause")
+@dsn_option
+@click.argument("queue")
+@click.option("--note", default=None, help="Why, e.g. 'payment provider down'.")
+def pause_cmd(dsn, queue, note) -> None:
+    """Pause QUEUE: its workers lease nothing from their next lease on (running tasks finish)."""
+    require_text(queue, "QUEUE")
+    require_text(note, "--note")
+    _echo_json(_with_client(dsn, lambda client: client.pause_queue(queue, note)))
+
+
+@group.command("resume")
+@dsn_option
+@click.argument("queue")
+def resume_cmd(dsn, queue) -> None:
+    """Resume QUEUE (paused by your role, or as admin) and wake its workers."""
+    require_text(queue, "QUEUE")
+    _echo_json(_with_client(dsn, lambda client: client.resume_queue(queue)))
+
+
+@group.command("queues")
+@dsn_option
+def queues_cmd(dsn) -> None:
+    """Per queue: tasks ready, delayed and running, paused or not, the oldest ready task's wait."""
+    rows = _with_client(dsn, lambda client: client.db.query("SELECT * FROM pyscheduler.queue_status ORDER BY queue"))
+    for q in rows:
+        age = f"{q['oldest_ready_age'].total_seconds():.1f}s" if q["oldest_ready_age"] is not None else "-"
+        paused = f" PAUSED by {q['paused_by']}" + (f": {q['note']}" if q["note"] else "") if q["paused"] else ""
+        click.echo(f"{q['queue']:<20} ready={q['ready']:<7} delayed={q['delayed']:<7} running={q['running']:<6} "
+                   f"oldest_ready={age} next_due={q['next_due'] or '-'}{paused}")
+
+
+def _uuid(value: str, what: str = "RN") -> uuid.UUID:
+    """A task id or lease token argument as a UUID; a usage error naming it otherwise."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise click.BadParameter(f"not a UUID: {value!r}", param_hint=what) from None
 
 
 _say_lock = threading.Lock()

@@ -2,8 +2,8 @@
 
 Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it
 calls ``reset_expired_tasks`` until nothing is left, which makes running tasks
-past their deadline ready again (or aborts those that timed out on each of
-``task_max_attempts`` leases); every ``cleanup_interval`` it deletes
+past their deadline ready again (or aborts those whose timed-out lease was
+their last attempt); every ``cleanup_interval`` it deletes
 terminal tasks older than ``retention`` with ``cleanup_tasks``. Replicas are
 safe: both functions skip rows another monitor is working on.
 """
@@ -74,7 +74,7 @@ class Monitor:
                 last = task["history"][-1]["_typ"] if task["history"] else None
                 if task["status"] == "aborted":  # the crash-loop guard: task_max_attempts
                     log.warning("aborted task %s of queue %s: %s", task["rn"], task["queue"],
-                                task["errors"][0]["description"] if task["errors"] else "TaskMaxAttempts")
+                                task["errors"][-1]["description"] if task["errors"] else "TaskMaxAttempts")
                     continue
                 log.info("reset task %s of queue %s to ready (%s)", task["rn"], task["queue"],
                          "yielded" if last == "TaskYield" else "lease timed out")

@@ -5,7 +5,10 @@ tasks of one queue into a local queue, and ``capacity`` long-lived handler
 threads take them from it, highest priority first, then oldest (the
 asyncio flavour, ``AsyncWorker`` in ``aio.py``, runs ``async def`` handlers
 instead). A handler that returns completes its task; one that raises
-``Abort`` (or any exception) aborts it with errors. Cancellation reaches the
+``Abort`` aborts it for good with errors; any other exception fails this
+attempt (``fail_task``: the error is recorded and the task retried after the
+default backoff, or aborted once it used its ``max_attempts``), and
+``Retry(in_=timedelta(...))`` chooses the delay. Cancellation reaches the
 handler through ``ctx.cancelled``: at once by NOTIFY, at the latest on the
 next heartbeat. On stop (SIGTERM in ``pyscheduler run`` or your own shutdown
 hook) the worker yields the tasks it still holds so the monitor hands them to
@@ -30,7 +33,8 @@ batches (issue 10):
   completion thread that records everything finished meanwhile with one
   ``complete_tasks`` call on a dedicated connection, durably. Only then does
   the task count as done (``Worker.completed``, it leaves ``held``). Handlers
-  wait when 1,000 completions are waiting (back-pressure).
+  wait when 1,000 completions are waiting (back-pressure). Failures go the
+  same way, with one ``fail_tasks`` call (``Worker.failed``).
 * On stop the queued tasks go back in one ``yield_tasks`` call.
 * Per task the worker's own Python is a few microseconds: the lease's rows come
   as tuples with rn, token and spec as their text; a context keeps them so (the
@@ -56,7 +60,9 @@ finish all its work anyway says so with ``ctx.complete()`` before returning.
     Worker(dsn, "orders", handle, capacity=4).run(stop_event)
 
 Leasing is woken by NOTIFY on submit; polling every ``poll_interval`` (with
-jitter) is the fallback.
+jitter) is the fallback. An idle worker sleeps at most until the queue's
+next delayed task or retry is due (``next_task_due``), so it is leased when
+it comes due, not at the next poll.
 
 Every lease comes with a secret token (``ctx.token``) that the worker passes
 with each heartbeat and outcome: the database accepts writes only from the
@@ -98,7 +104,7 @@ log = logging.getLogger(__name__)
 MAX_LEASE_SECONDS = 86_400.0  # sql/tasks.sql _timeout: a lease lasts at most 1 day
 MAX_DESCRIPTION = 4000  # characters of an error description the worker records
 MAX_PREFETCH = 10_000  # leased tasks a worker may hold in its local queue, at most
-MAX_UNRECORDED = 1000  # completions waiting to be recorded before handlers wait (one complete_tasks call)
+MAX_UNRECORDED = 1000  # completions (or failures) waiting to be recorded before handlers wait (one call)
 _SLOW, _FULL = object(), object()  # answers of Worker._take (see there)
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
 TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
@@ -111,6 +117,28 @@ class Abort(Exception):
 
     def __init__(self, code: str, description: str = "", args: dict[str, Any] | None = None):
         super().__init__(description or code)
+        self.error = {"code": code, "args": args or {}, "description": description}
+
+
+MAX_RETRY_IN = timedelta(days=365)  # sql/tasks.sql fail_tasks: retry_in in 0..365 days
+
+
+class Retry(Exception):
+    """Raise from a handler to fail this attempt and try the task again after ``in_`` (a
+    timedelta or seconds; 0: at once; None: the default backoff). The attempt counts: after
+    its last one (``max_attempts``) the task is aborted. The error recorded is
+    ``{"code": code, "args": args, "description": description}``."""
+
+    def __init__(self, in_: timedelta | float | None = None, description: str = "", *, code: str = "Retry",
+                 args: dict[str, Any] | None = None):
+        if in_ is not None and not isinstance(in_, timedelta):
+            if isinstance(in_, bool) or not isinstance(in_, (int, float)) or not math.isfinite(in_):
+                raise InvalidArgument(f"in_ must be a timedelta or a number of seconds, got {in_!r}")
+            in_ = timedelta(seconds=in_)
+        if in_ is not None and not timedelta(0) <= in_ <= MAX_RETRY_IN:
+            raise InvalidArgument(f"in_ must be between 0 and 365 days, got {in_!r}")
+        super().__init__(description or code)
+        self.in_ = in_
         self.error = {"code": code, "args": args or {}, "description": description}
 
 
@@ -181,6 +209,7 @@ class TaskContext:
     finishing = False  # the handler returned; its outcome is being recorded
     completed = False  # ctx.complete(): done, even if told to stop
     started = False  # a handler took it from the local queue
+    failure: dict[str, Any] | None = None  # fail_task's error and retry_in, while the failure waits to be recorded
     lease_until = math.inf  # time.monotonic() before which the lease cannot have expired
     priority = 0
     queue = ""
@@ -457,9 +486,11 @@ class Worker:
         self.listener: Listener | None = None
         self.polls = 0  # lease calls made (tests and benches wait for the first one)
         self.completed = 0  # completions recorded (durably) by this worker
+        self.failed = 0  # failed attempts handed to fail_task(s) (retried, or aborted after their last attempt)
         self._unrecorded: list[TaskContext] = []  # completions for the completer's next batch
-        self._recordable = threading.Condition(self._lock)  # _unrecorded got its first entry
-        self._room = threading.Condition(self._lock)  # the completer took _unrecorded (back-pressure)
+        self._unfailed: list[TaskContext] = []  # failures (ctx.failure) for the completer's next batch
+        self._recordable = threading.Condition(self._lock)  # _unrecorded or _unfailed got an entry
+        self._room = threading.Condition(self._lock)  # the completer took them (back-pressure)
         self._halt = threading.Event()  # stop was asked for, or a worker thread died
         self.fatal: str | None = None  # why the worker stopped itself (a thread died)
         self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
@@ -600,9 +631,28 @@ class Worker:
                     self._lease_wake.wait(0.02, jitter=0)
                     continue
                 # woken (NOTIFY, or the local queue ran low): lease at once, then recheck
+                if n > 0:  # nothing more ready: sleep until the next delayed task or retry is due
+                    try:
+                        due = self._next_due(conn)
+                        outage.ok()
+                    except RETRYABLE as exc:
+                        stop.wait(outage.failed(exc))
+                        continue
+                    if due is not None and due < self.poll_interval:
+                        recheck = self._lease_wake.wait(due, jitter=0) and got < n
+                        continue
                 recheck = self._lease_wake.wait(self.poll_interval) and n > 0 and got < n
         finally:
             conn.close()
+
+    def _next_due(self, conn: "_Dedicated") -> float | None:
+        """Seconds until the queue's next scheduled task (a delayed task, a retry) is due, by the
+        database clock (next_task_due), a little after it; None when none is, or the queue is
+        paused. A due one the last lease could not promote (another worker was): 10 ms."""
+        due = conn.call_tuples("next_task_due", queue=self.queue)[0][0]
+        if due is None:
+            return None
+        return max(0.01, due.total_seconds() + 0.001)
 
     def _wanted(self) -> int:
         """How many tasks to lease now: free handlers plus the local queue's target, when the
@@ -738,7 +788,7 @@ class Worker:
             try:
                 self.handler(ctx)
                 function, args = "complete_task", {}
-            except Exception as exc:
+            except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
                 function, args = self._failed(ctx, exc)
             if function == "complete_task":
                 following = self._take(ctx, block=True, complete=True)
@@ -749,16 +799,13 @@ class Worker:
             ctx = self._take(ctx, block=True)
 
     def _outcome(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
-        """Record a handler's outcome the careful way (aborts, stops, lost leases)."""
+        """Record a handler's outcome the careful way (aborts, failures, stops, lost leases)."""
         queued = False
         try:
             settled = self._settle(ctx, function)
-            if settled == "complete_task":
+            if settled in ("complete_task", "fail_task"):
                 with self._lock:
-                    self._room_for_one(block=True)
-                    self._unrecorded.append(ctx)
-                    self._recordable.notify()
-                queued = True
+                    queued = self._batch(ctx, settled, args, block=True)
             elif settled is not None:
                 self._record(ctx, settled, args)
         except Exception:  # never silently, and never kill the handler thread
@@ -767,15 +814,41 @@ class Worker:
             if not queued:
                 self._release(ctx)
 
-    def _failed(self, ctx: TaskContext, exc: Exception) -> tuple[str, dict[str, Any]]:
-        """The SQL call that records a handler's exception: an abort with errors."""
+    def _batch(self, ctx: TaskContext, function: str, args: dict[str, Any], block: bool) -> bool:
+        """(Under the lock.) Queue a completion or a failure for the completer's next batch;
+        False, queuing nothing, when the completer is MAX_UNRECORDED behind and not ``block``
+        (``block`` waits instead)."""
+        if function == "complete_task":
+            if not self._room_for_one(block):
+                return False
+            self._unrecorded.append(ctx)
+        else:
+            while len(self._unfailed) >= MAX_UNRECORDED:
+                if not block:
+                    return False
+                self._room.wait()
+            ctx.failure = args
+            self._unfailed.append(ctx)
+        self._recordable.notify()
+        return True
+
+    def _failed(self, ctx: TaskContext, exc: BaseException) -> tuple[str, dict[str, Any]]:
+        """The SQL call that records a handler's exception: ``Abort``: an abort with errors (never
+        retried); ``Retry``: a failure retried after its delay; anything else (a BaseException
+        too: it must not end the worker) a failure retried after the default backoff."""
         if isinstance(exc, Abort):
             error = exc.error
             return "abort_task", {"errors": [error_entry(error.get("code"), error.get("description"),
                                                          error.get("args"))]}
-        if ctx.reason != "yielded":  # the handler failed: abort (errors are unrecoverable)
-            log.error("task %s failed", ctx.rn, exc_info=exc)
-        return "abort_task", {"errors": [error_entry(type(exc).__name__, exc)]}
+        if isinstance(exc, Retry):
+            log.info("task %s: the handler asked for a retry in %s", ctx.rn, exc.in_ or "the default backoff")
+            error = exc.error
+            return "fail_task", {"error": error_entry(error.get("code"), error.get("description"), error.get("args")),
+                                 "retry_in": exc.in_}
+        if ctx.reason != "yielded":  # the handler failed: retried after the backoff, or aborted after its last attempt
+            log.warning("task %s failed; it is retried after a backoff unless that was its last attempt", ctx.rn,
+                        exc_info=exc)
+        return "fail_task", {"error": error_entry(type(exc).__name__, exc), "retry_in": None}
 
     def _settle(self, ctx: TaskContext, function: str) -> str | None:
         """What to record for a handler's outcome: ``function``, "yield_task", or None (nothing:
@@ -800,8 +873,8 @@ class Worker:
         return function
 
     def _record(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
-        if function == "abort_task":
-            self._abort(ctx, args["errors"])
+        if function in ("abort_task", "fail_task"):
+            self._record_error(ctx, function, args)
         else:
             self._finish(ctx, function, **args)
 
@@ -838,21 +911,34 @@ class Worker:
             else:
                 self._halt.wait(delay)
 
-    def _abort(self, ctx: TaskContext, errors: list[dict[str, Any]]) -> None:
-        """Record an abort. Errors the database refuses as data (too many, too large, a value
-        it cannot store) are replaced by one short sanitised error; if even that is refused,
-        the task is yielded, so it never stays running with its slot taken."""
-        refused = self._finish(ctx, "abort_task", errors=Jsonb(errors))
-        if refused is None:
-            return
-        log.error("task %s: the database refused the abort's errors (%s); recording a short error instead",
-                  ctx.rn, refused)
-        first = errors[0] if errors else {}
-        short = [error_entry(str(first.get("code", "error"))[:100], str(first.get("description", ""))[:100],
-                             {"refused": str(refused)[:100]})]
-        if self._finish(ctx, "abort_task", errors=Jsonb(short)) is not None:
-            log.error("task %s: the short error was refused too; yielding the task", ctx.rn)
-            self._finish(ctx, "yield_task")
+    def _record_error(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
+        """Record an abort (``errors``) or a failure (``error``, ``retry_in``) on its own. Errors the
+        database refuses as data (too many, too large, a value it cannot store) are replaced by
+        one short sanitised error (a failure then takes the default backoff); if even that is
+        refused, the task is yielded, so it never stays running with its slot taken."""
+        if function == "abort_task":
+            errors = args["errors"]
+            refused = self._finish(ctx, function, errors=Jsonb(errors))
+        else:
+            errors = [args["error"]]
+            refused = self._finish(ctx, function, error=Jsonb(errors[0]), retry_in=args.get("retry_in"))
+        if refused is not None:
+            log.error("task %s: the database refused the %s's error (%s); recording a short error instead",
+                      ctx.rn, "abort" if function == "abort_task" else "failure", refused)
+            first = errors[0] if errors else {}
+            short = error_entry(str(first.get("code", "error"))[:100], str(first.get("description", ""))[:100],
+                                {"refused": str(refused)[:100]})
+            if function == "abort_task":
+                refused = self._finish(ctx, function, errors=Jsonb([short]))
+            else:
+                refused = self._finish(ctx, function, error=Jsonb(short))
+            if refused is not None:
+                log.error("task %s: the short error was refused too; yielding the task", ctx.rn)
+                self._finish(ctx, "yield_task")
+                return
+        if function == "fail_task":
+            with self._lock:
+                self.failed += 1
 
     def _finish(self, ctx: TaskContext, function: str, **args: Any) -> Exception | None:
         """Record abort_task / yield_task, retried through database trouble. Returns the
@@ -888,59 +974,113 @@ class Worker:
         try:
             while True:
                 with self._recordable:
-                    if not self._unrecorded:
+                    if not self._unrecorded and not self._unfailed:
                         if stop.is_set():
                             return
                         self._recordable.wait(0.1)
                         continue
                     batch, self._unrecorded = self._unrecorded, []
+                    failures, self._unfailed = self._unfailed, []
                     self._room.notify_all()
                 try:
-                    self._complete(batch, conn)
+                    if batch:
+                        self._complete(batch, conn)
+                    if failures:
+                        self._fail(failures, conn)
                 except Exception:  # never let the completer die: it frees the leases
-                    log.exception("recording %d completions failed", len(batch))
-                    for ctx in batch:
+                    log.exception("recording %d completions and %d failures failed", len(batch), len(failures))
+                    for ctx in batch + failures:
                         self._release(ctx)
         finally:
             conn.close()
 
     def _complete(self, batch: list[TaskContext], conn: _Dedicated) -> None:
+        """Record completions with one complete_tasks call (durably); then they count as done."""
+        try:
+            live, refused = self._write_batch(batch, "completions", lambda live, rns, tokens: conn.call_binary(
+                "complete_tasks", rns=rns, tokens=tokens))
+        except SchedulerError as exc:
+            log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
+            for ctx in batch:
+                self._release(ctx)
+            return
+        recorded = self._written(batch, live, refused, "finished")
+        with self._lock:
+            self.completed += recorded
+
+    def _fail(self, batch: list[TaskContext], conn: _Dedicated) -> None:
+        """Record failed attempts with one fail_tasks call, as _complete records completions. If
+        the database refuses the call's data (one error it cannot store), each is recorded on its
+        own (_record_error), so one poison error never holds back the others."""
+
+        def call(live: list[TaskContext], rns: UuidArray, tokens: UuidArray) -> list[dict[str, Any]]:
+            delays = [c.failure["retry_in"] for c in live]  # type: ignore[index]
+            return conn.call_binary("fail_tasks", rns=rns, tokens=tokens,
+                                    errors=Jsonb([c.failure["error"] for c in live]),  # type: ignore[index]
+                                    retry_in=delays if any(d is not None for d in delays) else None)
+
+        try:
+            live, refused = self._write_batch(batch, "failures", call)
+        except Exception as exc:  # noqa: BLE001 - refused as data, or not adaptable at all
+            poison = rejects_arguments(exc) or not isinstance(exc, (SchedulerError, psycopg.Error))
+            if not poison:
+                log.error("could not record %d failures (%s); the monitor will reset them", len(batch), exc)
+                for ctx in batch:
+                    self._release(ctx)
+                return
+            log.error("recording %d failures together was refused (%s); recording them one by one", len(batch), exc)
+            for ctx in batch:
+                if self.held.get(ctx.rn) is ctx:
+                    self._record_error(ctx, "fail_task", ctx.failure or {})
+                self._release(ctx)
+            return
+        recorded = self._written(batch, live, refused, "failed")
+        with self._lock:
+            self.failed += recorded
+
+    def _write_batch(self, batch: list[TaskContext], what: str,
+                     write: Callable[[list[TaskContext], UuidArray, UuidArray], list[dict[str, Any]]]
+                     ) -> tuple[list[TaskContext], list[dict[str, Any]]]:
+        """``write(live, rns, tokens)`` for the leases of ``batch`` still ours, retried through
+        database trouble (_retry): (those leases, the rows it refused). Not the outcome of a
+        lease lost meanwhile (the task leased again)."""
         live = batch
 
         def call() -> list[dict[str, Any]]:
             nonlocal live
-            with self._lock:  # not the outcome of a lease lost meanwhile (the task leased again)
+            with self._lock:
                 live = [c for c in batch if self.held.get(c.rn) is c]
             if not live:
                 return []
             rns, tokens = _leases(live)
-            return conn.call_binary("complete_tasks", rns=rns, tokens=tokens)
+            return write(live, rns, tokens)
 
-        failed: list[dict[str, Any]] = []
-        try:
-            _, failed = self._retry(f"completions of {self.worker_id}", call)
-            failed = failed or []
-        except SchedulerError as exc:
-            log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
+        _, refused = self._retry(f"{what} of {self.worker_id}", call)
+        return live, refused or []
+
+    def _written(self, batch: list[TaskContext], live: list[TaskContext], refused: list[dict[str, Any]],
+                 done: str) -> int:
+        """After a batch write: say why a task's outcome was not recorded (its lease was lost, or
+        it was cancelled), and release every lease of the batch. How many were recorded."""
         if len(live) != len(batch):
             kept = {id(c) for c in live}
             for ctx in batch:
                 if id(ctx) not in kept:
                     log.info("task %s: lease lost; the outcome of this execution is discarded", ctx.rn)
-        if failed:
-            why = {str(r["rn"]): r["sqlstate"] for r in failed}
+        if refused:
+            why = {str(r["rn"]): r["sqlstate"] for r in refused}
             for ctx in batch:
                 code = why.get(ctx.rn)
                 if code == "PS203":
-                    log.info("task %s was cancelled before it finished; it stays cancelled", ctx.rn)
+                    log.info("task %s was cancelled before it %s; it stays cancelled", ctx.rn, done)
                 elif code:
-                    log.warning("task %s: lease lost before it finished (SQLSTATE %s)", ctx.rn, code)
+                    log.warning("task %s: lease lost before it %s (SQLSTATE %s)", ctx.rn, done, code)
         with self._lock:
-            self.completed += len(live) - len(failed)
             held = self.held
             for ctx in batch:
                 if held.get(ctx.rn) is ctx:
                     del held[ctx.rn]
+        return len(live) - len(refused)
 
     # -- heartbeats: one heartbeat_tasks call for every lease held, queued ones included
 

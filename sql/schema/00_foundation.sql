@@ -26,6 +26,9 @@ CREATE UNLOGGED TABLE pyscheduler._notify_throttle (
     last_at timestamptz NOT NULL,
     CONSTRAINT _notify_throttle_slot_check CHECK (slot BETWEEN 0 AND 1023)
 );
+-- every slot exists: _notify_throttled never inserts (migration 0012_hardening)
+INSERT INTO pyscheduler._notify_throttle (slot, channel, last_at)
+SELECT s, '', '-infinity' FROM generate_series(0, 1023) s;
 
 -- While code a client supplied runs (a check's SQL job), the role it acts as: the
 -- pyscheduler functions it calls take the caller from here (pyscheduler._caller()),

@@ -1,8 +1,9 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
--- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql and
--- 0010_tasks_lean.sql build
--- (tests/test_migrate.py checks).
-CREATE TYPE pyscheduler.task_status AS ENUM ('ready', 'running', 'completed', 'aborted', 'cancelled');
+-- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
+-- 0010_tasks_lean.sql, 0016_tasks_queue.sql and 0017_tasks_queue_tables.sql
+-- build (tests/test_migrate.py checks).
+-- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
+CREATE TYPE pyscheduler.task_status AS ENUM ('scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
 
 -- Worker ids ('worker-27') come from this sequence: unique across processes
 -- and restarts (register_worker()).
@@ -23,6 +24,11 @@ CREATE SEQUENCE pyscheduler.task_seq;
 -- rn of tasks submitted since 0010 is time-ordered (_task_rn: the
 -- submission millisecond, then seq), so the writes of a task's life touch
 -- the recent end of the primary key instead of a random page.
+-- run_at: a scheduled task is not leased before it (NULL: due at submission;
+-- kept once the task is ready). unique_key: at most one live task per (queue,
+-- unique_key). max_attempts: NULL means the setting task_max_attempts.
+-- submitted_by: the role that submitted it (only it, its members or admin
+-- cancel or requeue it).
 CREATE TABLE pyscheduler.tasks (
     rn       uuid NOT NULL,
     queue    text NOT NULL,
@@ -40,12 +46,18 @@ CREATE TABLE pyscheduler.tasks (
     lease_token uuid,
     attempts integer NOT NULL DEFAULT 0,
     leased_at timestamptz,
+    run_at   timestamptz,
+    unique_key text,
+    max_attempts integer,
+    submitted_by name NOT NULL,
     CONSTRAINT tasks_pkey PRIMARY KEY (rn),
     CONSTRAINT tasks_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40),
     CONSTRAINT tasks_priority_check CHECK (priority BETWEEN 0 AND 4294967295),
     CONSTRAINT tasks_progress_check CHECK (progress BETWEEN 0 AND 1),
     CONSTRAINT tasks_attempts_check CHECK (attempts >= 0),
-    CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL))
+    CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL)),
+    CONSTRAINT tasks_scheduled_check CHECK (status <> 'scheduled' OR run_at IS NOT NULL),
+    CONSTRAINT tasks_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000)
 )
 -- Autovacuum by counts, not by a fraction of the table: a lease leaves the
 -- task's entry in tasks_ready_idx until VACUUM, and every later claim steps
@@ -67,6 +79,32 @@ CREATE INDEX tasks_running_deadline_idx ON pyscheduler.tasks (deadline)
 -- Cleanup's scan for terminal tasks past retention.
 CREATE INDEX tasks_terminal_updated_idx ON pyscheduler.tasks (updated)
     WHERE status IN ('completed', 'aborted', 'cancelled');
+-- Delayed tasks and retries waiting for their run_at, per queue in due order:
+-- a lease promotes the due ones with one probe here, so they never sit in
+-- tasks_ready_idx (a claim stepping over not-yet-due entries would cost more
+-- the more tasks are delayed).
+CREATE INDEX tasks_scheduled_idx ON pyscheduler.tasks (queue, run_at)
+    WHERE status = 'scheduled';
+-- Unique tasks: at most one live task per (queue, unique_key); the arbiter of
+-- submit's ON CONFLICT (concurrent submits of one key make one task).
+CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'ready', 'running');
+-- retry_tasks' scan: aborted and cancelled tasks of a queue, oldest first.
+CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
+    WHERE status IN ('aborted', 'cancelled');
+
+-- One row per queue an operator or client paused (issue 20 adds its limits
+-- here): a lease reads it by primary key; a queue without a row, or not
+-- paused, is leased as if the table did not exist.
+CREATE TABLE pyscheduler.task_queues (
+    queue     text NOT NULL,
+    paused    boolean NOT NULL DEFAULT false,
+    note      text,
+    paused_by name,
+    updated   timestamptz NOT NULL,
+    CONSTRAINT task_queues_pkey PRIMARY KEY (queue),
+    CONSTRAINT task_queues_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40)
+);
 
 -- Limits (issue 11), changed by an admin with
 -- UPDATE pyscheduler.settings SET value = '50' WHERE name = 'task_max_attempts';
@@ -75,5 +113,7 @@ INSERT INTO pyscheduler.settings (name, value) VALUES
     ('task_max_history', '100'),
     ('task_max_spec_bytes', '1048576'),
     ('task_max_errors', '100'),
-    ('task_max_errors_bytes', '65536')
+    ('task_max_errors_bytes', '65536'),
+    ('task_backoff_base', '1 second'),
+    ('task_backoff_cap', '1 hour')
 ON CONFLICT (name) DO NOTHING;

@@ -1,0 +1,394 @@
+"""What the typed clients share (``TaskClient``, ``ScheduleClient``, ``CheckClient``).
+
+A client method is a *call*: a function that checks its arguments in Python (an
+``InvalidArgument`` naming the field, before any round trip) and returns a
+:class:`Call`, the SQL function to run, its named arguments and how to turn the
+rows into a typed result. ``sync(op)`` and ``asynchronous(op)`` make the same
+call a method of a sync and of an async client, so a capability writes each
+method once::
+
+    def _get(rn: str | UUID) -> Call[Task]:
+        \"\"\"The task; TaskNotFound (PS200) when there is none.\"\"\"
+        return Call("get_task", {"rn": task_id(rn)}, value(Task.from_json))
+
+    class TaskClient(SyncClient):
+        get = sync(_get)
+
+Every call goes through ``pyscheduler.db`` (``call_binary``): on pyscheduler's own
+pool (``Database``) or on the application's connection or cursor, inside its
+transaction (``Session.borrow``, ``AsyncSession.borrow``). Results come in
+PostgreSQL's binary format and jsonb, and are converted here without depending
+on the session's TimeZone, DateStyle or IntervalStyle: instants become aware
+datetimes in UTC, intervals timedeltas.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import re
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from uuid import UUID
+
+import psycopg
+
+from .db import AsyncSession, Database, Jsonb, Session
+from .errors import InvalidArgument
+
+__all__ = ["AsyncClient", "AsyncConnectable", "Call", "Connectable", "SyncClient", "asynchronous", "sync"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+Rows = list[dict[str, Any]]
+
+UTC = timezone.utc
+# the instants every pyscheduler function accepts and every client library loads (design.md)
+MIN_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_INSTANT = datetime(9999, 1, 1, tzinfo=UTC)
+INT32 = 2**31 - 1
+INT64 = 2**63 - 1
+
+# What a sync client runs on: pyscheduler's pool, a session, or the application's connection or cursor.
+Connectable = Database | Session | psycopg.Connection[Any] | psycopg.Cursor[Any]
+# What an async client runs on: the application's async connection or cursor.
+AsyncConnectable = AsyncSession | psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One SQL function call: ``pyscheduler.<function>(name => value, ...)`` and its result."""
+
+    function: str
+    args: dict[str, Any]
+    result: Callable[[Rows], T]
+
+
+class SyncClient:
+    """A client on pyscheduler's pool (``Database``), a ``Session``, or the application's own
+    psycopg ``Connection`` or ``Cursor``: then every call runs in the application's
+    transaction (what it writes exists only if the application commits) and nothing is
+    committed, rolled back or SET (``Session.borrow``)."""
+
+    def __init__(self, db: Connectable) -> None:
+        self.db: Database | Session = db if isinstance(db, (Database, Session)) else Session.borrow(db)
+
+    def _run(self, call: Call[T]) -> T:
+        return call.result(self.db.call_binary(call.function, **call.args))
+
+
+class AsyncClient:
+    """A client on the application's psycopg ``AsyncConnection`` or ``AsyncCursor``, in its
+    transaction, as ``SyncClient`` on a connection (``AsyncSession.borrow``)."""
+
+    def __init__(self, conn: AsyncConnectable) -> None:
+        self.db: AsyncSession = conn if isinstance(conn, AsyncSession) else AsyncSession.borrow(conn)
+
+    async def _run(self, call: Call[T]) -> T:
+        return call.result(await self.db.call_binary(call.function, **call.args))
+
+
+def _method(op: Callable[..., Any], method: Callable[..., Any]) -> None:
+    """Name, document and sign ``method`` as ``op``, with ``self`` first and, as its return,
+    what the ``Call`` returned by ``op`` gives (help() and IDEs show the method, not the call)."""
+    functools.update_wrapper(method, op)
+    del method.__wrapped__  # type: ignore[attr-defined]
+    method.__name__ = method.__qualname__ = op.__name__.lstrip("_")
+    sig = inspect.signature(op)
+    returns = str(sig.return_annotation)  # "Call[Task]" (annotations are strings here)
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[self, *sig.parameters.values()],
+        return_annotation=returns[len("Call["):-1] if returns.startswith("Call[") else returns)
+
+
+def sync(op: Callable[P, Call[T]]) -> Callable[Concatenate[SyncClient, P], T]:
+    """The call ``op`` as a method of a sync client."""
+
+    def method(self: SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(op(*args, **kwargs))
+
+    _method(op, method)
+    return method
+
+
+def asynchronous(op: Callable[P, Call[T]]) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
+    """The call ``op`` as a coroutine method of an async client."""
+
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._run(op(*args, **kwargs))
+
+    _method(op, method)
+    return method
+
+
+# -- results --------------------------------------------------------------------------------------
+
+def value(convert: Callable[[Any], T]) -> Callable[[Rows], T]:
+    """The single value a scalar function returns, converted."""
+
+    def result(rows: Rows) -> T:
+        return convert(next(iter(rows[0].values())) if rows else None)
+
+    return result
+
+
+def one(convert: Callable[[dict[str, Any]], T]) -> Callable[[Rows], T]:
+    """The single row a function returns, converted."""
+
+    def result(rows: Rows) -> T:
+        return convert(rows[0])
+
+    return result
+
+
+def each(convert: Callable[[Any], T], column: str | None = None) -> Callable[[Rows], list[T]]:
+    """Every row (or one column of it), converted."""
+
+    def result(rows: Rows) -> list[T]:
+        return [convert(row if column is None else row[column]) for row in rows]
+
+    return result
+
+
+def instant(raw: Any) -> datetime | None:
+    """A datetime in UTC from a timestamptz (any session TimeZone) or its JSON text (ISO 8601
+    with an offset, or ``Z``); None stays None."""
+    if raw is None:
+        return None
+    at = raw if isinstance(raw, datetime) else datetime.fromisoformat(raw)
+    return at.astimezone(UTC)
+
+
+def required_instant(raw: Any) -> datetime:
+    at = instant(raw)
+    if at is None:
+        raise ValueError("missing instant")
+    return at
+
+
+# An interval as PostgreSQL writes it in any IntervalStyle (postgres, postgres_verbose,
+# sql_standard, iso_8601), e.g. '1 day 02:00:00', '@ 1 day 2 hours ago', '1 2:00:00', 'P1DT2H'.
+_ISO = re.compile(r"P(?:(?P<Y>[-+]?\d+)Y)?(?:(?P<M>[-+]?\d+)M)?(?:(?P<W>[-+]?\d+)W)?(?:(?P<D>[-+]?\d+)D)?"
+                  r"(?:T(?:(?P<h>[-+]?\d+)H)?(?:(?P<m>[-+]?\d+)M)?(?:(?P<s>[-+]?\d+(?:\.\d+)?)S)?)?")
+_UNIT = re.compile(r"([-+]?\d+(?:\.\d+)?)\s*(years?|mons?|days?|hours?|mins?|secs?)")
+_TIME = re.compile(r"([-+]?)(\d+):(\d+):(\d+(?:\.\d+)?)")
+_YEAR_MONTH = re.compile(r"([-+]?)(\d+)-(\d+)")
+_DAYS = {"year": 365, "mon": 30, "day": 1}  # as psycopg loads intervals: a month is 30 days
+_SECONDS = {"hour": 3600, "min": 60, "sec": 1}
+
+
+def interval(raw: Any) -> timedelta | None:
+    """A timedelta from an interval (binary) or its text in any IntervalStyle; None stays None.
+    Months count 30 days and years 365, as psycopg loads them."""
+    if raw is None or isinstance(raw, timedelta):
+        return raw
+    text = str(raw).strip()
+    if text.startswith("P"):  # iso_8601: each field carries its own sign
+        m = _ISO.fullmatch(text)
+        if not m:
+            raise ValueError(f"not an interval: {text!r}")
+        g = {k: float(v) if v else 0.0 for k, v in m.groupdict().items()}
+        return timedelta(days=g["Y"] * 365 + g["M"] * 30 + g["W"] * 7 + g["D"], hours=g["h"], minutes=g["m"],
+                         seconds=g["s"])
+    if text.startswith("@") or _UNIT.search(text):  # postgres_verbose, postgres: each field its own sign
+        ago = text.endswith(" ago")
+        body = text.removeprefix("@").removesuffix(" ago")
+        total = timedelta()
+        for number, unit in _UNIT.findall(body):
+            unit = unit.rstrip("s")
+            amount = float(number)
+            total += timedelta(days=amount * _DAYS[unit]) if unit in _DAYS else timedelta(seconds=amount * _SECONDS[unit])
+        rest = _UNIT.sub("", body)
+        for sign, h, mi, s in _TIME.findall(rest):
+            part = timedelta(hours=int(h), minutes=int(mi), seconds=float(s))
+            total += -part if sign == "-" else part
+        if _TIME.sub("", rest).strip() not in ("", "0"):
+            raise ValueError(f"not an interval: {text!r}")
+        return -total if ago else total
+    # sql_standard (and a bare time, the same in every style): [Y-M] [D] [H:M:S]; a leading
+    # sign applies to every field, unless another field carries its own
+    tokens = text.split()
+    own_signs = any(t[0] in "+-" for t in tokens[1:])
+    total = timedelta()
+    for i, token in enumerate(tokens):
+        sign = -1 if (tokens[i if own_signs else 0]).startswith("-") else 1
+        if (ym := _YEAR_MONTH.fullmatch(token)) is not None:
+            total += sign * timedelta(days=int(ym[2]) * 365 + int(ym[3]) * 30)
+        elif (tm := _TIME.fullmatch(token)) is not None:
+            total += sign * timedelta(hours=int(tm[2]), minutes=int(tm[3]), seconds=float(tm[4]))
+        elif re.fullmatch(r"[-+]?\d+", token):
+            total += sign * timedelta(days=abs(int(token)))
+        else:
+            raise ValueError(f"not an interval: {text!r}")
+    return total
+
+
+def required_interval(raw: Any) -> timedelta:
+    iv = interval(raw)
+    if iv is None:
+        raise ValueError("missing interval")
+    return iv
+
+
+def uuid_or_none(raw: Any) -> UUID | None:
+    return None if raw is None else raw if isinstance(raw, UUID) else UUID(str(raw))
+
+
+# -- arguments ------------------------------------------------------------------------------------
+
+def text(name: str, raw: Any, *, optional: bool = False) -> Any:
+    """A str PostgreSQL can store (no NUL, valid Unicode), else InvalidArgument naming ``name``."""
+    if raw is None and optional:
+        return None
+    if not isinstance(raw, str):
+        raise InvalidArgument(f"{name} must be a str, got {type(raw).__name__}")
+    if "\x00" in raw:
+        raise InvalidArgument(f"{name} contains a NUL character (\\u0000), which PostgreSQL cannot store")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{name} is not valid Unicode (a lone surrogate)") from None
+    return raw
+
+
+def integer(name: str, raw: Any, lo: int, hi: int, *, optional: bool = False) -> Any:
+    """An int in lo..hi (not a bool), else InvalidArgument naming ``name``."""
+    if raw is None and optional:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not lo <= raw <= hi:
+        raise InvalidArgument(f"{name} must be an integer in {lo}..{hi}, got {raw!r}")
+    return raw
+
+
+def boolean(name: str, raw: Any, *, optional: bool = False) -> Any:
+    if raw is None and optional:
+        return None
+    if not isinstance(raw, bool):
+        raise InvalidArgument(f"{name} must be a bool, got {raw!r}")
+    return raw
+
+
+def duration(name: str, raw: Any, *, optional: bool = False) -> Any:
+    """A timedelta, else InvalidArgument naming ``name`` (its bounds are the SQL function's)."""
+    if raw is None and optional:
+        return None
+    if not isinstance(raw, timedelta):
+        raise InvalidArgument(f"{name} must be a datetime.timedelta, got {type(raw).__name__}")
+    return raw
+
+
+def aware(name: str, raw: Any, *, optional: bool = False) -> Any:
+    """A timezone-aware datetime in [1970-01-01Z, 9999-01-01Z), else InvalidArgument naming
+    ``name``. A naive datetime is refused rather than guessed: Python's ``datetime.now()`` is
+    local time, and PostgreSQL would read it in the session's TimeZone."""
+    if raw is None and optional:
+        return None
+    if not isinstance(raw, datetime):
+        raise InvalidArgument(f"{name} must be a datetime.datetime, got {type(raw).__name__}")
+    if raw.utcoffset() is None:
+        raise InvalidArgument(f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc)), got {raw!r}")
+    try:
+        in_range = MIN_INSTANT <= raw < MAX_INSTANT
+    except OverflowError:
+        in_range = False
+    if not in_range:
+        raise InvalidArgument(f"{name} must be in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z), got {raw!r}")
+    return raw
+
+
+def choice(name: str, raw: Any, options: tuple[str, ...], *, optional: bool = False) -> Any:
+    if raw is None and optional:
+        return None
+    if raw not in options:
+        raise InvalidArgument(f"{name} must be one of {', '.join(options)}, got {raw!r}")
+    return raw
+
+
+def json_problem(value: Any, path: str, depth: int = 0) -> str | None:
+    """Why ``value`` (at ``path``) cannot be stored as jsonb, or None: NaN and infinities
+    (JSON has no such numbers), NUL characters (jsonb cannot hold U+0000), unencodable
+    surrogates, non-string keys, and anything json.dumps cannot write."""
+    if depth > 1000:
+        return f"{path} is nested too deeply"
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}: JSON has no NaN or infinity"
+    if isinstance(value, str):
+        if "\x00" in value:
+            return f"{path} contains a NUL character (\\u0000), which PostgreSQL cannot store"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{path} is not valid Unicode (a lone surrogate)"
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has a key that is not a string: {key!r}"
+            why = json_problem(key, f"{path} key {key!r}", depth + 1) or json_problem(item, f"{path}[{key!r}]",
+                                                                                        depth + 1)
+            if why:
+                return why
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            why = json_problem(item, f"{path}[{i}]", depth + 1)
+            if why:
+                return why
+        return None
+    return f"{path} is a {type(value).__name__}, which is not JSON"
+
+
+def json_value(name: str, raw: Any) -> Jsonb:
+    """Any JSON value as jsonb, else InvalidArgument naming ``name`` and the bad field inside it."""
+    why = json_problem(raw, name)
+    if why:
+        raise InvalidArgument(f"{name} is not storable JSON: {why}")
+    try:
+        json.dumps(raw, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"{name} is not JSON-serialisable: {exc}") from exc
+    return Jsonb(raw)
+
+
+def json_object(name: str, raw: Any) -> Jsonb:
+    """A JSON object (a Mapping) as jsonb, else InvalidArgument naming ``name``."""
+    if not isinstance(raw, Mapping):
+        raise InvalidArgument(f"{name} must be a JSON object (a dict), got {type(raw).__name__}")
+    return json_value(name, dict(raw))
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+def duration_text(td: timedelta) -> str:
+    """A duration as the CLI takes it: 30s, 5m, 2h, 7d, 200ms (the largest exact unit)."""
+    micros = (td.days * 86_400 + td.seconds) * 1_000_000 + td.microseconds
+    for unit, size in (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000), ("s", 1_000_000),
+                       ("ms", 1_000)):
+        if micros % size == 0:
+            return f"{micros // size}{unit}"
+    return f"{micros / 1_000_000:f}".rstrip("0") + "s"
+
+
+def jsonable(obj: Any) -> Any:
+    """A typed result as plain JSON values (the CLI prints them): dataclasses as objects,
+    datetimes in ISO 8601, timedeltas as durations (30s, 5m), UUIDs as text."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    if isinstance(obj, timedelta):
+        return duration_text(obj)
+    if isinstance(obj, UUID):
+        return str(obj)
+    if isinstance(obj, Mapping):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    return obj

@@ -1,0 +1,97 @@
+"""How an application uses the clients, type-checked with mypy --strict (tests/test_typing.py).
+Never run: it only has to type-check."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from uuid import UUID
+
+import psycopg
+
+from pyscheduler.checks import AddedCheck, AsyncCheckClient, Check, CheckClient, EndedCheck
+from pyscheduler.db import Database
+from pyscheduler.delay import DelayProducer, DeliveryFailed
+from pyscheduler.errors import SchedulerError, TaskNotFound
+from pyscheduler.schedules import UNBOUNDED, AsyncScheduleClient, Schedule, ScheduleClient, ScheduleRun
+from pyscheduler.tasks import AsyncTaskClient, Task, TaskClient
+from pyscheduler.tasks.client import HistoryEntry, TaskError, TaskStatus
+
+
+def tasks(db: Database, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    task: Task = TaskClient(db).submit("emails", {"to": "a@example.com"}, priority=80)
+    rn: UUID = task.rn
+    created: datetime = task.created
+    deadline: datetime | None = task.deadline
+    errors: list[TaskError] = task.errors
+    history: list[HistoryEntry] = task.history
+    status: TaskStatus = task.status
+    with conn.transaction():
+        conn.execute("INSERT INTO orders VALUES (1)")
+        mine: Task = TaskClient(conn).submit("orders", {"order": 1})
+        many: list[Task] = TaskClient(conn.cursor()).submit_many("orders", [{"i": 1}, {"i": 2}])
+    ready: list[Task] = TaskClient(db).list(queue="orders", status="ready", limit=10)
+    try:
+        TaskClient(db).cancel(rn)
+    except TaskNotFound:
+        pass
+    print(created, deadline, errors, history, status, mine.spec, many, ready)
+
+
+async def tasks_async(aconn: psycopg.AsyncConnection[dict[str, object]]) -> Task:
+    async with aconn.transaction():
+        task = await AsyncTaskClient(aconn).submit("orders", {"order": 2})
+    got: Task = await AsyncTaskClient(aconn.cursor()).get(task.rn)
+    return got
+
+
+def schedules(db: Database) -> None:
+    client = ScheduleClient(db)
+    s: Schedule = client.create("nightly", "reports", cron="0 3 * * *", tz="Europe/Berlin", target_kind="kafka",
+                                payload={"report": "daily"}, retry_base=timedelta(milliseconds=250),
+                                start_at=datetime(2030, 1, 1, tzinfo=timezone.utc))
+    every: timedelta | None = s.every
+    target: str | None = s.target  # None: another role's schedule
+    s = client.update("nightly", every=timedelta(hours=1), end_at=UNBOUNDED, max_runs=UNBOUNDED)
+    client.pause("nightly", note="migration")
+    client.resume("nightly")
+    client.trigger("nightly")
+    runs: list[ScheduleRun] = client.runs("nightly", outcome="failed", limit=5)
+    upcoming: list[datetime] = client.next("nightly", 3)
+    fired: int = client.count("nightly", "fired")
+    listed: list[Schedule] = client.list(name_like="night%", target_kind="kafka", paused=False)
+    deleted: bool = client.delete("nightly")
+    print(every, target, runs, upcoming, fired, listed, deleted)
+
+
+async def schedules_async(aconn: psycopg.AsyncConnection[dict[str, object]]) -> Schedule:
+    return await AsyncScheduleClient(aconn).get("nightly")
+
+
+def checks(db: Database) -> None:
+    client = CheckClient(db)
+    added: AddedCheck = client.add("order", "233", "app.order_alert", check_after=timedelta(hours=3),
+                                   payload={"escalate_after": "1 hour"}, max_checks=2)
+    slot: datetime = added.next_check_at
+    pending: list[Check] = client.list(entity_name="order")
+    ended: list[EndedCheck] = client.history(entity_name="order", limit=10)
+    took: timedelta = ended[0].total_took
+    n: int = client.delete("order", "233")
+    print(slot, pending, took, n)
+
+
+async def checks_async(aconn: psycopg.AsyncConnection[dict[str, object]]) -> AddedCheck:
+    return await AsyncCheckClient(aconn).add("order", "1", "q", kind="task", check_after=timedelta(hours=1))
+
+
+def delay(bootstrap: str) -> None:
+    with DelayProducer(bootstrap, "pyscheduler.delay.input", **{"linger.ms": 5}) as producer:
+        ident: str = producer.send(b'{"order": 42}', key=b"42", delay=timedelta(minutes=5),
+                                   headers=[("trace", b"abc")])
+        producer.send("text", deadline=datetime(2030, 1, 1, tzinfo=timezone.utc), message_id=ident + "-2")
+    try:
+        producer.flush(5)
+    except DeliveryFailed as exc:
+        failed: list[tuple[str, str]] = exc.failed
+        print(failed, exc.pending)
+    except SchedulerError:
+        raise
