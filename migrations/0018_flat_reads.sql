@@ -1,4 +1,4 @@
--- depends: 0015_schedules_daemons
+-- depends: 0017_tasks_queue_tables
 -- Cost stays flat as stored work grows (issue 21), for the delay queue, recurring
 -- schedules and future checks: the indexes the read paths page on, the tables their
 -- counts come from, and vacuum settings. Forward-only; the same end state as
