@@ -1368,7 +1368,7 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 -- a page walks checks_due_idx from the cursor on and stops at max, or reads one entity's
 -- checks (checks_entity_job_key): never the whole table
-SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* list_checks(entity_name => NULL, entity_key => NULL, job => NULL, max => 100,
                after_at => NULL, after_id => NULL) -> setof check
@@ -1431,7 +1431,7 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 -- a page walks check_history_ended_idx backwards from the cursor and stops at max, or reads
 -- one entity's history (check_history_entity_idx): never the whole table
-SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* check_history(entity_name => NULL, entity_key => NULL, job => NULL, max => 100,
                  before_at => NULL, before_id => NULL) -> setof ended check

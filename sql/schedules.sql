@@ -1311,7 +1311,7 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 -- a page walks schedules_name_key (schedules_paused_name_idx for paused => true) from the
 -- cursor on and stops at max_schedules: never a scan and sort of the whole table
-SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* list_schedules(name_like => NULL, target_kind => NULL, paused => NULL,
        critical => NULL, max_schedules => 100, after_name => NULL) -> setof (schedule jsonb)
@@ -1367,7 +1367,7 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 -- a page walks the primary key (schedule_id, expected_at) backwards from the cursor, or
 -- schedule_executions_unfired_idx for an outcome other than fired
-SET enable_seqscan = off SET enable_bitmapscan = off
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* schedule_runs(name, with_outcome => NULL, since => NULL, max_runs => 100, before => NULL)
        -> setof record
