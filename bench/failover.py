@@ -41,7 +41,6 @@ import argparse
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -54,9 +53,8 @@ from pathlib import Path
 import psycopg
 
 from pyscheduler import embedded, migrate
-from pyscheduler.db import Database, Jsonb
+from pyscheduler.db import Database
 from pyscheduler.delay.bench import fresh_read
-from pyscheduler.delay.producer import DelayProducer
 from pyscheduler.tasks import TaskClient, TaskContext, Worker
 
 INPUT, OUTPUT, SCHEDULE_TOPIC = "pyscheduler.delay.input", "pyscheduler.delay.output", "fo.schedules"
@@ -71,39 +69,6 @@ BEGIN
                 ELSE now() + interval '1 second' END;
 END $$;
 """
-
-
-class Standby(embedded.Postgres):
-    """A streaming-replication standby of ``primary``: its data directory made by
-    ``pg_basebackup -R`` (standby.signal, primary_conninfo with application_name)."""
-
-    name = "standby"
-
-    def __init__(self, workdir: Path, primary: embedded.Postgres, application_name: str = "standby1"):
-        super().__init__(workdir)
-        self.primary, self.application_name = primary, application_name
-
-    def _prepare(self) -> None:
-        if not (self.pgdata / "PG_VERSION").exists():
-            self.pgdata.mkdir(parents=True, exist_ok=True)
-            self.pgdata.chmod(stat.S_IRWXU)
-            user = None
-            if os.geteuid() == 0:
-                import pwd
-
-                entry = pwd.getpwnam("pgserver")  # made by the primary's start
-                for path in (self.workdir, self.pgdata):
-                    os.chown(path, entry.pw_uid, entry.pw_gid)
-                user = "pgserver"
-            conninfo = (f"host=127.0.0.1 port={self.primary.port} user={self.primary.user} "
-                        f"application_name={self.application_name}")
-            subprocess.run([str(self.bindir / "pg_basebackup"), "-D", str(self.pgdata), "-R", "-X", "stream",
-                            "-c", "fast", "-d", conninfo], check=True, capture_output=True, user=user)
-        super()._prepare()
-
-    def promote(self) -> None:
-        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as c:
-            c.execute("SELECT pg_promote(true, 60)")
 
 
 class Acked:
@@ -215,7 +180,7 @@ def one_round(workdir: Path, synchronous: bool, before: float, after: float) -> 
             db.call("set_check_settings", resolution=timedelta(seconds=1))
             db.call("add_check", entity_name="fo", entity_key="1", job="public.fo_job",
                     check_after=timedelta(seconds=1), max_checks=1_000_000, horizon=timedelta(days=1))
-        standby = Standby(workdir / "standby", primary).start()
+        standby = embedded.Standby(workdir / "standby", primary).start()
         with psycopg.connect(primary.dsn(), autocommit=True) as c:
             if synchronous:
                 c.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby1'")

