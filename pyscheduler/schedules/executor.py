@@ -298,9 +298,11 @@ class Executor:
         if res.marker:
             self.markers[shard] = res.marker
         elif shard not in self.resyncing:
-            self.resyncing.add(shard)
-            log.warning("Redis index%s incomplete (data lost, or first start): resyncing it from PostgreSQL, "
-                        "critical schedules first", self._shard_text(shard))
+            lost = [shard] + self._incomplete(shard)  # shards lost together share one resync
+            for k in lost:
+                self.resyncing.add(k)
+                log.warning("Redis index%s incomplete (data lost, or first start): resyncing it from PostgreSQL, "
+                            "critical schedules first", self._shard_text(k))
         full = len(res.claimed) >= limit
         if res.claimed:
             CLAIMED.labels("redis").inc(len(res.claimed))
@@ -326,6 +328,19 @@ class Executor:
         if self._prefetch is not None:
             return 0.0
         return self._end_of_round(last)
+
+    def _incomplete(self, seen: int) -> list[int]:
+        """The other shards (up, not resyncing yet) whose marker is missing too."""
+        out = []
+        for k in self._order:
+            if k == seen or k in self.down or k in self.resyncing:
+                continue
+            try:
+                if self.index.shards[k].marker() is None:
+                    out.append(k)
+            except UNREACHABLE as exc:
+                self._shard_down(k, exc)
+        return out
 
     def _next_shard(self) -> tuple[int, bool]:
         """The next shard of the round-robin that is not down, and whether it is the last of
@@ -404,7 +419,13 @@ class Executor:
             self.down.discard(k)
             try:
                 seen = self.markers.get(k)
-                started = self.index.shards[k].force_resync(seen, proposal) if seen else None
+                if seen or self.index.count == 1:
+                    started = self.index.shards[k].force_resync(seen, proposal) if seen else None
+                else:
+                    # no marker seen (lost before it went down, or never complete): a resync it
+                    # belonged to may have gone on without it (its rows skipped while it was
+                    # down), so a new one
+                    started = self.index.shards[k].force_resync(None, proposal)
             except UNREACHABLE as exc:
                 self.down.add(k)
                 log.warning("shard %d answered and failed again: %s", k, exc)
@@ -687,9 +708,14 @@ class Executor:
             rows = self.db.call("resync_take", p_sync_id=sync_id, p_owner=self.resync_owner,
                                 p_limit=self.cfg.resync_batch,
                                 p_lease=timedelta(milliseconds=self.cfg.stuck_after_ms))
+            if self.index.count > 1:
+                # every shard of this sync id, not only those this executor found lost: a batch
+                # it acknowledges is not handed out again (the id's shards are fixed before its
+                # first take: the executor that proposed it began them all before taking)
+                shards = self._resync_members(sync_id, shards)
             if rows:
-                mine = set(shards)
                 if self.index.count > 1:
+                    mine = set(shards)
                     rows = [r for r in rows if self.index.of(r["id"]) in mine]
                 written, failed = self.index.each(mirror_entries(rows), lambda ix, part: ix.mirror(part))
                 if failed:
@@ -712,6 +738,24 @@ class Executor:
                         self.resyncing.discard(k)
                         self.markers[k] = sync_id
                         log.warning("Redis index%s resynced from PostgreSQL (sync %s)", self._shard_text(k), sync_id)
+
+    def _resync_members(self, sync_id: str, known: list[int]) -> list[int]:
+        """The shards (up) whose resync in progress is ``sync_id``."""
+        out = []
+        for k in range(self.index.count):
+            if k in self.down:
+                continue
+            if k in known:
+                out.append(k)
+                continue
+            try:
+                value = self.index.shards[k].resync_id()
+            except UNREACHABLE as exc:
+                self._shard_down(k, exc)
+                continue
+            if value == sync_id:
+                out.append(k)
+        return out
 
     # -- degraded mode -------------------------------------------------------------
 

@@ -442,6 +442,11 @@ class Index:
         ok = self._force(keys=[self.k_marker, self.k_resync], args=[sync_id, seen_marker or ""])
         return sync_id if ok else None
 
+    def resync_id(self) -> str | None:
+        """The sync id of the resync in progress, if any."""
+        value = self.r.get(self.k_resync)
+        return value.decode() if value else None
+
     def marker(self) -> str | None:
         value = self.r.get(self.k_marker)
         return value.decode() if value else None
@@ -572,9 +577,12 @@ class Shards:
         return [ix.marker() for ix in self.shards]
 
     def marker(self) -> str | None:
-        """The marker when every shard has one and they agree, else None (tests, status)."""
-        markers = set(self.markers())
-        return markers.pop() if len(markers) == 1 else None
+        """None unless every shard has its marker (the index is complete); else the marker
+        (the shards' markers, comma-separated, when they differ)."""
+        markers = self.markers()
+        if not all(markers):
+            return None
+        return ",".join(dict.fromkeys(markers))
 
     def stats(self) -> dict[str, int | bool]:
         total: dict[str, int | bool] = {"indexed": 0, "claimed": 0, "claims": 0, "complete": True}
