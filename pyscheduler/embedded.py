@@ -340,7 +340,7 @@ class RedisCluster:
             for n in self.nodes:
                 n.start()
             if self.masters == 1 and self.replicas == 0:  # redis-cli wants 3 masters: assign by hand
-                self.nodes[0].client().execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+                self.nodes[0].client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
             else:
                 out = subprocess.run(
                     [self.cli(), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),

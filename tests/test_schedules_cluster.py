@@ -105,6 +105,29 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def test_claim_due_critical_shards_claims_only_those_shards(conn):
+    """claim_due_critical_shards: the due critical schedules of the given shards (id mod
+    count), nothing else; bad shard arguments are PS312."""
+    import psycopg
+    from datetime import timedelta
+
+    start = conn.execute("SELECT date_trunc('second', now()) + interval '1 hour' AS t").fetchone()["t"]
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'c' || i, target => 't', every => '10 seconds', "
+                 "start_at => %s, critical => true) FROM generate_series(1, 30) i", (start,))
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'plain', target => 't', every => '10 seconds', "
+                 "start_at => %s)", (start,))
+    now = start + timedelta(milliseconds=1)
+    claim = "SELECT * FROM pyscheduler._claim_due_critical_shards(%s, 3, 100, '30 seconds', %s)"
+    got = conn.execute(claim, ([0, 2], now)).fetchall()
+    assert len(got) == 20 and {r["id"] % 3 for r in got} == {0, 2}
+    assert {r["id"] % 3 for r in conn.execute(claim, ([1], now)).fetchall()} == {1}
+    assert conn.execute(claim, ([0, 1, 2], now)).fetchall() == []  # all claimed for 30 s
+    for shards, count in (([3], 3), ([], 3), ([None], 3), ([0], 0), (None, 3)):
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("SELECT * FROM pyscheduler.claim_due_critical_shards(%s, %s)", (shards, count))
+        assert err.value.sqlstate == "PS312"
+
+
 def test_cluster_url_single_node_unchanged(redis_url):
     """A plain URL is a plain client with one shard under the old keys; a cluster URL is a
     RedisCluster with its seed nodes; a malformed one is refused."""
