@@ -2119,14 +2119,19 @@ $$;
 COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], text[], text[]) IS
     'Scheduler: record occurrences the daemons could not fire or record, with their error, and pause their schedules.';
 
--- _claim_due_critical(limit, hold, now): claim_due_critical with the clock as a parameter.
+-- _claim_due_critical(limit, hold, now, shards, shard_count): claim_due_critical with the
+-- clock as a parameter; with shards, only the schedules whose index shard (id mod
+-- shard_count, issue 18) is one of them (claim_due_critical_shards), reading at most
+-- shard_count / cardinality(shards) index entries per row it returns.
 -- Its plan is pinned: an ordered scan of schedules_critical_due_idx that stops at p_limit
 -- rows, whatever the statistics say. Without the settings, statistics taken while the due
 -- schedules were a day away (2 % of the table: below the autoanalyze threshold) made the
 -- custom plan a bitmap scan plus a sort of every due row (95 ms a call for 100,000 due), and
 -- the generic plan a merge join over the whole primary key; the UPDATE finds each locked row
 -- by its ctid (a Tid Scan), so no join over the table can be chosen.
-CREATE OR REPLACE FUNCTION pyscheduler._claim_due_critical(p_limit integer, p_hold interval, p_now timestamptz)
+CREATE OR REPLACE FUNCTION pyscheduler._claim_due_critical(p_limit integer, p_hold interval, p_now timestamptz,
+                                                           p_shards integer[] DEFAULT '{0}',
+                                                           p_shard_count integer DEFAULT 1)
 RETURNS TABLE (id bigint, expected_at timestamptz, claim_token uuid)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
@@ -2138,10 +2143,18 @@ BEGIN
         PERFORM _schedule_error('PS312', format('p_limit must be in 1..100000 and p_hold > 0, got %s and %s',
                                                 coalesce(p_limit::text, 'NULL'), coalesce(p_hold::text, 'NULL')));
     END IF;
+    IF p_shard_count IS NULL OR p_shard_count NOT BETWEEN 1 AND 16384 OR p_shards IS NULL
+       OR cardinality(p_shards) = 0
+       OR EXISTS (SELECT 1 FROM unnest(p_shards) k WHERE k IS NULL OR k NOT BETWEEN 0 AND p_shard_count - 1) THEN
+        PERFORM _schedule_error('PS312', format(
+            'p_shard_count must be in 1..16384 and p_shards a non-empty array of shards in 0..p_shard_count - 1, '
+            'got %s and %s', coalesce(p_shard_count::text, 'NULL'), coalesce(p_shards::text, 'NULL')));
+    END IF;
     RETURN QUERY
     WITH c AS (
         SELECT s.ctid AS row_id FROM schedules s
          WHERE s.critical_due_at <= p_now AND (s.claimed_until IS NULL OR s.claimed_until < p_now)
+           AND (p_shard_count = 1 OR (s.id % p_shard_count)::integer = ANY (p_shards))
          ORDER BY s.critical_due_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED)
@@ -2172,6 +2185,30 @@ END
 $$;
 COMMENT ON FUNCTION pyscheduler.claim_due_critical(integer, interval) IS
     'Scheduler, degraded mode: claim due critical schedules (SKIP LOCKED, batched) with a token for recording.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.claim_due_critical_shards(p_shards integer[], p_shard_count integer,
+                                                                 p_limit integer DEFAULT 100,
+                                                                 p_hold interval DEFAULT '30 seconds')
+RETURNS TABLE (id bigint, expected_at timestamptz, claim_token uuid)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* claim_due_critical_shards(p_shards, p_shard_count, p_limit => 100, p_hold => '30 seconds')
+       -> setof (id, expected_at, claim_token)
+   Degraded mode of some shards of a sharded index (Redis Cluster: a master
+   down and no replica promoted yet): as claim_due_critical, only the due
+   critical schedules whose shard (id mod p_shard_count) is in p_shards; the
+   other shards go on firing from Redis. Record as claim_due_critical's claims
+   (record_executions(..., p_tokens)).
+   Errors: PS312 p_shard_count outside 1..16384, p_shards empty or a shard
+   outside 0..p_shard_count - 1, p_limit outside 1..100000 or p_hold <= 0. */
+BEGIN
+    RETURN QUERY SELECT * FROM _claim_due_critical(p_limit, p_hold, now(), p_shards, p_shard_count);
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.claim_due_critical_shards(integer[], integer, integer, interval) IS
+    'Scheduler, degraded mode of some index shards: claim due critical schedules of those shards (id mod count).';
 
 CREATE OR REPLACE FUNCTION pyscheduler._purge_executions(p_batch integer, p_now timestamptz)
 RETURNS bigint
@@ -2270,8 +2307,8 @@ SELECT pyscheduler._grant('client', 'create_schedule', 'update_schedule', 'pause
                          'schedules_due_soon', 'schedules_late', 'schedules_paused', 'schedules_failing');
 SELECT pyscheduler._grant('scheduler', 'index_entries', 'index_page', 'resync_take', 'resync_progress',
                          'fire_details', 'record_executions', 'fire_task_schedules', 'stop_schedules',
-                         'claim_due_critical', 'purge_executions', 'get_schedule', 'retry_worst_case',
-                         'next_cron_time');
+                         'claim_due_critical', 'claim_due_critical_shards', 'purge_executions', 'get_schedule',
+                         'retry_worst_case', 'next_cron_time');
 -- the views call it for their readers
 SELECT pyscheduler._grant('client', '_may_see');
 SELECT pyscheduler._grant('monitor', '_may_see');

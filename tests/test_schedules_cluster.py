@@ -117,11 +117,11 @@ def test_claim_due_critical_shards_claims_only_those_shards(conn):
     conn.execute("SELECT pyscheduler.create_schedule(name => 'plain', target => 't', every => '10 seconds', "
                  "start_at => %s)", (start,))
     now = start + timedelta(milliseconds=1)
-    claim = "SELECT * FROM pyscheduler._claim_due_critical_shards(%s, 3, 100, '30 seconds', %s)"
-    got = conn.execute(claim, ([0, 2], now)).fetchall()
+    claim = "SELECT * FROM pyscheduler._claim_due_critical(100, '30 seconds', %s, %s, 3)"
+    got = conn.execute(claim, (now, [0, 2])).fetchall()
     assert len(got) == 20 and {r["id"] % 3 for r in got} == {0, 2}
-    assert {r["id"] % 3 for r in conn.execute(claim, ([1], now)).fetchall()} == {1}
-    assert conn.execute(claim, ([0, 1, 2], now)).fetchall() == []  # all claimed for 30 s
+    assert {r["id"] % 3 for r in conn.execute(claim, (now, [1])).fetchall()} == {1}
+    assert conn.execute(claim, (now, [0, 1, 2])).fetchall() == []  # all claimed for 30 s
     for shards, count in (([3], 3), ([], 3), ([None], 3), ([0], 0), (None, 3)):
         with pytest.raises(psycopg.Error) as err:
             conn.execute("SELECT * FROM pyscheduler.claim_due_critical_shards(%s, %s)", (shards, count))
