@@ -48,7 +48,7 @@ def fill(dsn: str, tasks: int, schedules: int, checks: int) -> None:
         for start in range(0, schedules, 10000):
             c.execute("SELECT pyscheduler.create_schedule(name => 's-' || lpad(i::text, 7, '0'), "
                       "every => ((i %% 60) + 1) * interval '1 minute', target => 'ticks', retry_attempts => 0) "
-                      "FROM generate_series(%s, %s) i", (start + 1, min(start + 10000, schedules)))
+                      "FROM generate_series(%s::int, %s::int) i", (start + 1, min(start + 10000, schedules)))
         c.execute("""
             INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts,
                                                          fired_at, lateness)
@@ -62,7 +62,7 @@ def fill(dsn: str, tasks: int, schedules: int, checks: int) -> None:
         for start in range(0, checks, 100000):
             c.execute("SELECT pyscheduler.add_check(entity_name => 'order', entity_key => i::text, job => 'sms', "
                       "kind => 'python', check_after => (i %% 2592000) * interval '1 second') "
-                      "FROM generate_series(%s, %s) i", (start + 1, min(start + 100000, checks)))
+                      "FROM generate_series(%s::int, %s::int) i", (start + 1, min(start + 100000, checks)))
         print(f"checks: {checks} in {time.monotonic() - t0:.0f}s", flush=True)
         c.execute("VACUUM ANALYZE")
 
