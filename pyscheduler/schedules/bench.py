@@ -36,7 +36,7 @@ import redis
 from ..config import bootstrap_option, dsn_option, redis_option
 from ..db import Database
 from ..delay.bench import OutputReader, percentiles
-from .index import Index, Shards, connect, is_cluster_url
+from .index import Shards, connect, is_cluster_url
 from .targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
 
 TARGETS = {"redis": 25_000, "postgres": 5_000, "steady_p99_ms": 50.0}
@@ -103,7 +103,7 @@ def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n:
     for k in range(n):
         out = open(os.path.join(logdir, f"executor-{k}.log"), "wb")
         profile = os.environ.get("PYSCHEDULER_BENCH_PROFILE")  # a directory: cProfile each executor there
-        main = ["-m", "pyscheduler.schedules.bench", os.path.join(profile, f"executor-{k}.prof")] if profile \
+        main = ["-m", "pyscheduler.schedules.profile", os.path.join(profile, f"executor-{k}.prof")] if profile \
             else ["-m", "pyscheduler.schedules"]
         procs.append(subprocess.Popen(
             [sys.executable, *main, "run", "--dsn", dsn, "--redis-url", redis_url,
@@ -322,7 +322,7 @@ def _report(echo, what: str, res: dict, target: float | None = None) -> None:
          + f"; lateness ms: {lat}; first fire +{res['first_ms']:.0f} ms; "
            f"{res['messages']} messages, {res['distinct']} distinct occurrences")
     cpu = res["cpu_us"]
-    echo(f"  CPU per firing (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+    echo("  CPU per firing (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
          + f", total {sum(cpu.values()):.1f}; load average {res['load']:.2f} at the start")
 
 
@@ -372,32 +372,3 @@ def bench(dsn, redis_url, kafka_bootstrap, scenario, n, seconds, executors, batc
             echo(f"steady: {stored} schedules stored, every {every:.0f}s, {due_per_s} due per second")
             _report(echo, "steady", fire_run(echo, db, dsn, redis_url, kafka_bootstrap, stored, every, every,
                                              seconds, executors, batch, degraded=False, shards=shards))
-
-
-def _profiled_executor(out: str) -> None:
-    """``python -m pyscheduler.schedules.bench OUT run ...``: the executor command with each
-    Executor's main loop under cProfile (stats written to OUT at stop); bench only."""
-    import cProfile
-    import logging
-    import threading
-
-    from .cli import group
-    from .executor import Executor, Recorder
-
-    def profiled(run, path):
-        def wrapper(*args):
-            prof = cProfile.Profile()
-            try:
-                prof.runcall(run, *args)
-            finally:
-                prof.dump_stats(path())
-        return wrapper
-
-    Executor.run = profiled(Executor.run, lambda: out)
-    Recorder.run = profiled(Recorder.run, lambda: f"{out}.{threading.current_thread().name.rsplit(':', 1)[-1]}")
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    group(prog_name="pyscheduler schedules")
-
-
-if __name__ == "__main__":
-    _profiled_executor(sys.argv.pop(1))
