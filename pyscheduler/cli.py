@@ -193,6 +193,12 @@ def _register_capabilities() -> None:
 _register_capabilities()
 
 
+def _register_dashboard() -> None:
+    from .dashboard.cli import dashboard_cmd
+
+    main.add_command(dashboard_cmd, "dashboard")
+
+
 def _register_peers() -> None:
     from .benchpeers.cli import bench as peers
 
@@ -200,3 +206,5 @@ def _register_peers() -> None:
 
 
 _register_peers()
+bench_group.add_command(importlib.import_module("pyscheduler.flatness").bench, "flatness")
+_register_dashboard()

@@ -361,8 +361,7 @@ def _when(run_at: datetime | timedelta | None) -> dict[str, Any]:
 
 
 def _max_attempts(max_attempts: int | None) -> int | None:
-    checked: int | None = integer("max_attempts", max_attempts, 1, 1000, optional=True)
-    return checked
+    return None if max_attempts is None else int(integer("max_attempts", max_attempts, 1, 1000))
 
 
 def _after(after: Iterable[str | UUID] | None) -> list[UUID] | None:
