@@ -47,31 +47,33 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 import redis
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Histogram
 
 from .. import egress
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
+from ..metrics import counter, gauge, histogram
 from .arrays import EpochMsArray, Int4Array, Int8Array
 from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Index, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
 
 log = logging.getLogger("pyscheduler.schedules")
 
-CLAIMED = Counter("pyscheduler_schedules_claimed", "Occurrences claimed (Redis and Postgres-only)", ["source"])
-FIRED = Counter("pyscheduler_schedules_fired", "Occurrences delivered to their target", ["target"])
-FAILED = Counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts")
-RETRIES = Counter("pyscheduler_schedules_retries", "Retries of failed tries")
-RECORDED = Counter("pyscheduler_schedules_recorded", "Executions recorded in PostgreSQL", ["outcome"])
-DUPLICATES = Counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
-RECOVERED = Counter("pyscheduler_schedules_recovered", "Stuck claims reset by the next-check")
-RESYNCED = Counter("pyscheduler_schedules_resynced", "Index members written by a resync")
-DEGRADED = Gauge("pyscheduler_schedules_degraded", "1 while Redis is unreachable (critical schedules fire "
+CLAIMED = counter("pyscheduler_schedules_claimed", "Occurrences claimed (Redis and Postgres-only)", ["source"])
+FIRED = counter("pyscheduler_schedules_fired", "Occurrences delivered to their target", ["target"])
+FAILED = counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts")
+RETRIES = counter("pyscheduler_schedules_retries", "Retries of failed tries")
+RECORDED = counter("pyscheduler_schedules_recorded", "Executions recorded in PostgreSQL", ["outcome"])
+DUPLICATES = counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
+RECOVERED = counter("pyscheduler_schedules_recovered", "Stuck claims reset by the next-check")
+RESYNCED = counter("pyscheduler_schedules_resynced", "Index members written by a resync")
+DEGRADED = gauge("pyscheduler_schedules_degraded", "1 while Redis is unreachable (critical schedules fire "
                                                    "from PostgreSQL)")
-POISON = Counter("pyscheduler_schedules_poison", "Occurrences stopped, or schedules left out of the index, because a "
+POISON = counter("pyscheduler_schedules_poison", "Occurrences stopped, or schedules left out of the index, because a "
                  "value could not be loaded or a row was refused (logged with the schedule id)", ["where"])
-LATENESS = Histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
+LATENESS = histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+SERIES = (CLAIMED, FIRED, FAILED, RETRIES, RECORDED, DUPLICATES, RECOVERED, RESYNCED, DEGRADED, POISON, LATENESS)
 
 
 @dataclass
@@ -104,6 +106,8 @@ class ExecutorConfig:
 
 class Executor:
     """One executor; ``run(stop)`` until stop is set. Several may run against one index."""
+
+    series = SERIES  # what a process running an executor exports (pyscheduler.metrics)
 
     def __init__(self, cfg: ExecutorConfig):
         self.cfg = cfg
@@ -248,8 +252,11 @@ class Executor:
             self.marker = res.marker
         elif not self.resyncing:
             self.resyncing = True
-            log.warning("Redis index incomplete (data lost, or first start): resyncing it from PostgreSQL, "
-                        "critical schedules first")
+            # a warning when the index this executor saw complete is gone (Redis lost its data);
+            # at start (a first start, or Redis restarted while no executor ran) only news
+            log.log(logging.WARNING if self.marker else logging.INFO,
+                    "Redis index incomplete (%s): resyncing it from PostgreSQL, critical schedules first",
+                    "data lost" if self.marker else "first start, or Redis lost its data meanwhile")
         if res.claimed:
             CLAIMED.labels("redis").inc(len(res.claimed))
             more = min(cfg.batch, room - len(res.claimed))
@@ -527,7 +534,7 @@ class Executor:
         elif self.index.finish_resync(sync_id):
             self.resyncing = False
             self.marker = sync_id
-            log.warning("Redis index resynced from PostgreSQL (sync %s)", sync_id)
+            log.info("Redis index resynced from PostgreSQL (sync %s)", sync_id)
 
     # -- degraded mode -------------------------------------------------------------
 
