@@ -14,9 +14,11 @@ from types import ModuleType
 import click
 
 from . import __version__, migrate as migrations
-from .config import kafka_settings_option, option, require_dsn, servers_options
-from .daemon import RunContext, install_signal_handlers, run_daemons
-from .errors import SchedulerError
+from pathlib import Path
+
+from .config import http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options
+from .daemon import RunContext, install_signal_handlers
+from .errors import ConfigError, SchedulerError
 
 log = logging.getLogger("pyscheduler")
 
@@ -99,13 +101,19 @@ def migrate_cmd(dsn, kafka_bootstrap, redis_url, list_, dry_run, **role_names) -
                f"in {time.monotonic() - started:.2f}s")
 
 
-def _stack(dsn, kafka_bootstrap, redis_url):
+def _stack(dsn, kafka_bootstrap, redis_url, data_dir: Path | None = None):
     from .embedded import Stack
 
     if dsn:  # configured servers only; a capability whose server is missing is skipped
+        reachable_or_fail(dsn)
         return Stack(dsn=dsn, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
-    click.echo("no database configured: starting the embedded PostgreSQL, Kafka broker and Redis ...")
-    return Stack(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url).start()
+    if data_dir is None:
+        click.echo("no database configured: starting the embedded PostgreSQL, Kafka broker and Redis in a "
+                   "temporary directory, removed at exit (--data-dir DIR keeps their data) ...")
+    else:
+        click.echo(f"no database configured: starting the embedded PostgreSQL, Kafka broker and Redis with their "
+                   f"data in {data_dir} (kept across restarts; the broker keeps topics in memory only) ...")
+    return Stack(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, data_dir=data_dir).start()
 
 
 def _print_connect(stack) -> None:
@@ -121,11 +129,19 @@ def _print_connect(stack) -> None:
 @servers_options
 @kafka_settings_option
 @click.option("--no-migrate", is_flag=True, help="Do not migrate before starting.")
-def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate) -> None:
+@option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+        help="Keep the embedded servers' data here across restarts (default: a temporary directory removed "
+             "at exit). Only without --dsn.")
+@http_options()
+def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate, data_dir, http_port, http_host) -> None:
     """Run the daemons of every capability (embedded servers when no DSN is configured)."""
+    from .metrics_http import run_serving
+
+    if dsn and data_dir is not None:
+        raise click.UsageError("--data-dir is for the embedded servers: give it or --dsn, not both")
     stop = threading.Event()
     install_signal_handlers(stop)
-    stack = _stack(dsn, kafka_bootstrap, redis_url)
+    stack = _stack(dsn, kafka_bootstrap, redis_url, data_dir)
     try:
         if not no_migrate:
             migrations.migrate(stack.dsn)
@@ -137,11 +153,15 @@ def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate) -> None
             if module is None:
                 log.info("%s: not built yet", title)
                 continue
-            daemons += module.daemons(ctx)
+            try:
+                daemons += module.daemons(ctx)
+            except ConfigError as exc:  # a PYSCHEDULER_<CAPABILITY>_* value the daemon refuses
+                raise click.UsageError(str(exc)) from None
         _print_connect(stack)
         click.echo(f"running {', '.join(d.name for d in daemons) or 'no daemons'}; Ctrl-C or SIGTERM stops")
         sys.stdout.flush()
-        code = run_daemons(daemons, stop)
+        code = run_serving(daemons, stop, http_host, http_port, dsn=stack.dsn, kafka_bootstrap=stack.kafka_bootstrap,
+                           kafka_settings=kafka_settings, redis_url=stack.redis_url)
     finally:
         stack.stop()
     click.echo("stopped")
