@@ -375,7 +375,7 @@ class _Rerun(Exception):
 
 
 OUTCOMES = metrics.counter("pyscheduler_checks_outcomes", "Checks this runner ran or ended, by outcome (done, "
-                           "next: rescheduled, max_checks, horizon, past, timeout, error, deleted, task: handed "
+                           "rescheduled, max_checks, horizon, past, timeout, error, deleted, task: handed "
                            "to a task worker)", ["outcome"])
 SLOT_LAG = metrics.gauge("pyscheduler_checks_slot_lag_seconds", "How late the runner began its last slot (database "
                          "clock minus the slot's start)")
