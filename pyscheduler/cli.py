@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .config import http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options
 from .daemon import RunContext, install_signal_handlers
-from .errors import ConfigError, SchedulerError
+from .errors import ConfigError, InvalidArgument, SchedulerError
 
 log = logging.getLogger("pyscheduler")
 
@@ -43,7 +43,10 @@ def capability(name: str) -> ModuleType | None:
 
 
 class Main(click.Group):
-    """Turns pyscheduler's own errors into one line on stderr and exit code 1."""
+    """Turns pyscheduler's own errors into one line on stderr and exit code 1; 2 for a value the
+    database refused as invalid (InvalidArgument: a bad flag value it is the judge of, such as
+    a cron expression, a run_at before 1970 or a check job that does not exist), as for the
+    values click refuses."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -52,7 +55,7 @@ class Main(click.Group):
             click.echo(f"error: {exc}", err=True)
             if getattr(exc, "hint", None):
                 click.echo(f"hint: {exc.hint}", err=True)
-            ctx.exit(1)
+            ctx.exit(2 if isinstance(exc, InvalidArgument) else 1)
 
 
 @click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
