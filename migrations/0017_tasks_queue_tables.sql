@@ -16,6 +16,10 @@ DROP FUNCTION IF EXISTS pyscheduler.submit_task(text, jsonb, bigint);
 DROP FUNCTION IF EXISTS pyscheduler.submit_tasks(text, jsonb, bigint);
 DROP FUNCTION IF EXISTS pyscheduler._submit_task(text, jsonb, bigint, timestamptz);
 DROP FUNCTION IF EXISTS pyscheduler._submit_tasks(text, jsonb, bigint, timestamptz);
+--  * lease_tasks_lean answers each lease's attempt too (a new column).
+DROP FUNCTION IF EXISTS pyscheduler.lease_tasks_lean(text, text, integer, interval, double precision, bigint);
+DROP FUNCTION IF EXISTS pyscheduler._lease_tasks_lean(text, text, integer, interval, double precision, bigint,
+                                                      timestamptz);
 
 ALTER TABLE pyscheduler.tasks
     ADD COLUMN run_at timestamptz,

@@ -223,3 +223,4 @@ def _register_peers() -> None:
 
 
 _register_peers()
+bench_group.add_command(importlib.import_module("pyscheduler.flatness").bench, "flatness")

@@ -668,7 +668,8 @@ $$;
 -- after ending lost task jobs as 'timeout' and applying clients' requests no runner applied).
 -- Locks what it returns (FOR UPDATE SKIP LOCKED).
 -- Both passes are one range scan of checks_due_idx in take order:
--- (next_check_at, id) > (lo, after) AND next_check_at <= hi.
+-- (next_check_at, id) > (lo, after) AND next_check_at <= hi, skipping the checks handed to a
+-- task job (they keep their slot while the task runs: no more than tasks in flight).
 CREATE OR REPLACE FUNCTION pyscheduler._take_checks(
     p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_after bigint, p_now timestamptz)
 RETURNS SETOF pyscheduler.future_check
@@ -678,6 +679,7 @@ SET search_path = pyscheduler, pg_temp
 -- a small table the planner would sort a seq or bitmap scan of the whole slot instead
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_indexscan = on  -- whatever the session set
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1343,69 +1345,142 @@ BEGIN
 END
 $$;
 
+-- _check_cursor(name, at, id): PS408 unless a keyset cursor is both halves or none.
+CREATE OR REPLACE FUNCTION pyscheduler._check_cursor(p_name text, p_at timestamptz, p_id bigint)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF (p_at IS NULL) <> (p_id IS NULL) THEN
+        RAISE EXCEPTION 'give both %_at and %_id (the last row''s), or neither', p_name, p_name
+            USING ERRCODE = 'PS408', HINT = 'The next page starts after the last row of this one.';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.list_checks(
-    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100)
+    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100,
+    after_at timestamptz DEFAULT NULL, after_id bigint DEFAULT NULL)
 RETURNS SETOF pyscheduler.future_check
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
+-- a page walks checks_due_idx from the cursor on and stops at max, or reads one entity's
+-- checks (checks_entity_job_key): never the whole table
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
-/* list_checks(entity_name => NULL, entity_key => NULL, job => NULL, max => 100) -> setof check
+/* list_checks(entity_name => NULL, entity_key => NULL, job => NULL, max => 100,
+               after_at => NULL, after_id => NULL) -> setof check
    Pending checks matching every filter given (NULL = any), soonest first
-   (a check handed to a task job is listed with the slot it ran in; one a
-   client asked to delete while a runner held it is left out). The payload of
-   a check the caller may not act on (another role's) is NULL. Errors: PS401
-   (an entity_key without entity_name), PS406 max. */
+   (next_check_at, then id), at most max (a check handed to a task job is
+   listed with the slot it ran in; one a client asked to delete while a
+   runner held it is left out). The payload of a check the caller may not act
+   on (another role's) is NULL. Keyset pagination: pass the last row's
+   next_check_at and id as after_at and after_id to get the next page. A walk
+   returns every check that stays pending once, even while others are added (a
+   check that runs and is rescheduled meanwhile moves to its new slot). With
+   entity_key, a page reads that entity's checks; otherwise the checks from
+   the cursor on in order, the other filters checked on the way (a filter that
+   matches few of many checks reads the ones it skips). Errors: PS401 (an
+   entity_key without entity_name), PS406 max, PS408 half a cursor. */
 #variable_conflict use_column
+DECLARE
+    v_at timestamptz := coalesce(list_checks.after_at, '-infinity');
+    v_id bigint := coalesce(list_checks.after_id, 0);
 BEGIN
     PERFORM pyscheduler._check_filters(list_checks.entity_name, list_checks.entity_key, list_checks.max);
+    PERFORM pyscheduler._check_cursor('after', list_checks.after_at, list_checks.after_id);
+    IF list_checks.entity_key IS NOT NULL THEN
+        RETURN QUERY
+        SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind,
+               CASE WHEN pyscheduler._may_act(c.owner) THEN c.payload END, c.first_check_at, c.next_check_at,
+               c.check_count, c.max_checks, c.created, c.owner
+          FROM checks c
+         WHERE c.entity_name = list_checks.entity_name AND c.entity_key = list_checks.entity_key
+           AND (list_checks.job IS NULL OR c.job = list_checks.job)
+           AND (c.next_check_at, c.id) > (v_at, v_id)
+           AND NOT EXISTS (SELECT 1 FROM check_requests r WHERE r.check_id = c.id AND r.delete_by IS NOT NULL)
+         ORDER BY c.next_check_at, c.id
+         LIMIT list_checks.max;
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind,
            CASE WHEN pyscheduler._may_act(c.owner) THEN c.payload END, c.first_check_at, c.next_check_at,
            c.check_count, c.max_checks, c.created, c.owner
       FROM checks c
-     WHERE (list_checks.entity_name IS NULL OR c.entity_name = list_checks.entity_name)
-       AND (list_checks.entity_key IS NULL OR c.entity_key = list_checks.entity_key)
+     WHERE (c.next_check_at, c.id) > (v_at, v_id)
+       AND (list_checks.entity_name IS NULL OR c.entity_name = list_checks.entity_name)
        AND (list_checks.job IS NULL OR c.job = list_checks.job)
        AND NOT EXISTS (SELECT 1 FROM check_requests r WHERE r.check_id = c.id AND r.delete_by IS NOT NULL)
      ORDER BY c.next_check_at, c.id
      LIMIT list_checks.max;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_checks(text, text, text, integer) IS
-    'Pending checks matching the filters given, soonest first (another role''s without their payload).';
+COMMENT ON FUNCTION pyscheduler.list_checks(text, text, text, integer, timestamptz, bigint) IS
+    'Pending checks matching the filters given, soonest first (another role''s without their payload); a page '
+    'from (after_at, after_id) on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.check_history(
-    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100)
+    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100,
+    before_at timestamptz DEFAULT NULL, before_id bigint DEFAULT NULL)
 RETURNS SETOF pyscheduler.ended_check
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
+-- a page walks check_history_ended_idx backwards from the cursor and stops at max, or reads
+-- one entity's history (check_history_entity_idx): never the whole table
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
-/* check_history(entity_name => NULL, entity_key => NULL, job => NULL, max => 100) -> setof ended check
+/* check_history(entity_name => NULL, entity_key => NULL, job => NULL, max => 100,
+                 before_at => NULL, before_id => NULL) -> setof ended check
    Checks that left: outcome done, max_checks, horizon, past, timeout, error
    (with the error text) or deleted; time taken by the last run and in
    total; the role that added it. The payload and error of a check the
-   caller may not act on (another role's) are NULL. Newest first; kept for
-   history_retention (purge_check_history). Errors: PS401, PS406 max. */
+   caller may not act on (another role's) are NULL. Newest first (ended, then
+   id), at most max; kept for history_retention (purge_check_history).
+   Keyset pagination: pass the last row's ended and id as before_at and
+   before_id to get the next (older) page. With entity_key, a page reads that
+   entity's history; otherwise the history from the cursor back, the other
+   filters checked on the way. Errors: PS401, PS406 max, PS408 half a cursor. */
 #variable_conflict use_column
+DECLARE
+    v_at timestamptz := coalesce(check_history.before_at, 'infinity');
+    v_id bigint := coalesce(check_history.before_id, 9223372036854775807);
 BEGIN
     PERFORM pyscheduler._check_filters(check_history.entity_name, check_history.entity_key, check_history.max);
+    PERFORM pyscheduler._check_cursor('before', check_history.before_at, check_history.before_id);
+    IF check_history.entity_key IS NOT NULL THEN
+        RETURN QUERY
+        SELECT h.id, h.entity_name, h.entity_key, h.job, h.kind, CASE WHEN v.may THEN h.payload END, h.first_check_at,
+               h.last_check_at, h.check_count, h.outcome, CASE WHEN v.may THEN h.error END, h.last_took, h.total_took,
+               h.created, h.ended, h.owner
+          FROM pyscheduler.check_history h, LATERAL (SELECT pyscheduler._may_act(h.owner) AS may) v
+         WHERE h.entity_name = check_history.entity_name AND h.entity_key = check_history.entity_key
+           AND (check_history.job IS NULL OR h.job = check_history.job)
+           AND (h.ended, h.id) < (v_at, v_id)
+         ORDER BY h.ended DESC, h.id DESC
+         LIMIT check_history.max;
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT h.id, h.entity_name, h.entity_key, h.job, h.kind, CASE WHEN v.may THEN h.payload END, h.first_check_at,
            h.last_check_at, h.check_count, h.outcome, CASE WHEN v.may THEN h.error END, h.last_took, h.total_took,
            h.created, h.ended, h.owner
-      FROM pyscheduler.check_history h, LATERAL (SELECT pyscheduler._may_act(h.owner) AS may) v
-     WHERE (check_history.entity_name IS NULL OR h.entity_name = check_history.entity_name)
-       AND (check_history.entity_key IS NULL OR h.entity_key = check_history.entity_key)
-       AND (check_history.job IS NULL OR h.job = check_history.job)
-     ORDER BY h.ended DESC, h.id DESC
-     LIMIT check_history.max;
+      FROM (SELECT h.* FROM pyscheduler.check_history h
+             WHERE (h.ended, h.id) < (v_at, v_id)
+               AND (check_history.entity_name IS NULL OR h.entity_name = check_history.entity_name)
+               AND (check_history.job IS NULL OR h.job = check_history.job)
+             ORDER BY h.ended DESC, h.id DESC
+             LIMIT check_history.max) h,
+           LATERAL (SELECT pyscheduler._may_act(h.owner) AS may) v
+     ORDER BY h.ended DESC, h.id DESC;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.check_history(text, text, text, integer) IS
+COMMENT ON FUNCTION pyscheduler.check_history(text, text, text, integer, timestamptz, bigint) IS
     'Ended checks (outcome, error, times taken) matching the filters given, newest first (another role''s without '
-    'payload and error).';
+    'payload and error); a page from (before_at, before_id) back (keyset).';
 
 -- _purge_check_history(batch, now): purge_check_history with the clock as a parameter (tests).
 CREATE OR REPLACE FUNCTION pyscheduler._purge_check_history(p_batch integer, p_now timestamptz)
@@ -1458,32 +1533,257 @@ CREATE OR REPLACE VIEW pyscheduler._current_check_slot AS
       FROM (SELECT (extract(epoch FROM s.value::interval) * 1000000)::bigint AS us
               FROM pyscheduler.settings s WHERE s.name = 'checks_resolution') r;
 
-CREATE OR REPLACE VIEW pyscheduler.checks_per_slot AS
-    SELECT c.next_check_at AS slot, count(*) AS checks,
-           count(*) FILTER (WHERE c.kind = 'sql') AS sql_jobs,
-           count(*) FILTER (WHERE c.kind = 'python') AS python_jobs,
-           count(*) FILTER (WHERE c.kind = 'task') AS task_jobs
-      FROM pyscheduler.checks c, pyscheduler._current_check_slot cur
-     WHERE c.claim IS NULL AND c.next_check_at >= cur.slot
-     GROUP BY c.next_check_at;
-COMMENT ON VIEW pyscheduler.checks_per_slot IS 'Pending checks per upcoming slot (the current one included), by job kind.';
+-- ---------------------------------------------------------------- counts
+--
+-- checks_per_slot and check_outcomes count from tables kept by triggers, not from the checks
+-- and their history (design.md: a read path never scans a table). Statement triggers with
+-- transition tables: every writer is counted, whatever the path (a runner's batch, a client,
+-- an operator's UPDATE), for one INSERT of a few aggregated rows per statement (measured
+-- within noise of the runner's cycle and of add_check). The rows are deltas, appended
+-- (appends never wait for each other: a counter row per slot would make every client adding
+-- a check to the coming slot wait for the others to commit); one writing statement in 50 folds
+-- them (_fold_check_counts), dropping what no reader needs any more: slots before the current
+-- one (checks_per_slot shows the current one on) and hours before yesterday's
+-- (check_outcomes covers the last day).
 
+-- _check_slot_counts: pending checks no task job holds (claim IS NULL), per slot and kind.
+CREATE OR REPLACE FUNCTION pyscheduler._checks_inserted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    INSERT INTO _check_slot_counts (slot, kind, n)
+    SELECT c.next_check_at, c.kind, count(*) FROM new_checks c WHERE c.claim IS NULL GROUP BY 1, 2;
+    IF random() < 0.02 THEN
+        PERFORM _fold_check_counts();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._checks_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    INSERT INTO _check_slot_counts (slot, kind, n)
+    SELECT c.next_check_at, c.kind, -count(*) FROM old_checks c WHERE c.claim IS NULL GROUP BY 1, 2;
+    IF random() < 0.02 THEN
+        PERFORM _fold_check_counts();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._checks_updated()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    INSERT INTO _check_slot_counts (slot, kind, n)
+    SELECT x.slot, x.kind, sum(x.n)
+      FROM (SELECT c.next_check_at AS slot, c.kind, -1 AS n FROM old_checks c WHERE c.claim IS NULL
+            UNION ALL
+            SELECT c.next_check_at, c.kind, 1 FROM new_checks c WHERE c.claim IS NULL) x
+     GROUP BY 1, 2
+    HAVING sum(x.n) <> 0;
+    IF random() < 0.02 THEN
+        PERFORM _fold_check_counts();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- _check_outcome_counts: per hour of ended, job and outcome: how many, the sum and number of
+-- last_took (for the average), the largest last_took, the sum of check_count. A purge
+-- subtracts what it deletes (the largest stays: only a history_retention under a day purges
+-- rows check_outcomes still covers).
+CREATE OR REPLACE FUNCTION pyscheduler._history_inserted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    INSERT INTO _check_outcome_counts (hour, job, outcome, n, n_took, sum_took, max_took, sum_runs)
+    SELECT date_trunc('hour', h.ended), h.job, h.outcome, count(*), count(h.last_took), sum(h.last_took),
+           max(h.last_took), sum(h.check_count)
+      FROM new_history h GROUP BY 1, 2, 3;
+    IF random() < 0.02 THEN
+        PERFORM _fold_check_counts();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._history_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    INSERT INTO _check_outcome_counts (hour, job, outcome, n, n_took, sum_took, max_took, sum_runs)
+    SELECT date_trunc('hour', h.ended), h.job, h.outcome, -count(*), -count(h.last_took), -sum(h.last_took),
+           NULL, -sum(h.check_count)
+      FROM old_history h
+     WHERE h.ended >= date_trunc('hour', now() - interval '1 day')  -- older hours are not kept
+     GROUP BY 1, 2, 3;
+    RETURN NULL;
+END
+$$;
+
+-- (pyscheduler never updates the history; an operator may)
+CREATE OR REPLACE FUNCTION pyscheduler._history_updated()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    INSERT INTO _check_outcome_counts (hour, job, outcome, n, n_took, sum_took, max_took, sum_runs)
+    SELECT x.hour, x.job, x.outcome, sum(x.n), sum(x.n_took), sum(x.sum_took), max(x.max_took), sum(x.sum_runs)
+      FROM (SELECT date_trunc('hour', h.ended) AS hour, h.job, h.outcome, -1 AS n, -(h.last_took IS NOT NULL)::int AS n_took,
+                   -h.last_took AS sum_took, NULL::interval AS max_took, -h.check_count AS sum_runs
+              FROM old_history h WHERE h.ended >= date_trunc('hour', now() - interval '1 day')
+            UNION ALL
+            SELECT date_trunc('hour', h.ended), h.job, h.outcome, 1, (h.last_took IS NOT NULL)::int, h.last_took,
+                   h.last_took, h.check_count
+              FROM new_history h WHERE h.ended >= date_trunc('hour', now() - interval '1 day')) x
+     GROUP BY 1, 2, 3;
+    RETURN NULL;
+END
+$$;
+
+-- _fold_check_counts(): replace the deltas no other transaction is folding by their sums,
+-- without the slots and hours no reader needs any more.
+CREATE OR REPLACE FUNCTION pyscheduler._fold_check_counts()
+RETURNS void
+LANGUAGE sql
+SET search_path = pyscheduler, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM pyscheduler._check_slot_counts c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._check_slot_counts x FOR UPDATE SKIP LOCKED))
+        RETURNING c.*)
+    INSERT INTO pyscheduler._check_slot_counts (slot, kind, n)
+    SELECT g.slot, g.kind, sum(g.n) FROM gone g, pyscheduler._current_check_slot cur
+     WHERE g.slot >= cur.slot
+     GROUP BY 1, 2 HAVING sum(g.n) <> 0;
+    WITH gone AS (
+        DELETE FROM pyscheduler._check_outcome_counts c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._check_outcome_counts x FOR UPDATE SKIP LOCKED))
+        RETURNING c.*)
+    INSERT INTO pyscheduler._check_outcome_counts (hour, job, outcome, n, n_took, sum_took, max_took, sum_runs)
+    SELECT g.hour, g.job, g.outcome, sum(g.n), sum(g.n_took), sum(g.sum_took), max(g.max_took), sum(g.sum_runs)
+      FROM gone g
+     WHERE g.hour >= date_trunc('hour', now() - interval '1 day')
+     GROUP BY 1, 2, 3 HAVING sum(g.n) <> 0;
+$$;
+
+-- _check_count_all(): the counts from the tables themselves, once (a database from before
+-- migration 0018, or after rows were written with the triggers disabled: delete the setting
+-- 'checks_counted' and run pyscheduler migrate). Writers wait while it counts (SHARE locks).
+CREATE OR REPLACE FUNCTION pyscheduler._check_count_all()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE pyscheduler.checks, pyscheduler.check_history IN SHARE MODE;
+    DELETE FROM _check_slot_counts;
+    INSERT INTO _check_slot_counts (slot, kind, n)
+    SELECT c.next_check_at, c.kind, count(*) FROM checks c, _current_check_slot cur
+     WHERE c.claim IS NULL AND c.next_check_at >= cur.slot GROUP BY 1, 2;
+    DELETE FROM _check_outcome_counts;
+    INSERT INTO _check_outcome_counts (hour, job, outcome, n, n_took, sum_took, max_took, sum_runs)
+    SELECT date_trunc('hour', h.ended), h.job, h.outcome, count(*), count(h.last_took), sum(h.last_took),
+           max(h.last_took), sum(h.check_count)
+      FROM check_history h WHERE h.ended >= date_trunc('hour', now() - interval '1 day') GROUP BY 1, 2, 3;
+    INSERT INTO settings (name, value) VALUES ('checks_counted', now()::text)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER checks_inserted AFTER INSERT ON pyscheduler.checks
+    REFERENCING NEW TABLE AS new_checks FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_inserted();
+CREATE OR REPLACE TRIGGER checks_updated AFTER UPDATE ON pyscheduler.checks
+    REFERENCING OLD TABLE AS old_checks NEW TABLE AS new_checks
+    FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_updated();
+CREATE OR REPLACE TRIGGER checks_deleted AFTER DELETE ON pyscheduler.checks
+    REFERENCING OLD TABLE AS old_checks FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_deleted();
+CREATE OR REPLACE TRIGGER history_inserted AFTER INSERT ON pyscheduler.check_history
+    REFERENCING NEW TABLE AS new_history FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._history_inserted();
+CREATE OR REPLACE TRIGGER history_updated AFTER UPDATE ON pyscheduler.check_history
+    REFERENCING OLD TABLE AS old_history NEW TABLE AS new_history
+    FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._history_updated();
+CREATE OR REPLACE TRIGGER history_deleted AFTER DELETE ON pyscheduler.check_history
+    REFERENCING OLD TABLE AS old_history FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._history_deleted();
+-- TRUNCATE (an operator emptying a table): the counts go with the rows
+CREATE OR REPLACE FUNCTION pyscheduler._checks_truncated()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'checks' THEN
+        DELETE FROM _check_slot_counts;
+    ELSE
+        DELETE FROM _check_outcome_counts;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER checks_truncated AFTER TRUNCATE ON pyscheduler.checks
+    FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_truncated();
+CREATE OR REPLACE TRIGGER history_truncated AFTER TRUNCATE ON pyscheduler.check_history
+    FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_truncated();
+-- in the transaction that creates the triggers (the post-apply step of migrate)
+DO $count$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pyscheduler.settings WHERE name = 'checks_counted') THEN
+        PERFORM pyscheduler._check_count_all();
+    END IF;
+END
+$count$;
+
+-- Views (psql). None reads more than the rows it shows: the counts above, or a walk of an index
+-- in the view's order (a LIMIT stops it).
+CREATE OR REPLACE VIEW pyscheduler.checks_per_slot AS
+    SELECT c.slot, sum(c.n)::bigint AS checks,
+           coalesce(sum(c.n) FILTER (WHERE c.kind = 'sql'), 0)::bigint AS sql_jobs,
+           coalesce(sum(c.n) FILTER (WHERE c.kind = 'python'), 0)::bigint AS python_jobs,
+           coalesce(sum(c.n) FILTER (WHERE c.kind = 'task'), 0)::bigint AS task_jobs
+      FROM pyscheduler._check_slot_counts c, pyscheduler._current_check_slot cur
+     WHERE c.slot >= cur.slot
+     GROUP BY c.slot
+    HAVING sum(c.n) > 0
+     ORDER BY c.slot;
+COMMENT ON VIEW pyscheduler.checks_per_slot IS
+    'Pending checks per upcoming slot (the current one included), by job kind, soonest first (kept counts).';
+
+-- overdue_checks: one walk of checks_due_idx from its start, in the view's order (a LIMIT stops
+-- it); the bound is a scalar subquery, so it is an index condition.
 CREATE OR REPLACE VIEW pyscheduler.overdue_checks AS
-    SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at,
-           now() - c.next_check_at AS overdue,
+    SELECT c.id, c.entity_name, c.entity_key, c.job, c.kind, c.next_check_at, now() - c.next_check_at AS overdue,
            CASE WHEN c.claim IS NULL THEN 'missed slot' ELSE 'task late' END AS why
-      FROM pyscheduler.checks c, pyscheduler._current_check_slot cur
-     WHERE (c.claim IS NULL AND c.next_check_at < cur.slot) OR (c.claim IS NOT NULL AND c.claim_until < now());
+      FROM pyscheduler.checks c
+     WHERE c.next_check_at < (SELECT cur.slot FROM pyscheduler._current_check_slot cur)
+       AND (c.claim IS NULL OR c.claim_until < now())
+     ORDER BY c.next_check_at, c.id;
 COMMENT ON VIEW pyscheduler.overdue_checks IS
-    'Checks of slots already past (runners down or behind) and task jobs past their task_timeout.';
+    'Checks of slots already past (runners down or behind) and task jobs past their task_timeout, oldest first.';
 
 CREATE OR REPLACE VIEW pyscheduler.check_outcomes AS
-    SELECT h.job, h.outcome, count(*) AS checks, avg(h.last_took) AS avg_last_took,
-           max(h.last_took) AS max_last_took, avg(h.check_count)::numeric(10, 2) AS avg_runs
-      FROM pyscheduler.check_history h
-     WHERE h.ended > now() - interval '1 day'
-     GROUP BY h.job, h.outcome;
-COMMENT ON VIEW pyscheduler.check_outcomes IS 'History outcomes per job over the last day.';
+    SELECT c.job, c.outcome, sum(c.n)::bigint AS checks,
+           sum(c.sum_took) / nullif(sum(c.n_took), 0)::float8 AS avg_last_took,
+           max(c.max_took) AS max_last_took, (sum(c.sum_runs)::numeric / sum(c.n))::numeric(10, 2) AS avg_runs
+      FROM pyscheduler._check_outcome_counts c
+     WHERE c.hour >= date_trunc('hour', now() - interval '1 day')
+     GROUP BY c.job, c.outcome
+    HAVING sum(c.n) > 0;
+COMMENT ON VIEW pyscheduler.check_outcomes IS
+    'History outcomes per job over the last day, in whole hours (kept counts).';
 
 SELECT pyscheduler._grant('client', 'add_check', 'delete_checks', 'list_checks', 'check_history', 'slot_round',
                           'check_slots', 'checks_per_slot', 'overdue_checks', 'check_outcomes');

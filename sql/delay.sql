@@ -24,7 +24,9 @@
 -- statistics the planner picks a sequential scan and a sort for "the earliest waiting
 -- deadlines", whose cost then grows with the backlog it creates (seen in the relay bench:
 -- 2,000-row claims taking over half a second, 10,000 msg/s collapsing to 1,000). With
--- them off, each lookup is an index scan whatever the statistics say.
+-- them off, each lookup is an index scan whatever the statistics say; enable_indexscan is
+-- set on too, so a session that turned it off does not change these plans either. The
+-- views' functions (_delay_queue, _delay_ready_by_node) likewise.
 
 -- _delay_headers_ok(headers): NULL, or a JSON array of objects with exactly one
 -- key each (the seed's [{"k1": "v1"}, {"k2": "v2"}]). A plain SQL function (no SET
@@ -115,7 +117,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._enqueue_messages(
 RETURNS TABLE (ord integer, id text, outcome text)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -171,6 +173,8 @@ BEGIN
         SELECT k.id, k.deadline, coalesce(k.headers, '[]'::jsonb), k.key, k.value FROM keeper k
         ON CONFLICT ON CONSTRAINT delay_messages_pkey DO NOTHING
         RETURNING m.id
+    ), counted AS (  -- see _delay_counts below
+        INSERT INTO pyscheduler._delay_counts (n) SELECT count(*) FROM inserted HAVING count(*) > 0
     )
     SELECT i.ord, i.id,
            CASE WHEN i.ord = k.ord AND s.id IS NOT NULL THEN 'enqueued'
@@ -186,6 +190,9 @@ BEGIN
     IF v_new IS NOT NULL AND v_new - _enqueue_messages.advance <= p_now + _enqueue_messages.wake_within
        AND (v_head IS NULL OR v_new < v_head) THEN
         PERFORM pyscheduler._notify_throttled('pyscheduler_delay', v_new::text, interval '10 milliseconds');
+    END IF;
+    IF random() < 0.02 THEN
+        PERFORM pyscheduler._delay_fold_counts();
     END IF;
 END
 $$;
@@ -287,7 +294,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._ready_and_claim(node uuid, advance inter
 RETURNS TABLE (id text, deadline timestamptz, headers jsonb, key bytea, value bytea, readied_at timestamptz)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -355,7 +362,7 @@ RETURNS TABLE (id text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 /* delete_fired(ids, node) -> TABLE (id)
 
@@ -373,9 +380,14 @@ BEGIN
            AND m.readied_at IS NOT NULL
            AND (delete_fired.node IS NULL OR m.readied_by = delete_fired.node)
         RETURNING m.id
+    ), counted AS (  -- see _delay_counts below
+        INSERT INTO pyscheduler._delay_counts (n) SELECT -count(*) FROM gone HAVING count(*) > 0
     )
     SELECT DISTINCT i FROM unnest(delete_fired.ids) i
      WHERE i IS NOT NULL AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = i);
+    IF random() < 0.02 THEN
+        PERFORM pyscheduler._delay_fold_counts();
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.delete_fired(text[], uuid) IS
@@ -388,7 +400,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._reset_stuck(hold interval DEFAULT '5 sec
 RETURNS TABLE (id text, suspected_node uuid, readied_at timestamptz)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -446,7 +458,7 @@ RETURNS timestamptz
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 /* next_deadline(after) -> timestamptz
 
@@ -468,7 +480,7 @@ RETURNS boolean
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
-SET enable_seqscan = off SET enable_bitmapscan = off  -- see _delay_plans below
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 /* cancel_message(id) -> boolean
 
@@ -479,37 +491,141 @@ AS $$
         DELETE FROM pyscheduler.delay_messages m
          WHERE m.id = cancel_message.id AND m.readied_at IS NULL
         RETURNING 1
+    ), counted AS (  -- see _delay_counts below
+        INSERT INTO pyscheduler._delay_counts (n) SELECT -count(*) FROM gone HAVING count(*) > 0
     )
     SELECT EXISTS (SELECT 1 FROM gone);
 $$;
 COMMENT ON FUNCTION pyscheduler.cancel_message(text) IS
     'Delay queue: cancel a waiting message; false when absent or already being fired.';
 
--- Views for psql. now() is the transaction time of the query.
+-- _delay_counts: what delay_queue counts with, instead of counting the table (design.md: a
+-- read path never scans a table). Its rows sum to the number of stored messages (waiting +
+-- ready). Every statement that stores or deletes messages appends one row, its delta, in its
+-- own transaction (enqueue: +n, delete_fired and cancel_message: -n; a claim and a reset only
+-- move messages between waiting and ready, which changes no count); appending never waits for
+-- another writer, as one counter row updated by all would (a client's transaction that cancels
+-- a message would hold it until it commits). One writing statement in 50 folds the deltas into
+-- one row (_delay_fold_counts), so readers sum a few dozen rows. The ready messages are
+-- counted where they are, in delay_messages_ready_idx: claimed and not yet fired, their number
+-- is bounded by what the relays hold in flight (batch x nodes, plus what a dead node held until
+-- reset_stuck), not by what is stored; waiting = stored - ready.
+
+-- _delay_fold_counts(): replace the deltas no other transaction is folding by their sum.
+CREATE OR REPLACE FUNCTION pyscheduler._delay_fold_counts()
+RETURNS void
+LANGUAGE sql
+SET search_path = pyscheduler, pg_temp
+AS $$
+    WITH gone AS (
+        DELETE FROM pyscheduler._delay_counts c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._delay_counts x FOR UPDATE SKIP LOCKED))
+        RETURNING c.n)
+    INSERT INTO pyscheduler._delay_counts (n) SELECT sum(g.n) FROM gone g HAVING count(*) > 0;
+$$;
+
+-- _delay_count_all(): the counts from the table itself, once (a database from before
+-- migration 0018, or after rows were written by hand: delete the setting 'delay_counted' and
+-- run pyscheduler migrate). Writers wait while it counts (SHARE lock), so none is missed.
+CREATE OR REPLACE FUNCTION pyscheduler._delay_count_all()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE pyscheduler.delay_messages IN SHARE MODE;
+    DELETE FROM pyscheduler._delay_counts;
+    INSERT INTO pyscheduler._delay_counts (n) SELECT count(*) FROM pyscheduler.delay_messages;
+    INSERT INTO pyscheduler.settings (name, value) VALUES ('delay_counted', now()::text)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+END
+$$;
+-- TRUNCATE (an operator emptying the queue): the counts go with the rows
+CREATE OR REPLACE FUNCTION pyscheduler._delay_truncated()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pyscheduler._delay_counts;
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER delay_messages_truncated AFTER TRUNCATE ON pyscheduler.delay_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._delay_truncated();
+-- in the transaction that loads the functions above (the post-apply step of migrate)
+DO $count$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pyscheduler.settings WHERE name = 'delay_counted') THEN
+        PERFORM pyscheduler._delay_count_all();
+    END IF;
+END
+$count$;
+
+-- The overdue count stops here: counting them all would read every overdue entry (a relay
+-- down for an hour leaves millions).
+CREATE OR REPLACE FUNCTION pyscheduler._delay_overdue_cap()
+RETURNS bigint LANGUAGE sql IMMUTABLE SET search_path = pyscheduler, pg_temp
+AS $$ SELECT 10000::bigint $$;
+
+-- _delay_queue(): the row of the delay_queue view (a function: its plans are pinned to the
+-- indexes, see _delay_plans above). Read by the view's readers: granted as the view.
+CREATE OR REPLACE FUNCTION pyscheduler._delay_queue(
+    OUT waiting bigint, OUT ready bigint, OUT overdue bigint, OUT next_deadline timestamptz,
+    OUT oldest_ready_age interval)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans above
+AS $$
+DECLARE
+    v_oldest timestamptz;
+BEGIN
+    SELECT count(*), min(m.readied_at) INTO ready, v_oldest
+      FROM pyscheduler.delay_messages m WHERE m.readied_at IS NOT NULL;
+    SELECT coalesce(sum(c.n), 0)::bigint - ready INTO waiting FROM pyscheduler._delay_counts c;
+    SELECT count(*) INTO overdue
+      FROM (SELECT 1 FROM pyscheduler.delay_messages m WHERE m.readied_at IS NULL AND m.deadline <= now()
+             LIMIT pyscheduler._delay_overdue_cap()) x;
+    SELECT m.deadline INTO next_deadline FROM pyscheduler.delay_messages m
+     WHERE m.readied_at IS NULL ORDER BY m.deadline LIMIT 1;
+    oldest_ready_age := now() - v_oldest;
+END
+$$;
+
+-- _delay_ready_by_node(): the rows of delay_ready_by_node, from delay_messages_ready_idx.
+CREATE OR REPLACE FUNCTION pyscheduler._delay_ready_by_node()
+RETURNS TABLE (node uuid, ready bigint, oldest_readied_at timestamptz, oldest_ready_age interval)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans above
+AS $$
+    SELECT m.readied_by, count(*), min(m.readied_at), now() - min(m.readied_at)
+      FROM pyscheduler.delay_messages m
+     WHERE m.readied_at IS NOT NULL
+     GROUP BY m.readied_by;
+$$;
+
+-- Views for psql. now() is the transaction time of the query. Neither reads more than the
+-- ready messages (in flight), the head of the waiting index and the counts' deltas.
 CREATE OR REPLACE VIEW pyscheduler.delay_queue AS
-SELECT count(*) FILTER (WHERE readied_at IS NULL)                      AS waiting,
-       count(*) FILTER (WHERE readied_at IS NOT NULL)                  AS ready,
-       count(*) FILTER (WHERE readied_at IS NULL AND deadline <= now()) AS overdue,
-       min(deadline) FILTER (WHERE readied_at IS NULL)                 AS next_deadline,
-       now() - min(readied_at)                                         AS oldest_ready_age
-  FROM pyscheduler.delay_messages;
+SELECT q.waiting, q.ready, q.overdue, q.next_deadline, q.oldest_ready_age FROM pyscheduler._delay_queue() q;
 COMMENT ON VIEW pyscheduler.delay_queue IS
-    'Delay queue: waiting, ready and overdue counts, the next deadline and the age of the oldest ready message.';
+    'Delay queue: waiting and ready counts (kept as the queue changes), overdue (counted up to 10,000), '
+    'the next deadline and the age of the oldest ready message.';
 
 CREATE OR REPLACE VIEW pyscheduler.delay_ready_by_node AS
-SELECT readied_by              AS node,
-       count(*)                AS ready,
-       min(readied_at)         AS oldest_readied_at,
-       now() - min(readied_at) AS oldest_ready_age
-  FROM pyscheduler.delay_messages
- WHERE readied_at IS NOT NULL
- GROUP BY readied_by;
+SELECT r.node, r.ready, r.oldest_readied_at, r.oldest_ready_age FROM pyscheduler._delay_ready_by_node() r;
 COMMENT ON VIEW pyscheduler.delay_ready_by_node IS
     'Delay queue: ready (claimed, not yet fired) messages per node; an old one points at a stuck node.';
 
 -- Enqueueing, claiming and firing are the relay's job (applications publish to
 -- the input topic); cancelling is the application's; monitoring reads.
 SELECT pyscheduler._grant('client', 'cancel_message', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
+-- the views call them for their readers
+SELECT pyscheduler._grant(audience, '_delay_queue', '_delay_ready_by_node')
+  FROM unnest(ARRAY['client', 'relay', 'monitor']) AS audience;
 SELECT pyscheduler._grant('relay', 'enqueue_message', 'enqueue_messages', 'ready_and_claim', 'delete_fired',
                           'reset_stuck', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
 SELECT pyscheduler._grant('monitor', 'next_deadline', 'delay_queue', 'delay_ready_by_node');

@@ -1304,24 +1304,48 @@ COMMENT ON FUNCTION pyscheduler.get_schedule(text) IS 'One schedule as JSON, wit
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_schedules(
     name_like text DEFAULT NULL, target_kind text DEFAULT NULL, paused boolean DEFAULT NULL,
-    critical boolean DEFAULT NULL, max_schedules integer DEFAULT 100)
+    critical boolean DEFAULT NULL, max_schedules integer DEFAULT 100, after_name text DEFAULT NULL)
 RETURNS TABLE (schedule jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
+-- a page walks schedules_name_key (schedules_paused_name_idx for paused => true) from the
+-- cursor on and stops at max_schedules: never a scan and sort of the whole table
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* list_schedules(name_like => NULL, target_kind => NULL, paused => NULL,
-       critical => NULL, max_schedules => 100) -> setof (schedule jsonb)
-   Schedules matching every filter given (name_like: a LIKE pattern), by name;
-   those of other roles without target, payload and last_error (as
-   get_schedule). Errors: PS312 max_schedules < 1. */
+       critical => NULL, max_schedules => 100, after_name => NULL) -> setof (schedule jsonb)
+   Schedules matching every filter given (name_like: a LIKE pattern), by name,
+   at most max_schedules; those of other roles without target, payload and
+   last_error (as get_schedule). Keyset pagination: pass the last name of a
+   page as after_name to get the next one (names are unique and never change,
+   so a walk returns every schedule once, even while others are created).
+   A page reads the names from the cursor on in order (paused => true: only
+   the paused ones); the other filters are checked on the way, so a filter
+   that matches few of many schedules reads the ones it skips.
+   Errors: PS312 max_schedules < 1. */
+#variable_conflict use_column
+DECLARE
+    v_after text := coalesce(list_schedules.after_name, '');  -- '' sorts before every name
 BEGIN
     IF max_schedules IS NULL OR max_schedules < 1 THEN
         PERFORM _schedule_error('PS312', format('max_schedules must be at least 1, got %s', coalesce(max_schedules::text, 'NULL')));
     END IF;
+    IF list_schedules.paused THEN
+        RETURN QUERY
+        SELECT _schedule_json(s) FROM schedules s
+         WHERE s.paused AND s.name > v_after
+           AND (list_schedules.name_like IS NULL OR s.name LIKE list_schedules.name_like)
+           AND (list_schedules.target_kind IS NULL OR s.target_kind = list_schedules.target_kind)
+           AND (list_schedules.critical IS NULL OR s.critical = list_schedules.critical)
+         ORDER BY s.name
+         LIMIT max_schedules;
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT _schedule_json(s) FROM schedules s
-     WHERE (list_schedules.name_like IS NULL OR s.name LIKE list_schedules.name_like)
+     WHERE s.name > v_after
+       AND (list_schedules.name_like IS NULL OR s.name LIKE list_schedules.name_like)
        AND (list_schedules.target_kind IS NULL OR s.target_kind = list_schedules.target_kind)
        AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
        AND (list_schedules.critical IS NULL OR s.critical = list_schedules.critical)
@@ -1329,29 +1353,39 @@ BEGIN
      LIMIT max_schedules;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_schedules(text, text, boolean, boolean, integer) IS
-    'Schedules filtered by name pattern, target kind, paused and critical (NULL = any), by name.';
+COMMENT ON FUNCTION pyscheduler.list_schedules(text, text, boolean, boolean, integer, text) IS
+    'Schedules filtered by name pattern, target kind, paused and critical (NULL = any), by name; a page '
+    'from after_name on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.schedule_runs(
-    name text, with_outcome text DEFAULT NULL, since timestamptz DEFAULT NULL, max_runs integer DEFAULT 100)
+    name text, with_outcome text DEFAULT NULL, since timestamptz DEFAULT NULL, max_runs integer DEFAULT 100,
+    before timestamptz DEFAULT NULL)
 RETURNS TABLE (expected_at timestamptz, outcome text, triggered boolean, attempts integer, fired_at timestamptz,
                lateness interval, missed_count bigint, error text, task_rn uuid)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
+-- a page walks the primary key (schedule_id, expected_at) backwards from the cursor, or
+-- schedule_executions_unfired_idx for an outcome other than fired
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
-/* schedule_runs(name, with_outcome => NULL, since => NULL, max_runs => 100) -> setof record
+/* schedule_runs(name, with_outcome => NULL, since => NULL, max_runs => 100, before => NULL)
+       -> setof record
    The schedule's recorded executions, newest expected time first: outcome
    (fired | failed | skipped_overlap | missed), triggered (out of band),
    attempts, fired_at (when recorded, database clock), lateness, missed_count
    (on 'missed' summary rows: how many occurrences), error, task_rn (task
-   targets). Executions older than the retention setting are purged; the
-   counts in get_schedule survive. A caller that is not the owner, a member
-   of it or admin gets error and task_rn as NULL.
+   targets). Keyset pagination: pass the last expected_at of a page as before
+   to get the next one. Executions older than the retention setting are
+   purged; the counts in get_schedule survive. A caller that is not the owner,
+   a member of it or admin gets error and task_rn as NULL.
    Errors: PS300 unknown schedule, PS312 max_runs < 1 or unknown outcome. */
+#variable_conflict use_column
 DECLARE
     s schedules := _schedule_row(schedule_runs.name, false);
     v_details boolean := _may_act(s.owner);
+    v_lo timestamptz := coalesce(schedule_runs.since, '-infinity');
+    v_hi timestamptz := coalesce(schedule_runs.before, 'infinity');
 BEGIN
     IF schedule_runs.max_runs IS NULL OR schedule_runs.max_runs < 1 THEN
         PERFORM _schedule_error('PS312', format('max_runs must be at least 1, got %s', coalesce(schedule_runs.max_runs::text, 'NULL')));
@@ -1359,19 +1393,31 @@ BEGIN
     IF schedule_runs.with_outcome IS NOT NULL THEN
         PERFORM _check_outcome(schedule_runs.with_outcome);
     END IF;
+    IF schedule_runs.with_outcome IS DISTINCT FROM 'fired' AND schedule_runs.with_outcome IS NOT NULL THEN
+        RETURN QUERY
+        SELECT e.expected_at, e.outcome, e.triggered, e.attempts, e.fired_at, e.lateness, e.missed_count,
+               CASE WHEN v_details THEN e.error END, CASE WHEN v_details THEN e.task_rn END
+          FROM schedule_executions e
+         WHERE e.schedule_id = s.id AND e.outcome <> 'fired' AND e.outcome = schedule_runs.with_outcome
+           AND e.expected_at >= v_lo AND e.expected_at < v_hi
+         ORDER BY e.expected_at DESC
+         LIMIT schedule_runs.max_runs;
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT e.expected_at, e.outcome, e.triggered, e.attempts, e.fired_at, e.lateness, e.missed_count,
            CASE WHEN v_details THEN e.error END, CASE WHEN v_details THEN e.task_rn END
       FROM schedule_executions e
      WHERE e.schedule_id = s.id
        AND (schedule_runs.with_outcome IS NULL OR e.outcome = schedule_runs.with_outcome)
-       AND (schedule_runs.since IS NULL OR e.expected_at >= schedule_runs.since)
+       AND e.expected_at >= v_lo AND e.expected_at < v_hi
      ORDER BY e.expected_at DESC
      LIMIT schedule_runs.max_runs;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.schedule_runs(text, text, timestamptz, integer) IS
-    'Recorded executions of a schedule, newest first (outcome, attempts, lateness, missed counts, errors).';
+COMMENT ON FUNCTION pyscheduler.schedule_runs(text, text, timestamptz, integer, timestamptz) IS
+    'Recorded executions of a schedule, newest first (outcome, attempts, lateness, missed counts, errors); '
+    'a page from before on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.execution_count(name text, outcome text DEFAULT 'fired')
 RETURNS bigint
@@ -2073,10 +2119,19 @@ $$;
 COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], text[], text[]) IS
     'Scheduler: record occurrences the daemons could not fire or record, with their error, and pause their schedules.';
 
+-- _claim_due_critical(limit, hold, now): claim_due_critical with the clock as a parameter.
+-- Its plan is pinned: an ordered scan of schedules_critical_due_idx that stops at p_limit
+-- rows, whatever the statistics say. Without the settings, statistics taken while the due
+-- schedules were a day away (2 % of the table: below the autoanalyze threshold) made the
+-- custom plan a bitmap scan plus a sort of every due row (95 ms a call for 100,000 due), and
+-- the generic plan a merge join over the whole primary key; the UPDATE finds each locked row
+-- by its ctid (a Tid Scan), so no join over the table can be chosen.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_due_critical(p_limit integer, p_hold interval, p_now timestamptz)
 RETURNS TABLE (id bigint, expected_at timestamptz, claim_token uuid)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_indexscan = on SET enable_tidscan = on
 AS $$
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 OR p_hold IS NULL OR p_hold <= interval '0' THEN
@@ -2085,14 +2140,14 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH c AS (
-        SELECT s.id FROM schedules s
+        SELECT s.ctid AS row_id FROM schedules s
          WHERE s.critical_due_at <= p_now AND (s.claimed_until IS NULL OR s.claimed_until < p_now)
          ORDER BY s.critical_due_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED)
     UPDATE schedules s SET claim_token = gen_random_uuid(), claimed_until = p_now + p_hold
       FROM c
-     WHERE s.id = c.id
+     WHERE s.ctid = c.row_id  -- the row version locked above
     RETURNING s.id, s.due_at, s.claim_token;
 END
 $$;

@@ -43,7 +43,7 @@
 --   PS203 task cancelled        PS209 task already finished (cancel of completed/aborted)
 --   PS204 invalid priority      PS210 the lease was yielded
 --   PS205 invalid progress      PS211 not requeueable (retry of a task not aborted/cancelled)
---   PS206 invalid spec (not an  PS212 run_at or retry_in outside its bounds
+--   PS206 invalid spec (not an  PS212 run_at, run_in or retry_in outside its bounds
 --         object, too large)    PS213 invalid unique_key
 --                               PS214 unique_key held by another live task (requeue)
 --
@@ -1272,10 +1272,10 @@ COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, doubl
 CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks_lean(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
-RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
+RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint, attempt integer)
 LANGUAGE sql
 AS $$
-    SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq
+    SELECT u.rn, u.lease_token, u.spec, u.priority, u.seq, u.attempts
       FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
      ORDER BY u.priority DESC, u.created, u.seq;
 $$;
@@ -1283,19 +1283,20 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks_lean(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295)
-RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
+RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint, attempt integer)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* lease_tasks_lean(queue, worker, n => 1, timeout => '10 seconds',
                     aging_rate => 0, aging_cap => 4294967295)
-       -> setof (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint)
+       -> setof (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint, attempt integer)
    lease_tasks with a lean answer: the same claim (same order, same
    TaskAssignment history entry, same new lease token per task), but only
    what a worker needs to run the tasks, as columns instead of the whole task
    as JSON. seq is the submission order (a worker's local queue orders by
-   priority desc, then seq). Commits asynchronously when it is the whole
+   priority desc, then seq); attempt is this lease's attempt (1 for the
+   first; the task's attempts). Commits asynchronously when it is the whole
    transaction, as lease_tasks.
    Errors: PS208 queue, worker, n < 1, timeout, aging_rate, aging_cap. */
 BEGIN
@@ -1304,7 +1305,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.lease_tasks_lean(text, text, integer, interval, double precision, bigint) IS
-    'lease_tasks answering only (rn, token, spec, priority, seq) per leased task: what a worker needs.';
+    'lease_tasks answering only (rn, token, spec, priority, seq, attempt) per leased task: what a worker needs.';
 
 -- _lease_task: the single-task claim of lease_task and complete_and_lease
 -- (aging off): the next ready task of queue becomes running for worker, or

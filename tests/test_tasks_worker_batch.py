@@ -23,7 +23,8 @@ def test_lease_tasks_lean_claims_like_lease_tasks_and_answers_only_what_a_worker
     high = [submit(db, spec={"p": "high", "i": i}, priority=9) for i in range(3)]
     rows = lean(db, n=3)
     assert [str(r["rn"]) for r in rows] == [t["rn"] for t in high]  # priority, then submission order
-    assert set(rows[0]) == {"rn", "token", "spec", "priority", "seq"}
+    assert set(rows[0]) == {"rn", "token", "spec", "priority", "seq", "attempt"}
+    assert [r["attempt"] for r in rows] == [1, 1, 1]
     assert [r["spec"]["i"] for r in rows] == [0, 1, 2] and {r["priority"] for r in rows} == {9}
     assert rows[0]["seq"] < rows[1]["seq"] < rows[2]["seq"]
     task = db.call_value("get_task", rn=rows[0]["rn"])

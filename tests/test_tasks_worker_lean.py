@@ -39,7 +39,7 @@ def test_a_handler_sees_the_spec_and_task_the_database_holds(db, dsn):
         spec, task, token = seen[rn]
         stored = client.get(rn)["spec"]  # what psycopg's jsonb loader gives (jsonb writes 1.5e300 as 301 digits)
         assert spec == stored and repr(spec) == repr(stored)  # the same types too
-        assert task == {"rn": rn, "token": token, "spec": spec, "priority": p, "queue": "lean"}
+        assert task == {"rn": rn, "token": token, "spec": spec, "priority": p, "queue": "lean", "attempt": 1}
         assert isinstance(rn, str) and isinstance(token, str) and uuid.UUID(token)
         assert client.get(rn)["status"] == "completed"
 
@@ -73,7 +73,8 @@ def test_a_context_class_with_its_own_init_is_made_with_the_task_dict(db, dsn):
         wait_for(lambda: running.worker.completed == 1)
     finally:
         running.stop()
-    assert made == [{"rn": rn, "token": made[0]["token"], "spec": {"k": [1, 2]}, "priority": 50, "queue": "own"}]
+    assert made == [{"rn": rn, "token": made[0]["token"], "spec": {"k": [1, 2]}, "priority": 50, "queue": "own",
+                     "attempt": 1}]
 
 
 @pytest.mark.parametrize("values", [

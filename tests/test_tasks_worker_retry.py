@@ -41,9 +41,11 @@ def retries(task: dict) -> list[dict]:
 def test_a_handler_failing_twice_then_succeeding_completes_with_3_attempts_and_2_errors(dsn, client,
                                                                                         fast_backoff):
     calls: dict[str, int] = {}
+    seen_attempts: list[int] = []
 
     def handler(ctx: TaskContext) -> None:
         calls[ctx.rn] = calls.get(ctx.rn, 0) + 1
+        seen_attempts.append(ctx.attempt)
         if calls[ctx.rn] <= 2:
             raise ConnectionError("upstream 503")
 
@@ -52,7 +54,7 @@ def test_a_handler_failing_twice_then_succeeding_completes_with_3_attempts_and_2
         rn = client.submit("flaky", {"x": 1})["rn"]
         wait_for(lambda: status(client, rn) == "completed")
         task = client.get(rn)
-        assert task["attempts"] == 3 and calls[rn] == 3
+        assert task["attempts"] == 3 and calls[rn] == 3 and seen_attempts == [1, 2, 3]
         assert task["errors"] == [{"code": "ConnectionError", "args": {}, "description": "upstream 503"}] * 2
         assert types(task) == ["TaskAssignment", "TaskRetry", "TaskAssignment", "TaskRetry", "TaskAssignment"]
         for attempt, entry in enumerate(retries(task), 1):

@@ -102,8 +102,8 @@ def _command(ctx: click.Context) -> str:
 @click.option("--system", "only", multiple=True, type=click.Choice([s.key for s in tasks_part.SYSTEMS]),
               help="Run only these systems (repeatable). Default: all.")
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice(list(tasks_part.SCENARIOS)),
-              help="Job-queue runs (repeatable): noop (every system), fail (10 %% of jobs fail once and retry) "
-                   "and delay (50 %% delayed 1 s), these two for pyscheduler and graphile-worker. Default: all.")
+              help="Job-queue runs (repeatable): noop (every system), fail (10 % of jobs fail once and retry) "
+                   "and delay (50 % delayed 1 s), these two for pyscheduler and graphile-worker. Default: all.")
 @click.option("--loads", default=None, help=f"Delay part: offered loads in msg/s, comma-separated  [default: {FULL['loads']}]")
 @click.option("--delay-duration", type=click.FloatRange(1), default=None,
               help=f"Delay part: seconds of producing per run  [default: {FULL['delay_duration']:g}]")

@@ -120,16 +120,34 @@ def _delete(entity_name: str, entity_key: str, job: str | None = None) -> Call[i
                                   "job": text("job", job, optional=True)}, value(int))
 
 
+def _cursor(name: str, row: Check | EndedCheck | None) -> tuple[datetime | None, int | None]:
+    """A page's last row as the keyset cursor of the next page (list_checks: next_check_at and id;
+    check_history: ended and id)."""
+    if row is None:
+        return None, None
+    if isinstance(row, Check):
+        return row.next_check_at, row.id
+    if isinstance(row, EndedCheck):
+        return row.ended, row.id
+    raise InvalidArgument(f"{name} must be the last row of a page, got {type(row).__name__}")
+
+
 def _list(entity_name: str | None = None, entity_key: str | None = None, job: str | None = None,
-          limit: int = 100) -> Call[list[Check]]:
-    """Pending checks matching every filter given (None: any), soonest first."""
-    return Call("list_checks", _filters(entity_name, entity_key, job, limit), each(pending))
+          limit: int = 100, after: Check | None = None) -> Call[list[Check]]:
+    """Pending checks matching every filter given (None: any), soonest first. The next page:
+    ``after`` = the last check of this one (keyset on next_check_at and id)."""
+    at, id_ = _cursor("after", after)
+    return Call("list_checks", {**_filters(entity_name, entity_key, job, limit), "after_at": at, "after_id": id_},
+                each(pending))
 
 
 def _history(entity_name: str | None = None, entity_key: str | None = None, job: str | None = None,
-             limit: int = 100) -> Call[list[EndedCheck]]:
-    """Checks that ended, matching every filter given (None: any), newest first."""
-    return Call("check_history", _filters(entity_name, entity_key, job, limit), each(EndedCheck.from_row))
+             limit: int = 100, before: EndedCheck | None = None) -> Call[list[EndedCheck]]:
+    """Checks that ended, matching every filter given (None: any), newest first. The next page:
+    ``before`` = the last row of this one (keyset on ended and id)."""
+    at, id_ = _cursor("before", before)
+    return Call("check_history", {**_filters(entity_name, entity_key, job, limit), "before_at": at, "before_id": id_},
+                each(EndedCheck.from_row))
 
 
 class CheckClient(SyncClient):

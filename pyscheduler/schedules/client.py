@@ -248,22 +248,25 @@ def _get(name: str) -> Call[Schedule]:
 
 
 def _list(name_like: str | None = None, target_kind: TargetKind | None = None, paused: bool | None = None,
-          critical: bool | None = None, limit: int = 100) -> Call[list[Schedule]]:
-    """Schedules matching every filter given (None: any; ``name_like`` a LIKE pattern), by name."""
+          critical: bool | None = None, limit: int = 100, after_name: str | None = None) -> Call[list[Schedule]]:
+    """Schedules matching every filter given (None: any; ``name_like`` a LIKE pattern), by name.
+    The next page: ``after_name`` = the last name of this one (keyset)."""
     return Call("list_schedules", {
         "name_like": text("name_like", name_like, optional=True),
         "target_kind": choice("target_kind", target_kind, TARGET_KINDS, optional=True),
         "paused": boolean("paused", paused, optional=True), "critical": boolean("critical", critical, optional=True),
-        "max_schedules": integer("limit", limit, 1, INT32)}, each(Schedule.from_json, "schedule"))
+        "max_schedules": integer("limit", limit, 1, INT32),
+        "after_name": text("after_name", after_name, optional=True)}, each(Schedule.from_json, "schedule"))
 
 
 def _runs(name: str, outcome: RunOutcome | None = None, since: datetime | None = None,
-          limit: int = 100) -> Call[list[ScheduleRun]]:
+          limit: int = 100, before: datetime | None = None) -> Call[list[ScheduleRun]]:
     """Recorded executions, newest expected time first (only ``outcome``, only expected at or
-    after ``since``)."""
+    after ``since``). The next page: ``before`` = the last ``expected_at`` of this one (keyset)."""
     return Call("schedule_runs", {"name": _name(name), "with_outcome": choice("outcome", outcome, OUTCOMES, optional=True),
                                   "since": aware("since", since, optional=True),
-                                  "max_runs": integer("limit", limit, 1, INT32)}, each(ScheduleRun.from_row))
+                                  "max_runs": integer("limit", limit, 1, INT32),
+                                  "before": aware("before", before, optional=True)}, each(ScheduleRun.from_row))
 
 
 def _next(name: str, n: int = 10) -> Call[list[datetime]]:

@@ -161,7 +161,7 @@ def _when(run_at: datetime | timedelta | None) -> dict[str, Any]:
 
 
 def _max_attempts(max_attempts: int | None) -> int | None:
-    return integer("max_attempts", max_attempts, 1, 1000, optional=True)
+    return None if max_attempts is None else int(integer("max_attempts", max_attempts, 1, 1000))
 
 
 def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: datetime | timedelta | None = None,

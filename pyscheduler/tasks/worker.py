@@ -229,7 +229,8 @@ class TaskContext:
     """What a handler gets: the task, a progress reporter and stop signals.
 
     ``task`` is what the worker leased (``lease_tasks_lean``): rn, token, spec,
-    priority and queue; ``TaskClient.get(rn)`` has the whole task."""
+    priority, queue and attempt (1 for the first lease, 2 for the first retry...);
+    ``TaskClient.get(rn)`` has the whole task."""
 
     # Per-task state with its defaults on the class: a worker makes a context per task and
     # most keep them (issue 10: the per-task Python). Instances override what changes.
@@ -245,6 +246,7 @@ class TaskContext:
     lease_until = math.inf  # time.monotonic() before which the lease cannot have expired
     priority = 0
     queue = ""
+    attempt = 1  # this lease's attempt: 1, then 2 after a failure or a timeout, ...
     _task: dict[str, Any] | None = None
     _spec: Any = _UNPARSED
     _json: str = "null"  # the spec's text as leased, parsed on first use of ``spec``
@@ -256,13 +258,17 @@ class TaskContext:
         self._spec = task["spec"]
         self.priority = task.get("priority", 0)
         self.queue = task.get("queue", "")
+        self.attempt = task.get("attempt", 1)
 
     @classmethod
-    def _leased(cls, rn: str, token: str, spec: str, priority: int, queue: str, until: float) -> "TaskContext":
+    def _leased(cls, rn: str, token: str, spec: str, priority: int, queue: str, until: float,
+                attempt: int) -> "TaskContext":
         """A context for a task the worker just leased: no task dict, the spec still its JSON
         text (parsed when the handler first reads ``spec``; many never do)."""
         ctx = cls.__new__(cls)
         ctx.rn, ctx.token, ctx._json, ctx.priority, ctx.queue, ctx.lease_until = rn, token, spec, priority, queue, until
+        if attempt != 1:
+            ctx.attempt = attempt
         return ctx
 
     @property
@@ -279,10 +285,10 @@ class TaskContext:
 
     @property
     def task(self) -> dict[str, Any]:
-        """The task as leased: rn, token, spec, priority, queue."""
+        """The task as leased: rn, token, spec, priority, queue, attempt."""
         if self._task is None:
             self._task = {"rn": self.rn, "token": self.token, "spec": self.spec, "priority": self.priority,
-                          "queue": self.queue}
+                          "queue": self.queue, "attempt": self.attempt}
         return self._task
 
     def _event(self) -> Any:
@@ -648,7 +654,7 @@ class Worker:
                 if n > 0:
                     sent = time.monotonic()
                     try:
-                        # rows (rn, token, spec, priority, seq); rn, token and spec as text
+                        # rows (rn, token, spec, priority, seq, attempt); rn, token and spec as text
                         rows = conn.call_tuples("lease_tasks_lean", as_text=("uuid", "jsonb"), queue=self.queue,
                                                worker=self.worker_id, n=n, timeout=self.timeout, **self.aging)
                         outage.ok()
@@ -720,18 +726,20 @@ class Worker:
             return max(0, self.capacity - self._busy + target - queued)
 
     def _enqueue(self, rows: list[tuple[Any, ...]], until: float) -> None:
-        """Put leased tasks, rows (rn, token, spec, priority, seq) with rn, token and spec as
+        """Put leased tasks, rows (rn, token, spec, priority, seq, attempt) with rn, token and spec as
         text, into the local queue."""
         cls, queue = self.context_class, self.queue
         if cls.__init__ is TaskContext.__init__:
             make = cls._leased
         else:  # a subclass with its own __init__: made the documented way
-            def make(rn: str, token: str, spec: str, priority: int, queue: str, until: float) -> TaskContext:
-                ctx = cls({"rn": rn, "token": token, "spec": loads(spec), "priority": priority, "queue": queue})
+            def make(rn: str, token: str, spec: str, priority: int, queue: str, until: float,
+                     attempt: int) -> TaskContext:
+                ctx = cls({"rn": rn, "token": token, "spec": loads(spec), "priority": priority, "queue": queue,
+                           "attempt": attempt})
                 ctx.lease_until = until
                 return ctx
-        entries = [(-priority, seq, make(rn, token, spec, priority, queue, until))
-                   for rn, token, spec, priority, seq in rows]
+        entries = [(-priority, seq, make(rn, token, spec, priority, queue, until, attempt))
+                   for rn, token, spec, priority, seq, attempt in rows]
         late: list[TaskContext] = []
         with self._lock:
             held, pushed, closed = self.held, self._pushed, self._closed

@@ -1,4 +1,5 @@
--- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql and 0006_delay_hardening.sql).
+-- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql, 0006_delay_hardening.sql
+-- and 0018_flat_reads.sql).
 -- Delay queue (chronos.md): messages waiting for their deadline or readied for firing.
 -- waiting: readied_at IS NULL; ready: readied_at/readied_by set by the node that claimed it.
 CREATE TABLE pyscheduler.delay_messages (
@@ -23,3 +24,11 @@ CREATE TABLE pyscheduler.delay_messages (
 CREATE INDEX delay_messages_waiting_idx ON pyscheduler.delay_messages (deadline) WHERE readied_at IS NULL;
 -- reset_stuck scans only ready rows, oldest first.
 CREATE INDEX delay_messages_ready_idx ON pyscheduler.delay_messages (readied_at) WHERE readied_at IS NOT NULL;
+
+-- delay_queue's counts (migrations/0018_flat_reads.sql): the rows sum to the number of stored
+-- messages (waiting + ready); each statement that stores or deletes messages appends its
+-- delta (appends never wait for each other), and the deltas are folded into one row now and
+-- then. sql/delay.sql keeps them.
+CREATE TABLE pyscheduler._delay_counts (
+    n bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 500);

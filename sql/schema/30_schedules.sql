@@ -1,6 +1,7 @@
 -- Fresh install: the recurring schedules' tables (seeds/schedulinator.md), in one place.
 -- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
--- 0014_schedules_hardening.sql build (tests/test_migrate.py checks).
+-- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql and 0018_flat_reads.sql build
+-- (tests/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
     ('schedules_max_payload_bytes', '65536')
@@ -76,6 +77,12 @@ WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
 CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (critical_due_at) WHERE critical_due_at IS NOT NULL;
 -- Resync hands out critical schedules first, then the others, by id.
 CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (critical, id);
+-- list_schedules(paused => true) and schedules_paused page by name through the paused ones
+-- only; a firing never changes paused, so its UPDATE stays HOT (0018_flat_reads).
+CREATE INDEX schedules_paused_name_idx ON pyscheduler.schedules (name) WHERE paused;
+-- schedules_failing, in its order; a healthy firing leaves consecutive_failures at 0 (HOT).
+CREATE INDEX schedules_failing_idx ON pyscheduler.schedules (consecutive_failures DESC, name)
+    WHERE consecutive_failures > 0;
 
 -- One row per (schedule, expected time): a fire recorded twice counts once.
 -- No foreign key (a per-row check on the hottest INSERT): delete_schedule
@@ -99,6 +106,10 @@ CREATE TABLE pyscheduler.schedule_executions (
 -- The retention purge scans by record time; rows arrive in fired_at order, so
 -- a BRIN index serves it at almost no cost per INSERT.
 CREATE INDEX schedule_executions_fired_at_idx ON pyscheduler.schedule_executions USING brin (fired_at);
+-- schedule_runs(with_outcome => failed | skipped_overlap | missed): a schedule's
+-- executions other than 'fired', newest first (a firing adds no entry here).
+CREATE INDEX schedule_executions_unfired_idx ON pyscheduler.schedule_executions (schedule_id, expected_at)
+    WHERE outcome <> 'fired';
 
 -- Resync state (the seed's optimistic scheme, one version key per sync id):
 -- takers hand out key ranges in (critical first, id) order under this row's lock.

@@ -1,7 +1,7 @@
 -- Future checks (seeds/are-we-there-yet.md): pending checks, their history,
 -- the composite a SQL job receives, the defaults. Fresh install: must equal
--- migrations/0008_checks.sql + 0013_checks_hardening.sql (tests/test_migrate.py
--- compares the two).
+-- migrations/0008_checks.sql + 0013_checks_hardening.sql + 0018_flat_reads.sql
+-- (tests/test_migrate.py compares the two).
 
 -- A pending check: what a SQL job function receives (job(c pyscheduler.future_check)
 -- RETURNS timestamptz) and what due_checks and list_checks return.
@@ -75,9 +75,11 @@ CREATE TABLE pyscheduler.checks (
 WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
       autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
 
--- The slot pass (next_check_at = slot) and the catch-up pass (< current slot)
--- scan exactly the unclaimed rows, in take order.
-CREATE INDEX checks_due_idx ON pyscheduler.checks (next_check_at, id) WHERE claim IS NULL;
+-- Every pending check in take order (0018_flat_reads): the slot pass (next_check_at =
+-- slot) and the catch-up pass (< current slot) skip the ones handed to a task job (no more
+-- than tasks in flight: such a check keeps its slot while the task runs); list_checks and
+-- overdue_checks walk it in their order.
+CREATE INDEX checks_due_idx ON pyscheduler.checks (next_check_at, id);
 -- Checks handed to a task job whose task never reported back.
 CREATE INDEX checks_claimed_idx ON pyscheduler.checks (claim_until) WHERE claim IS NOT NULL;
 
@@ -102,7 +104,8 @@ CREATE TABLE pyscheduler.check_history (
     CONSTRAINT check_history_outcome_check
         CHECK (outcome IN ('done', 'max_checks', 'horizon', 'past', 'timeout', 'error', 'deleted'))
 );
-CREATE INDEX check_history_ended_idx ON pyscheduler.check_history (ended);
+-- check_history pages newest first by (ended, id); the purge reads it oldest first
+CREATE INDEX check_history_ended_idx ON pyscheduler.check_history (ended, id);
 CREATE INDEX check_history_entity_idx ON pyscheduler.check_history (entity_name, entity_key);
 
 -- What a client asked of a check a runner holds (taken by a pass, or handed to a task job):
@@ -125,6 +128,29 @@ CREATE TABLE pyscheduler.check_requests (
     requested        timestamptz NOT NULL,
     CONSTRAINT check_requests_pkey PRIMARY KEY (check_id)
 );
+
+-- checks_per_slot's counts: pending checks no task job holds (claim IS NULL), per slot and
+-- kind, as deltas appended by triggers on pyscheduler.checks and folded now and then
+-- (sql/checks.sql keeps them).
+CREATE TABLE pyscheduler._check_slot_counts (
+    slot timestamptz NOT NULL,
+    kind text NOT NULL,
+    n    bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+CREATE INDEX _check_slot_counts_slot_idx ON pyscheduler._check_slot_counts (slot);
+
+-- check_outcomes' figures per hour (of ended), job and outcome, as deltas appended by
+-- triggers on pyscheduler.check_history and folded now and then.
+CREATE TABLE pyscheduler._check_outcome_counts (
+    hour     timestamptz NOT NULL,
+    job      text NOT NULL,
+    outcome  text NOT NULL,
+    n        bigint NOT NULL,
+    n_took   bigint NOT NULL,
+    sum_took interval,
+    max_took interval,
+    sum_runs bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('checks_resolution', '15 minutes'),

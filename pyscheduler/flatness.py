@@ -1,0 +1,617 @@
+"""``pyscheduler bench flatness``: what each hot path and each read path costs with little and
+with much stored work (issue 21; design.md, "Cost stays flat as stored work grows").
+
+The same database is built at a small and a large size: the capability's stored work (waiting
+delay messages, schedules and their executions, pending checks and their history) spread as a
+deployment's would be (future deadlines and slots, a few paused, failing, late, claimed or overdue
+ones). Then, interleaved (small, large, small, large, ...) so that a shared machine's load falls on
+both alike, the same hot work runs on each (a constant number of due items, not scaled) and each
+read path answers: its wall time (median of the calls, client round trip included) and, when the
+server runs on this machine, the CPU its backend used (from /proc). The table at the end gives
+the ratio large/small of each and whether it meets the targets: a read path <= 50 ms (a page of
+100 rows) and <= 1.5x its small-size time, a hot path <= 1.2x.
+
+One section per capability (``--sections``); a capability adds its own by adding a Section
+subclass to SECTIONS. The sizes: 10,000 of everything small; large 10,000,000 delay messages,
+5,000,000 schedules (and 5,000,000 executions), 10,000,000 pending checks (and 10,000,000 ended
+ones), multiplied by ``--scale`` for smaller machines (``--scale 0.1``: a tenth). The data is
+written with INSERT ... SELECT generate_series (the build time of each part is printed: the large
+databases take minutes, see docs/benchmarks.md); ``--keep`` keeps them for the next run, which
+reuses them when their sizes match.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+import click
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+
+from .config import dsn_option
+
+SMALL = {"delay": 10_000, "schedules": 10_000, "checks": 10_000}
+LARGE = {"delay": 10_000_000, "schedules": 5_000_000, "checks": 10_000_000}
+READ_MS, READ_RATIO, HOT_RATIO = 50.0, 1.5, 1.2
+CHUNK = 1_000_000
+
+
+class Backend:
+    """A connection and the CPU seconds its server process used so far (None: not readable,
+    e.g. a server on another machine)."""
+
+    def __init__(self, dsn: str):
+        self.conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+        self.conn.execute("SET TimeZone = 'UTC'")
+        self.pid = self.conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
+
+    def cpu(self) -> float | None:
+        """From /proc/PID/schedstat (nanoseconds on a CPU): /proc/PID/stat counts in ticks of
+        10 ms, more than most read paths take."""
+        try:
+            with open(f"/proc/{self.pid}/schedstat") as f:
+                return int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def q(self, sql: str, params=()) -> list[dict]:
+        """The rows of one statement (always with parameters: a literal % is written %%)."""
+        cur = self.conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+    def one(self, sql: str, params=()) -> dict:
+        return self.conn.execute(sql, params).fetchone()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@dataclass
+class Measure:
+    """One path: run(backend) does the work once and returns how many items it handled (a hot
+    path: the per-item cost is reported; a read path: 1, the call)."""
+
+    name: str
+    kind: str  # "hot" or "read"
+    run: Callable[[Backend], int]
+    setup: Callable[[Backend], None] | None = None
+    reps: int = 15
+
+
+@dataclass
+class Result:
+    wall: list[float] = field(default_factory=list)  # seconds per item, one entry per run
+    cpu: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float, cpu: float | None, items: int) -> None:
+        if items:
+            self.wall.append(seconds / items)
+            if cpu is not None:
+                self.cpu.append(cpu / items)
+
+
+class Section:
+    """A capability's part of the bench: build(b, n) writes n stored items; measures() the paths."""
+
+    name = ""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def build(self, b: Backend, echo) -> None:
+        raise NotImplementedError
+
+    def prepare(self, b: Backend) -> None:
+        """After the build and VACUUM ANALYZE, before measuring."""
+
+    def measures(self) -> list[Measure]:
+        raise NotImplementedError
+
+
+def _chunks(n: int):
+    for lo in range(1, n + 1, CHUNK):
+        yield lo, min(n, lo + CHUNK - 1)
+
+
+def _call(sql: str, params=()) -> Callable[[Backend], int]:
+    """A read path: one call (a page), whatever it returns."""
+    def run(b: Backend) -> int:
+        b.q(sql, params)
+        return 1
+    return run
+
+
+def _has_function(b: Backend, name: str) -> bool:
+    return bool(b.one("SELECT count(*) AS n FROM pg_proc WHERE pronamespace = 'pyscheduler'::regnamespace "
+                      "AND proname = %s", (name,))["n"])
+
+
+# ---------------------------------------------------------------- delay queue
+
+class Delay(Section):
+    """Stored: n waiting messages, deadlines from 1 hour to 30 days ahead, 200-byte values; 1,000
+    ready (claimed by four nodes that never fire them). Hot: 20,000 messages enqueued due now
+    (``enqueue_messages``, batches of 1,000, store_late) and fired (``ready_and_claim`` +
+    ``delete_fired``, batches of 1,000, with ``after`` as the relay passes it)."""
+
+    name = "delay"
+    HOT = 20_000
+
+    def build(self, b: Backend, echo) -> None:
+        for lo, hi in _chunks(self.n):
+            b.q("INSERT INTO pyscheduler.delay_messages (id, deadline, value) "
+                "SELECT 'cold-' || i, now() + interval '1 hour' + (i %% 2592000) * interval '1 second', "
+                "convert_to(repeat('v', 200), 'UTF8') FROM generate_series(%s::bigint, %s::bigint) i", (lo, hi))
+        nodes = [uuid.uuid4() for _ in range(4)]
+        b.q("UPDATE pyscheduler.delay_messages SET readied_at = now(), readied_by = (%s::uuid[])[1 + i %% 4] "
+            "FROM generate_series(1, 1000) i WHERE id = 'cold-' || (i * (%s / 1000))",
+            (nodes, max(1, self.n // 1000)))
+        if _has_function(b, "_delay_count_all"):
+            b.q("SELECT pyscheduler._delay_count_all()")
+
+    def measures(self) -> list[Measure]:
+        state: dict = {}
+
+        def enqueue(b: Backend) -> int:
+            tag = uuid.uuid4().hex[:8]
+            state["ids"] = []
+            for k in range(0, self.HOT, 1000):
+                ids = [f"hot-{tag}-{k + i}" for i in range(1000)]
+                b.q("SELECT count(*) FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
+                    "array_fill(clock_timestamp(), ARRAY[1000]), vals => array_fill('\\x76'::bytea, ARRAY[1000]), "
+                    "store_late => true)", (ids,))
+            return self.HOT
+
+        def fire(b: Backend) -> int:
+            node, mark, fired, rescan_at = uuid.uuid4(), None, 0, 0.0
+            while True:
+                after = None
+                if mark is not None and time.monotonic() < rescan_at:
+                    after = mark - timedelta(seconds=1)  # the relay's MARK_SLACK
+                else:
+                    rescan_at = time.monotonic() + 2.0  # the relay's RESCAN_S
+                rows = b.q("SELECT id, deadline FROM pyscheduler.ready_and_claim(node => %s, max_count => 1000, "
+                           "after => %s)", (node, after))
+                if not rows:
+                    if after is None:
+                        return fired
+                    rescan_at = 0.0
+                    continue
+                top = max(r["deadline"] for r in rows)
+                mark = top if mark is None or top > mark else mark
+                b.q("SELECT count(*) FROM pyscheduler.delete_fired(ids => %s, node => %s)",
+                    ([r["id"] for r in rows], node))
+                fired += len(rows)
+
+        return [
+            Measure("enqueue_messages (per message)", "hot", enqueue, reps=3),
+            Measure("ready_and_claim + delete_fired (per message)", "hot", fire, setup=enqueue, reps=3),
+            Measure("delay_queue", "read", _call("SELECT * FROM pyscheduler.delay_queue")),
+            Measure("delay_ready_by_node", "read", _call("SELECT * FROM pyscheduler.delay_ready_by_node")),
+            Measure("next_deadline()", "read", _call("SELECT pyscheduler.next_deadline()")),
+        ]
+
+
+# ---------------------------------------------------------------- schedules
+
+class Schedules(Section):
+    """Stored: n schedules every 1 s (Kafka targets; 2 % HTTP, 2 % task), 10 % critical, 1 %
+    paused, 0.5 % failing, 0.1 % late and 0.1 % due within 5 minutes (non-critical, never fired:
+    the views' rows), the others due from 1 hour to 30 days ahead; n executions, 100,000 (a fifth
+    of n at most) of them one schedule's ('cold-00002002', 1 % failed). Hot, due now but analyzed a
+    day away (the statistics of issue 21's degraded case): 10,000 non-critical schedules fired
+    through the PostgreSQL side of the Redis path (``fire_details`` + ``record_executions``,
+    batches of 1,000) and 10,000 critical ones through the degraded path (``claim_due_critical``
+    + ``fire_details`` + ``record_executions`` with tokens, batches of 1,000)."""
+
+    name = "schedules"
+    HOT = 10_000
+
+    def build(self, b: Backend, echo) -> None:
+        first = b.one("SELECT (pyscheduler.create_schedule(name => 'template', every => '1 second', "
+                      "target_kind => 'kafka', target => 'flat.bench', retry_attempts => 0) ->> 'id')::bigint AS id"
+                      )["id"]
+        cols = ("every, cron, cron_spec, tz, start_at, end_at, max_runs, priority, retry_attempts, retry_base, "
+                "retry_jitter, catchup_window, overlap, created, updated, owner")
+        clone = (f"INSERT INTO pyscheduler.schedules (name, {cols}, target_kind, target, payload, critical, paused, "
+                 "paused_note, next_run_at, consecutive_failures, failed_count, last_error, last_outcome) "
+                 f"SELECT %(prefix)s || lpad(i::text, 8, '0'), {', '.join('t.' + c.strip() for c in cols.split(','))}, "
+                 "{kind}, {target}, t.payload, {critical}, {paused}, {note}, {next}, {fails}, {fails}, {error}, "
+                 "{outcome} FROM pyscheduler.schedules t, generate_series(%(lo)s::bigint, %(hi)s::bigint) i "
+                 "WHERE t.id = %(first)s")
+        cold = clone.format(
+            kind="CASE k.cat WHEN 'http' THEN 'http' WHEN 'task' THEN 'task' ELSE 'kafka' END",
+            target="CASE k.cat WHEN 'http' THEN 'https://example.com/hook' WHEN 'task' THEN 'flat-q' ELSE t.target END",
+            critical="k.cat = 'plain' AND i % 10 = 5", paused="k.cat = 'paused'",
+            note="CASE WHEN k.cat = 'paused' THEN 'bench' END",
+            next="CASE k.cat WHEN 'late' THEN now() - interval '1 hour' + (i % 600) * interval '1 second' "
+                 "WHEN 'soon' THEN now() + (i % 300) * interval '1 second' "
+                 "ELSE now() + interval '1 hour' + (i % 2592000) * interval '1 second' END",
+            fails="CASE WHEN k.cat = 'failing' THEN 1 + i % 5 ELSE 0 END",
+            error="CASE WHEN k.cat = 'failing' THEN 'bench: target down' END",
+            outcome="CASE WHEN k.cat = 'failing' THEN 'failed' END")
+        # 200 of each kind of row the views show in the first 1,200, then a share of the rest
+        cold = cold.replace("WHERE t.id", ", LATERAL (SELECT CASE WHEN i <= 1200 THEN (ARRAY['paused', 'failing', "
+                            "'late', 'soon', 'http', 'task'])[1 + (i - 1) / 200] WHEN i % 100 = 1 THEN 'paused' "
+                            "WHEN i % 200 = 9 THEN 'failing' WHEN i % 1000 = 3 THEN 'late' WHEN i % 1000 = 4 "
+                            "THEN 'soon' WHEN i % 50 = 7 THEN 'http' WHEN i % 50 = 8 THEN 'task' ELSE 'plain' END "
+                            "AS cat) k WHERE t.id").replace("%", "%%").replace("%%(", "%(")
+        for lo, hi in _chunks(self.n):
+            b.q(cold, {"prefix": "cold-", "lo": lo, "hi": hi, "first": first})
+        hot = clone.format(kind="'kafka'", target="t.target", critical="%(critical)s", paused="false", note="NULL",
+                           next="now() + interval '1 day'", fails="0", error="NULL", outcome="NULL")
+        b.q(hot, {"prefix": "hot-r-", "lo": 1, "hi": self.HOT, "first": first, "critical": False})
+        b.q(hot, {"prefix": "hot-c-", "lo": 1, "hi": self.HOT, "first": first, "critical": True})
+        b.q("DELETE FROM pyscheduler.schedules WHERE id = %s", (first,))
+        probe = b.one("SELECT id FROM pyscheduler.schedules WHERE name = 'cold-00002002'")["id"]
+        per_probe = min(100_000, max(5_000, self.n // 5))
+        b.q("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, "
+            "fired_at, lateness, error) SELECT %s, now() - i * interval '1 second', "
+            "CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'fired' END, false, 1, now() - i * interval '1 second', "
+            "interval '5 milliseconds', CASE WHEN i % 100 = 0 THEN 'bench' END "
+            "FROM generate_series(1, %s) i".replace("%", "%%").replace("%%s", "%s"), (probe, per_probe))
+        lo_id = b.one("SELECT min(id) AS m FROM pyscheduler.schedules WHERE name LIKE 'cold-%%'")["m"]
+        for lo, hi in _chunks(self.n - per_probe):
+            b.q("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, "
+                "attempts, fired_at, lateness) SELECT %s + i %% %s, now() - interval '1 day' - i * interval "
+                "'1 millisecond', 'fired', false, 1, now() - interval '1 day', interval '5 milliseconds' "
+                "FROM generate_series(%s::bigint, %s::bigint) i", (lo_id, self.n, lo, hi))
+
+    def prepare(self, b: Backend) -> None:
+        self._due_now(b)
+
+    @staticmethod
+    def _due_now(b: Backend) -> None:
+        """The hot schedules due now, the statistics left as they were (a day away)."""
+        b.q("UPDATE pyscheduler.schedules SET next_run_at = date_trunc('second', now()) - interval '1 second', "
+            "claim_token = NULL, claimed_until = NULL WHERE name LIKE 'hot-%%'")
+
+    def measures(self) -> list[Measure]:
+        mid = f"cold-{self.n // 2:08d}"
+
+        def redis_path(b: Backend) -> int:
+            hot = b.q("SELECT id, next_run_at FROM pyscheduler.schedules WHERE name LIKE 'hot-r-%%' ORDER BY id")
+            for k in range(0, len(hot), 1000):
+                part = hot[k:k + 1000]
+                ids = [r["id"] for r in part]
+                b.q("SELECT count(*) FROM pyscheduler.fire_details(%s)", (ids,))
+                b.q("SELECT count(*) FROM pyscheduler.record_executions(%s, %s, %s, %s)",
+                    (ids, [r["next_run_at"] for r in part], ["fired"] * len(ids), [1] * len(ids)))
+            return len(hot)
+
+        def degraded(b: Backend) -> int:
+            fired = 0
+            while fired < self.HOT:
+                rows = b.q("SELECT id, expected_at, claim_token FROM pyscheduler.claim_due_critical("
+                           "p_limit => 1000, p_hold => '30 seconds')")
+                if not rows:
+                    break
+                ids = [r["id"] for r in rows]
+                b.q("SELECT count(*) FROM pyscheduler.fire_details(%s)", (ids,))
+                b.q("SELECT count(*) FROM pyscheduler.record_executions(%s, %s, %s, %s, NULL, %s)",
+                    (ids, [r["expected_at"] for r in rows], ["fired"] * len(ids), [1] * len(ids),
+                     [r["claim_token"] for r in rows]))
+                fired += len(rows)
+            return fired
+
+        return [
+            Measure("via Redis: fire_details + record_executions (per firing)", "hot", redis_path,
+                    setup=self._due_now, reps=3),
+            Measure("degraded: claim_due_critical + fire_details + record_executions (per firing)", "hot",
+                    degraded, setup=self._due_now, reps=3),
+            Measure("list_schedules()", "read", _call("SELECT * FROM pyscheduler.list_schedules()")),
+            Measure("list_schedules(after_name => middle)", "read",
+                    _call("SELECT * FROM pyscheduler.list_schedules(after_name => %s)", (mid,))),
+            Measure("list_schedules(paused => true)", "read",
+                    _call("SELECT * FROM pyscheduler.list_schedules(paused => true)")),
+            Measure("list_schedules(critical => true)", "read",
+                    _call("SELECT * FROM pyscheduler.list_schedules(critical => true)")),
+            Measure("list_schedules(target_kind => 'http')", "read",
+                    _call("SELECT * FROM pyscheduler.list_schedules(target_kind => 'http')")),
+            Measure("get_schedule", "read", _call("SELECT pyscheduler.get_schedule(name => %s)", (mid,))),
+            Measure("schedule_runs(name)", "read",
+                    _call("SELECT * FROM pyscheduler.schedule_runs(name => 'cold-00002002')")),
+            Measure("schedule_runs(name, before => 30 minutes ago)", "read",
+                    _call("SELECT * FROM pyscheduler.schedule_runs(name => 'cold-00002002', "
+                         "before => now() - interval '30 minutes')")),
+            Measure("schedule_runs(name, with_outcome => 'failed')", "read",
+                    _call("SELECT * FROM pyscheduler.schedule_runs(name => 'cold-00002002', with_outcome => 'failed')")),
+            Measure("execution_count", "read",
+                    _call("SELECT pyscheduler.execution_count(name => 'cold-00002002')")),
+            Measure("upcoming_runs(name, n => 10)", "read",
+                    _call("SELECT * FROM pyscheduler.upcoming_runs(name => %s, n => 10)", (mid,))),
+            Measure("schedules_due_soon LIMIT 100", "read",
+                    _call("SELECT * FROM pyscheduler.schedules_due_soon LIMIT 100")),
+            Measure("schedules_late LIMIT 100", "read", _call("SELECT * FROM pyscheduler.schedules_late LIMIT 100")),
+            Measure("schedules_paused LIMIT 100", "read",
+                    _call("SELECT * FROM pyscheduler.schedules_paused LIMIT 100")),
+            Measure("schedules_failing LIMIT 100", "read",
+                    _call("SELECT * FROM pyscheduler.schedules_failing LIMIT 100")),
+        ]
+
+
+# ---------------------------------------------------------------- checks
+
+NOOP = """
+CREATE SCHEMA IF NOT EXISTS pyscheduler_bench;
+CREATE OR REPLACE FUNCTION pyscheduler_bench.noop(c pyscheduler.future_check) RETURNS timestamptz
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 'SELECT NULL::timestamptz';
+"""
+
+
+class Checks(Section):
+    """Stored: n pending checks of entity 'order' in the 2,880 slots of the next 30 days (15-minute
+    slots; 90 % SQL jobs, 5 % Python, 5 % task; 0.1 % handed to a task job, 0.01 % in a missed
+    slot) and n ended ones over the last 30 days. Hot: 20,000 checks of a no-op SQL job in the
+    current slot, taken and run by ``run_due_checks`` (batches of 1,000, with ``after`` as a
+    runner passes it), and the take alone (``due_checks``, 1,000, rolled back)."""
+
+    name = "checks"
+    HOT = 20_000
+
+    def build(self, b: Backend, echo) -> None:
+        b.q(NOOP)
+        for lo, hi in _chunks(self.n):
+            b.q("INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at, "
+                "max_checks, horizon, created, owner, claim, claim_until) "
+                "SELECT 'order', i::text, CASE i %% 20 WHEN 0 THEN 'flat-q' WHEN 1 THEN 'flat_handler' "
+                "ELSE 'pyscheduler_bench.noop' END, CASE i %% 20 WHEN 0 THEN 'task' WHEN 1 THEN 'python' ELSE 'sql' END, "
+                "s, s, 5, '30 days', now(), current_user, CASE WHEN handed THEN gen_random_uuid() END, "
+                "CASE WHEN handed THEN now() + interval '1 hour' END "
+                "FROM generate_series(%s::bigint, %s::bigint) i, pyscheduler._current_check_slot cur, "
+                "LATERAL (SELECT i <= 200 OR i %% 10000 = 9 AS missed, i BETWEEN 201 AND 400 OR i %% 1000 = 7 "
+                "                AS handed) k, "
+                "LATERAL (SELECT cur.slot + CASE WHEN k.missed THEN -(1 + i %% 4) WHEN k.handed THEN 0 "
+                "                                ELSE 1 + i %% 2880 END * interval '15 minutes' AS s) x", (lo, hi))
+            b.q("INSERT INTO pyscheduler.check_history (id, entity_name, entity_key, job, kind, first_check_at, "
+                "last_check_at, check_count, outcome, error, last_took, total_took, created, ended, owner) "
+                "SELECT -i, 'order', i::text, CASE WHEN i %% 3 = 0 THEN 'flat_handler' ELSE 'pyscheduler_bench.noop' END, "
+                "CASE WHEN i %% 3 = 0 THEN 'python' ELSE 'sql' END, e - interval '1 hour', e, 1 + i %% 5, "
+                "(ARRAY['done', 'done', 'done', 'max_checks', 'error', 'deleted'])[1 + i %% 6], "
+                "CASE WHEN i %% 6 = 4 THEN 'bench' END, (i %% 1000) * interval '1 millisecond', "
+                "(i %% 5000) * interval '1 millisecond', e - interval '1 hour', e, current_user "
+                "FROM generate_series(%s::bigint, %s::bigint) i, "
+                "LATERAL (SELECT now() - (i::float8 / %s) * interval '30 days' AS e) x", (lo, hi, self.n))
+
+    def measures(self) -> list[Measure]:
+        state = {"k": 0}
+
+        def fill(b: Backend) -> None:
+            """HOT checks in a slot of their own (one long past: a runner's next slot holds no entries
+            its earlier slots left), so no take reads what an earlier repetition left."""
+            state["k"] += 1
+            state["slot"] = b.one("SELECT cur.slot - %s * interval '15 minutes' AS s "
+                                  "FROM pyscheduler._current_check_slot cur", (200 + state["k"],))["s"]
+            b.q("INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at, "
+                "max_checks, horizon, created, owner) SELECT 'hot', %s || '-' || i, 'pyscheduler_bench.noop', 'sql', "
+                "%s, %s, 5, '30 days', now(), current_user FROM generate_series(1, %s) i",
+                (uuid.uuid4().hex[:8], state["slot"], state["slot"], self.HOT))
+
+        def run(b: Backend) -> int:
+            taken, after = 0, None
+            while True:
+                r = b.one("SELECT taken, last_id FROM pyscheduler.run_due_checks(slot => %s, max => 1000, "
+                          "after => %s)", (state["slot"], after))
+                if not r["taken"]:
+                    if after is None:
+                        return taken
+                    after = None  # a runner ends a slot with a call without after
+                    continue
+                taken += r["taken"]
+                after = r["last_id"]
+
+        def take(b: Backend) -> int:
+            with b.conn.transaction(force_rollback=True):
+                return len(b.q("SELECT id FROM pyscheduler.due_checks(slot => %s, max => 1000)", (state["slot"],)))
+
+        def clean(b: Backend) -> None:
+            b.q("DELETE FROM pyscheduler.checks WHERE entity_name = 'hot'")
+
+        return [
+            Measure("run_due_checks: take, run, record (per check)", "hot", run, setup=fill, reps=3),
+            Measure("due_checks: the take alone (per check)", "hot", take, setup=lambda b: (clean(b), fill(b)),
+                    reps=5),
+            Measure("list_checks()", "read", _call("SELECT * FROM pyscheduler.list_checks()")),
+            Measure("list_checks(after => 15 days ahead)", "read",
+                    _call("SELECT * FROM pyscheduler.list_checks(after_at => now() + interval '15 days', "
+                         "after_id => 0)")),
+            Measure("list_checks(entity_name, entity_key)", "read",
+                    _call("SELECT * FROM pyscheduler.list_checks(entity_name => 'order', entity_key => '12345')")),
+            Measure("check_history()", "read", _call("SELECT * FROM pyscheduler.check_history()")),
+            Measure("check_history(before => 15 days ago)", "read",
+                    _call("SELECT * FROM pyscheduler.check_history(before_at => now() - interval '15 days', "
+                         "before_id => 0)")),
+            Measure("check_history(entity_name, entity_key)", "read",
+                    _call("SELECT * FROM pyscheduler.check_history(entity_name => 'order', entity_key => '12345')")),
+            Measure("checks_per_slot LIMIT 100", "read", _call("SELECT * FROM pyscheduler.checks_per_slot LIMIT 100")),
+            Measure("overdue_checks LIMIT 100", "read", _call("SELECT * FROM pyscheduler.overdue_checks LIMIT 100")),
+            Measure("check_outcomes", "read", _call("SELECT * FROM pyscheduler.check_outcomes")),
+        ]
+
+
+# Leased tasks: a Section of their own once issue 16 lands (list_tasks, task_counts,
+# oldest_ready_tasks, expired_leases; the Worker's lease + complete).
+SECTIONS: dict[str, type[Section]] = {"delay": Delay, "schedules": Schedules, "checks": Checks}
+
+
+# ---------------------------------------------------------------- databases
+
+def _admin_dsn(dsn: str) -> str:
+    return make_conninfo(dsn, dbname="postgres")
+
+
+def _ensure_database(echo, server_dsn: str, name: str, sizes: dict[str, int], sections: list[str],
+                     migrate_it: bool) -> tuple[str, bool]:
+    """The database for one size: reused when its build marker says it holds these sizes, else
+    made anew. Returns its DSN and whether it must be built."""
+    from . import migrate
+
+    dsn = make_conninfo(server_dsn, dbname=name)
+    with psycopg.connect(_admin_dsn(server_dsn), autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    if exists:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            built = c.execute("SELECT to_regclass('public.flat_bench_build') IS NOT NULL").fetchone()[0] and dict(
+                c.execute("SELECT section, n FROM public.flat_bench_build").fetchall())
+        if built and all(built.get(s) == sizes[s] for s in sections):
+            if migrate_it:
+                migrate.migrate(dsn)
+            echo(f"{name}: reusing the database built before ({', '.join(f'{s} {sizes[s]:,}' for s in sections)})")
+            return dsn, False
+        with psycopg.connect(_admin_dsn(server_dsn), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with psycopg.connect(_admin_dsn(server_dsn), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    if migrate_it:
+        migrate.migrate(dsn)
+    return dsn, True
+
+
+def _build(echo, dsn: str, sections: list[Section]) -> None:
+    b = Backend(dsn)
+    try:
+        b.q("CREATE TABLE IF NOT EXISTS public.flat_bench_build (section text PRIMARY KEY, n bigint NOT NULL)")
+        for s in sections:
+            started = time.perf_counter()
+            s.build(b, echo)
+            built = time.perf_counter() - started
+            b.q("VACUUM (ANALYZE)")
+            echo(f"  {s.name}: {s.n:,} stored, written in {built:.0f} s, VACUUM ANALYZE "
+                 f"{time.perf_counter() - started - built:.0f} s")
+            b.q("INSERT INTO public.flat_bench_build VALUES (%s, %s) ON CONFLICT (section) DO UPDATE SET n = "
+                "excluded.n", (s.name, s.n))
+    finally:
+        b.close()
+
+
+def _time(b: Backend, m: Measure, result: Result) -> None:
+    for _ in range(m.reps):
+        if m.setup is not None:
+            m.setup(b)
+        cpu0, t0 = b.cpu(), time.perf_counter()
+        items = m.run(b)
+        took, cpu1 = time.perf_counter() - t0, b.cpu()
+        result.add(took, None if cpu0 is None or cpu1 is None else cpu1 - cpu0, items)
+
+
+def _fmt(seconds: float | None, kind: str) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e6:,.1f} us" if kind == "hot" else f"{seconds * 1e3:,.2f} ms"
+
+
+@click.command("flatness")
+@dsn_option
+@click.option("--scale", type=click.FloatRange(min=0.0001), default=1.0, show_default=True,
+              help="Multiply the large sizes (10M delay messages, 5M schedules, 10M checks) by this.")
+@click.option("--sections", default=",".join(SECTIONS), show_default=True,
+              help="Comma-separated capabilities to build and measure.")
+@click.option("--sizes", type=click.Choice(["both", "small", "large"]), default="both", show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
+              help="Measuring rounds; each measures every path at each size, sizes interleaved.")
+@click.option("--only", type=click.Choice(["all", "hot", "read"]), default="all", show_default=True)
+@click.option("--keep", is_flag=True, help="Keep the databases (a later run with the same sizes reuses them).")
+@click.option("--no-migrate", is_flag=True,
+              help="Use the functions the databases have (e.g. migrated by another version); hot paths only.")
+def bench(dsn, scale, sections, sizes, rounds, only, keep, no_migrate) -> None:
+    """The cost of each hot path and read path at a small and a large stored size, and the ratios."""
+    from .embedded import Postgres
+
+    echo = click.echo
+    names = [s.strip() for s in sections.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise click.BadParameter(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}",
+                                 param_hint="--sections")
+    if no_migrate and only == "all":
+        only = "hot"
+    wanted = {"both": ["small", "large"], "small": ["small"], "large": ["large"]}[sizes]
+    size_of = {"small": dict(SMALL), "large": {k: max(SMALL[k], int(v * scale)) for k, v in LARGE.items()}}
+    with ExitStack() as stack:
+        if not dsn:
+            import tempfile
+            from pathlib import Path
+
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="pyscheduler-flat-"))
+            echo("starting an embedded PostgreSQL (pass --dsn to use a server of your own) ...")
+            pg = Postgres(Path(workdir) / "postgres").start()
+            stack.callback(pg.stop)
+            dsn = pg.dsn()
+        base = conninfo_to_dict(dsn).get("dbname") or "postgres"
+        dbs: dict[str, str] = {}
+        for size in wanted:
+            name = f"{base}_flat_{size}"
+            db_dsn, build = _ensure_database(echo, dsn, name, size_of[size], names, not no_migrate)
+            if build:
+                echo(f"{name}: building ...")
+                _build(echo, db_dsn, [SECTIONS[n](size_of[size][n]) for n in names])
+            if not keep:
+                stack.callback(_drop, dsn, name)
+            dbs[size] = db_dsn
+        backends = {size: Backend(d) for size, d in dbs.items()}
+        for b in backends.values():
+            stack.callback(b.close)
+        parts = {size: [SECTIONS[n](size_of[size][n]) for n in names] for size in wanted}
+        for size in wanted:
+            for s in parts[size]:
+                s.prepare(backends[size])
+        results: dict[tuple[str, str, str], Result] = {}
+        kinds: dict[tuple[str, str], str] = {}
+        load0 = os.getloadavg()[0]
+        started = time.perf_counter()
+        for r in range(rounds):
+            echo(f"round {r + 1} of {rounds} ...")
+            for size in (wanted if r % 2 == 0 else list(reversed(wanted))):
+                for s in parts[size]:
+                    for m in s.measures():
+                        if only != "all" and m.kind != only:
+                            continue
+                        kinds[(s.name, m.name)] = m.kind
+                        _time(backends[size], m, results.setdefault((s.name, m.name, size), Result()))
+        load1 = os.getloadavg()[0]
+        echo(f"\nmeasured in {time.perf_counter() - started:.0f} s, load average {load0:.2f} at the start, "
+             f"{load1:.2f} at the end ({os.cpu_count()} cores)")
+        sizes_line = "; ".join(f"{size}: " + ", ".join(f"{n} {size_of[size][n]:,}" for n in names) for size in wanted)
+        echo(f"stored: {sizes_line}\n")
+        _report(echo, results, kinds, wanted)
+
+
+def _drop(server_dsn: str, name: str) -> None:
+    with psycopg.connect(_admin_dsn(server_dsn), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _report(echo, results: dict, kinds: dict, wanted: list[str]) -> None:
+    """One line per path: median wall time (and backend CPU) per call or item at each size, the
+    ratio large/small of the wall times and of the CPU, and the verdict against the targets."""
+    head = f"{'path':<78} {'small':>12} {'large':>12} {'ratio':>6} {'cpu ratio':>9}  verdict"
+    echo(head)
+    echo("-" * len(head))
+    section = None
+    for (sec, name), kind in kinds.items():
+        if sec != section:
+            echo(f"[{sec}]")
+            section = sec
+        med = {size: statistics.median(results[(sec, name, size)].wall) if results.get((sec, name, size)) and
+               results[(sec, name, size)].wall else None for size in wanted}
+        cpu = {size: statistics.median(results[(sec, name, size)].cpu) if results.get((sec, name, size)) and
+               results[(sec, name, size)].cpu else None for size in wanted}
+        small, large = med.get("small"), med.get("large")
+        ratio = large / small if small and large else None
+        cpu_ratio = cpu["large"] / cpu["small"] if cpu.get("small") and cpu.get("large") else None
+        verdict = ""
+        if kind == "read" and large is not None:
+            ok = large * 1000 <= READ_MS and (ratio is None or ratio <= READ_RATIO)
+            verdict = f"{'ok' if ok else 'MISSED'} (<= {READ_MS:.0f} ms, <= {READ_RATIO}x)"
+        elif kind == "hot" and ratio is not None:
+            verdict = f"{'ok' if ratio <= HOT_RATIO else 'MISSED'} (<= {HOT_RATIO}x)"
+        echo(f"{kind + ' ' + name:<78} {_fmt(small, kind):>12} {_fmt(large, kind):>12} "
+             f"{(f'{ratio:.2f}' if ratio else '-'):>6} {(f'{cpu_ratio:.2f}' if cpu_ratio else '-'):>9}  {verdict}")

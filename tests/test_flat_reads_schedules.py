@@ -1,0 +1,143 @@
+"""Recurring schedules, issue 21: list_schedules and schedule_runs page by keyset (every row once,
+while others are written), each read path reads the index in its order and stops at the page, the
+paused and failing views have indexes of their own (and a healthy firing stays HOT: see
+test_schedules_sql), and claim_due_critical keeps its plan whatever the statistics and the session
+say."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+from psycopg.rows import dict_row
+
+from flat_reads_support import reads
+from pyscheduler.db import Database
+
+UTC = timezone.utc
+
+
+def create(db, name, **kw):
+    kw.setdefault("target", "topic-a")
+    kw.setdefault("every", "10 seconds")
+    return db.call_value("create_schedule", name=name, **kw)
+
+
+def clone(conn, template_id: int, prefix: str, n: int, *, critical: str = "false", paused: str = "false",
+          failures: str = "0", next_run: str = "now() + interval '1 day'") -> None:
+    """n copies of a schedule named prefix0000.. (columns as given: SQL expressions of i)."""
+    cols = ("every, cron, cron_spec, tz, start_at, end_at, max_runs, target_kind, target, priority, payload, "
+            "retry_attempts, retry_base, retry_jitter, catchup_window, overlap, created, updated, owner")
+    conn.execute(
+        f"INSERT INTO pyscheduler.schedules (name, {cols}, critical, paused, consecutive_failures, next_run_at) "
+        f"SELECT %s || lpad(i::text, 4, '0'), {', '.join('t.' + c.strip() for c in cols.split(','))}, "
+        f"{critical}, {paused}, {failures}, {next_run} "
+        "FROM pyscheduler.schedules t, generate_series(1, %s) i WHERE t.id = %s", (prefix, n, template_id))
+
+
+def page_through(db: Database, per_page: int, between=None, **filters) -> list[str]:
+    names, after = [], None
+    while True:
+        page = [r["schedule"]["name"] for r in db.call("list_schedules", max_schedules=per_page, after_name=after,
+                                                       **filters)]
+        assert page == sorted(page)
+        names += page
+        if len(page) < per_page:
+            return names
+        after = page[-1]
+        if between:
+            between(after)
+
+
+def test_list_schedules_pages_return_every_schedule_once_while_others_are_created(db, dsn):
+    for i in range(60):
+        create(db, f"m-{i:03d}", paused=(i % 4 == 0))
+    made = iter(range(1000))
+
+    with psycopg.connect(dsn, autocommit=True) as other:
+        def create_around(cursor: str) -> None:  # one before the cursor, one after it, one right at it
+            for name in (f"a-{next(made)}", f"z-{next(made)}", f"{cursor}-{next(made)}"):
+                other.execute("SELECT pyscheduler.create_schedule(name => %s, target => 'topic-a', "
+                              "every => '10 seconds')", (name,))
+
+        seen = page_through(db, 7, create_around)
+    assert len(seen) == len(set(seen))
+    assert [n for n in seen if n.startswith("m-") and "-" not in n[2:]] == [f"m-{i:03d}" for i in range(60)]
+    assert all(n > "m-" for n in seen if n.startswith("z-") or n.startswith("m-"))
+    paused = page_through(db, 4, paused=True)
+    assert paused == [f"m-{i:03d}" for i in range(0, 60, 4)]
+    assert [n for n in page_through(db, 5, name_like="m-00%") if n.count("-") == 1] == [f"m-{i:03d}" for i in range(10)]
+
+
+def test_schedule_runs_pages_newest_first_every_execution_once(db, conn):
+    s = create(db, "r", every="1 second", retry_attempts=0, catchup_window="1 day")
+    t0 = datetime.fromisoformat(s["next_run_at"])
+    expected = [t0 + timedelta(seconds=i) for i in range(150)]
+    conn.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
+                 ([s["id"]] * 150, expected, ["failed" if i % 7 == 0 else "fired" for i in range(150)],
+                  [1] * 150, t0 + timedelta(seconds=150)))
+
+    def walk(**kw) -> list[datetime]:
+        got, before = [], None
+        while page := db.call("schedule_runs", name="r", max_runs=40, before=before, **kw):
+            got += [r["expected_at"] for r in page]
+            before = page[-1]["expected_at"]
+        return got
+
+    assert walk() == sorted(expected, reverse=True)
+    assert walk(with_outcome="failed") == sorted(expected[::7], reverse=True)
+    assert walk(with_outcome="fired") == sorted(set(expected) - set(expected[::7]), reverse=True)
+    assert walk(since=expected[100]) == sorted(expected[100:], reverse=True)
+
+
+def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(db, conn):
+    t = create(db, "t", every="1 minute")
+    clone(conn, t["id"], "c-", 3000, paused="i %% 10 = 1", failures="CASE WHEN i %% 20 = 3 THEN 1 + i %% 4 ELSE 0 END")
+    conn.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
+                 ([t["id"]] * 500, [datetime.fromisoformat(t["next_run_at"]) + timedelta(minutes=i) for i in range(500)],
+                  ["failed" if i % 50 == 0 else "fired" for i in range(500)], [1] * 500, datetime.now(UTC)))
+    conn.execute("ANALYZE pyscheduler.schedules")
+    conn.execute("ANALYZE pyscheduler.schedule_executions")
+    checks = [
+        ("SELECT * FROM pyscheduler.list_schedules(max_schedules => 10)", "schedules_name_key", 10),
+        ("SELECT * FROM pyscheduler.list_schedules(max_schedules => 10, after_name => 'c-1500')",
+         "schedules_name_key", 10),
+        ("SELECT * FROM pyscheduler.list_schedules(max_schedules => 10, paused => true)",
+         "schedules_paused_name_idx", 10),
+        ("SELECT * FROM pyscheduler.schedules_paused LIMIT 10", "schedules_paused_name_idx", 10),
+        ("SELECT * FROM pyscheduler.schedules_failing LIMIT 10", "schedules_failing_idx", 10),
+    ]
+    for sql, index, n in checks:
+        rows, r = reads(conn, sql, tables=("schedules",))
+        assert len(rows) == n, sql
+        assert r.seq_scans("schedules") == 0, sql
+        assert 0 < r.entries(index) <= n + 2, (sql, r.returned)
+    failing = [row["consecutive_failures"] for row in conn.execute("SELECT * FROM pyscheduler.schedules_failing")]
+    assert failing == sorted(failing, reverse=True) and len(failing) == 150
+    for sql, index in [("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 10)", "schedule_executions_pkey"),
+                       ("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 5, with_outcome => 'failed')",
+                        "schedule_executions_unfired_idx")]:
+        rows, r = reads(conn, sql, tables=("schedule_executions",))
+        assert rows and r.seq_scans("schedule_executions") == 0, sql
+        assert 0 < r.entries(index) <= 12, (sql, r.returned)
+
+
+def test_claim_due_critical_keeps_its_plan_whatever_the_statistics_and_the_session(db, conn):
+    """The statistics were taken while every critical schedule was a day away (issue 21's degraded
+    case); then 1,500 of them fall due. Even in a session that turns index scans off, the claim
+    reads schedules_critical_due_idx in due order and stops at p_limit (before, a bitmap scan read
+    every due entry and sorted them)."""
+    t = create(db, "t", critical=True)
+    clone(conn, t["id"], "k-", 4000, critical="true")
+    conn.execute("ANALYZE pyscheduler.schedules")
+    conn.execute("UPDATE pyscheduler.schedules SET next_run_at = now() - interval '1 minute' - i * interval '1 ms' "
+                 "FROM generate_series(1, 1500) i WHERE name = 'k-' || lpad(i::text, 4, '0')")
+    conn.execute("SET enable_indexscan = off")
+    rows, r = reads(conn, "SELECT * FROM pyscheduler.claim_due_critical(p_limit => 100)", tables=("schedules",))
+    assert len(rows) == 100
+    due = sorted(rows, key=lambda x: x["expected_at"])
+    assert due[0]["expected_at"] < due[-1]["expected_at"]  # the oldest due first: k-1500 .. k-1401
+    assert {x["id"] for x in rows} == {x["id"] for x in conn.execute(
+        "SELECT id FROM pyscheduler.schedules WHERE name >= 'k-1401' AND name <= 'k-1500'").fetchall()}
+    assert r.seq_scans("schedules") == 0
+    assert r.entries("schedules_critical_due_idx") <= 110, r.returned
