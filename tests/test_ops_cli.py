@@ -4,12 +4,14 @@ right exit code; ``run --data-dir`` keeps the data; a clean first start logs no 
 
 from __future__ import annotations
 
-import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -79,17 +81,36 @@ def test_run_with_a_bad_capability_variable_is_a_usage_error(dsn):
     assert result.exit_code == 2 and "hold-ms" in result.output, result.output
 
 
+class Merged(Output):
+    """Output of a child whose stderr goes to its stdout (one stream: the order of lines kept)."""
+
+    def wait_for(self, pattern, timeout=120.0) -> str:
+        try:
+            return super().wait_for(pattern, timeout)
+        except AttributeError:  # Output's failure message reads a separate stderr
+            raise AssertionError(f"{pattern!r} not seen (exit code {self.proc.poll()}):\n{self.text()}") from None
+
+
 def start_run(data_dir) -> tuple[subprocess.Popen, Output, str]:
     proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", "run", "--data-dir", str(data_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**clean_env(), "PYTHONUNBUFFERED": "1"})
-    output = Output(proc)
+    output = Merged(proc)
     text = output.wait_for(r"^running ")
     return proc, output, re.search(r"psql '([^']+)'", text).group(1)
 
 
-def test_run_data_dir_keeps_the_data_across_restarts_and_a_first_start_warns_of_nothing(tmp_path):
-    data = tmp_path / "data"
+@pytest.fixture
+def data_dir():
+    """Not under pytest's base temp (see conftest.pg): as root, PostgreSQL runs as another user,
+    and a pytest session starting elsewhere on the machine makes that directory private."""
+    path = Path(tempfile.mkdtemp(prefix="pyscheduler-test-data-"))
+    yield path / "data"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_run_data_dir_keeps_the_data_across_restarts_and_a_first_start_warns_of_nothing(data_dir):
+    data = data_dir
     proc, output, dsn = start_run(data)
     try:
         assert f"with their data in {data}" in output.text()

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -80,16 +82,20 @@ class Process:
 
 
 @pytest.fixture
-def servers(tmp_path):
-    """Private PostgreSQL, broker and Redis: this test stops and starts them."""
+def servers():
+    """Private PostgreSQL, broker and Redis: this test stops and starts them. Not under pytest's
+    base temp (see conftest.pg: as root, PostgreSQL runs as another user, and a pytest session
+    starting elsewhere on the machine makes that directory private)."""
+    workdir = Path(tempfile.mkdtemp(prefix="pyscheduler-test-readyz-"))
     started = []
     try:
         for cls in (embedded.Postgres, embedded.Kafka, embedded.Redis):
-            started.append(cls(tmp_path / cls.name).start())
+            started.append(cls(workdir / cls.name).start())
         yield started
     finally:
         for server in reversed(started):
             server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_readyz_turns_503_within_5s_of_each_server_stopping_and_200_after(servers, tmp_path):
