@@ -32,6 +32,8 @@ CREATE INDEX schedule_executions_unfired_idx ON pyscheduler.schedule_executions 
 -- list_schedules and schedule_runs take a keyset cursor (new signatures)
 DROP FUNCTION IF EXISTS pyscheduler.list_schedules(text, text, boolean, boolean, integer);
 DROP FUNCTION IF EXISTS pyscheduler.schedule_runs(text, text, timestamptz, integer);
+-- the degraded claim takes the index shards to claim for (issue 18: claim_due_critical_shards)
+DROP FUNCTION IF EXISTS pyscheduler._claim_due_critical(integer, interval, timestamptz);
 
 -- ---------------------------------------------------------------- checks
 

@@ -119,6 +119,24 @@ def _stack(dsn, kafka_bootstrap, redis_url, data_dir: Path | None = None):
     return Stack(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, data_dir=data_dir).start()
 
 
+def _dashboard(stack):
+    """The dashboard ``run`` serves at ``/`` of its HTTP endpoint, with the variables of
+    ``pyscheduler dashboard`` (PYSCHEDULER_DASHBOARD_TOKEN, _ALLOW_ACTIONS, _ACTION_DSN,
+    _REFRESH); read-only unless PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS is set."""
+    import os
+
+    from .dashboard import make_app
+
+    env = os.environ.get
+    refresh = env("PYSCHEDULER_DASHBOARD_REFRESH") or "10"
+    if not refresh.isdigit() or not 1 <= int(refresh) <= 3600:
+        raise click.BadParameter(f"expected 1..3600 seconds, got {refresh!r}", param_hint="PYSCHEDULER_DASHBOARD_REFRESH")
+    allow = (env("PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS") or "").strip().lower() in ("1", "true", "yes", "on")
+    return make_app(stack.dsn, allow_actions=allow, token=env("PYSCHEDULER_DASHBOARD_TOKEN") or None,
+                    action_dsn=env("PYSCHEDULER_DASHBOARD_ACTION_DSN") or None, redis_url=stack.redis_url,
+                    refresh_s=int(refresh))
+
+
 def _print_connect(stack) -> None:
     click.echo("connect with:")
     click.echo(f"  psql '{stack.dsn}'")
@@ -163,8 +181,14 @@ def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate, data_di
         _print_connect(stack)
         click.echo(f"running {', '.join(d.name for d in daemons) or 'no daemons'}; Ctrl-C or SIGTERM stops")
         sys.stdout.flush()
-        code = run_serving(daemons, stop, http_host, http_port, dsn=stack.dsn, kafka_bootstrap=stack.kafka_bootstrap,
-                           kafka_settings=kafka_settings, redis_url=stack.redis_url)
+        dashboard = _dashboard(stack) if http_port is not None else None
+        try:
+            code = run_serving(daemons, stop, http_host, http_port, dsn=stack.dsn,
+                               kafka_bootstrap=stack.kafka_bootstrap, kafka_settings=kafka_settings,
+                               redis_url=stack.redis_url, app=dashboard)
+        finally:
+            if dashboard is not None:
+                dashboard.close()
     finally:
         stack.stop()
     click.echo("stopped")
@@ -216,6 +240,12 @@ def _register_capabilities() -> None:
 _register_capabilities()
 
 
+def _register_dashboard() -> None:
+    from .dashboard.cli import dashboard_cmd
+
+    main.add_command(dashboard_cmd, "dashboard")
+
+
 def _register_peers() -> None:
     from .benchpeers.cli import bench as peers
 
@@ -224,3 +254,4 @@ def _register_peers() -> None:
 
 _register_peers()
 bench_group.add_command(importlib.import_module("pyscheduler.flatness").bench, "flatness")
+_register_dashboard()

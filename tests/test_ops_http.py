@@ -115,6 +115,8 @@ def test_readyz_turns_503_within_5s_of_each_server_stopping_and_200_after(server
         assert set(body["servers"]) == {"postgresql", "kafka", "redis"}
         assert any(name.startswith("checks-runner") for name in body["daemons"])
         assert run.get("/healthz")[0] == 200
+        status, page = run.get("/")  # the dashboard, at / of the same endpoint
+        assert status == 200 and "<html" in page.lower(), page[:500]
         for server, name in ((kafka, "kafka"), (rds, "redis"), (pg, "postgresql")):
             server.stop()
             stopped = time.monotonic()

@@ -33,7 +33,10 @@ CREATE FUNCTION public.walk_job(c pyscheduler.future_check) RETURNS timestamptz
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     INSERT INTO public.walk_runs (slot) VALUES (c.next_check_at);
-    RETURN c.next_check_at + interval '1 second';
+    -- the next second; a run late by more than a second (a catch-up after a restart on a
+    -- loaded machine) goes on from now: a time already past would end the check ('past')
+    RETURN CASE WHEN c.next_check_at + interval '1 second' > now() THEN c.next_check_at + interval '1 second'
+                ELSE now() + interval '1 second' END;
 END $$;
 """
 

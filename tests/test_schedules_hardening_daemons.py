@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from pyscheduler import embedded
 from pyscheduler.cli import main
 from pyscheduler.delay.bench import fresh_read
-from pyscheduler.schedules.index import Index, idempotency_key, to_ms
+from pyscheduler.schedules.index import Index, Shards, idempotency_key, to_ms
 from pyscheduler.schedules.targets import KAFKA_KEY_HEADER, schedule_header
 
 from schedules_support import (Blackhole, Probe, Receiver, Running, allow_loopback, count, create, executions,
@@ -212,7 +212,7 @@ def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sq
     wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "both occurrences claimed")
     poison(db, "bad", "trigger_at = '-infinity'")
     ex = executor(dsn, redis_url)
-    ex.db, ex.index = db, index
+    ex.db, ex.index = db, Shards(index.r, PREFIX)
     recorder = Recorder(ex)
     recorder.record([("fired", Occurrence(c.id, c.expected_ms, tries=1), None) for c in claimed])
     recorder.settle()
@@ -258,7 +258,7 @@ def test_a_schedule_changed_between_its_record_and_its_settle_fires_nothing_of_t
     index = index_of(redis_url)
     the_relay = relay(dsn, redis_url)
     ex = executor(dsn, redis_url)
-    ex.db, ex.index = db, index
+    ex.db, ex.index = db, Shards(index.r, PREFIX)
     recorder = Recorder(ex)
 
     def relay_writes(*names: str) -> None:  # the relay, notified of the change

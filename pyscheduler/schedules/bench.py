@@ -36,7 +36,7 @@ import redis
 from ..config import bootstrap_option, dsn_option, redis_option
 from ..db import Database
 from ..delay.bench import OutputReader, percentiles
-from .index import Index
+from .index import Shards, connect, is_cluster_url
 from .targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
 
 TARGETS = {"redis": 25_000, "postgres": 5_000, "steady_p99_ms": 50.0}
@@ -67,7 +67,7 @@ def create_bulk(db: Database, prefix: str, n: int, every_s: float, topic: str, c
     return ids
 
 
-def arm(db: Database, index: Index | None, ids: list[int], first_ms: int | None, spread_s: float) -> None:
+def arm(db: Database, index: Shards | None, ids: list[int], first_ms: int | None, spread_s: float) -> None:
     """Make schedule i due at first + (i mod spread) seconds, in PostgreSQL and in the index
     (first_ms None: index the next runs PostgreSQL has)."""
     with db.connection() as conn:
@@ -79,13 +79,14 @@ def arm(db: Database, index: Index | None, ids: list[int], first_ms: int | None,
         rows = conn.execute("SELECT id, next_run_at FROM pyscheduler.schedules WHERE id = ANY(%s)",
                             (ids,)).fetchall()
     if index is not None:
-        index.r.delete(index.k_index, index.k_claims, index.k_last, index.k_ver)
-        pipe = index.r.pipeline(transaction=False)
-        for i in range(0, len(rows), 10000):
-            pipe.zadd(index.k_index, {str(r["id"]): round(r["next_run_at"].timestamp() * 1000)
-                                      for r in rows[i:i + 10000]})
-        pipe.set(index.k_marker, "bench")
-        pipe.execute()
+        for k, part in index.split(rows, key=lambda r: r["id"]).items():
+            shard = index.shards[k]
+            shard.r.delete(shard.k_index, shard.k_claims, shard.k_last, shard.k_ver)  # one slot
+            for i in range(0, len(part), 10000):
+                shard.r.zadd(shard.k_index, {str(r["id"]): round(r["next_run_at"].timestamp() * 1000)
+                                             for r in part[i:i + 10000]})
+        for shard in index.shards:
+            shard.r.set(shard.k_marker, "bench")
 
 
 def drop(db: Database, prefix: str) -> None:
@@ -97,17 +98,17 @@ def drop(db: Database, prefix: str) -> None:
 
 
 def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n: int, logdir: str,
-                       batch: int) -> list[subprocess.Popen]:
+                       batch: int, shards: int = 0) -> list[subprocess.Popen]:
     procs = []
     for k in range(n):
         out = open(os.path.join(logdir, f"executor-{k}.log"), "wb")
         profile = os.environ.get("PYSCHEDULER_BENCH_PROFILE")  # a directory: cProfile each executor there
-        main = ["-m", "pyscheduler.schedules.bench", os.path.join(profile, f"executor-{k}.prof")] if profile \
+        main = ["-m", "pyscheduler.schedules.profile", os.path.join(profile, f"executor-{k}.prof")] if profile \
             else ["-m", "pyscheduler.schedules"]
         procs.append(subprocess.Popen(
             [sys.executable, *main, "run", "--dsn", dsn, "--redis-url", redis_url,
              "--bootstrap-servers", bootstrap, "--prefix", prefix, "--batch", str(batch), "--executors", "1",
-             "--cleanup-s", "3600", "--relay", "0"],
+             "--cleanup-s", "3600", "--relay", "0", "--shards", str(shards)],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYSCHEDULER_LOG_LEVEL": "INFO"}))
     for k, p in enumerate(procs):  # started (imports done, connected) before the schedules are armed
         log = os.path.join(logdir, f"executor-{k}.log")
@@ -193,12 +194,18 @@ class CpuMeter:
         backend, self.database = me["pid"], me["db"]
         with open(f"/proc/{backend}/stat") as f:
             self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
-        self.redis = redis.Redis.from_url(redis_url)
+        # every node of a cluster (masters and replicas: replication is part of the cost)
+        if is_cluster_url(redis_url):
+            cluster = connect(redis_url)
+            self.redis = [redis.Redis(host=n.host, port=n.port) for n in cluster.get_nodes()]
+            cluster.close()
+        else:
+            self.redis = [redis.Redis.from_url(redis_url)]
         self.broker = [p for p in _find(bootstrap) if p not in executors and p != os.getpid()]
         self.executors = executors
 
     def sample(self) -> dict[str, float]:
-        info = self.redis.info("cpu")
+        infos = [r.info("cpu") for r in self.redis]
         mine = shared = 0.0
         for p in _children(self.postmaster):
             try:
@@ -212,12 +219,12 @@ class CpuMeter:
                 shared += _proc_cpu(p)  # checkpointer, WAL writer, ... (not other databases' sessions)
         return {"executors": sum(_proc_cpu(p) for p in self.executors), "postgres": mine,
                 "postgres shared": shared,
-                "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+                "redis": sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in infos),
                 "kafka": sum(_proc_cpu(p) for p in self.broker)}
 
 
 def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: int, every_s: float,
-             spread_s: float, seconds: float, executors: int, batch: int, degraded: bool) -> dict:
+             spread_s: float, seconds: float, executors: int, batch: int, degraded: bool, shards: int = 0) -> dict:
     from ..embedded import create_topics
 
     tag = uuid.uuid4().hex[:6]
@@ -226,11 +233,11 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
     started = time.perf_counter()
     ids = create_bulk(db, name_prefix, n, every_s, topic, critical=degraded)
     echo(f"  created {n} schedules in {time.perf_counter() - started:.1f}s")
-    index = None if degraded else Index(redis.Redis.from_url(redis_url), key_prefix)
+    index = None if degraded else Shards.from_url(redis_url, key_prefix, shards)
     target_redis = "redis://127.0.0.1:1/0" if degraded else redis_url
     arm(db, index, ids, None, spread_s)  # indexed, due in a day (start_at)
     with tempfile.TemporaryDirectory() as logdir, ExitStack() as stack:
-        procs = executor_processes(dsn, target_redis, bootstrap, key_prefix, executors, logdir, batch)
+        procs = executor_processes(dsn, target_redis, bootstrap, key_prefix, executors, logdir, batch, shards)
         stack.callback(lambda: [p.terminate() for p in procs] and [p.wait(30) for p in procs])
         time.sleep(1.0)  # connections and producers up
         first_ms = int(time.time() * 1000 + 1000 * (2.0 + n / 10_000))  # in the future once armed
@@ -252,7 +259,9 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
         fires = read_fires(bootstrap, topic, 10)
     drop(db, name_prefix)
     if index is not None:
-        index.r.delete(index.k_index, index.k_claims, index.k_last, index.k_ver, index.k_marker)
+        for shard in index.shards:
+            shard.r.delete(shard.k_index, shard.k_claims, shard.k_last, shard.k_ver, shard.k_marker)
+        index.close()
     window = [(t, e) for t, e, _ in fires if start_ms <= t <= end_ms]
     if not window:
         return {"fired": 0}
@@ -266,8 +275,10 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
 
 
 def claim_rate(echo, redis_url: str, n: int, batch: int) -> None:
-    index = Index(redis.Redis.from_url(redis_url), f"pyscheduler:bench:{uuid.uuid4().hex[:6]}")
-    sec, usec = index.r.time()
+    """On a cluster: one shard (one slot, one master)."""
+    cluster = is_cluster_url(redis_url)
+    index = Shards.from_url(redis_url, f"pyscheduler:bench:{uuid.uuid4().hex[:6]}", 1 if cluster else 0).shards[0]
+    sec, usec = index.r.time() if not cluster else index.r.time(target_nodes=index.r.get_node_from_key(index.k_index))
     now = sec * 1000 + usec // 1000 - 1000
 
     def load() -> None:
@@ -277,14 +288,16 @@ def claim_rate(echo, redis_url: str, n: int, batch: int) -> None:
         pipe.execute()
 
     load()
-    index.r.config_resetstat()
+    node = index.r if not cluster else redis.Redis(host=index.r.get_node_from_key(index.k_index).host,
+                                                   port=index.r.get_node_from_key(index.k_index).port)
+    node.config_resetstat()
     started = time.perf_counter()
     claimed = calls = 0
     while (res := index.claim(batch)).claimed:
         claimed += len(res.claimed)
         calls += 1
     took = time.perf_counter() - started
-    server = index.r.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0) / 1e6
+    server = node.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0) / 1e6
     echo(f"  Lua claim alone: {claimed} members in {took:.2f}s = {claimed / took:,.0f} members/s (batch {batch}); "
          f"inside Redis {server:.2f}s = {claimed / max(server, 1e-9):,.0f} members/s")
     index.r.delete(index.k_index, index.k_claims, index.k_last)
@@ -309,7 +322,7 @@ def _report(echo, what: str, res: dict, target: float | None = None) -> None:
          + f"; lateness ms: {lat}; first fire +{res['first_ms']:.0f} ms; "
            f"{res['messages']} messages, {res['distinct']} distinct occurrences")
     cpu = res["cpu_us"]
-    echo(f"  CPU per firing (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+    echo("  CPU per firing (us): " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
          + f", total {sum(cpu.values()):.1f}; load average {res['load']:.2f} at the start")
 
 
@@ -326,7 +339,10 @@ def _report(echo, what: str, res: dict, target: float | None = None) -> None:
 @click.option("--batch", type=click.IntRange(1, 2000), default=1000, show_default=True)
 @click.option("--stored", type=click.IntRange(1), default=1_000_000, show_default=True)
 @click.option("--due-per-s", type=click.IntRange(1), default=1000, show_default=True)
-def bench(dsn, redis_url, kafka_bootstrap, scenario, n, seconds, executors, batch, stored, due_per_s) -> None:
+@click.option("--shards", type=click.IntRange(0, 16384), default=0, show_default=True,
+              help="Index shards (0: 1 on a single node, 16 on redis+cluster://).")
+def bench(dsn, redis_url, kafka_bootstrap, scenario, n, seconds, executors, batch, stored, due_per_s,
+          shards) -> None:
     """Firings/s (Redis path, Postgres-only path), Lua claim rate, lateness percentiles."""
     from ..embedded import Stack
     from .. import migrate
@@ -346,7 +362,7 @@ def bench(dsn, redis_url, kafka_bootstrap, scenario, n, seconds, executors, batc
         if scenario in ("all", "redis"):
             echo(f"redis: {n} schedules every 1 s, all due at once, {executors} executor processes, {seconds:.0f}s")
             _report(echo, "via Redis", fire_run(echo, db, dsn, redis_url, kafka_bootstrap, n, 1.0, 0.0, seconds,
-                                                executors, batch, degraded=False), TARGETS["redis"])
+                                                executors, batch, degraded=False, shards=shards), TARGETS["redis"])
         if scenario in ("all", "postgres"):
             echo(f"postgres: {n} critical schedules every 1 s, all due at once, Redis unreachable")
             _report(echo, "Postgres-only", fire_run(echo, db, dsn, redis_url, kafka_bootstrap, n, 1.0, 0.0,
@@ -355,33 +371,4 @@ def bench(dsn, redis_url, kafka_bootstrap, scenario, n, seconds, executors, batc
             every = stored / due_per_s
             echo(f"steady: {stored} schedules stored, every {every:.0f}s, {due_per_s} due per second")
             _report(echo, "steady", fire_run(echo, db, dsn, redis_url, kafka_bootstrap, stored, every, every,
-                                             seconds, executors, batch, degraded=False))
-
-
-def _profiled_executor(out: str) -> None:
-    """``python -m pyscheduler.schedules.bench OUT run ...``: the executor command with each
-    Executor's main loop under cProfile (stats written to OUT at stop); bench only."""
-    import cProfile
-    import logging
-    import threading
-
-    from .cli import group
-    from .executor import Executor, Recorder
-
-    def profiled(run, path):
-        def wrapper(*args):
-            prof = cProfile.Profile()
-            try:
-                prof.runcall(run, *args)
-            finally:
-                prof.dump_stats(path())
-        return wrapper
-
-    Executor.run = profiled(Executor.run, lambda: out)
-    Recorder.run = profiled(Recorder.run, lambda: f"{out}.{threading.current_thread().name.rsplit(':', 1)[-1]}")
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    group(prog_name="pyscheduler schedules")
-
-
-if __name__ == "__main__":
-    _profiled_executor(sys.argv.pop(1))
+                                             seconds, executors, batch, degraded=False, shards=shards))

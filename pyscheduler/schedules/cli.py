@@ -30,7 +30,7 @@ from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from .client import UNBOUNDED, ScheduleClient
 from .executor import Executor, ExecutorConfig, mirror_entries
-from .index import DEFAULT_PREFIX, Index
+from .index import DEFAULT_PREFIX, Shards
 from .relay import Cleanup, IndexRelay
 
 log = logging.getLogger("pyscheduler.schedules")
@@ -40,6 +40,9 @@ RUN_FLAGS = {
     "executors": (1, "Executors in this process."),
     "relay": (1, "Index relays in this process (0: none; run at least one somewhere)."),
     "prefix": (DEFAULT_PREFIX, "Prefix of the Redis keys."),
+    "shards": (0, "Shards of the Redis index ({PREFIX:0} .. {PREFIX:N-1}, one cluster slot each; schedule id mod N). "
+                  "0: 1 on a single node, 16 on redis+cluster://. Fixed per deployment: every executor and relay "
+                  "of one prefix must use the same N."),
     "batch": (1000, "Most due members claimed per Lua call."),
     "poll_ms": (100, "Longest sleep between two claims."),
     "stuck_after_ms": (30000, "A claim older than this is reset (its executor died)."),
@@ -59,7 +62,8 @@ def _env(name: str) -> str:
 
 def run_options(f):
     for name, (default, text) in reversed(RUN_FLAGS.items()):
-        kind = click.IntRange(min=0 if name == "relay" else 1) if isinstance(default, int) else str
+        kind = click.IntRange(min=0 if name in ("relay", "shards") else 1, max=16384 if name == "shards" else None) \
+            if isinstance(default, int) else str
         f = option("--" + name.replace("_", "-"), name, envvar=_env(name), type=kind, default=default,
                    show_default=True, help=text)(f)
     return f
@@ -71,11 +75,12 @@ def build_daemons(dsn: str, redis_url: str | None, kafka_bootstrap: str | None, 
     values.update({k: v for k, v in flags.items() if v is not None})
     out: list = [Cleanup(dsn, interval=values["cleanup_s"])]
     if redis_url and values["relay"]:
-        out.insert(0, IndexRelay(dsn, redis_url, prefix=values["prefix"], reconcile_interval=values["reconcile_s"]))
+        out.insert(0, IndexRelay(dsn, redis_url, prefix=values["prefix"], reconcile_interval=values["reconcile_s"],
+                                 shards=values["shards"]))
     for _ in range(values["executors"]):
         out.append(Executor(ExecutorConfig(
             dsn=dsn, redis_url=redis_url or "redis://127.0.0.1:1/0", kafka_bootstrap=kafka_bootstrap,
-            kafka_settings=kafka_settings, prefix=values["prefix"], batch=values["batch"],
+            kafka_settings=kafka_settings, prefix=values["prefix"], shards=values["shards"], batch=values["batch"],
             poll_ms=values["poll_ms"], stuck_after_ms=values["stuck_after_ms"],
             check_every_ms=values["check_every_ms"], fire_timeout_ms=values["fire_timeout_ms"],
             http_concurrency=values["http_concurrency"], http_per_host=values["http_per_host"])))
@@ -331,17 +336,21 @@ def next_cmd(dsn, name, count) -> None:
 @dsn_option
 @redis_option
 @option("--prefix", envvar=_env("prefix"), default=DEFAULT_PREFIX, show_default=True)
+@option("--shards", envvar=_env("shards"), type=click.IntRange(0, 16384), default=0, show_default=True,
+        help=RUN_FLAGS["shards"][1])
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True)
 @click.option("--lease", type=click.FloatRange(0.001, 86400), default=30.0, show_default=True,
               help="Seconds a batch stays leased to its taker (a taker that dies before writing it: "
                    "another takes it again after this).")
-def resync_cmd(dsn, redis_url, prefix, batch, lease) -> None:
+def resync_cmd(dsn, redis_url, prefix, shards, batch, lease) -> None:
     """Rebuild the Redis index from PostgreSQL now (critical schedules first), with a progress bar.
-    Running executors join in."""
+    Running executors join in. Every shard of a sharded index, in one pass."""
     if not redis_url:
         raise click.UsageError("no Redis: pass --redis-url or set PYSCHEDULER_REDIS_URL")
-    index = Index.from_url(redis_url, prefix)
-    sync_id = index.force_resync()
+    index = Shards.from_url(redis_url, prefix, shards)
+    sync_id = uuid.uuid4().hex
+    for shard in index.shards:
+        shard.force_resync(sync_id=sync_id)
     owner = f"cli-{uuid.uuid4().hex[:8]}"
     with _db(dsn) as db:
         total = db.call_one("resync_progress", p_sync_id=sync_id)["total"]
@@ -365,7 +374,7 @@ def resync_cmd(dsn, redis_url, prefix, batch, lease) -> None:
                     if progress["complete"]:
                         break
                     time.sleep(0.2)  # other takers' batches are still out
-        finished = index.finish_resync(sync_id)
+        finished = all([shard.finish_resync(sync_id) for shard in index.shards])
     click.echo(f"index resynced: {index.stats()['indexed']} members"
                + ("" if finished else " (a newer resync took over)"))
     index.close()

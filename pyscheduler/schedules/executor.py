@@ -28,6 +28,17 @@ other error crashes the executor (``run_daemons`` restarts it with ``fresh()``).
 Redis unreachable -> degraded mode: critical schedules are claimed from
 PostgreSQL (``claim_due_critical``) and fired until Redis answers again; then the
 index is resynced. One log line per transition, gauge ``pyscheduler_schedules_degraded``.
+
+A sharded index (index.Shards: N shards, e.g. on a Redis Cluster) is served shard by
+shard, round-robin from a random start per executor, one claim per shard per round
+(a full claim makes the round go on at once; else the executor sleeps until the
+earliest due score of the round, at most ``poll_ms``). Every shard has its own marker,
+resync, stuck-claim check and outage: a shard whose master is unreachable is "down"
+(its critical schedules are claimed from PostgreSQL with ``claim_due_critical_shards``
+once per round, the other shards go on from Redis); when it answers again, only it is
+resynced. Shards whose data was lost together share one resync (one pass over
+PostgreSQL, each row written to its own shard). All shards down is the degraded mode
+above.
 """
 
 from __future__ import annotations
@@ -37,7 +48,9 @@ import collections
 import dataclasses
 import heapq
 import logging
+import math
 import queue
+import random
 import threading
 import time
 import uuid
@@ -54,7 +67,7 @@ from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
 from ..metrics import counter, gauge, histogram
 from .arrays import EpochMsArray, Int4Array, Int8Array
-from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Index, from_ms, to_ms
+from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
 
 log = logging.getLogger("pyscheduler.schedules")
@@ -67,13 +80,16 @@ RECORDED = counter("pyscheduler_schedules_recorded", "Executions recorded in Pos
 DUPLICATES = counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
 RECOVERED = counter("pyscheduler_schedules_recovered", "Stuck claims reset by the next-check")
 RESYNCED = counter("pyscheduler_schedules_resynced", "Index members written by a resync")
-DEGRADED = gauge("pyscheduler_schedules_degraded", "1 while Redis is unreachable (critical schedules fire "
-                                                   "from PostgreSQL)")
+DEGRADED = gauge("pyscheduler_schedules_degraded", "1 while Redis (or a shard of the index) is unreachable "
+                                                   "(critical schedules fire from PostgreSQL)")
+SHARDS_DOWN = gauge("pyscheduler_schedules_shards_down", "Index shards unreachable (their critical schedules fire "
+                    "from PostgreSQL)")
 POISON = counter("pyscheduler_schedules_poison", "Occurrences stopped, or schedules left out of the index, because a "
                  "value could not be loaded or a row was refused (logged with the schedule id)", ["where"])
 LATENESS = histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-SERIES = (CLAIMED, FIRED, FAILED, RETRIES, RECORDED, DUPLICATES, RECOVERED, RESYNCED, DEGRADED, POISON, LATENESS)
+SERIES = (CLAIMED, FIRED, FAILED, RETRIES, RECORDED, DUPLICATES, RECOVERED, RESYNCED, DEGRADED, SHARDS_DOWN, POISON,
+          LATENESS)
 
 
 @dataclass
@@ -85,6 +101,7 @@ class ExecutorConfig:
     kafka_bootstrap: str | None = None
     kafka_settings: dict[str, str] = field(default_factory=dict)
     prefix: str = DEFAULT_PREFIX
+    shards: int = 0  # index shards (0: 1 on a single node, 16 on a Redis Cluster); fixed per deployment
     batch: int = 1000  # members per claim
     poll_ms: int = 100  # longest sleep between claims
     stuck_after_ms: int = 30000  # a claim older than this is reset (its executor died)
@@ -118,7 +135,7 @@ class Executor:
                            timeout=cfg.fire_timeout_ms / 1000, http_concurrency=cfg.http_concurrency,
                            http_per_host=cfg.http_per_host)
         self.db: Database | None = None
-        self.index: Index | None = None
+        self.index: Shards | None = None
         self.details: dict[int, tuple[str, float, Details]] = {}  # id -> (version, fetched at, details)
         self.poison: dict[int, str] = {}  # id -> why its fire details could not be loaded
         self.held: dict[tuple[int, int], Occurrence] = {}  # claimed, not settled yet
@@ -128,9 +145,14 @@ class Executor:
         self._seq = 0
         self.to_record: queue.Queue = queue.Queue()
         self.unfired: list[Occurrence] = []  # claimed, details not loaded yet (database outage)
-        self.degraded = False
-        self.marker: str | None = None  # last marker value seen (None: index incomplete)
-        self.resyncing = False
+        self.degraded = False  # every shard down: the PostgreSQL-only mode
+        self.down: set[int] = set()  # shards unreachable (all of them: degraded)
+        self.markers: dict[int, str] = {}  # shard -> last marker value seen
+        self.resyncing: set[int] = set()  # shards whose index is incomplete (data lost, first start)
+        self._order: list[int] = [0]  # the shards in this executor's round-robin order
+        self._pos = 0
+        self._round_busy = False  # a full claim this round: the next round starts at once
+        self._round_due = math.inf  # seconds until the earliest due score seen this round
         # names this executor in resync_take: a new one per instance and after a batch it could
         # not write (a call acknowledges the caller's previous batch as written)
         self.resync_owner = f"{cfg.owner}-{uuid.uuid4().hex[:6]}"
@@ -140,9 +162,10 @@ class Executor:
         self._next_recover = 0.0
         self._next_refresh = 0.0
         self._next_ping = 0.0
-        self._degraded_since = 0.0
-        # (claim and details of the next batch, its limit, "redis" or "postgres" (degraded mode))
-        self._prefetch: tuple[Future, int, str] | None = None
+        self._down_since: dict[int, float] = {}
+        # (claim and details of the next batch, its limit, "redis" or "postgres" (degraded mode),
+        # (its shard, last of the round))
+        self._prefetch: tuple[Future, int, str, tuple[int, bool]] | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:prefetch")
         self.stop = threading.Event()
         self.counts = collections.Counter()  # fired, failed, recorded, duplicates, prefetched, poison (tests, bench)
@@ -160,7 +183,10 @@ class Executor:
                  cfg.stuck_after_ms, cfg.redis_url)
         self.db = Database(cfg.dsn, min_size=1, max_size=2 + cfg.recorders, name=self.name,
                            timeout=5.0).open(wait=False)
-        self.index = Index.from_url(cfg.redis_url, cfg.prefix, timeout=2.0)
+        self.index = Shards.from_url(cfg.redis_url, cfg.prefix, cfg.shards, timeout=2.0)
+        n = self.index.count
+        start = random.randrange(n)  # executors start their rounds on different shards
+        self._order = [(start + k) % n for k in range(n)]
         recorders = [Recorder(self) for _ in range(cfg.recorders)]
         rec_threads = [threading.Thread(target=r.run, name=f"{self.name}:recorder-{k}", daemon=True)
                        for k, r in enumerate(recorders)]
@@ -218,27 +244,45 @@ class Executor:
                 pass  # PostgreSQL away: the list read last stays
 
     def _redis_step(self) -> float:
-        """One round on the Redis index; returns how long to wait before the next."""
+        """One claim on the Redis index (one shard of the round); returns how long to wait
+        before the next."""
         cfg, now = self.cfg, time.monotonic()
         if now >= self._next_recover:
-            stuck = self.index.recover(cfg.check_every_ms, cfg.stuck_after_ms)
-            if stuck:
-                RECOVERED.inc(len(stuck))
-                log.warning("reset %d stuck claim(s) older than %dms (an executor died holding them): %s",
-                            len(stuck), cfg.stuck_after_ms, ", ".join(map(str, stuck[:20])))
+            for k in [k for k in self._order if k not in self.down]:
+                try:
+                    stuck = self.index.shards[k].recover(cfg.check_every_ms, cfg.stuck_after_ms)
+                except UNREACHABLE as exc:
+                    self._shard_down(k, exc)
+                    continue
+                if stuck:
+                    RECOVERED.inc(len(stuck))
+                    log.warning("reset %d stuck claim(s) older than %dms (an executor died holding them)%s: %s",
+                                len(stuck), cfg.stuck_after_ms, self._shard_text(k),
+                                ", ".join(map(str, stuck[:20])))
             self._next_recover = now + cfg.check_every_ms / 2000
+            if self.degraded:
+                return 0.0
         if now >= self._next_refresh:
             self._refresh_claims(now)
         if self.unfired:
             occs, self.unfired = self.unfired, []
             self._fire(occs, {})
+        if self.down and now >= self._next_ping:
+            self._ping_down(now)
         if self.resyncing and now >= self._next_resync:
             self._resync_step(now)
+        if self.degraded:
+            return 0.0
         room = cfg.max_in_flight - len(self.held)
         if self._prefetch is not None and self._prefetch[2] == "redis":
             # claimed (and details loaded) while the last batch was fired
-            (res, load_error), limit = self._prefetch[0].result(), self._prefetch[1]
+            fut, limit, _, (shard, last) = self._prefetch
             self._prefetch = None
+            try:
+                res, load_error = fut.result()
+            except UNREACHABLE as exc:
+                self._shard_down(shard, exc)
+                return 0.2 if self.degraded else 0.0
             preloaded = True
             self.counts["prefetched"] += len(res.claimed)
         else:
@@ -246,36 +290,164 @@ class Executor:
                 return cfg.poll_ms / 1000
             if len(self.details) > 2_000_000:  # schedules deleted long ago (no prefetch is loading now)
                 self.details.clear()
+            shard, last = self._next_shard()
+            if shard in self.down:  # went down since (a refresh, a resync write)
+                return self._end_of_round(last)
             limit = min(cfg.batch, room)
-            res, load_error, preloaded = self.index.claim(limit), None, False
+            try:
+                res = self.index.shards[shard].claim(limit)
+            except UNREACHABLE as exc:
+                self._shard_down(shard, exc)
+                return 0.2 if self.degraded else self._end_of_round(last)
+            load_error, preloaded = None, False
         if res.marker:
-            self.marker = res.marker
-        elif not self.resyncing:
-            self.resyncing = True
-            # a warning when the index this executor saw complete is gone (Redis lost its data);
-            # at start (a first start, or Redis restarted while no executor ran) only news
-            log.log(logging.WARNING if self.marker else logging.INFO,
-                    "Redis index incomplete (%s): resyncing it from PostgreSQL, critical schedules first",
-                    "data lost" if self.marker else "first start, or Redis lost its data meanwhile")
+            self.markers[shard] = res.marker
+        elif shard not in self.resyncing:
+            lost = [shard] + self._incomplete(shard)  # shards lost together share one resync
+            for k in lost:
+                self.resyncing.add(k)
+                # a warning when an index this executor saw complete is gone (Redis lost its
+                # data); at start (a first start, or Redis restarted while no executor ran) news
+                seen = self.markers.get(k) is not None
+                log.log(logging.WARNING if seen else logging.INFO,
+                        "Redis index%s incomplete (%s): resyncing it from PostgreSQL, critical schedules first",
+                        self._shard_text(k), "data lost" if seen else "first start, or Redis lost its data meanwhile")
+        full = len(res.claimed) >= limit
         if res.claimed:
             CLAIMED.labels("redis").inc(len(res.claimed))
             more = min(cfg.batch, room - len(res.claimed))
-            if len(res.claimed) >= limit and more > 0 and not self.resyncing and not self.stop.is_set():
-                # a backlog: claim the next batch and load its details in the prefetch thread
-                # (Redis and PostgreSQL round trips) while this one is fired
-                self._prefetch = (self._prefetcher.submit(self._claim_and_load, more), more, "redis")
+            if full and more > 0 and shard not in self.resyncing and not self.stop.is_set():
+                # a backlog: claim the next batch (the next shard's) and load its details in the
+                # prefetch thread (Redis and PostgreSQL round trips) while this one is fired
+                if last:  # the next batch is the next round's
+                    self._round_busy = True
+                    self._end_of_round(True)
+                nxt = self._next_shard()
+                self._prefetch = (self._prefetcher.submit(self._claim_and_load, more, nxt[0]), more, "redis", nxt)
             occs = self._claimed(res.claimed)
             if load_error is not None:
                 self._hold(occs)
                 self.unfired += occs
                 raise load_error
             self._fire(occs, {c.id: c.version for c in res.claimed}, preloaded=preloaded)
-        if len(res.claimed) >= limit or (self.resyncing and self._next_resync <= now):
+        if full or (shard in self.resyncing and self._next_resync <= now):
+            self._round_busy = True
+        elif res.next_due_ms is not None:
+            self._round_due = min(self._round_due, max(0.0, (res.next_due_ms - res.now_ms) / 1000))
+        if self._prefetch is not None:
             return 0.0
-        wait = cfg.poll_ms / 1000
-        if res.next_due_ms is not None:
-            wait = min(wait, max(0.0, (res.next_due_ms - res.now_ms) / 1000))
-        return wait
+        return self._end_of_round(last)
+
+    def _incomplete(self, seen: int) -> list[int]:
+        """The other shards (up, not resyncing yet) whose marker is missing too."""
+        out = []
+        for k in self._order:
+            if k == seen or k in self.down or k in self.resyncing:
+                continue
+            try:
+                if self.index.shards[k].marker() is None:
+                    out.append(k)
+            except UNREACHABLE as exc:
+                self._shard_down(k, exc)
+        return out
+
+    def _next_shard(self) -> tuple[int, bool]:
+        """The next shard of the round-robin that is not down, and whether it is the last of
+        this round (the shards after it in the order are down)."""
+        order, n = self._order, len(self._order)
+        for _ in range(n):
+            k = order[self._pos]
+            self._pos = (self._pos + 1) % n
+            if k not in self.down:
+                return k, self._pos == 0 or all(j in self.down for j in order[self._pos:])
+        return order[0], True  # every shard down (the degraded mode takes over)
+
+    def _end_of_round(self, last: bool) -> float:
+        """0 within a round; at its end: the shards that are down get their PostgreSQL claim,
+        and the wait until the next round (none after a full claim, else until the earliest
+        due score seen, at most poll_ms)."""
+        if not last:
+            return 0.0
+        self._pos = 0
+        busy, due = self._round_busy, self._round_due
+        self._round_busy, self._round_due = False, math.inf
+        if self.down and not self.degraded and self._claim_down_shards():
+            busy = True
+        if busy:
+            return 0.0
+        return min(self.cfg.poll_ms / 1000, due)
+
+    def _claim_down_shards(self) -> bool:
+        """Some shards down (not all): claim their due critical schedules from PostgreSQL and
+        fire them (recorded by their tokens). -> whether the claim was full."""
+        room = self.cfg.max_in_flight - len(self.held)
+        if room <= 0:
+            return False
+        limit = min(self.cfg.degraded_batch, room)
+        occs = self._claim_critical(limit, sorted(self.down))
+        if occs:
+            CLAIMED.labels("postgres").inc(len(occs))
+            self._fire(occs, {})
+        return len(occs) >= limit
+
+    def _shard_text(self, k: int) -> str:
+        return f" (shard {k} of {self.index.count})" if self.index.count > 1 else ""
+
+    def _shard_down(self, k: int, exc: BaseException) -> None:
+        """Shard k's master is unreachable: its critical schedules fire from PostgreSQL until it
+        answers (all shards down: the degraded mode)."""
+        if k in self.down:
+            return
+        if len(self.down | {k}) == self.index.count:
+            self._enter_degraded(exc)
+            return
+        self.down.add(k)
+        self._down_since[k] = time.monotonic()
+        self._next_ping = time.monotonic() + 0.5
+        DEGRADED.set(1)
+        SHARDS_DOWN.set(len(self.down))
+        log.warning("Redis unreachable for shard %d of %d (%s): its critical schedules fire from PostgreSQL "
+                    "until it is back, the other shards go on", k, self.index.count,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    def _ping_down(self, now: float) -> list[int]:
+        """Probe the shards that are down; those that answer are back (and resynced: their
+        critical schedules fired from PostgreSQL meanwhile). -> the shards back"""
+        self._next_ping = now + 0.5
+        back = []
+        for k in sorted(self.down):
+            try:
+                self.index.shards[k].probe()
+            except UNREACHABLE:
+                continue
+            back.append(k)
+        if not back:
+            return back
+        proposal = uuid.uuid4().hex
+        for k in back:
+            self.down.discard(k)
+            try:
+                seen = self.markers.get(k)
+                if seen or self.index.count == 1:
+                    started = self.index.shards[k].force_resync(seen, proposal) if seen else None
+                else:
+                    # no marker seen (lost before it went down, or never complete): a resync it
+                    # belonged to may have gone on without it (its rows skipped while it was
+                    # down), so a new one
+                    started = self.index.shards[k].force_resync(None, proposal)
+            except UNREACHABLE as exc:
+                self.down.add(k)
+                log.warning("shard %d answered and failed again: %s", k, exc)
+                continue
+            self.resyncing.add(k)
+            self._next_resync = 0.0
+            log.warning("Redis back%s after %.1fs: %s%s", self._shard_text(k), now - self._down_since.pop(k, now),
+                        "leaving degraded mode, " if self.degraded else "",
+                        f"resyncing the index (sync {started})" if started else "joining the index resync")
+        SHARDS_DOWN.set(len(self.down))
+        if not self.down:
+            DEGRADED.set(0)
+        return back
 
     def _serve(self, wait: float) -> None:
         """Serve delivery reports and due retries, waiting up to ``wait`` for something to do."""
@@ -297,10 +469,11 @@ class Executor:
 
     # -- firing --------------------------------------------------------------------
 
-    def _claim_and_load(self, limit: int) -> tuple[ClaimResult, BaseException | None]:
-        """The prefetch thread: the next claim and its fire details. A claim that fails raises
-        (in the main thread, from the future); details that fail come back with the claim."""
-        res = self.index.claim(limit)
+    def _claim_and_load(self, limit: int, shard: int) -> tuple[ClaimResult, BaseException | None]:
+        """The prefetch thread: the next claim (on this shard) and its fire details. A claim that
+        fails raises (in the main thread, from the future); details that fail come back with
+        the claim."""
+        res = self.index.shards[shard].claim(limit)
         if res.claimed:
             try:
                 self._load_details({c.id for c in res.claimed}, {c.id: c.version for c in res.claimed})
@@ -308,13 +481,18 @@ class Executor:
                 return res, exc
         return res, None
 
-    def _claim_critical(self, limit: int) -> list[Occurrence]:
-        """Degraded mode: claim due critical schedules from PostgreSQL (held with a token). The
-        due times come as text: one a row stored before the range checks holds (infinity, year
-        10000, BC) would fail the whole batch's loading after the claim was committed; it is
-        left out instead (its claim expires; logged)."""
-        rows = self.db.call_tuples("claim_due_critical", as_text=("timestamptz",), p_limit=limit,
-                                   p_hold=timedelta(milliseconds=self.cfg.degraded_hold_ms))
+    def _claim_critical(self, limit: int, shards: list[int] | None = None) -> list[Occurrence]:
+        """Degraded mode: claim due critical schedules from PostgreSQL (held with a token); of
+        these shards only when given (claim_due_critical_shards: the others fire from Redis).
+        The due times come as text: one a row stored before the range checks holds (infinity,
+        year 10000, BC) would fail the whole batch's loading after the claim was committed; it
+        is left out instead (its claim expires; logged)."""
+        hold = timedelta(milliseconds=self.cfg.degraded_hold_ms)
+        if shards is None:
+            rows = self.db.call_tuples("claim_due_critical", as_text=("timestamptz",), p_limit=limit, p_hold=hold)
+        else:
+            rows = self.db.call_tuples("claim_due_critical_shards", as_text=("timestamptz",), p_shards=shards,
+                                       p_shard_count=self.index.count, p_limit=limit, p_hold=hold)
         occs = []
         for ident, expected, token in rows:
             ms = parse_ms(expected)
@@ -340,7 +518,7 @@ class Executor:
         """Settle a prefetch still running (stop, a change of mode): what it claimed is fired later."""
         if self._prefetch is None:
             return
-        (fut, _, kind), self._prefetch = self._prefetch, None
+        (fut, _, kind, _), self._prefetch = self._prefetch, None
         try:
             res, _ = fut.result()
         except Exception:  # noqa: BLE001  (claim failed: nothing was claimed)
@@ -489,9 +667,16 @@ class Executor:
         with self.held_lock:
             old = [o for o in self.held.values() if o.token is None and now - o.claimed_at > third]
         if old:
-            self.index.refresh([(o.id, o.expected_ms) for o in old])
-            for o in old:
-                o.claimed_at = now
+            for k, part in self.index.split(old, key=lambda o: o.id).items():
+                if k in self.down:
+                    continue
+                try:
+                    self.index.shards[k].refresh([(o.id, o.expected_ms) for o in part])
+                except UNREACHABLE as exc:
+                    self._shard_down(k, exc)
+                    continue
+                for o in part:
+                    o.claimed_at = now
 
     def _drain(self, grace: float = 10.0) -> None:
         """On stop: wait for tries in flight (their outcome is recorded); pending retries and
@@ -513,37 +698,87 @@ class Executor:
 
     def _resync_step(self, now: float) -> None:
         """Take a batch of the resync (leased to this executor), write it, and so acknowledge
-        it with the next take; the index is complete once every batch was acknowledged."""
-        sync_id = self.index.begin_resync()
-        if sync_id is None:
-            self.resyncing = False
-            return
-        rows = self.db.call("resync_take", p_sync_id=sync_id, p_owner=self.resync_owner,
-                            p_limit=self.cfg.resync_batch, p_lease=timedelta(milliseconds=self.cfg.stuck_after_ms))
-        if rows:
+        it with the next take; the index is complete once every batch was acknowledged. Shards
+        lost together share a sync id (proposed here): one pass over PostgreSQL refills them,
+        each row written to its own shard (the rows of other shards are skipped)."""
+        proposal = uuid.uuid4().hex
+        groups: dict[str, list[int]] = {}
+        for k in sorted(self.resyncing - self.down):
             try:
-                self.index.mirror(mirror_entries(rows))
-            except BaseException:
-                # not written: the next take must not acknowledge it (its lease expires and
-                # another taker writes it)
-                self.resync_owner = f"{self.cfg.owner}-{uuid.uuid4().hex[:6]}"
-                raise
-            RESYNCED.inc(len(rows))
-        elif not self.db.call_one("resync_progress", p_sync_id=sync_id)["complete"]:
-            self._next_resync = now + self.cfg.poll_ms / 1000  # other takers' batches are still out
-        elif self.index.finish_resync(sync_id):
-            self.resyncing = False
-            self.marker = sync_id
-            log.info("Redis index resynced from PostgreSQL (sync %s)", sync_id)
+                sync_id = self.index.shards[k].begin_resync(proposal)
+            except UNREACHABLE as exc:
+                self._shard_down(k, exc)
+                continue
+            if sync_id is None:
+                self.resyncing.discard(k)
+            else:
+                groups.setdefault(sync_id, []).append(k)
+        for sync_id, shards in groups.items():
+            rows = self.db.call("resync_take", p_sync_id=sync_id, p_owner=self.resync_owner,
+                                p_limit=self.cfg.resync_batch,
+                                p_lease=timedelta(milliseconds=self.cfg.stuck_after_ms))
+            if self.index.count > 1:
+                # every shard of this sync id, not only those this executor found lost: a batch
+                # it acknowledges is not handed out again (the id's shards are fixed before its
+                # first take: the executor that proposed it began them all before taking)
+                shards = self._resync_members(sync_id, shards)
+            if rows:
+                if self.index.count > 1:
+                    mine = set(shards)
+                    rows = [r for r in rows if self.index.of(r["id"]) in mine]
+                written, failed = self.index.each(mirror_entries(rows), lambda ix, part: ix.mirror(part))
+                if failed:
+                    # not written: the next take must not acknowledge it (its lease expires and
+                    # another taker writes it)
+                    self.resync_owner = f"{self.cfg.owner}-{uuid.uuid4().hex[:6]}"
+                    for k, exc in failed.items():
+                        self._shard_down(k, exc)
+                RESYNCED.inc(len(rows))
+            elif not self.db.call_one("resync_progress", p_sync_id=sync_id)["complete"]:
+                self._next_resync = now + self.cfg.poll_ms / 1000  # other takers' batches are still out
+            else:
+                for k in shards:
+                    try:
+                        finished = self.index.shards[k].finish_resync(sync_id)
+                    except UNREACHABLE as exc:
+                        self._shard_down(k, exc)
+                        continue
+                    if finished:
+                        self.resyncing.discard(k)
+                        self.markers[k] = sync_id
+                        log.info("Redis index%s resynced from PostgreSQL (sync %s)", self._shard_text(k), sync_id)
+
+    def _resync_members(self, sync_id: str, known: list[int]) -> list[int]:
+        """The shards (up) whose resync in progress is ``sync_id``."""
+        out = []
+        for k in range(self.index.count):
+            if k in self.down:
+                continue
+            if k in known:
+                out.append(k)
+                continue
+            try:
+                value = self.index.shards[k].resync_id()
+            except UNREACHABLE as exc:
+                self._shard_down(k, exc)
+                continue
+            if value == sync_id:
+                out.append(k)
+        return out
 
     # -- degraded mode -------------------------------------------------------------
 
     def _enter_degraded(self, exc: BaseException) -> None:
         self._take_prefetch()  # its occurrences (if it claimed any) are fired from PostgreSQL's details
         self.degraded = True
-        self._degraded_since = time.monotonic()
-        self._next_ping = time.monotonic() + 0.5
+        now = time.monotonic()
+        for k in range(self.index.count):
+            if k not in self.down:
+                self.down.add(k)
+                self._down_since[k] = now
+        self._next_ping = now + 0.5
         DEGRADED.set(1)
+        SHARDS_DOWN.set(len(self.down))
         log.warning("Redis unreachable (%s): degraded mode, critical schedules fire from PostgreSQL "
                     "until it is back", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
@@ -554,19 +789,10 @@ class Executor:
             occs, self.unfired = self.unfired, []
             self._fire(occs, {})
         if now >= self._next_ping:
-            self._next_ping = now + 0.5
-            try:
-                self.index.r.ping()
-            except UNREACHABLE:
-                pass
-            else:
+            if self._ping_down(now):
                 self._take_prefetch()  # claimed from PostgreSQL: fired (and recorded by token) in the Redis mode
                 self.degraded = False
-                DEGRADED.set(0)
-                started = self.index.force_resync(self.marker) if self.marker else None
-                self.resyncing = True
-                log.warning("Redis back after %.1fs: leaving degraded mode, %s", now - self._degraded_since,
-                            f"resyncing the index (sync {started})" if started else "joining the index resync")
+                self._pos, self._round_busy, self._round_due = 0, False, math.inf
                 return 0.0
         room = cfg.max_in_flight - len(self.held)
         if self._prefetch is not None and self._prefetch[2] == "postgres":
@@ -585,7 +811,8 @@ class Executor:
         CLAIMED.labels("postgres").inc(len(occs))
         more = min(cfg.degraded_batch, room - len(occs))
         if len(occs) >= limit and more > 0 and not self.stop.is_set():
-            self._prefetch = (self._prefetcher.submit(self._claim_critical_and_load, more), more, "postgres")
+            self._prefetch = (self._prefetcher.submit(self._claim_critical_and_load, more), more, "postgres",
+                              (0, True))
         if load_error is not None:
             self._hold(occs)
             self.unfired += occs
@@ -636,6 +863,8 @@ class Recorder:
         self.changed: list[tuple[int, int]] = []  # (id, expected) still claimed: due time to read again
         self.outage = Outage("schedules recorder: PostgreSQL", log)
         self.redis_outage = Outage("schedules recorder: Redis", log)
+        self.shard_retry: dict[int, float] = {}  # sharded index: shard -> when to try its settle again
+        self.shard_tries: dict[int, int] = {}
 
     def run(self) -> None:
         """The thread: a crash (neither an outage nor a data error) stops the executor, whose
@@ -775,13 +1004,36 @@ class Recorder:
                 self.record([("reindex", Occurrence(i, e), None) for i, e in changed])
             if not self.unsettled:
                 return
-            try:
-                self.changed = self.ex.index.settle(self.unsettled)
-                self.unsettled = []
-                self.redis_outage.ok()
-            except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
-                self.stop.wait(self.redis_outage.failed(exc))
-                return
+            index = self.ex.index
+            if index.count == 1:
+                try:
+                    self.changed = index.shards[0].settle(self.unsettled)
+                    self.unsettled = []
+                    self.redis_outage.ok()
+                except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
+                    self.stop.wait(self.redis_outage.failed(exc))
+                    return
+            else:
+                # shard by shard: an unreachable shard keeps its entries (tried again after a
+                # backoff of its own) and does not hold up the others
+                now = time.monotonic()
+                waiting = {k for k, at in self.shard_retry.items() if at > now}
+                ready = [e for e in self.unsettled if index.of(e[0]) not in waiting]
+                results, failed = index.each(ready, lambda ix, part: ix.settle(part))
+                self.changed = [x for part in results for x in part]
+                for k, exc in failed.items():
+                    tries = self.shard_tries.get(k, 0) + 1
+                    self.shard_tries[k] = tries
+                    self.shard_retry[k] = now + min(5.0, 0.1 * 2 ** tries)
+                    if tries == 1:
+                        log.warning("schedules recorder: Redis unreachable for shard %d (%s): its next runs are "
+                                    "kept until it answers", k, str(exc).splitlines()[0] if str(exc) else exc)
+                for k in {index.of(e[0]) for e in ready} - set(failed):
+                    if self.shard_tries.pop(k, 0):
+                        log.info("schedules recorder: shard %d answers again", k)
+                    self.shard_retry.pop(k, None)
+                keep = waiting | set(failed)
+                self.unsettled = [e for e in self.unsettled if index.of(e[0]) in keep]
             if not self.changed:
                 return
 

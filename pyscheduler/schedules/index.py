@@ -28,6 +28,17 @@ Keys (prefix default ``pyscheduler:schedules``):
 
 Every script reads the time from Redis (TIME), one clock for every executor. Redis >= 6.2
 (the settle script reads a batch with ZMSCORE).
+
+Shards (``Shards``, issue 18). The index may be split into N shards, each a complete
+index of the keys above under the prefix ``{<p>:<k>}`` (k = 0..N-1; the braces are a
+Redis Cluster hash tag, so every key of a shard is in one slot and each Lua script
+touches one slot). Schedule id -> shard k = id mod N (ids come from a sequence: the
+shards fill evenly; stable while N stays the same, so N is fixed per deployment).
+Each shard has its own marker, resync, next-check and claims: losing one shard's data
+resyncs only that shard. A single-node URL with N = 1 (the default) keeps the keys
+above unchanged. ``redis+cluster://HOST:PORT[,HOST:PORT...]`` (``rediss+cluster://``
+for TLS) runs the shards on a Redis Cluster (redis-py's ``RedisCluster``, the hosts
+are seed nodes); N defaults to 16 there.
 """
 
 from __future__ import annotations
@@ -37,14 +48,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 from datetime import datetime, timedelta, timezone
+from urllib.parse import unquote, urlsplit
 
 import redis
+import redis.cluster
+from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, SlotNotCoveredError
 
 DEFAULT_PREFIX = "pyscheduler:schedules"
 MAX_CLAIM = 2000  # Lua unpack() takes at most ~8000 values: 2 per member
 
-# Redis errors that mean "unreachable" (degraded mode), not a bug in a script
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+DEFAULT_CLUSTER_SHARDS = 16
+
+# Redis errors that mean "unreachable" (degraded mode), not a bug in a script. On a
+# cluster also: the slot's master failed and no replica took over yet (CLUSTERDOWN,
+# MASTERDOWN), the slot is not served (SlotNotCovered), redirections that did not settle
+# (ClusterError "TTL exhausted", during a resharding), no seed node answers
+# (RedisClusterException "cannot be connected").
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ClusterDownError,
+               SlotNotCoveredError, ClusterError, RedisClusterException)
 
 _NOW = """
 redis.replicate_commands()
@@ -276,9 +297,13 @@ class ClaimResult:
 class Index:
     """The Redis side of schedules: one object per process, thread-safe (redis-py pool)."""
 
-    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_PREFIX):
+    def __init__(self, client: "redis.Redis | redis.cluster.RedisCluster", prefix: str = DEFAULT_PREFIX):
         self.r = client
         self.prefix = prefix
+        # a cluster client runs batched scripts one call at a time: a cluster pipeline does
+        # not reload a script the node lacks (a promoted replica, a node that received the
+        # slot in a resharding has an empty script cache); a direct call does (NOSCRIPT)
+        self.cluster = isinstance(client, redis.cluster.RedisCluster)
         k = f"{prefix}:"
         self.k_index, self.k_claims, self.k_last, self.k_ver = k + "index", k + "claims", k + "last", k + "ver"
         self.k_next_check, self.k_marker, self.k_resync = k + "next-check", k + "marker", k + "resync"
@@ -295,12 +320,27 @@ class Index:
 
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> "Index":
-        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                      health_check_interval=30)
-        return cls(client, prefix)
+        return cls(connect(url, timeout), prefix)
 
     def close(self) -> None:
         self.r.close()
+
+    def _batch(self, script, calls: list[tuple[list, list]]) -> list:
+        """Run ``script`` once per (keys, args): one pipeline on a single node, one call
+        after the other on a cluster (see __init__)."""
+        if self.cluster:
+            return [script(keys=keys, args=args) for keys, args in calls]
+        pipe = self.r.pipeline(transaction=False)
+        for keys, args in calls:
+            script(keys=keys, args=args, client=pipe)
+        return pipe.execute()
+
+    def probe(self) -> None:
+        """Raise (UNREACHABLE) unless the node that serves this index answers."""
+        if self.cluster:
+            self.r.exists(self.k_marker)  # routed to the master of this shard's slot
+        else:
+            self.r.ping()
 
     # -- executors ----------------------------------------------------------------
 
@@ -322,18 +362,18 @@ class Index:
         if not entries:
             return []
         keys = [self.k_index, self.k_claims, self.k_last, self.k_changed]
-        pipe = self.r.pipeline(transaction=False)
+        calls: list[tuple[list, list]] = []
         parts: list[str] = []
         seen: set[int] = set()
         for ident, expected, nxt in entries:
             if ident in seen or len(seen) >= MAX_CLAIM:  # an id once per call (the script reads first)
-                self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
+                calls.append((keys, [" ".join(parts)]))
                 parts, seen = [], set()
             seen.add(ident)
             parts.append(f"{ident} {expected} {'-' if nxt is None else nxt}")
-        self._settle(keys=keys, args=[" ".join(parts)], client=pipe)
+        calls.append((keys, [" ".join(parts)]))
         reread = []
-        for out in pipe.execute():
+        for out in self._batch(self._settle, calls):
             parts = out.decode().split()
             reread += [(int(i), int(e)) for i, e in zip(parts[0::2], parts[1::2])]
         return reread
@@ -359,14 +399,14 @@ class Index:
         """(id, next run ms or None = not indexed, version ms or None) from PostgreSQL."""
         if not entries:
             return 0
-        pipe = self.r.pipeline(transaction=False)
+        keys = [self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed]
+        calls = []
         for chunk in _chunks(entries, 2000):
             args: list = []
             for ident, score, ver in chunk:
                 args += [ident, "" if score is None else score, "" if ver is None else ver]
-            self._mirror(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed], args=args,
-                         client=pipe)
-        return sum(int(n) for n in pipe.execute())
+            calls.append((keys, args))
+        return sum(int(n) for n in self._batch(self._mirror, calls))
 
     def hashed_ids(self) -> set[int]:
         """Ids with an entry in the last-claimed or the version hash."""
@@ -381,26 +421,31 @@ class Index:
         -> entries removed"""
         if not ids:
             return 0
-        pipe = self.r.pipeline(transaction=False)
-        for chunk in _chunks(list(ids), 2000):
-            self._prune(keys=[self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed],
-                        args=[older_than_ms, *chunk], client=pipe)
-        return sum(int(n) for n in pipe.execute())
+        keys = [self.k_index, self.k_claims, self.k_last, self.k_ver, self.k_changed]
+        calls = [(keys, [older_than_ms, *chunk]) for chunk in _chunks(list(ids), 2000)]
+        return sum(int(n) for n in self._batch(self._prune, calls))
 
-    def begin_resync(self) -> str | None:
-        """None when the index is complete; else the sync id of the resync to take part in."""
-        state, value = self._begin(keys=[self.k_marker, self.k_resync], args=[uuid.uuid4().hex])
+    def begin_resync(self, proposal: str | None = None) -> str | None:
+        """None when the index is complete; else the sync id of the resync to take part in
+        (``proposal`` when none is in progress: one id for the shards an executor finds lost
+        together, so one pass over PostgreSQL refills them all)."""
+        state, value = self._begin(keys=[self.k_marker, self.k_resync], args=[proposal or uuid.uuid4().hex])
         return None if state == b"ok" else value.decode()
 
     def finish_resync(self, sync_id: str) -> bool:
         return bool(self._finish(keys=[self.k_marker, self.k_resync], args=[sync_id]))
 
-    def force_resync(self, seen_marker: str | None = None) -> str | None:
+    def force_resync(self, seen_marker: str | None = None, sync_id: str | None = None) -> str | None:
         """Start a new resync (by hand, or after an outage: only if the marker is still
         ``seen_marker``, so several executors coming back start one resync)."""
-        sync_id = uuid.uuid4().hex
+        sync_id = sync_id or uuid.uuid4().hex
         ok = self._force(keys=[self.k_marker, self.k_resync], args=[sync_id, seen_marker or ""])
         return sync_id if ok else None
+
+    def resync_id(self) -> str | None:
+        """The sync id of the resync in progress, if any."""
+        value = self.r.get(self.k_resync)
+        return value.decode() if value else None
 
     def marker(self) -> str | None:
         value = self.r.get(self.k_marker)
@@ -415,6 +460,138 @@ class Index:
         pipe.zcard(self.k_index).zcount(self.k_index, "-inf", "(0").zcard(self.k_claims).exists(self.k_marker)
         size, claimed, claims, marker = pipe.execute()
         return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker)}
+
+
+def connect(url: str, timeout: float = 5.0) -> "redis.Redis | redis.cluster.RedisCluster":
+    """A client for ``url``: ``redis+cluster://[user:password@]HOST:PORT[,HOST:PORT...]``
+    (``rediss+cluster://`` for TLS) -> a ``RedisCluster`` seeded with those nodes; anything
+    else -> ``redis.Redis.from_url`` as before."""
+    if is_cluster_url(url):
+        parts = urlsplit(url)
+        auth, _, hosts = parts.netloc.rpartition("@")
+        user, _, password = auth.partition(":")
+        nodes = []
+        for hostport in hosts.split(","):
+            host, _, port = hostport.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"redis+cluster URL: expected HOST:PORT[,HOST:PORT...], got {hostport!r}")
+            nodes.append(redis.cluster.ClusterNode(host.strip("[]"), int(port)))
+        kwargs: dict = {}
+        if user:
+            kwargs["username"] = unquote(user)
+        if password:
+            kwargs["password"] = unquote(password)
+        if parts.scheme.startswith("rediss"):
+            kwargs["ssl"] = True
+        return redis.cluster.RedisCluster(startup_nodes=nodes, socket_timeout=timeout,
+                                          socket_connect_timeout=timeout, health_check_interval=30, **kwargs)
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                health_check_interval=30)
+
+
+def is_cluster_url(url: str | None) -> bool:
+    return bool(url) and url.split("://", 1)[0].lower() in ("redis+cluster", "rediss+cluster")
+
+
+class Shards:
+    """The index split into ``count`` shards (module docstring): ``shards[k]`` is shard k's
+    ``Index``. One object per process, thread-safe. With count 1 on a single node it is the
+    one index of the plain prefix (the keys as before issue 18)."""
+
+    def __init__(self, client: "redis.Redis | redis.cluster.RedisCluster", prefix: str = DEFAULT_PREFIX,
+                 count: int = 1):
+        if count < 1:
+            raise ValueError(f"shards must be >= 1, got {count}")
+        self.r = client
+        self.prefix = prefix
+        self.count = count
+        self.cluster = isinstance(client, redis.cluster.RedisCluster)
+        if count == 1 and not self.cluster:
+            self.shards = [Index(client, prefix)]
+        else:
+            self.shards = [Index(client, "{%s:%d}" % (prefix, k)) for k in range(count)]
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = DEFAULT_PREFIX, count: int | None = None,
+                 timeout: float = 5.0) -> "Shards":
+        """``count`` None or 0: 1 on a single node, DEFAULT_CLUSTER_SHARDS on a cluster."""
+        if not count:
+            count = DEFAULT_CLUSTER_SHARDS if is_cluster_url(url) else 1
+        return cls(connect(url, timeout), prefix, count)
+
+    def close(self) -> None:
+        self.r.close()
+
+    def of(self, ident: int) -> int:
+        """The shard of a schedule id."""
+        return ident % self.count
+
+    def split(self, items: Iterable, key=lambda item: item[0]) -> dict[int, list]:
+        """Items grouped by the shard of their schedule id (``key``), shards in order."""
+        out: dict[int, list] = {}
+        for item in items:
+            out.setdefault(key(item) % self.count, []).append(item)
+        return dict(sorted(out.items()))
+
+    def each(self, items: Iterable, call, key=lambda item: item[0]) -> tuple[list, dict[int, BaseException]]:
+        """``call(index, items of its shard)`` for each shard that has items; an unreachable
+        shard does not stop the others. -> (results, {shard: its error})"""
+        results, failed = [], {}
+        for k, part in self.split(items, key).items():
+            try:
+                results.append(call(self.shards[k], part))
+            except UNREACHABLE as exc:
+                failed[k] = exc
+        return results, failed
+
+    # the whole index (relay, tests, status): every shard, raising if one is unreachable
+
+    def mirror(self, entries: Sequence[tuple[int, int | None, int | None]]) -> int:
+        """Index.mirror on each entry's shard; the reachable shards are written even when one
+        is not (then its error is raised after them: the caller retries, the writes are
+        idempotent)."""
+        results, failed = self.each(entries, lambda ix, part: ix.mirror(part))
+        if failed:
+            raise next(iter(failed.values()))
+        return sum(results)
+
+    def members(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for ix in self.shards:
+            out.update(ix.members())
+        return out
+
+    def hashed_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for ix in self.shards:
+            ids |= ix.hashed_ids()
+        return ids
+
+    def prune(self, ids: Sequence[int], older_than_ms: int) -> int:
+        results, failed = self.each(ids, lambda ix, part: ix.prune(part, older_than_ms), key=lambda i: i)
+        if failed:
+            raise next(iter(failed.values()))
+        return sum(results)
+
+    def markers(self) -> list[str | None]:
+        return [ix.marker() for ix in self.shards]
+
+    def marker(self) -> str | None:
+        """None unless every shard has its marker (the index is complete); else the marker
+        (the shards' markers, comma-separated, when they differ)."""
+        markers = self.markers()
+        if not all(markers):
+            return None
+        return ",".join(dict.fromkeys(markers))
+
+    def stats(self) -> dict[str, int | bool]:
+        total: dict[str, int | bool] = {"indexed": 0, "claimed": 0, "claims": 0, "complete": True}
+        for ix in self.shards:
+            st = ix.stats()
+            for k in ("indexed", "claimed", "claims"):
+                total[k] += st[k]
+            total["complete"] = total["complete"] and st["complete"]
+        return total
 
 
 def _chunks(seq: Sequence, n: int):

@@ -33,7 +33,7 @@ from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
 from ..metrics import counter
 from .executor import POISON, mirror_entries
-from .index import DEFAULT_PREFIX, UNREACHABLE, Index
+from .index import DEFAULT_PREFIX, UNREACHABLE, Index, Shards
 
 log = logging.getLogger("pyscheduler.schedules")
 
@@ -47,8 +47,9 @@ class IndexRelay:
     series = (MIRRORED, POISON)
 
     def __init__(self, dsn: str, redis_url: str, *, prefix: str = DEFAULT_PREFIX, reconcile_interval: float = 60.0,
-                 page: int = 5000, prune_after: float = 600.0):
+                 page: int = 5000, prune_after: float = 600.0, shards: int = 0):
         self.dsn, self.redis_url, self.prefix = dsn, redis_url, prefix
+        self.shards = shards  # index shards (0: 1 on a single node, 16 on a Redis Cluster)
         self.reconcile_interval = reconcile_interval
         self.page = page
         self.prune_after = prune_after  # s: last/ver entries of inactive schedules claimed longer ago go
@@ -63,7 +64,7 @@ class IndexRelay:
     def fresh(self) -> "IndexRelay":
         """A new relay with these settings (run_daemons' restart)."""
         return IndexRelay(self.dsn, self.redis_url, prefix=self.prefix, reconcile_interval=self.reconcile_interval,
-                          page=self.page, prune_after=self.prune_after)
+                          page=self.page, prune_after=self.prune_after, shards=self.shards)
 
     def _notified(self, _channel: str, payload: str) -> None:
         """A notification: schedule ids, comma-separated. Any role may NOTIFY (PostgreSQL asks
@@ -90,7 +91,7 @@ class IndexRelay:
         outage = Outage("schedules relay", log)
         next_reconcile = time.monotonic() + self.reconcile_interval
         with Database(self.dsn, min_size=1, max_size=2, name=self.name, timeout=5.0) as db:
-            index = Index.from_url(self.redis_url, self.prefix)
+            index = Shards.from_url(self.redis_url, self.prefix, self.shards)
             listener.ready.wait(10)
             try:
                 while not stop.is_set():
@@ -113,7 +114,7 @@ class IndexRelay:
                 index.close()
                 listener.stop()
 
-    def follow(self, db: Database, index: Index) -> int:
+    def follow(self, db: Database, index: Index | Shards) -> int:
         """Write the index entries of the schedules notified so far."""
         with self.lock:
             ids, self.pending = sorted(self.pending), set()
@@ -128,7 +129,7 @@ class IndexRelay:
         MIRRORED.inc(written)
         return written
 
-    def reconcile(self, db: Database, index: Index) -> int:
+    def reconcile(self, db: Database, index: Index | Shards) -> int:
         """Make the index match PostgreSQL: every active schedule indexed, nothing else."""
         written, after, active = 0, 0, set()
         while True:

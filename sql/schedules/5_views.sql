@@ -1,0 +1,70 @@
+-- pyscheduler: recurring schedules, the views for psql, and the grants of every role.
+-- The overview (SQLSTATEs, notifications, hardening) is at the top of 1_cron.sql; the
+-- files of sql/schedules/ load in name order on every migrate.
+
+-- ---------------------------------------------------------------- views (psql)
+
+-- _may_see(owner): _may_act(owner) for the views (a view's reader needs EXECUTE
+-- on what it calls, and _may_act reads the settings): whether the reader sees a
+-- schedule's target and last error.
+CREATE OR REPLACE FUNCTION pyscheduler._may_see(p_owner name)
+RETURNS boolean
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT pyscheduler._may_act(p_owner);
+$$;
+
+CREATE OR REPLACE VIEW pyscheduler.schedules_due_soon AS
+    SELECT name, due_at, due_at - now() AS due_in, trigger_at IS NOT NULL AND trigger_at = due_at AS triggered,
+           critical, target_kind, CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
+      FROM pyscheduler.schedules
+     WHERE due_at IS NOT NULL AND due_at <= now() + interval '5 minutes'
+     ORDER BY due_at;
+COMMENT ON VIEW pyscheduler.schedules_due_soon IS
+    'Schedules due within the next 5 minutes (or overdue), soonest first; target only for its owner and admin.';
+
+CREATE OR REPLACE VIEW pyscheduler.schedules_late AS
+    SELECT name, due_at, now() - due_at AS late_by, catchup_window, critical, target_kind,
+           CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
+      FROM pyscheduler.schedules
+     WHERE due_at < now() - interval '10 seconds'
+     ORDER BY due_at;
+COMMENT ON VIEW pyscheduler.schedules_late IS
+    'Schedules due more than 10 seconds ago and not yet fired: the executors are down or behind.';
+
+CREATE OR REPLACE VIEW pyscheduler.schedules_paused AS
+    SELECT name, paused_note, updated AS paused_since, next_run_at, target_kind,
+           CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
+      FROM pyscheduler.schedules
+     WHERE paused
+     ORDER BY name;
+COMMENT ON VIEW pyscheduler.schedules_paused IS 'Paused schedules with their notes.';
+
+CREATE OR REPLACE VIEW pyscheduler.schedules_failing AS
+    SELECT name, consecutive_failures, last_expected_at,
+           CASE WHEN pyscheduler._may_see(owner) THEN last_error END AS last_error, failed_count, fired_count,
+           target_kind, CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
+      FROM pyscheduler.schedules
+     WHERE consecutive_failures > 0
+     ORDER BY consecutive_failures DESC, name;
+COMMENT ON VIEW pyscheduler.schedules_failing IS
+    'Schedules whose last fired-or-failed occurrence failed after retries, most consecutive failures first.';
+
+-- ---------------------------------------------------------------- grants
+
+SELECT pyscheduler._grant('client', 'create_schedule', 'update_schedule', 'pause_schedule', 'resume_schedule',
+                         'trigger_schedule', 'delete_schedule', 'get_schedule', 'list_schedules', 'schedule_runs',
+                         'upcoming_runs', 'execution_count', 'retry_worst_case', 'next_cron_time',
+                         'schedules_due_soon', 'schedules_late', 'schedules_paused', 'schedules_failing');
+SELECT pyscheduler._grant('scheduler', 'index_entries', 'index_page', 'resync_take', 'resync_progress',
+                         'fire_details', 'record_executions', 'fire_task_schedules', 'stop_schedules',
+                         'claim_due_critical', 'claim_due_critical_shards', 'purge_executions', 'get_schedule',
+                         'retry_worst_case', 'next_cron_time');
+-- the views call it for their readers
+SELECT pyscheduler._grant('client', '_may_see');
+SELECT pyscheduler._grant('monitor', '_may_see');
+SELECT pyscheduler._grant('monitor', 'get_schedule', 'list_schedules', 'schedule_runs', 'upcoming_runs',
+                         'execution_count', 'retry_worst_case', 'next_cron_time', 'resync_progress',
+                         'schedules_due_soon', 'schedules_late', 'schedules_paused', 'schedules_failing');

@@ -1,0 +1,260 @@
+"""The dashboard over HTTP (issue 17, section 2): every page against real work made
+through the SQL API, read by a login that is only in pyscheduler_monitor; actions only
+when allowed, behind a confirmation, refused cross-site and without the CSRF token or
+the access token; no secrets shown. The browser test is tests/test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import html
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from pyscheduler.dashboard import make_app, mask_json, mask_url
+
+from dashboard_support import SECRET, populate, served
+
+
+class Client:
+    """A cookie-keeping HTTP client that follows no redirects."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.cookies: dict[str, str] = {}
+
+    def request(self, path: str, data: dict | None = None, headers: dict | None = None) -> tuple[int, dict, str]:
+        body = urllib.parse.urlencode(data).encode() if data is not None else None
+        req = urllib.request.Request(self.base + path, data=body, headers=dict(headers or {}))
+        if self.cookies:
+            req.add_header("Cookie", "; ".join(f"{k}={v}" for k, v in self.cookies.items()))
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *a, **k):
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            resp = opener.open(req, timeout=30)
+            status, hdrs, text = resp.status, resp.headers, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            status, hdrs, text = exc.code, exc.headers, exc.read().decode()
+        for cookie in hdrs.get_all("Set-Cookie") or []:
+            name, _, rest = cookie.partition("=")
+            self.cookies[name] = rest.split(";")[0]
+        return status, dict(hdrs), text
+
+    def get(self, path: str, **kw) -> tuple[int, dict, str]:
+        return self.request(path, **kw)
+
+
+def text_of(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+@pytest.fixture
+def work(conn):
+    return populate(conn)
+
+
+@pytest.fixture
+def monitor_dsn(login):
+    return login("pyscheduler_monitor")[1]
+
+
+@pytest.fixture
+def admin_dsn(login):
+    return login("pyscheduler_admin")[1]
+
+
+def test_pages_show_the_work_through_the_monitor_role(work, monitor_dsn):
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        c = Client(base)
+        status, headers, page = c.get("/")
+        assert status == 200, page
+        assert "default-src 'none'" in headers["Content-Security-Policy"]
+        assert headers["X-Frame-Options"] == "DENY"
+        t = text_of(page)
+        for card in ("Leased tasks", "Delay queue", "Schedules", "Future checks"):
+            assert card in t
+        assert page.count("<svg") >= 4
+        assert re.search(r"overdue\s+1\b", t), t  # the delay message past its deadline
+        status, _, page = c.get("/tasks?status=running")
+        assert status == 200 and work["running"][:8] in page and "<progress" in page
+        status, _, page = c.get("/tasks?status=scheduled&queue=emails")
+        assert work["retrying"][:8] in page and "smtp_421" in page and "retrying" in page
+        status, _, page = c.get("/tasks?status=aborted")
+        assert work["aborted"][:8] in page and "bank_refused" in page
+        status, _, page = c.get(f"/tasks/{work['aborted']}")
+        assert status == 200 and "account closed" in page and "TaskAssignment" in page
+        status, _, page = c.get(f"/tasks/{work['running']}")
+        assert '"api_key": "***"' in html.unescape(page) and "k-0" not in page and "k-1" not in page
+        status, _, page = c.get("/delay")
+        t = text_of(page)
+        assert status == 200 and re.search(r"waiting\s+3\b", t) and re.search(r"ready \(claimed.*?\)\s+1\b", t), t
+        status, _, page = c.get("/schedules")
+        t = text_of(page)
+        assert status == 200 and "ledger migration until Monday" in t and "partner-hook" in t
+        assert "HTTP 503" not in t  # monitor: no other role's errors (convention C)
+        assert "unknown (start the dashboard with --redis-url" in t
+        status, _, page = c.get("/schedule?name=partner-hook")
+        t = text_of(page)
+        assert status == 200 and "failed" in t and "fired" in t and "(owner only)" in t
+        status, _, page = c.get("/checks")
+        t = text_of(page)
+        assert status == 200 and "cart 9" in t and "missed slot" in t and "order 233" in t
+        assert "deleted" in t and "order 234" in t  # history
+        assert "+4915112345678" not in page  # payloads are not shown
+        status, _, page = c.get("/checks?entity_name=invoice")
+        assert "dunning" in page and "order_sms" not in text_of(page).split("Pending checks")[1].split("History")[0]
+        # read-only: no action links, confirmation and POST refused
+        assert "/confirm/" not in c.get("/tasks?status=running")[2]
+        assert c.get(f"/confirm/cancel_task?rn={work['ready']}")[0] == 403
+        assert c.get("/nope")[0] == 404
+    app.close()
+
+
+def test_pages_page_and_filter(conn, monitor_dsn):
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'bulk', specs => "
+                 "(SELECT jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, 120) i))")
+    conn.execute("SELECT pyscheduler.create_schedule(name => 's-' || lpad(i::text, 3, '0'), every => '1 hour', "
+                 "target => 't') FROM generate_series(1, 60) i")
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        c = Client(base)
+        seen: list[str] = []
+        path = "/tasks?status=ready&queue=bulk"
+        while path:
+            page = c.get(path)[2]
+            seen += re.findall(r'href="/tasks/([0-9a-f-]{36})"', page)
+            nxt = re.search(r'href="([^"]+)" rel="next"', page)
+            path = html.unescape(nxt.group(1)) if nxt else None
+        assert len(seen) == 120 == len(set(seen))
+        names: list[str] = []
+        path = "/schedules"
+        while path:
+            page = c.get(path)[2]
+            names += re.findall(r'<td><a href="/schedule\?name=(s-\d+)">', page)
+            nxt = re.search(r'href="([^"]+)" rel="next"', page)
+            path = html.unescape(nxt.group(1)) if nxt else None
+        assert names == [f"s-{i:03d}" for i in range(1, 61)]
+        page = c.get("/schedules?name_like=s-05%25")[2]
+        assert re.findall(r'<td><a href="/schedule\?name=(s-\d+)">', page) == [f"s-05{i}" for i in range(10)]
+    app.close()
+
+
+def _confirm_form(c: Client, path: str) -> tuple[str, dict]:
+    status, _, page = c.get(path)
+    assert status == 200, page
+    action = html.unescape(re.search(r'<form method="post" action="([^"]+)"', page).group(1))
+    fields = {html.unescape(n): html.unescape(v)
+              for n, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page)}
+    return action, fields
+
+
+def test_actions_need_confirmation_csrf_and_same_origin(work, conn, monitor_dsn, admin_dsn):
+    app = make_app(monitor_dsn, allow_actions=True, action_dsn=admin_dsn)
+    with served(app) as base:
+        c = Client(base)
+        c.get("/")  # the session cookie
+        page = c.get("/tasks?status=ready")[2]
+        assert f"/confirm/cancel_task?" in page
+        action, fields = _confirm_form(c, f"/confirm/cancel_task?rn={work['ready']}&next=/tasks")
+        status_of = lambda: conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'status' AS s",  # noqa: E731
+                                         (work["ready"],)).fetchone()["s"]
+        # a cross-site POST (another origin), one without Origin or Referer, one without the token
+        assert c.request(action, fields, {"Origin": "http://evil.example"})[0] == 403
+        assert c.request(action, fields, {"Sec-Fetch-Site": "cross-site", "Origin": base})[0] == 403
+        assert c.request(action, fields)[0] == 403
+        assert c.request(action, {k: v for k, v in fields.items() if k != "csrf"}, {"Origin": base})[0] == 403
+        other = Client(base)  # another session: its own CSRF token
+        other.get("/")
+        assert other.request(action, fields, {"Origin": base})[0] == 403
+        assert c.get(action)[0] == 405  # GET never acts
+        assert status_of() == "ready"
+        status, headers, _ = c.request(action, fields, {"Origin": base})
+        assert status == 303 and headers["Location"].startswith("/tasks?flash=")
+        assert status_of() == "cancelled"
+        assert "done: Cancel task" in text_of(c.get(headers["Location"])[2])
+        # refused by the database: shown, not raised (a completed task cannot be cancelled)
+        done = conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(status => 'completed')"
+                            ).fetchone()["rn"]
+        action, fields = _confirm_form(c, f"/confirm/cancel_task?rn={done}")
+        status, headers, _ = c.request(action, fields, {"Origin": base})
+        assert "refused" in text_of(c.get(headers["Location"])[2]) and "PS209" in c.get(headers["Location"])[2]
+        # a forged flash is not shown
+        assert "pwned" not in c.get("/?flash=" + urllib.parse.quote('[true, "pwned"].0000'))[2]
+        # schedules and checks
+        action, fields = _confirm_form(c, "/confirm/pause_schedule?name=billing-report&next=/schedules")
+        c.request(action, {**fields, "note": "quarter close"}, {"Origin": base})
+        row = conn.execute("SELECT pyscheduler.get_schedule(name => 'billing-report') AS s").fetchone()["s"]
+        assert row["paused"] and row["paused_note"] == "quarter close"
+        action, fields = _confirm_form(c, "/confirm/delete_checks?entity_name=cart&entity_key=9&job=cart_reminder")
+        c.request(action, fields, {"Origin": base})
+        assert conn.execute("SELECT count(*) AS n FROM pyscheduler.list_checks(entity_name => 'cart')"
+                            ).fetchone()["n"] == 0
+        # an open redirect through next is not possible
+        action, fields = _confirm_form(c, "/confirm/resume_schedule?name=billing-report&next=//evil.example/x")
+        assert c.request(action, fields, {"Origin": base})[1]["Location"].startswith("/?flash=")
+    app.close()
+
+
+def test_access_token(work, monitor_dsn):
+    app = make_app(monitor_dsn, token="s3cret-token", allow_actions=True)
+    with served(app) as base:
+        c = Client(base)
+        status, _, page = c.get("/tasks")
+        assert status == 401 and 'name="token"' in page and work["running"][:8] not in page
+        assert c.get("/tasks", headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert c.get("/tasks", headers={"Authorization": "Bearer s3cret-token"})[0] == 200
+        assert c.request("/actions/cancel_task", {"rn": work["ready"]}, {"Origin": base})[0] == 401
+        assert c.request("/login", {"token": "wrong", "next": "/tasks"}, {"Origin": base})[0] == 401
+        assert c.request("/login", {"token": "s3cret-token", "next": "/tasks"}, {"Origin": "http://evil.example"}
+                         )[0] == 403
+        status, headers, _ = c.request("/login", {"token": "s3cret-token", "next": "/tasks"}, {"Origin": base})
+        assert status == 303 and headers["Location"] == "/tasks"
+        assert "s3cret-token" not in str(c.cookies)
+        assert c.get("/tasks")[0] == 200
+    app.close()
+
+
+def test_secrets_are_masked_for_a_reader_that_sees_targets(work, admin_dsn):
+    """An admin login sees every target: the HTTP target's secret path and query are masked."""
+    app = make_app(admin_dsn)
+    with served(app) as base:
+        c = Client(base)
+        for path in ("/schedules", "/schedule?name=partner-hook", "/schedules?target_kind=http"):
+            status, _, page = c.get(path)
+            assert status == 200 and "hooks.example.com" in page and SECRET not in page, path
+    app.close()
+
+
+def test_mask_url_and_json():
+    assert mask_url("https://user:pw@h.example.com:8443/a/Zx81secretPath9f3k2LmQ?x=1&token=abc#frag") == (
+        "https://***@h.example.com:8443/a/***?x=***&token=***#***")
+    assert mask_url("https://example.com/ping") == "https://example.com/ping"
+    assert mask_json({"to": "a", "Authorization": "Bearer x", "nested": [{"password": 1, "n": 2}]}) == {
+        "to": "a", "Authorization": "***", "nested": [{"password": "***", "n": 2}]}
+
+
+def test_mounted_under_a_prefix(work, monitor_dsn):
+    """Behind a proxy at /ops/ (SCRIPT_NAME), links and cookies follow the prefix."""
+    app = make_app(monitor_dsn)
+
+    def mounted(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if not path.startswith("/ops"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"no"]
+        environ = dict(environ, SCRIPT_NAME="/ops", PATH_INFO=path[4:] or "/")
+        return app(environ, start_response)
+
+    with served(mounted) as base:
+        c = Client(base)
+        status, headers, page = c.get("/ops/")
+        assert status == 200 and 'href="/ops/tasks"' in page and "Path=/ops" in headers["Set-Cookie"]
+        assert c.get("/ops/tasks?status=aborted")[0] == 200
+    app.close()
