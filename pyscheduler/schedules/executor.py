@@ -148,6 +148,7 @@ class Executor:
         self.degraded = False  # every shard down: the PostgreSQL-only mode
         self.down: set[int] = set()  # shards unreachable (all of them: degraded)
         self.markers: dict[int, str] = {}  # shard -> last marker value seen
+        self.lost: set[int] = set()  # shards whose index was lost after this executor saw it complete
         self.resyncing: set[int] = set()  # shards whose index is incomplete (data lost, first start)
         self._order: list[int] = [0]  # the shards in this executor's round-robin order
         self._pos = 0
@@ -309,6 +310,8 @@ class Executor:
                 # a warning when an index this executor saw complete is gone (Redis lost its
                 # data); at start (a first start, or Redis restarted while no executor ran) news
                 seen = self.markers.get(k) is not None
+                if seen:
+                    self.lost.add(k)  # its "resynced" is a warning too: the end of a loss
                 log.log(logging.WARNING if seen else logging.INFO,
                         "Redis index%s incomplete (%s): resyncing it from PostgreSQL, critical schedules first",
                         self._shard_text(k), "data lost" if seen else "first start, or Redis lost its data meanwhile")
@@ -440,6 +443,7 @@ class Executor:
                 log.warning("shard %d answered and failed again: %s", k, exc)
                 continue
             self.resyncing.add(k)
+            self.lost.add(k)  # the end of an outage: its "resynced" is a warning as its start was
             self._next_resync = 0.0
             log.warning("Redis back%s after %.1fs: %s%s", self._shard_text(k), now - self._down_since.pop(k, now),
                         "leaving degraded mode, " if self.degraded else "",
@@ -746,7 +750,9 @@ class Executor:
                     if finished:
                         self.resyncing.discard(k)
                         self.markers[k] = sync_id
-                        log.info("Redis index%s resynced from PostgreSQL (sync %s)", self._shard_text(k), sync_id)
+                        log.log(logging.WARNING if k in self.lost else logging.INFO,
+                                "Redis index%s resynced from PostgreSQL (sync %s)", self._shard_text(k), sync_id)
+                        self.lost.discard(k)
 
     def _resync_members(self, sync_id: str, known: list[int]) -> list[int]:
         """The shards (up) whose resync in progress is ``sync_id``."""
