@@ -1,6 +1,6 @@
 """Future checks ("Are we there yet?"): slot-rounded checks with guards and history.
 
-SQL API in sql/checks.sql (docs/sql-api.md, "Future checks"); the runner in
+SQL API in sql/checks/ (docs/sql-api.md, "Future checks"); the runner in
 :mod:`pyscheduler.checks.runner`; ``pyscheduler checks ...`` in cli.py; ``CheckClient``
 (``AsyncCheckClient``) adds, deletes and lists checks from Python.
 """

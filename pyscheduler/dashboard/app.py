@@ -39,7 +39,7 @@ from markupsafe import Markup
 from ..db import Database
 from ..errors import DatabaseUnavailable, SchedulerError
 from . import charts
-from .data import (CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Page, Reader)
+from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader
 
 log = logging.getLogger(__name__)
 

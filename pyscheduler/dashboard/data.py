@@ -4,14 +4,11 @@ Reads go through the monitor role's views and functions only (docs/sql-api.md,
 "Roles"); actions through the client/admin functions, on their own pool
 (``Actions``). Nothing here reads a table.
 
-Pagination. Lists page by keyset where the SQL function takes a cursor:
+Pagination. Lists page by keyset through the SQL functions' cursors:
 ``list_schedules(after_name)``, ``schedule_runs(before)``, ``list_checks(after_at,
-after_id)``, ``check_history(before_at, before_id)`` (branch i21-flat). Whether the
-connected database has them is read once from the catalog (``Reader.cursors``), so
-the same code pages by keyset on a schema that has them and falls back otherwise:
-it asks for ``offset + size + 1`` rows and shows the last ``size`` (up to
-``MAX_OFFSET`` rows deep; beyond that, narrow the filter). ``list_tasks`` has no
-cursor yet: tasks always use the fallback.
+after_id)``, ``check_history(before_at, before_id)``. ``list_tasks`` has no cursor
+yet: tasks page by offset, asking for ``offset + size + 1`` rows and showing the last
+``size`` (up to ``MAX_OFFSET`` rows deep; beyond that, narrow the filter).
 """
 
 from __future__ import annotations
@@ -21,17 +18,20 @@ import json
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
+from ..checks.client import CheckOutcome
 from ..db import Database
+from ..schedules.client import RunOutcome
+from ..tasks.client import TaskStatus
 
 PAGE = 50  # rows per page
 MAX_OFFSET = 2000  # the fallback's deepest page: it reads offset + PAGE + 1 rows
-TASK_STATUSES = ("scheduled", "ready", "running", "completed", "aborted", "cancelled")
-CHECK_OUTCOMES = ("done", "max_checks", "horizon", "past", "timeout", "error", "deleted")
-RUN_OUTCOMES = ("fired", "failed", "skipped_overlap", "missed")
+TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
+CHECK_OUTCOMES: tuple[str, ...] = get_args(CheckOutcome)
+RUN_OUTCOMES: tuple[str, ...] = get_args(RunOutcome)
 
 
 @dataclass
@@ -73,26 +73,9 @@ class Reader:
 
     def __init__(self, db: Database):
         self.db = db
-        self._cursors: dict[str, set[str]] | None = None
         self._lock = threading.Lock()
         # delay_queue samples (the delay queue keeps no history): (monotonic, wall, row)
         self.delay_samples: deque[tuple[float, datetime, dict[str, Any]]] = deque()
-
-    # -- what the schema offers ---------------------------------------------------
-
-    @property
-    def cursors(self) -> dict[str, set[str]]:
-        """Argument names of the paged functions (pg_proc is readable by every role)."""
-        if self._cursors is None:
-            rows = self.db.query(
-                "SELECT p.proname, p.proargnames FROM pg_proc p "
-                "WHERE p.pronamespace = 'pyscheduler'::regnamespace "
-                "AND p.proname IN ('list_schedules', 'schedule_runs', 'list_checks', 'check_history', 'list_tasks')")
-            self._cursors = {r["proname"]: set(r["proargnames"] or ()) for r in rows}
-        return self._cursors
-
-    def _has(self, function: str, *args: str) -> bool:
-        return set(args) <= self.cursors.get(function, set())
 
     # -- overview -------------------------------------------------------------------
 
@@ -147,17 +130,15 @@ class Reader:
     def schedules(self, *, name_like: str | None, target_kind: str | None, paused: bool | None,
                   critical: bool | None, cursor: str | None) -> Page:
         args = dict(name_like=name_like, target_kind=target_kind, paused=paused, critical=critical)
-        if self._has("list_schedules", "after_name"):
-            after = decode_cursor(cursor).get("after")
-            rows = [r["schedule"] for r in self.db.call("list_schedules", **args, max_schedules=PAGE + 1,
-                                                         after_name=after)]
-            nxt = encode_cursor({"after": rows[PAGE - 1]["name"]}) if len(rows) > PAGE else None
-            return Page(rows[:PAGE], nxt, True)
-        return _by_offset(lambda n: [r["schedule"] for r in self.db.call("list_schedules", **args, max_schedules=n)],
-                          decode_cursor(cursor))
+        after = decode_cursor(cursor).get("after")
+        rows = [r["schedule"] for r in self.db.call("list_schedules", **args, max_schedules=PAGE + 1,
+                                                     after_name=after)]
+        nxt = encode_cursor({"after": rows[PAGE - 1]["name"]}) if len(rows) > PAGE else None
+        return Page(rows[:PAGE], nxt, True)
 
     def schedule_view(self, view: str, limit: int = 20) -> list[dict[str, Any]]:
-        assert view in ("schedules_late", "schedules_failing", "schedules_paused", "schedules_due_soon")
+        if view not in ("schedules_late", "schedules_failing", "schedules_paused", "schedules_due_soon"):
+            raise ValueError(f"not a schedules view: {view!r}")
         return self.db.query(f"SELECT * FROM pyscheduler.{view} LIMIT %s", (limit,))
 
     def schedule(self, name: str) -> dict[str, Any]:
@@ -167,14 +148,10 @@ class Reader:
         return [r["run_at"] for r in self.db.call("upcoming_runs", name=name, n=n)]
 
     def runs(self, name: str, *, outcome: str | None, cursor: str | None) -> Page:
-        if self._has("schedule_runs", "before"):
-            before = decode_cursor(cursor).get("before")
-            rows = self.db.call("schedule_runs", name=name, with_outcome=outcome, max_runs=PAGE + 1,
-                                before=before)
-            nxt = encode_cursor({"before": rows[PAGE - 1]["expected_at"].isoformat()}) if len(rows) > PAGE else None
-            return Page(rows[:PAGE], nxt, True)
-        return _by_offset(lambda n: self.db.call("schedule_runs", name=name, with_outcome=outcome, max_runs=n),
-                          decode_cursor(cursor))
+        before = decode_cursor(cursor).get("before")
+        rows = self.db.call("schedule_runs", name=name, with_outcome=outcome, max_runs=PAGE + 1, before=before)
+        nxt = encode_cursor({"before": rows[PAGE - 1]["expected_at"].isoformat()}) if len(rows) > PAGE else None
+        return Page(rows[:PAGE], nxt, True)
 
     # -- checks ---------------------------------------------------------------------
 
@@ -194,64 +171,35 @@ class Reader:
     def checks(self, *, entity_name: str | None, entity_key: str | None, job: str | None,
                cursor: str | None) -> Page:
         args = dict(entity_name=entity_name, entity_key=entity_key, job=job)
-        if self._has("list_checks", "after_at", "after_id"):
-            c = decode_cursor(cursor)
-            rows = self.db.call("list_checks", **args, max=PAGE + 1, after_at=c.get("at"), after_id=c.get("id"))
-            last = rows[PAGE - 1] if len(rows) > PAGE else None
-            nxt = encode_cursor({"at": last["next_check_at"].isoformat(), "id": last["id"]}) if last else None
-            return Page(rows[:PAGE], nxt, True)
-        return _by_offset(lambda n: self.db.call("list_checks", **args, max=n), decode_cursor(cursor))
+        c = decode_cursor(cursor)
+        rows = self.db.call("list_checks", **args, max=PAGE + 1, after_at=c.get("at"), after_id=c.get("id"))
+        last = rows[PAGE - 1] if len(rows) > PAGE else None
+        nxt = encode_cursor({"at": last["next_check_at"].isoformat(), "id": last["id"]}) if last else None
+        return Page(rows[:PAGE], nxt, True)
 
     def history(self, *, entity_name: str | None, entity_key: str | None, job: str | None,
                 outcome: str | None, cursor: str | None) -> Page:
         """check_history has no outcome filter: the outcome is filtered on the page."""
         args = dict(entity_name=entity_name, entity_key=entity_key, job=job)
         keep = (lambda rows: [r for r in rows if r["outcome"] == outcome]) if outcome else (lambda rows: rows)
-        if self._has("check_history", "before_at", "before_id"):
-            c = decode_cursor(cursor)
-            rows = self.db.call("check_history", **args, max=PAGE + 1, before_at=c.get("at"), before_id=c.get("id"))
-            last = rows[PAGE - 1] if len(rows) > PAGE else None
-            nxt = encode_cursor({"at": last["ended"].isoformat(), "id": last["id"]}) if last else None
-            return Page(keep(rows[:PAGE]), nxt, True)
-        page = _by_offset(lambda n: self.db.call("check_history", **args, max=n), decode_cursor(cursor))
-        page.rows = keep(page.rows)
-        return page
-
-
-@dataclass
-class Outcome:
-    ok: bool
-    message: str
-    detail: dict[str, Any] = field(default_factory=dict)
+        c = decode_cursor(cursor)
+        rows = self.db.call("check_history", **args, max=PAGE + 1, before_at=c.get("at"), before_id=c.get("id"))
+        last = rows[PAGE - 1] if len(rows) > PAGE else None
+        nxt = encode_cursor({"at": last["ended"].isoformat(), "id": last["id"]}) if last else None
+        return Page(keep(rows[:PAGE]), nxt, True)
 
 
 class Actions:
-    """The write side, only with --allow-actions: the functions a client or admin may call
-    (a task, schedule or check belongs to its role: use an admin login to act on all)."""
+    """The write side, only with --allow-actions: the typed clients' calls (a task, schedule
+    or check belongs to its role: use an admin login to act on all)."""
 
     def __init__(self, db: Database):
-        self.db = db
+        from ..checks import CheckClient
+        from ..schedules import ScheduleClient
+        from ..tasks import TaskClient
 
-    def cancel_task(self, rn: str) -> Any:
-        return self.db.call_value("cancel_task", rn=rn)
-
-    def retry_task(self, rn: str) -> Any:
-        return self.db.call_value("retry_task", rn=rn)
-
-    def pause_queue(self, queue: str, note: str | None) -> Any:
-        return self.db.call_value("pause_queue", queue=queue, note=note or None)
-
-    def resume_queue(self, queue: str) -> Any:
-        return self.db.call_value("resume_queue", queue=queue)
-
-    def pause_schedule(self, name: str, note: str | None) -> Any:
-        return self.db.call_value("pause_schedule", name=name, note=note or None)
-
-    def resume_schedule(self, name: str) -> Any:
-        return self.db.call_value("resume_schedule", name=name)
-
-    def trigger_schedule(self, name: str) -> Any:
-        return self.db.call_value("trigger_schedule", name=name)
-
-    def delete_checks(self, entity_name: str, entity_key: str, job: str | None) -> Any:
-        return self.db.call_value("delete_checks", entity_name=entity_name, entity_key=entity_key, job=job or None)
+        tasks, schedules, checks = TaskClient(db), ScheduleClient(db), CheckClient(db)
+        self.cancel_task, self.retry_task = tasks.cancel, tasks.retry
+        self.pause_queue, self.resume_queue = tasks.pause_queue, tasks.resume_queue
+        self.pause_schedule, self.resume_schedule = schedules.pause, schedules.resume
+        self.trigger_schedule, self.delete_checks = schedules.trigger, checks.delete

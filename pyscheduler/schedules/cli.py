@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from typing import get_args
 
 import click
 
@@ -28,7 +29,7 @@ from ..config import (DURATION, INSTANT, bootstrap_option, dsn_option, env, http
                       redis_option, require_dsn, require_text)
 from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
-from .client import UNBOUNDED, ScheduleClient
+from .client import UNBOUNDED, RunOutcome, ScheduleClient
 from .executor import Executor, ExecutorConfig, mirror_entries
 from .index import DEFAULT_PREFIX, Shards
 from .relay import Cleanup, IndexRelay
@@ -304,7 +305,7 @@ def list_cmd(dsn, name_like, target_kind, paused, critical, limit) -> None:
 @group.command("runs")
 @dsn_option
 @click.argument("name")
-@click.option("--outcome", type=click.Choice(["fired", "failed", "skipped_overlap", "missed"]), default=None,
+@click.option("--outcome", type=click.Choice(get_args(RunOutcome)), default=None,
               help="Only executions with this outcome.")
 @click.option("--since", type=INSTANT, default=None, help="Only occurrences expected at or after this instant.")
 @click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
@@ -315,7 +316,7 @@ def runs_cmd(dsn, name, outcome, since, limit) -> None:
     def show(client: ScheduleClient):
         for r in client.runs(name, outcome, since, limit):
             click.echo("  ".join(f"{k}={v}" for k, v in jsonable(r).items() if v is not None))
-        return {o: client.count(name, o) for o in ("fired", "failed", "skipped_overlap", "missed")}
+        return {o: client.count(name, o) for o in get_args(RunOutcome)}
 
     counts = _client(dsn, show)
     click.echo(f"execution count: {counts['fired']} (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")")
