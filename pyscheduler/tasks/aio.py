@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -147,7 +148,9 @@ class AsyncWorker(Worker):
     async def _consume(self) -> None:
         """One handler slot: run tasks from the local queue until it closes."""
         ctx = await self._next(None)
+        counted, clock = self._counted, time.perf_counter
         while ctx is not None:
+            began = clock() if counted is not None else 0.0
             try:
                 await self.handler(ctx)  # type: ignore[misc]
                 function, args = "complete_task", {}
@@ -160,6 +163,8 @@ class AsyncWorker(Worker):
                     function, args = self._failed(ctx, exc)
             except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
                 function, args = self._failed(ctx, exc)
+            if counted is not None:
+                counted.took.append(clock() - began)
             if function == "complete_task":
                 while (following := self._take(ctx, block=False, complete=True)) is _FULL:
                     await asyncio.sleep(0.005)  # back-pressure: the completer is behind
