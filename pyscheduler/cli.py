@@ -132,9 +132,30 @@ def _dashboard(stack):
     if not refresh.isdigit() or not 1 <= int(refresh) <= 3600:
         raise click.BadParameter(f"expected 1..3600 seconds, got {refresh!r}", param_hint="PYSCHEDULER_DASHBOARD_REFRESH")
     allow = (env("PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS") or "").strip().lower() in ("1", "true", "yes", "on")
-    return make_app(stack.dsn, allow_actions=allow, token=env("PYSCHEDULER_DASHBOARD_TOKEN") or None,
+    return make_app(_as_monitor(stack.dsn), allow_actions=allow, token=env("PYSCHEDULER_DASHBOARD_TOKEN") or None,
                     action_dsn=env("PYSCHEDULER_DASHBOARD_ACTION_DSN") or None, redis_url=stack.redis_url,
                     refresh_s=int(refresh))
+
+
+def _as_monitor(dsn: str) -> str:
+    """``dsn`` acting as the monitor role (libpq ``options=-c role=...``): ``run``'s own login
+    is often a superuser, and the dashboard reads through the monitor role's views and
+    functions only (issue 17). The login must be a member of it, as an admin or the owner of
+    the schema is; a login that is not keeps its own role (and its own privileges)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=10) as conn:
+            role, member = conn.execute(
+                "SELECT s.value, pg_has_role(current_user, s.value, 'MEMBER') FROM pyscheduler.settings s "
+                "WHERE s.name = 'monitor_role'").fetchone() or (None, False)
+    except psycopg.Error:
+        return dsn  # the dashboard's own connections say what is wrong
+    if not member:
+        return dsn
+    options = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=f"{options} -c role={role}".strip())
 
 
 def _print_connect(stack) -> None:
