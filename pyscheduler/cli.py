@@ -14,9 +14,11 @@ from types import ModuleType
 import click
 
 from . import __version__, migrate as migrations
-from .config import kafka_settings_option, option, require_dsn, servers_options
-from .daemon import RunContext, install_signal_handlers, run_daemons
-from .errors import SchedulerError
+from pathlib import Path
+
+from .config import http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options
+from .daemon import RunContext, install_signal_handlers
+from .errors import ConfigError, InvalidArgument, SchedulerError
 
 log = logging.getLogger("pyscheduler")
 
@@ -41,7 +43,10 @@ def capability(name: str) -> ModuleType | None:
 
 
 class Main(click.Group):
-    """Turns pyscheduler's own errors into one line on stderr and exit code 1."""
+    """Turns pyscheduler's own errors into one line on stderr and exit code 1; 2 for a value the
+    database refused as invalid (InvalidArgument: a bad flag value it is the judge of, such as
+    a cron expression, a run_at before 1970 or a check job that does not exist), as for the
+    values click refuses."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -50,7 +55,7 @@ class Main(click.Group):
             click.echo(f"error: {exc}", err=True)
             if getattr(exc, "hint", None):
                 click.echo(f"hint: {exc.hint}", err=True)
-            ctx.exit(1)
+            ctx.exit(2 if isinstance(exc, InvalidArgument) else 1)
 
 
 @click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,13 +104,58 @@ def migrate_cmd(dsn, kafka_bootstrap, redis_url, list_, dry_run, **role_names) -
                f"in {time.monotonic() - started:.2f}s")
 
 
-def _stack(dsn, kafka_bootstrap, redis_url):
+def _stack(dsn, kafka_bootstrap, redis_url, data_dir: Path | None = None):
     from .embedded import Stack
 
     if dsn:  # configured servers only; a capability whose server is missing is skipped
+        reachable_or_fail(dsn)
         return Stack(dsn=dsn, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
-    click.echo("no database configured: starting the embedded PostgreSQL, Kafka broker and Redis ...")
-    return Stack(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url).start()
+    if data_dir is None:
+        click.echo("no database configured: starting the embedded PostgreSQL, Kafka broker and Redis in a "
+                   "temporary directory, removed at exit (--data-dir DIR keeps their data) ...")
+    else:
+        click.echo(f"no database configured: starting the embedded PostgreSQL, Kafka broker and Redis with their "
+                   f"data in {data_dir} (kept across restarts; the broker keeps topics in memory only) ...")
+    return Stack(kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, data_dir=data_dir).start()
+
+
+def _dashboard(stack):
+    """The dashboard ``run`` serves at ``/`` of its HTTP endpoint, with the variables of
+    ``pyscheduler dashboard`` (PYSCHEDULER_DASHBOARD_TOKEN, _ALLOW_ACTIONS, _ACTION_DSN,
+    _REFRESH); read-only unless PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS is set."""
+    import os
+
+    from .dashboard import make_app
+
+    env = os.environ.get
+    refresh = env("PYSCHEDULER_DASHBOARD_REFRESH") or "10"
+    if not refresh.isdigit() or not 1 <= int(refresh) <= 3600:
+        raise click.BadParameter(f"expected 1..3600 seconds, got {refresh!r}", param_hint="PYSCHEDULER_DASHBOARD_REFRESH")
+    allow = (env("PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS") or "").strip().lower() in ("1", "true", "yes", "on")
+    return make_app(_as_monitor(stack.dsn), allow_actions=allow, token=env("PYSCHEDULER_DASHBOARD_TOKEN") or None,
+                    action_dsn=env("PYSCHEDULER_DASHBOARD_ACTION_DSN") or None, redis_url=stack.redis_url,
+                    refresh_s=int(refresh))
+
+
+def _as_monitor(dsn: str) -> str:
+    """``dsn`` acting as the monitor role (libpq ``options=-c role=...``): ``run``'s own login
+    is often a superuser, and the dashboard reads through the monitor role's views and
+    functions only (issue 17). The login must be a member of it, as an admin or the owner of
+    the schema is; a login that is not keeps its own role (and its own privileges)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=10) as conn:
+            role, member = conn.execute(
+                "SELECT s.value, pg_has_role(current_user, s.value, 'MEMBER') FROM pyscheduler.settings s "
+                "WHERE s.name = 'monitor_role'").fetchone() or (None, False)
+    except psycopg.Error:
+        return dsn  # the dashboard's own connections say what is wrong
+    if not member:
+        return dsn
+    options = conninfo_to_dict(dsn).get("options") or ""
+    return make_conninfo(dsn, options=f"{options} -c role={role}".strip())
 
 
 def _print_connect(stack) -> None:
@@ -121,11 +171,19 @@ def _print_connect(stack) -> None:
 @servers_options
 @kafka_settings_option
 @click.option("--no-migrate", is_flag=True, help="Do not migrate before starting.")
-def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate) -> None:
+@option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+        help="Keep the embedded servers' data here across restarts (default: a temporary directory removed "
+             "at exit). Only without --dsn.")
+@http_options()
+def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate, data_dir, http_port, http_host) -> None:
     """Run the daemons of every capability (embedded servers when no DSN is configured)."""
+    from .metrics_http import run_serving
+
+    if dsn and data_dir is not None:
+        raise click.UsageError("--data-dir is for the embedded servers: give it or --dsn, not both")
     stop = threading.Event()
     install_signal_handlers(stop)
-    stack = _stack(dsn, kafka_bootstrap, redis_url)
+    stack = _stack(dsn, kafka_bootstrap, redis_url, data_dir)
     try:
         if not no_migrate:
             migrations.migrate(stack.dsn)
@@ -137,11 +195,21 @@ def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate) -> None
             if module is None:
                 log.info("%s: not built yet", title)
                 continue
-            daemons += module.daemons(ctx)
+            try:
+                daemons += module.daemons(ctx)
+            except ConfigError as exc:  # a PYSCHEDULER_<CAPABILITY>_* value the daemon refuses
+                raise click.UsageError(str(exc)) from None
         _print_connect(stack)
         click.echo(f"running {', '.join(d.name for d in daemons) or 'no daemons'}; Ctrl-C or SIGTERM stops")
         sys.stdout.flush()
-        code = run_daemons(daemons, stop)
+        dashboard = _dashboard(stack) if http_port is not None else None
+        try:
+            code = run_serving(daemons, stop, http_host, http_port, dsn=stack.dsn,
+                               kafka_bootstrap=stack.kafka_bootstrap, kafka_settings=kafka_settings,
+                               redis_url=stack.redis_url, app=dashboard)
+        finally:
+            if dashboard is not None:
+                dashboard.close()
     finally:
         stack.stop()
     click.echo("stopped")

@@ -29,7 +29,29 @@ def option(*decls: str, **kwargs: Any) -> Callable:
     return click.option(*decls, **kwargs)
 
 
-_dsn_option = option("--dsn", default=None, metavar="DSN",
+class OneLineUsageError(click.BadParameter):
+    """A usage error shown as one line (``error: ...``), exit code 2."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def _check_dsn(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A DSN libpq cannot parse is a usage error (one line, exit 2), before anything connects."""
+    if value is None or value == "":
+        return value or None
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(value)
+    except Exception as exc:  # psycopg.ProgrammingError: what libpq says is wrong with it
+        raise OneLineUsageError(f"not a PostgreSQL connection string ({str(exc).strip()}); expected a URI "
+                                "such as postgresql://user@host:5432/db or key=value pairs such as "
+                                "'host=db dbname=app'", ctx=ctx, param=param) from None
+    return value
+
+
+_dsn_option = option("--dsn", default=None, metavar="DSN", callback=_check_dsn,
                      help="PostgreSQL connection string (libpq URI or key=value).")
 
 
@@ -92,11 +114,40 @@ def servers_options(f: Callable) -> Callable:
     return f
 
 
-def require_dsn(dsn: str | None) -> str:
-    """The DSN of a command that cannot start its own database."""
+def require_dsn(dsn: str | None, reach: bool = True) -> str:
+    """The DSN of a command that cannot start its own database; with ``reach``, checked by
+    connecting once (reachable_or_fail), so an unreachable database is one line within seconds."""
     if not dsn:
         raise click.UsageError("no database: pass --dsn or set PYSCHEDULER_DSN")
+    if reach:
+        reachable_or_fail(dsn)
     return dsn
+
+
+REACH_TIMEOUT = 5  # s: the longest a command waits to learn that the database is unreachable
+
+
+def reachable_or_fail(dsn: str) -> None:
+    """Connect once and close: DatabaseUnavailable naming the server (host, port) and the
+    server's or the network's answer when that fails, within REACH_TIMEOUT seconds (or the
+    DSN's own connect_timeout), instead of a pool retrying for 30 s."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from . import db
+    from .errors import DatabaseUnavailable
+
+    extra = db.settings().kwargs(dsn)
+    if "connect_timeout" in extra:
+        extra["connect_timeout"] = min(REACH_TIMEOUT, int(extra["connect_timeout"]))
+    try:
+        psycopg.connect(dsn, **extra).close()
+    except psycopg.OperationalError as exc:
+        given = conninfo_to_dict(dsn)
+        where = f"{given.get('host') or 'the default host'}:{given.get('port') or 5432}"
+        why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        why = why.removeprefix("connection failed: ")
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {why}") from None
 
 
 # -- parameter types the command groups share ---------------------------------------------------
@@ -122,6 +173,38 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+
+class PositiveDuration(Duration):
+    """A duration longer than zero (an interval of 0 would spin)."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        out = super().convert(value, param, ctx)
+        if out <= timedelta(0):
+            self.fail(f"must be longer than 0, got {value!r}", param, ctx)
+        return out
+
+
+POSITIVE_DURATION = PositiveDuration()
+
+
+def http_options(*alias_envvars: str) -> Callable[[Callable], Callable]:
+    """--http-port / --http-host: the process's HTTP endpoint (/metrics, /healthz, /readyz;
+    pyscheduler.metrics_http). ``--metrics-port`` is an alias of ``--http-port``, and the
+    ``alias_envvars`` (e.g. PYSCHEDULER_DELAY_METRICS_PORT) of PYSCHEDULER_HTTP_PORT."""
+
+    def decorate(f: Callable) -> Callable:
+        f = option("--http-host", default="127.0.0.1", show_default=True, metavar="HOST",
+                   help="Address of the HTTP endpoint (0.0.0.0: every interface).")(f)
+        f = option("--http-port", "--metrics-port", "http_port", type=click.IntRange(0, 65535), default=None,
+                   envvar=[env("http_port"), *alias_envvars], metavar="PORT",
+                   help="Serve /metrics, /healthz and /readyz on this port (0: any free port; default: no "
+                        "HTTP). --metrics-port is the former name.")(f)
+        return f
+
+    return decorate
 
 
 class Instant(click.DateTime):

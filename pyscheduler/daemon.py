@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import ConfigError
 
@@ -62,7 +62,7 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
 
 def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeout: float = 30.0,
-                first_backoff: float = 1.0, max_backoff: float = 60.0) -> int:
+                first_backoff: float = 1.0, max_backoff: float = 60.0, health: Any = None) -> int:
     """Run each daemon in a thread until ``stop``; 0 when all stopped cleanly.
 
     A daemon whose ``run`` raises (or returns before ``stop``) is restarted after a
@@ -72,14 +72,27 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
     ``daemon.fresh()`` when the daemon has it (a new instance with the same settings:
     no state half-torn by the crash), else ``run`` again. Returns 1 when a daemon
     crashed at least once or did not stop within ``join_timeout``. A ``ConfigError`` on a
-    daemon's first run (it cannot start as configured) stops the process instead."""
+    daemon's first run (it cannot start as configured) stops the process instead.
+    ``health`` (pyscheduler.metrics_http.Health) is told when each daemon runs and when it
+    is down (crashed, waiting to restart), under the name it started with."""
     crashes: list[str] = []
+    daemons = list(daemons)
 
     def target(d: Daemon) -> None:
+        try:
+            supervise(d)
+        finally:
+            if health is not None:
+                health.down(d.name, "stopped", crashed=False)
+
+    def supervise(d: Daemon) -> None:
         backoff = first_backoff
         first = True
+        key = d.name
         while not stop.is_set():
             started = time.monotonic()
+            if health is not None:
+                health.running(key)
             try:
                 d.run(stop)
                 if stop.is_set():
@@ -97,6 +110,8 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
             except BaseException as exc:  # noqa: BLE001 - whatever it was, its siblings go on
                 why = f"crashed: {type(exc).__name__}: {exc}"
                 log.exception("daemon %s crashed", d.name)
+            if health is not None:
+                health.down(key, why.splitlines()[0] if why else "crashed")
             first = False
             crashes.append(d.name)
             if time.monotonic() - started >= max_backoff:
@@ -113,6 +128,9 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
                     log.exception("daemon %s could not be rebuilt; running the old instance again", d.name)
             log.warning("daemon %s restarting", d.name)
 
+    if health is not None:
+        for d in daemons:
+            health.expect(d.name)
     threads = [threading.Thread(target=target, args=(d,), name=d.name) for d in daemons]
     for t in threads:
         t.start()

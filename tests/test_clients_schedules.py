@@ -238,5 +238,5 @@ def test_cli_hints_name_cli_commands_not_sql_functions(dsn, db):
     run(dsn, "create", "dup", "--every", "1m", "--kafka", "t")
     out = run(dsn, "create", "dup", "--every", "1m", "--kafka", "t", code=1)
     assert "pyscheduler schedules update NAME" in out and "update_schedule()" not in out
-    out = run(dsn, "create", "fast", "--every", "1s", "--kafka", "t", code=1)
+    out = run(dsn, "create", "fast", "--every", "1s", "--kafka", "t", code=2)  # PS305: a bad flag value
     assert "--retry-attempts" in out and "retry_worst_case()" not in out

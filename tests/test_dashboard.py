@@ -258,3 +258,18 @@ def test_mounted_under_a_prefix(work, monitor_dsn):
         assert status == 200 and 'href="/ops/tasks"' in page and "Path=/ops" in headers["Set-Cookie"]
         assert c.get("/ops/tasks?status=aborted")[0] == 200
     app.close()
+
+
+def test_run_serves_the_dashboard_as_the_monitor_role(dsn, login):
+    """``pyscheduler run``'s login (here a superuser) reads the dashboard as pyscheduler_monitor;
+    a login that is not a member keeps its own role."""
+    import psycopg
+
+    from pyscheduler.cli import _as_monitor
+
+    with psycopg.connect(_as_monitor(dsn)) as c:
+        assert c.execute("SELECT current_user").fetchone()[0] == "pyscheduler_monitor"
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute("SELECT * FROM pyscheduler.tasks LIMIT 1")  # the table itself: not the monitor's
+    _, client = login("pyscheduler_client")
+    assert _as_monitor(client) == client

@@ -50,7 +50,7 @@ def test_a_hold_time_that_would_refire_everything_is_refused(dsn, kafka):
     assert proc.returncode == 2 and "--hold-ms" in proc.stderr
     proc = subprocess.run(run + ["--hold-ms", "1500", "--poll-ms", "1000"], capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 1 and "hold-ms must be at least 2000" in proc.stderr
+    assert proc.returncode == 2 and "hold-ms must be at least 2000" in proc.stderr  # a usage error too
 
 
 def test_status_shows_deadlines_at_the_end_of_the_range(dsn, db):
@@ -75,7 +75,9 @@ def test_metrics_count_what_the_relay_did(dsn, kafka, topic, tmp_path):
     topics = Topics(input=topic("in"), output=topic("out"), dlq=topic("dlq"))
     port = free_port()
     output = Output(kafka, topics.output)
-    relay = RelayProcess(dsn, kafka, topics, tmp_path / "relay.log", "--metrics-port", str(port))
+    # --metrics-port: the former name of --http-port
+    relay = RelayProcess(dsn, kafka, topics, tmp_path / "relay.log", "--metrics-port", str(port),
+                         "--dlq-topic", topics.dlq)
     try:
         relay.node()
         sender = Sender(kafka, topics.input)
@@ -89,7 +91,8 @@ def test_metrics_count_what_the_relay_did(dsn, kafka, topic, tmp_path):
         text = wait_for(lambda: "pyscheduler_delay_dead_lettered_total 1.0" in metrics() and metrics(), 20,
                         "the dead letter to be counted")
         for line in ("pyscheduler_delay_consumed_total 2.0", "pyscheduler_delay_late_total 1.0",
-                     "pyscheduler_delay_fired_total 1.0", "pyscheduler_delay_fire_lag_seconds_count 1.0"):
+                     "pyscheduler_delay_fired_total 1.0", "pyscheduler_delay_fire_lag_seconds_count 1.0",
+                     "pyscheduler_delay_dropped_total 0.0"):  # on the dead-letter topic: not dropped
             assert line in text
     finally:
         relay.close()

@@ -11,12 +11,14 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 from psycopg import sql
 
 from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, freeze, private_broker, utcnow,
                            wait_for, warm_up)
+from pyscheduler.delay.relay import Relay
 from pyscheduler.errors import InvalidMessage, rejects_arguments
+from pyscheduler.metrics import process_registry
 
 
 @pytest.fixture
@@ -144,6 +146,10 @@ def test_a_read_only_database_delays_messages_but_drops_none(dsn, kafka, topics,
         relay.stop()
     assert not logged(caplog, "malformed")
     assert [m for m in dlq.fresh(0) if m.value() in values] == []
+
+
+# the relay's series, as a process that runs a relay exports them (pyscheduler.metrics)
+REGISTRY = process_registry([Relay], registry=CollectorRegistry())
 
 
 def claims() -> float:

@@ -11,7 +11,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from delay_support import InProcessRelay, Output, Sender, Topics, fire_time, utcnow, wait_for, warm_up
-from pyscheduler.delay.relay import KAFKA_MESSAGE_MAX_BYTES, Malformed, RelayConfig, parse_deadline
+from pyscheduler.delay.relay import (DEAD_LETTERED, DROPPED, KAFKA_MESSAGE_MAX_BYTES, Malformed, RelayConfig,
+                                     parse_deadline)
 from pyscheduler.errors import ConfigError
 
 
@@ -262,8 +263,14 @@ def test_a_header_name_that_is_not_utf8_is_dead_lettered_and_the_batch_goes_on(w
     assert relay.thread.is_alive()
 
 
+def counted() -> tuple[float, float]:
+    """(dead letters confirmed, messages dropped) so far in this process."""
+    return DEAD_LETTERED._value.get(), DROPPED._value.get()
+
+
 def test_a_message_the_broker_refuses_is_dead_lettered_once_and_deleted(wired, db, caplog):
     sender, output, dlq, start = wired
+    before = counted()
     # this node's producer refuses messages over 1000 bytes (as a broker would a too-large record)
     start(hold_ms=1000, kafka_settings_extra={"message.max.bytes": "1000"})
     warm_up(sender, output, partitions=2)
@@ -285,10 +292,13 @@ def test_a_message_the_broker_refuses_is_dead_lettered_once_and_deleted(wired, d
     output.wait_values([b"marker"], timeout=20)
     assert len(dlq.fresh(1, idle=1.0)) == 1
     assert sum("the broker refused it" in r.getMessage() for r in caplog.records) == 1
+    # the metrics: one dead letter on the topic, nothing dropped
+    assert counted() == (before[0] + 1, before[1])
 
 
 def test_a_late_message_the_broker_refuses_is_dropped_with_one_error_and_the_input_moves_on(wired, db, caplog):
     sender, output, _, start = wired
+    before = counted()
     start(hold_ms=1000, kafka_settings_extra={"message.max.bytes": "1000"}, dlq_topic=None)
     warm_up(sender, output, partitions=2)
     sender.send("late-big", utcnow() - timedelta(seconds=1), value=b"x" * 2000, partition=0)
@@ -303,6 +313,7 @@ def test_a_late_message_the_broker_refuses_is_dropped_with_one_error_and_the_inp
     assert db.query("SELECT id FROM pyscheduler.delay_messages") == []
     errors = [r for r in caplog.records if "late-big" in r.getMessage()]
     assert len(errors) == 1 and errors[0].levelname == "ERROR" and "dropped" in errors[0].getMessage()
+    assert counted() == (before[0], before[1] + 1)  # counted as dropped, not as dead-lettered
 
 
 def test_the_producer_size_limit_is_the_brokers_not_librdkafkas_lower_default(wired, kafka, topics, db):

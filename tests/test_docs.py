@@ -24,6 +24,39 @@ def sections() -> dict[str, list[tuple[str | None, str]]]:
     return out
 
 
+def markdown_blocks(text: str) -> tuple[list[str], list[tuple[int, str]]]:
+    """CommonMark's fenced code blocks, as a renderer reads them: a fence is 3+ backticks or
+    tildes indented at most 3 spaces, closed by a line of the same character, at least as many,
+    and nothing else; an unclosed fence runs to the end of the page. Returns (the level-2
+    headings outside fences, [(line, text) of every line starting with '## ' inside one])."""
+    headings, swallowed = [], []
+    fence: str | None = None
+    opened = 0
+    for number, line in enumerate(text.split("\n"), 1):
+        m = re.match(r"^ {0,3}(`{3,}|~{3,})(.*)$", line)
+        if fence is None:
+            if m and not (m[1][0] == "`" and "`" in m[2]):
+                fence, opened = m[1], number
+            elif re.match(r"^ {0,3}## ", line):
+                headings.append(line.strip()[3:].strip())
+        elif m and m[1][0] == fence[0] and len(m[1]) >= len(fence) and not m[2].strip():
+            fence = None
+        elif line.startswith("## "):
+            swallowed.append((number, f"{line} (in the fence opened on line {opened})"))
+    if fence is not None:
+        swallowed.append((opened, f"the fence opened on line {opened} is never closed"))
+    return headings, swallowed
+
+
+@pytest.mark.parametrize("page", ["sql-api.md", "operations.md", "python-api.md", "benchmarks.md", "../README.md"])
+def test_every_fence_closes_and_every_section_heading_is_a_heading(page):
+    headings, swallowed = markdown_blocks((REPO / "docs" / page).read_text())
+    assert swallowed == [], page
+    if page == "sql-api.md":  # the sections the examples are read from are the page's headings
+        assert {"Foundation", "Future checks"} <= set(headings)
+        assert set(sections()) <= {h for h in headings}
+
+
 def test_the_page_has_examples():
     assert "Foundation" in sections()
 
@@ -80,6 +113,16 @@ def test_compose_file_is_valid_and_complete():
     for name in ("postgres", "kafka", "redis"):
         assert daemons["depends_on"][name]["condition"] == "service_healthy"
     assert "--no-migrate" in daemons["command"]
+    # its health check asks /readyz on the port it publishes; the broker (no auto-create) gets every
+    # topic the daemons use, a schedule target topic included
+    port = daemons["environment"]["PYSCHEDULER_HTTP_PORT"]
+    assert f"127.0.0.1:{port}/readyz" in " ".join(daemons["healthcheck"]["test"])
+    assert any(p.endswith(f":{port}") for p in daemons["ports"])
+    assert compose["services"]["kafka"]["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    created = " ".join(services["kafka-topics"]["command"])
+    for topic in ("pyscheduler.delay.input", "pyscheduler.delay.output", daemons["environment"]["PYSCHEDULER_DELAY_DLQ_TOPIC"],
+                  "pyscheduler.schedules"):
+        assert topic in created, topic
 
 
 def test_the_readme_psql_session_runs(dsn):

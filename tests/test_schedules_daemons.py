@@ -16,7 +16,9 @@ from click.testing import CliRunner
 from pyscheduler import embedded
 from pyscheduler.cli import main
 from pyscheduler.delay.bench import OutputReader
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
+from pyscheduler.metrics import process_registry
+from pyscheduler.schedules.executor import Executor
 from pyscheduler.schedules.index import Index, idempotency_key, to_ms
 from pyscheduler.schedules.targets import KAFKA_KEY_HEADER
 from pyscheduler.tasks.worker import Worker
@@ -33,6 +35,10 @@ def receiver(db):
     r = Receiver()
     yield r
     r.close()
+
+
+# the executor's series, as a process that runs one exports them (pyscheduler.metrics)
+REGISTRY = process_registry([Executor], registry=CollectorRegistry())
 
 
 def degraded() -> float:

@@ -37,7 +37,7 @@ def test_submit_later_once_and_with_max_attempts(dsn, db):
         result = run(dsn, "submit", "cli", "{}", *bad)
         assert result.exit_code == 2, (bad, result.output)
     result = run(dsn, "submit", "cli", "{}", "--run-at", "1969-01-01T00:00:00")
-    assert result.exit_code == 1 and "run_at" in result.stderr
+    assert result.exit_code == 2 and "run_at" in result.stderr  # refused by the database: a bad flag value
 
 
 def test_retry_one_task_or_a_queues_batch_with_hints_naming_commands(dsn, db):

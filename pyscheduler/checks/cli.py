@@ -13,8 +13,8 @@ from datetime import timedelta
 import click
 
 from ..clihints import HintedGroup
-from ..config import DURATION, dsn_option, env, option, require_dsn
-from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..config import DURATION, POSITIVE_DURATION, dsn_option, env, http_options, option, require_dsn
+from ..daemon import RunContext, install_signal_handlers
 from ..db import Database, Jsonb
 from .client import CheckClient
 from .runner import CheckRunner, import_handlers
@@ -24,7 +24,7 @@ def _runner_options(f):
     f = option("--handlers", default="", envvar=env("checks_handlers"), show_default=True,
                help="Comma-separated modules to import: their @pyscheduler.checks.handler functions "
                     "are the Python jobs this runner runs.")(f)
-    f = option("--timeout", type=DURATION, default="10s", show_default=True, envvar=env("checks_timeout"),
+    f = option("--timeout", type=POSITIVE_DURATION, default="10s", show_default=True, envvar=env("checks_timeout"),
                help="Per-check time limit: statement timeout of a SQL job, deadline of a Python handler.")(f)
     f = option("--batch", type=click.IntRange(1), default=1000, show_default=True, envvar=env("checks_batch"),
                help="Checks taken per transaction.")(f)
@@ -64,11 +64,16 @@ def group() -> None:
 @group.command("run")
 @dsn_option
 @_runner_options
-def run_cmd(dsn, shard, shards, batch, timeout, handlers, purge_interval) -> None:
+@http_options()
+def run_cmd(dsn, shard, shards, batch, timeout, handlers, purge_interval, http_port, http_host) -> None:
     """Run the check runner: each slot's checks of this shard, at the slot boundary."""
+    from ..metrics_http import run_serving
+
+    runner = _runner(require_dsn(dsn, reach=False), shard, shards, batch, timeout, handlers, purge_interval)
+    require_dsn(dsn)
     stop = threading.Event()
     install_signal_handlers(stop)
-    sys.exit(run_daemons([_runner(require_dsn(dsn), shard, shards, batch, timeout, handlers, purge_interval)], stop))
+    sys.exit(run_serving([runner], stop, http_host, http_port, dsn=dsn))
 
 
 def _db(dsn: str | None) -> Database:

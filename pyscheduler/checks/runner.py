@@ -57,6 +57,7 @@ from typing import Any
 
 import psycopg
 
+from .. import metrics
 from ..db import Database, Outage, Session, connect
 from ..errors import SlotNotOnBoundary, SlotNotStarted, is_retryable, rejects_arguments
 
@@ -373,8 +374,22 @@ class _Rerun(Exception):
     """The batch's transaction is lost (the watchdog ended a statement): run the batch again, carefully."""
 
 
+OUTCOMES = metrics.counter("pyscheduler_checks_outcomes", "Checks this runner ran or ended, by outcome (done, "
+                           "rescheduled, max_checks, horizon, past, timeout, error, deleted, task: handed "
+                           "to a task worker)", ["outcome"])
+SLOT_LAG = metrics.gauge("pyscheduler_checks_slot_lag_seconds", "How late the runner began its last slot (database "
+                         "clock minus the slot's start)")
+SLOTS = metrics.counter("pyscheduler_checks_slots", "Slots the runner ran (its shard of each)")
+CAUGHT_UP = metrics.counter("pyscheduler_checks_caught_up", "Checks of missed slots run by the catch-up pass")
+BATCH_SECONDS = metrics.histogram("pyscheduler_checks_batch_seconds", "Wall time of one batch (take, run, record)")
+RUNNER_SERIES = (OUTCOMES, SLOT_LAG, SLOTS, CAUGHT_UP, BATCH_SECONDS)
+
+
 class CheckRunner:
     """Runs the checks of its shard slot by slot (a daemon: ``run(stop)``)."""
+
+    series = RUNNER_SERIES
+    wake_every = 1.0  # s: the longest sleep between two looks at check_slots (a changed resolution)
 
     def __init__(self, dsn: str, handlers: dict[str, Handler] | None = None, *, shard: int = 0, shards: int = 1,
                  batch: int = 1000, timeout: float = 10.0, name: str | None = None,
@@ -400,6 +415,8 @@ class CheckRunner:
         self._stop = threading.Event()
         self._clock: _Clock | None = None
         self._watchdog = _Watchdog(dsn, self.name)
+        self._outcomes: dict[str, Any] = {}  # outcome -> its OUTCOMES child
+        self._resolution: timedelta | None = None  # the slot length the runner follows
 
     def fresh(self) -> "CheckRunner":
         """A new runner with this one's settings (``run_daemons`` restarts a crashed runner with it)."""
@@ -423,7 +440,9 @@ class CheckRunner:
                 if self._stop.is_set():  # unless stopping: its checks wait at their slot
                     return 0
                 continue
-            self.batch_seconds.append(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.batch_seconds.append(took)
+            BATCH_SECONDS.observe(took)
             return n
 
     def _transaction(self, db: Database, slot: datetime | None, after: int | None, careful: bool) -> int | None:
@@ -583,6 +602,11 @@ class CheckRunner:
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
+        if n:
+            child = self._outcomes.get(key)
+            if child is None:
+                child = self._outcomes[key] = OUTCOMES.labels(key)
+            child.inc(n)
 
     # -- passes ---------------------------------------------------------------------------------
     def run_slot(self, db: Database, slot: datetime) -> int:
@@ -609,6 +633,7 @@ class CheckRunner:
             if n < self.batch or self._stop.is_set():
                 if total:
                     log.info("%s: caught up %d checks from missed slots", self.name, total)
+                    CAUGHT_UP.inc(total)
                 return total
 
     def purge(self, db: Database) -> int:
@@ -648,10 +673,20 @@ class CheckRunner:
 
     def _step(self, db: Database, stop: threading.Event) -> None:
         info = db.call_one("check_slots")
+        if info["resolution"] != self._resolution:
+            if self._resolution is not None:  # set_check_settings changed it: follow the new slots now
+                log.info("%s: check resolution changed from %s to %s", self.name, self._resolution,
+                         info["resolution"])
+                self.last_slot = None
+            self._resolution = info["resolution"]
         action, arg = next_step(self.last_slot, info["slot"], info["clock"], info["resolution"])
         if action == "wait":
-            stop.wait(arg)
+            # never past wake_every: a changed resolution takes effect at the next look, not at the
+            # old slot's end (up to the old resolution later)
+            stop.wait(min(arg, self.wake_every))
             return
+        SLOT_LAG.set(max(0.0, (info["clock"] - arg).total_seconds()))
+        SLOTS.inc()
         if action == "catch_up":  # start, or more than one slot missed: the catch-up pass, then the current slot
             self.catch_up(db)
             self.run_slot(db, arg)

@@ -19,8 +19,8 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from ..config import bootstrap_option, dsn_option, env, kafka_settings_option, option, require_dsn
-from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..config import bootstrap_option, dsn_option, env, http_options, kafka_settings_option, option, require_dsn
+from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from ..errors import ConfigError
 from .bench import OutputReader, bench, fresh_read, percentiles, send_warm_up  # noqa: F401  (bench: `bench delay`)
@@ -62,8 +62,6 @@ def relay_options(f):
                default=DEFAULTS["consume_batch"], help="Most input messages enqueued per round trip."),
         option("--fire-batch", envvar=_env("fire_batch"), type=click.IntRange(min=1),
                default=DEFAULTS["fire_batch"], help="Most messages claimed per round trip."),
-        option("--metrics-port", envvar=_env("metrics_port"), type=click.IntRange(min=1, max=65535), default=None,
-               help="Serve Prometheus metrics on this port."),
     ]
     for deco in reversed(opts):
         f = deco(f)
@@ -80,28 +78,31 @@ def group() -> None:
 @bootstrap_option
 @kafka_settings_option
 @relay_options
-def run_cmd(dsn, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None:
+@http_options(_env("metrics_port"))
+def run_cmd(dsn, kafka_bootstrap, kafka_settings, http_port, http_host, **flags) -> None:
     """Run one relay node until SIGTERM/Ctrl-C (finishes in-flight fires, commits, exits 0)."""
-    require_dsn(dsn)
+    require_dsn(dsn, reach=False)
     if not kafka_bootstrap:
         raise click.UsageError("no Kafka: pass --bootstrap-servers or set PYSCHEDULER_KAFKA_BOOTSTRAP")
+    try:  # a flag value the relay refuses (e.g. --hold-ms shorter than twice --poll-ms): a usage error
+        config = RelayConfig(dsn=dsn, bootstrap_servers=kafka_bootstrap, kafka_settings=kafka_settings, **flags)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    require_dsn(dsn)
     stop = threading.Event()
     install_signal_handlers(stop)
     try:
-        relay = Relay(RelayConfig(dsn=dsn, bootstrap_servers=kafka_bootstrap, kafka_settings=kafka_settings,
-                                  **flags))
+        relay = Relay(config)
         relay.stop = stop  # a SIGTERM while Kafka is still unreachable ends the start-up wait
         relay.check_topics()
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if stop.is_set():
         raise SystemExit(0)
-    if metrics_port:
-        from prometheus_client import start_http_server
+    from ..metrics_http import run_serving
 
-        start_http_server(metrics_port)
-        log.info("metrics on http://0.0.0.0:%d/metrics", metrics_port)
-    raise SystemExit(run_daemons([relay], stop))
+    raise SystemExit(run_serving([relay], stop, http_host, http_port, dsn=dsn, kafka_bootstrap=kafka_bootstrap,
+                                 kafka_settings=kafka_settings))
 
 
 @group.command("status")

@@ -40,10 +40,10 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from prometheus_client import Counter, Gauge, Histogram
 
 from ..db import Database, Jsonb, Listener, Outage, Wakeup
 from ..errors import ConfigError, SchedulerError, is_retryable, rejects_arguments
+from ..metrics import counter, gauge, histogram
 
 log = logging.getLogger("pyscheduler.delay")
 
@@ -86,19 +86,24 @@ RESCAN_S = 2.0
 # gen-0 threshold of the cyclic garbage collector in a relay process (relax_gc)
 GC_THRESHOLD = 50_000
 
-CONSUMED = Counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
-ENQUEUED = Counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
-DUPLICATES = Counter("pyscheduler_delay_duplicates", "Messages ignored: id already waiting or ready")
-LATE = Counter("pyscheduler_delay_late", "Messages published at once: deadline within the timing advance")
-FIRED = Counter("pyscheduler_delay_fired", "Messages published on the output topic (late ones included)")
-DEAD_LETTERED = Counter("pyscheduler_delay_dead_lettered",
-                        "Malformed messages and messages the broker refused (sent to the DLQ when configured)")
-CLAIMS = Counter("pyscheduler_delay_claims", "ready_and_claim calls of the fire loop")
-RESETS = Counter("pyscheduler_delay_resets", "Ready messages reset after a suspected node failure")
-ALREADY_GONE = Counter("pyscheduler_delay_already_gone", "Fired messages a peer had already deleted")
-BACKLOG = Gauge("pyscheduler_delay_backlog", "Messages in the database (waiting + ready)")
-FIRE_LAG = Histogram("pyscheduler_delay_fire_lag_seconds", "Fire time minus deadline",
+CONSUMED = counter("pyscheduler_delay_consumed", "Messages consumed from the input topic")
+ENQUEUED = counter("pyscheduler_delay_enqueued", "Messages stored to wait for their deadline")
+DUPLICATES = counter("pyscheduler_delay_duplicates", "Messages ignored: id already waiting or ready")
+LATE = counter("pyscheduler_delay_late", "Messages published at once: deadline within the timing advance")
+FIRED = counter("pyscheduler_delay_fired", "Messages published on the output topic (late ones included)")
+DEAD_LETTERED = counter("pyscheduler_delay_dead_lettered",
+                        "Dead letters the broker confirmed on the dead-letter topic (malformed input, messages the "
+                        "broker refused)")
+DROPPED = counter("pyscheduler_delay_dropped",
+                  "Messages given up without a dead letter: no dead-letter topic, or the dead letter was refused")
+CLAIMS = counter("pyscheduler_delay_claims", "ready_and_claim calls of the fire loop")
+RESETS = counter("pyscheduler_delay_resets", "Ready messages reset after a suspected node failure")
+ALREADY_GONE = counter("pyscheduler_delay_already_gone", "Fired messages a peer had already deleted")
+BACKLOG = gauge("pyscheduler_delay_backlog", "Messages in the database (waiting + ready)")
+FIRE_LAG = histogram("pyscheduler_delay_fire_lag_seconds", "Fire time minus deadline",
                      buckets=(-0.1, -0.05, -0.025, -0.01, 0, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+SERIES = (CONSUMED, ENQUEUED, DUPLICATES, LATE, FIRED, DEAD_LETTERED, DROPPED, CLAIMS, RESETS, ALREADY_GONE,
+          BACKLOG, FIRE_LAG)
 
 
 @dataclass
@@ -320,6 +325,14 @@ def count_fired(fired_at: float, deadlines: Sequence[datetime]) -> None:
             bucket.inc(n)
 
 
+def _count_dead_letters(sent: Sequence["Outgoing"], *failed: Sequence["Outgoing"]) -> None:
+    """DEAD_LETTERED: the dead letters of ``sent`` that the broker confirmed (none of ``failed``)."""
+    gone = {id(item) for items in failed for item in items}
+    n = sum(1 for item in sent if isinstance(item.tag, DeadLetter) and id(item) not in gone)
+    if n:
+        DEAD_LETTERED.inc(n)
+
+
 def relax_gc(threshold: int = GC_THRESHOLD) -> None:
     """Run the cyclic garbage collector every ``threshold`` allocations instead of Python's 700
     (never lowering a higher setting). The relay allocates several container objects per
@@ -498,6 +511,8 @@ def broker_message_limit(admin: AdminClient, topic: str) -> int:
 
 class Relay:
     """One queuing node: three loops in threads; ``run(stop)`` until stop is set."""
+
+    series = SERIES  # what a process running a relay exports (pyscheduler.metrics)
 
     def __init__(self, config: RelayConfig):
         self.cfg = config
@@ -743,10 +758,10 @@ class Relay:
                      reason: str, source: str, row_id: str | None = None) -> Outgoing | None:
         """The dead letter of a message the relay cannot deliver (malformed, or refused by the
         broker): logged once here; None when there is no dead-letter topic (dropped)."""
-        DEAD_LETTERED.inc()
         log.error("%s: %s; %s", source, reason,
                   f"sent to {self.cfg.dlq_topic}" if self.cfg.dlq_topic else "dropped (no dead-letter topic)")
         if not self.cfg.dlq_topic:
+            DROPPED.inc()
             return None
         return Outgoing(self.cfg.dlq_topic, key, value,
                         [*headers, (DLQ_REASON_HEADER, reason.encode()), (DLQ_SOURCE_HEADER, source.encode())],
@@ -761,6 +776,7 @@ class Relay:
             if tag.stripped:
                 log.error("the dead letter of the message at %s was refused even without key and value (%s): "
                           "dropped", tag.source, err.str())
+                DROPPED.inc()
                 return None
             size = len(item.key or b"") + len(item.value or b"")
             log.warning("the dead letter of the message at %s was refused (%s); sent without key and value "
@@ -780,8 +796,10 @@ class Relay:
         undelivered: list[Outgoing] = []
         while out:
             rounds: list[tuple[Outgoing, KafkaError]] = []
-            undelivered += publisher.publish(out, give_up, until=time.monotonic() + self.cfg.hold_ms / 2000.0,
-                                             on_refused=lambda item, err: rounds.append((item, err)))
+            missed = publisher.publish(out, give_up, until=time.monotonic() + self.cfg.hold_ms / 2000.0,
+                                       on_refused=lambda item, err: rounds.append((item, err)))
+            undelivered += missed
+            _count_dead_letters(out, missed, [item for item, _ in rounds])
             out = []
             for item, err in rounds:
                 if refused is not None and not isinstance(item.tag, DeadLetter):
@@ -822,11 +840,14 @@ class Relay:
         if dead and publisher.last_error is not None and publisher.last_error.code() in UNREACHABLE:
             # the broker is away (not refusing them): dead letters have no table to wait in, so
             # they are retried until delivered; stopping first, the input is read again
-            dead = publisher.publish(dead, stopping)
+            sent, dead = dead, publisher.publish(dead, stopping)
+            _count_dead_letters(sent, dead)
             if dead and stopping():
                 return False
         for item in dead:
             log.error("could not dead-letter the message at %s (%s): dropped", item.tag.source, publisher.last_error)
+        if dead:
+            DROPPED.inc(len(dead))
         return True
 
     def _enqueue_call(self, batch: list[Delayed], outage: Outage, give_up: Callable[[], bool],

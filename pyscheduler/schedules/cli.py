@@ -25,9 +25,9 @@ import click
 
 from ..calls import duration_text, jsonable
 from ..clihints import HintedGroup
-from ..config import (DURATION, INSTANT, bootstrap_option, dsn_option, env, kafka_settings_option, option, redis_option,
-                      require_dsn, require_text)
-from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..config import (DURATION, INSTANT, bootstrap_option, dsn_option, env, http_options, kafka_settings_option, option,
+                      redis_option, require_dsn, require_text)
+from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from .client import UNBOUNDED, RunOutcome, ScheduleClient
 from .executor import Executor, ExecutorConfig, mirror_entries
@@ -108,21 +108,20 @@ def group() -> None:
 @redis_option
 @bootstrap_option
 @kafka_settings_option
-@option("--metrics-port", envvar=_env("metrics_port"), type=click.IntRange(1, 65535), default=None,
-        help="Serve Prometheus metrics on this port.")
+@http_options(_env("metrics_port"))
 @run_options
-def run_cmd(dsn, redis_url, kafka_bootstrap, kafka_settings, metrics_port, **flags) -> None:
+def run_cmd(dsn, redis_url, kafka_bootstrap, kafka_settings, http_port, http_host, **flags) -> None:
     """Run the index relay, the executors and the cleanup until SIGTERM/Ctrl-C."""
+    from ..metrics_http import run_serving
+
     require_dsn(dsn)
     if not redis_url:
         log.warning("no Redis configured: degraded mode only (critical schedules fire from PostgreSQL)")
     stop = threading.Event()
     install_signal_handlers(stop)
-    if metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port)
-    sys.exit(run_daemons(build_daemons(dsn, redis_url, kafka_bootstrap, kafka_settings, **flags), stop))
+    sys.exit(run_serving(build_daemons(dsn, redis_url, kafka_bootstrap, kafka_settings, **flags), stop,
+                         http_host, http_port, dsn=dsn, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap,
+                         kafka_settings=kafka_settings))
 
 
 def _db(dsn):

@@ -60,33 +60,36 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 import redis
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Histogram
 
 from .. import egress
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
+from ..metrics import counter, gauge, histogram
 from .arrays import EpochMsArray, Int4Array, Int8Array
 from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
 
 log = logging.getLogger("pyscheduler.schedules")
 
-CLAIMED = Counter("pyscheduler_schedules_claimed", "Occurrences claimed (Redis and Postgres-only)", ["source"])
-FIRED = Counter("pyscheduler_schedules_fired", "Occurrences delivered to their target", ["target"])
-FAILED = Counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts")
-RETRIES = Counter("pyscheduler_schedules_retries", "Retries of failed tries")
-RECORDED = Counter("pyscheduler_schedules_recorded", "Executions recorded in PostgreSQL", ["outcome"])
-DUPLICATES = Counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
-RECOVERED = Counter("pyscheduler_schedules_recovered", "Stuck claims reset by the next-check")
-RESYNCED = Counter("pyscheduler_schedules_resynced", "Index members written by a resync")
-DEGRADED = Gauge("pyscheduler_schedules_degraded", "1 while Redis (or a shard of the index) is unreachable "
+CLAIMED = counter("pyscheduler_schedules_claimed", "Occurrences claimed (Redis and Postgres-only)", ["source"])
+FIRED = counter("pyscheduler_schedules_fired", "Occurrences delivered to their target", ["target"])
+FAILED = counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts")
+RETRIES = counter("pyscheduler_schedules_retries", "Retries of failed tries")
+RECORDED = counter("pyscheduler_schedules_recorded", "Executions recorded in PostgreSQL", ["outcome"])
+DUPLICATES = counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
+RECOVERED = counter("pyscheduler_schedules_recovered", "Stuck claims reset by the next-check")
+RESYNCED = counter("pyscheduler_schedules_resynced", "Index members written by a resync")
+DEGRADED = gauge("pyscheduler_schedules_degraded", "1 while Redis (or a shard of the index) is unreachable "
                                                    "(critical schedules fire from PostgreSQL)")
-SHARDS_DOWN = Gauge("pyscheduler_schedules_shards_down", "Index shards unreachable (their critical schedules fire "
+SHARDS_DOWN = gauge("pyscheduler_schedules_shards_down", "Index shards unreachable (their critical schedules fire "
                     "from PostgreSQL)")
-POISON = Counter("pyscheduler_schedules_poison", "Occurrences stopped, or schedules left out of the index, because a "
+POISON = counter("pyscheduler_schedules_poison", "Occurrences stopped, or schedules left out of the index, because a "
                  "value could not be loaded or a row was refused (logged with the schedule id)", ["where"])
-LATENESS = Histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
+LATENESS = histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+SERIES = (CLAIMED, FIRED, FAILED, RETRIES, RECORDED, DUPLICATES, RECOVERED, RESYNCED, DEGRADED, SHARDS_DOWN, POISON,
+          LATENESS)
 
 
 @dataclass
@@ -121,6 +124,8 @@ class ExecutorConfig:
 class Executor:
     """One executor; ``run(stop)`` until stop is set. Several may run against one index."""
 
+    series = SERIES  # what a process running an executor exports (pyscheduler.metrics)
+
     def __init__(self, cfg: ExecutorConfig):
         self.cfg = cfg
         self.name = f"schedules-executor-{cfg.owner}"
@@ -143,6 +148,7 @@ class Executor:
         self.degraded = False  # every shard down: the PostgreSQL-only mode
         self.down: set[int] = set()  # shards unreachable (all of them: degraded)
         self.markers: dict[int, str] = {}  # shard -> last marker value seen
+        self.lost: set[int] = set()  # shards whose index was lost after this executor saw it complete
         self.resyncing: set[int] = set()  # shards whose index is incomplete (data lost, first start)
         self._order: list[int] = [0]  # the shards in this executor's round-robin order
         self._pos = 0
@@ -301,8 +307,14 @@ class Executor:
             lost = [shard] + self._incomplete(shard)  # shards lost together share one resync
             for k in lost:
                 self.resyncing.add(k)
-                log.warning("Redis index%s incomplete (data lost, or first start): resyncing it from PostgreSQL, "
-                            "critical schedules first", self._shard_text(k))
+                # a warning when an index this executor saw complete is gone (Redis lost its
+                # data); at start (a first start, or Redis restarted while no executor ran) news
+                seen = self.markers.get(k) is not None
+                if seen:
+                    self.lost.add(k)  # its "resynced" is a warning too: the end of a loss
+                log.log(logging.WARNING if seen else logging.INFO,
+                        "Redis index%s incomplete (%s): resyncing it from PostgreSQL, critical schedules first",
+                        self._shard_text(k), "data lost" if seen else "first start, or Redis lost its data meanwhile")
         full = len(res.claimed) >= limit
         if res.claimed:
             CLAIMED.labels("redis").inc(len(res.claimed))
@@ -431,6 +443,7 @@ class Executor:
                 log.warning("shard %d answered and failed again: %s", k, exc)
                 continue
             self.resyncing.add(k)
+            self.lost.add(k)  # the end of an outage: its "resynced" is a warning as its start was
             self._next_resync = 0.0
             log.warning("Redis back%s after %.1fs: %s%s", self._shard_text(k), now - self._down_since.pop(k, now),
                         "leaving degraded mode, " if self.degraded else "",
@@ -737,7 +750,9 @@ class Executor:
                     if finished:
                         self.resyncing.discard(k)
                         self.markers[k] = sync_id
-                        log.warning("Redis index%s resynced from PostgreSQL (sync %s)", self._shard_text(k), sync_id)
+                        log.log(logging.WARNING if k in self.lost else logging.INFO,
+                                "Redis index%s resynced from PostgreSQL (sync %s)", self._shard_text(k), sync_id)
+                        self.lost.discard(k)
 
     def _resync_members(self, sync_id: str, known: list[int]) -> list[int]:
         """The shards (up) whose resync in progress is ``sync_id``."""

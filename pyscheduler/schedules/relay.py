@@ -28,22 +28,23 @@ import logging
 import threading
 import time
 
-from prometheus_client import Counter
 
 from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
+from ..metrics import counter
 from .executor import POISON, mirror_entries
 from .index import DEFAULT_PREFIX, UNREACHABLE, Index, Shards
 
 log = logging.getLogger("pyscheduler.schedules")
 
 CHANNEL = "pyscheduler_schedules"
-MIRRORED = Counter("pyscheduler_schedules_mirrored", "Index members written by the relay (NOTIFY and reconcile)")
-PURGED = Counter("pyscheduler_schedules_purged", "Executions deleted past retention")
+MIRRORED = counter("pyscheduler_schedules_mirrored", "Index members written by the relay (NOTIFY and reconcile)")
+PURGED = counter("pyscheduler_schedules_purged", "Executions deleted past retention")
 
 
 class IndexRelay:
     name = "schedules-relay"
+    series = (MIRRORED, POISON)
 
     def __init__(self, dsn: str, redis_url: str, *, prefix: str = DEFAULT_PREFIX, reconcile_interval: float = 60.0,
                  page: int = 5000, prune_after: float = 600.0, shards: int = 0):
@@ -172,6 +173,7 @@ class Cleanup:
     """Deletes executions past retention (``purge_executions``) in batches."""
 
     name = "schedules-cleanup"
+    series = (PURGED,)
 
     def __init__(self, dsn: str, *, interval: float = 60.0, batch: int = 10000):
         self.dsn, self.interval, self.batch = dsn, interval, batch

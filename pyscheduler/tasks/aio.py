@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -160,7 +161,9 @@ class AsyncWorker(Worker):
     async def _consume(self) -> None:
         """One handler slot: run tasks from the local queue until it closes."""
         ctx = await self._next(None)
+        counted, clock = self._counted, time.perf_counter
         while ctx is not None:
+            began = clock() if counted is not None else 0.0
             try:
                 function, args = self._returned(ctx, await self.handler(ctx))  # type: ignore[misc]
             except asyncio.CancelledError as exc:
@@ -172,6 +175,8 @@ class AsyncWorker(Worker):
                     function, args = self._failed(ctx, exc)
             except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
                 function, args = self._failed(ctx, exc)
+            if counted is not None:
+                counted.took.append(clock() - began)
             if function is None:  # completed in the application's transaction: nothing to record
                 self._release(ctx)
                 ctx = await self._next(ctx)

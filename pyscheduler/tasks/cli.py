@@ -19,8 +19,8 @@ import click
 
 from ..calls import jsonable
 from ..clihints import HintedGroup
-from ..config import DURATION, INSTANT, dsn_option, env, option, require_dsn, require_text
-from ..daemon import RunContext, install_signal_handlers, run_daemons
+from ..config import DURATION, INSTANT, POSITIVE_DURATION, dsn_option, env, http_options, option, require_dsn, require_text
+from ..daemon import RunContext, install_signal_handlers
 from ..db import Database, Jsonb
 from .client import STATUSES, Task, TaskClient
 from .monitor import Monitor
@@ -32,11 +32,11 @@ log = logging.getLogger(__name__)
 def _monitor_options(f):
     f = option("--batch", type=click.IntRange(1), default=1000, show_default=True, envvar=env("tasks_batch"),
                help="Tasks reset per statement.")(f)
-    f = option("--cleanup-interval", type=DURATION, default="60s", show_default=True, envvar=env("tasks_cleanup_interval"),
+    f = option("--cleanup-interval", type=POSITIVE_DURATION, default="60s", show_default=True, envvar=env("tasks_cleanup_interval"),
                help="How often terminal tasks past retention are deleted.")(f)
     f = option("--retention", type=DURATION, default="7d", show_default=True, envvar=env("tasks_retention"),
                help="How long completed, aborted and cancelled tasks are kept.")(f)
-    f = option("--reset-interval", type=DURATION, default="1s", show_default=True, envvar=env("tasks_reset_interval"),
+    f = option("--reset-interval", type=POSITIVE_DURATION, default="1s", show_default=True, envvar=env("tasks_reset_interval"),
                help="How often expired leases are looked for (a yield wakes the monitor at once).")(f)
     return f
 
@@ -86,11 +86,16 @@ def group() -> None:
 @group.command("monitor")
 @dsn_option
 @_monitor_options
-def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch) -> None:
+@http_options()
+def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch, http_port, http_host) -> None:
     """Run the monitor: reset expired leases, delete old finished tasks."""
+    from ..metrics_http import run_serving
+
+    require_dsn(dsn)
     stop = threading.Event()
     install_signal_handlers(stop)
-    sys.exit(run_daemons([_monitor(require_dsn(dsn), reset_interval, retention, cleanup_interval, batch)], stop))
+    sys.exit(run_serving([_monitor(dsn, reset_interval, retention, cleanup_interval, batch)], stop, http_host,
+                         http_port, dsn=dsn))
 
 
 @group.command("submit")
@@ -330,15 +335,22 @@ def sleep_handler(ctx: TaskContext) -> None:
 @click.option("--queue", required=True)
 @option("--capacity", type=click.IntRange(1), default=1, show_default=True, envvar=env("tasks_capacity"),
         help="Tasks worked at once.")
-@option("--lease-timeout", type=DURATION, default="10s", show_default=True, envvar=env("tasks_lease_timeout"),
-        help="Lease length; heartbeats extend it every third of it.")
-def work_cmd(dsn, queue, capacity, lease_timeout) -> None:
+@option("--lease-timeout", type=POSITIVE_DURATION, default="10s", show_default=True,
+        envvar=env("tasks_lease_timeout"), help="Lease length; heartbeats extend it every third of it.")
+@http_options()
+def work_cmd(dsn, queue, capacity, lease_timeout, http_port, http_host) -> None:
     """A sample worker: sleeps spec.seconds per task (for demos and crash tests)."""
+    from prometheus_client import CollectorRegistry
+
+    from ..metrics_http import run_serving
+
+    require_dsn(dsn)
     stop = threading.Event()
     install_signal_handlers(stop)
-    worker = Worker(require_dsn(dsn), queue, sleep_handler, capacity=capacity,
-                    timeout=lease_timeout.total_seconds(), poll_interval=0.5)
-    sys.exit(run_daemons([worker], stop))
+    registry = CollectorRegistry(auto_describe=True) if http_port is not None else None
+    worker = Worker(dsn, queue, sleep_handler, capacity=capacity, timeout=lease_timeout.total_seconds(),
+                    poll_interval=0.5, registry=registry)
+    sys.exit(run_serving([worker], stop, http_host, http_port, dsn=dsn, registry=registry))
 
 
 def daemons(ctx: RunContext) -> list:

@@ -17,15 +17,24 @@ from datetime import timedelta
 
 from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
+from ..metrics import counter
 from .worker import poke_on
 
 log = logging.getLogger(__name__)
 
 MONITOR_CHANNEL = "pyscheduler_tasks_monitor"
 
+RESET = counter("pyscheduler_tasks_reset", "Running tasks the monitor made ready again (reason: lease_expired, "
+                                           "yielded)", ["queue", "reason"])
+EXPIRED_ABORTED = counter("pyscheduler_tasks_expired_aborted", "Tasks aborted by the monitor: the lease of their "
+                                                              "last attempt expired (TaskMaxAttempts)", ["queue"])
+DELETED = counter("pyscheduler_tasks_deleted", "Finished tasks deleted past retention")
+MONITOR_SERIES = (RESET, EXPIRED_ABORTED, DELETED)
+
 
 class Monitor:
     name = "tasks-monitor"
+    series = MONITOR_SERIES
 
     def __init__(self, dsn: str, *, reset_interval: float = 1.0, retention: timedelta = timedelta(days=7),
                  cleanup_interval: float = 60.0, batch: int = 1000):
@@ -69,15 +78,21 @@ class Monitor:
         total = 0
         while True:
             rows = db.call("reset_expired_tasks", max_tasks=self.batch)
+            counts: dict[tuple[str, str], int] = {}
             for row in rows:
                 task = row["task"]
                 last = task["history"][-1]["_typ"] if task["history"] else None
                 if task["status"] == "aborted":  # the crash-loop guard: task_max_attempts
                     log.warning("aborted task %s of queue %s: %s", task["rn"], task["queue"],
                                 task["errors"][-1]["description"] if task["errors"] else "TaskMaxAttempts")
-                    continue
-                log.info("reset task %s of queue %s to ready (%s)", task["rn"], task["queue"],
-                         "yielded" if last == "TaskYield" else "lease timed out")
+                    key = (task["queue"], "aborted")
+                else:
+                    log.info("reset task %s of queue %s to ready (%s)", task["rn"], task["queue"],
+                             "yielded" if last == "TaskYield" else "lease timed out")
+                    key = (task["queue"], "yielded" if last == "TaskYield" else "lease_expired")
+                counts[key] = counts.get(key, 0) + 1
+            for (queue, what), n in counts.items():
+                (EXPIRED_ABORTED.labels(queue) if what == "aborted" else RESET.labels(queue, what)).inc(n)
             total += len(rows)
             if len(rows) < self.batch:
                 break
@@ -94,5 +109,6 @@ class Monitor:
                 break
         if total:
             log.info("deleted %d finished tasks older than %s", total, self.retention)
+            DELETED.inc(total)
         self.deleted += total
         return total

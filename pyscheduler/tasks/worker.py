@@ -86,6 +86,7 @@ import struct
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -97,10 +98,41 @@ import orjson  # a spec parses in ~0.2 us instead of ~2 us (json.loads)
 
 from ..calls import json_value
 from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup, translating
+from .. import metrics
 from ..errors import (LEASE_GONE, RETRYABLE, DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled,
                       is_retryable, rejects_arguments)
 
 log = logging.getLogger(__name__)
+
+# Series of Worker(..., registry=R): registered in R, counted per batch where there is one.
+LEASED = metrics.counter("pyscheduler_worker_leased", "Tasks leased by Worker", ["queue"])
+COMPLETED = metrics.counter("pyscheduler_worker_completed", "Completions recorded by Worker", ["queue"])
+FAILED = metrics.counter("pyscheduler_worker_failed", "Failed attempts recorded by Worker (a handler raised: retried "
+                                                      "after a backoff unless it was the task's last attempt)", ["queue"])
+RETRIED = metrics.counter("pyscheduler_worker_retried", "Attempts whose handler raised Retry (retried after the delay "
+                                                        "it chose)", ["queue"])
+ABORTED = metrics.counter("pyscheduler_worker_aborted", "Tasks whose handler raised Abort", ["queue"])
+LEASE_SECONDS = metrics.histogram("pyscheduler_worker_lease_seconds", "Round trip of one lease call (a batch of "
+                                                                      "tasks)", ["queue"])
+HANDLER_SECONDS = metrics.histogram("pyscheduler_worker_handler_seconds", "Time a handler took per task", ["queue"])
+WORKER_SERIES = (LEASED, COMPLETED, FAILED, RETRIED, ABORTED, LEASE_SECONDS, HANDLER_SECONDS)
+
+
+class _Counted:
+    """A Worker's children of the series above (its queue's labels) and the handler times not yet
+    observed (a deque: handler threads append, the completer drains in batches)."""
+
+    def __init__(self, queue: str):
+        self.leased, self.completed, self.failed, self.retried, self.aborted, self.lease, self.handler = (
+            s.labels(queue) for s in WORKER_SERIES)
+        self.took: deque[float] = deque()
+
+    def drain(self) -> None:
+        took, pop, values = self.took, self.took.popleft, []
+        while took:
+            values.append(pop())
+        if values:
+            metrics.observe_many(self.handler, values)
 
 MAX_LEASE_SECONDS = 86_400.0  # sql/tasks.sql _timeout: a lease lasts at most 1 day
 MAX_DESCRIPTION = 4000  # characters of an error description the worker records
@@ -485,7 +517,7 @@ class Worker:
     def __init__(self, dsn: str, queue: str, handler: Handler, *, capacity: int = 1, timeout: float = 10.0,
                  heartbeat_interval: float | None = None, poll_interval: float = 1.0,
                  aging_rate: float = 0.0, aging_cap: int = 4_294_967_295, yield_on_stop: bool = True,
-                 prefetch: int = 500, lookahead: float = 0.1, db: Database | None = None):
+                 prefetch: int = 500, lookahead: float = 0.1, db: Database | None = None, registry: Any = None):
         if not 1 <= len(queue.encode()) <= 40:
             raise InvalidArgument(f"queue must be 1 to 40 bytes long, got {queue!r}")
         if capacity < 1:
@@ -542,6 +574,11 @@ class Worker:
         self._halt = threading.Event()  # stop was asked for, or a worker thread died
         self.fatal: str | None = None  # why the worker stopped itself (a thread died)
         self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        # registry (a prometheus_client CollectorRegistry): count leases, outcomes and latencies there
+        self._counted: _Counted | None = None
+        if registry is not None:
+            metrics.register(registry, WORKER_SERIES)
+            self._counted = _Counted(queue)
 
     # -- the daemon
 
@@ -668,6 +705,10 @@ class Worker:
                         continue
                     self.polls += 1
                     got = len(rows)
+                    if self._counted is not None:
+                        self._counted.lease.observe(time.monotonic() - sent)
+                        if got:
+                            self._counted.leased.inc(got)
                     if rows:
                         self._enqueue(rows, sent + self.timeout.total_seconds())
                     if got == n:
@@ -848,11 +889,15 @@ class Worker:
 
     def _handler_thread(self) -> None:
         ctx = self._take(None, block=True)
+        counted, clock = self._counted, time.perf_counter
         while ctx is not None:
+            began = clock() if counted is not None else 0.0
             try:
                 function, args = self._returned(ctx, self.handler(ctx))
             except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
                 function, args = self._failed(ctx, exc)
+            if counted is not None:
+                counted.took.append(clock() - began)
             if function is None:  # completed in the application's transaction: nothing to record
                 self._release(ctx)
                 ctx = self._take(ctx, block=True)
@@ -904,6 +949,8 @@ class Worker:
         retried); ``Retry``: a failure retried after its delay; anything else (a BaseException
         too: it must not end the worker) a failure retried after the default backoff."""
         if isinstance(exc, Abort):
+            if self._counted is not None:
+                self._counted.aborted.inc()
             error = exc.error
             return "abort_task", {"errors": [error_entry(error.get("code"), error.get("description"),
                                                          error.get("args"))]}
@@ -912,6 +959,8 @@ class Worker:
             return "yield_task", {"run_in": exc.in_}
         if isinstance(exc, Retry):
             log.info("task %s: the handler asked for a retry in %s", ctx.rn, exc.in_ or "the default backoff")
+            if self._counted is not None:
+                self._counted.retried.inc()
             error = exc.error
             return "fail_task", {"error": error_entry(error.get("code"), error.get("description"), error.get("args")),
                                  "retry_in": exc.in_}
@@ -1009,6 +1058,8 @@ class Worker:
         if function == "fail_task":
             with self._lock:
                 self.failed += 1
+            if self._counted is not None:
+                self._counted.failed.inc()
 
     def _finish(self, ctx: TaskContext, function: str, **args: Any) -> Exception | None:
         """Record abort_task / yield_task, retried through database trouble. Returns the
@@ -1057,6 +1108,8 @@ class Worker:
                         self._complete(batch, conn)
                     if failures:
                         self._fail(failures, conn)
+                    if self._counted is not None:
+                        self._counted.drain()
                 except Exception:  # never let the completer die: it frees the leases
                     log.exception("recording %d completions and %d failures failed", len(batch), len(failures))
                     for ctx in batch + failures:
@@ -1092,6 +1145,8 @@ class Worker:
         recorded = self._written(batch, live, refused, "finished")
         with self._lock:
             self.completed += recorded
+        if self._counted is not None and recorded:
+            self._counted.completed.inc(recorded)
 
     def _complete_alone(self, batch: list[TaskContext]) -> None:
         """Each completion of ``batch`` on its own; a result refused aborts its task."""
@@ -1135,6 +1190,8 @@ class Worker:
         recorded = self._written(batch, live, refused, "failed")
         with self._lock:
             self.failed += recorded
+        if self._counted is not None and recorded:
+            self._counted.failed.inc(recorded)
 
     def _write_batch(self, batch: list[TaskContext], what: str,
                      write: Callable[[list[TaskContext], UuidArray, UuidArray], list[dict[str, Any]]]

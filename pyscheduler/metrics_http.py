@@ -1,0 +1,367 @@
+"""The one HTTP endpoint of a process: ``/metrics``, ``/healthz``, ``/readyz`` (and ``/``).
+
+Every daemon command (``pyscheduler run``, ``delay run``, ``schedules run``, ``checks
+run``, ``tasks monitor``, ``tasks work``) serves it with ``--http-port N [--http-host
+127.0.0.1]`` (``PYSCHEDULER_HTTP_PORT`` / ``PYSCHEDULER_HTTP_HOST``):
+
+- ``/metrics``: Prometheus text, the series of what this process runs
+  (pyscheduler.metrics) plus ``pyscheduler_ready``, ``pyscheduler_server_up{server}``,
+  ``pyscheduler_daemon_running{daemon}`` and ``pyscheduler_daemon_crashes_total{daemon}``.
+- ``/healthz``: 200 while the process serves at all (liveness).
+- ``/readyz``: 200 when every daemon of the process is running (not crashed and waiting
+  to restart) and every server it uses answers; else 503. Both with a JSON body naming
+  each daemon and server and what is wrong with it.
+- anything else: the ``app`` given (a WSGI application, e.g. a dashboard), else 404.
+
+Servers are probed in the background, one thread each, every ``interval`` (0.5 s) with a
+2 s limit, so ``/readyz`` answers at once and turns 503 within about 2.5 s of a server
+going away: PostgreSQL (``SELECT 1`` on a kept connection), Kafka (a metadata request),
+Redis (``PING``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .errors import ConfigError
+from .metrics import process_registry
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT = 2.0  # s: a server that does not answer a probe within this is not ready
+PROBE_INTERVAL = 0.5
+
+
+# -- probes -------------------------------------------------------------------------------------
+
+class Probe:
+    """Checks one server; ``check()`` raises when it does not answer."""
+
+    name = "server"
+
+    def check(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class PostgresProbe(Probe):
+    name = "postgresql"
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self.conn: Any = None
+
+    def check(self) -> None:
+        import psycopg
+
+        try:
+            if self.conn is None or self.conn.closed:
+                timeout = int(PROBE_TIMEOUT * 1000)
+                self.conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(2, int(PROBE_TIMEOUT)),
+                                            application_name="pyscheduler-readyz",
+                                            options=f"-c statement_timeout={timeout}",
+                                            keepalives=1, keepalives_idle=2, keepalives_interval=1,
+                                            keepalives_count=2, tcp_user_timeout=timeout)
+            self.conn.execute("SELECT 1")
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.conn = None
+
+
+class KafkaProbe(Probe):
+    name = "kafka"
+
+    def __init__(self, bootstrap: str, settings: dict[str, str] | None = None):
+        self.config = {"bootstrap.servers": bootstrap, **(settings or {}), "log_level": 0,
+                       "reconnect.backoff.max.ms": 500, "socket.connection.setup.timeout.ms": 2000}
+        self.admin: Any = None
+
+    def check(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        if self.admin is None:
+            self.admin = AdminClient(self.config)
+        try:
+            self.admin.list_topics(timeout=PROBE_TIMEOUT)
+        except Exception:
+            self.admin = None  # a fresh client next time: no reconnect backoff to wait out
+            raise
+
+
+class RedisProbe(Probe):
+    name = "redis"
+
+    def __init__(self, url: str):
+        self.url = url
+        self.client: Any = None
+
+    def check(self) -> None:
+        from .schedules.index import connect  # redis:// and redis+cluster:// alike
+
+        if self.client is None:
+            self.client = connect(self.url, timeout=PROBE_TIMEOUT)
+        try:
+            self.client.ping()
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001
+                pass
+            self.client = None
+
+
+def probes_for(dsn: str | None = None, kafka_bootstrap: str | None = None, kafka_settings: dict | None = None,
+               redis_url: str | None = None) -> list[Probe]:
+    """A probe for each server the process uses."""
+    out: list[Probe] = []
+    if dsn:
+        out.append(PostgresProbe(dsn))
+    if kafka_bootstrap:
+        out.append(KafkaProbe(kafka_bootstrap, kafka_settings))
+    if redis_url:
+        out.append(RedisProbe(redis_url))
+    return out
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+# -- health ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Result:
+    ok: bool = False
+    error: str | None = "not probed yet"
+    started: float | None = None  # monotonic start of the probe in flight
+
+
+class Health(Collector):
+    """Readiness of a process: its daemons (told by run_daemons) and its servers (probed)."""
+
+    def __init__(self, probes: Iterable[Probe] = (), interval: float = PROBE_INTERVAL):
+        self.probes = list(probes)
+        self.interval = interval
+        self.results = {p.name: _Result() for p in self.probes}
+        self.daemons: dict[str, str | None] = {}  # name -> None while running, else why not
+        self.crashes: dict[str, int] = {}
+        self.probed = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # daemons (run_daemons calls these)
+    def expect(self, name: str) -> None:
+        self.daemons.setdefault(name, "starting")
+
+    def running(self, name: str) -> None:
+        self.daemons[name] = None
+
+    def down(self, name: str, why: str, crashed: bool = True) -> None:
+        self.daemons[name] = why
+        if crashed:
+            self.crashes[name] = self.crashes.get(name, 0) + 1
+
+    # servers
+    def start(self) -> "Health":
+        for probe in self.probes:
+            t = threading.Thread(target=self._loop, args=(probe,), name=f"readyz-{probe.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def _loop(self, probe: Probe) -> None:
+        result = self.results[probe.name]
+        while not self._stop.is_set():
+            result.started = time.monotonic()
+            try:
+                probe.check()
+                ok, error = True, None
+            except Exception as exc:  # noqa: BLE001 - any failure is "does not answer"
+                ok, error = False, _reason(exc)
+            with self.probed:
+                if ok and not result.ok:
+                    log.debug("readyz: %s answers", probe.name)
+                result.ok, result.error, result.started = ok, error, None
+                self.probed.notify_all()
+            self._stop.wait(self.interval)
+        probe.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(PROBE_TIMEOUT + 1)
+
+    def servers(self) -> dict[str, str | None]:
+        """Server -> None when it answers, else why not."""
+        now = time.monotonic()
+        out: dict[str, str | None] = {}
+        for name, r in self.results.items():
+            if r.started is not None and now - r.started > PROBE_TIMEOUT + 0.5:
+                out[name] = f"no answer for {now - r.started:.1f}s"
+            else:
+                out[name] = None if r.ok else r.error
+        return out
+
+    def report(self) -> tuple[bool, dict[str, Any]]:
+        servers = self.servers()
+        daemons = dict(self.daemons)
+        ready = all(v is None for v in servers.values()) and all(v is None for v in daemons.values())
+        body: dict[str, Any] = {
+            "ready": ready,
+            "daemons": {k: "running" if v is None else v for k, v in daemons.items()},
+            "servers": {k: "ok" if v is None else v for k, v in servers.items()},
+        }
+        if not ready:
+            body["not_ready"] = sorted([f"daemon {k}" for k, v in daemons.items() if v is not None] +
+                                       [k for k, v in servers.items() if v is not None])
+        return ready, body
+
+    # Prometheus
+    def collect(self):
+        ready, _ = self.report()
+        yield GaugeMetricFamily("pyscheduler_ready", "1 when /readyz answers 200", value=int(ready))
+        up = GaugeMetricFamily("pyscheduler_server_up", "1 while the server answers the readiness probe",
+                               labels=["server"])
+        for name, why in self.servers().items():
+            up.add_metric([name], int(why is None))
+        yield up
+        running = GaugeMetricFamily("pyscheduler_daemon_running", "1 while the daemon runs (0: crashed, "
+                                                                  "waiting to restart)", labels=["daemon"])
+        crashes = CounterMetricFamily("pyscheduler_daemon_crashes", "Crashes of the daemon (each restarted "
+                                                                    "after a backoff)", labels=["daemon"])
+        for name, why in list(self.daemons.items()):
+            running.add_metric([name], int(why is None))
+            crashes.add_metric([name], self.crashes.get(name, 0))
+        yield running
+        yield crashes
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("http: " + format, *args)
+
+
+def _json(start_response: Callable, status: str, body: dict[str, Any]) -> list[bytes]:
+    data = json.dumps(body, indent=2).encode() + b"\n"
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
+                            ("Cache-Control", "no-store")])
+    return [data]
+
+
+class Endpoint:
+    """The WSGI application and the thread that serves it."""
+
+    def __init__(self, registry: Any, health: Health, app: Callable | None = None):
+        self.registry, self.health, self.app = registry, health, app
+        self.metrics = make_wsgi_app(registry)
+        self.server: _Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            return self.metrics(environ, start_response)
+        if path == "/healthz":
+            return _json(start_response, "200 OK", {"alive": True})
+        if path == "/readyz":
+            ready, body = self.health.report()
+            return _json(start_response, "200 OK" if ready else "503 Service Unavailable", body)
+        if self.app is not None:
+            return self.app(environ, start_response)
+        return _json(start_response, "404 Not Found", {"error": f"no page {path}",
+                                                       "pages": ["/metrics", "/healthz", "/readyz"]})
+
+    def serve(self, host: str, port: int) -> "Endpoint":
+        try:
+            self.server = make_server(host, port, self, server_class=_Server, handler_class=_Quiet)
+        except (OSError, socket.gaierror) as exc:
+            raise ConfigError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from None
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                                       name="http", daemon=True)
+        self.thread.start()
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.server_address[1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        self.health.close()
+
+
+def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | None = None,
+          kafka_bootstrap: str | None = None, kafka_settings: dict | None = None, redis_url: str | None = None,
+          app: Callable | None = None, registry: Any = None) -> Endpoint | None:
+    """Serve the process's endpoint on ``host:port`` (None: serve nothing). ``daemons`` are those
+    the process runs (their series are exported, added to ``registry`` when given); the servers
+    named are probed for /readyz."""
+    if port is None:
+        return None
+    from prometheus_client import disable_created_metrics
+
+    disable_created_metrics()  # no <name>_created series beside every counter: this process's own output
+    daemons = list(daemons)
+    health = Health(probes_for(dsn, kafka_bootstrap, kafka_settings, redis_url))
+    for d in daemons:
+        health.expect(d.name)
+    endpoint = Endpoint(process_registry(daemons, health, registry=registry), health, app).serve(host, port)
+    health.start()
+    shown = f"[{host}]" if ":" in host else host
+    log.info("HTTP on http://%s:%d/ (/metrics, /healthz, /readyz)", shown, endpoint.port)
+    return endpoint
+
+
+def run_serving(daemons: Iterable[Any], stop: threading.Event, host: str, port: int | None,
+                **servers: Any) -> int:
+    """``run_daemons(daemons, stop)`` with the process's HTTP endpoint served meanwhile (when
+    ``port`` is not None); its exit code. ``servers``: as for ``serve``."""
+    from .daemon import run_daemons
+
+    daemons = list(daemons)
+    endpoint = serve(host, port, daemons, **servers)
+    try:
+        return run_daemons(daemons, stop, health=endpoint.health if endpoint else None)
+    finally:
+        if endpoint is not None:
+            endpoint.close()

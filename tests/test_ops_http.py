@@ -1,0 +1,222 @@
+"""The HTTP endpoint of every daemon process (issue 17, section 1): /readyz follows the servers
+under ``pyscheduler run``; each process exports only the series of what it runs; the Worker,
+the tasks monitor and the checks runner count into their registries."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pyscheduler import embedded, migrate
+from pyscheduler.checks.runner import OUTCOMES, CheckRunner
+from pyscheduler.db import Jsonb
+from pyscheduler.tasks.worker import Abort, Worker, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def samples(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{label="v",...}': value}."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+class Process:
+    """A pyscheduler command with --http-port 0; its log in a file; the port it serves on."""
+
+    def __init__(self, log: Path, *args: str, env: dict | None = None):
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", *args, "--http-port", "0"],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.url = wait_for(self._url, timeout=60, interval=0.05)
+
+    def _url(self) -> str | None:
+        assert self.proc.poll() is None, f"exited:\n{self.text()[-3000:]}"
+        m = re.search(r"HTTP on (http://\S+?)/ ", self.text())
+        return m.group(1) if m else None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def get(self, path: str) -> tuple[int, str]:
+        return get(self.url + path)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@pytest.fixture
+def servers():
+    """Private PostgreSQL, broker and Redis: this test stops and starts them. Not under pytest's
+    base temp (see conftest.pg: as root, PostgreSQL runs as another user, and a pytest session
+    starting elsewhere on the machine makes that directory private)."""
+    workdir = Path(tempfile.mkdtemp(prefix="pyscheduler-test-readyz-"))
+    started = []
+    try:
+        for cls in (embedded.Postgres, embedded.Kafka, embedded.Redis):
+            started.append(cls(workdir / cls.name).start())
+        yield started
+    finally:
+        for server in reversed(started):
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_readyz_turns_503_within_5s_of_each_server_stopping_and_200_after(servers, tmp_path):
+    pg, kafka, rds = servers
+    migrate.migrate(pg.dsn())
+    run = Process(tmp_path / "run.log", "run", "--no-migrate", "--dsn", pg.dsn(), "--bootstrap-servers",
+                  kafka.bootstrap, "--redis-url", rds.url)
+    try:
+        def ready(want: int):
+            def check():
+                assert run.proc.poll() is None, run.text()[-3000:]
+                status, body = run.get("/readyz")
+                return json.loads(body) if status == want else None
+            return check
+
+        body = wait_for(ready(200), timeout=60, interval=0.1)
+        assert set(body["servers"]) == {"postgresql", "kafka", "redis"}
+        assert any(name.startswith("checks-runner") for name in body["daemons"])
+        assert run.get("/healthz")[0] == 200
+        status, page = run.get("/")  # the dashboard, at / of the same endpoint
+        assert status == 200 and "<html" in page.lower(), page[:500]
+        for server, name in ((kafka, "kafka"), (rds, "redis"), (pg, "postgresql")):
+            server.stop()
+            stopped = time.monotonic()
+            body = wait_for(ready(503), timeout=10, interval=0.1)
+            took = time.monotonic() - stopped
+            assert took < 5, f"{name}: 503 after {took:.1f}s"
+            assert body["not_ready"] == [name], body
+            assert run.get("/healthz")[0] == 200  # alive all the same
+            server.start()  # same port and data directory
+            if server is kafka:  # tansu keeps topics in memory
+                embedded.create_topics(kafka.bootstrap, ["pyscheduler.delay.input", "pyscheduler.delay.output"])
+            wait_for(ready(200), timeout=30, interval=0.1)
+            print(f"{name}: 503 {took:.1f}s after it stopped")
+        series = samples(run.get("/metrics")[1])
+        assert series['pyscheduler_server_up{server="postgresql"}'] == 1 and series["pyscheduler_ready"] == 1
+        # every capability's series, as this process runs all of them
+        for prefix in ("pyscheduler_delay_", "pyscheduler_tasks_", "pyscheduler_schedules_", "pyscheduler_checks_"):
+            assert any(k.startswith(prefix) for k in series), prefix
+    finally:
+        code = run.stop()
+    assert code == 0, run.text()[-3000:]
+
+
+def test_each_process_exports_the_series_of_what_it_runs_only(dsn, kafka, redis_url, topic, tmp_path):
+    topics = [topic("in"), topic("out")]
+    procs = {
+        "delay": Process(tmp_path / "delay.log", "delay", "run", "--dsn", dsn, "--bootstrap-servers", kafka,
+                         "--input-topic", topics[0], "--output-topic", topics[1], "--group-id", topics[0]),
+        "schedules": Process(tmp_path / "schedules.log", "schedules", "run", "--dsn", dsn, "--redis-url", redis_url,
+                             "--prefix", f"t:{topics[0]}"),
+        "tasks": Process(tmp_path / "tasks.log", "tasks", "monitor", "--dsn", dsn),
+        "checks": Process(tmp_path / "checks.log", "checks", "run", "--dsn", dsn),
+        "worker": Process(tmp_path / "worker.log", "tasks", "work", "--dsn", dsn, "--queue", "ops"),
+    }
+    own = {"delay": "pyscheduler_delay_", "schedules": "pyscheduler_schedules_", "tasks": "pyscheduler_tasks_",
+           "checks": "pyscheduler_checks_", "worker": "pyscheduler_worker_"}
+    try:
+        for name, proc in procs.items():
+            wait_for(lambda: proc.get("/readyz")[0] == 200, timeout=60, interval=0.1)
+            names = {k.split("{")[0] for k in samples(proc.get("/metrics")[1])}
+            mine = {n for n in names if n.startswith(own[name])}
+            others = {n for n in names if n.startswith(tuple(v for k, v in own.items() if k != name))}
+            assert mine and not others, (name, sorted(others))
+            assert {"pyscheduler_ready", "process_cpu_seconds_total"} <= names
+        assert "pyscheduler_delay_dropped_total" in samples(procs["delay"].get("/metrics")[1])
+        assert "pyscheduler_schedules_degraded" in samples(procs["schedules"].get("/metrics")[1])
+    finally:
+        codes = {name: proc.stop() for name, proc in procs.items()}
+    assert set(codes.values()) == {0}, {n: procs[n].text()[-2000:] for n, c in codes.items() if c}
+
+
+def test_worker_counts_leases_outcomes_and_latencies_into_its_registry(dsn, db):
+    for i in range(20):
+        db.call("submit_task", queue="m", spec=Jsonb({"i": i}))
+    db.call("submit_task", queue="m", spec=Jsonb({"fail": True}), max_attempts=5)
+    db.call("submit_task", queue="m", spec=Jsonb({"abort": True}))
+
+    def handle(ctx):
+        if ctx.spec.get("fail"):
+            raise RuntimeError("boom")
+        if ctx.spec.get("abort"):
+            raise Abort("nope")
+
+    registry = CollectorRegistry()
+    worker = Worker(dsn, "m", handle, capacity=2, registry=registry)
+    running = worker.start()
+    try:
+        wait_for(lambda: worker.completed == 20 and worker.failed == 1 and db.query(
+            "SELECT count(*) AS n FROM pyscheduler.tasks WHERE status = 'aborted'")[0]["n"] == 1, timeout=30)
+    finally:
+        running.stop()
+    got = samples(generate_latest(registry).decode())
+    q = '{queue="m"}'
+    assert got["pyscheduler_worker_leased_total" + q] >= 22
+    assert got["pyscheduler_worker_completed_total" + q] == 20
+    assert got["pyscheduler_worker_failed_total" + q] == 1
+    assert got["pyscheduler_worker_aborted_total" + q] == 1
+    assert got["pyscheduler_worker_handler_seconds_count" + q] >= 22
+    assert got["pyscheduler_worker_lease_seconds_count" + q] >= 1
+    # a second worker on the same registry shares the series (no duplicate registration)
+    Worker(dsn, "n", handle, registry=registry)
+
+
+def test_a_changed_check_resolution_takes_effect_at_the_runners_next_wake_up(db, dsn):
+    db.call("set_check_settings", resolution=timedelta(hours=1))
+    runner = CheckRunner(dsn, {"note": lambda check: None})
+    before = OUTCOMES.labels("done")._value.get()
+    stop = threading.Event()
+    thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert runner.slots_done.wait(30)  # started: it sleeps toward the next hourly slot
+        runner.slots_done.clear()
+        db.call("set_check_settings", resolution=timedelta(seconds=1))
+        db.call("add_check", entity_name="order", entity_key="1", job="note", kind="python",
+                check_after=timedelta(seconds=1))
+        changed = time.monotonic()
+        wait_for(lambda: db.query("SELECT count(*) AS n FROM pyscheduler.check_history")[0]["n"] == 1, timeout=15)
+        assert time.monotonic() - changed < 6  # not at the old slot's end, up to an hour later
+    finally:
+        stop.set()
+        thread.join(15)
+    assert OUTCOMES.labels("done")._value.get() == before + 1
