@@ -167,6 +167,12 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS212": InvalidArgument,  # run_at outside [1970-01-01Z, 9999-01-01Z), run_in or retry_in outside 0..365 days
     "PS213": InvalidArgument,  # unique_key empty, over 200 bytes, padded, or with control/zero-width/bidi characters
     "PS214": UniqueKeyTaken,  # requeue of a task whose unique_key another live task holds
+    "PS215": InvalidArgument,  # concurrency_key not a clean label of at most 200 bytes (or keys not one per spec)
+    "PS216": InvalidArgument,  # a limit outside its bounds (running_per_key, running_total, starts, per)
+    "PS217": InvalidArgument,  # a result larger than task_max_result_bytes
+    "PS218": InvalidArgument,  # a lease of a limited queue outside READ COMMITTED
+    "PS219": InvalidArgument,  # after: a missing task, another role's, NULL, too many; bad on_parent_failure
+    "PS220": InvalidArgument,  # a workflow: not an array of nodes, duplicate name, unknown name, cycle, too many
     # recurring schedules (PS300-PS349; the daemons' own codes PS350-PS399)
     "PS300": ScheduleNotFound,  # unknown schedule
     "PS301": InvalidSchedule,  # cron expression does not parse (the field is named)

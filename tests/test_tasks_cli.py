@@ -96,3 +96,23 @@ def test_pause_resume_and_queues(dsn, db):
 @pytest.mark.parametrize("status", ["scheduled", "ready", "aborted"])
 def test_list_takes_every_status(dsn, status):
     assert run(dsn, "list", "--status", status).exit_code == 0
+
+
+def test_limits_shows_and_sets_a_queues_limits(dsn, db):
+    set_ = answer(run(dsn, "limits", "lq", "--running-per-key", "2", "--running-total", "10"))
+    assert (set_["running_per_key"], set_["running_total"]) == (2, 10)
+    rate = answer(run(dsn, "limits", "lq", "--rate", "500/1s"))
+    assert (rate["rate_starts"], rate["rate_per"], rate["running_per_key"]) == (500, "1s", 2)
+    kept = answer(run(dsn, "limits", "lq", "--running-total", "none"))
+    assert (kept["running_per_key"], kept["running_total"], kept["rate_starts"]) == (2, None, 500)
+    out = run(dsn, "limits")
+    assert out.exit_code == 0
+    [line] = [x for x in out.stdout.splitlines() if x.startswith("lq ")]
+    assert "running_per_key=2" in line and "rate=500/1s" in line
+    assert db.query("SELECT running_per_key FROM pyscheduler.queue_limits")[0]["running_per_key"] == 2
+    for bad in (["limits", "lq", "--running-per-key", "0"], ["limits", "lq", "--rate", "5"],
+                ["limits", "lq", "--rate", "5/0s"], ["limits", "--running-total", "3"]):
+        result = run(dsn, *bad)
+        assert result.exit_code in (1, 2), (bad, result.output)
+    result = run(dsn, "limits", "lq", "--rate", "5/0s")
+    assert "1..1000000" in result.output or "per" in result.output or "PS216" in result.output, result.output

@@ -64,7 +64,7 @@ def test_a_worker_role_cannot_reach_the_clock(dsn, conn):
 # ------------------------------------------------------------------ item 6: the state machine table
 
 STATES = ("ready", "scheduled (this lease failed)", "running (this lease)", "running (another lease)",
-          "yielded (this lease)", "completed", "aborted", "cancelled", "deleted")
+          "yielded (this lease)", "completed", "aborted", "cancelled", "deleted", "waiting")
 
 
 def state_machine_table() -> dict[tuple[str, str], str]:
@@ -79,13 +79,18 @@ def state_machine_table() -> dict[tuple[str, str], str]:
     for row in rows[2:]:
         fn = re.match(r"`(\w+)", row[0])[1]
         for state, cell in zip(header, row[1:]):
-            table[(fn, state)] = "ok" if cell.startswith("ok") else re.search(r"PS\d{3}", cell)[0]
+            table[(fn, state)] = ("ok" if cell.startswith("ok") else cell.split()[0]
+                                  if cell.startswith(("true", "false")) else re.search(r"PS\d{3}", cell)[0])
     return table
 
 
 def put_task_in(db, conn, state: str) -> dict:
     """A task in ``state``, and the rn and token of 'this lease' (a lease of the task)."""
     queue = f"sm-{uuid.uuid4().hex[:8]}"  # a queue of its own: leases take this task
+    if state == "waiting":  # a task after a parent that has not finished: never leased, this lease is another's
+        parent = submit(db, queue=queue)["rn"]
+        rn = submit(db, queue=queue, after=[parent])["rn"]
+        return {"rn": rn, "token": str(uuid.uuid4())}
     rn = submit(db, queue=queue)["rn"]
     mine = lease(db, queue=queue, now=at(0))
     assert mine["rn"] == rn
@@ -127,6 +132,9 @@ CALLS = {
     "fail_tasks": lambda db, h: [r["sqlstate"] for r in db.call("fail_tasks", rns=[h["rn"]], tokens=[h["token"]],
                                                                  errors=Jsonb([{"code": "x"}]))],
     "retry_task": lambda db, h: db.call("retry_task", rn=h["rn"]),
+    "parent_results": lambda db, h: db.call("parent_results", **h),
+    "watch_task": lambda db, h: db.call("watch_task", rn=h["rn"]),
+    "holds_lease": lambda db, h: [str(db.call_value("holds_lease", **h)).lower()],
 }
 
 

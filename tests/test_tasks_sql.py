@@ -59,6 +59,7 @@ def test_submit_returns_a_ready_task_in_the_seed_shape(db):
     seed = {"rn", "spec", "queue", "priority", "status", "progress", "created", "updated", "errors", "owner",
             "deadline", "history"}
     extensions = {"run_at", "attempts", "max_attempts", "unique_key", "submitted_by"}  # issue 16, documented
+    extensions |= {"concurrency_key", "result", "after", "on_parent_failure"}  # issue 20, documented
     assert set(task) == seed | extensions
     assert (task["run_at"], task["attempts"], task["max_attempts"], task["unique_key"]) == (None, 0, None, None)
     assert uuid.UUID(task["rn"])

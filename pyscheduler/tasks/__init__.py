@@ -6,7 +6,8 @@ cancel, yield, and a monitor that resets expired leases.
   results are ``Task`` objects.
 * ``Worker``: register, lease woken by NOTIFY into a local queue (prefetch),
   handler threads, batched heartbeats, completions and failures (retried with
-  backoff; ``Abort`` aborts, ``Retry`` picks the delay), cancellation
+  backoff; ``Abort`` aborts, ``Retry`` picks the delay, ``Snooze`` puts it
+  back for later without using an attempt; a return value is the result), cancellation
   delivered to the handler, yield on stop.
 * ``AsyncWorker`` (``pyscheduler.tasks.aio``): the same for ``async def`` handlers.
 * ``Monitor``: the daemon that resets expired leases and cleans up.
@@ -18,11 +19,12 @@ only calls it.
 from .client import TaskClient
 from .aio import AsyncTaskContext, AsyncWorker
 from .monitor import Monitor
-from .worker import Abort, Retry, RunningWorker, TaskContext, Worker
+from .worker import Abort, Retry, RunningWorker, Snooze, TaskContext, Worker
 
-__all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "Retry", "RunningWorker", "TaskClient", "TaskContext",
-           "Worker"]
+__all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "Retry", "RunningWorker", "Snooze", "TaskClient",
+           "TaskContext", "Worker"]
 
-from .client import AsyncTaskClient, Task  # noqa: E402
+from .client import (AsyncTaskClient, AsyncTaskHandle, QueueLimits, Task, TaskFailed, TaskHandle,  # noqa: E402
+                     Workflow)
 
-__all__ += ["AsyncTaskClient", "Task"]
+__all__ += ["AsyncTaskClient", "AsyncTaskHandle", "QueueLimits", "Task", "TaskFailed", "TaskHandle", "Workflow"]

@@ -28,9 +28,12 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..calls import json_value
+from ..db import AsyncSession
 from .worker import _FULL, _SLOW, TaskContext, Worker, poke_on
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,16 @@ class AsyncTaskContext(TaskContext):
 
     def _event(self) -> Any:
         return LoopEvent(self.loop)
+
+    async def complete_in(self, conn: Any, *, result: Any = None) -> None:
+        """``ctx.complete(conn=...)`` on the application's psycopg ``AsyncConnection`` (or
+        ``AsyncCursor``), inside its transaction: raises if the lease was lost, and the
+        application rolls back; the worker records nothing more for the task."""
+        self.completed = True
+        await AsyncSession.borrow(conn).call_binary(
+            "complete_task", rn=uuid.UUID(self.rn), token=uuid.UUID(str(self.token)),
+            result=None if result is None else json_value("result", result))
+        self.completed_outside = True
 
 
 AsyncHandler = Callable[[AsyncTaskContext], Awaitable[Any]]
@@ -152,8 +165,7 @@ class AsyncWorker(Worker):
         while ctx is not None:
             began = clock() if counted is not None else 0.0
             try:
-                await self.handler(ctx)  # type: ignore[misc]
-                function, args = "complete_task", {}
+                function, args = self._returned(ctx, await self.handler(ctx))  # type: ignore[misc]
             except asyncio.CancelledError as exc:
                 if _being_cancelled():
                     if ctx.reason is None:
@@ -165,6 +177,10 @@ class AsyncWorker(Worker):
                 function, args = self._failed(ctx, exc)
             if counted is not None:
                 counted.took.append(clock() - began)
+            if function is None:  # completed in the application's transaction: nothing to record
+                self._release(ctx)
+                ctx = await self._next(ctx)
+                continue
             if function == "complete_task":
                 while (following := self._take(ctx, block=False, complete=True)) is _FULL:
                     await asyncio.sleep(0.005)  # back-pressure: the completer is behind

@@ -62,6 +62,7 @@ class _Tasks(HintedGroup):
         "PS211": "Only aborted or cancelled tasks can be requeued; `pyscheduler tasks get RN` shows its status.",
         "PS214": "A live task of the queue holds its unique key: `pyscheduler tasks list --queue QUEUE` shows it; "
                  "requeue this one once that one finished.",
+        "PS216": "A limit is 1..1000000 (`none` removes it); to lease nothing, `pyscheduler tasks pause QUEUE`.",
         "42501": "It belongs to another role: run the command with that role's --dsn, or an admin's.",
     }
 
@@ -224,6 +225,77 @@ def queues_cmd(dsn) -> None:
         paused = f" PAUSED by {q['paused_by']}" + (f": {q['note']}" if q["note"] else "") if q["paused"] else ""
         click.echo(f"{q['queue']:<20} ready={q['ready']:<7} delayed={q['delayed']:<7} running={q['running']:<6} "
                    f"oldest_ready={age} next_due={q['next_due'] or '-'}{paused}")
+
+
+def _limit(value: str | None, what: str) -> int | None | bool:
+    """A limit option: None (not given: keep), False (`none`: remove), or an int in 1..1000000."""
+    if value is None:
+        return None
+    if value.strip().lower() == "none":
+        return False
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"a number of tasks or 'none', got {value!r}", param_hint=what) from None
+    if not 1 <= n <= 1_000_000:
+        raise click.BadParameter(f"must be in 1..1000000 (to lease nothing, pause the queue), got {n}",
+                                 param_hint=what)
+    return n
+
+
+def _rate(value: str) -> tuple[int, timedelta] | bool:
+    """--rate STARTS/DURATION (500/1s, 60/1m) or none."""
+    if value.strip().lower() == "none":
+        return False
+    starts, sep, per = value.partition("/")
+    n = _limit(starts, "--rate")
+    if not sep or not isinstance(n, int) or isinstance(n, bool):
+        raise click.BadParameter(f"STARTS/DURATION, e.g. 500/1s, or none; got {value!r}", param_hint="--rate")
+    return n, DURATION.convert(per, None, None)
+
+
+@group.command("limits")
+@dsn_option
+@click.argument("queue", required=False)
+@click.option("--running-per-key", default=None, metavar="N|none",
+              help="At most N tasks of one concurrency key run at once (none: no limit).")
+@click.option("--running-total", default=None, metavar="N|none", help="At most N tasks of the queue run at once.")
+@click.option("--rate", default=None, metavar="STARTS/DURATION|none",
+              help="At most STARTS leases begin per DURATION (a token bucket), e.g. 500/1s.")
+@click.option("--by-key/--per-queue", default=False, show_default=True,
+              help="With --rate: a bucket per concurrency key, or one for the queue.")
+def limits_cmd(dsn, queue, running_per_key, running_total, rate, by_key) -> None:
+    """Show the queues' limits, or set QUEUE's: concurrency per key and in total, and a rate of
+    lease starts. Options not given keep their value; `none` removes a limit."""
+    per_key, total = _limit(running_per_key, "--running-per-key"), _limit(running_total, "--running-total")
+    new_rate = None if rate is None else _rate(rate)
+    if queue is None:
+        if (per_key, total, new_rate) != (None, None, None):
+            raise click.UsageError("name the QUEUE whose limits to set")
+        rows = _with_client(dsn, lambda client: client.queue_limits())
+        for q in rows:
+            r = f"{q.rate_starts}/{q.rate_per.total_seconds():g}s{' by key' if q.rate_by_key else ''}" \
+                if q.rate_starts is not None and q.rate_per is not None else "-"
+            click.echo(f"{q.queue:<20} running_per_key={q.running_per_key or '-'} "
+                       f"running_total={q.running_total or '-'} rate={r} set_by={q.limits_by}")
+        return
+    require_text(queue, "QUEUE")
+
+    def apply(client: TaskClient):
+        current = {q.queue: q for q in client.queue_limits()}.get(queue)
+        answer = None
+        if per_key is not None or total is not None or current is None and new_rate is None:
+            keep_key = current.running_per_key if current else None
+            keep_total = current.running_total if current else None
+            answer = client.set_queue_limits(
+                queue, running_per_key=keep_key if per_key is None else (per_key or None),
+                running_total=keep_total if total is None else (total or None))
+        if new_rate is not None:
+            starts, per = (None, timedelta(seconds=1)) if new_rate is False else new_rate
+            answer = client.set_rate_limit(queue, starts, per, by_key=by_key)
+        return answer
+
+    _echo_json(_with_client(dsn, apply))
 
 
 def _uuid(value: str, what: str = "RN") -> uuid.UUID:

@@ -1,6 +1,8 @@
 """The client side of leased tasks (seeds/scylla.md, and the job queue's
 extensions): submit (now, later, once per unique key), view, cancel, requeue,
-pause and resume a queue.
+pause and resume a queue; and the flow control of issue 20: concurrency keys, queue and
+rate limits, dependencies (``after``, :class:`Workflow`), and a handle that waits for a
+task's result (``submit(...).result(timeout)``, by LISTEN, not by polling).
 
 ``TaskClient(db)`` runs on pyscheduler's pool; ``TaskClient(conn)`` on the
 application's own psycopg connection or cursor, inside its transaction: a task
@@ -12,22 +14,27 @@ a member of it) and admin.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 from uuid import UUID
 
-from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
-                     json_object, required_instant, sync, text, value)
-from ..db import Jsonb
-from ..errors import InvalidArgument
+import psycopg
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
 
-__all__ = ["MAX_PRIORITY", "STATUSES", "AsyncTaskClient", "HistoryEntry", "QueueState", "Task", "TaskClient",
-           "TaskError", "TaskStatus"]
+from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
+                     interval, json_object, required_instant, sync, text, value)
+from ..db import AsyncSession, Database, Jsonb, Session, connect, settings
+from ..errors import InvalidArgument, SchedulerError
+
+__all__ = ["MAX_PRIORITY", "STATUSES", "AsyncTaskClient", "AsyncTaskHandle", "HistoryEntry", "QueueLimits",
+           "QueueState", "Task", "TaskClient", "TaskError", "TaskFailed", "TaskHandle", "TaskStatus", "Workflow"]
 
 MAX_PRIORITY = 4_294_967_295
-TaskStatus = Literal["scheduled", "ready", "running", "completed", "aborted", "cancelled"]
+TaskStatus = Literal["waiting", "scheduled", "ready", "running", "completed", "aborted", "cancelled"]
 STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
 
 
@@ -76,7 +83,9 @@ class Task:
     the job queue's extensions: ``run_at`` (a ``scheduled`` task is not leased before it),
     ``attempts`` (leases not yielded), ``max_attempts`` (None: the setting ``task_max_attempts``),
     ``unique_key``, ``submitted_by`` (the role it belongs to) and ``deduplicated`` (a submit
-    answered with the live task that holds its unique key, instead of a new task).
+    answered with the live task that holds its unique key, instead of a new task); issue 20's:
+    ``concurrency_key``, ``output`` (the result it was completed with: ``result`` in the JSON;
+    a handler's return value), ``after`` (the tasks it waits for) and ``on_parent_failure``.
 
     ``json`` is the task in the seed's JSON shape, as the SQL functions return it, and
     ``task["rn"]`` reads it (``task["created"]`` is the text ``2021-10-09T12:13:21.000000Z``,
@@ -100,6 +109,10 @@ class Task:
     unique_key: str | None = None
     submitted_by: str | None = None
     deduplicated: bool = False
+    concurrency_key: str | None = None
+    output: Any = None
+    after: list[UUID] | None = None
+    on_parent_failure: str = "cancel"
     json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -113,7 +126,10 @@ class Task:
                    history=[HistoryEntry.from_json(h) for h in obj.get("history") or ()],
                    run_at=instant(obj.get("run_at")), attempts=int(obj.get("attempts") or 0),
                    max_attempts=obj.get("max_attempts"), unique_key=obj.get("unique_key"),
-                   submitted_by=obj.get("submitted_by"), deduplicated=bool(obj.get("deduplicated")), json=obj)
+                   submitted_by=obj.get("submitted_by"), deduplicated=bool(obj.get("deduplicated")),
+                   concurrency_key=obj.get("concurrency_key"), output=obj.get("result"),
+                   after=None if obj.get("after") is None else [UUID(a) for a in obj["after"]],
+                   on_parent_failure=obj.get("on_parent_failure") or "cancel", json=obj)
 
     def __getitem__(self, key: str) -> Any:
         """A key of the seed's JSON shape (``json``)."""
@@ -133,6 +149,190 @@ class QueueState:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> QueueState:
         return cls(obj["queue"], bool(obj["paused"]), obj.get("note"), obj.get("paused_by"), instant(obj.get("updated")))
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """A queue's limits (``set_queue_limits``, ``set_rate_limit``; None: no limit):
+    ``running_per_key``, ``running_total``, ``rate_starts`` per ``rate_per`` (for the queue, or
+    per concurrency key with ``rate_by_key``), the role that set them and when."""
+
+    queue: str
+    running_per_key: int | None
+    running_total: int | None
+    rate_starts: int | None
+    rate_per: timedelta | None
+    rate_by_key: bool
+    limits_by: str | None
+    limits_updated: datetime | None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> QueueLimits:
+        per = obj.get("rate_per")
+        return cls(obj["queue"], obj.get("running_per_key"), obj.get("running_total"), obj.get("rate_starts"),
+                   None if per is None else timedelta(seconds=float(per)), bool(obj.get("rate_by_key")),
+                   obj.get("limits_by"), instant(obj.get("limits_updated")))
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> QueueLimits:
+        """From a row of the view queue_limits."""
+        return cls(row["queue"], row["running_per_key"], row["running_total"], row["rate_starts"],
+                   interval(row["rate_per"]), bool(row["rate_by_key"]), row["limits_by"],
+                   instant(row["limits_updated"]))
+
+
+class TaskFailed(SchedulerError):
+    """``result()`` of a task that ended aborted or cancelled: ``task`` is how it ended (its
+    ``errors``, its ``history``)."""
+
+    def __init__(self, task: Task):
+        super().__init__(f"task {task.rn} was {task.status}")
+        self.task = task
+
+
+FINISHED = ("completed", "aborted", "cancelled")
+
+
+def _channel(rn: UUID) -> str:
+    return f"pyscheduler_task:{rn}"
+
+
+def _dsn_of(db: Any) -> str:
+    """A DSN for a connection of our own next to ``db`` (a pool, a session, or the
+    application's connection): the handle listens on it, outside any transaction."""
+    if isinstance(db, Database):
+        return db.dsn
+    conn = db.conn
+    return make_conninfo(conn.info.dsn, password=conn.info.password or None)
+
+
+def _finished(raw: Any) -> Task | None:
+    task = Task.from_json(raw)
+    return task if task.status in FINISHED else None
+
+
+def _outcome(task: Task) -> Any:
+    if task.status != "completed":
+        raise TaskFailed(task)
+    return task.output
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TaskHandle(Task):
+    """A submitted task (every field of :class:`Task`, as submitted) that can wait for its end:
+    ``result(timeout)`` returns the result it was completed with (a handler's return value),
+    raises :class:`TaskFailed` when it was aborted or cancelled and ``TimeoutError`` when it
+    has not finished in ``timeout`` seconds. It waits by LISTEN on the task's channel (the
+    task is watched: ``watch_task``), on a connection of its own; call it after the
+    transaction that submitted the task has committed."""
+
+    client: Any = field(default=None, repr=False, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to the :class:`Task` with the same fields (a handle is that task)."""
+        if not isinstance(other, Task):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(Task) if f.compare)
+
+    def __hash__(self) -> int:
+        return Task.__hash__(self)
+
+    def wait(self, timeout: float | None = None) -> Task:
+        """The task once it finished (completed, aborted or cancelled)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with connect(_dsn_of(self.client.db)) as conn:
+            conn.execute(f'LISTEN "{_channel(self.rn)}"')
+            session = Session(conn)
+            done = _finished(session.call_value("watch_task", rn=self.rn))
+            while done is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"task {self.rn} has not finished in {timeout} s")
+                for _ in conn.notifies(timeout=left, stop_after=1):
+                    pass
+                done = _finished(session.call_value("get_task", rn=self.rn))
+            return done
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The task's result once it completed (see the class)."""
+        return _outcome(self.wait(timeout))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AsyncTaskHandle(Task):
+    """:class:`TaskHandle` for asyncio: ``await handle.result(timeout)``."""
+
+    client: Any = field(default=None, repr=False, compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to the :class:`Task` with the same fields (a handle is that task)."""
+        if not isinstance(other, Task):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(Task) if f.compare)
+
+    def __hash__(self) -> int:
+        return Task.__hash__(self)
+
+    async def wait(self, timeout: float | None = None) -> Task:
+        """The task once it finished (completed, aborted or cancelled)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        dsn = _dsn_of(self.client.db)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, **settings().kwargs(dsn)) as conn:
+            await conn.execute(f'LISTEN "{_channel(self.rn)}"')
+            session = AsyncSession(conn)
+            done = _finished(await session.call_value("watch_task", rn=self.rn))
+            while done is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"task {self.rn} has not finished in {timeout} s")
+                async for _ in conn.notifies(timeout=left, stop_after=1):
+                    pass
+                done = _finished(await session.call_value("get_task", rn=self.rn))
+            return done
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """The task's result once it completed (see :class:`TaskHandle`)."""
+        return _outcome(await self.wait(timeout))
+
+
+def _handle(task: Task, client: Any, cls: type[TaskHandle] | type[AsyncTaskHandle] = TaskHandle) -> Any:
+    return cls(**{f.name: getattr(task, f.name) for f in fields(Task)}, client=client)
+
+
+class Workflow:
+    """A graph of tasks to submit in one call (``submit_workflow``): ``add`` each node with a
+    local name and the names it runs ``after``; ``TaskClient.submit_workflow(flow)`` submits
+    them all or none (a cycle or an unknown name is refused) and answers name -> handle::
+
+        flow = Workflow()
+        flow.add("fetch", "etl", {"url": u})
+        flow.add("parse", "etl", {}, after=["fetch"])
+        tasks = client.submit_workflow(flow)
+        tasks["parse"].result(timeout=60)
+    """
+
+    def __init__(self) -> None:
+        self.nodes: list[dict[str, Any]] = []
+
+    def add(self, name: str, queue: str, spec: Mapping[str, Any], *, after: Sequence[str] = (), priority: int = 50,
+            unique_key: str | None = None, max_attempts: int | None = None, concurrency_key: str | None = None,
+            run_in: timedelta | None = None,
+            on_parent_failure: Literal["cancel", "run"] = "cancel") -> Workflow:
+        """Add a node; returns the workflow (calls chain)."""
+        node: dict[str, Any] = {"name": text("name", name), "queue": _queue(queue),
+                                "spec": json_object("spec", spec).obj, "priority": _priority(priority),
+                                "after": [text(f"after[{i}]", a) for i, a in enumerate(after)],
+                                "on_parent_failure": choice("on_parent_failure", on_parent_failure, ("cancel", "run"))}
+        if unique_key is not None:
+            node["unique_key"] = text("unique_key", unique_key)
+        if max_attempts is not None:
+            node["max_attempts"] = _max_attempts(max_attempts)
+        if concurrency_key is not None:
+            node["concurrency_key"] = text("concurrency_key", concurrency_key)
+        if run_in is not None:
+            node["run_in"] = f"{duration('run_in', run_in).total_seconds()} seconds"
+        self.nodes.append(node)
+        return self
 
 
 def task_id(rn: str | UUID) -> UUID:
@@ -164,33 +364,87 @@ def _max_attempts(max_attempts: int | None) -> int | None:
     return None if max_attempts is None else int(integer("max_attempts", max_attempts, 1, 1000))
 
 
+def _after(after: Iterable[str | UUID] | None) -> list[UUID] | None:
+    return None if after is None else [task_id(a) for a in after]
+
+
 def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: datetime | timedelta | None = None,
-            unique_key: str | None = None, max_attempts: int | None = None) -> Call[Task]:
+            unique_key: str | None = None, max_attempts: int | None = None, concurrency_key: str | None = None,
+            after: Iterable[str | UUID] | None = None,
+            on_parent_failure: Literal["cancel", "run"] = "cancel") -> Call[Task]:
     """Submit one task to ``queue``; idle workers of the queue are woken at once. ``run_at``: not
     leased before this instant, or this long from now (a timedelta, up to 365 days, by the
     database clock): the task is ``scheduled`` until then. ``unique_key``: while a task of the
-    queue with this key is scheduled, ready or running, that task is returned instead
-    (``deduplicated``). ``max_attempts``: 1..1000 (None: the setting ``task_max_attempts``)."""
+    queue with this key is waiting, scheduled, ready or running, that task is returned instead
+    (``deduplicated``). ``max_attempts``: 1..1000 (None: the setting ``task_max_attempts``).
+    ``concurrency_key``: tasks of one key share the queue's ``running_per_key`` limit.
+    ``after``: task ids (of this role): the task is ``waiting`` until they all finished;
+    ``on_parent_failure``: ``cancel`` it (default) or ``run`` it anyway when one of them is
+    aborted or cancelled."""
     return Call("submit_task", {"queue": _queue(queue), "spec": json_object("spec", spec),
                                 "priority": _priority(priority), **_when(run_at),
                                 "unique_key": text("unique_key", unique_key, optional=True),
-                                "max_attempts": _max_attempts(max_attempts)}, value(Task.from_json))
+                                "max_attempts": _max_attempts(max_attempts),
+                                "concurrency_key": text("concurrency_key", concurrency_key, optional=True),
+                                "after": _after(after),
+                                "on_parent_failure": choice("on_parent_failure", on_parent_failure,
+                                                            ("cancel", "run"))}, value(Task.from_json))
 
 
 def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50, *,
                  run_at: datetime | timedelta | None = None, unique_keys: Iterable[str | None] | None = None,
-                 max_attempts: int | None = None) -> Call[list[Task]]:
-    """Submit many tasks of one queue, priority, ``run_at`` and ``max_attempts`` in one statement;
-    they lease in this order. ``unique_keys``: one per spec (None: no key); a spec whose key a
-    live task holds (or an earlier spec) is answered with that task (``deduplicated``)."""
+                 max_attempts: int | None = None, concurrency_keys: Iterable[str | None] | None = None,
+                 after: Iterable[str | UUID] | None = None,
+                 on_parent_failure: Literal["cancel", "run"] = "cancel") -> Call[list[Task]]:
+    """Submit many tasks of one queue, priority, ``run_at``, ``max_attempts`` and ``after`` in one
+    statement; they lease in this order. ``unique_keys``: one per spec (None: no key); a spec
+    whose key a live task holds (or an earlier spec) is answered with that task
+    (``deduplicated``). ``concurrency_keys``: one per spec (None: no key)."""
     objects = [json_object(f"specs[{i}]", s).obj for i, s in enumerate(specs)]
     keys = None if unique_keys is None else [text(f"unique_keys[{i}]", k, optional=True)
                                              for i, k in enumerate(unique_keys)]
     if keys is not None and len(keys) != len(objects):
         raise InvalidArgument(f"unique_keys must have one key per spec: {len(keys)} keys for {len(objects)} specs")
+    ckeys = None if concurrency_keys is None else [text(f"concurrency_keys[{i}]", k, optional=True)
+                                                   for i, k in enumerate(concurrency_keys)]
+    if ckeys is not None and len(ckeys) != len(objects):
+        raise InvalidArgument(f"concurrency_keys must have one key per spec: {len(ckeys)} keys for {len(objects)} specs")
     return Call("submit_tasks", {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority),
-                                 **_when(run_at), "unique_keys": keys, "max_attempts": _max_attempts(max_attempts)},
+                                 **_when(run_at), "unique_keys": keys, "max_attempts": _max_attempts(max_attempts),
+                                 "concurrency_keys": ckeys, "after": _after(after),
+                                 "on_parent_failure": choice("on_parent_failure", on_parent_failure,
+                                                             ("cancel", "run"))},
                 each(Task.from_json, "task"))
+
+
+def _submit_workflow_call(workflow: Workflow) -> Call[dict[str, Task]]:
+    if not isinstance(workflow, Workflow):
+        raise InvalidArgument(f"workflow must be a Workflow, got {type(workflow).__name__}")
+    return Call("submit_workflow", {"workflow": Jsonb(workflow.nodes)},
+                value(lambda raw: {name: Task.from_json(t) for name, t in raw.items()}))
+
+
+def _set_queue_limits(queue: str, *, running_per_key: int | None = None,
+                      running_total: int | None = None) -> Call[QueueLimits]:
+    """At most ``running_per_key`` tasks of one concurrency key and ``running_total`` of the
+    queue run at once, across every worker (None: no limit; both None: none). The limits
+    belong to this role."""
+    return Call("set_queue_limits", {"queue": _queue(queue),
+                                     "running_per_key": integer("running_per_key", running_per_key, 1, 1_000_000,
+                                                                optional=True),
+                                     "running_total": integer("running_total", running_total, 1, 1_000_000,
+                                                              optional=True)},
+                value(QueueLimits.from_json))
+
+
+def _set_rate_limit(queue: str, starts: int | None, per: timedelta = timedelta(seconds=1), *,
+                    by_key: bool = False) -> Call[QueueLimits]:
+    """At most ``starts`` leases begin per ``per`` (a token bucket: bursts up to ``starts``), for
+    the queue or each concurrency key (``by_key``); ``starts`` None removes the rate limit."""
+    return Call("set_rate_limit", {"queue": _queue(queue),
+                                   "starts": integer("starts", starts, 1, 1_000_000, optional=True),
+                                   "per": duration("per", per), "by_key": bool(by_key)},
+                value(QueueLimits.from_json))
 
 
 def _get(rn: str | UUID) -> Call[Task]:
@@ -243,10 +497,46 @@ def _resume_queue(queue: str) -> Call[QueueState]:
 class TaskClient(SyncClient):
     """Submit, view, cancel and requeue tasks, pause and resume queues (role pyscheduler_client): ``TaskClient(db)`` on a
     ``Database``, or ``TaskClient(conn)`` on the application's psycopg connection or cursor,
-    in its transaction (the task exists only if the application commits)."""
+    in its transaction (the task exists only if the application commits). ``submit`` answers a
+    :class:`TaskHandle`: the task, and ``result(timeout)`` to wait for its end."""
 
-    submit = sync(_submit)
+    def submit(self, queue: str, spec: Mapping[str, Any], priority: int = 50, *,
+               run_at: datetime | timedelta | None = None, unique_key: str | None = None,
+               max_attempts: int | None = None, concurrency_key: str | None = None,
+               after: Iterable[str | UUID] | None = None,
+               on_parent_failure: Literal["cancel", "run"] = "cancel") -> TaskHandle:
+        task = self._run(_submit(queue, spec, priority, run_at=run_at, unique_key=unique_key,
+                                 max_attempts=max_attempts, concurrency_key=concurrency_key, after=after,
+                                 on_parent_failure=on_parent_failure))
+        handle: TaskHandle = _handle(task, self)
+        return handle
+
+    submit.__doc__ = _submit.__doc__
+
+    def submit_workflow(self, workflow: Workflow) -> dict[str, TaskHandle]:
+        """Submit a :class:`Workflow` in one transaction (all or nothing; InvalidArgument,
+        PS220, for a cycle, an unknown or a repeated name); name -> handle."""
+        tasks = self._run(_submit_workflow_call(workflow))
+        return {name: _handle(t, self) for name, t in tasks.items()}
+
+    def handle(self, rn: str | UUID) -> TaskHandle:
+        """A handle of an existing task, to wait for its result."""
+        handle: TaskHandle = _handle(self._run(_get(rn)), self)
+        return handle
+
+    def queue_limits(self) -> list[QueueLimits]:
+        """Every queue with limits (the view queue_limits)."""
+        query = "SELECT * FROM pyscheduler.queue_limits ORDER BY queue"
+        if isinstance(self.db, Database):
+            rows = self.db.query(query)
+        else:
+            with psycopg.Cursor(self.db.conn, row_factory=dict_row) as cur:
+                rows = cur.execute(query, binary=True).fetchall()
+        return [QueueLimits.from_row(r) for r in rows]
+
     submit_many = sync(_submit_many)
+    set_queue_limits = sync(_set_queue_limits)
+    set_rate_limit = sync(_set_rate_limit)
     get = sync(_get)
     list = sync(_list)
     cancel = sync(_cancel)
@@ -260,8 +550,27 @@ class AsyncTaskClient(AsyncClient):
     """``TaskClient`` for asyncio, on the application's psycopg ``AsyncConnection`` or
     ``AsyncCursor``, in its transaction: ``await AsyncTaskClient(conn).submit(...)``."""
 
-    submit = asynchronous(_submit)
+    async def submit(self, queue: str, spec: Mapping[str, Any], priority: int = 50, *,
+                     run_at: datetime | timedelta | None = None, unique_key: str | None = None,
+                     max_attempts: int | None = None, concurrency_key: str | None = None,
+                     after: Iterable[str | UUID] | None = None,
+                     on_parent_failure: Literal["cancel", "run"] = "cancel") -> AsyncTaskHandle:
+        task = await self._run(_submit(queue, spec, priority, run_at=run_at, unique_key=unique_key,
+                                       max_attempts=max_attempts, concurrency_key=concurrency_key, after=after,
+                                       on_parent_failure=on_parent_failure))
+        handle: AsyncTaskHandle = _handle(task, self, AsyncTaskHandle)
+        return handle
+
+    submit.__doc__ = _submit.__doc__
+
+    async def submit_workflow(self, workflow: Workflow) -> dict[str, AsyncTaskHandle]:
+        """``TaskClient.submit_workflow``."""
+        tasks = await self._run(_submit_workflow_call(workflow))
+        return {name: _handle(t, self, AsyncTaskHandle) for name, t in tasks.items()}
+
     submit_many = asynchronous(_submit_many)
+    set_queue_limits = asynchronous(_set_queue_limits)
+    set_rate_limit = asynchronous(_set_rate_limit)
     get = asynchronous(_get)
     list = asynchronous(_list)
     cancel = asynchronous(_cancel)

@@ -96,6 +96,7 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 import orjson  # a spec parses in ~0.2 us instead of ~2 us (json.loads)
 
+from ..calls import json_value
 from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup, translating
 from .. import metrics
 from ..errors import (LEASE_GONE, RETRYABLE, DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled,
@@ -174,6 +175,22 @@ class Retry(Exception):
         self.error = {"code": code, "args": args or {}, "description": description}
 
 
+class Snooze(Exception):
+    """Raise from a handler to put the task back for ``in_`` (a timedelta or seconds, 0..365
+    days) without using an attempt (``yield_task(..., run_in)``): e.g. a resource that is not
+    ready yet. Unlike ``Retry`` it records no error and never aborts the task."""
+
+    def __init__(self, in_: timedelta | float):
+        if not isinstance(in_, timedelta):
+            if isinstance(in_, bool) or not isinstance(in_, (int, float)) or not math.isfinite(in_):
+                raise InvalidArgument(f"in_ must be a timedelta or a number of seconds, got {in_!r}")
+            in_ = timedelta(seconds=in_)
+        if not timedelta(0) <= in_ <= MAX_RETRY_IN:
+            raise InvalidArgument(f"in_ must be between 0 and 365 days, got {in_!r}")
+        super().__init__(f"snooze {in_}")
+        self.in_ = in_
+
+
 def json_safe(value: Any, depth: int = 0) -> Any:
     """``value`` as JSON that PostgreSQL's jsonb accepts: NaN and infinities become strings,
     NUL characters and unencodable surrogates are replaced, keys become strings, anything
@@ -241,6 +258,9 @@ class TaskContext:
     reason: str | None = None
     finishing = False  # the handler returned; its outcome is being recorded
     completed = False  # ctx.complete(): done, even if told to stop
+    completed_outside = False  # ctx.complete(conn=...): completed in the application's transaction
+    result: Any = None  # the handler's return value as jsonb (None: no result)
+    _db: Any = None  # the worker's database, for parents()
     started = False  # a handler took it from the local queue
     failure: dict[str, Any] | None = None  # fail_task's error and retry_in, while the failure waits to be recorded
     lease_until = math.inf  # time.monotonic() before which the lease cannot have expired
@@ -314,10 +334,32 @@ class TaskContext:
                 setattr(self, name, event)
             return getattr(self, name)
 
-    def complete(self) -> None:
+    def complete(self, conn: Any = None, *, result: Any = None) -> None:
         """Say the work is done: a return is recorded as completed even after ``stopping``
-        was set (for reason "stopping"; a cancelled task stays cancelled, a lost lease is lost)."""
+        was set (for reason "stopping"; a cancelled task stays cancelled, a lost lease is lost).
+
+        ``conn``: complete the task now, inside the application's transaction on its psycopg
+        connection or cursor (``complete_task`` with this lease's token, and ``result``), next
+        to the application's writes: if the lease was lost, this raises (TaskNotOwned, PS201;
+        TaskNotRunning, PS202; TaskCancelled, PS203) and the application's transaction must
+        roll back, so its writes happen exactly once. The worker then records nothing for
+        the task; if the application rolls back instead of committing, the task is not
+        completed and runs again once its lease expires. The task's row stays locked until
+        that transaction ends (the worker's heartbeats wait for it: keep it short). The
+        connection's role needs pyscheduler_worker."""
         self.completed = True
+        if conn is not None:
+            Session.borrow(conn).call_binary("complete_task", rn=uuid.UUID(self.rn), token=uuid.UUID(str(self.token)),
+                                             result=None if result is None else json_value("result", result))
+            self.completed_outside = True
+
+    def parents(self) -> list[dict[str, Any]]:
+        """The task's parents (submitted ``after`` them), in order: ``[{"rn", "status",
+        "result"}]`` (``parent_results``); [] for a task without parents."""
+        if self._db is None:
+            raise InvalidArgument("parents() needs a context made by a worker")
+        raw = self._db.call_value("parent_results", rn=self.rn, token=self.token)
+        return list(raw or [])
 
     def progress(self, value: float) -> None:
         """Report progress (0..1); sent with the next heartbeat."""
@@ -806,6 +848,7 @@ class Worker:
                         self._drop(ctx, "its lease may have expired while it was queued; not started")
                         continue
                     ctx.started = True
+                    ctx._db = self.db
                     self._busy += 1
                     self._started += 1
                     return ctx
@@ -831,18 +874,34 @@ class Worker:
 
     # -- running handlers
 
+    def _returned(self, ctx: TaskContext, value: Any) -> tuple[str | None, dict[str, Any]]:
+        """What to record for a handler that returned ``value``: a completion with ``value`` as
+        its result (checked as JSON, as specs are: a value that is not JSON fails the attempt),
+        or None when ``ctx.complete(conn=...)`` completed it in the application's transaction."""
+        if ctx.completed_outside:
+            return None, {}
+        if value is not None:
+            try:
+                ctx.result = json_value("the handler's result", value)
+            except InvalidArgument as exc:
+                return self._failed(ctx, exc)
+        return "complete_task", {}
+
     def _handler_thread(self) -> None:
         ctx = self._take(None, block=True)
         counted, clock = self._counted, time.perf_counter
         while ctx is not None:
             began = clock() if counted is not None else 0.0
             try:
-                self.handler(ctx)
-                function, args = "complete_task", {}
+                function, args = self._returned(ctx, self.handler(ctx))
             except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
                 function, args = self._failed(ctx, exc)
             if counted is not None:
                 counted.took.append(clock() - began)
+            if function is None:  # completed in the application's transaction: nothing to record
+                self._release(ctx)
+                ctx = self._take(ctx, block=True)
+                continue
             if function == "complete_task":
                 following = self._take(ctx, block=True, complete=True)
                 if following is not _SLOW:
@@ -895,6 +954,9 @@ class Worker:
             error = exc.error
             return "abort_task", {"errors": [error_entry(error.get("code"), error.get("description"),
                                                          error.get("args"))]}
+        if isinstance(exc, Snooze):
+            log.info("task %s: the handler snoozed it for %s", ctx.rn, exc.in_)
+            return "yield_task", {"run_in": exc.in_}
         if isinstance(exc, Retry):
             log.info("task %s: the handler asked for a retry in %s", ctx.rn, exc.in_ or "the default backoff")
             if self._counted is not None:
@@ -1056,11 +1118,26 @@ class Worker:
             conn.close()
 
     def _complete(self, batch: list[TaskContext], conn: _Dedicated) -> None:
-        """Record completions with one complete_tasks call (durably); then they count as done."""
+        """Record completions with one complete_tasks call (durably), with the handlers' results;
+        then they count as done. A result the database refuses (larger than
+        task_max_result_bytes) is recorded alone: that task is aborted with the error, the
+        others complete."""
+
+        def call(live: list[TaskContext], rns: UuidArray, tokens: UuidArray) -> list[dict[str, Any]]:
+            results = [c.result for c in live]
+            if all(r is None for r in results):
+                return conn.call_binary("complete_tasks", rns=rns, tokens=tokens)
+            return conn.call_binary("complete_tasks", rns=rns, tokens=tokens,
+                                    results=Jsonb([None if r is None else r.obj for r in results]))
+
         try:
-            live, refused = self._write_batch(batch, "completions", lambda live, rns, tokens: conn.call_binary(
-                "complete_tasks", rns=rns, tokens=tokens))
+            live, refused = self._write_batch(batch, "completions", call)
         except SchedulerError as exc:
+            if rejects_arguments(exc) and any(c.result is not None for c in batch):
+                log.error("recording %d completions together was refused (%s); recording them one by one",
+                          len(batch), exc)
+                self._complete_alone(batch)
+                return
             log.error("could not record %d completions (%s); the monitor will reset them", len(batch), exc)
             for ctx in batch:
                 self._release(ctx)
@@ -1070,6 +1147,19 @@ class Worker:
             self.completed += recorded
         if self._counted is not None and recorded:
             self._counted.completed.inc(recorded)
+
+    def _complete_alone(self, batch: list[TaskContext]) -> None:
+        """Each completion of ``batch`` on its own; a result refused aborts its task."""
+        for ctx in batch:
+            if self.held.get(ctx.rn) is ctx:
+                refused = self._finish(ctx, "complete_task", result=ctx.result)
+                if refused is not None:
+                    log.error("task %s: the database refused its result (%s); aborting it", ctx.rn, refused)
+                    self._finish(ctx, "abort_task", errors=Jsonb([error_entry("ResultRefused", refused)]))
+                else:
+                    with self._lock:
+                        self.completed += 1
+            self._release(ctx)
 
     def _fail(self, batch: list[TaskContext], conn: _Dedicated) -> None:
         """Record failed attempts with one fail_tasks call, as _complete records completions. If

@@ -1,9 +1,10 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
--- 0010_tasks_lean.sql, 0016_tasks_queue.sql and 0017_tasks_queue_tables.sql
--- build (tests/test_migrate.py checks).
+-- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
+-- 0019_tasks_flow_status.sql and 0020_tasks_flow.sql build (tests/test_migrate.py checks).
+-- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
-CREATE TYPE pyscheduler.task_status AS ENUM ('scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
+CREATE TYPE pyscheduler.task_status AS ENUM ('waiting', 'scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
 
 -- Worker ids ('worker-27') come from this sequence: unique across processes
 -- and restarts (register_worker()).
@@ -29,6 +30,14 @@ CREATE SEQUENCE pyscheduler.task_seq;
 -- unique_key). max_attempts: NULL means the setting task_max_attempts.
 -- submitted_by: the role that submitted it (only it, its members or admin
 -- cancel or requeue it).
+-- Issue 20: concurrency_key (tasks of one key share the queue's
+-- running_per_key limit); limited (leased under its queue's limits, or
+-- running when they were set: only these are counted, through
+-- tasks_limited_idx, so a queue without limits adds no index entry per
+-- lease); result (of its completion); watched (someone waits for it:
+-- watch_task; its finish NOTIFYs pyscheduler_task:<rn>); after (its parents),
+-- waiting_on (parents not finished yet), has_children (task_edges has its
+-- children), on_parent_failure (NULL: cancel; 'run').
 CREATE TABLE pyscheduler.tasks (
     rn       uuid NOT NULL,
     queue    text NOT NULL,
@@ -50,6 +59,14 @@ CREATE TABLE pyscheduler.tasks (
     unique_key text,
     max_attempts integer,
     submitted_by name NOT NULL,
+    concurrency_key text,
+    limited boolean NOT NULL DEFAULT false,
+    result jsonb,
+    watched boolean NOT NULL DEFAULT false,
+    after uuid[],
+    waiting_on integer NOT NULL DEFAULT 0,
+    has_children boolean NOT NULL DEFAULT false,
+    on_parent_failure text,
     CONSTRAINT tasks_pkey PRIMARY KEY (rn),
     CONSTRAINT tasks_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40),
     CONSTRAINT tasks_priority_check CHECK (priority BETWEEN 0 AND 4294967295),
@@ -57,7 +74,8 @@ CREATE TABLE pyscheduler.tasks (
     CONSTRAINT tasks_attempts_check CHECK (attempts >= 0),
     CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL)),
     CONSTRAINT tasks_scheduled_check CHECK (status <> 'scheduled' OR run_at IS NOT NULL),
-    CONSTRAINT tasks_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000)
+    CONSTRAINT tasks_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000),
+    CONSTRAINT tasks_waiting_check CHECK (status <> 'waiting' OR waiting_on > 0)
 )
 -- Autovacuum by counts, not by a fraction of the table: a lease leaves the
 -- task's entry in tasks_ready_idx until VACUUM, and every later claim steps
@@ -88,22 +106,60 @@ CREATE INDEX tasks_scheduled_idx ON pyscheduler.tasks (queue, run_at)
 -- Unique tasks: at most one live task per (queue, unique_key); the arbiter of
 -- submit's ON CONFLICT (concurrent submits of one key make one task).
 CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (queue, unique_key)
-    WHERE unique_key IS NOT NULL AND status IN ('scheduled', 'ready', 'running');
+    WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running');
+-- Tasks waiting for their parents, per queue (queue_status counts them).
+CREATE INDEX tasks_waiting_idx ON pyscheduler.tasks (queue)
+    WHERE status = 'waiting';
+-- Ready tasks with a concurrency key, per key in claim order: a lease of a
+-- queue with per-key limits finds the best task of each key that has room
+-- (one probe per key), however many ready tasks of full keys come first.
+CREATE INDEX tasks_ready_key_idx ON pyscheduler.tasks (queue, concurrency_key, priority DESC, created, seq)
+    WHERE status = 'ready' AND concurrency_key IS NOT NULL;
+-- The running tasks a queue's limits count: only those leased under limits
+-- (per concurrency key, and per queue by its first column).
+CREATE INDEX tasks_limited_idx ON pyscheduler.tasks (queue, concurrency_key)
+    WHERE status = 'running' AND limited;
 -- retry_tasks' scan: aborted and cancelled tasks of a queue, oldest first.
 CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
     WHERE status IN ('aborted', 'cancelled');
 
--- One row per queue an operator or client paused (issue 20 adds its limits
--- here): a lease reads it by primary key; a queue without a row, or not
--- paused, is leased as if the table did not exist.
+-- One row per queue an operator or client paused or limited: a lease reads
+-- it by primary key; a queue without a row, or neither paused nor limited, is
+-- leased as if the table did not exist. Limits (issue 20, set_queue_limits,
+-- set_rate_limit; NULL: none): running_per_key, running_total, rate_starts
+-- per rate_per (per queue, or per concurrency key with rate_by_key).
 CREATE TABLE pyscheduler.task_queues (
     queue     text NOT NULL,
     paused    boolean NOT NULL DEFAULT false,
     note      text,
     paused_by name,
     updated   timestamptz NOT NULL,
+    running_per_key integer,
+    running_total integer,
+    rate_starts integer,
+    rate_per interval,
+    rate_by_key boolean NOT NULL DEFAULT false,
+    limits_by name,
+    limits_updated timestamptz,
     CONSTRAINT task_queues_pkey PRIMARY KEY (queue),
     CONSTRAINT task_queues_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40)
+);
+
+-- Dependencies: the children of a parent (a child's parents are its after).
+CREATE TABLE pyscheduler.task_edges (
+    parent uuid NOT NULL,
+    child  uuid NOT NULL,
+    CONSTRAINT task_edges_pkey PRIMARY KEY (parent, child)
+);
+
+-- The token buckets of rate limits: one per rate-limited queue (key '') or,
+-- with rate_by_key, per concurrency key; tokens as of at.
+CREATE TABLE pyscheduler.task_rate_buckets (
+    queue  text NOT NULL,
+    key    text NOT NULL,
+    tokens double precision NOT NULL,
+    at     timestamptz NOT NULL,
+    CONSTRAINT task_rate_buckets_pkey PRIMARY KEY (queue, key)
 );
 
 -- Limits (issue 11), changed by an admin with
@@ -115,5 +171,8 @@ INSERT INTO pyscheduler.settings (name, value) VALUES
     ('task_max_errors', '100'),
     ('task_max_errors_bytes', '65536'),
     ('task_backoff_base', '1 second'),
-    ('task_backoff_cap', '1 hour')
+    ('task_backoff_cap', '1 hour'),
+    ('task_max_result_bytes', '65536'),
+    ('task_max_parents', '10000'),
+    ('task_max_workflow_nodes', '10000')
 ON CONFLICT (name) DO NOTHING;

@@ -13,7 +13,7 @@ from pyscheduler.db import Database
 from pyscheduler.delay import DelayProducer, DeliveryFailed
 from pyscheduler.errors import SchedulerError, TaskNotFound
 from pyscheduler.schedules import UNBOUNDED, AsyncScheduleClient, Schedule, ScheduleClient, ScheduleRun
-from pyscheduler.tasks import AsyncTaskClient, Task, TaskClient
+from pyscheduler.tasks import AsyncTaskClient, QueueLimits, Task, TaskClient, TaskHandle, Workflow
 from pyscheduler.tasks.client import HistoryEntry, TaskError, TaskStatus
 
 
@@ -95,3 +95,15 @@ def delay(bootstrap: str) -> None:
         print(failed, exc.pending)
     except SchedulerError:
         raise
+
+
+def flow(db: Database) -> None:
+    """Issue 20: handles, results, workflows, limits."""
+    client = TaskClient(db)
+    handle: TaskHandle = client.submit("q", {}, concurrency_key="k")
+    task: Task = handle
+    value: object = handle.result(timeout=1.0)
+    flow_ = Workflow().add("a", "q", {}).add("b", "q", {}, after=["a"])
+    handles: dict[str, TaskHandle] = client.submit_workflow(flow_)
+    limits: QueueLimits = client.set_queue_limits("q", running_per_key=1)
+    print(task, value, handles, limits)

@@ -1,0 +1,184 @@
+"""Flow control for tasks (issue 20): what limits, rate limits and dependencies cost, and
+whether they hold. Run on a migrated scratch database (docs/benchmarks.md, "Flow control"):
+
+    python bench/tasks_flow.py keys "$DSN"      # 100,000 tasks over 1,000 keys, running_per_key 1, 10 workers,
+                                                 # then the same tasks without limits (the baseline)
+    python bench/tasks_flow.py rate "$DSN"      # 500 starts/s for 60 s, 4 workers in 2 processes ("nodes")
+    python bench/tasks_flow.py join "$DSN"      # 10,000 children, then one join after them all
+
+keys: the workers are threads of this process; each handler records when it began and ended
+(after its lease committed, before its completion committed), and a sweep of those intervals
+per key checks that no key ever had more than one task running; the run fails otherwise.
+rate: every lease's time is its task's TaskAssignment (leased_at); the rate is the leases
+begun from the first lease on, per second, over 60 s, and per 10 s window.
+join: the time from the last child's completion (its commit) to the join's lease.
+Options: --tasks, --keys, --workers, --seconds, --rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyscheduler.db import Jsonb  # noqa: E402
+from pyscheduler.tasks import Worker  # noqa: E402
+
+
+def submit(dsn: str, queue: str, n: int, keys: int | None) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for start in range(0, n, 10_000):
+            count = min(10_000, n - start)
+            c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(%s, %s, concurrency_keys => %s)",
+                      (queue, Jsonb([{"i": start + i} for i in range(count)]),
+                       None if keys is None else [f"k{(start + i) % keys}" for i in range(count)]))
+
+
+def done(dsn: str, queue: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return c.execute("SELECT count(*) FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'",
+                         (queue,)).fetchone()[0]
+
+
+PREFETCH = 500
+
+
+def run_workers(dsn: str, queue: str, n: int, workers: int, record: bool) -> tuple[float, list]:
+    """Run ``workers`` Workers (threads of this process) until ``n`` tasks of ``queue`` completed;
+    the seconds it took, and (record) the handlers' (begin, end, key) intervals."""
+    intervals: list[tuple[float, float, str]] = []
+    lock = threading.Lock()
+
+    def handler(ctx):
+        began = time.monotonic()
+        key = ctx.spec["i"]
+        ended = time.monotonic()
+        if record:
+            with lock:
+                intervals.append((began, ended, key))
+
+    started = time.monotonic()
+    running = [Worker(dsn, queue, handler, capacity=4, poll_interval=0.2, prefetch=PREFETCH).start()
+               for _ in range(workers)]
+    try:
+        while done(dsn, queue) < n:
+            time.sleep(0.05)
+    finally:
+        elapsed = time.monotonic() - started
+        for r in running:
+            r.stop()
+    polls = sum(r.worker.polls for r in running)
+    print(f"  {queue}: {polls:,} lease calls, {n / max(polls, 1):.1f} tasks a call", file=sys.stderr)
+    return elapsed, intervals
+
+
+def keys_mode(dsn: str, tasks: int, keys: int, workers: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pyscheduler.set_queue_limits('flow-keys', running_per_key => 1)")
+    submit(dsn, "flow-keys", tasks, keys)
+    limited, intervals = run_workers(dsn, "flow-keys", tasks, workers, record=True)
+    # the sweep: per key, the handlers' intervals never overlap (spec i -> key i % keys)
+    events = sorted([(b, 1, i % keys) for b, _, i in intervals] + [(e, -1, i % keys) for _, e, i in intervals],
+                    key=lambda x: (x[0], x[1]))
+    running: dict[int, int] = defaultdict(int)
+    worst = 0
+    for _, delta, key in events:
+        running[key] += delta
+        worst = max(worst, running[key])
+    submit(dsn, "flow-free", tasks, keys)  # the same tasks, keys and all, on a queue without limits
+    free, _ = run_workers(dsn, "flow-free", tasks, workers, record=False)
+    print(f"keys: {tasks:,} tasks over {keys:,} keys, running_per_key 1, {workers} workers: "
+          f"{tasks / limited:,.0f} tasks/s; without limits {tasks / free:,.0f} tasks/s "
+          f"({free / limited:.2f}x of it); most handlers of one key at once: {worst}")
+    if worst > 1:
+        sys.exit("the limit was exceeded")
+
+
+def _node(dsn: str, queue: str, workers: int, seconds: float) -> None:
+    running = [Worker(dsn, queue, lambda ctx: None, capacity=4, poll_interval=1.0).start() for _ in range(workers)]
+    time.sleep(seconds)
+    for r in running:
+        r.stop()
+
+
+def rate_mode(dsn: str, rate: int, seconds: float) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pyscheduler.set_rate_limit('flow-rate', %s, '1 second')", (rate,))
+    submit(dsn, "flow-rate", int(rate * (seconds + 15)), None)
+    nodes = [multiprocessing.Process(target=_node, args=(dsn, "flow-rate", 2, seconds + 5)) for _ in range(2)]
+    for p in nodes:
+        p.start()
+    for p in nodes:
+        p.join()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        first = c.execute("SELECT min(leased_at) FROM pyscheduler.tasks WHERE queue = 'flow-rate'").fetchone()[0]
+        total = c.execute("SELECT count(*) FROM pyscheduler.tasks WHERE queue = 'flow-rate' AND leased_at >= %s "
+                          "AND leased_at < %s + make_interval(secs => %s)", (first, first, seconds)).fetchone()[0]
+        windows = c.execute(
+            "SELECT floor(extract(epoch FROM leased_at - %s) / 10) AS w, count(*) FROM pyscheduler.tasks "
+            "WHERE queue = 'flow-rate' AND leased_at >= %s AND leased_at < %s + make_interval(secs => %s) "
+            "GROUP BY 1 ORDER BY 1", (first, first, first, seconds)).fetchall()
+    per = total / seconds
+    print(f"rate: limit {rate}/s (a bucket of {rate}), 4 workers in 2 processes, {seconds:.0f} s: {total:,} leases, "
+          f"{per:,.1f}/s ({(per / rate - 1) * 100:+.1f} %); per 10 s: "
+          + ", ".join(f"{n / 10:,.0f}/s" for _, n in windows))
+
+
+def join_mode(dsn: str, children: int, workers: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        rns = [r[0] for r in c.execute("SELECT (task ->> 'rn')::uuid FROM pyscheduler.submit_tasks('flow-join', %s)",
+                                       (Jsonb([{"i": i} for i in range(children)]),)).fetchall()]
+        join = c.execute("SELECT (pyscheduler.submit_task('flow-join', '{\"join\": true}', after => %s) ->> 'rn')::uuid",
+                         (rns,)).fetchone()[0]
+    seen = threading.Event()
+
+    def handler(ctx):
+        if ctx.spec.get("join"):
+            seen.set()
+
+    running = [Worker(dsn, "flow-join", handler, capacity=4).start() for _ in range(workers)]
+    try:
+        if not seen.wait(300):
+            sys.exit("the join never ran")
+    finally:
+        for r in running:
+            r.stop()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        last, leased = c.execute(
+            "SELECT (SELECT max(updated) FROM pyscheduler.tasks WHERE rn = ANY (%s)), "
+            "(SELECT leased_at FROM pyscheduler.tasks WHERE rn = %s)", (rns, join)).fetchone()
+    print(f"join: {children:,} children, {workers} workers: the join was leased {(leased - last).total_seconds() * 1000:.1f} ms "
+          f"after the last child's completion")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("keys", "rate", "join"))
+    parser.add_argument("dsn")
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--workers", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--prefetch", type=int, default=500, help="each Worker's prefetch (keys mode)")
+    args = parser.parse_args()
+    global PREFETCH
+    PREFETCH = args.prefetch
+    if args.mode == "keys":
+        keys_mode(args.dsn, args.tasks, args.keys, args.workers)
+    elif args.mode == "rate":
+        rate_mode(args.dsn, args.rate, args.seconds)
+    else:
+        join_mode(args.dsn, 10_000, 4)
+
+
+if __name__ == "__main__":
+    main()
