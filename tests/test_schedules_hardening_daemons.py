@@ -165,7 +165,10 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
                          ("url-bad", "Invalid IPv6 URL"), ("retries", "could not connect")):
             rows = executions(db, f"p-{k}")
             assert rows and all(r["outcome"] == "failed" and error in r["error"] for r in rows), (k, rows[:2])
-        assert {r["attempts"] for r in executions(db, "p-retries")} == {31}  # at most 30 retries, whatever is stored
+        # at most 30 retries, whatever is stored (an occurrence still retrying when the executor
+        # stopped is recorded with the tries it had)
+        attempts = [r["attempts"] for r in executions(db, "p-retries")]
+        assert 31 in attempts and max(attempts) == 31, attempts
         # any name is sent (RFC 8187-encoded in the header)
         assert count(db, "p-\u540d\u524d \u2615\r\nX-Evil: 1") >= 6
     finally:

@@ -12,7 +12,7 @@ cancel, yield, and a monitor that resets expired leases.
 * ``AsyncWorker`` (``pyscheduler.tasks.aio``): the same for ``async def`` handlers.
 * ``Monitor``: the daemon that resets expired leases and cleans up.
 
-The SQL API (sql/tasks.sql, docs/sql-api.md) is the product; this package
+The SQL API (sql/tasks/, docs/sql-api.md) is the product; this package
 only calls it.
 """
 

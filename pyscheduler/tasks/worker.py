@@ -134,7 +134,7 @@ class _Counted:
         if values:
             metrics.observe_many(self.handler, values)
 
-MAX_LEASE_SECONDS = 86_400.0  # sql/tasks.sql _timeout: a lease lasts at most 1 day
+MAX_LEASE_SECONDS = 86_400.0  # sql/tasks/ _timeout: a lease lasts at most 1 day
 MAX_DESCRIPTION = 4000  # characters of an error description the worker records
 MAX_PREFETCH = 10_000  # leased tasks a worker may hold in its local queue, at most
 MAX_UNRECORDED = 1000  # completions (or failures) waiting to be recorded before handlers wait (one call)
@@ -153,7 +153,7 @@ class Abort(Exception):
         self.error = {"code": code, "args": args or {}, "description": description}
 
 
-MAX_RETRY_IN = timedelta(days=365)  # sql/tasks.sql fail_tasks: retry_in in 0..365 days
+MAX_RETRY_IN = timedelta(days=365)  # sql/tasks/ fail_tasks: retry_in in 0..365 days
 
 
 class Retry(Exception):
@@ -406,7 +406,7 @@ class _Setter:
 
 
 def task_channel(queue: str) -> str:
-    """The NOTIFY channel of a queue (sql/tasks.sql, _task_channel)."""
+    """The NOTIFY channel of a queue (sql/tasks/, _task_channel)."""
     return f"pyscheduler_tasks:{queue}"
 
 

@@ -1,0 +1,829 @@
+-- pyscheduler: leased tasks, the client API: submit (delays, unique keys, keys, dependencies, workflows), view, cancel, requeue.
+-- The overview (states, SQLSTATEs, limits) is at the top of 1_model.sql; the files of
+-- sql/tasks/ load in name order on every migrate.
+
+-- ---------------------------------------------------------------- client
+
+-- _check_submit(queue, priority, run_at, max_attempts, p_now): PS204, PS208 and
+-- PS212 for the arguments submit_task and submit_tasks share.
+CREATE OR REPLACE FUNCTION pyscheduler._check_submit(
+    p_queue text, p_priority bigint, p_run_at timestamptz, p_max_attempts integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true,
+                                         p_priority => coalesce(p_priority, -1));
+    IF p_run_at IS NOT NULL AND NOT pyscheduler._instant_ok(p_run_at) THEN
+        PERFORM pyscheduler._require_instant('run_at', p_run_at, 'PS212');
+    END IF;
+    IF p_max_attempts IS NOT NULL AND p_max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max_attempts must be NULL (the setting task_max_attempts) or in 1..1000, got %', p_max_attempts
+            USING ERRCODE = 'PS208', HINT = 'Attempts are leases that were not yielded; 1 means never retried.';
+    END IF;
+END
+$$;
+
+-- _check_unique_key(key, what): PS213 unless key is NULL or a clean label of
+-- at most 200 bytes (_label_refusal: no control, zero-width or bidirectional
+-- formatting characters, no leading or trailing white space).
+CREATE OR REPLACE FUNCTION pyscheduler._check_unique_key(p_key text, p_what text DEFAULT 'unique_key')
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_why text;
+BEGIN
+    IF p_key IS NOT NULL THEN
+        v_why := pyscheduler._label_refusal(p_key, 200);
+        IF v_why IS NOT NULL THEN
+            RAISE EXCEPTION '% %, got %', p_what, v_why, quote_literal(left(p_key, 100))
+                USING ERRCODE = 'PS213', HINT = 'A unique key names the work, e.g. ''invoice:233''; NULL for none.';
+        END IF;
+    END IF;
+END
+$$;
+
+-- _live_task(queue, unique_key): the live (waiting, scheduled, ready or running) task
+-- holding unique_key in queue, as a deduplicated answer, or NULL.
+CREATE OR REPLACE FUNCTION pyscheduler._live_task(p_queue text, p_key text)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT pyscheduler._task_json(t) || '{"deduplicated": true}'
+      FROM pyscheduler.tasks t
+     WHERE t.queue = p_queue AND t.unique_key = p_key AND t.unique_key IS NOT NULL
+       AND t.status IN ('waiting', 'scheduled', 'ready', 'running');
+$$;
+
+-- _check_concurrency_key(key, what): PS215 unless key is NULL or a clean label
+-- of at most 200 bytes (as a unique_key).
+CREATE OR REPLACE FUNCTION pyscheduler._check_concurrency_key(p_key text, p_what text DEFAULT 'concurrency_key')
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_why text;
+BEGIN
+    IF p_key IS NOT NULL THEN
+        v_why := pyscheduler._label_refusal(p_key, 200);
+        IF v_why IS NOT NULL THEN
+            RAISE EXCEPTION '% %, got %', p_what, v_why, quote_literal(left(p_key, 100))
+                USING ERRCODE = 'PS215', HINT = 'A concurrency key names what the limit protects, e.g. ''customer:42''.';
+        END IF;
+    END IF;
+END
+$$;
+
+-- _parents(after, on_parent_failure): for a task submitted after the tasks
+-- after: PS219 unless they are at most task_max_parents existing tasks the
+-- caller may act on (its role's, or any for admin; duplicates count once).
+-- The live ones (waiting, scheduled, ready, running) are locked and marked
+-- has_children, in rn order (so concurrent submits after common parents
+-- never deadlock, and a parent finishing meanwhile waits for this
+-- transaction, then finds the new edges); returns them, and the first parent
+-- that failed (aborted or cancelled) already, with its status.
+CREATE OR REPLACE FUNCTION pyscheduler._parents(p_after uuid[], OUT live uuid[], OUT failed uuid,
+                                                OUT failed_status pyscheduler.task_status)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_bad record;
+    v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
+BEGIN
+    IF cardinality(p_after) > pyscheduler._task_limit('task_max_parents') OR array_position(p_after, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'after must be an array of at most task_max_parents (%) task ids without NULL, got % ids',
+                        pyscheduler._task_limit('task_max_parents'), cardinality(p_after)
+            USING ERRCODE = 'PS219', HINT = 'A task after many tasks: submit it after fewer join tasks.';
+    END IF;
+    WITH u AS (
+        UPDATE pyscheduler.tasks t SET has_children = true
+          FROM (SELECT DISTINCT a.rn FROM unnest(p_after) AS a(rn) ORDER BY a.rn) AS a
+         WHERE t.rn = a.rn AND t.status IN ('waiting', 'scheduled', 'ready', 'running')
+           AND (v_admin OR pyscheduler._may_act(t.submitted_by))
+        RETURNING t.rn)
+    SELECT coalesce(array_agg(u.rn), '{}') INTO live FROM u;
+    SELECT a.rn, t.rn IS NULL AS missing INTO v_bad
+      FROM unnest(p_after) AS a(rn) LEFT JOIN pyscheduler.tasks t ON t.rn = a.rn
+     WHERE t.rn IS NULL OR NOT (v_admin OR pyscheduler._may_act(t.submitted_by))
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'after names %: %', v_bad.rn,
+                        CASE WHEN v_bad.missing THEN 'no such task' ELSE 'a task of another role' END
+            USING ERRCODE = 'PS219', HINT = 'A task may wait only for existing tasks of its own role.';
+    END IF;
+    SELECT t.rn, t.status INTO failed, failed_status FROM pyscheduler.tasks t
+     WHERE t.rn = ANY (p_after) AND t.status IN ('aborted', 'cancelled')
+     ORDER BY t.rn LIMIT 1;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._submit_tasks(
+    queue text, specs jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL,
+    unique_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL, p_now timestamptz DEFAULT now(),
+    p_submitted_by name DEFAULT NULL, concurrency_keys text[] DEFAULT NULL, after uuid[] DEFAULT NULL,
+    on_parent_failure text DEFAULT 'cancel')
+RETURNS TABLE (task jsonb)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_max integer := pyscheduler._task_limit('task_max_spec_bytes');
+    v_prefix bigint := pyscheduler._rn_prefix(p_now);
+    v_status pyscheduler.task_status := CASE WHEN _submit_tasks.run_at > p_now THEN 'scheduled' ELSE 'ready' END;
+    v_by name := coalesce(p_submitted_by, pyscheduler._caller());
+    v_bad record;
+    v_answers jsonb[];
+    v_todo integer[];
+    v_seqs bigint[];
+    v_ps integer[];
+    v_js jsonb[];
+    v_inserted boolean := false;
+    v_parents record;
+    v_waiting integer := 0;
+    v_history jsonb := '[]';
+    v_failure text := CASE WHEN _submit_tasks.on_parent_failure = 'cancel' THEN NULL
+                           ELSE _submit_tasks.on_parent_failure END;
+    v_children uuid[] := '{}';
+BEGIN
+    PERFORM pyscheduler._check_submit(_submit_tasks.queue, _submit_tasks.priority, _submit_tasks.run_at,
+                                      _submit_tasks.max_attempts);
+    IF specs IS NULL OR jsonb_typeof(specs) <> 'array' THEN
+        RAISE EXCEPTION 'specs must be a JSON array of spec objects, got %', coalesce(left(specs::text, 200), 'NULL')
+            USING ERRCODE = 'PS206', HINT = 'e.g. ''[{"orderId": "1"}, {"orderId": "2"}]''';
+    END IF;
+    SELECT e, i INTO v_bad FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
+     WHERE jsonb_typeof(e) <> 'object' OR pg_column_size(e) > v_max LIMIT 1;
+    IF FOUND THEN
+        PERFORM pyscheduler._check_spec(v_bad.e, format('specs[%s]', v_bad.i - 1), v_max);
+    END IF;
+    IF concurrency_keys IS NOT NULL THEN
+        IF cardinality(concurrency_keys) <> jsonb_array_length(specs) THEN
+            RAISE EXCEPTION 'concurrency_keys must be NULL or as long as specs, got % and %',
+                            cardinality(concurrency_keys), jsonb_array_length(specs)
+                USING ERRCODE = 'PS215', HINT = 'concurrency_keys[i] is the key of specs[i - 1] (NULL: none).';
+        END IF;
+        SELECT k, i INTO v_bad FROM unnest(concurrency_keys) WITH ORDINALITY AS u(k, i)
+         WHERE k IS NOT NULL AND pyscheduler._label_refusal(k, 200) IS NOT NULL LIMIT 1;
+        IF FOUND THEN
+            PERFORM pyscheduler._check_concurrency_key(v_bad.k, format('concurrency_keys[%s]', v_bad.i));
+        END IF;
+    END IF;
+    IF _submit_tasks.on_parent_failure IS NULL OR _submit_tasks.on_parent_failure NOT IN ('cancel', 'run') THEN
+        RAISE EXCEPTION 'on_parent_failure must be cancel or run, got %',
+                        coalesce(quote_literal(_submit_tasks.on_parent_failure), 'NULL')
+            USING ERRCODE = 'PS219', HINT = 'cancel (the default): a parent aborted or cancelled cancels the task; run: it runs anyway.';
+    END IF;
+    -- Dependencies: wait for the live parents (status waiting, waiting_on =
+    -- how many); a parent that failed already cancels the task at once (or,
+    -- with on_parent_failure => 'run', counts as finished).
+    IF after IS NOT NULL AND cardinality(after) > 0 THEN
+        v_parents := pyscheduler._parents(after);
+        v_waiting := cardinality(v_parents.live);
+        IF v_parents.failed IS NOT NULL AND v_failure IS NULL THEN
+            v_status := 'cancelled';
+            v_history := jsonb_build_array(jsonb_build_object('_typ', 'TaskParentFailed', 'parent', v_parents.failed,
+                                                              'status', v_parents.failed_status,
+                                                              'time', pyscheduler._ts(p_now)));
+            v_waiting := 0;
+        ELSIF v_waiting > 0 THEN
+            v_status := 'waiting';
+        END IF;
+    END IF;
+    IF unique_keys IS NULL THEN
+        WITH ins AS (
+            INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated,
+                                                errors, history, run_at, max_attempts, submitted_by, concurrency_key,
+                                                after, waiting_on, on_parent_failure)
+            SELECT pyscheduler._task_rn(v_prefix, a.seq), a.seq, _submit_tasks.queue, a.e, _submit_tasks.priority,
+                   v_status, 0, p_now, p_now, '[]', v_history, _submit_tasks.run_at, _submit_tasks.max_attempts, v_by,
+                   concurrency_keys[a.i], after, v_waiting, v_failure
+              FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e, i  -- after the sort: seq follows the order of specs
+                      FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
+                     ORDER BY a.i) AS a
+            RETURNING t.rn, pyscheduler._task_json(t) AS json)
+        SELECT coalesce(array_agg(ins.json), '{}'), coalesce(array_agg(ins.rn), '{}') INTO v_js, v_children FROM ins;
+        v_answers := v_js;
+        v_inserted := cardinality(v_js) > 0;
+    ELSE
+    -- Unique keys, one per spec (NULL: none): each spec either becomes a task or
+    -- is answered with the live task that holds its key (marked "deduplicated"),
+    -- the first of equal keys in the array winning. One row per spec, in order.
+    IF cardinality(unique_keys) <> jsonb_array_length(specs) THEN
+        RAISE EXCEPTION 'unique_keys must be NULL or as long as specs, got % and %',
+                        cardinality(unique_keys), jsonb_array_length(specs)
+            USING ERRCODE = 'PS208', HINT = 'unique_keys[i] is the key of specs[i - 1] (NULL: none).';
+    END IF;
+    SELECT k, i INTO v_bad FROM unnest(unique_keys) WITH ORDINALITY AS u(k, i)
+     WHERE k IS NOT NULL AND pyscheduler._label_refusal(k, 200) IS NOT NULL LIMIT 1;
+    IF FOUND THEN
+        PERFORM pyscheduler._check_unique_key(v_bad.k, format('unique_keys[%s]', v_bad.i));
+    END IF;
+    v_answers := array_fill(NULL::jsonb, ARRAY[cardinality(unique_keys)]);
+    v_todo := ARRAY(SELECT generate_series(1, cardinality(unique_keys)));
+    FOR v_round IN 1..10 LOOP
+        -- insert the specs not answered yet; a key held by a live task (or by an
+        -- earlier spec of this statement) is skipped by DO NOTHING. seq follows the
+        -- order of specs (the lease order); the rows go in in key order, so
+        -- concurrent batches with keys in common wait for each other, never deadlock.
+        v_seqs := ARRAY(SELECT nextval('pyscheduler.task_seq') FROM unnest(v_todo));
+        WITH ins AS (
+            INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated,
+                                                errors, history, run_at, max_attempts, submitted_by, unique_key,
+                                                concurrency_key, after, waiting_on, on_parent_failure)
+            SELECT pyscheduler._task_rn(v_prefix, x.seq), x.seq, _submit_tasks.queue, x.e, _submit_tasks.priority,
+                   v_status, 0, p_now, p_now, '[]', v_history, _submit_tasks.run_at, _submit_tasks.max_attempts, v_by,
+                   unique_keys[x.p], concurrency_keys[x.p], after, v_waiting, v_failure
+              FROM (SELECT s.p, s.seq, a.e
+                      FROM unnest(v_todo, v_seqs) AS s(p, seq)
+                      JOIN jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i) ON a.i = s.p
+                     ORDER BY unique_keys[s.p] COLLATE "C" NULLS FIRST, s.p) AS x
+            ON CONFLICT (queue, unique_key)
+               WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running')
+            DO NOTHING
+            RETURNING t.seq, t.rn, pyscheduler._task_json(t) AS json)
+        SELECT coalesce(array_agg(s.p), '{}'), coalesce(array_agg(ins.json), '{}'),
+               v_children || coalesce(array_agg(ins.rn), '{}')
+          INTO v_ps, v_js, v_children
+          FROM ins JOIN unnest(v_todo, v_seqs) AS s(p, seq) ON s.seq = ins.seq;
+        FOR j IN 1..cardinality(v_ps) LOOP
+            v_answers[v_ps[j]] := v_js[j];
+        END LOOP;
+        v_inserted := v_inserted OR cardinality(v_ps) > 0;
+        -- the others: answered with the live task that holds their key
+        v_todo := ARRAY(SELECT p FROM unnest(v_todo) AS p WHERE v_answers[p] IS NULL);
+        FOR j IN 1..cardinality(v_todo) LOOP
+            v_answers[v_todo[j]] := pyscheduler._live_task(_submit_tasks.queue, unique_keys[v_todo[j]]);
+        END LOOP;
+        -- a key whose task finished meanwhile is free again: insert once more
+        v_todo := ARRAY(SELECT p FROM unnest(v_todo) AS p WHERE v_answers[p] IS NULL);
+        EXIT WHEN cardinality(v_todo) = 0;
+    END LOOP;
+    IF cardinality(v_todo) > 0 THEN
+        RAISE EXCEPTION 'unique keys kept changing hands while submitting; try again'
+            USING ERRCODE = '40001';
+    END IF;
+    END IF;
+    IF v_waiting > 0 AND cardinality(v_children) > 0 THEN
+        INSERT INTO pyscheduler.task_edges (parent, child)
+        SELECT p, c FROM unnest(v_parents.live) AS p, unnest(v_children) AS c;
+    END IF;
+    IF v_inserted AND v_status IN ('ready', 'scheduled') THEN
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_tasks.queue));
+    END IF;
+    RETURN QUERY SELECT a.answer FROM unnest(v_answers) WITH ORDINALITY AS a(answer, i) ORDER BY a.i;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._submit_task(
+    queue text, spec jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL, unique_key text DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, p_now timestamptz DEFAULT now(), p_submitted_by name DEFAULT NULL,
+    concurrency_key text DEFAULT NULL, after uuid[] DEFAULT NULL, on_parent_failure text DEFAULT 'cancel')
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_task jsonb;
+    v_seq bigint;
+    v_status pyscheduler.task_status := CASE WHEN _submit_task.run_at > p_now THEN 'scheduled' ELSE 'ready' END;
+    v_by name := coalesce(p_submitted_by, pyscheduler._caller());
+BEGIN
+    PERFORM pyscheduler._check_submit(_submit_task.queue, _submit_task.priority, _submit_task.run_at,
+                                      _submit_task.max_attempts);
+    PERFORM pyscheduler._check_spec(_submit_task.spec, 'spec', pyscheduler._task_limit('task_max_spec_bytes'));
+    PERFORM pyscheduler._check_unique_key(_submit_task.unique_key);
+    PERFORM pyscheduler._check_concurrency_key(_submit_task.concurrency_key);
+    IF after IS NOT NULL OR on_parent_failure IS DISTINCT FROM 'cancel' THEN
+        -- dependencies: the batch path has them (one spec, one answer)
+        RETURN (SELECT s.task FROM pyscheduler._submit_tasks(
+                    _submit_task.queue, jsonb_build_array(_submit_task.spec), _submit_task.priority, _submit_task.run_at,
+                    CASE WHEN _submit_task.unique_key IS NOT NULL THEN ARRAY[_submit_task.unique_key] END,
+                    _submit_task.max_attempts, p_now, p_submitted_by,
+                    CASE WHEN _submit_task.concurrency_key IS NOT NULL THEN ARRAY[_submit_task.concurrency_key] END,
+                    _submit_task.after, _submit_task.on_parent_failure) AS s);
+    END IF;
+    -- One live task per (queue, unique_key): the unique index decides, so
+    -- concurrent submits of one key make one task (a submit waits for a
+    -- concurrent one's transaction, then finds its task). Without a key the
+    -- insert always succeeds (ON CONFLICT costs nothing measurable then).
+    FOR v_round IN 1..10 LOOP
+        v_seq := nextval('pyscheduler.task_seq');
+        INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors,
+                                            history, run_at, max_attempts, submitted_by, unique_key, concurrency_key)
+        VALUES (pyscheduler._task_rn(pyscheduler._rn_prefix(p_now), v_seq), v_seq, _submit_task.queue,
+                _submit_task.spec, _submit_task.priority, v_status, 0, p_now, p_now, '[]', '[]', _submit_task.run_at,
+                _submit_task.max_attempts, v_by, _submit_task.unique_key, _submit_task.concurrency_key)
+        ON CONFLICT (queue, unique_key)
+           WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running')
+        DO NOTHING
+        RETURNING pyscheduler._task_json(t) INTO v_task;
+        IF v_task IS NOT NULL THEN
+            PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_task.queue));
+            RETURN v_task;
+        END IF;
+        v_task := pyscheduler._live_task(_submit_task.queue, _submit_task.unique_key);
+        IF v_task IS NOT NULL THEN
+            RETURN v_task;
+        END IF;
+        -- the task that held the key finished meanwhile: the key is free, insert again
+    END LOOP;
+    RAISE EXCEPTION 'unique key % kept changing hands while submitting; try again', _submit_task.unique_key
+        USING ERRCODE = '40001';
+END
+$$;
+
+-- _run_at(run_at, run_in, now): when a submitted task may first be leased:
+-- run_at, or now + run_in (0..365 days, as seconds, like fail_task's
+-- retry_in), or NULL (at once). PS212 when both are given or run_in is out of
+-- bounds (run_at's own bounds are _check_submit's).
+CREATE OR REPLACE FUNCTION pyscheduler._run_at(p_run_at timestamptz, p_run_in interval, p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_run_in IS NULL THEN
+        RETURN p_run_at;
+    END IF;
+    IF p_run_at IS NOT NULL THEN
+        RAISE EXCEPTION 'give run_at or run_in, not both'
+            USING ERRCODE = 'PS212', HINT = 'run_at is an instant, run_in a delay from now.';
+    END IF;
+    IF NOT extract(epoch FROM p_run_in) BETWEEN 0 AND 31536000 THEN  -- 365 days, as seconds
+        RAISE EXCEPTION 'run_in must be between 0 and 365 days, got %', p_run_in
+            USING ERRCODE = 'PS212', HINT = 'For a later time, give run_at.';
+    END IF;
+    RETURN p_now + make_interval(secs => extract(epoch FROM p_run_in)::double precision);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_task(
+    queue text, spec jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL, unique_key text DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL, concurrency_key text DEFAULT NULL,
+    after uuid[] DEFAULT NULL, on_parent_failure text DEFAULT 'cancel')
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* submit_task(queue, spec, priority => 50, run_at => NULL, unique_key => NULL,
+               max_attempts => NULL, run_in => NULL, concurrency_key => NULL,
+               after => NULL, on_parent_failure => 'cancel') -> task jsonb
+   Add a task to queue and wake that queue's idle workers (NOTIFY). The task
+   belongs to the calling role (submitted_by).
+   queue:        1..40 bytes; tasks of a queue are leased by that queue's workers.
+   spec:         a JSON object, opaque to pyscheduler, at most task_max_spec_bytes.
+   priority:     0..4294967295, higher is leased first; equal priorities in
+                 submission order.
+   run_at:       not leased before this time (database clock): the task is
+                 'scheduled' until then; 'ready' at once when NULL or past.
+                 In [1970-01-01Z, 9999-01-01Z).
+   run_in:       or: not leased before now() + run_in (0..365 days, applied
+                 as that many seconds); give run_at or run_in, not both.
+   unique_key:   while a task of queue with this key is waiting, scheduled,
+                 ready or running, submitting another returns that task
+                 instead, with "deduplicated": true (nothing is changed). A
+                 label of at most 200 bytes; free again once the task finished.
+   max_attempts: attempts (leases not yielded) before a failing or timing-out
+                 task is aborted, 1..1000; NULL: the setting task_max_attempts.
+   concurrency_key: tasks of one key share the queue's running_per_key limit
+                 (set_queue_limits); a label of at most 200 bytes.
+   after:        task ids (of the caller's role, any queue, at most
+                 task_max_parents): the task is 'waiting' until every one of
+                 them has finished, then ready (or scheduled until run_at).
+                 Finished parents count as done at once.
+   on_parent_failure: 'cancel' (default): a parent aborted or cancelled
+                 cancels the task (history TaskParentFailed naming it), and its
+                 own dependents in turn; 'run': it runs anyway.
+   Errors: PS204 priority, PS206 spec, PS208 queue, max_attempts, PS212 run_at or
+   run_in, PS213 unique_key, PS215 concurrency_key, PS219 after or
+   on_parent_failure. */
+    SELECT pyscheduler._submit_task(queue, spec, priority, pyscheduler._run_at(run_at, run_in, now()), unique_key,
+                                    max_attempts, now(), NULL, concurrency_key, after, on_parent_failure);
+$$;
+COMMENT ON FUNCTION pyscheduler.submit_task(text, jsonb, bigint, timestamptz, text, integer, interval, text, uuid[], text) IS
+    'Submit a task to a queue (priority; run_at or run_in; unique_key; max_attempts; concurrency_key; after: wait for other tasks); returns it as JSON.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(
+    queue text, specs jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL,
+    unique_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
+    concurrency_keys text[] DEFAULT NULL, after uuid[] DEFAULT NULL, on_parent_failure text DEFAULT 'cancel')
+RETURNS TABLE (task jsonb)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* submit_tasks(queue, specs, priority => 50, run_at => NULL, unique_keys => NULL,
+                max_attempts => NULL, run_in => NULL, concurrency_keys => NULL,
+                after => NULL, on_parent_failure => 'cancel') -> setof (task jsonb)
+   The batch form of submit_task: specs is a JSON array of spec objects, all
+   submitted to queue with one priority, run_at (or run_in), max_attempts and
+   after in one statement, one NOTIFY; they lease in the order of specs.
+   unique_keys: NULL, or one key per spec (unique_keys[i] for specs[i - 1],
+   NULL for none): a spec whose key a live task holds (or an earlier spec of
+   the array) is answered with that task, "deduplicated": true; the answer
+   then has one row per spec, in the order of specs. concurrency_keys: NULL,
+   or one key per spec (NULL for none).
+   Errors: PS204 priority, PS206 specs (not an array of objects, or an element
+   too large: the message names it), PS208 queue, max_attempts, unique_keys
+   not as long as specs, PS212 run_at or run_in, PS213 a unique key (named),
+   PS215 a concurrency key (named) or concurrency_keys not as long as specs,
+   PS219 after or on_parent_failure. */
+    SELECT t.task FROM pyscheduler._submit_tasks(queue, specs, priority, pyscheduler._run_at(run_at, run_in, now()),
+                                                 unique_keys, max_attempts, now(), NULL, concurrency_keys, after,
+                                                 on_parent_failure) AS t;
+$$;
+COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint, timestamptz, text[], integer, interval, text[], uuid[], text) IS
+    'Submit a JSON array of specs as tasks of one queue (leased in array order), optionally delayed, after other tasks, one unique and one concurrency key each; returns the tasks.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._submit_workflow(workflow jsonb, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_max integer := pyscheduler._task_limit('task_max_workflow_nodes');
+    v_n integer;
+    v_index jsonb := '{}';      -- name -> position (0-based)
+    v_node jsonb;
+    v_name text;
+    v_why text;
+    v_indegree integer[];
+    v_children jsonb[];         -- position -> [positions of its children]
+    v_queue integer[];
+    v_head integer := 1;
+    v_order integer[] := '{}';
+    v_rns uuid[];
+    v_after uuid[];
+    v_task jsonb;
+    v_answer jsonb := '{}';
+    v_p integer;
+    v_c integer;
+BEGIN
+    IF workflow IS NULL OR jsonb_typeof(workflow) <> 'array' OR jsonb_array_length(workflow) = 0 THEN
+        RAISE EXCEPTION 'workflow must be a non-empty JSON array of nodes, got %', coalesce(left(workflow::text, 200), 'NULL')
+            USING ERRCODE = 'PS220',
+                  HINT = 'e.g. ''[{"name": "a", "queue": "q", "spec": {}}, {"name": "b", "queue": "q", "spec": {}, "after": ["a"]}]''';
+    END IF;
+    v_n := jsonb_array_length(workflow);
+    IF v_n > v_max THEN
+        RAISE EXCEPTION 'workflow has % nodes, more than task_max_workflow_nodes (%)', v_n, v_max
+            USING ERRCODE = 'PS220', HINT = 'Submit a large graph in parts: later parts may name earlier tasks by rn (after).';
+    END IF;
+    -- names: clean labels, unique; each node an object with a name and, if any, after: an array of names
+    FOR i IN 0..v_n - 1 LOOP
+        v_node := workflow -> i;
+        IF jsonb_typeof(v_node) <> 'object' OR jsonb_typeof(v_node -> 'name') IS DISTINCT FROM 'string'
+           OR (v_node ? 'after' AND (jsonb_typeof(v_node -> 'after') <> 'array'
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_node -> 'after') a WHERE jsonb_typeof(a) <> 'string')))
+           OR (v_node - ARRAY['name', 'queue', 'spec', 'after', 'priority', 'unique_key', 'max_attempts',
+                              'concurrency_key', 'run_in', 'on_parent_failure']) <> '{}' THEN
+            RAISE EXCEPTION 'workflow[%] must be an object with a "name", an "after" array of names and only the keys name, queue, spec, after, priority, unique_key, max_attempts, concurrency_key, run_in, on_parent_failure; got %',
+                            i, left(v_node::text, 200)
+                USING ERRCODE = 'PS220';
+        END IF;
+        v_name := v_node ->> 'name';
+        v_why := pyscheduler._label_refusal(v_name, 200);
+        IF v_why IS NOT NULL THEN
+            RAISE EXCEPTION 'workflow[%].name %', i, v_why USING ERRCODE = 'PS220';
+        END IF;
+        IF v_index ? v_name THEN
+            RAISE EXCEPTION 'workflow[%]: the name % is used twice', i, quote_literal(v_name) USING ERRCODE = 'PS220';
+        END IF;
+        v_index := v_index || jsonb_build_object(v_name, i);
+    END LOOP;
+    -- edges, then Kahn's order (a cycle leaves nodes out)
+    v_indegree := array_fill(0, ARRAY[v_n]);
+    v_children := array_fill('[]'::jsonb, ARRAY[v_n]);
+    FOR i IN 0..v_n - 1 LOOP
+        FOR v_name IN SELECT DISTINCT a FROM jsonb_array_elements_text(workflow -> i -> 'after') AS a LOOP
+            IF NOT v_index ? v_name THEN
+                RAISE EXCEPTION 'workflow[%] is after %, which no node of the workflow is named', i,
+                                quote_literal(left(v_name, 100))
+                    USING ERRCODE = 'PS220';
+            END IF;
+            v_p := (v_index ->> v_name)::integer;
+            v_children[v_p + 1] := v_children[v_p + 1] || to_jsonb(i);
+            v_indegree[i + 1] := v_indegree[i + 1] + 1;
+        END LOOP;
+    END LOOP;
+    v_queue := ARRAY(SELECT i - 1 FROM generate_subscripts(v_indegree, 1) AS i WHERE v_indegree[i] = 0);
+    WHILE v_head <= coalesce(cardinality(v_queue), 0) LOOP
+        v_p := v_queue[v_head];
+        v_head := v_head + 1;
+        v_order := v_order || v_p;
+        FOR v_c IN SELECT c::integer FROM jsonb_array_elements_text(v_children[v_p + 1]) AS c LOOP
+            v_indegree[v_c + 1] := v_indegree[v_c + 1] - 1;
+            IF v_indegree[v_c + 1] = 0 THEN
+                v_queue := v_queue || v_c;
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF cardinality(v_order) < v_n THEN
+        RAISE EXCEPTION 'workflow has a cycle (through %)',
+                        (SELECT string_agg(quote_literal(workflow -> (i - 1) ->> 'name'), ', ')
+                           FROM (SELECT i FROM generate_subscripts(v_indegree, 1) AS i WHERE v_indegree[i] > 0
+                                 LIMIT 5) AS x)
+            USING ERRCODE = 'PS220', HINT = 'A task cannot wait for itself, directly or through others.';
+    END IF;
+    -- submit, parents first
+    v_rns := array_fill(NULL::uuid, ARRAY[v_n]);
+    FOREACH v_p IN ARRAY v_order LOOP
+        v_node := workflow -> v_p;
+        v_after := ARRAY(SELECT v_rns[(v_index ->> a)::integer + 1]
+                           FROM jsonb_array_elements_text(v_node -> 'after') AS a);
+        v_task := pyscheduler._submit_task(
+            queue => v_node ->> 'queue', spec => v_node -> 'spec',
+            priority => coalesce((v_node ->> 'priority')::bigint, 50),
+            run_at => pyscheduler._run_at(NULL, (v_node ->> 'run_in')::interval, p_now),
+            unique_key => v_node ->> 'unique_key', max_attempts => (v_node ->> 'max_attempts')::integer,
+            p_now => p_now, concurrency_key => v_node ->> 'concurrency_key',
+            after => CASE WHEN cardinality(v_after) > 0 THEN v_after END,
+            on_parent_failure => coalesce(v_node ->> 'on_parent_failure', 'cancel'));
+        v_rns[v_p + 1] := (v_task ->> 'rn')::uuid;
+        v_answer := v_answer || jsonb_build_object(v_node ->> 'name', v_task);
+    END LOOP;
+    RETURN v_answer;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_workflow(workflow jsonb)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* submit_workflow(workflow) -> {"<name>": task, ...}
+   Submit a graph of tasks in one call (one transaction: all or nothing).
+   workflow: a JSON array of nodes {"name", "queue", "spec", "after":
+   [names], and optionally "priority", "unique_key", "max_attempts",
+   "concurrency_key", "run_in", "on_parent_failure"} (submit_task's
+   parameters); a node waits for the nodes it names in after. Nodes are
+   submitted parents first; the answer maps each name to its task. At most
+   task_max_workflow_nodes nodes.
+   Errors: PS220 not an array of such nodes, a name used twice, after naming
+   no node, a cycle (a node after itself included), too many nodes; and
+   submit_task's errors for a node's values. */
+    SELECT pyscheduler._submit_workflow(workflow, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.submit_workflow(jsonb) IS
+    'Submit a graph of tasks (nodes naming the nodes they run after) in one transaction; refuses cycles and unknown names.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.get_task(rn uuid)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* get_task(rn) -> task jsonb
+   The task in the seed's JSON shape (never its lease token).
+   Errors: PS200 unknown task. */
+#variable_conflict use_column
+DECLARE
+    v_task jsonb;
+BEGIN
+    SELECT _task_json(t) INTO v_task FROM tasks t WHERE t.rn = get_task.rn;
+    IF v_task IS NULL THEN
+        PERFORM _task_refused(get_task.rn, NULL);
+    END IF;
+    RETURN v_task;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.get_task(uuid) IS 'One task as JSON; PS200 when it does not exist.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.list_tasks(
+    queue text DEFAULT NULL, status text DEFAULT NULL, owner text DEFAULT NULL,
+    max_tasks integer DEFAULT 100)
+RETURNS TABLE (task jsonb)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* list_tasks(queue => NULL, status => NULL, owner => NULL, max_tasks => 100)
+       -> setof (task jsonb)
+   Tasks matching every filter given (NULL = any), newest first, at most max_tasks.
+   status: scheduled | ready | running | completed | aborted | cancelled.
+   Errors: PS208 unknown status or max_tasks < 1. */
+#variable_conflict use_column
+BEGIN
+    IF list_tasks.status IS NOT NULL
+       AND NOT list_tasks.status = ANY (enum_range(NULL::task_status)::text[]) THEN
+        RAISE EXCEPTION 'status must be one of %, got %', enum_range(NULL::task_status), list_tasks.status
+            USING ERRCODE = 'PS208', HINT = 'Pass NULL for any status.';
+    END IF;
+    IF max_tasks IS NULL OR max_tasks < 1 THEN
+        RAISE EXCEPTION 'max_tasks must be at least 1, got %', coalesce(max_tasks::text, 'NULL')
+            USING ERRCODE = 'PS208';
+    END IF;
+    RETURN QUERY
+    SELECT _task_json(t) FROM tasks t
+     WHERE (list_tasks.queue IS NULL OR t.queue = list_tasks.queue)
+       AND (list_tasks.status IS NULL OR t.status = list_tasks.status::task_status)
+       AND (list_tasks.owner IS NULL OR t.owner = list_tasks.owner)
+     ORDER BY t.created DESC, t.seq DESC
+     LIMIT max_tasks;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer) IS
+    'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks.';
+
+-- _owned_task(rn): task rn, locked (FOR UPDATE), when the caller may act on it
+-- (convention C: the role that submitted it, a member of it, or admin);
+-- PS200 when there is none, 42501 when it belongs to another role.
+CREATE OR REPLACE FUNCTION pyscheduler._owned_task(p_rn uuid)
+RETURNS pyscheduler.tasks
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_task pyscheduler.tasks;
+BEGIN
+    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = p_rn FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pyscheduler._task_refused(p_rn, NULL);
+    END IF;
+    PERFORM pyscheduler._require_owner(v_task.submitted_by, format('task %s', p_rn));
+    RETURN v_task;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._cancel_task(rn uuid, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_task pyscheduler.tasks := pyscheduler._owned_task(_cancel_task.rn);
+BEGIN
+    IF v_task.status = 'cancelled' THEN
+        RETURN pyscheduler._task_json(v_task);
+    ELSIF v_task.status NOT IN ('waiting', 'scheduled', 'ready', 'running') THEN
+        RAISE EXCEPTION 'task % is already %', _cancel_task.rn, v_task.status
+            USING ERRCODE = 'PS209', HINT = 'Only waiting, scheduled, ready or running tasks can be cancelled.';
+    END IF;
+    UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now, waiting_on = 0
+     WHERE t.rn = _cancel_task.rn
+    RETURNING t.* INTO v_task;
+    IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
+        PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
+    END IF;
+    IF v_task.watched OR v_task.has_children THEN
+        PERFORM pyscheduler._finished(ARRAY[_cancel_task.rn], p_now);
+        -- the parents' edges to a cancelled waiting task stay until they finish (_finished skips it)
+    END IF;
+    RETURN pyscheduler._task_json(v_task);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.cancel_task(rn uuid)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* cancel_task(rn) -> task jsonb
+   A waiting, scheduled, ready or running task becomes cancelled (terminal);
+   its dependents are cancelled too (unless on_parent_failure 'run'). A running
+   task keeps its owner, who is told at once (NOTIFY
+   pyscheduler_cancel:<owner>) and in any case by PS203 on its next heartbeat
+   or status write. Cancelling a cancelled task returns it unchanged. The
+   task belongs to the role that submitted it: only that role, a member of
+   it, or admin may cancel it (any client instance of that application, as in
+   the seed; not another application's role).
+   Errors: PS200 unknown task, PS209 already completed or aborted, 42501 the
+   task belongs to another role. */
+    SELECT pyscheduler._cancel_task(rn, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.cancel_task(uuid) IS
+    'Cancel a waiting, scheduled, ready or running task of the caller''s role (terminal); the owner of a running task learns at once via NOTIFY.';
+
+-- _requeue(rn, by, max_history, p_now): task rn (aborted or cancelled, locked
+-- by the caller) requeued by role by: ready again for a fresh round of
+-- attempts (attempts 0, no owner, no lease, progress 0, run_at NULL), errors
+-- kept, history += the last lease's TaskAssignment (when it is only in
+-- leased_at) and TaskRequeued. Raises unique_violation when another live
+-- task of its queue holds its unique_key.
+CREATE OR REPLACE FUNCTION pyscheduler._requeue(p_rn uuid, p_by name, p_max_history integer, p_now timestamptz)
+RETURNS pyscheduler.tasks
+LANGUAGE sql
+AS $$
+    UPDATE pyscheduler.tasks t
+       SET status = 'ready', attempts = 0, owner = NULL, lease_token = NULL, leased_at = NULL, deadline = NULL,
+           progress = 0, run_at = NULL, updated = p_now,
+           history = pyscheduler._trim_history(
+               pyscheduler._full_history(t.history, t.owner, t.leased_at)
+               || jsonb_build_array(jsonb_build_object('_typ', 'TaskRequeued', 'by', p_by, 'status', t.status,
+                                                       'attempts', t.attempts, 'time', pyscheduler._ts(p_now))),
+               p_max_history)
+     WHERE t.rn = p_rn
+    RETURNING t.*;
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler._retry_task(rn uuid, p_now timestamptz DEFAULT now())
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_task pyscheduler.tasks := pyscheduler._owned_task(_retry_task.rn);
+    v_code text := pyscheduler._requeue_refusal(v_task.status);
+BEGIN
+    IF v_code IS NOT NULL THEN
+        RAISE EXCEPTION 'task % is %: only aborted or cancelled tasks can be requeued', _retry_task.rn, v_task.status
+            USING ERRCODE = v_code, HINT = 'A live task runs anyway; a completed one is done (submit a new task).';
+    END IF;
+    BEGIN
+        v_task := pyscheduler._requeue(_retry_task.rn, pyscheduler._caller(),
+                                       pyscheduler._task_limit('task_max_history'), p_now);
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'task %: another live task of queue % holds its unique_key %', _retry_task.rn, v_task.queue,
+                        quote_literal(v_task.unique_key)
+            USING ERRCODE = 'PS214', HINT = 'That task runs the work already; requeue this one once it finished.';
+    END;
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task.queue));
+    RETURN pyscheduler._task_json(v_task);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.retry_task(rn uuid)
+RETURNS jsonb
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* retry_task(rn) -> task jsonb
+   Requeue an aborted or cancelled task: ready again for a fresh round of
+   attempts (attempts 0, progress 0, no owner), its errors kept, history +=
+   TaskRequeued {"by": the calling role, "status", "attempts": the ones used,
+   "time"}; wakes the queue's workers. An extension of the seed, whose aborted
+   and cancelled tasks are terminal. Only the role that submitted the task, a
+   member of it, or admin may requeue it.
+   Errors: PS200 unknown task, PS211 not aborted or cancelled, PS214 another
+   live task of its queue holds its unique_key, 42501 another role's task. */
+    SELECT pyscheduler._retry_task(rn, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.retry_task(uuid) IS
+    'Requeue an aborted or cancelled task of the caller''s role: ready again with attempts reset, errors kept (TaskRequeued).';
+
+CREATE OR REPLACE FUNCTION pyscheduler._retry_tasks(
+    queue text, status text DEFAULT 'aborted', max_tasks integer DEFAULT 100, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_caller name := pyscheduler._caller();
+    v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
+    v_history integer := pyscheduler._task_limit('task_max_history');
+    v_task pyscheduler.tasks;
+    v_any boolean := false;
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => _retry_tasks.queue, p_queue_given => true);
+    IF _retry_tasks.status IS NULL OR _retry_tasks.status NOT IN ('aborted', 'cancelled') THEN
+        RAISE EXCEPTION 'status must be aborted or cancelled, got %', coalesce(quote_literal(_retry_tasks.status), 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'Only aborted or cancelled tasks can be requeued.';
+    END IF;
+    IF max_tasks IS NULL OR max_tasks NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'max_tasks must be in 1..10000, got %', coalesce(max_tasks::text, 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'Call again while it returns max_tasks tasks.';
+    END IF;
+    FOR v_task IN
+        SELECT * FROM pyscheduler.tasks t
+         WHERE t.queue = _retry_tasks.queue AND t.status = _retry_tasks.status::pyscheduler.task_status
+           AND (v_admin OR t.submitted_by = v_caller OR pyscheduler._may_act(t.submitted_by))
+         ORDER BY t.updated
+         LIMIT max_tasks
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        BEGIN
+            v_task := pyscheduler._requeue(v_task.rn, v_caller, v_history, p_now);
+        EXCEPTION WHEN unique_violation THEN
+            CONTINUE;  -- another live task holds its unique_key: it stays as it is
+        END;
+        v_any := true;
+        task := pyscheduler._task_json(v_task);
+        RETURN NEXT;
+    END LOOP;
+    IF v_any THEN
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_retry_tasks.queue));
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.retry_tasks(
+    queue text, status text DEFAULT 'aborted', max_tasks integer DEFAULT 100)
+RETURNS TABLE (task jsonb)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* retry_tasks(queue, status => 'aborted', max_tasks => 100) -> setof (task jsonb)
+   The batch form of retry_task: requeues up to max_tasks tasks of queue in
+   status (aborted or cancelled) that the caller may act on (its role's, all
+   for admin), those finished longest ago first; returns them. A task whose
+   unique_key another live task holds is left as it is. Call again while it
+   returns max_tasks tasks.
+   Errors: PS208 queue, status, max_tasks (1..10000). */
+    SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;
+$$;
+COMMENT ON FUNCTION pyscheduler.retry_tasks(text, text, integer) IS
+    'Requeue up to max_tasks aborted (or cancelled) tasks of a queue that belong to the caller''s role, oldest first.';

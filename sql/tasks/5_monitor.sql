@@ -1,0 +1,133 @@
+-- pyscheduler: leased tasks, the monitor's functions: reset expired leases, clean up finished tasks.
+-- The overview (states, SQLSTATEs, limits) is at the top of 1_model.sql; the files of
+-- sql/tasks/ load in name order on every migrate.
+
+-- ---------------------------------------------------------------- monitor
+
+CREATE OR REPLACE FUNCTION pyscheduler._reset_expired_tasks(max_tasks integer DEFAULT 1000, p_now timestamptz DEFAULT now())
+RETURNS TABLE (task jsonb)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queues text[] := '{}';
+    v_task jsonb;
+    v_history integer := pyscheduler._task_limit('task_max_history');
+    v_attempts integer := pyscheduler._task_limit('task_max_attempts');
+    v_max_errors integer := pyscheduler._task_limit('task_max_errors');
+    v_max_bytes integer := pyscheduler._task_limit('task_max_errors_bytes');
+BEGIN
+    IF max_tasks IS NULL OR max_tasks < 1 THEN
+        RAISE EXCEPTION 'max_tasks must be at least 1, got %', coalesce(max_tasks::text, 'NULL')
+            USING ERRCODE = 'PS208';
+    END IF;
+    FOR v_task IN
+        WITH x AS (
+            SELECT r.rn, r.lease_token IS NULL AS yielded FROM pyscheduler.tasks r
+             WHERE r.status = 'running' AND r.deadline < p_now
+             ORDER BY r.deadline
+             LIMIT max_tasks
+               FOR UPDATE SKIP LOCKED),
+        v AS (
+            SELECT x.rn, x.yielded, coalesce(t.max_attempts, v_attempts) AS max_attempts,
+                   NOT x.yielded AND t.attempts >= coalesce(t.max_attempts, v_attempts) AS give_up
+              FROM x JOIN pyscheduler.tasks t ON t.rn = x.rn)
+        UPDATE pyscheduler.tasks t
+           SET status = CASE WHEN v.give_up THEN 'aborted' ELSE 'ready' END::pyscheduler.task_status,
+               owner = CASE WHEN v.give_up THEN t.owner END,
+               progress = CASE WHEN v.give_up THEN t.progress ELSE 0 END,
+               lease_token = CASE WHEN v.give_up THEN t.lease_token END,
+               errors = CASE WHEN v.give_up THEN pyscheduler._capped_errors(t.errors || jsonb_build_object(
+                            'code', 'TaskMaxAttempts',
+                            'args', jsonb_build_object('attempts', t.attempts, 'max_attempts', v.max_attempts),
+                            'description', format('attempt %s of %s: the lease timed out', t.attempts,
+                                                  v.max_attempts)),
+                            v_max_errors, v_max_bytes)
+                        ELSE t.errors END,
+               deadline = NULL, updated = p_now, leased_at = NULL,
+               -- the lease's TaskAssignment entry (a yield wrote it already), then TaskTimeout
+               history = pyscheduler._trim_history(CASE WHEN v.yielded THEN t.history
+                              ELSE pyscheduler._full_history(t.history, t.owner, t.leased_at)
+                                   || pyscheduler._history('TaskTimeout', t.owner, p_now, t.progress) END,
+                              v_history)
+          FROM v
+         WHERE t.rn = v.rn
+        RETURNING pyscheduler._task_json(t) || CASE WHEN t.status = 'aborted' AND (t.watched OR t.has_children)
+                                                    THEN '{"_more": true}'::jsonb ELSE '{}'::jsonb END
+    LOOP
+        IF v_task ->> 'status' = 'ready' AND NOT (v_task ->> 'queue') = ANY (v_queues) THEN
+            v_queues := v_queues || (v_task ->> 'queue');
+        END IF;
+        IF v_task ? '_more' THEN
+            v_task := v_task - '_more';
+            PERFORM pyscheduler._finished(ARRAY[(v_task ->> 'rn')::uuid], p_now);
+        END IF;
+        task := v_task;
+        RETURN NEXT;
+    END LOOP;
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.reset_expired_tasks(max_tasks integer DEFAULT 1000)
+RETURNS TABLE (task jsonb)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* reset_expired_tasks(max_tasks => 1000) -> setof (task jsonb)
+   The failure detector: running tasks whose deadline < now become ready again
+   (owner NULL, progress 0, deadline NULL, no lease); history += TaskTimeout
+   (worker, progress at the timeout) unless the lease was yielded. A task
+   whose timed-out lease was its last attempt (attempts = leases not
+   yielded, failed ones included; max_attempts or the setting
+   task_max_attempts) is aborted instead, with the error TaskMaxAttempts
+   appended (the crash-loop guard). History keeps its last
+   task_max_history entries. At most max_tasks per call (call again while it
+   returns max_tasks); wakes the workers of each queue touched. Returns the
+   tasks reset or aborted. Errors: PS208 max_tasks < 1. */
+    SELECT t.task FROM pyscheduler._reset_expired_tasks(max_tasks, now()) AS t;
+$$;
+COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
+    'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after their last attempt, aborted.';
+
+CREATE OR REPLACE FUNCTION pyscheduler._cleanup_tasks(
+    retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000, p_now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_deleted integer;
+BEGIN
+    IF retention IS NULL OR retention < interval '0' OR max_tasks IS NULL OR max_tasks < 1 THEN
+        RAISE EXCEPTION 'retention must be >= 0 and max_tasks >= 1, got % and %', retention, max_tasks
+            USING ERRCODE = 'PS208';
+    END IF;
+    DELETE FROM pyscheduler.tasks t
+     WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks r
+                     WHERE r.status IN ('completed', 'aborted', 'cancelled')
+                       AND r.updated < p_now - retention
+                     LIMIT max_tasks
+                       FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.cleanup_tasks(
+    retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* cleanup_tasks(retention => '7 days', max_tasks => 10000) -> integer
+   Monitor: delete up to max_tasks tasks that are completed, aborted or
+   cancelled and were last updated before now - retention; returns how many.
+   Call again while it returns max_tasks.
+   Errors: PS208 retention < 0 or max_tasks < 1. */
+    SELECT pyscheduler._cleanup_tasks(retention, max_tasks, now());
+$$;
+COMMENT ON FUNCTION pyscheduler.cleanup_tasks(interval, integer) IS
+    'Monitor: delete terminal tasks not updated within retention; returns how many were deleted.';
