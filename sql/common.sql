@@ -186,6 +186,24 @@ AS $$
     END;
 $$;
 
+-- _require_label(name, text, max_bytes, code, hint): raise code, naming name, unless
+-- text is NULL or an acceptable label (_label_refusal).
+CREATE OR REPLACE FUNCTION pyscheduler._require_label(p_name text, p_text text, p_max_bytes integer, p_code text,
+                                                      p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_why text := CASE WHEN p_text IS NOT NULL THEN pyscheduler._label_refusal(p_text, p_max_bytes) END;
+BEGIN
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION '% %, got %', p_name, v_why, quote_literal(left(p_text, 100))
+            USING ERRCODE = p_code, HINT = p_hint;
+    END IF;
+END
+$$;
+
 -- _after_user_code(): what a pyscheduler function calls right after code a client supplied
 -- (a check's SQL job) returns, before anything else: the job may have changed the
 -- session with set_config(..., false), which outlives it. Re-pins search_path (so

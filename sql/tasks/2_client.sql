@@ -29,19 +29,10 @@ $$;
 -- formatting characters, no leading or trailing white space).
 CREATE OR REPLACE FUNCTION pyscheduler._check_unique_key(p_key text, p_what text DEFAULT 'unique_key')
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE sql IMMUTABLE
 AS $$
-DECLARE
-    v_why text;
-BEGIN
-    IF p_key IS NOT NULL THEN
-        v_why := pyscheduler._label_refusal(p_key, 200);
-        IF v_why IS NOT NULL THEN
-            RAISE EXCEPTION '% %, got %', p_what, v_why, quote_literal(left(p_key, 100))
-                USING ERRCODE = 'PS213', HINT = 'A unique key names the work, e.g. ''invoice:233''; NULL for none.';
-        END IF;
-    END IF;
-END
+    SELECT pyscheduler._require_label(p_what, p_key, 200, 'PS213',
+                                      'A unique key names the work, e.g. ''invoice:233''; NULL for none.');
 $$;
 
 -- _live_task(queue, unique_key): the live (waiting, scheduled, ready or running) task
@@ -60,19 +51,10 @@ $$;
 -- of at most 200 bytes (as a unique_key).
 CREATE OR REPLACE FUNCTION pyscheduler._check_concurrency_key(p_key text, p_what text DEFAULT 'concurrency_key')
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE sql IMMUTABLE
 AS $$
-DECLARE
-    v_why text;
-BEGIN
-    IF p_key IS NOT NULL THEN
-        v_why := pyscheduler._label_refusal(p_key, 200);
-        IF v_why IS NOT NULL THEN
-            RAISE EXCEPTION '% %, got %', p_what, v_why, quote_literal(left(p_key, 100))
-                USING ERRCODE = 'PS215', HINT = 'A concurrency key names what the limit protects, e.g. ''customer:42''.';
-        END IF;
-    END IF;
-END
+    SELECT pyscheduler._require_label(p_what, p_key, 200, 'PS215',
+                                      'A concurrency key names what the limit protects, e.g. ''customer:42''.');
 $$;
 
 -- _parents(after, on_parent_failure): for a task submitted after the tasks

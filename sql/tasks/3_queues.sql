@@ -19,15 +19,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_queue pyscheduler.task_queues;
-    v_why text;
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _pause_queue.queue, p_queue_given => true);
-    IF _pause_queue.note IS NOT NULL THEN
-        v_why := pyscheduler._label_refusal(_pause_queue.note, 1000);
-        IF v_why IS NOT NULL THEN
-            RAISE EXCEPTION 'note %', v_why USING ERRCODE = 'PS208', HINT = 'Say why, e.g. ''payment provider down''.';
-        END IF;
-    END IF;
+    PERFORM pyscheduler._require_label('note', _pause_queue.note, 1000, 'PS208',
+                                       'Say why, e.g. ''payment provider down''.');
     INSERT INTO pyscheduler.task_queues AS q (queue, paused, note, paused_by, updated)
     VALUES (_pause_queue.queue, true, _pause_queue.note, pyscheduler._caller(), p_now)
     ON CONFLICT (queue) DO UPDATE
