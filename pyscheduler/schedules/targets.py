@@ -17,6 +17,16 @@ delivery, the error callback, or raised by poll/flush/produce) and when it deliv
 nothing for a whole delivery timeout while its messages time out (a broker that
 restarted without the producer's state leaves an idempotent producer retrying
 forever).
+
+A target topic that does not exist, on a broker that does not create topics on
+first use (docker-compose.yml's Kafka), fails a try within
+``topic.metadata.propagation.max.ms`` (1 s here; librdkafka's 30 s outlasted the
+delivery timeout, so the try timed out without naming the topic and, when nothing
+else was delivered meanwhile, the producer was replaced) with an error naming the
+topic; its retries follow the schedule's policy (a retry after
+the topic was created delivers), then the occurrence is recorded failed and the
+schedule goes on. A broker that does create topics (tansu, the embedded one)
+creates it on the first try.
 """
 
 from __future__ import annotations
@@ -43,8 +53,20 @@ KAFKA_KEY_HEADER = "pyscheduler-idempotency-key"
 KAFKA_SCHEDULE_HEADER = "pyscheduler-schedule"
 KAFKA_EXPECTED_HEADER = "pyscheduler-expected-at"  # expected fire time, epoch ms
 HTTP_KEY_HEADER = "Idempotency-Key"
+# how long librdkafka waits for a topic it does not know to appear before it fails the message
+# (its default, 30 s, outlasts the delivery timeout); kafka_settings may set another
+TOPIC_WAIT_MS = 1000
+_NO_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 HTTP_SCHEDULE_HEADER = "X-Pyscheduler-Schedule"
 _EXT_VALUE = "UTF-8''"  # RFC 8187 ext-value prefix
+
+
+def kafka_error(err: object, topic: str) -> str:
+    """A failed Kafka try as executions record it (last_error); a missing topic is named, with the fix."""
+    if isinstance(err, KafkaError) and err.code() in _NO_TOPIC:
+        return (f"kafka: topic {topic!r} does not exist and the broker does not create topics on first use: "
+                f"create it (kafka-topics.sh --create --topic {topic}); tries fail until it exists")
+    return f"kafka: {err.str() if isinstance(err, KafkaError) else err}"
 
 
 def schedule_header(name: str) -> str:
@@ -160,6 +182,7 @@ class Firer:
             self._producer = Producer({"enable.idempotence": True, "linger.ms": 5, "batch.num.messages": 10000,
                                        "queue.buffering.max.messages": 1_000_000,
                                        "message.timeout.ms": ms, "request.timeout.ms": min(ms, 30000),
+                                       "topic.metadata.propagation.max.ms": min(ms, TOPIC_WAIT_MS),
                                        "logger": log, "error_cb": self._on_error, **self.kafka_settings})
             self._last_ok = time.monotonic()
         return self._producer
@@ -217,7 +240,7 @@ class Firer:
             elif (err.code() == KafkaError._MSG_TIMED_OUT and self._replace is None
                   and time.monotonic() - self._last_ok >= self.timeout):
                 self._replace = f"nothing delivered for {self.timeout:g}s"
-            done(occ, f"kafka: {err.str()}")
+            done(occ, kafka_error(err, occ.details.target))
         return report
 
     def _kafka(self, occ: Occurrence, done: Done) -> None:
@@ -241,7 +264,7 @@ class Firer:
                 err = exc.args[0]
                 if isinstance(err, KafkaError) and err.fatal():
                     self._replace = f"fatal error {err.str()}"
-                done(occ, f"kafka: {err.str() if isinstance(err, KafkaError) else err}")
+                done(occ, kafka_error(err, d.target))
                 return
             except Exception as exc:  # noqa: BLE001  (e.g. a topic name with a NUL character)
                 done(occ, f"kafka: {type(exc).__name__}: {exc}")
