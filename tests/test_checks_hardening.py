@@ -517,6 +517,30 @@ def test_item08_a_job_deleting_its_entitys_checks_stops_the_rest_of_its_batch(ap
     assert ended[other_sql]["outcome"] == ended[other_py]["outcome"] == "done"
 
 
+def test_run_due_checks_counts_outcomes_per_job_with_deleted_and_task_ones(app):
+    """job_outcomes (what the runner's pyscheduler_checks_outcomes{job,outcome} counts): per job, the
+    SQL jobs' results, task jobs handed over, and checks a job of the batch deleted before they ran."""
+    app.execute(DELETER_SQL)
+    past = datetime.now(UTC) - timedelta(hours=1)
+
+    def old(key: str, job: str, kind: str = "sql") -> int:
+        return app.execute("SELECT id FROM pyscheduler._add_check('order', %s, %s, %s, %s, NULL, NULL, NULL, NULL, "
+                           "%s)", (key, job, kind, past, past - timedelta(hours=1))).fetchone()["id"]
+
+    old("1", "app.deleter")
+    old("1", "app.ret")  # deleted by the deleter before it ran
+    old("1", "count", "python")  # the same
+    old("2", "app.ret")
+    py = old("2", "count", "python")
+    old("2", "checks-q", "task")
+    with app.transaction():
+        batch = app.execute("SELECT * FROM pyscheduler.run_due_checks()").fetchone()
+        assert batch["taken"] == 6 and [c[0] for c in batch["checks"]] == [py]  # left to run in Python
+        assert batch["job_outcomes"] == {"app.deleter": {"done": 1}, "app.ret": {"deleted": 1, "done": 1},
+                                         "count": {"deleted": 1}, "checks-q": {"task": 1}}
+        assert batch["outcomes"] == {"done": 2, "deleted": 2, "task": 1}
+
+
 class Gate:
     """A Python handler that blocks until released, and says when it started."""
 

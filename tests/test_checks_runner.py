@@ -10,12 +10,29 @@ from datetime import timedelta
 from pathlib import Path
 
 from click.testing import CliRunner
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from checks_support import Counting, add_many, history, running, slots, wait_history  # noqa: F401 (fixtures)
 from pyscheduler.checks import Check, CheckRunner, task_handler
 from pyscheduler.cli import main
 from pyscheduler.db import Jsonb
+from pyscheduler.metrics import process_registry
 from pyscheduler.tasks.worker import Worker, wait_for
+
+# the runner's series, as a process that runs one exports them (pyscheduler.metrics)
+REGISTRY = process_registry([CheckRunner], registry=CollectorRegistry())
+
+
+def scrape() -> dict[str, float]:
+    """The registry as /metrics serves it: 'name{label="v",...}' -> value."""
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
 
 SLEEPY_SQL = """
 CREATE SCHEMA app;
@@ -100,6 +117,7 @@ def test_a_job_that_raises_ends_as_error_and_the_next_one_runs(slots, running, d
     sql = add_many(slots, 3, "app.nap", "sql", payload={"sleep": 0}, prefix="q")
     conn.execute("UPDATE pyscheduler.checks SET payload = '{\"sleep\": 0, \"raise\": true}' WHERE entity_key = 'q1'")
     unknown = add_many(slots, 1, "nobody_registered_me", "python", prefix="u")
+    before = scrape()  # the series are per process: other tests of this process counted too
     running.start(CheckRunner(dsn, {"count": handler}))
     ended = wait_history(slots, 7)
     assert [ended[i]["outcome"] for i in py] == ["done", "error", "done"]
@@ -108,6 +126,17 @@ def test_a_job_that_raises_ends_as_error_and_the_next_one_runs(slots, running, d
     assert ended[unknown[0]]["outcome"] == "error" and "no Python handler" in ended[unknown[0]]["error"]
     outcomes = {(r["job"], r["outcome"]): r["checks"] for r in slots.query("SELECT * FROM pyscheduler.check_outcomes")}
     assert outcomes[("count", "error")] == 1 and outcomes[("app.nap", "done")] == 2
+    # the runner's series, per job (a Python job without a handler here: one label for all such)
+    series = scrape()
+    assert series['pyscheduler_checks_outcomes_total{job="count",outcome="done"}'] - before.get(
+        'pyscheduler_checks_outcomes_total{job="count",outcome="done"}', 0) == 2
+    for key in ('{job="count",outcome="error"}', '{job="app.nap",outcome="error"}',
+                '{job="(unregistered)",outcome="error"}'):
+        assert series["pyscheduler_checks_outcomes_total" + key] - before.get(
+            "pyscheduler_checks_outcomes_total" + key, 0) == 1, key
+    assert series['pyscheduler_checks_outcomes_total{job="app.nap",outcome="done"}'] - before.get(
+        'pyscheduler_checks_outcomes_total{job="app.nap",outcome="done"}', 0) == 2
+    assert not any("nobody_registered_me" in key for key in series)
 
 
 def test_a_python_check_is_rescheduled_until_done(slots, running, dsn):

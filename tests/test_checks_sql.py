@@ -334,6 +334,7 @@ def test_run_due_checks_runs_a_batch_in_one_statement_and_a_raising_job_affects_
         batch = run_due(app, slot, now=slot)
         assert batch["taken"] == 21 and batch["last_id"] == max(ok + [bad, again, py])
         assert batch["outcomes"] == {"done": 18, "error": 1, "rescheduled": 1}
+        assert batch["job_outcomes"] == {JOB: {"done": 18, "error": 1, "rescheduled": 1}}  # Python ones: not run yet
         assert [c[0] for c in batch["checks"]] == [py] and batch["checks"][0][3:5] == ["py_job", "python"]
         alerts = {r["order_id"] for r in app.execute("SELECT order_id FROM app.alerts")}
         assert alerts == {f"ok{i}" for i in range(18)} | {"again"}  # the raising job was rolled back alone

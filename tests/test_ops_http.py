@@ -203,7 +203,7 @@ def test_worker_counts_leases_outcomes_and_latencies_into_its_registry(dsn, db):
 def test_a_changed_check_resolution_takes_effect_at_the_runners_next_wake_up(db, dsn):
     db.call("set_check_settings", resolution=timedelta(hours=1))
     runner = CheckRunner(dsn, {"note": lambda check: None})
-    before = OUTCOMES.labels("done")._value.get()
+    before = OUTCOMES.labels("note", "done")._value.get()
     stop = threading.Event()
     thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
     thread.start()
@@ -219,4 +219,4 @@ def test_a_changed_check_resolution_takes_effect_at_the_runners_next_wake_up(db,
     finally:
         stop.set()
         thread.join(15)
-    assert OUTCOMES.labels("done")._value.get() == before + 1
+    assert OUTCOMES.labels("note", "done")._value.get() == before + 1

@@ -374,9 +374,32 @@ class _Rerun(Exception):
     """The batch's transaction is lost (the watchdog ended a statement): run the batch again, carefully."""
 
 
-OUTCOMES = metrics.counter("pyscheduler_checks_outcomes", "Checks this runner ran or ended, by outcome (done, "
-                           "rescheduled, max_checks, horizon, past, timeout, error, deleted, task: handed "
-                           "to a task worker)", ["outcome"])
+OUTCOMES = metrics.counter("pyscheduler_checks_outcomes", "Checks this runner ran or ended, by job and outcome "
+                           "(done, rescheduled, max_checks, horizon, past, timeout, error, deleted, task: "
+                           "handed to a task worker)", ["job", "outcome"])
+# The job label: a SQL job's function (it must exist), a Python job's handler registered with the
+# runner, a task job's queue. Python and task jobs are names a client chooses, so the set is
+# bounded here: a Python job without a handler in this process counts as UNREGISTERED, and past
+# MAX_JOB_LABELS distinct jobs in a process the rest count as OTHER_JOBS.
+MAX_JOB_LABELS = 100
+UNREGISTERED = "(unregistered)"
+OTHER_JOBS = "(other)"
+_job_labels: set[str] = set()
+_job_labels_lock = threading.Lock()
+
+
+def job_label(job: Any) -> str:
+    """The ``job`` label of a check's job: itself, or OTHER_JOBS past MAX_JOB_LABELS jobs in this process."""
+    if not isinstance(job, str):
+        return OTHER_JOBS
+    if job in _job_labels:
+        return job
+    with _job_labels_lock:
+        if job in _job_labels or len(_job_labels) < MAX_JOB_LABELS:
+            _job_labels.add(job)
+            return job
+    return OTHER_JOBS
+
 SLOT_LAG = metrics.gauge("pyscheduler_checks_slot_lag_seconds", "How late the runner began its last slot (database "
                          "clock minus the slot's start)")
 SLOTS = metrics.counter("pyscheduler_checks_slots", "Slots the runner ran (its shard of each)")
@@ -415,7 +438,7 @@ class CheckRunner:
         self._stop = threading.Event()
         self._clock: _Clock | None = None
         self._watchdog = _Watchdog(dsn, self.name)
-        self._outcomes: dict[str, Any] = {}  # outcome -> its OUTCOMES child
+        self._outcomes: dict[tuple[str, str], Any] = {}  # (job label, outcome) -> its OUTCOMES child
         self._resolution: timedelta | None = None  # the slot length the runner follows
 
     def fresh(self) -> "CheckRunner":
@@ -493,17 +516,24 @@ class CheckRunner:
             return None
         self._clock_lap("take + in-database jobs")
         self.last_id = row["last_id"]
-        for outcome, n in (row["outcomes"] or {}).items():
-            self._count(outcome, n)
+        if "job_outcomes" in row:
+            for job, by_outcome in (row["job_outcomes"] or {}).items():
+                for outcome, n in by_outcome.items():
+                    self._count(outcome, n, job_label(job))
+        else:  # a database not migrated yet
+            for outcome, n in (row["outcomes"] or {}).items():
+                self._count(outcome, n, OTHER_JOBS)
         results: dict[int, Result] = {}
+        jobs: dict[int, str] = {}  # id -> job label, of the Python checks
         checks = []
         for values in row["checks"] or ():
             try:
                 checks.append(Check.from_values(values))
             except Exception as exc:  # noqa: BLE001 - a check this runner cannot load ends alone
                 results[values[0]] = Result(error=_failure(exc))
-        results.update(self._run_python(session, checks))
-        self._finish(session, results, "python jobs")
+                jobs[values[0]] = self._python_job(values[3] if len(values) > 3 else None)
+        results.update(self._run_python(session, checks, jobs))
+        self._finish(session, results, "python jobs", jobs)
         return row["taken"]
 
     def _work_carefully(self, conn: psycopg.Connection, slot: datetime | None) -> int:
@@ -517,27 +547,37 @@ class CheckRunner:
             rows = session.call("due_checks", slot=slot, shard=self.shard, shards=self.shards, max=self.batch)
         self._clock_lap("take")
         checks = [Check.from_row(r) for r in rows]
+        jobs = {c.id: self._python_job(c.job) if c.kind == "python" else job_label(c.job) for c in checks}
         results = {c.id: self._verdicts.pop(c.id) for c in checks if c.id in self._verdicts}
         results.update(self._run_sql_one_by_one(conn, session, [c.id for c in checks
-                                                                if c.kind == "sql" and c.id not in results]))
+                                                                if c.kind == "sql" and c.id not in results], jobs))
         task_ids = [c.id for c in checks if c.kind == "task" and c.id not in results]
         if task_ids:
-            handed = session.call("submit_check_tasks", ids=task_ids)
-            self._count("task", sum(r["task_rn"] is not None for r in handed))
-            self._count("error", sum(r["task_rn"] is None for r in handed))
+            for r in session.call("submit_check_tasks", ids=task_ids):
+                self._count("task" if r["task_rn"] is not None else "error", 1, jobs.get(r["id"], OTHER_JOBS))
         self._clock_lap("in-database jobs")
-        results.update(self._run_python(session, [c for c in checks if c.kind == "python" and c.id not in results]))
-        self._finish(session, results, "python jobs")
+        results.update(self._run_python(session, [c for c in checks if c.kind == "python" and c.id not in results],
+                                        jobs))
+        self._finish(session, results, "python jobs", jobs)
         return len(rows)
 
-    def _run_python(self, session: Session, checks: list[Check]) -> dict[int, Result]:
-        """The Python checks' handlers, skipping those a client deletes meanwhile."""
+    def _python_job(self, job: Any) -> str:
+        """The job label of a Python check: UNREGISTERED when this runner has no handler for it."""
+        return job_label(job) if isinstance(job, str) and job in self.handlers else UNREGISTERED
+
+    def _run_python(self, session: Session, checks: list[Check], jobs: dict[int, str]) -> dict[int, Result]:
+        """The Python checks' handlers, skipping those a client deletes meanwhile (``jobs``: id -> job
+        label, filled in for these checks)."""
         if not checks:
             return {}
+        for c in checks:
+            if c.id not in jobs:
+                jobs[c.id] = self._python_job(c.job)
 
         def deleted(ids: list[int]) -> list[int]:
             gone = [next(iter(r.values())) for r in session.call("end_deleted_checks", ids=_array(ids))]
-            self._count("deleted", len(gone))
+            for check_id in gone:
+                self._count("deleted", 1, jobs.get(check_id, OTHER_JOBS))
             return gone
 
         results = run_handlers(checks, self.handlers, self.timeout, deleted)
@@ -545,8 +585,8 @@ class CheckRunner:
             self.ran.extend(results)
         return results
 
-    def _finish(self, session: Session, results: dict[int, Result], lap: str) -> None:
-        """Record results with one finish_checks."""
+    def _finish(self, session: Session, results: dict[int, Result], lap: str, jobs: dict[int, str]) -> None:
+        """Record results with one finish_checks (``jobs``: id -> job label)."""
         self._clock_lap(lap)
         if not results:
             return
@@ -558,12 +598,13 @@ class CheckRunner:
                            timed_out=_or_none([r.timed_out or None for r in rs]),
                            took=_array(f"{r.took:.6f}" for r in rs))
         for row in out:
-            self._count(row["outcome"])
+            self._count(row["outcome"], 1, jobs.get(row["id"], OTHER_JOBS))
             if row["outcome"] == "not_taken":
                 log.warning("check %s was not recorded: not taken by this transaction", row["id"])
         self._clock_lap("finish")
 
-    def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int]) -> dict[int, Result]:
+    def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int],
+                            jobs: dict[int, str]) -> dict[int, Result]:
         """Each SQL check in its own statement and savepoint: only the slow one times out, only the one
         whose result cannot be loaded fails; one the watchdog had to end is remembered (_Rerun)."""
         results: dict[int, Result] = {}
@@ -590,7 +631,7 @@ class CheckRunner:
                 results[check_id] = Result(error=f"its result could not be loaded: {_failure(exc)}")
                 continue
             if not rows:
-                self._count("deleted")  # deleted meanwhile: ended without running
+                self._count("deleted", 1, jobs.get(check_id, OTHER_JOBS))  # deleted meanwhile: ended without running
             for r in rows:
                 results[check_id] = Result(next_check_at=r["next_check_at"], error=r["error"],
                                            took=_seconds(r["took"]))
@@ -600,12 +641,13 @@ class CheckRunner:
         if self._clock is not None:
             self._clock.lap(name)
 
-    def _count(self, key: str, n: int = 1) -> None:
+    def _count(self, key: str, n: int, job: str) -> None:
+        """Count ``n`` checks of ``job`` (a job label) that ended with outcome ``key``."""
         self.counts[key] = self.counts.get(key, 0) + n
         if n:
-            child = self._outcomes.get(key)
+            child = self._outcomes.get((job, key))
             if child is None:
-                child = self._outcomes[key] = OUTCOMES.labels(key)
+                child = self._outcomes[(job, key)] = OUTCOMES.labels(job, key)
             child.inc(n)
 
     # -- passes ---------------------------------------------------------------------------------

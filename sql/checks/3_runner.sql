@@ -555,24 +555,25 @@ COMMENT ON FUNCTION pyscheduler.run_checks(bigint[]) IS
 
 CREATE OR REPLACE FUNCTION pyscheduler._run_due_checks(
     p_slot timestamptz, p_shard integer, p_shards integer, p_max integer, p_after bigint, p_now timestamptz,
-    OUT taken integer, OUT last_id bigint, OUT outcomes jsonb, OUT checks jsonb)
+    OUT taken integer, OUT last_id bigint, OUT outcomes jsonb, OUT checks jsonb, OUT job_outcomes jsonb)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_taken future_check[];
     v_all future_check[];
     v_sql future_check[];
     v_res record;
-    v_tasks record;
-    v_rest integer;
+    v_ids bigint[] := '{}';  -- the checks ended or moved in here, and each one's outcome
+    v_outs text[] := '{}';
+    v_python bigint[];
 BEGIN
     SELECT coalesce(array_agg(t ORDER BY t.next_check_at, t.id), '{}'), max(t.id)
-      INTO v_all, last_id
+      INTO v_taken, last_id
       FROM pyscheduler._take_checks(p_slot, p_shard, p_shards, p_max, p_after, p_now) t;
-    taken := cardinality(v_all);
-    outcomes := '{}';
-    v_rest := taken;
+    taken := cardinality(v_taken);
+    v_all := v_taken;
     IF pyscheduler._requests_pending() THEN
         v_all := pyscheduler._without_deleted(v_all, p_now);
     END IF;
@@ -582,53 +583,56 @@ BEGIN
         SELECT array_agg(j.id) AS ids, array_agg(j.next_check_at) AS nxt, array_agg(j.error) AS err,
                array_agg(j.took) AS took
           INTO v_res FROM pyscheduler._run_sql_jobs(v_sql) j;
-        SELECT coalesce(jsonb_object_agg(f.outcome, f.n), '{}') INTO outcomes
-          FROM (SELECT f.outcome, count(*) AS n
-                  FROM pyscheduler._finish_checks(v_res.ids, v_res.nxt, v_res.err, NULL, v_res.took, NULL, p_now) f
-                 GROUP BY f.outcome) f;
-        v_rest := v_rest - coalesce(cardinality(v_res.ids), 0);
+        SELECT coalesce(array_agg(f.id), '{}'), coalesce(array_agg(f.outcome), '{}') INTO v_ids, v_outs
+          FROM pyscheduler._finish_checks(v_res.ids, v_res.nxt, v_res.err, NULL, v_res.took, NULL, p_now) f;
     END IF;
     -- task and Python jobs, but not those the SQL jobs (or a client meanwhile) deleted
     IF pyscheduler._requests_pending() THEN
         v_all := pyscheduler._without_deleted(v_all, p_now);
     END IF;
-    SELECT count(*) FILTER (WHERE s.task_rn IS NOT NULL) AS handed, count(*) FILTER (WHERE s.task_rn IS NULL) AS failed
-      INTO v_tasks
+    SELECT v_ids || coalesce(array_agg(s.id), '{}'),
+           v_outs || coalesce(array_agg(CASE WHEN s.task_rn IS NULL THEN 'error' ELSE 'task' END), '{}')
+      INTO v_ids, v_outs
       FROM pyscheduler._submit_check_tasks(ARRAY(SELECT r FROM unnest(v_all) r WHERE r.kind = 'task')) s;
-    IF v_tasks.handed > 0 THEN
-        outcomes := outcomes || jsonb_build_object('task', v_tasks.handed);
-    END IF;
-    IF v_tasks.failed > 0 THEN
-        outcomes := outcomes || jsonb_build_object('error', coalesce((outcomes ->> 'error')::integer, 0) + v_tasks.failed);
-    END IF;
     -- arrays, not objects: a third of the bytes to build, send and parse
     checks := (SELECT jsonb_agg(jsonb_build_array(r.id, r.entity_name, r.entity_key, r.job, r.kind, r.payload,
                                                   r.first_check_at, r.next_check_at, r.check_count, r.max_checks,
                                                   r.created, r.owner))
                  FROM unnest(v_all) r WHERE r.kind = 'python');
-    v_rest := v_rest - v_tasks.handed - v_tasks.failed - coalesce(jsonb_array_length(checks), 0);
-    IF v_rest > 0 THEN
-        outcomes := outcomes || jsonb_build_object('deleted', v_rest);
-    END IF;
+    v_python := ARRAY(SELECT r.id FROM unnest(v_all) r WHERE r.kind = 'python');
+    -- the outcomes, in all and per job: a taken check neither recorded here nor returned to run
+    -- in Python was deleted meanwhile (ended as deleted by _without_deleted)
+    WITH o AS (
+        SELECT t.job, coalesce(d.outcome, 'deleted') AS outcome, count(*) AS n
+          FROM unnest(v_taken) t LEFT JOIN unnest(v_ids, v_outs) AS d(id, outcome) ON d.id = t.id
+         WHERE d.id IS NOT NULL OR t.kind <> 'python' OR NOT t.id = ANY(v_python)
+         GROUP BY 1, 2)
+    SELECT coalesce((SELECT jsonb_object_agg(a.outcome, a.n)
+                       FROM (SELECT o.outcome, sum(o.n)::bigint AS n FROM o GROUP BY 1) a), '{}'),
+           coalesce((SELECT jsonb_object_agg(j.job, j.by_outcome)
+                       FROM (SELECT o.job, jsonb_object_agg(o.outcome, o.n) AS by_outcome FROM o GROUP BY 1) j), '{}')
+      INTO outcomes, job_outcomes;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.run_due_checks(
     slot timestamptz DEFAULT NULL, shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000,
-    after bigint DEFAULT NULL, OUT taken integer, OUT last_id bigint, OUT outcomes jsonb, OUT checks jsonb)
+    after bigint DEFAULT NULL, OUT taken integer, OUT last_id bigint, OUT outcomes jsonb, OUT checks jsonb,
+    OUT job_outcomes jsonb)
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* run_due_checks(slot => NULL, shard => 0, shards => 1, max => 1000, after => NULL)
-     -> (taken, last_id, outcomes, checks)
+     -> (taken, last_id, outcomes, checks, job_outcomes)
    A runner's batch in one statement: take up to max checks like due_checks
    (slot given: exactly that slot, only ids > after when after is given) or
    catch_up_checks (slot NULL), then run their SQL jobs and record the
    results (run_check_jobs + finish_checks) and hand their task jobs to
    task queues (submit_check_tasks). Returns how many checks were taken, the
    largest id taken (the next batch's after), the in-database outcomes as
-   {"done": n, "error": n, "task": n, "deleted": n, ...} and the Python-job
+   {"done": n, "error": n, "task": n, "deleted": n, ...}, the same per job as
+   job_outcomes {"job": {"done": n, ...}, ...}, and the Python-job
    checks as a jsonb array with one array per check, of the future_check
    fields in their order (id, entity_name, ..., created, owner; NULL when
    none): locked by
