@@ -8,10 +8,12 @@ from datetime import timedelta
 
 import pytest
 from click.testing import CliRunner
+from prometheus_client import CollectorRegistry
 
 from pyscheduler import errors
 from pyscheduler.cli import main
 from pyscheduler.db import Jsonb
+from pyscheduler.metrics import process_registry
 from pyscheduler.daemon import RunContext
 from pyscheduler.tasks import Abort, Monitor, TaskClient, TaskContext, Worker
 from pyscheduler.tasks.cli import WorkerProcess, daemons
@@ -165,7 +167,17 @@ def test_stop_yields_held_tasks_and_another_worker_takes_them(dsn, client, monit
         second.stop()
 
 
+# the monitor's series, as a process that runs one exports them (pyscheduler.metrics)
+MONITOR_REGISTRY = process_registry([Monitor], registry=CollectorRegistry())
+
+
+def monitor_sample(name: str, **labels: str) -> float:
+    return MONITOR_REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def test_monitor_resets_expired_leases_and_cleans_up(dsn, db, client):
+    reset_before = monitor_sample("pyscheduler_tasks_reset_total", queue="m", reason="lease_expired")
+    deleted_before = monitor_sample("pyscheduler_tasks_deleted_total")
     rn = client.submit("m", {})["rn"]
     db.call("lease_task", queue="m", worker="gone", timeout=timedelta(milliseconds=300))
     done = client.submit("m", {})["rn"]
@@ -185,6 +197,9 @@ def test_monitor_resets_expired_leases_and_cleans_up(dsn, db, client):
         stop.set()
         thread.join(10)
     assert not thread.is_alive() and mon.resets == 1
+    # and counted per queue and reason in its series (/metrics of `tasks monitor`, `run`)
+    assert monitor_sample("pyscheduler_tasks_reset_total", queue="m", reason="lease_expired") == reset_before + 1
+    assert monitor_sample("pyscheduler_tasks_deleted_total") == deleted_before + 1
 
 
 def test_worker_killed_with_sigkill_loses_its_leases_to_another_worker(dsn, client, monitor):
