@@ -134,3 +134,32 @@ def test_the_readme_psql_session_runs(dsn):
                             input=session, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert '"status": "running"' in result.stdout and "worker-" in result.stdout
+
+
+def test_the_readme_commands_table_names_every_command():
+    """Each command of the CLI (`tasks limits`, `delay status`, ...) in README's Commands table, as
+    `pyscheduler GROUP COMMAND`, or as COMMAND in its group's row (`tasks submit/get/list`)."""
+    import click
+
+    from pyscheduler.cli import main
+
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Commands", 1)[1].lstrip("\n").split("\n\n", 1)[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        command = re.match(r"\| `pyscheduler (\w+)", line)
+        if command:
+            rows.setdefault(command[1], []).append(line)
+    missing = []
+    for name, cmd in main.commands.items():
+        subs = cmd.commands if isinstance(cmd, click.Group) else {}
+        if not subs:
+            if name not in rows:
+                missing.append(name)
+            continue
+        text = " ".join(rows.get(name, []))
+        for sub in subs:
+            if not re.search(rf"(`pyscheduler {name} {sub}`|`{name} {sub}\b|[`/ ]{sub}[`/ ])", text) \
+                    and f"`{sub}`" not in text and f"bench {sub}" not in text:
+                missing.append(f"{name} {sub}")
+    assert not missing, f"README's Commands table does not name: {missing}"
