@@ -4,17 +4,21 @@ error naming the topic, the occurrence ends failed after the schedule's retries,
 schedules go on, and once the topic is created the schedule fires again. The test broker
 (tansu) creates topics when a producer asks it to: the executor's producer is told not to
 ask (``allow.auto.create.topics=false``, which tansu honours), as a broker that does not
-create them would answer; with the default settings tansu creates the topic."""
+create them would answer; with the default settings tansu creates the topic. ``schedules
+create --kafka T`` with a Kafka configured warns when T does not exist."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka.admin import AdminClient
 
 from pyscheduler import embedded
+from pyscheduler.cli import main
 
 from schedules_support import Running, count, create, executions, executor, relay, wait_for
 
@@ -56,3 +60,26 @@ def test_the_embedded_broker_creates_a_missing_target_topic_on_the_first_try(db,
     [run] = executions(db, "to-new")
     assert run["outcome"] == "fired" and run["attempts"] == 1
     assert missing in topics(kafka)
+
+
+def test_schedules_create_with_kafka_configured_warns_of_a_missing_topic_and_creates_nothing_on_the_broker(
+        dsn, db, kafka, topic):
+    missing = f"not-there-{uuid.uuid4().hex[:10]}"
+    there = topic("there")
+
+    def create_cli(name: str, target: str, *more: str):
+        result = CliRunner().invoke(main, ["schedules", "create", name, "--every", "1m", "--kafka", target,
+                                           "--dsn", dsn, *more])
+        assert result.exit_code == 0, result.output
+        return result
+
+    warned = create_cli("to-missing", missing, "--bootstrap-servers", kafka)
+    assert f"warning: topic '{missing}' does not exist on {kafka}" in warned.stderr
+    json.loads(warned.stdout)  # the schedule, created all the same
+    assert db.call_value("get_schedule", name="to-missing")["target"] == missing
+    assert missing not in topics(kafka)  # asking did not create it, even on a broker that creates on use
+    assert create_cli("to-there", there, "--bootstrap-servers", kafka).stderr == ""
+    assert create_cli("no-kafka", missing).stderr == ""  # no Kafka configured: nothing to ask
+    result = CliRunner().invoke(main, ["schedules", "update", "no-kafka", "--kafka", f"{missing}-2", "--dsn", dsn,
+                                       "--bootstrap-servers", kafka])
+    assert result.exit_code == 0 and f"topic '{missing}-2' does not exist" in result.stderr, result.output

@@ -227,27 +227,66 @@ def _fields(name, kafka_topic, http_url, task_queue, payload, *, required: bool,
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def _topic_check_options(f):
+    """--bootstrap-servers and -X of create/update: where --kafka TOPIC is looked up."""
+    return bootstrap_option(kafka_settings_option(f))
+
+
+def check_topic(bootstrap: str | None, settings: dict, topic: str | None) -> str | None:
+    """A warning when Kafka is configured and its metadata says ``topic`` does not exist (or
+    cannot be asked); None when it exists or no Kafka is configured. Asks without
+    auto-creation: a broker that creates topics on first use would create it just by being
+    asked."""
+    if not bootstrap or not topic:
+        return None
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap, **settings, "allow.auto.create.topics": False,
+                             "log_level": 0})
+        found = admin.list_topics(topic=topic, timeout=5).topics.get(topic)
+    except (KafkaException, ValueError) as exc:
+        return f"warning: could not check that topic {topic!r} exists on {bootstrap}: {exc}"
+    if found is not None and found.error is None:
+        return None
+    if found is not None and found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+        return f"warning: could not check that topic {topic!r} exists on {bootstrap}: {found.error.str()}"
+    return (f"warning: topic {topic!r} does not exist on {bootstrap}. Unless the broker creates topics on "
+            f"first use, create it (kafka-topics.sh --create --topic {topic}): until then each try fails "
+            f"with \"topic {topic!r} does not exist\" (schedules_failing)")
+
+
 @group.command("create")
 @dsn_option
+@_topic_check_options
 @click.argument("name")
 @_schedule_options(update=False)
-def create_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, **fields) -> None:
+def create_cmd(dsn, kafka_bootstrap, kafka_settings, name, kafka_topic, http_url, task_queue, payload,
+               **fields) -> None:
     """Create a schedule NAME (exactly one of --every/--cron, one of --kafka/--http/--task).
-    Instants without a UTC offset (--start, --end) are UTC, whatever PGTZ says."""
+    Instants without a UTC offset (--start, --end) are UTC, whatever PGTZ says. With --kafka
+    TOPIC and a Kafka configured (--bootstrap-servers), a warning on stderr when the broker
+    says the topic does not exist (the schedule is created all the same)."""
     if (fields.get("every") is None) == (fields.get("cron") is None):
         raise click.UsageError("give exactly one of --every and --cron")
     args = _fields(name, kafka_topic, http_url, task_queue, payload, required=True, **fields)
     _echo_json(_client(dsn, lambda client: client.create(name, **args)))
+    warning = check_topic(kafka_bootstrap, kafka_settings, kafka_topic)
+    if warning:
+        click.echo(warning, err=True)
 
 
 @group.command("update")
 @dsn_option
+@_topic_check_options
 @click.argument("name")
 @_schedule_options(update=True)
-def update_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, no_start, no_end, no_max_runs, **fields) -> None:
+def update_cmd(dsn, kafka_bootstrap, kafka_settings, name, kafka_topic, http_url, task_queue, payload, no_start,
+               no_end, no_max_runs, **fields) -> None:
     """Change schedule NAME: only the options given (--every replaces --cron and vice versa;
     --no-start, --no-end and --no-max-runs remove a bound). A timing change recomputes the
-    next run from now."""
+    next run from now. A new --kafka TOPIC is looked up as by create."""
     for flag, removal, name_ in (("--start", no_start, "start_at"), ("--end", no_end, "end_at"),
                                  ("--max-runs", no_max_runs, "max_runs")):
         if removal:
@@ -258,6 +297,9 @@ def update_cmd(dsn, name, kafka_topic, http_url, task_queue, payload, no_start, 
     if not args:
         raise click.UsageError("nothing to change: give at least one option (see --help)")
     _echo_json(_client(dsn, lambda client: client.update(name, **args)))
+    warning = check_topic(kafka_bootstrap, kafka_settings, kafka_topic)
+    if warning:
+        click.echo(warning, err=True)
 
 
 def _name_command(command: str, doc: str, action, extra=None):
