@@ -137,6 +137,9 @@ def test_a_job_that_raises_ends_as_error_and_the_next_one_runs(slots, running, d
     assert series['pyscheduler_checks_outcomes_total{job="app.nap",outcome="done"}'] - before.get(
         'pyscheduler_checks_outcomes_total{job="app.nap",outcome="done"}', 0) == 2
     assert not any("nobody_registered_me" in key for key in series)
+    # and the slots it ran, with how late it began the last one (database clock minus the slot's start)
+    assert series["pyscheduler_checks_slots_total"] > before.get("pyscheduler_checks_slots_total", 0)
+    assert 0 <= series["pyscheduler_checks_slot_lag_seconds"] < 30
 
 
 def test_a_python_check_is_rescheduled_until_done(slots, running, dsn):
