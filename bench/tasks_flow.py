@@ -48,7 +48,7 @@ def done(dsn: str, queue: str) -> int:
                          (queue,)).fetchone()[0]
 
 
-PREFETCH = 500
+PREFETCH: int | None = None  # the Worker's default
 
 
 def run_workers(dsn: str, queue: str, n: int, workers: int, record: bool) -> tuple[float, list]:
@@ -66,7 +66,8 @@ def run_workers(dsn: str, queue: str, n: int, workers: int, record: bool) -> tup
                 intervals.append((began, ended, key))
 
     started = time.monotonic()
-    running = [Worker(dsn, queue, handler, capacity=4, poll_interval=0.2, prefetch=PREFETCH).start()
+    running = [Worker(dsn, queue, handler, capacity=4, poll_interval=0.2,
+                      **({} if PREFETCH is None else {"prefetch": PREFETCH})).start()
                for _ in range(workers)]
     try:
         while done(dsn, queue) < n:
@@ -168,7 +169,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=500)
-    parser.add_argument("--prefetch", type=int, default=500, help="each Worker's prefetch (keys mode)")
+    parser.add_argument("--prefetch", type=int, default=None, help="each Worker's prefetch (keys mode; default the Worker's)")
     args = parser.parse_args()
     global PREFETCH
     PREFETCH = args.prefetch

@@ -255,7 +255,7 @@ def worker_system(a: Args, flavour: str = "sync") -> dict:
         result = run_phases(a, counter, start, lambda running: running.stop(), _submit_one(db),
                             lambda: _enqueue(db, a.jobs, a.scenario), _durable(db))
     return dict(system="pyscheduler Worker" + (" (async)" if flavour == "async" else ""), version=_version(),
-                **result, settings=f"capacity {a.concurrency}, local queue (prefetch up to 500), LISTEN/NOTIFY, "
+                **result, settings=f"capacity {a.concurrency}, local queue (prefetch up to 1,000), LISTEN/NOTIFY, "
                                    f"poll 0.5 s")
 
 

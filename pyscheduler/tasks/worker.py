@@ -21,9 +21,11 @@ batches (issue 10):
   one lease call in flight, on its own connection with asynchronous commits),
   when it falls to its low watermark (half its target). Its target is what the
   handlers start in ``lookahead`` (0.1 s) at the rate they start tasks, at
-  most ``prefetch`` (500), and nothing while that is less than ``capacity``:
+  most ``prefetch`` (1,000), and nothing while that is less than ``capacity``:
   slow tasks are leased only for free handlers, so a worker never hoards them
-  while another idles.
+  while another idles. (A lease call has a fixed cost besides its rows: at
+  500 a call, a no-op run measured 25-40 % fewer tasks/s than at 1,000 on the
+  2-core bench machine, docs/benchmarks.md.)
 * A leased task is ``running`` in the database while it waits locally, and its
   lease is kept alive like a running one: one ``heartbeat_tasks`` call renews
   every lease the worker holds and answers only the refused ones. A queued task
@@ -517,7 +519,7 @@ class Worker:
     def __init__(self, dsn: str, queue: str, handler: Handler, *, capacity: int = 1, timeout: float = 10.0,
                  heartbeat_interval: float | None = None, poll_interval: float = 1.0,
                  aging_rate: float = 0.0, aging_cap: int = 4_294_967_295, yield_on_stop: bool = True,
-                 prefetch: int = 500, lookahead: float = 0.1, db: Database | None = None, registry: Any = None):
+                 prefetch: int = 1000, lookahead: float = 0.1, db: Database | None = None, registry: Any = None):
         if not 1 <= len(queue.encode()) <= 40:
             raise InvalidArgument(f"queue must be 1 to 40 bytes long, got {queue!r}")
         if capacity < 1:
