@@ -218,16 +218,15 @@ BEGIN
                      ORDER BY 4 DESC, r.created, r.seq
                      LIMIT v_want) AS c;
         ELSIF v_round = 1 THEN
-            WITH s AS MATERIALIZED (
-                SELECT r.rn, r.concurrency_key FROM pyscheduler.tasks r
-                 WHERE r.queue = p_queue AND r.status = 'ready'
-                 ORDER BY r.priority DESC, r.created, r.seq
-                 LIMIT v_want + 1000)
-            SELECT (SELECT count(*) FROM s) >= v_want + 1000,
-                   ARRAY(SELECT s.rn FROM s
-                          WHERE s.concurrency_key IS NULL OR s.concurrency_key NOT IN (SELECT unnest(v_full))
-                          LIMIT v_want)
-              INTO v_hit, v_rns;
+            -- read only until v_want candidates are found (whether the n + 1000 were all read is
+            -- asked below, only when nothing could be taken)
+            v_rns := ARRAY(SELECT s.rn
+                             FROM (SELECT r.rn, r.concurrency_key FROM pyscheduler.tasks r
+                                    WHERE r.queue = p_queue AND r.status = 'ready'
+                                    ORDER BY r.priority DESC, r.created, r.seq
+                                    LIMIT v_want + 1000) AS s
+                            WHERE s.concurrency_key IS NULL OR s.concurrency_key NOT IN (SELECT unnest(v_full))
+                            LIMIT v_want);
         ELSE
             WITH RECURSIVE keys(key) AS (
                 (SELECT r.concurrency_key FROM pyscheduler.tasks r
@@ -259,8 +258,13 @@ BEGIN
                  WHERE r.status = 'ready'
                    FOR UPDATE OF r SKIP LOCKED) AS c;
         IF v_rns IS NULL THEN
-            EXIT WHEN v_round > 1 OR NOT v_keyed OR NOT v_hit;  -- nothing ready past the full keys
-            CONTINUE;  -- the first n + 1000 were all of full keys: look past them
+            EXIT WHEN v_round > 1 OR NOT v_keyed;
+            -- the first n + 1000 were all of full keys (or being taken): look past them, when there are more
+            SELECT count(*) >= v_want + 1000 INTO v_hit
+              FROM (SELECT 1 FROM pyscheduler.tasks r WHERE r.queue = p_queue AND r.status = 'ready'
+                     LIMIT v_want + 1000) AS s;
+            EXIT WHEN NOT v_hit;  -- nothing ready past the full keys
+            CONTINUE;
         END IF;
         IF v_keyed THEN
             -- the keys not counted yet, locked without waiting: a key whose lock another lease
