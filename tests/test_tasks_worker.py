@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -102,6 +103,35 @@ def test_idle_worker_is_woken_by_notify_not_polling(dsn, client):
         running.wait_idle()  # listening, first (empty) lease done; it polls again only after 60 s
         client.submit("n", {})
         assert started.wait(20), "an idle worker was not woken by the submit's NOTIFY"  # polls: every 60 s
+    finally:
+        running.stop()
+
+
+def test_a_submit_whose_notify_was_throttled_is_leased_without_waiting_for_the_poll(dsn, conn, client):
+    """A queue's NOTIFY is throttled (10 ms): a submit right after another sends none, and its
+    commit may come tens of ms later on a busy server. The worker that was woken looks again
+    after the throttle and after 100 ms, so such a task starts then, not at the next poll."""
+    started: dict[str, float] = {}
+    first = threading.Event()
+
+    def handle(ctx):
+        started[ctx.spec["name"]] = time.monotonic()
+        first.set()
+
+    running = Worker(dsn, "throttled", handle, capacity=2, poll_interval=60).start()
+    try:
+        running.wait_idle()
+        client.submit("throttled", {"name": "a"})  # notifies
+        assert first.wait(20), "an idle worker was not woken by the submit's NOTIFY"
+        # from now on the queue's channel is throttled: the next submit sends no NOTIFY
+        conn.execute("UPDATE pyscheduler._notify_throttle SET channel = pyscheduler._task_channel('throttled'), "
+                     "last_at = clock_timestamp() + interval '1 hour' "
+                     "WHERE slot = hashtext(pyscheduler._task_channel('throttled')) & 1023")
+        time.sleep(0.04)  # the throttled submit commits 40 ms after the first one started (a slow commit)
+        submitted = time.monotonic()
+        client.submit("throttled", {"name": "b"})
+        assert wait_for(lambda: "b" in started, timeout=20), "the throttled submit waited for the poll (60 s)"
+        assert started["b"] - submitted < 1.0
     finally:
         running.stop()
 

@@ -139,6 +139,9 @@ class _Counted:
 MAX_LEASE_SECONDS = 86_400.0  # sql/tasks/ _timeout: a lease lasts at most 1 day
 MAX_DESCRIPTION = 4000  # characters of an error description the worker records
 MAX_PREFETCH = 10_000  # leased tasks a worker may hold in its local queue, at most
+# s after a wake-up that the lease loop looks again: past the NOTIFY throttle (10 ms) and the
+# commit of a submit it throttled (a WAL flush, longer on a loaded server)
+RECHECKS = (0.02, 0.1)
 MAX_UNRECORDED = 1000  # completions (or failures) waiting to be recorded before handlers wait (one call)
 _SLOW, _FULL = object(), object()  # answers of Worker._take (see there)
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
@@ -690,7 +693,11 @@ class Worker:
         # undone before it goes back to the pool.
         conn = _Dedicated(self.db, setup="SET synchronous_commit = off", teardown="RESET synchronous_commit")
         outage = Outage(f"worker on queue {self.queue}", log)
-        recheck = False
+        # A NOTIFY is throttled per queue (10 ms): the one that woke us may stand for later
+        # submits, committed up to some ms after it; so after a wake-up, leases must start
+        # after each time in rechecks (monotonic) before the loop sleeps long. Pokes (a handler
+        # took a task) may wake it sooner; they do not count as those leases.
+        rechecks: list[float] = []
         try:
             while not stop.is_set():
                 n = self._wanted()
@@ -707,6 +714,11 @@ class Worker:
                         continue
                     self.polls += 1
                     got = len(rows)
+                    if 0 < got < n:  # a submit announced these: look again after its throttled followers
+                        rechecks = [sent + after for after in RECHECKS]
+                    else:
+                        while rechecks and sent >= rechecks[0]:
+                            del rechecks[0]
                     if self._counted is not None:
                         self._counted.lease.observe(time.monotonic() - sent)
                         if got:
@@ -715,13 +727,9 @@ class Worker:
                         self._enqueue(rows, sent + self.timeout.total_seconds())
                     if got == n:
                         continue  # maybe more ready: lease again while the local queue wants more
-                if recheck:
-                    # A NOTIFY is throttled per queue: the one that woke us may stand for
-                    # later submits too. Look once more shortly (at once if poked).
-                    recheck = False
-                    self._lease_wake.wait(0.02, jitter=0)
+                if rechecks and n > 0:  # (a full local queue waits for a poke: its next lease is owed)
+                    self._lease_wake.wait(rechecks[0] - time.monotonic(), jitter=0)
                     continue
-                # woken (NOTIFY, or the local queue ran low): lease at once, then recheck
                 if n > 0:  # nothing more ready: sleep until the next delayed task or retry is due
                     try:
                         due = self._next_due(conn)
@@ -730,9 +738,11 @@ class Worker:
                         stop.wait(outage.failed(exc))
                         continue
                     if due is not None and due < self.poll_interval:
-                        recheck = self._lease_wake.wait(due, jitter=0) and got < n
+                        if self._lease_wake.wait(due, jitter=0) and got < n:
+                            rechecks = [time.monotonic() + after for after in RECHECKS]
                         continue
-                recheck = self._lease_wake.wait(self.poll_interval) and n > 0 and got < n
+                if self._lease_wake.wait(self.poll_interval) and n > 0 and got < n:
+                    rechecks = [time.monotonic() + after for after in RECHECKS]
         finally:
             conn.close()
 
