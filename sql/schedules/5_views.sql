@@ -16,12 +16,17 @@ AS $$
     SELECT pyscheduler._may_act(p_owner);
 $$;
 
+-- schedules_due_soon and schedules_late read schedules_due_hour_idx (due_hour: due_at binned
+-- to the hour) from the earliest hour on, up to the hour of their bound, and sort each hour's
+-- schedules by due_at (an incremental sort): a LIMIT stops after the hours it needs, never a
+-- scan of the table (issue 21). No index on due_at itself: every firing changes it.
 CREATE OR REPLACE VIEW pyscheduler.schedules_due_soon AS
     SELECT name, due_at, due_at - now() AS due_in, trigger_at IS NOT NULL AND trigger_at = due_at AS triggered,
            critical, target_kind, CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
-     WHERE due_at IS NOT NULL AND due_at <= now() + interval '5 minutes'
-     ORDER BY due_at;
+     WHERE due_hour IS NOT NULL AND due_hour <= date_bin('1 hour', now() + interval '5 minutes', '2000-01-01 00:00:00+00')
+       AND due_at <= now() + interval '5 minutes'
+     ORDER BY due_hour, due_at;
 COMMENT ON VIEW pyscheduler.schedules_due_soon IS
     'Schedules due within the next 5 minutes (or overdue), soonest first; target only for its owner and admin.';
 
@@ -29,8 +34,9 @@ CREATE OR REPLACE VIEW pyscheduler.schedules_late AS
     SELECT name, due_at, now() - due_at AS late_by, catchup_window, critical, target_kind,
            CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
-     WHERE due_at < now() - interval '10 seconds'
-     ORDER BY due_at;
+     WHERE due_hour IS NOT NULL AND due_hour <= date_bin('1 hour', now() - interval '10 seconds', '2000-01-01 00:00:00+00')
+       AND due_at < now() - interval '10 seconds'
+     ORDER BY due_hour, due_at;
 COMMENT ON VIEW pyscheduler.schedules_late IS
     'Schedules due more than 10 seconds ago and not yet fired: the executors are down or behind.';
 
