@@ -3,9 +3,11 @@
 -- sql/tasks/ load in name order on every migrate.
 --
 -- Counts. The Worker's lease and completion are the product's hot path: no counter row is
--- written per task transition (a delta row per statement, as the delay queue keeps, measured
--- +10 % CPU per task on the Worker; an index more, +14 %). So a count is exact while it is
--- small and estimated, and labelled so, when it is large:
+-- written per task transition and no index is added for the reads (an index on (status,
+-- created, seq) measured +14 % backend CPU per task with bench/tasks_cost.py worker: every
+-- transition is a non-HOT update, so it adds an entry to every index whose predicate the new
+-- version matches). So a count is exact while it is small and estimated, and labelled so,
+-- when it is large:
 --  * a status whose partial index starts with the queue (waiting: tasks_waiting_idx,
 --    scheduled: tasks_scheduled_idx, ready: tasks_ready_idx, aborted and cancelled:
 --    tasks_requeue_idx) is counted per queue through that index, up to _task_count_cap()
