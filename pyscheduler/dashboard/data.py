@@ -5,10 +5,13 @@ Reads go through the monitor role's views and functions only (docs/sql-api.md,
 (``Actions``). Nothing here reads a table.
 
 Pagination. Lists page by keyset through the SQL functions' cursors:
-``list_schedules(after_name)``, ``schedule_runs(before)``, ``list_checks(after_at,
-after_id)``, ``check_history(before_at, before_id)``. ``list_tasks`` has no cursor
-yet: tasks page by offset, asking for ``offset + size + 1`` rows and showing the last
-``size`` (up to ``MAX_OFFSET`` rows deep; beyond that, narrow the filter).
+``list_tasks(before_rn)``, ``list_schedules(after_name)``, ``schedule_runs(before)``,
+``list_checks(after_at, after_id)``, ``check_history(before_at, before_id)``. A page asks
+for ``size + 1`` rows: the extra one says whether there is a next page. (``_by_offset``,
+the fallback for a list without a cursor, is left for one that may need it.)
+
+Counts. ``queue_status`` counts exactly up to 1,000 per queue and status; above that its
+figures are estimates (``estimated``), shown with a ``~``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import base64
 import json
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
@@ -94,11 +98,17 @@ class Reader:
     def expired_leases(self, limit: int = 20) -> list[dict[str, Any]]:
         return self.db.query("SELECT * FROM pyscheduler.expired_leases ORDER BY deadline LIMIT %s", (limit,))
 
-    def tasks(self, *, queue: str | None, status: str | None, owner: str | None, cursor: str | None) -> Page:
-        def fetch(n: int) -> list[dict[str, Any]]:
-            rows = self.db.call("list_tasks", queue=queue, status=status, owner=owner, max_tasks=n)
-            return [r["task"] for r in rows]
-        return _by_offset(fetch, decode_cursor(cursor))
+    def tasks(self, *, queue: str | None, status: str | None, owner: str | None, cursor: str | None,
+              size: int = PAGE) -> Page:
+        before = decode_cursor(cursor).get("before")
+        try:
+            before = str(uuid.UUID(before)) if before is not None else None
+        except (ValueError, TypeError, AttributeError):
+            before = None  # not a cursor of this page: the first page
+        rows = [r["task"] for r in self.db.call("list_tasks", queue=queue, status=status, owner=owner,
+                                                 max_tasks=size + 1, before_rn=before)]
+        nxt = encode_cursor({"before": rows[size - 1]["rn"]}) if len(rows) > size else None
+        return Page(rows[:size], nxt, True)
 
     def task(self, rn: str) -> dict[str, Any] | None:
         rows = self.db.query(

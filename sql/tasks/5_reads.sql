@@ -225,20 +225,21 @@ $$;
 -- (the oldest of that priority: created, then seq), one index probe per priority (a skip
 -- scan down the priorities).
 CREATE OR REPLACE FUNCTION pyscheduler._ready_heads(p_queue text)
-RETURNS SETOF pyscheduler.tasks
+RETURNS TABLE (queue text, priority bigint, created timestamptz, seq bigint, rn uuid, updated timestamptz)
 LANGUAGE sql STABLE
 SET search_path = pyscheduler, pg_temp
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
-    WITH RECURSIVE h AS (
-        (SELECT t FROM pyscheduler.tasks t WHERE t.status = 'ready' AND t.queue = p_queue
+    WITH RECURSIVE h (queue, priority, created, seq, rn, updated) AS (
+        (SELECT t.queue, t.priority, t.created, t.seq, t.rn, t.updated FROM pyscheduler.tasks t
+          WHERE t.status = 'ready' AND t.queue = p_queue
           ORDER BY t.priority DESC, t.created, t.seq LIMIT 1)
         UNION ALL
-        SELECT n.t FROM h, LATERAL (
-            SELECT t FROM pyscheduler.tasks t WHERE t.status = 'ready' AND t.queue = p_queue
-               AND t.priority < (h.t).priority
+        SELECT n.queue, n.priority, n.created, n.seq, n.rn, n.updated FROM h, LATERAL (
+            SELECT t.queue, t.priority, t.created, t.seq, t.rn, t.updated FROM pyscheduler.tasks t
+             WHERE t.status = 'ready' AND t.queue = p_queue AND t.priority < h.priority
              ORDER BY t.priority DESC, t.created, t.seq LIMIT 1) n)
-    SELECT (h.t).* FROM h;
+    SELECT h.queue, h.priority, h.created, h.seq, h.rn, h.updated FROM h;
 $$;
 
 -- _oldest_ready_tasks(): the rows of oldest_ready_tasks: per queue (a skip scan of
