@@ -217,3 +217,15 @@ def test_each_read_path_reads_an_index_and_stops_at_the_page(conn):
         # the live tasks' entries (3 x (60 + 20 + 10) + 15), a few probes, and the finished ones up to the cap
         assert sum(r.returned.values()) <= 3 * 90 + 15 + 40 + CAP + 1, (sql, r.returned)
         assert rows, sql
+
+
+def test_the_client_pages_with_before(db):
+    from pyscheduler.tasks import TaskClient
+
+    client = TaskClient(db)
+    made = [client.submit("pages", {"i": i}).rn for i in range(7)]
+    seen, before = [], None
+    while page := client.list("pages", limit=3, before=before):
+        seen += [t.rn for t in page]
+        before = page[-1].rn
+    assert seen == made[::-1]
