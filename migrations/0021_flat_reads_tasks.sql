@@ -6,7 +6,8 @@
 --  * task_counts and queue_status count exactly up to 1,000 per queue and status, above
 --    that they show an estimate from these statistics (the most common (queue, status)
 --    pairs): no counter written per task transition, no index more on the hot path.
---  * list_tasks takes a keyset cursor (new signature) and pages by rn, the primary key.
+--  * list_tasks takes a keyset cursor (new signature) and pages by rn: the primary key, or
+--    for the failed tasks (aborted, cancelled) tasks_failed_idx.
 --  * schedules_due_soon and schedules_late read due_hour (due_at binned to the hour,
 --    stored) through its index: a firing that keeps its schedule in the same hour changes
 --    no indexed column and stays HOT (an index on due_at itself cost every firing its HOT
@@ -15,6 +16,9 @@ CREATE STATISTICS pyscheduler.tasks_queue_status_stats (mcv) ON queue, status FR
 ALTER STATISTICS pyscheduler.tasks_queue_status_stats SET STATISTICS 250;
 
 DROP FUNCTION IF EXISTS pyscheduler.list_tasks(text, text, text, integer);
+-- list_tasks(status => 'aborted' | 'cancelled'), newest first: a task enters it when it fails
+-- for good or is cancelled, never on the way submit -> lease -> complete.
+CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN ('aborted', 'cancelled');
 
 ALTER TABLE pyscheduler.schedules
     ADD COLUMN due_hour timestamptz GENERATED ALWAYS AS (

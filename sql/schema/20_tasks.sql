@@ -122,6 +122,9 @@ CREATE INDEX tasks_limited_idx ON pyscheduler.tasks (queue, concurrency_key)
 -- retry_tasks' scan: aborted and cancelled tasks of a queue, oldest first.
 CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
     WHERE status IN ('aborted', 'cancelled');
+-- list_tasks(status => 'aborted' | 'cancelled'), newest first (0021): a task enters it when
+-- it fails for good or is cancelled, never on the way submit -> lease -> complete.
+CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN ('aborted', 'cancelled');
 -- task_counts' and queue_status' estimates above 1,000 (sql/tasks/5_reads.sql): the most
 -- common (queue, status) pairs of ANALYZE's sample.
 CREATE STATISTICS pyscheduler.tasks_queue_status_stats (mcv) ON queue, status FROM pyscheduler.tasks;

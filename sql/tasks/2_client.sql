@@ -595,11 +595,12 @@ AS $$
    (older) page. Ids never change, so a walk returns every task that keeps
    matching once, even while others are submitted (they are newer: on pages
    already read). A page reads the primary key backwards from the cursor, the
-   filters checked on the way; a live status (waiting, scheduled, ready,
-   running) may instead be read from its own index (of one queue when queue is
-   given) and sorted: the work waiting or running, never the finished tasks
-   kept for retention. A filter that matches few of many finished tasks reads
-   the ones it skips.
+   filters checked on the way; aborted and cancelled tasks are read from
+   tasks_failed_idx in the same order; a live status (waiting, scheduled,
+   ready, running) may instead be read from its own index (of one queue when
+   queue is given) and sorted: the work waiting or running, never the finished
+   tasks kept for retention. A filter that matches few of many completed tasks
+   (a quiet queue among busy ones) reads the ones it skips.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
 BEGIN
