@@ -30,7 +30,9 @@ CREATE OR REPLACE FUNCTION pyscheduler._task_count_cap()
 RETURNS bigint LANGUAGE sql IMMUTABLE SET search_path = pyscheduler, pg_temp
 AS $$ SELECT 1000::bigint $$;
 
--- _task_estimates(): the planner's estimate of each (queue, status) pair in its statistics.
+-- _task_estimates(): the planner's estimate of each (queue, status) pair in its statistics
+-- (pg_stats_ext decodes the statistics: a few milliseconds, so each reader calls it once,
+-- through _task_estimated()).
 CREATE OR REPLACE FUNCTION pyscheduler._task_estimates()
 RETURNS TABLE (queue text, status pyscheduler.task_status, n bigint)
 LANGUAGE sql STABLE
@@ -43,6 +45,17 @@ AS $$
            generate_subscripts(s.most_common_vals, 1) i
      WHERE s.statistics_schemaname = 'pyscheduler' AND s.statistics_name = 'tasks_queue_status_stats'
        AND s.most_common_vals[i][1] IS NOT NULL;
+$$;
+
+-- _task_estimated(): _task_estimates() as {status: {queue: n}}.
+CREATE OR REPLACE FUNCTION pyscheduler._task_estimated()
+RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT coalesce(jsonb_object_agg(x.status, x.queues), '{}')
+      FROM (SELECT e.status, jsonb_object_agg(e.queue, e.n) AS queues FROM pyscheduler._task_estimates() e
+             GROUP BY e.status) x;
 $$;
 
 -- _task_status_queues(status): the queues with tasks of a status whose partial index starts
@@ -100,8 +113,7 @@ DECLARE
     v_n bigint;
     v_est jsonb;
 BEGIN
-    SELECT coalesce(jsonb_object_agg(e.queue || '/' || e.status, e.n), '{}') INTO v_est
-      FROM pyscheduler._task_estimates() e;
+    v_est := pyscheduler._task_estimated();
     FOREACH v_status IN ARRAY ARRAY['waiting', 'scheduled', 'ready', 'aborted', 'cancelled']::pyscheduler.task_status[]
     LOOP
         FOR v_queue IN SELECT q FROM pyscheduler._task_status_queues(v_status) q LOOP
@@ -109,7 +121,7 @@ BEGIN
             queue := v_queue;
             status := v_status;
             estimated := v_n > v_cap;
-            tasks := CASE WHEN estimated THEN greatest(v_cap + 1, (v_est ->> (v_queue || '/' || v_status))::bigint)
+            tasks := CASE WHEN estimated THEN greatest(v_cap + 1, (v_est -> v_status::text ->> v_queue)::bigint)
                           ELSE v_n END;
             RETURN NEXT;
         END LOOP;
@@ -120,8 +132,8 @@ BEGIN
         RETURN QUERY SELECT t.queue, t.status, count(*), false FROM pyscheduler.tasks t
                       WHERE t.status = 'running' GROUP BY t.queue, t.status;
     ELSE
-        RETURN QUERY SELECT e.queue, e.status, greatest(e.n, 1), true FROM pyscheduler._task_estimates() e
-                      WHERE e.status = 'running';
+        RETURN QUERY SELECT e.key, 'running'::pyscheduler.task_status, e.value::bigint, true
+                       FROM jsonb_each_text(coalesce(v_est -> 'running', '{}')) e;
     END IF;
     SELECT count(*) INTO v_n
       FROM (SELECT 1 FROM pyscheduler.tasks t WHERE t.status IN ('completed', 'aborted', 'cancelled')
@@ -131,8 +143,8 @@ BEGIN
                       WHERE t.status = 'completed'
                       GROUP BY t.queue, t.status;
     ELSE
-        RETURN QUERY SELECT e.queue, e.status, e.n, true FROM pyscheduler._task_estimates() e
-                      WHERE e.status = 'completed';
+        RETURN QUERY SELECT e.key, 'completed'::pyscheduler.task_status, e.value::bigint, true
+                       FROM jsonb_each_text(coalesce(v_est -> 'completed', '{}')) e;
     END IF;
 END
 $$;
@@ -147,7 +159,7 @@ BEGIN
     n := pyscheduler._task_counted(p_queue, p_status, p_cap);
     estimated := n > p_cap;
     IF estimated THEN
-        n := greatest(p_cap + 1, (p_est ->> (p_queue || '/' || p_status))::bigint);
+        n := greatest(p_cap + 1, (p_est -> p_status::text ->> p_queue)::bigint);
     END IF;
 END
 $$;
@@ -174,8 +186,7 @@ DECLARE
     v_q pyscheduler.task_queues;
     r record;
 BEGIN
-    SELECT coalesce(jsonb_object_agg(e.queue || '/' || e.status, e.n), '{}') INTO v_est
-      FROM pyscheduler._task_estimates() e;
+    v_est := pyscheduler._task_estimated();
     SELECT count(*) INTO v_running_n
       FROM (SELECT 1 FROM pyscheduler.tasks t WHERE t.status = 'running' LIMIT v_cap + 1) x;
     IF v_running_n <= v_cap THEN
@@ -183,8 +194,7 @@ BEGIN
           FROM (SELECT t.queue, count(*) AS n FROM pyscheduler.tasks t WHERE t.status = 'running'
                  GROUP BY t.queue) x;
     ELSE  -- estimated: the statistics' queues with running tasks
-        SELECT coalesce(jsonb_object_agg(e.queue, greatest(e.n, 1)), '{}') INTO v_running
-          FROM pyscheduler._task_estimates() e WHERE e.status = 'running';
+        v_running := coalesce(v_est -> 'running', '{}');
     END IF;
     FOR v_queue IN
         SELECT q FROM pyscheduler._task_status_queues('ready') q
