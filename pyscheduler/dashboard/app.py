@@ -462,7 +462,7 @@ class Dashboard:
         queues = r.queues()
         activity = r.activity()
         delay = r.delay()
-        late = r.db.query("SELECT count(*) AS n FROM (SELECT 1 FROM pyscheduler.schedules_late LIMIT 1000) x")[0]["n"]
+        late = r.db.query("SELECT pyscheduler.schedules_late_count(up_to => 1000) AS n")[0]["n"]
         failing = r.db.query(
             "SELECT count(*) AS n FROM (SELECT 1 FROM pyscheduler.schedules_failing LIMIT 1000) x")[0]["n"]
         paused = r.db.query(

@@ -40,6 +40,29 @@ CREATE OR REPLACE VIEW pyscheduler.schedules_late AS
 COMMENT ON VIEW pyscheduler.schedules_late IS
     'Schedules due more than 10 seconds ago and not yet fired: the executors are down or behind.';
 
+-- schedules_late_count(up_to): how many schedules_late has, counted up to up_to: the same
+-- index, in no order, so no hour's schedules are sorted (a dashboard's "N late").
+CREATE OR REPLACE FUNCTION pyscheduler.schedules_late_count(up_to integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
+AS $$
+/* schedules_late_count(up_to => 1000) -> bigint
+   The number of rows of schedules_late (due more than 10 seconds ago, not yet
+   fired), counted up to up_to: it reads schedules_due_hour_idx from the
+   earliest hour on and stops there (a value of up_to means "up_to or more"). */
+    SELECT count(*) FROM (
+        SELECT 1 FROM pyscheduler.schedules s
+         WHERE s.due_hour IS NOT NULL
+           AND s.due_hour <= date_bin('1 hour', now() - interval '10 seconds', '2000-01-01 00:00:00+00')
+           AND s.due_at < now() - interval '10 seconds'
+         LIMIT greatest(coalesce(up_to, 0), 0)) x;
+$$;
+COMMENT ON FUNCTION pyscheduler.schedules_late_count(integer) IS
+    'How many schedules are late (the rows of schedules_late), counted up to up_to.';
+
 CREATE OR REPLACE VIEW pyscheduler.schedules_paused AS
     SELECT name, paused_note, updated AS paused_since, next_run_at, target_kind,
            CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
@@ -63,7 +86,8 @@ COMMENT ON VIEW pyscheduler.schedules_failing IS
 SELECT pyscheduler._grant('client', 'create_schedule', 'update_schedule', 'pause_schedule', 'resume_schedule',
                          'trigger_schedule', 'delete_schedule', 'get_schedule', 'list_schedules', 'schedule_runs',
                          'upcoming_runs', 'execution_count', 'retry_worst_case', 'next_cron_time',
-                         'schedules_due_soon', 'schedules_late', 'schedules_paused', 'schedules_failing');
+                         'schedules_due_soon', 'schedules_late', 'schedules_late_count', 'schedules_paused',
+                         'schedules_failing');
 SELECT pyscheduler._grant('scheduler', 'index_entries', 'index_page', 'resync_take', 'resync_progress',
                          'fire_details', 'record_executions', 'fire_task_schedules', 'stop_schedules',
                          'claim_due_critical', 'claim_due_critical_shards', 'purge_executions', 'get_schedule',
@@ -73,4 +97,5 @@ SELECT pyscheduler._grant('client', '_may_see');
 SELECT pyscheduler._grant('monitor', '_may_see');
 SELECT pyscheduler._grant('monitor', 'get_schedule', 'list_schedules', 'schedule_runs', 'upcoming_runs',
                          'execution_count', 'retry_worst_case', 'next_cron_time', 'resync_progress',
-                         'schedules_due_soon', 'schedules_late', 'schedules_paused', 'schedules_failing');
+                         'schedules_due_soon', 'schedules_late', 'schedules_late_count', 'schedules_paused',
+                         'schedules_failing');
