@@ -28,7 +28,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Callable
 
 import click
