@@ -451,7 +451,7 @@ class Tasks(Section):
     name = "tasks"
     HOT = 10_000
 
-    def build(self, b: Backend, echo) -> None:
+    def build(self, b: Backend, echo: Callable[[str], None]) -> None:
         for lo, hi in _chunks(self.n):
             b.q("INSERT INTO pyscheduler.tasks (rn, seq, queue, spec, priority, status, progress, created, updated, "
                 "errors, owner, deadline, history, attempts, run_at, submitted_by, waiting_on) "
@@ -475,7 +475,7 @@ class Tasks(Section):
             (self.n + 1,))
 
     def measures(self) -> list[Measure]:
-        state: dict = {}
+        state: dict[str, str] = {}
 
         def clean(b: Backend) -> None:
             """The hot path's tasks go (so the reads see the stored tasks only, at either size)."""
@@ -497,8 +497,8 @@ class Tasks(Section):
 
         def middle(b: Backend) -> str:
             if "middle" not in state:
-                state["middle"] = b.one("SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(now() - interval "
-                                        "'3 days 12 hours'), 0) AS rn")["rn"]
+                state["middle"] = str(b.one("SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(now() - interval "
+                                        "'3 days 12 hours'), 0) AS rn")["rn"])
             return state["middle"]
 
         def page(sql: str) -> Callable[[Backend], int]:
