@@ -440,9 +440,9 @@ def demo(ctx: RunContext, echo) -> None:
         for h in done["history"]:
             extra = f" progress={h['progress']:.2f}" if "progress" in h else ""
             echo(f"  {h['_typ']:<15} {h['worker']:<10} {h['time']}{extra}")
-        counts = db.query("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = %s ORDER BY status",
+        counts = db.query("SELECT status, tasks, estimated FROM pyscheduler.task_counts WHERE queue = %s ORDER BY status",
                           (queue,))
-        echo("task_counts: " + ", ".join(f"{r['status']}={r['tasks']}" for r in counts))
+        echo("task_counts: " + ", ".join(f"{r['status']}={'~' if r['estimated'] else ''}{r['tasks']}" for r in counts))
     for p in procs:
         p.stop()
     stop.set()
