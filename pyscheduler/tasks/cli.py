@@ -218,12 +218,14 @@ def resume_cmd(dsn, queue) -> None:
 @group.command("queues")
 @dsn_option
 def queues_cmd(dsn) -> None:
-    """Per queue: tasks ready, delayed and running, paused or not, the oldest ready task's wait."""
+    """Per queue: tasks ready, delayed and running (exact up to 1,000; ~ an estimate), paused or not,
+    the oldest ready task's wait."""
     rows = _with_client(dsn, lambda client: client.db.query("SELECT * FROM pyscheduler.queue_status ORDER BY queue"))
     for q in rows:
         age = f"{q['oldest_ready_age'].total_seconds():.1f}s" if q["oldest_ready_age"] is not None else "-"
         paused = f" PAUSED by {q['paused_by']}" + (f": {q['note']}" if q["note"] else "") if q["paused"] else ""
-        click.echo(f"{q['queue']:<20} ready={q['ready']:<7} delayed={q['delayed']:<7} running={q['running']:<6} "
+        n = {k: f"{'~' if q['estimated'] and q[k] > 1000 else ''}{q[k]}" for k in ("ready", "delayed", "running")}
+        click.echo(f"{q['queue']:<20} ready={n['ready']:<7} delayed={n['delayed']:<7} running={n['running']:<6} "
                    f"oldest_ready={age} next_due={q['next_due'] or '-'}{paused}")
 
 
