@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 SESSION_COOKIE = "pyscheduler_dash_session"
 TOKEN_COOKIE = "pyscheduler_dash_token"
 REFRESH_S = 10
+LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
 
 # ------------------------------------------------------------------ masking
 
@@ -520,10 +521,14 @@ class Dashboard:
             raise HTTPError("400 Bad Request", f"unknown target kind {kind!r}")
         flags = {k: {"yes": True, "no": False}.get(req.arg(k) or "") for k in ("paused", "critical")}
         page = r.schedules(name_like=req.arg("name_like"), target_kind=kind, cursor=req.arg("cursor"), **flags)
+        # One read for both cards: schedules_due_soon lists the late schedules first, in the order of
+        # schedules_late (both by due time), so its first 20 rows hold the first 20 late ones.
+        soon = r.schedule_view("schedules_due_soon", 20)
+        late = [dict(s, late_by=-s["due_in"]) for s in soon if s["due_in"] < -LATE_AFTER]
         return self._render(req, "schedules.html", title="schedules", now=r.clock(), page=page,
-                            late=r.schedule_view("schedules_late"), failing=r.schedule_view("schedules_failing"),
+                            late=late, failing=r.schedule_view("schedules_failing"),
                             paused=r.schedule_view("schedules_paused"), redis=self.redis_state(),
-                            due_soon=r.schedule_view("schedules_due_soon", 10))
+                            due_soon=soon[:10])
 
     def schedule_page(self, req: Request) -> str:
         r = self._open()
