@@ -112,6 +112,12 @@ def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(db, conn)
         assert len(rows) == n, sql
         assert r.seq_scans("schedules") == 0, sql
         assert 0 < r.entries(index) <= n + 2, (sql, r.returned)
+    # a pattern with a literal prefix reads the names with that prefix only (100 of 3,000 here)
+    rows, r = reads(conn, "SELECT schedule ->> 'name' AS name FROM pyscheduler.list_schedules(name_like => 'c-15%%', "
+                    "max_schedules => 10, after_name => 'c-1500')", tables=("schedules",))
+    assert [x["name"] for x in rows] == [f"c-{i}" for i in range(1501, 1511)]
+    assert r.seq_scans("schedules") == 0
+    assert r.entries("schedules_name_key") + r.entries("schedules_name_pattern_idx") <= 100 + 2, r.returned
     failing = [row["consecutive_failures"] for row in conn.execute("SELECT * FROM pyscheduler.schedules_failing")]
     assert failing == sorted(failing, reverse=True) and len(failing) == 150
     for sql, index in [("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 10)", "schedule_executions_pkey"),

@@ -89,6 +89,9 @@ CREATE INDEX schedules_paused_name_idx ON pyscheduler.schedules (name) WHERE pau
 -- firing that keeps its schedule in the same hour changes no indexed column (HOT);
 -- the views read the earliest hours in order and sort each (0021_flat_reads_tasks).
 CREATE INDEX schedules_due_hour_idx ON pyscheduler.schedules (due_hour) WHERE due_hour IS NOT NULL;
+-- list_schedules(name_like => 'prefix%'): the names with that prefix, in any collation
+-- (text_pattern_ops); a name never changes, so a firing stays HOT (0021_flat_reads_tasks).
+CREATE INDEX schedules_name_pattern_idx ON pyscheduler.schedules (name text_pattern_ops);
 -- schedules_failing, in its order; a healthy firing leaves consecutive_failures at 0 (HOT).
 CREATE INDEX schedules_failing_idx ON pyscheduler.schedules (consecutive_failures DESC, name)
     WHERE consecutive_failures > 0;
