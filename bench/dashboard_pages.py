@@ -5,7 +5,7 @@ schedules and 1,000,000 checks stored).
 
 Starts an embedded PostgreSQL (or uses --dsn: a database it may fill), migrates, stores
 the work with set-based SQL (tasks: 1 % ready, 1 % scheduled, 0.1 % running, 2 % aborted,
-the rest completed over the last day; checks pending over the next 30 days; schedules
+the rest completed over the last day, ids time-ordered as submit_task makes them; checks pending over the next 30 days; schedules
 with executions), VACUUM ANALYZE, then serves the dashboard on a monitor login and times
 each page over HTTP (wall time per request, p50/p95/max)."""
 
@@ -30,7 +30,8 @@ def fill(dsn: str, tasks: int, schedules: int, checks: int) -> None:
         c.execute("""
             INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated, errors,
                                            owner, deadline, history, attempts, run_at, submitted_by)
-            SELECT gen_random_uuid(), 'q' || (i %% 20), jsonb_build_object('i', i), 50,
+            SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(now() - (i %% 86400) * interval '1 second'), i),
+                   'q' || (i %% 20), jsonb_build_object('i', i), 50,
                    s::pyscheduler.task_status, CASE s WHEN 'running' THEN 0.5 ELSE 0 END,
                    now() - (i %% 86400) * interval '1 second', now() - (i %% 86400) * interval '1 second',
                    CASE s WHEN 'aborted' THEN '[{"code": "boom", "args": {}, "description": "failed"}]'::jsonb
@@ -74,6 +75,8 @@ def main() -> None:
     ap.add_argument("--schedules", type=int, default=100_000)
     ap.add_argument("--checks", type=int, default=1_000_000)
     ap.add_argument("--requests", type=int, default=30)
+    ap.add_argument("--reuse", action="store_true",
+                    help="with --dsn: skip the fill when the database holds tasks already (a run before filled it)")
     args = ap.parse_args()
 
     from pyscheduler import migrate
@@ -89,7 +92,10 @@ def main() -> None:
         pg = Postgres(Path(tmp.name) / "postgres").start()
         dsn = pg.dsn()
     migrate.migrate(dsn)
-    fill(dsn, args.tasks, args.schedules, args.checks)
+    with psycopg.connect(dsn) as c:
+        filled = c.execute("SELECT EXISTS (SELECT 1 FROM pyscheduler.tasks)").fetchone()[0]
+    if not (args.reuse and filled):
+        fill(dsn, args.tasks, args.schedules, args.checks)
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("DROP ROLE IF EXISTS bench_monitor")
         c.execute("CREATE ROLE bench_monitor LOGIN IN ROLE pyscheduler_monitor")

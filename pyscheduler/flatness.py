@@ -2,7 +2,7 @@
 with much stored work (issue 21; design.md, "Cost stays flat as stored work grows").
 
 The same database is built at a small and a large size: the capability's stored work (waiting
-delay messages, schedules and their executions, pending checks and their history) spread as a
+delay messages, schedules and their executions, pending checks and their history, tasks) spread as a
 deployment's would be (future deadlines and slots, a few paused, failing, late, claimed or overdue
 ones). Then, interleaved (small, large, small, large, ...) so that a shared machine's load falls on
 both alike, the same hot work runs on each (a constant number of due items, not scaled) and each
@@ -14,7 +14,7 @@ the ratio large/small of each and whether it meets the targets: a read path <= 5
 One section per capability (``--sections``); a capability adds its own by adding a Section
 subclass to SECTIONS. The sizes: 10,000 of everything small; large 10,000,000 delay messages,
 5,000,000 schedules (and 5,000,000 executions), 10,000,000 pending checks (and 10,000,000 ended
-ones), multiplied by ``--scale`` for smaller machines (``--scale 0.1``: a tenth). The data is
+ones), 10,000,000 tasks (most of them finished, kept for retention), multiplied by ``--scale`` for smaller machines (``--scale 0.1``: a tenth). The data is
 written with INSERT ... SELECT generate_series (the build time of each part is printed: the large
 databases take minutes, see docs/benchmarks.md); ``--keep`` keeps them for the next run, which
 reuses them when their sizes match.
@@ -28,7 +28,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Callable
 
 import click
@@ -38,8 +38,8 @@ from psycopg.rows import dict_row
 
 from .config import dsn_option
 
-SMALL = {"delay": 10_000, "schedules": 10_000, "checks": 10_000}
-LARGE = {"delay": 10_000_000, "schedules": 5_000_000, "checks": 10_000_000}
+SMALL = {"delay": 10_000, "schedules": 10_000, "checks": 10_000, "tasks": 10_000}
+LARGE = {"delay": 10_000_000, "schedules": 5_000_000, "checks": 10_000_000, "tasks": 10_000_000}
 READ_MS, READ_RATIO, HOT_RATIO = 50.0, 1.5, 1.2
 CHUNK = 1_000_000
 
@@ -437,9 +437,100 @@ class Checks(Section):
         ]
 
 
-# Leased tasks: a Section of their own once issue 16 lands (list_tasks, task_counts,
-# oldest_ready_tasks, expired_leases; the Worker's lease + complete).
-SECTIONS: dict[str, type[Section]] = {"delay": Delay, "schedules": Schedules, "checks": Checks}
+# ---------------------------------------------------------------- tasks
+
+class Tasks(Section):
+    """Stored: n tasks in 20 queues, submitted over the last 7 days (time-ordered ids, as
+    ``submit_task`` makes them), a deployment's mix: 1 % ready (two priorities), 0.5 % scheduled
+    (delayed or waiting for a retry, due within a day), 0.05 % running (leases an hour long),
+    0.1 % waiting (for a parent), 0.5 % aborted, 0.1 % cancelled, the rest completed (kept for
+    their retention period). Hot: 10,000 tasks of a queue of their own leased and completed as the
+    Worker does (``lease_tasks_lean``, n 500, then ``complete_tasks``); they are deleted before
+    the next repetition and before the reads."""
+
+    name = "tasks"
+    HOT = 10_000
+
+    def build(self, b: Backend, echo: Callable[[str], None]) -> None:
+        for lo, hi in _chunks(self.n):
+            b.q("INSERT INTO pyscheduler.tasks (rn, seq, queue, spec, priority, status, progress, created, updated, "
+                "errors, owner, deadline, history, attempts, run_at, submitted_by, waiting_on) "
+                "SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), i), i, 'q' || lpad((i %% 20)::text, 2, '0'), "
+                "jsonb_build_object('i', i), CASE WHEN i %% 7 = 0 THEN 90 ELSE 50 END, s::pyscheduler.task_status, "
+                "CASE s WHEN 'completed' THEN 1 ELSE 0 END, c, "
+                "CASE WHEN s IN ('completed', 'aborted', 'cancelled', 'running') THEN c + interval '1 second' ELSE c END, "
+                "CASE s WHEN 'aborted' THEN '[{\"code\": \"boom\", \"args\": {}, \"description\": \"failed\"}]'::jsonb "
+                "ELSE '[]'::jsonb END, CASE s WHEN 'running' THEN 'worker-' || (i %% 8) END, "
+                "CASE s WHEN 'running' THEN now() + interval '1 hour' END, '[]'::jsonb, "
+                "CASE WHEN s IN ('running', 'completed', 'aborted') THEN 1 ELSE 0 END, "
+                "CASE s WHEN 'scheduled' THEN now() + (i %% 86400) * interval '1 second' END, current_user, "
+                "CASE s WHEN 'waiting' THEN 1 ELSE 0 END "
+                "FROM generate_series(%s::bigint, %s::bigint) i, "
+                "LATERAL (SELECT now() - interval '7 days' + (i::float8 / %s) * interval '7 days' AS c, "
+                "CASE WHEN i %% 100 = 11 THEN 'ready' WHEN i %% 200 = 13 THEN 'scheduled' "
+                "     WHEN i %% 2000 = 17 THEN 'running' WHEN i %% 1000 = 19 THEN 'waiting' "
+                "     WHEN i %% 200 = 23 THEN 'aborted' WHEN i %% 1000 = 29 THEN 'cancelled' "
+                "     ELSE 'completed' END AS s) x", (lo, hi, self.n))
+        b.q("SELECT setval('pyscheduler.task_seq', greatest(%s, (SELECT last_value FROM pyscheduler.task_seq)))",
+            (self.n + 1,))
+
+    def measures(self) -> list[Measure]:
+        state: dict[str, str] = {}
+
+        def clean(b: Backend) -> None:
+            """The hot path's tasks go (so the reads see the stored tasks only, at either size)."""
+            b.q("DELETE FROM pyscheduler.tasks WHERE queue = 'flat-hot'")
+
+        def submit(b: Backend) -> None:
+            clean(b)
+            b.q("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'flat-hot', specs => (SELECT jsonb_agg("
+                "jsonb_build_object('i', i)) FROM generate_series(1, %s) i))", (self.HOT,))
+
+        def work(b: Backend) -> int:
+            done = 0
+            while rows := b.q("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'flat-hot', "
+                              "worker => 'flat-1', n => 500)"):
+                b.q("SELECT count(*) FROM pyscheduler.complete_tasks(rns => %s, tokens => %s)",
+                    ([r["rn"] for r in rows], [r["token"] for r in rows]))
+                done += len(rows)
+            return done
+
+        def middle(b: Backend) -> str:
+            if "middle" not in state:
+                state["middle"] = str(b.one("SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(now() - interval "
+                                        "'3 days 12 hours'), 0) AS rn")["rn"])
+            return state["middle"]
+
+        def page(sql: str) -> Callable[[Backend], int]:
+            def run(b: Backend) -> int:
+                b.q(sql, {"middle": middle(b)})
+                return 1
+            return run
+
+        return [
+            Measure("Worker: lease_tasks_lean + complete_tasks (per task)", "hot", work, setup=submit, reps=3),
+            Measure("list_tasks()", "read", _call("SELECT * FROM pyscheduler.list_tasks()"), setup=clean),
+            Measure("list_tasks(before_rn => 3.5 days ago)", "read",
+                    page("SELECT * FROM pyscheduler.list_tasks(before_rn => %(middle)s)")),
+            Measure("list_tasks(status => 'completed', before_rn => 3.5 days ago)", "read",
+                    page("SELECT * FROM pyscheduler.list_tasks(status => 'completed', before_rn => %(middle)s)")),
+            Measure("list_tasks(status => 'ready')", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(status => 'ready')")),
+            Measure("list_tasks(queue => 'q03', status => 'ready')", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q03', status => 'ready')")),
+            Measure("list_tasks(status => 'aborted')", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(status => 'aborted')")),
+            Measure("list_tasks(status => 'running')", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(status => 'running')")),
+            Measure("list_tasks(queue => 'q03')", "read", _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q03')")),
+            Measure("task_counts", "read", _call("SELECT * FROM pyscheduler.task_counts")),
+            Measure("queue_status", "read", _call("SELECT * FROM pyscheduler.queue_status")),
+            Measure("oldest_ready_tasks", "read", _call("SELECT * FROM pyscheduler.oldest_ready_tasks")),
+            Measure("expired_leases LIMIT 100", "read", _call("SELECT * FROM pyscheduler.expired_leases LIMIT 100")),
+        ]
+
+
+SECTIONS: dict[str, type[Section]] = {"delay": Delay, "schedules": Schedules, "checks": Checks, "tasks": Tasks}
 
 
 # ---------------------------------------------------------------- databases
@@ -511,7 +602,7 @@ def _fmt(seconds: float | None, kind: str) -> str:
 @click.command("flatness")
 @dsn_option
 @click.option("--scale", type=click.FloatRange(min=0.0001), default=1.0, show_default=True,
-              help="Multiply the large sizes (10M delay messages, 5M schedules, 10M checks) by this.")
+              help="Multiply the large sizes (10M delay messages, 5M schedules, 10M checks, 10M tasks) by this.")
 @click.option("--sections", default=",".join(SECTIONS), show_default=True,
               help="Comma-separated capabilities to build and measure.")
 @click.option("--sizes", type=click.Choice(["both", "small", "large"]), default="both", show_default=True)

@@ -274,3 +274,21 @@ def test_run_serves_the_dashboard_as_the_monitor_role(dsn, login):
             c.execute("SELECT * FROM pyscheduler.tasks LIMIT 1")  # the table itself: not the monitor's
     _, client = login("pyscheduler_client")
     assert _as_monitor(client) == client
+
+
+def test_the_schedules_page_shows_late_and_due_soon_from_one_read(conn, monitor_dsn):
+    """The Late card is the late rows of schedules_due_soon (the same order as schedules_late)."""
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'l-' || lpad(i::text, 2, '0'), every => '1 hour', "
+                 "target => 't') FROM generate_series(1, 25) i")
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'soon', every => '1 hour', target => 't')")
+    conn.execute("UPDATE pyscheduler.schedules SET next_run_at = now() - interval '1 hour' + "
+                 "substr(name, 3)::int * interval '1 minute' WHERE name LIKE 'l-%'")
+    conn.execute("UPDATE pyscheduler.schedules SET next_run_at = now() + interval '1 minute' WHERE name = 'soon'")
+    late = [r["name"] for r in conn.execute("SELECT name FROM pyscheduler.schedules_late LIMIT 20")]
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        page = Client(base).get("/schedules")[2]
+    app.close()
+    card = page.split('<table id="late">')[1].split("</table>")[0]
+    assert re.findall(r'name=(l-\d+)">', card) == late == [f"l-{i:02d}" for i in range(1, 21)]
+    assert "Late (20+)" in page

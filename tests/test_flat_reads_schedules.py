@@ -112,6 +112,12 @@ def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(db, conn)
         assert len(rows) == n, sql
         assert r.seq_scans("schedules") == 0, sql
         assert 0 < r.entries(index) <= n + 2, (sql, r.returned)
+    # a pattern with a literal prefix reads the names with that prefix only (100 of 3,000 here)
+    rows, r = reads(conn, "SELECT schedule ->> 'name' AS name FROM pyscheduler.list_schedules(name_like => 'c-15%%', "
+                    "max_schedules => 10, after_name => 'c-1500')", tables=("schedules",))
+    assert [x["name"] for x in rows] == [f"c-{i}" for i in range(1501, 1511)]
+    assert r.seq_scans("schedules") == 0
+    assert r.entries("schedules_name_key") + r.entries("schedules_name_pattern_idx") <= 100 + 2, r.returned
     failing = [row["consecutive_failures"] for row in conn.execute("SELECT * FROM pyscheduler.schedules_failing")]
     assert failing == sorted(failing, reverse=True) and len(failing) == 150
     for sql, index in [("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 10)", "schedule_executions_pkey"),
@@ -141,3 +147,26 @@ def test_claim_due_critical_keeps_its_plan_whatever_the_statistics_and_the_sessi
         "SELECT id FROM pyscheduler.schedules WHERE name >= 'k-1401' AND name <= 'k-1500'").fetchall()}
     assert r.seq_scans("schedules") == 0
     assert r.entries("schedules_critical_due_idx") <= 110, r.returned
+
+
+def test_the_due_views_read_the_earliest_hours_of_schedules_due_hour_idx(db, conn):
+    """schedules_due_soon and schedules_late read schedules_due_hour_idx from the earliest hour on
+    and sort those hours' schedules only; schedules_late_count counts the same entries, stopping
+    at up_to. (Their order and rows are those of due_at: test_schedules_sql checks the views.)"""
+    t = create(db, "t", every="1 minute")
+    # 40 late (an hour ago, then one a minute), 3,000 due from 2 hours to 30 days ahead
+    clone(conn, t["id"], "late-", 40, next_run="date_trunc('hour', now()) - interval '1 hour' + i * interval '1 minute'")
+    clone(conn, t["id"], "later-", 3000, next_run="now() + interval '2 hours' + i * interval '13 minutes'")
+    conn.execute("DELETE FROM pyscheduler.schedules WHERE name = 't'")
+    conn.execute("ANALYZE pyscheduler.schedules")
+    late = [f"late-{i:04d}" for i in range(1, 41)]
+    for sql, names in [("SELECT name FROM pyscheduler.schedules_late LIMIT 10", late[:10]),
+                       ("SELECT name FROM pyscheduler.schedules_due_soon LIMIT 10", late[:10]),
+                       ("SELECT name FROM pyscheduler.schedules_late", late)]:
+        rows, r = reads(conn, sql, tables=("schedules",))
+        assert [x["name"] for x in rows] == names, sql
+        assert r.seq_scans("schedules") == 0, sql
+        assert r.entries("schedules_due_hour_idx") <= 40 + 2, (sql, r.returned)
+    rows, r = reads(conn, "SELECT pyscheduler.schedules_late_count(up_to => 15) AS n", tables=("schedules",))
+    assert rows[0]["n"] == 15 and r.seq_scans("schedules") == 0 and r.entries("schedules_due_hour_idx") <= 16
+    assert conn.execute("SELECT pyscheduler.schedules_late_count() AS n").fetchone()["n"] == 40

@@ -321,15 +321,19 @@ def test_a_batch_mixing_the_set_based_and_the_row_by_row_path_records_each_occur
 
 def test_a_firing_of_a_non_critical_schedule_is_a_hot_update(db, conn):
     """No index of schedules covers a column a healthy non-critical firing changes (paused
-    and consecutive_failures keep their values), so the row's new version stays on its page
+    and consecutive_failures keep their values; due_hour, the views' index, keeps its value
+    while the next run is in the same hour), so the row's new version stays on its page
     without index writes (HOT)."""
     indexed = {r["attname"] for r in conn.execute(
         "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
         "WHERE i.indrelid = 'pyscheduler.schedules'::regclass AND (a.attnum = ANY (i.indkey) "
         "OR pg_get_expr(i.indpred, i.indrelid) ~ ('\\m' || a.attname || '\\M'))").fetchall()}
-    assert indexed == {"id", "name", "critical", "critical_due_at", "paused", "consecutive_failures"}
-    s = create(db)
+    assert indexed == {"id", "name", "critical", "critical_due_at", "paused", "consecutive_failures", "due_hour"}
+    # its first run 10 minutes into the next hour: the firing's next run is in the same hour
+    start = datetime.now(timezone.utc).replace(minute=10, second=0, microsecond=0) + timedelta(hours=1)
+    s = create(db, start_at=start)
     t = datetime.fromisoformat(s["next_run_at"])
+    assert t == start
     with conn.transaction():
         record(conn, s["id"], t, t + timedelta(milliseconds=5))
         hot = conn.execute("SELECT pg_stat_get_xact_tuples_updated(c.oid) AS upd, "

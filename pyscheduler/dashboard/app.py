@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 SESSION_COOKIE = "pyscheduler_dash_session"
 TOKEN_COOKIE = "pyscheduler_dash_token"
 REFRESH_S = 10
+LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
 
 # ------------------------------------------------------------------ masking
 
@@ -462,7 +463,7 @@ class Dashboard:
         queues = r.queues()
         activity = r.activity()
         delay = r.delay()
-        late = r.db.query("SELECT count(*) AS n FROM (SELECT 1 FROM pyscheduler.schedules_late LIMIT 1000) x")[0]["n"]
+        late = r.db.query("SELECT pyscheduler.schedules_late_count(up_to => 1000) AS n")[0]["n"]
         failing = r.db.query(
             "SELECT count(*) AS n FROM (SELECT 1 FROM pyscheduler.schedules_failing LIMIT 1000) x")[0]["n"]
         paused = r.db.query(
@@ -474,7 +475,8 @@ class Dashboard:
         hour = charts.summarise(activity, now)
         return self._render(
             req, "overview.html", title="overview", now=now, queues=queues,
-            tasks_total={k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
+            tasks_total={**{k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
+                         "estimated": any(q["estimated"] for q in queues)},
             paused_queues=sum(1 for q in queues if q["paused"]),
             oldest_ready=max((q["oldest_ready_age"] for q in queues if q["oldest_ready_age"]), default=None),
             expired=expired, delay=delay, late=late, failing=failing, paused=paused, overdue=overdue,
@@ -519,10 +521,14 @@ class Dashboard:
             raise HTTPError("400 Bad Request", f"unknown target kind {kind!r}")
         flags = {k: {"yes": True, "no": False}.get(req.arg(k) or "") for k in ("paused", "critical")}
         page = r.schedules(name_like=req.arg("name_like"), target_kind=kind, cursor=req.arg("cursor"), **flags)
+        # One read for both cards: schedules_due_soon lists the late schedules first, in the order of
+        # schedules_late (both by due time), so its first 20 rows hold the first 20 late ones.
+        soon = r.schedule_view("schedules_due_soon", 20)
+        late = [dict(s, late_by=-s["due_in"]) for s in soon if s["due_in"] < -LATE_AFTER]
         return self._render(req, "schedules.html", title="schedules", now=r.clock(), page=page,
-                            late=r.schedule_view("schedules_late"), failing=r.schedule_view("schedules_failing"),
+                            late=late, failing=r.schedule_view("schedules_failing"),
                             paused=r.schedule_view("schedules_paused"), redis=self.redis_state(),
-                            due_soon=r.schedule_view("schedules_due_soon", 10))
+                            due_soon=soon[:10])
 
     def schedule_page(self, req: Request) -> str:
         r = self._open()

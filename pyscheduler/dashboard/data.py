@@ -5,10 +5,12 @@ Reads go through the monitor role's views and functions only (docs/sql-api.md,
 (``Actions``). Nothing here reads a table.
 
 Pagination. Lists page by keyset through the SQL functions' cursors:
-``list_schedules(after_name)``, ``schedule_runs(before)``, ``list_checks(after_at,
-after_id)``, ``check_history(before_at, before_id)``. ``list_tasks`` has no cursor
-yet: tasks page by offset, asking for ``offset + size + 1`` rows and showing the last
-``size`` (up to ``MAX_OFFSET`` rows deep; beyond that, narrow the filter).
+``list_tasks(before_rn)``, ``list_schedules(after_name)``, ``schedule_runs(before)``,
+``list_checks(after_at, after_id)``, ``check_history(before_at, before_id)``. A page asks
+for ``size + 1`` rows: the extra one says whether there is a next page.
+
+Counts. ``queue_status`` counts exactly up to 1,000 per queue and status; above that its
+figures are estimates (``estimated``), shown with a ``~``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import base64
 import json
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +31,6 @@ from ..schedules.client import RunOutcome
 from ..tasks.client import TaskStatus
 
 PAGE = 50  # rows per page
-MAX_OFFSET = 2000  # the fallback's deepest page: it reads offset + PAGE + 1 rows
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 CHECK_OUTCOMES: tuple[str, ...] = get_args(CheckOutcome)
 RUN_OUTCOMES: tuple[str, ...] = get_args(RunOutcome)
@@ -38,8 +40,6 @@ RUN_OUTCOMES: tuple[str, ...] = get_args(RunOutcome)
 class Page:
     rows: list[dict[str, Any]]
     next: str | None = None  # the cursor of the next page, None on the last
-    keyset: bool = False  # paged by the function's own cursor (else by the fallback)
-    limited: bool = False  # the fallback stopped at MAX_OFFSET: narrow the filter
 
 
 def encode_cursor(value: dict[str, Any]) -> str:
@@ -54,18 +54,6 @@ def decode_cursor(token: str | None) -> dict[str, Any]:
     except (ValueError, TypeError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _by_offset(fetch, cursor: dict[str, Any], size: int = PAGE) -> Page:
-    """The fallback: fetch(max_rows) returns rows from the start of the list."""
-    offset = cursor.get("o", 0) if isinstance(cursor.get("o"), int) else 0
-    offset = max(0, min(offset, MAX_OFFSET))
-    rows = fetch(offset + size + 1)
-    page = rows[offset:offset + size]
-    more = len(rows) > offset + size
-    limited = more and offset + size >= MAX_OFFSET
-    nxt = encode_cursor({"o": offset + size}) if more and not limited else None
-    return Page(page, nxt, False, limited)
 
 
 class Reader:
@@ -94,11 +82,17 @@ class Reader:
     def expired_leases(self, limit: int = 20) -> list[dict[str, Any]]:
         return self.db.query("SELECT * FROM pyscheduler.expired_leases ORDER BY deadline LIMIT %s", (limit,))
 
-    def tasks(self, *, queue: str | None, status: str | None, owner: str | None, cursor: str | None) -> Page:
-        def fetch(n: int) -> list[dict[str, Any]]:
-            rows = self.db.call("list_tasks", queue=queue, status=status, owner=owner, max_tasks=n)
-            return [r["task"] for r in rows]
-        return _by_offset(fetch, decode_cursor(cursor))
+    def tasks(self, *, queue: str | None, status: str | None, owner: str | None, cursor: str | None,
+              size: int = PAGE) -> Page:
+        before = decode_cursor(cursor).get("before")
+        try:
+            before = str(uuid.UUID(before)) if before is not None else None
+        except (ValueError, TypeError, AttributeError):
+            before = None  # not a cursor of this page: the first page
+        rows = [r["task"] for r in self.db.call("list_tasks", queue=queue, status=status, owner=owner,
+                                                 max_tasks=size + 1, before_rn=before)]
+        nxt = encode_cursor({"before": rows[size - 1]["rn"]}) if len(rows) > size else None
+        return Page(rows[:size], nxt)
 
     def task(self, rn: str) -> dict[str, Any] | None:
         rows = self.db.query(
@@ -134,7 +128,7 @@ class Reader:
         rows = [r["schedule"] for r in self.db.call("list_schedules", **args, max_schedules=PAGE + 1,
                                                      after_name=after)]
         nxt = encode_cursor({"after": rows[PAGE - 1]["name"]}) if len(rows) > PAGE else None
-        return Page(rows[:PAGE], nxt, True)
+        return Page(rows[:PAGE], nxt)
 
     def schedule_view(self, view: str, limit: int = 20) -> list[dict[str, Any]]:
         if view not in ("schedules_late", "schedules_failing", "schedules_paused", "schedules_due_soon"):
@@ -151,7 +145,7 @@ class Reader:
         before = decode_cursor(cursor).get("before")
         rows = self.db.call("schedule_runs", name=name, with_outcome=outcome, max_runs=PAGE + 1, before=before)
         nxt = encode_cursor({"before": rows[PAGE - 1]["expected_at"].isoformat()}) if len(rows) > PAGE else None
-        return Page(rows[:PAGE], nxt, True)
+        return Page(rows[:PAGE], nxt)
 
     # -- checks ---------------------------------------------------------------------
 
@@ -175,7 +169,7 @@ class Reader:
         rows = self.db.call("list_checks", **args, max=PAGE + 1, after_at=c.get("at"), after_id=c.get("id"))
         last = rows[PAGE - 1] if len(rows) > PAGE else None
         nxt = encode_cursor({"at": last["next_check_at"].isoformat(), "id": last["id"]}) if last else None
-        return Page(rows[:PAGE], nxt, True)
+        return Page(rows[:PAGE], nxt)
 
     def history(self, *, entity_name: str | None, entity_key: str | None, job: str | None,
                 outcome: str | None, cursor: str | None) -> Page:
@@ -186,7 +180,7 @@ class Reader:
         rows = self.db.call("check_history", **args, max=PAGE + 1, before_at=c.get("at"), before_id=c.get("id"))
         last = rows[PAGE - 1] if len(rows) > PAGE else None
         nxt = encode_cursor({"at": last["ended"].isoformat(), "id": last["id"]}) if last else None
-        return Page(keep(rows[:PAGE]), nxt, True)
+        return Page(keep(rows[:PAGE]), nxt)
 
 
 class Actions:

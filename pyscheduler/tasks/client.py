@@ -453,13 +453,16 @@ def _get(rn: str | UUID) -> Call[Task]:
 
 
 def _list(queue: str | None = None, status: TaskStatus | None = None, owner: str | None = None,
-          limit: int = 100) -> Call[list[Task]]:
-    """Tasks matching every filter given (None: any), newest first, at most ``limit``."""
+          limit: int = 100, before: str | UUID | None = None) -> Call[list[Task]]:
+    """Tasks matching every filter given (None: any), newest first, at most ``limit``. The next
+    page: ``before`` = the last ``rn`` of this one (keyset)."""
     if status is not None and status not in STATUSES:
         raise InvalidArgument(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
     return Call("list_tasks", {"queue": text("queue", queue, optional=True), "status": status,
                                "owner": text("owner", owner, optional=True),
-                               "max_tasks": integer("limit", limit, 1, 2**31 - 1)}, each(Task.from_json, "task"))
+                               "max_tasks": integer("limit", limit, 1, 2**31 - 1),
+                               "before_rn": None if before is None else task_id(before)},
+                each(Task.from_json, "task"))
 
 
 def _cancel(rn: str | UUID) -> Call[Task]:

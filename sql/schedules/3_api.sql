@@ -399,7 +399,10 @@ AS $$
    so a walk returns every schedule once, even while others are created).
    A page reads the names from the cursor on in order (paused => true: only
    the paused ones); the other filters are checked on the way, so a filter
-   that matches few of many schedules reads the ones it skips.
+   that matches few of many schedules reads the ones it skips. A name_like
+   that starts with a literal prefix ('daily-%') reads only the names with
+   that prefix (schedules_name_pattern_idx, or schedules_name_key in a C
+   collation), sorted when they come from the pattern index.
    Errors: PS312 max_schedules < 1. */
 #variable_conflict use_column
 DECLARE
@@ -407,6 +410,19 @@ DECLARE
 BEGIN
     IF max_schedules IS NULL OR max_schedules < 1 THEN
         PERFORM _schedule_error('PS312', format('max_schedules must be at least 1, got %s', coalesce(max_schedules::text, 'NULL')));
+    END IF;
+    IF list_schedules.name_like IS NOT NULL AND left(list_schedules.name_like, 1) NOT IN ('%', '_') THEN
+        -- the pattern written into the query: the planner turns its literal prefix into a range of
+        -- the pattern index (a parameter would leave it a filter, as in a cached generic plan)
+        RETURN QUERY EXECUTE format(
+            'SELECT pyscheduler._schedule_json(s) FROM pyscheduler.schedules s'
+            ' WHERE s.name LIKE %L AND s.name > $1'
+            '   AND ($2::text IS NULL OR s.target_kind = $2) AND ($3::boolean IS NULL OR s.paused = $3)'
+            '   AND ($4::boolean IS NULL OR s.critical = $4)'
+            ' ORDER BY s.name LIMIT $5', list_schedules.name_like)
+        USING v_after, list_schedules.target_kind, list_schedules.paused, list_schedules.critical,
+              list_schedules.max_schedules;
+        RETURN;
     END IF;
     IF list_schedules.paused THEN
         RETURN QUERY

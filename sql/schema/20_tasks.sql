@@ -1,7 +1,7 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
--- 0019_tasks_flow_status.sql and 0020_tasks_flow.sql build (tests/test_migrate.py checks).
+-- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql and 0021_flat_reads_tasks.sql build (tests/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
 CREATE TYPE pyscheduler.task_status AS ENUM ('waiting', 'scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
@@ -122,6 +122,13 @@ CREATE INDEX tasks_limited_idx ON pyscheduler.tasks (queue, concurrency_key)
 -- retry_tasks' scan: aborted and cancelled tasks of a queue, oldest first.
 CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
     WHERE status IN ('aborted', 'cancelled');
+-- list_tasks(status => 'aborted' | 'cancelled'), newest first (0021): a task enters it when
+-- it fails for good or is cancelled, never on the way submit -> lease -> complete.
+CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN ('aborted', 'cancelled');
+-- task_counts' and queue_status' estimates above 1,000 (sql/tasks/5_reads.sql): the most
+-- common (queue, status) pairs of ANALYZE's sample.
+CREATE STATISTICS pyscheduler.tasks_queue_status_stats (mcv) ON queue, status FROM pyscheduler.tasks;
+ALTER STATISTICS pyscheduler.tasks_queue_status_stats SET STATISTICS 250;
 
 -- One row per queue an operator or client paused or limited: a lease reads
 -- it by primary key; a queue without a row, or neither paused nor limited, is

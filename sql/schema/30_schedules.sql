@@ -1,6 +1,7 @@
 -- Fresh install: the recurring schedules' tables (seeds/schedulinator.md), in one place.
 -- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
--- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql and 0018_flat_reads.sql build
+-- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql, 0018_flat_reads.sql and
+-- 0021_flat_reads_tasks.sql build
 -- (tests/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
@@ -61,6 +62,9 @@ CREATE TABLE pyscheduler.schedules (
                                                           ELSE least(next_run_at, trigger_at) END END) STORED,
     owner                name NOT NULL,
     ended_note           text,
+    due_hour             timestamptz GENERATED ALWAYS AS (
+                             date_bin('1 hour', CASE WHEN paused THEN trigger_at ELSE least(next_run_at, trigger_at) END,
+                                      '2000-01-01 00:00:00+00')) STORED,
     CONSTRAINT schedules_pkey PRIMARY KEY (id),
     CONSTRAINT schedules_name_key UNIQUE (name),
     CONSTRAINT schedules_recurrence_check CHECK ((every IS NULL) <> (cron IS NULL)),
@@ -73,13 +77,21 @@ WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
       autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05, fillfactor = 80);
 
 -- The degraded-mode claim (claim_due_critical) scans this one. (No index on
--- due_at: the psql views read the table; the Redis index is the hot path.)
+-- due_at: every firing changes it, and an index on it would cost each firing its
+-- HOT update; the Redis index is the hot path.)
 CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (critical_due_at) WHERE critical_due_at IS NOT NULL;
 -- Resync hands out critical schedules first, then the others, by id.
 CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (critical, id);
 -- list_schedules(paused => true) and schedules_paused page by name through the paused ones
 -- only; a firing never changes paused, so its UPDATE stays HOT (0018_flat_reads).
 CREATE INDEX schedules_paused_name_idx ON pyscheduler.schedules (name) WHERE paused;
+-- schedules_due_soon and schedules_late: due_hour is due_at binned to the hour, so a
+-- firing that keeps its schedule in the same hour changes no indexed column (HOT);
+-- the views read the earliest hours in order and sort each (0021_flat_reads_tasks).
+CREATE INDEX schedules_due_hour_idx ON pyscheduler.schedules (due_hour) WHERE due_hour IS NOT NULL;
+-- list_schedules(name_like => 'prefix%'): the names with that prefix, in any collation
+-- (text_pattern_ops); a name never changes, so a firing stays HOT (0021_flat_reads_tasks).
+CREATE INDEX schedules_name_pattern_idx ON pyscheduler.schedules (name text_pattern_ops);
 -- schedules_failing, in its order; a healthy firing leaves consecutive_failures at 0 (HOT).
 CREATE INDEX schedules_failing_idx ON pyscheduler.schedules (consecutive_failures DESC, name)
     WHERE consecutive_failures > 0;

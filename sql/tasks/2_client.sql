@@ -575,16 +575,32 @@ COMMENT ON FUNCTION pyscheduler.get_task(uuid) IS 'One task as JSON; PS200 when 
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_tasks(
     queue text DEFAULT NULL, status text DEFAULT NULL, owner text DEFAULT NULL,
-    max_tasks integer DEFAULT 100)
+    max_tasks integer DEFAULT 100, before_rn uuid DEFAULT NULL)
 RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
+-- a page walks an index from the cursor on and stops at max_tasks (issue 21): never a scan and
+-- sort of the whole table; the status is written into the query, so the partial index of a live
+-- status (tasks_ready_idx, ...) can serve it
+SET enable_seqscan = off SET enable_indexscan = on
 AS $$
-/* list_tasks(queue => NULL, status => NULL, owner => NULL, max_tasks => 100)
+/* list_tasks(queue => NULL, status => NULL, owner => NULL, max_tasks => 100, before_rn => NULL)
        -> setof (task jsonb)
-   Tasks matching every filter given (NULL = any), newest first, at most max_tasks.
-   status: scheduled | ready | running | completed | aborted | cancelled.
+   Tasks matching every filter given (NULL = any), newest first (by rn: a task
+   id is its submission millisecond, then its submission order), at most
+   max_tasks.
+   status: waiting | scheduled | ready | running | completed | aborted | cancelled.
+   Keyset pagination: pass the last rn of a page as before_rn to get the next
+   (older) page. Ids never change, so a walk returns every task that keeps
+   matching once, even while others are submitted (they are newer: on pages
+   already read). A page reads the primary key backwards from the cursor, the
+   filters checked on the way; aborted and cancelled tasks are read from
+   tasks_failed_idx in the same order; a live status (waiting, scheduled,
+   ready, running) may instead be read from its own index (of one queue when
+   queue is given) and sorted: the work waiting or running, never the finished
+   tasks kept for retention. A filter that matches few of many completed tasks
+   (a quiet queue among busy ones) reads the ones it skips.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
 BEGIN
@@ -597,17 +613,21 @@ BEGIN
         RAISE EXCEPTION 'max_tasks must be at least 1, got %', coalesce(max_tasks::text, 'NULL')
             USING ERRCODE = 'PS208';
     END IF;
-    RETURN QUERY
-    SELECT _task_json(t) FROM tasks t
-     WHERE (list_tasks.queue IS NULL OR t.queue = list_tasks.queue)
-       AND (list_tasks.status IS NULL OR t.status = list_tasks.status::task_status)
-       AND (list_tasks.owner IS NULL OR t.owner = list_tasks.owner)
-     ORDER BY t.created DESC, t.seq DESC
-     LIMIT max_tasks;
+    RETURN QUERY EXECUTE
+        'SELECT pyscheduler._task_json(t) FROM pyscheduler.tasks t WHERE true'
+        || CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END
+        || CASE WHEN list_tasks.status IS NULL THEN ''
+                ELSE format(' AND t.status = %L::pyscheduler.task_status', list_tasks.status) END
+        || CASE WHEN list_tasks.queue IS NULL THEN '' ELSE ' AND t.queue = $2' END
+        || CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND t.owner = $3' END
+        || ' ORDER BY t.rn DESC LIMIT $4'
+    USING list_tasks.before_rn, list_tasks.queue,
+          list_tasks.owner, list_tasks.max_tasks;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer) IS
-    'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks.';
+COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer, uuid) IS
+    'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks; a page '
+    'from before_rn on (keyset).';
 
 -- _owned_task(rn): task rn, locked (FOR UPDATE), when the caller may act on it
 -- (convention C: the role that submitted it, a member of it, or admin);

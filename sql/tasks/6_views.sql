@@ -4,11 +4,14 @@
 
 -- ---------------------------------------------------------------- views (psql)
 
+-- Each view reads through a function of 5_reads.sql (plans pinned to the indexes): none
+-- counts or scans the table (issue 21); a count above 1,000 is the planner's estimate, with
+-- estimated = true (see Counts there).
 CREATE OR REPLACE VIEW pyscheduler.task_counts AS
-    SELECT queue, status, count(*) AS tasks
-      FROM pyscheduler.tasks
-     GROUP BY queue, status;
-COMMENT ON VIEW pyscheduler.task_counts IS 'Number of tasks per queue and status.';
+    SELECT c.queue, c.status, c.tasks, c.estimated FROM pyscheduler._task_counts() c;
+COMMENT ON VIEW pyscheduler.task_counts IS
+    'Number of tasks per queue and status: exact up to 1,000, above that the planner''s estimate '
+    '(estimated = true; finished and running tasks: estimated as soon as their status holds more than 1,000).';
 
 CREATE OR REPLACE VIEW pyscheduler.expired_leases AS
     SELECT rn, queue, owner, deadline, now() - deadline AS overdue, progress
@@ -18,44 +21,20 @@ COMMENT ON VIEW pyscheduler.expired_leases IS
     'Running tasks past their deadline: the monitor will reset them (or is not running).';
 
 CREATE OR REPLACE VIEW pyscheduler.oldest_ready_tasks AS
-    SELECT DISTINCT ON (queue) queue, rn, priority, created, now() - created AS age
-      FROM pyscheduler.tasks
-     WHERE status = 'ready'
-     ORDER BY queue, created, seq;
-COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS 'The oldest ready task of each queue and how long it has waited.';
+    SELECT o.queue, o.rn, o.priority, o.created, o.age FROM pyscheduler._oldest_ready_tasks() o;
+COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS
+    'The oldest ready task of each queue and how long it has waited (one index probe per queue and priority).';
 
--- queue_status: one row per queue with live tasks or a task_queues row. It
--- reads the live tasks only (scheduled, ready and running, through their
--- partial indexes), never the finished ones kept for retention: its cost
--- grows with the work waiting and running, not with the tasks stored (less
--- than task_counts, which counts every task).
+-- queue_status: one row per queue with live tasks or a task_queues row; its counts as
+-- task_counts' (exact up to 1,000; estimated = true when one of them is an estimate).
+-- oldest_ready_age: the longest wait among the first ready task of each priority.
 CREATE OR REPLACE VIEW pyscheduler.queue_status AS
-    WITH ready AS (
-        SELECT queue, count(*) AS n, now() - min(updated) AS oldest
-          FROM pyscheduler.tasks WHERE status = 'ready' GROUP BY queue),
-    delayed AS (
-        SELECT queue, count(*) AS n, min(run_at) AS next_due
-          FROM pyscheduler.tasks WHERE status = 'scheduled' GROUP BY queue),
-    running AS (
-        SELECT queue, count(*) AS n
-          FROM pyscheduler.tasks WHERE status = 'running' GROUP BY queue),
-    waiting AS (
-        SELECT queue, count(*) AS n
-          FROM pyscheduler.tasks WHERE status = 'waiting' GROUP BY queue),
-    queues AS (
-        SELECT queue FROM ready UNION SELECT queue FROM delayed UNION SELECT queue FROM running
-        UNION SELECT queue FROM waiting UNION SELECT queue FROM pyscheduler.task_queues)
-    SELECT n.queue, coalesce(r.n, 0) AS ready, coalesce(d.n, 0) AS delayed, coalesce(g.n, 0) AS running,
-           coalesce(q.paused, false) AS paused, q.note, q.paused_by, r.oldest AS oldest_ready_age, d.next_due,
-           coalesce(w.n, 0) AS waiting
-      FROM queues n
-      LEFT JOIN ready r ON r.queue = n.queue
-      LEFT JOIN delayed d ON d.queue = n.queue
-      LEFT JOIN running g ON g.queue = n.queue
-      LEFT JOIN waiting w ON w.queue = n.queue
-      LEFT JOIN pyscheduler.task_queues q ON q.queue = n.queue;
+    SELECT s.queue, s.ready, s.delayed, s.running, s.paused, s.note, s.paused_by, s.oldest_ready_age, s.next_due,
+           s.waiting, s.estimated
+      FROM pyscheduler._queue_status() s;
 COMMENT ON VIEW pyscheduler.queue_status IS
-    'Per queue: tasks ready, delayed (scheduled), running and waiting (for parents), whether it is paused, the oldest ready task''s wait, the next due time.';
+    'Per queue: tasks ready, delayed (scheduled), running and waiting (for parents; exact up to 1,000, then '
+    'estimated), whether it is paused, the oldest ready task''s wait, the next due time.';
 
 -- ---------------------------------------------------------------- grants
 
@@ -70,3 +49,6 @@ SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_task
 SELECT pyscheduler._grant('monitor', 'get_task', 'list_tasks', 'next_task_due', 'task_counts', 'expired_leases',
                          'oldest_ready_tasks', 'queue_status', 'queue_limits');
 SELECT pyscheduler._grant('admin', 'reset_expired_tasks', 'cleanup_tasks');
+-- the views call them for their readers
+SELECT pyscheduler._grant(audience, '_task_counts', '_queue_status', '_oldest_ready_tasks')
+  FROM unnest(ARRAY['client', 'monitor']) AS audience;

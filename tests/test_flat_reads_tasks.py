@@ -1,0 +1,231 @@
+"""Leased tasks, issue 21: list_tasks pages by keyset (every task once, while others are
+submitted); task_counts and queue_status are exact up to their cap after a random mix of every
+change, and above it labelled estimates; each read path reads an index (never a scan of the
+table) and stops at the page; oldest_ready_tasks reads one index entry per queue and priority."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from flat_reads_support import reads
+
+CAP = 1000  # pyscheduler._task_count_cap()
+
+
+def submit(conn, queue="q", **kw):
+    args = ", ".join(f"{k} => %({k})s" for k in kw)
+    return conn.execute(f"SELECT pyscheduler.submit_task(queue => %(queue)s, spec => '{{}}'"
+                        f"{', ' + args if args else ''}) AS t", {"queue": queue, **kw}).fetchone()["t"]
+
+
+def lease(conn, queue="q", worker="w1"):
+    return conn.execute("SELECT pyscheduler.lease_task(queue => %s, worker => %s) AS t", (queue, worker)).fetchone()["t"]
+
+
+def walk(conn, per_page: int, between=None, **filters) -> list[str]:
+    """Every page of list_tasks, each from the last rn of the one before."""
+    seen, before = [], None
+    while True:
+        page = [r["task"]["rn"] for r in conn.execute(
+            "SELECT task FROM pyscheduler.list_tasks(queue => %(queue)s, status => %(status)s, "
+            "max_tasks => %(n)s, before_rn => %(before)s)",
+            {"queue": filters.get("queue"), "status": filters.get("status"), "n": per_page, "before": before})]
+        assert page == sorted(page, reverse=True)
+        seen += page
+        if len(page) < per_page:
+            return seen
+        before = page[-1]
+        if between:
+            between()
+
+
+def real(conn, status_filter="true") -> list[tuple]:
+    return [tuple(r.values()) for r in conn.execute(
+        f"SELECT queue, status, count(*) AS n FROM pyscheduler.tasks WHERE {status_filter} "
+        "GROUP BY 1, 2 ORDER BY 1, 2")]
+
+
+def shown(conn) -> list[tuple]:
+    rows = conn.execute("SELECT queue, status, tasks, estimated FROM pyscheduler.task_counts ORDER BY 1, 2").fetchall()
+    assert not any(r["estimated"] for r in rows), rows
+    return [(r["queue"], r["status"], r["tasks"]) for r in rows]
+
+
+def test_list_tasks_pages_return_every_task_once_while_others_are_submitted(conn, dsn):
+    rns = [submit(conn, queue=("a" if i % 3 else "b"), priority=i % 4)["rn"] for i in range(70)]
+    for _ in range(20):
+        t = lease(conn, "a")
+        conn.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
+    lease(conn, "b")
+    with psycopg.connect(dsn, autocommit=True) as other:
+        def more() -> None:
+            for q in ("a", "b"):
+                other.execute("SELECT pyscheduler.submit_task(queue => %s, spec => '{}')", (q,))
+
+        every = walk(conn, 7, more)
+        assert len(every) == len(set(every))
+        assert [r for r in every if r in rns] == sorted(rns, reverse=True)
+        for filters, keep in [({"queue": "a"}, "queue = 'a'"), ({"status": "ready"}, "status = 'ready'"),
+                              ({"status": "completed"}, "status = 'completed'"),
+                              ({"queue": "b", "status": "running"}, "queue = 'b' AND status = 'running'"),
+                              ({"queue": "b", "status": "ready"}, "queue = 'b' AND status = 'ready'")]:
+            expected = [r["rn"] for r in conn.execute(
+                f"SELECT rn::text FROM pyscheduler.tasks WHERE {keep} AND rn = ANY(%s::uuid[]) ORDER BY rn DESC",
+                (rns,))]
+            got = walk(conn, 4, more, **filters)
+            assert len(got) == len(set(got)), filters
+            assert [r for r in got if r in rns] == expected, filters
+    # submitted later, listed first: the ids are time-ordered
+    newest = submit(conn, "a")["rn"]
+    assert conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(max_tasks => 1)").fetchone()["rn"] == newest
+
+
+def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
+    rnd = random.Random(21)
+    queues = ["q1", "q2", "q3"]
+    held: list[dict] = []
+    seen: set[str] = set()
+    for step in range(240):
+        op = rnd.choice(["submit", "submit", "submit", "delayed", "after", "lease", "lease", "complete", "complete",
+                         "fail", "abort", "cancel", "retry", "expire", "cleanup", "pause"])
+        q = rnd.choice(queues)
+        if op == "submit":
+            submit(conn, q, priority=rnd.choice([10, 50]))
+        elif op == "delayed":
+            submit(conn, q, run_in=timedelta(hours=1))
+        elif op == "after":  # a child waiting for a parent
+            parent = submit(conn, q)
+            submit(conn, q, after=[parent["rn"]])
+        elif op == "lease":
+            t = lease(conn, q, worker=f"w{rnd.randint(1, 3)}")
+            if t:
+                held.append(t)
+        elif held and op in ("complete", "fail", "abort"):
+            t = held.pop(rnd.randrange(len(held)))
+            if op == "complete":
+                conn.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
+            elif op == "fail":  # retried after the backoff (scheduled), or aborted after its last attempt
+                conn.execute("SELECT pyscheduler.fail_task(rn => %s, token => %s, error => %s, retry_in => %s)",
+                             (t["rn"], t["token"], Jsonb({"code": "x", "args": {}, "description": "d"}),
+                              rnd.choice([timedelta(0), timedelta(hours=1)])))
+            else:
+                conn.execute("SELECT pyscheduler.abort_task(rn => %s, token => %s, errors => %s)",
+                             (t["rn"], t["token"], Jsonb([{"code": "x", "args": {}, "description": "d"}])))
+        elif op == "cancel":
+            live = conn.execute("SELECT rn FROM pyscheduler.tasks WHERE status IN ('ready', 'scheduled', 'waiting') "
+                                "ORDER BY random() LIMIT 1").fetchone()
+            if live:
+                conn.execute("SELECT pyscheduler.cancel_task(rn => %s)", (live["rn"],))
+        elif op == "retry":
+            conn.execute("SELECT count(*) FROM pyscheduler.retry_tasks(queue => %s, status => %s, max_tasks => 2)",
+                         (q, rnd.choice(["aborted", "cancelled"])))
+        elif op == "expire":  # the monitor resets leases past their deadline
+            conn.execute("SELECT count(*) FROM pyscheduler._reset_expired_tasks(100, now() + interval '1 day')")
+            held.clear()
+        elif op == "cleanup":
+            conn.execute("SELECT pyscheduler.cleanup_tasks(retention => '0', max_tasks => 2)")
+        else:
+            conn.execute(f"SELECT pyscheduler.{rnd.choice(['pause_queue', 'resume_queue'])}(queue => %s)", (q,))
+        if step % 20 == 0 or step == 239:
+            assert shown(conn) == real(conn), (step, op)
+            seen |= {s for _, s, _ in real(conn)}
+            status = {r["queue"]: r for r in conn.execute("SELECT * FROM pyscheduler.queue_status")}
+            counts = {(q, s): n for q, s, n in real(conn)}
+            for q, row in status.items():
+                assert not row["estimated"]
+                assert (row["ready"], row["delayed"], row["running"], row["waiting"]) == tuple(
+                    counts.get((q, s), 0) for s in ("ready", "scheduled", "running", "waiting")), (step, op, q)
+                assert row["next_due"] == conn.execute(
+                    "SELECT min(run_at) AS m FROM pyscheduler.tasks WHERE queue = %s AND status = 'scheduled'",
+                    (q,)).fetchone()["m"]
+            assert set(status) >= {q for (q, s) in counts if s in ("ready", "scheduled", "running", "waiting")}
+            oldest = {r["queue"]: r["rn"] for r in conn.execute("SELECT queue, rn::text FROM pyscheduler.oldest_ready_tasks")}
+            assert oldest == {r["queue"]: r["rn"] for r in conn.execute(
+                "SELECT DISTINCT ON (queue) queue, rn::text FROM pyscheduler.tasks WHERE status = 'ready' "
+                "ORDER BY queue, created, seq")}, step
+    assert seen == {"ready", "running", "completed", "aborted", "cancelled", "scheduled", "waiting"}
+
+
+def fill(conn, n: int, queue: str, status: str, priority: str = "50") -> None:
+    """n tasks stored as submit_task would (time-ordered ids), without the calls."""
+    conn.execute(
+        "INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated, errors, owner, "
+        "deadline, history, run_at, submitted_by) SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), s), %s, "
+        "'{}', " + priority + ", %s::pyscheduler.task_status, 0, c, c, '[]', CASE WHEN %s = 'running' THEN 'w' END, "
+        "CASE WHEN %s = 'running' THEN now() + interval '1 hour' END, '[]', "
+        "CASE WHEN %s = 'scheduled' THEN now() + interval '1 hour' END, current_user "
+        "FROM generate_series(1, %s) i, LATERAL (SELECT nextval('pyscheduler.task_seq') AS s, "
+        "now() - interval '1 day' + i * interval '1 millisecond' AS c) x", (queue, status, status, status, status, n))
+
+
+def test_counts_above_the_cap_are_estimates_read_from_the_statistics(conn):
+    fill(conn, 2500, "big", "ready")
+    fill(conn, 3000, "big", "completed")
+    fill(conn, 1200, "busy", "running")
+    fill(conn, 10, "small", "ready")
+    fill(conn, 5, "small", "aborted")
+    conn.execute("ANALYZE pyscheduler.tasks")
+    rows, r = reads(conn, "SELECT * FROM pyscheduler.task_counts", tables=("tasks",))
+    assert r.seq_scans("tasks") == 0
+    assert r.entries("tasks_ready_idx") <= CAP + 1 + 10 + 4, r.returned
+    got = {(x["queue"], x["status"]): (x["tasks"], x["estimated"]) for x in rows}
+    assert got[("small", "ready")] == (10, False) and got[("small", "aborted")] == (5, False)
+    for key, n in [(("big", "ready"), 2500), (("big", "completed"), 3000), (("busy", "running"), 1200)]:
+        tasks, estimated = got[key]
+        assert estimated and CAP < tasks and abs(tasks - n) < n * 0.2, (key, got[key])
+    rows, r = reads(conn, "SELECT * FROM pyscheduler.queue_status", tables=("tasks",))
+    assert r.seq_scans("tasks") == 0
+    status = {x["queue"]: x for x in rows}
+    assert status["big"]["estimated"] and abs(status["big"]["ready"] - 2500) < 500
+    assert status["busy"]["estimated"] and status["busy"]["running"] > CAP
+    assert not status["small"]["estimated"] and status["small"]["ready"] == 10
+
+
+def test_each_read_path_reads_an_index_and_stops_at_the_page(conn):
+    for q in ("q1", "q2", "q3"):
+        fill(conn, 2000, q, "completed")
+        fill(conn, 30, q, "ready", priority="10")
+        fill(conn, 30, q, "ready", priority="90")
+        fill(conn, 20, q, "scheduled")
+        fill(conn, 5, q, "running")
+        fill(conn, 10, q, "aborted")
+    conn.execute("VACUUM ANALYZE pyscheduler.tasks")
+    middle = conn.execute("SELECT rn FROM pyscheduler.tasks ORDER BY rn OFFSET 3000 LIMIT 1").fetchone()["rn"]
+    for sql, params, index, most in [
+        ("SELECT * FROM pyscheduler.list_tasks(max_tasks => 10)", (), "tasks_pkey", 10),
+        ("SELECT * FROM pyscheduler.list_tasks(max_tasks => 10, before_rn => %s)", (middle,), "tasks_pkey", 10),
+        ("SELECT * FROM pyscheduler.list_tasks(status => 'completed', max_tasks => 10)", (), "tasks_pkey", 60),
+        ("SELECT * FROM pyscheduler.list_tasks(queue => 'q2', status => 'ready', max_tasks => 10)", (),
+         "tasks_ready_idx", 60),
+        ("SELECT * FROM pyscheduler.list_tasks(status => 'running', max_tasks => 10)", (),
+         "tasks_running_deadline_idx", 15),
+        ("SELECT * FROM pyscheduler.oldest_ready_tasks", (), "tasks_ready_idx", 3 * 2 * 2 + 3 + 2),
+    ]:
+        rows, r = reads(conn, sql, params, tables=("tasks",))
+        assert r.seq_scans("tasks") == 0, sql
+        assert 0 < r.entries(index) <= most, (sql, r.returned)
+        assert sum(r.returned.values()) <= most + 5, (sql, r.returned)
+    oldest = conn.execute("SELECT queue, priority FROM pyscheduler.oldest_ready_tasks").fetchall()
+    assert [(o["queue"], o["priority"]) for o in oldest] == [("q1", 10), ("q2", 10), ("q3", 10)]
+    for sql in ["SELECT * FROM pyscheduler.task_counts", "SELECT * FROM pyscheduler.queue_status"]:
+        rows, r = reads(conn, sql, tables=("tasks",))
+        assert r.seq_scans("tasks") == 0, sql
+        # the live tasks' entries (3 x (60 + 20 + 10) + 15), a few probes, and the finished ones up to the cap
+        assert sum(r.returned.values()) <= 3 * 90 + 15 + 40 + CAP + 1, (sql, r.returned)
+        assert rows, sql
+
+
+def test_the_client_pages_with_before(db):
+    from pyscheduler.tasks import TaskClient
+
+    client = TaskClient(db)
+    made = [client.submit("pages", {"i": i}).rn for i in range(7)]
+    seen, before = [], None
+    while page := client.list("pages", limit=3, before=before):
+        seen += [t.rn for t in page]
+        before = page[-1].rn
+    assert seen == made[::-1]
