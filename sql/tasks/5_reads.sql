@@ -117,12 +117,9 @@ BEGIN
     FOREACH v_status IN ARRAY ARRAY['waiting', 'scheduled', 'ready', 'aborted', 'cancelled']::pyscheduler.task_status[]
     LOOP
         FOR v_queue IN SELECT q FROM pyscheduler._task_status_queues(v_status) q LOOP
-            v_n := pyscheduler._task_counted(v_queue, v_status, v_cap);
             queue := v_queue;
             status := v_status;
-            estimated := v_n > v_cap;
-            tasks := CASE WHEN estimated THEN greatest(v_cap + 1, (v_est -> v_status::text ->> v_queue)::bigint)
-                          ELSE v_n END;
+            SELECT l.n, l.estimated INTO tasks, estimated FROM pyscheduler._task_live(v_queue, v_status, v_cap, v_est) l;
             RETURN NEXT;
         END LOOP;
     END LOOP;
