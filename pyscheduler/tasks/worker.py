@@ -146,6 +146,13 @@ MAX_UNRECORDED = 1000  # completions (or failures) waiting to be recorded before
 _SLOW, _FULL = object(), object()  # answers of Worker._take (see there)
 # Connection trouble: wait and retry (a server restart ends sessions with SQLSTATE 57P01 etc.).
 TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError)
+
+
+def _rechecks(at: float) -> list[float]:
+    """The (monotonic) times after ``at`` that leases must start after (RECHECKS)."""
+    return [at + after for after in RECHECKS]
+
+
 class _Discard(SchedulerError):
     """Internal: the lease this outcome belongs to is gone (the task was leased again)."""
 
@@ -715,7 +722,7 @@ class Worker:
                     self.polls += 1
                     got = len(rows)
                     if 0 < got < n:  # a submit announced these: look again after its throttled followers
-                        rechecks = [sent + after for after in RECHECKS]
+                        rechecks = _rechecks(sent)
                     else:
                         while rechecks and sent >= rechecks[0]:
                             del rechecks[0]
@@ -739,10 +746,10 @@ class Worker:
                         continue
                     if due is not None and due < self.poll_interval:
                         if self._lease_wake.wait(due, jitter=0) and got < n:
-                            rechecks = [time.monotonic() + after for after in RECHECKS]
+                            rechecks = _rechecks(time.monotonic())
                         continue
                 if self._lease_wake.wait(self.poll_interval) and n > 0 and got < n:
-                    rechecks = [time.monotonic() + after for after in RECHECKS]
+                    rechecks = _rechecks(time.monotonic())
         finally:
             conn.close()
 

@@ -166,7 +166,6 @@ DECLARE
     v_taken integer := 0;
     v_want integer;
     v_n integer;
-    v_hit boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'queue % has limits: lease its tasks in a READ COMMITTED transaction, not %', p_queue,
@@ -260,10 +259,9 @@ BEGIN
         IF v_rns IS NULL THEN
             EXIT WHEN v_round > 1 OR NOT v_keyed;
             -- the first n + 1000 were all of full keys (or being taken): look past them, when there are more
-            SELECT count(*) >= v_want + 1000 INTO v_hit
-              FROM (SELECT 1 FROM pyscheduler.tasks r WHERE r.queue = p_queue AND r.status = 'ready'
-                     LIMIT v_want + 1000) AS s;
-            EXIT WHEN NOT v_hit;  -- nothing ready past the full keys
+            EXIT WHEN (SELECT count(*) FROM (SELECT 1 FROM pyscheduler.tasks r
+                                              WHERE r.queue = p_queue AND r.status = 'ready'
+                                              LIMIT v_want + 1000) AS s) < v_want + 1000;  -- nothing past them
             CONTINUE;
         END IF;
         IF v_keyed THEN
