@@ -424,13 +424,13 @@ class Checks(Section):
                     _call("SELECT * FROM pyscheduler.list_checks(after_at => now() + interval '15 days', "
                          "after_id => 0)")),
             Measure("list_checks(entity_name, entity_key)", "read",
-                    _call("SELECT * FROM pyscheduler.list_checks(entity_name => 'order', entity_key => '12345')")),
+                    _call("SELECT * FROM pyscheduler.list_checks(entity_name => 'order', entity_key => '4242')")),
             Measure("check_history()", "read", _call("SELECT * FROM pyscheduler.check_history()")),
             Measure("check_history(before => 15 days ago)", "read",
                     _call("SELECT * FROM pyscheduler.check_history(before_at => now() - interval '15 days', "
                          "before_id => 0)")),
             Measure("check_history(entity_name, entity_key)", "read",
-                    _call("SELECT * FROM pyscheduler.check_history(entity_name => 'order', entity_key => '12345')")),
+                    _call("SELECT * FROM pyscheduler.check_history(entity_name => 'order', entity_key => '4242')")),
             Measure("checks_per_slot LIMIT 100", "read", _call("SELECT * FROM pyscheduler.checks_per_slot LIMIT 100")),
             Measure("overdue_checks LIMIT 100", "read", _call("SELECT * FROM pyscheduler.overdue_checks LIMIT 100")),
             Measure("check_outcomes", "read", _call("SELECT * FROM pyscheduler.check_outcomes")),
@@ -442,7 +442,8 @@ class Checks(Section):
 class Tasks(Section):
     """Stored: n tasks in 20 queues, submitted over the last 7 days (time-ordered ids, as
     ``submit_task`` makes them), a deployment's mix: 1 % ready (two priorities), 0.5 % scheduled
-    (delayed or waiting for a retry, due within a day), 0.05 % running (leases an hour long),
+    (delayed or waiting for a retry, due within a day), 200 running whatever the size (leases an
+    hour long: the leases in flight follow the workers' capacity, not what is stored),
     0.1 % waiting (for a parent), 0.5 % aborted, 0.1 % cancelled, the rest completed (kept for
     their retention period). Hot: 10,000 tasks of a queue of their own leased and completed as the
     Worker does (``lease_tasks_lean``, n 500, then ``complete_tasks``); they are deleted before
@@ -450,6 +451,7 @@ class Tasks(Section):
 
     name = "tasks"
     HOT = 10_000
+    RUNNING = 200
 
     def build(self, b: Backend, echo: Callable[[str], None]) -> None:
         for lo, hi in _chunks(self.n):
@@ -468,7 +470,7 @@ class Tasks(Section):
                 "FROM generate_series(%s::bigint, %s::bigint) i, "
                 "LATERAL (SELECT now() - interval '7 days' + (i::float8 / %s) * interval '7 days' AS c, "
                 "CASE WHEN i %% 100 = 11 THEN 'ready' WHEN i %% 200 = 13 THEN 'scheduled' "
-                "     WHEN i %% 2000 = 17 THEN 'running' WHEN i %% 1000 = 19 THEN 'waiting' "
+                f"     WHEN i %% {max(50, self.n // self.RUNNING)} = 17 THEN 'running' WHEN i %% 1000 = 19 THEN 'waiting' "
                 "     WHEN i %% 200 = 23 THEN 'aborted' WHEN i %% 1000 = 29 THEN 'cancelled' "
                 "     ELSE 'completed' END AS s) x", (lo, hi, self.n))
         b.q("SELECT setval('pyscheduler.task_seq', greatest(%s, (SELECT last_value FROM pyscheduler.task_seq)))",

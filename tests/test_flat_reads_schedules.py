@@ -1,7 +1,6 @@
 """Recurring schedules, issue 21: list_schedules and schedule_runs page by keyset (every row once,
 while others are written), each read path reads the index in its order and stops at the page, the
-paused and failing views have indexes of their own (and a healthy firing stays HOT: see
-test_schedules_sql), and claim_due_critical keeps its plan whatever the statistics and the session
+paused and failing views have indexes of their own, and claim_due_critical keeps its plan whatever the statistics and the session
 say."""
 
 from __future__ import annotations
@@ -149,24 +148,33 @@ def test_claim_due_critical_keeps_its_plan_whatever_the_statistics_and_the_sessi
     assert r.entries("schedules_critical_due_idx") <= 110, r.returned
 
 
-def test_the_due_views_read_the_earliest_hours_of_schedules_due_hour_idx(db, conn):
-    """schedules_due_soon and schedules_late read schedules_due_hour_idx from the earliest hour on
-    and sort those hours' schedules only; schedules_late_count counts the same entries, stopping
-    at up_to. (Their order and rows are those of due_at: test_schedules_sql checks the views.)"""
+def test_the_due_views_and_the_late_count_read_only_the_entries_they_return(db, conn):
+    """schedules_due_soon, schedules_late and schedules_late_count read schedules_due_idx in
+    due_at order and stop at their LIMIT, also among many healthy schedules firing more often
+    than hourly, due within the minute and none late (a due time binned to the hour held those
+    all in one bin, which each view read whole)."""
     t = create(db, "t", every="1 minute")
-    # 40 late (an hour ago, then one a minute), 3,000 due from 2 hours to 30 days ahead
+    # 40 late (an hour ago, then one a minute), 3,000 every-minute ones due within the next
+    # 50 seconds (healthy), 3,000 due from 2 hours to 30 days ahead
     clone(conn, t["id"], "late-", 40, next_run="date_trunc('hour', now()) - interval '1 hour' + i * interval '1 minute'")
+    clone(conn, t["id"], "fast-", 3000, next_run="now() + interval '10 seconds' + (i %% 40) * interval '1 second'")
     clone(conn, t["id"], "later-", 3000, next_run="now() + interval '2 hours' + i * interval '13 minutes'")
     conn.execute("DELETE FROM pyscheduler.schedules WHERE name = 't'")
     conn.execute("ANALYZE pyscheduler.schedules")
     late = [f"late-{i:04d}" for i in range(1, 41)]
     for sql, names in [("SELECT name FROM pyscheduler.schedules_late LIMIT 10", late[:10]),
                        ("SELECT name FROM pyscheduler.schedules_due_soon LIMIT 10", late[:10]),
-                       ("SELECT name FROM pyscheduler.schedules_late", late)]:
+                       ("SELECT name FROM pyscheduler.schedules_due_soon LIMIT 50", None),
+                       ("SELECT name FROM pyscheduler.schedules_late LIMIT 100", late)]:
         rows, r = reads(conn, sql, tables=("schedules",))
-        assert [x["name"] for x in rows] == names, sql
+        got = [x["name"] for x in rows]
+        if names is None:  # the late ones, then the soonest fast ones
+            assert got[:40] == late and len(got) == 50 and all(n.startswith("fast-") for n in got[40:]), sql
+        else:
+            assert got == names, sql
         assert r.seq_scans("schedules") == 0, sql
-        assert r.entries("schedules_due_hour_idx") <= 40 + 2, (sql, r.returned)
+        assert r.entries("schedules_due_idx") <= len(got) + 1, (sql, r.returned)
     rows, r = reads(conn, "SELECT pyscheduler.schedules_late_count(up_to => 15) AS n", tables=("schedules",))
-    assert rows[0]["n"] == 15 and r.seq_scans("schedules") == 0 and r.entries("schedules_due_hour_idx") <= 16
-    assert conn.execute("SELECT pyscheduler.schedules_late_count() AS n").fetchone()["n"] == 40
+    assert rows[0]["n"] == 15 and r.seq_scans("schedules") == 0 and r.entries("schedules_due_idx") <= 16
+    rows, r = reads(conn, "SELECT pyscheduler.schedules_late_count() AS n", tables=("schedules",))
+    assert rows[0]["n"] == 40 and r.entries("schedules_due_idx") <= 41, r.returned

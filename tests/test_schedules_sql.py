@@ -319,31 +319,16 @@ def test_a_batch_mixing_the_set_based_and_the_row_by_row_path_records_each_occur
     assert db.call_value("execution_count", name="c", outcome="failed") == 0
 
 
-def test_a_firing_of_a_non_critical_schedule_is_a_hot_update(db, conn):
-    """No index of schedules covers a column a healthy non-critical firing changes (paused
-    and consecutive_failures keep their values; due_hour, the views' index, keeps its value
-    while the next run is in the same hour), so the row's new version stays on its page
-    without index writes (HOT)."""
-    indexed = {r["attname"] for r in conn.execute(
-        "SELECT DISTINCT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-        "WHERE i.indrelid = 'pyscheduler.schedules'::regclass AND (a.attnum = ANY (i.indkey) "
-        "OR pg_get_expr(i.indpred, i.indrelid) ~ ('\\m' || a.attname || '\\M'))").fetchall()}
-    assert indexed == {"id", "name", "critical", "critical_due_at", "paused", "consecutive_failures", "due_hour"}
-    # its first run 10 minutes into the next hour: the firing's next run is in the same hour
-    start = datetime.now(timezone.utc).replace(minute=10, second=0, microsecond=0) + timedelta(hours=1)
-    s = create(db, start_at=start)
-    t = datetime.fromisoformat(s["next_run_at"])
-    assert t == start
-    with conn.transaction():
-        record(conn, s["id"], t, t + timedelta(milliseconds=5))
-        hot = conn.execute("SELECT pg_stat_get_xact_tuples_updated(c.oid) AS upd, "
-                           "pg_stat_get_xact_tuples_hot_updated(c.oid) AS hot FROM pg_class c "
-                           "WHERE c.oid = 'pyscheduler.schedules'::regclass").fetchone()
-    assert hot == {"upd": 1, "hot": 1}
+def test_critical_due_at_is_the_due_time_of_critical_schedules_only(db, conn):
+    """critical_due_at (what the Postgres-only claim scans) is due_at for a critical schedule and
+    NULL for the others, so claim_due_critical's index holds the critical ones only."""
     crit = create(db, "crit", critical=True)
-    row = conn.execute("SELECT critical_due_at, due_at FROM pyscheduler.schedules WHERE id = %s",
-                       (crit["id"],)).fetchone()
-    assert row["critical_due_at"] == row["due_at"] is not None  # what the Postgres-only claim scans
+    plain = create(db, "plain")
+    rows = {r["id"]: r for r in conn.execute(
+        "SELECT id, critical_due_at, due_at FROM pyscheduler.schedules WHERE id IN (%s, %s)",
+        (crit["id"], plain["id"])).fetchall()}
+    assert rows[crit["id"]]["critical_due_at"] == rows[crit["id"]]["due_at"] is not None
+    assert rows[plain["id"]]["critical_due_at"] is None and rows[plain["id"]]["due_at"] is not None
 
 
 def test_delete_schedule_deletes_its_executions(db, conn):

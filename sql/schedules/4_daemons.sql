@@ -128,13 +128,24 @@ BEGIN
                        FROM unnest(v_ids, v_due, v_critical, v_updated) AS u(id, due, critical, upd);
         RETURN;
     END IF;
-    WHILE NOT r.exhausted LOOP  -- the critical schedules, then the others (index (critical, id) serves both)
-        SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}'), array_agg(x.due_at ORDER BY x.id),
-               array_agg(x.critical ORDER BY x.id), array_agg(x.updated ORDER BY x.id)
-          INTO v_ids, v_due, v_critical, v_updated
-          FROM (SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
-                 WHERE s.critical = NOT r.done_critical AND s.id > r.after_id AND s.due_at IS NOT NULL
-                 ORDER BY s.id LIMIT p_limit) x;
+    -- the critical schedules (schedules_critical_id_idx), then the others (the primary key: a
+    -- firing of a non-critical schedule writes no entry to an index of critical ones)
+    WHILE NOT r.exhausted LOOP
+        IF NOT r.done_critical THEN
+            SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}'), array_agg(x.due_at ORDER BY x.id),
+                   array_agg(x.critical ORDER BY x.id), array_agg(x.updated ORDER BY x.id)
+              INTO v_ids, v_due, v_critical, v_updated
+              FROM (SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
+                     WHERE s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
+                     ORDER BY s.id LIMIT p_limit) x;
+        ELSE
+            SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}'), array_agg(x.due_at ORDER BY x.id),
+                   array_agg(x.critical ORDER BY x.id), array_agg(x.updated ORDER BY x.id)
+              INTO v_ids, v_due, v_critical, v_updated
+              FROM (SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
+                     WHERE NOT s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
+                     ORDER BY s.id LIMIT p_limit) x;
+        END IF;
         IF cardinality(v_ids) > 0 THEN
             INSERT INTO _schedule_resync_leases (sync_id, critical, after_id, last_id, n, owner, until)
             VALUES (p_sync_id, NOT r.done_critical, r.after_id, v_ids[cardinality(v_ids)], cardinality(v_ids), p_owner,

@@ -16,17 +16,14 @@ AS $$
     SELECT pyscheduler._may_act(p_owner);
 $$;
 
--- schedules_due_soon and schedules_late read schedules_due_hour_idx (due_hour: due_at binned
--- to the hour) from the earliest hour on, up to the hour of their bound, and sort each hour's
--- schedules by due_at (an incremental sort): a LIMIT stops after the hours it needs, never a
--- scan of the table (issue 21). No index on due_at itself: every firing changes it.
+-- schedules_due_soon and schedules_late read schedules_due_idx in due_at order: a LIMIT reads
+-- that many entries, whatever is stored (issue 21; 0023_schedules_due_index).
 CREATE OR REPLACE VIEW pyscheduler.schedules_due_soon AS
     SELECT name, due_at, due_at - now() AS due_in, trigger_at IS NOT NULL AND trigger_at = due_at AS triggered,
            critical, target_kind, CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
-     WHERE due_hour IS NOT NULL AND due_hour <= date_bin('1 hour', now() + interval '5 minutes', '2000-01-01 00:00:00+00')
-       AND due_at <= now() + interval '5 minutes'
-     ORDER BY due_hour, due_at;
+     WHERE due_at IS NOT NULL AND due_at <= now() + interval '5 minutes'
+     ORDER BY due_at;
 COMMENT ON VIEW pyscheduler.schedules_due_soon IS
     'Schedules due within the next 5 minutes (or overdue), soonest first; target only for its owner and admin.';
 
@@ -34,14 +31,13 @@ CREATE OR REPLACE VIEW pyscheduler.schedules_late AS
     SELECT name, due_at, now() - due_at AS late_by, catchup_window, critical, target_kind,
            CASE WHEN pyscheduler._may_see(owner) THEN target END AS target, owner
       FROM pyscheduler.schedules
-     WHERE due_hour IS NOT NULL AND due_hour <= date_bin('1 hour', now() - interval '10 seconds', '2000-01-01 00:00:00+00')
-       AND due_at < now() - interval '10 seconds'
-     ORDER BY due_hour, due_at;
+     WHERE due_at IS NOT NULL AND due_at < now() - interval '10 seconds'
+     ORDER BY due_at;
 COMMENT ON VIEW pyscheduler.schedules_late IS
     'Schedules due more than 10 seconds ago and not yet fired: the executors are down or behind.';
 
 -- schedules_late_count(up_to): how many schedules_late has, counted up to up_to: the same
--- index, in no order, so no hour's schedules are sorted (a dashboard's "N late").
+-- index entries, no more than up_to of them (a dashboard's "N late").
 CREATE OR REPLACE FUNCTION pyscheduler.schedules_late_count(up_to integer DEFAULT 1000)
 RETURNS bigint
 LANGUAGE sql STABLE
@@ -51,13 +47,11 @@ SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* schedules_late_count(up_to => 1000) -> bigint
    The number of rows of schedules_late (due more than 10 seconds ago, not yet
-   fired), counted up to up_to: it reads schedules_due_hour_idx from the
-   earliest hour on and stops there (a value of up_to means "up_to or more"). */
+   fired), counted up to up_to: it reads schedules_due_idx from the earliest
+   due time on and stops there (a value of up_to means "up_to or more"). */
     SELECT count(*) FROM (
         SELECT 1 FROM pyscheduler.schedules s
-         WHERE s.due_hour IS NOT NULL
-           AND s.due_hour <= date_bin('1 hour', now() - interval '10 seconds', '2000-01-01 00:00:00+00')
-           AND s.due_at < now() - interval '10 seconds'
+         WHERE s.due_at IS NOT NULL AND s.due_at < now() - interval '10 seconds'
          LIMIT greatest(coalesce(up_to, 0), 0)) x;
 $$;
 COMMENT ON FUNCTION pyscheduler.schedules_late_count(integer) IS

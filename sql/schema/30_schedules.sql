@@ -1,7 +1,7 @@
 -- Fresh install: the recurring schedules' tables (seeds/schedulinator.md), in one place.
 -- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
--- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql, 0018_flat_reads.sql and
--- 0021_flat_reads_tasks.sql build
+-- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql, 0018_flat_reads.sql,
+-- 0021_flat_reads_tasks.sql and 0023_schedules_due_index.sql build
 -- (tests/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
@@ -10,10 +10,10 @@ ON CONFLICT (name) DO NOTHING;
 
 -- One row per schedule; name is unique overall. Exactly one of every/cron.
 -- next_run_at is the next regular occurrence (NULL: ended); trigger_at a
--- pending out-of-band fire (trigger_schedule); due_at what the index holds;
--- critical_due_at the same for critical schedules only (NULL otherwise): the
--- only column indexed by due time, so a non-critical schedule's per-firing
--- UPDATE changes no indexed column and can be HOT (fillfactor leaves room).
+-- pending out-of-band fire (trigger_schedule); due_at what the indexes hold;
+-- critical_due_at the same for critical schedules only (NULL otherwise): what
+-- the Postgres-only claim scans. Every firing updates the row (fillfactor
+-- leaves room for its new version on the same page).
 -- The counts survive the purge of old executions. owner: the role that created
 -- it (only it, its members and admin act on it); ended_note: why next_run_at
 -- is NULL (end_at, max_runs, no occurrence before 9999-01-01).
@@ -62,9 +62,6 @@ CREATE TABLE pyscheduler.schedules (
                                                           ELSE least(next_run_at, trigger_at) END END) STORED,
     owner                name NOT NULL,
     ended_note           text,
-    due_hour             timestamptz GENERATED ALWAYS AS (
-                             date_bin('1 hour', CASE WHEN paused THEN trigger_at ELSE least(next_run_at, trigger_at) END,
-                                      '2000-01-01 00:00:00+00')) STORED,
     CONSTRAINT schedules_pkey PRIMARY KEY (id),
     CONSTRAINT schedules_name_key UNIQUE (name),
     CONSTRAINT schedules_recurrence_check CHECK ((every IS NULL) <> (cron IS NULL)),
@@ -76,23 +73,23 @@ CREATE TABLE pyscheduler.schedules (
 WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
       autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05, fillfactor = 80);
 
--- The degraded-mode claim (claim_due_critical) scans this one. (No index on
--- due_at: every firing changes it, and an index on it would cost each firing its
--- HOT update; the Redis index is the hot path.)
+-- The degraded-mode claim (claim_due_critical) scans this one.
 CREATE INDEX schedules_critical_due_idx ON pyscheduler.schedules (critical_due_at) WHERE critical_due_at IS NOT NULL;
--- Resync hands out critical schedules first, then the others, by id.
-CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (critical, id);
+-- Resync hands out critical schedules first (this index), then the others (the primary key),
+-- by id; a non-critical firing writes no entry here (0023_schedules_due_index).
+CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (id) WHERE critical;
 -- list_schedules(paused => true) and schedules_paused page by name through the paused ones
--- only; a firing never changes paused, so its UPDATE stays HOT (0018_flat_reads).
+-- only (0018_flat_reads).
 CREATE INDEX schedules_paused_name_idx ON pyscheduler.schedules (name) WHERE paused;
--- schedules_due_soon and schedules_late: due_hour is due_at binned to the hour, so a
--- firing that keeps its schedule in the same hour changes no indexed column (HOT);
--- the views read the earliest hours in order and sort each (0021_flat_reads_tasks).
-CREATE INDEX schedules_due_hour_idx ON pyscheduler.schedules (due_hour) WHERE due_hour IS NOT NULL;
+-- schedules_due_soon, schedules_late and schedules_late_count read the rows they return
+-- and no other (0023_schedules_due_index). Every firing changes due_at, so a firing is not a
+-- HOT update: a binned due time kept it HOT but left every schedule firing more often than
+-- hourly in one bin, which the views then read whole.
+CREATE INDEX schedules_due_idx ON pyscheduler.schedules (due_at) WHERE due_at IS NOT NULL;
 -- list_schedules(name_like => 'prefix%'): the names with that prefix, in any collation
--- (text_pattern_ops); a name never changes, so a firing stays HOT (0021_flat_reads_tasks).
+-- (text_pattern_ops; 0021_flat_reads_tasks).
 CREATE INDEX schedules_name_pattern_idx ON pyscheduler.schedules (name text_pattern_ops);
--- schedules_failing, in its order; a healthy firing leaves consecutive_failures at 0 (HOT).
+-- schedules_failing, in its order; a healthy firing adds no entry (consecutive_failures 0).
 CREATE INDEX schedules_failing_idx ON pyscheduler.schedules (consecutive_failures DESC, name)
     WHERE consecutive_failures > 0;
 
