@@ -4,7 +4,7 @@
 -- did not bound the views: a schedule firing more often than hourly is always due within
 -- the hour, so every healthy one sat in the current hour's entries and each view read all
 -- of them to find the late or soonest ones (200,000 every-minute schedules, none late:
--- schedules_late 93 ms, schedules_due_soon 197 ms; 5M: seconds). An index on due_at reads
+-- schedules_late 54 ms, schedules_due_soon 106 ms; 5M: seconds). An index on due_at reads
 -- only the rows returned; its price is that a firing is no longer a HOT update (measured in
 -- docs/benchmarks.md, "The due views' index"). The views depend on due_hour, so they go
 -- first; sql/schedules/5_views.sql creates them again in the post-apply step. CREATE INDEX
