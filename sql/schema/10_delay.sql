@@ -1,5 +1,5 @@
--- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql, 0006_delay_hardening.sql
--- and 0018_flat_reads.sql).
+-- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql, 0006_delay_hardening.sql,
+-- 0018_flat_reads.sql and 0024_delay_fillfactor.sql).
 -- Delay queue (chronos.md): messages waiting for their deadline or readied for firing.
 -- waiting: readied_at IS NULL; ready: readied_at/readied_by set by the node that claimed it.
 CREATE TABLE pyscheduler.delay_messages (
@@ -17,13 +17,17 @@ CREATE TABLE pyscheduler.delay_messages (
     -- migrations/0006_delay_hardening.sql: every client library loads these, in any time zone
     CONSTRAINT delay_messages_deadline_range
         CHECK (deadline >= '1970-01-01 00:00:00+00' AND deadline < '9999-01-01 00:00:00+00')
-) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02);
+)
+-- fillfactor 90: an enqueue goes where messages left together, not into the one-row holes that
+-- firing leaves across the table (0024_delay_fillfactor), and a claim's new version fits on its page.
+WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02, fillfactor = 90);
 
 -- ready_and_claim scans only waiting rows, in deadline order: its cost does not
 -- grow with the number of ready rows.
 CREATE INDEX delay_messages_waiting_idx ON pyscheduler.delay_messages (deadline) WHERE readied_at IS NULL;
--- reset_stuck scans only ready rows, oldest first.
-CREATE INDEX delay_messages_ready_idx ON pyscheduler.delay_messages (readied_at) WHERE readied_at IS NOT NULL;
+-- reset_stuck scans only ready rows, oldest first; delay_ready_by_node reads their node here.
+CREATE INDEX delay_messages_ready_idx ON pyscheduler.delay_messages (readied_at) INCLUDE (readied_by)
+    WHERE readied_at IS NOT NULL;
 
 -- delay_queue's counts (migrations/0018_flat_reads.sql): the rows sum to the number of stored
 -- messages (waiting + ready); each statement that stores or deletes messages appends its
