@@ -205,8 +205,9 @@ class Delay(Section):
 class Schedules(Section):
     """Stored: n schedules every 1 s (Kafka targets; 2 % HTTP, 2 % task), 10 % critical, 1 %
     paused, 0.5 % failing, 0.1 % late and 0.1 % due within 5 minutes (non-critical, never fired:
-    the views' rows), the others due from 1 hour to 30 days ahead; n executions, 100,000 (a fifth
-    of n at most) of them one schedule's ('cold-00002002', 1 % failed). Hot, due now but analyzed a
+    the views' rows), the others due from 1 hour to 30 days ahead; n executions, from 10,000 to
+    100,000 (a fifth of n) of them one schedule's ('cold-00002002', 1 % failed: a full page of
+    failed ones at either size). Hot, due now but analyzed a
     day away (the statistics of issue 21's degraded case): 10,000 non-critical schedules fired
     through the PostgreSQL side of the Redis path (``fire_details`` + ``record_executions``,
     batches of 1,000) and 10,000 critical ones through the degraded path (``claim_due_critical``
@@ -252,7 +253,7 @@ class Schedules(Section):
         b.q(hot, {"prefix": "hot-c-", "lo": 1, "hi": self.HOT, "first": first, "critical": True})
         b.q("DELETE FROM pyscheduler.schedules WHERE id = %s", (first,))
         probe = b.one("SELECT id FROM pyscheduler.schedules WHERE name = 'cold-00002002'")["id"]
-        per_probe = min(100_000, max(5_000, self.n // 5))
+        per_probe = min(100_000, max(10_000, self.n // 5))
         b.q("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, "
             "fired_at, lateness, error) SELECT %s, now() - i * interval '1 second', "
             "CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'fired' END, false, 1, now() - i * interval '1 second', "
