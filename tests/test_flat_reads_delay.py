@@ -161,3 +161,22 @@ def test_the_claim_keeps_its_plan_whatever_the_session_prefers(conn):
     assert len(rows) == 100
     assert r.seq_scans("delay_messages") == 0
     assert r.entries("delay_messages_waiting_idx") <= 110
+
+
+def test_a_claim_keeps_each_message_on_its_page(conn):
+    """delay_messages keeps a tenth of each page free (fillfactor 90), so a claim's new version of
+    a message (readied_at, readied_by) is written on the page of the old one when the claim takes
+    a few messages of a page (deadlines fire in another order than they were stored): no other
+    page is dirtied, and no one-row hole is left elsewhere for enqueues to fill."""
+    ids = [f"m{i:05d}" for i in range(3000)]
+    conn.execute("SELECT count(*) FROM pyscheduler._enqueue_messages(ids => %s, deadlines => %s, "
+                 "vals => array_fill(convert_to(repeat('v', 200), 'UTF8'), ARRAY[3000]), p_now => %s)",
+                 (ids, [T0 if i % 15 == 0 else T0 + timedelta(days=1) for i in range(3000)], T0 - 60 * S))
+    page = "SELECT id, (ctid::text::point)[0]::int AS page FROM pyscheduler.delay_messages"
+    before = {r["id"]: r["page"] for r in conn.execute(page).fetchall()}
+    assert len(set(before.values())) > 80  # about 27 messages a page
+    claimed = sorted(r["id"] for r in claim(conn, uuid.uuid4(), T0 + 10 * S, 3000))
+    assert claimed == ids[::15]
+    after = {r["id"]: r["page"] for r in conn.execute(page).fetchall()}
+    moved = [i for i in claimed if after[i] != before[i]]
+    assert not moved, f"{len(moved)} of {len(claimed)} claimed messages moved to another page"
