@@ -229,3 +229,32 @@ def test_the_client_pages_with_before(db):
         seen += [t.rn for t in page]
         before = page[-1].rn
     assert seen == made[::-1]
+
+
+def test_a_quiet_queue_among_busy_ones_reads_its_own_tasks(conn):
+    """list_tasks(queue => q) reads each status of that queue from its own index and merges the
+    pages (the finished ones from tasks_finished_queue_idx), so a queue with a few tasks among
+    thousands of another queue's finished ones reads its own; pages by before_rn still return
+    every task once, newest first, as a real ORDER BY rn DESC."""
+    fill(conn, 5000, "busy", "completed")
+    fill(conn, 200, "busy", "ready")
+    for status, n in [("completed", 3), ("ready", 2), ("scheduled", 2), ("running", 1), ("aborted", 1)]:
+        fill(conn, n, "quiet", status)
+    conn.execute("VACUUM ANALYZE pyscheduler.tasks")
+
+    def real(queue, status=None):
+        return [r["rn"] for r in conn.execute(
+            "SELECT rn::text FROM pyscheduler.tasks WHERE queue = %s AND (%s::text IS NULL OR status::text = %s) "
+            "ORDER BY rn DESC", (queue, status, status))]
+
+    rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'quiet')", tables=("tasks",))
+    assert [x["task"]["rn"] for x in rows] == real("quiet")
+    assert r.seq_scans("tasks") == 0 and r.entries("tasks_pkey") == 0
+    assert sum(r.returned.values()) <= 9 + 10, r.returned
+    rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'quiet', status => 'completed')",
+                    tables=("tasks",))
+    assert [x["task"]["rn"] for x in rows] == real("quiet", "completed")
+    assert r.entries("tasks_finished_queue_idx") <= 3 + 1 and sum(r.returned.values()) <= 3 + 2, r.returned
+    assert walk(conn, 2, queue="quiet") == real("quiet")
+    assert walk(conn, 700, queue="busy") == real("busy")
+    assert walk(conn, 700, queue="busy", status="completed") == real("busy", "completed")

@@ -1,7 +1,8 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
--- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql and 0021_flat_reads_tasks.sql build (tests/test_migrate.py checks).
+-- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql and 0025_tasks_finished_queue.sql
+-- build (tests/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
 CREATE TYPE pyscheduler.task_status AS ENUM ('waiting', 'scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
@@ -125,6 +126,11 @@ CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
 -- list_tasks(status => 'aborted' | 'cancelled'), newest first (0021): a task enters it when
 -- it fails for good or is cancelled, never on the way submit -> lease -> complete.
 CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN ('aborted', 'cancelled');
+-- list_tasks(queue => q) and list_tasks(queue => q, status => 'completed'): a queue's finished
+-- tasks newest first, however many other queues' are kept (0025); a task enters it when it
+-- finishes.
+CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, rn)
+    WHERE status IN ('completed', 'aborted', 'cancelled');
 -- task_counts' and queue_status' estimates above 1,000 (sql/tasks/5_reads.sql): the most
 -- common (queue, status) pairs of ANALYZE's sample.
 CREATE STATISTICS pyscheduler.tasks_queue_status_stats (mcv) ON queue, status FROM pyscheduler.tasks;

@@ -599,10 +599,16 @@ AS $$
    tasks_failed_idx in the same order; a live status (waiting, scheduled,
    ready, running) may instead be read from its own index (of one queue when
    queue is given) and sorted: the work waiting or running, never the finished
-   tasks kept for retention. A filter that matches few of many completed tasks
-   (a quiet queue among busy ones) reads the ones it skips.
+   tasks kept for retention. With queue given, the finished tasks (completed,
+   aborted, cancelled) are read from tasks_finished_queue_idx, that queue's
+   only, and without a status each status is read apart and the pages merged:
+   a quiet queue among busy ones reads its own tasks. An owner filter without
+   a status (or with completed) reads the tasks it skips.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
+DECLARE
+    v_filters text;
+    v_sql text;
 BEGIN
     IF list_tasks.status IS NOT NULL
        AND NOT list_tasks.status = ANY (enum_range(NULL::task_status)::text[]) THEN
@@ -613,16 +619,27 @@ BEGIN
         RAISE EXCEPTION 'max_tasks must be at least 1, got %', coalesce(max_tasks::text, 'NULL')
             USING ERRCODE = 'PS208';
     END IF;
-    RETURN QUERY EXECUTE
-        'SELECT pyscheduler._task_json(t) FROM pyscheduler.tasks t WHERE true'
-        || CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END
-        || CASE WHEN list_tasks.status IS NULL THEN ''
-                ELSE format(' AND t.status = %L::pyscheduler.task_status', list_tasks.status) END
+    v_filters := CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END
         || CASE WHEN list_tasks.queue IS NULL THEN '' ELSE ' AND t.queue = $2' END
-        || CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND t.owner = $3' END
-        || ' ORDER BY t.rn DESC LIMIT $4'
-    USING list_tasks.before_rn, list_tasks.queue,
-          list_tasks.owner, list_tasks.max_tasks;
+        || CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND t.owner = $3' END;
+    IF list_tasks.status IS NOT NULL OR list_tasks.queue IS NULL THEN
+        v_sql := 'SELECT pyscheduler._task_json(t) FROM pyscheduler.tasks t WHERE true' || v_filters
+            || CASE WHEN list_tasks.status IS NULL THEN ''
+                    ELSE format(' AND t.status = %L::pyscheduler.task_status', list_tasks.status) END
+            || ' ORDER BY t.rn DESC LIMIT $4';
+    ELSE
+        -- one queue, any status: each status (the finished ones together) is read from its own
+        -- index, newest first, and the pages merged (the primary key would read every other
+        -- queue's tasks on the way)
+        SELECT 'SELECT pyscheduler._task_json(u.r) FROM ('
+               || string_agg(format('(SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s%s '
+                                    'ORDER BY t.rn DESC LIMIT $4)', w, v_filters), ' UNION ALL ')
+               || ') u ORDER BY u.rn DESC LIMIT $4'
+          INTO v_sql
+          FROM unnest(ARRAY['t.status IN (''completed'', ''aborted'', ''cancelled'')', 't.status = ''waiting''',
+                            't.status = ''scheduled''', 't.status = ''ready''', 't.status = ''running''']) w;
+    END IF;
+    RETURN QUERY EXECUTE v_sql USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer, uuid) IS
