@@ -441,24 +441,28 @@ class Checks(Section):
 # ---------------------------------------------------------------- tasks
 
 class Tasks(Section):
-    """Stored: n tasks in 20 queues, submitted over the last 7 days (time-ordered ids, as
-    ``submit_task`` makes them), a deployment's mix: 1 % ready (two priorities), 0.5 % scheduled
-    (delayed or waiting for a retry, due within a day), 200 running whatever the size (leases an
-    hour long: the leases in flight follow the workers' capacity, not what is stored),
-    0.1 % waiting (for a parent), 0.5 % aborted, 0.1 % cancelled, the rest completed (kept for
-    their retention period). Hot: 10,000 tasks of a queue of their own leased and completed as the
-    Worker does (``lease_tasks_lean``, n 500, then ``complete_tasks``); they are deleted before
-    the next repetition and before the reads."""
+    """Stored: n tasks in 20 busy queues and a quiet one (50 finished tasks whatever the size),
+    submitted over the last 7 days (time-ordered ids, as ``submit_task`` makes them), a
+    deployment's mix: 1 % ready (two priorities), 0.5 % scheduled (delayed or waiting for a
+    retry, due within a day), 200 running whatever the size (leases an hour long: the leases in
+    flight follow the workers' capacity, not what is stored), 0.1 % waiting (for a parent), 1 %
+    aborted, 0.1 % cancelled, the rest completed (kept for their retention period); at 10,000
+    stored a page of the ready and of the aborted ones is full, as at the large size. Hot: 10,000
+    tasks of a queue of their own leased and completed as the Worker does (``lease_tasks_lean``,
+    n 500, then ``complete_tasks``); they are deleted before the next repetition and before the
+    reads."""
 
     name = "tasks"
     HOT = 10_000
     RUNNING = 200
+    QUIET = 50
 
     def build(self, b: Backend, echo: Callable[[str], None]) -> None:
         for lo, hi in _chunks(self.n):
             b.q("INSERT INTO pyscheduler.tasks (rn, seq, queue, spec, priority, status, progress, created, updated, "
                 "errors, owner, deadline, history, attempts, run_at, submitted_by, waiting_on) "
-                "SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), i), i, 'q' || lpad((i %% 20)::text, 2, '0'), "
+                "SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), i), i, "
+                f"CASE WHEN i %% {max(50, self.n // self.QUIET)} = 31 THEN 'quiet' ELSE 'q' || lpad((i %% 20)::text, 2, '0') END, "
                 "jsonb_build_object('i', i), CASE WHEN i %% 7 = 0 THEN 90 ELSE 50 END, s::pyscheduler.task_status, "
                 "CASE s WHEN 'completed' THEN 1 ELSE 0 END, c, "
                 "CASE WHEN s IN ('completed', 'aborted', 'cancelled', 'running') THEN c + interval '1 second' ELSE c END, "
@@ -472,7 +476,7 @@ class Tasks(Section):
                 "LATERAL (SELECT now() - interval '7 days' + (i::float8 / %s) * interval '7 days' AS c, "
                 "CASE WHEN i %% 100 = 11 THEN 'ready' WHEN i %% 200 = 13 THEN 'scheduled' "
                 f"     WHEN i %% {max(50, self.n // self.RUNNING)} = 17 THEN 'running' WHEN i %% 1000 = 19 THEN 'waiting' "
-                "     WHEN i %% 200 = 23 THEN 'aborted' WHEN i %% 1000 = 29 THEN 'cancelled' "
+                "     WHEN i %% 100 = 23 THEN 'aborted' WHEN i %% 1000 = 29 THEN 'cancelled' "
                 "     ELSE 'completed' END AS s) x", (lo, hi, self.n))
         b.q("SELECT setval('pyscheduler.task_seq', greatest(%s, (SELECT last_value FROM pyscheduler.task_seq)))",
             (self.n + 1,))
@@ -526,6 +530,10 @@ class Tasks(Section):
             Measure("list_tasks(status => 'running')", "read",
                     _call("SELECT * FROM pyscheduler.list_tasks(status => 'running')")),
             Measure("list_tasks(queue => 'q03')", "read", _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q03')")),
+            Measure("list_tasks(queue => 'quiet')", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'quiet')")),
+            Measure("list_tasks(queue => 'quiet', status => 'completed')", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'quiet', status => 'completed')")),
             Measure("task_counts", "read", _call("SELECT * FROM pyscheduler.task_counts")),
             Measure("queue_status", "read", _call("SELECT * FROM pyscheduler.queue_status")),
             Measure("oldest_ready_tasks", "read", _call("SELECT * FROM pyscheduler.oldest_ready_tasks")),
