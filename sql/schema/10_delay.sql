@@ -18,8 +18,7 @@ CREATE TABLE pyscheduler.delay_messages (
     CONSTRAINT delay_messages_deadline_range
         CHECK (deadline >= '1970-01-01 00:00:00+00' AND deadline < '9999-01-01 00:00:00+00')
 )
--- fillfactor 90: a claim's new version fits on its page, and an enqueue does not fill one-row
--- holes across the table (0024_delay_fillfactor).
+-- fillfactor 90: a claim's new version stays on its page (0024_delay_fillfactor).
 WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02, fillfactor = 90);
 
 -- ready_and_claim scans only waiting rows, in deadline order: its cost does not
