@@ -207,8 +207,8 @@ class Schedules(Section):
     paused, 0.5 % failing, 0.1 % late and 0.1 % due within 5 minutes (non-critical, never fired:
     the views' rows), the others due from 1 hour to 30 days ahead; n executions, from 10,000 to
     100,000 (a fifth of n) of them one schedule's ('cold-00002002', 1 % failed: a full page of
-    failed ones at either size). Hot, due now but analyzed a
-    day away (the statistics of issue 21's degraded case): 10,000 non-critical schedules fired
+    failed ones at either size). Hot, due now but analyzed a day away (the statistics of issue
+    21's degraded case): 10,000 non-critical schedules fired
     through the PostgreSQL side of the Redis path (``fire_details`` + ``record_executions``,
     batches of 1,000) and 10,000 critical ones through the degraded path (``claim_due_critical``
     + ``fire_details`` + ``record_executions`` with tokens, batches of 1,000)."""
@@ -462,7 +462,8 @@ class Tasks(Section):
             b.q("INSERT INTO pyscheduler.tasks (rn, seq, queue, spec, priority, status, progress, created, updated, "
                 "errors, owner, deadline, history, attempts, run_at, submitted_by, waiting_on) "
                 "SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), i), i, "
-                f"CASE WHEN i %% {max(50, self.n // self.QUIET)} = 31 THEN 'quiet' ELSE 'q' || lpad((i %% 20)::text, 2, '0') END, "
+                f"CASE WHEN i %% {max(50, self.n // self.QUIET)} = 31 THEN 'quiet' "
+                "ELSE 'q' || lpad((i %% 20)::text, 2, '0') END, "
                 "jsonb_build_object('i', i), CASE WHEN i %% 7 = 0 THEN 90 ELSE 50 END, s::pyscheduler.task_status, "
                 "CASE s WHEN 'completed' THEN 1 ELSE 0 END, c, "
                 "CASE WHEN s IN ('completed', 'aborted', 'cancelled', 'running') THEN c + interval '1 second' ELSE c END, "
