@@ -391,6 +391,16 @@ def test_privilege_walk_a_client_cannot_act_on_or_see_the_details_of_another_rol
             cc.execute("SELECT pyscheduler.create_schedule(name => 'teams', every => '1 hour', target => 't')")
         assert c.call_value("get_schedule", name="teams")["owner"] == team
         assert c.call_value("trigger_schedule", name="teams")["trigger_at"] is not None  # ...and acts as a member
+        # the views show a target to its owner, a member of the owning group and admin only
+        conn.execute("UPDATE pyscheduler.schedules SET consecutive_failures = 1, next_run_at = now() - interval '1 hour'")
+        for view, paused in [("schedules_failing", False), ("schedules_due_soon", False), ("schedules_late", False),
+                             ("schedules_paused", True)]:
+            conn.execute("UPDATE pyscheduler.schedules SET paused = %s", (paused,))
+            for reader, sees in [(a, {"alices"}), (c, {"teams"}), (b, set()), (m, set()), (adm, {"alices", "teams"})]:
+                rows = reader.query(f"SELECT name, target FROM pyscheduler.{view}")
+                assert {r["name"] for r in rows} == {"alices", "teams"}, view
+                assert {r["name"] for r in rows if r["target"] is not None} == sees, (view, reader)
+        conn.execute("UPDATE pyscheduler.schedules SET paused = false")
         with pytest.raises(errors.PermissionDenied):
             b.call("delete_schedule", name="teams")
         # the scheduler role reads what it needs to fire, whoever owns it
