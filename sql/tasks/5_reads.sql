@@ -13,9 +13,10 @@
 --    tasks_requeue_idx) is counted per queue through that index, up to _task_count_cap()
 --    entries (1,000): at most that many, exact; more, the estimate below (never less than
 --    the cap + 1) with estimated = true;
---  * running (tasks_running_deadline_idx) and completed (tasks_terminal_updated_idx) have
---    no index by queue: when the whole status holds at most the cap, its tasks are read and
---    counted per queue, exact; otherwise each queue's figure is the estimate, estimated;
+--  * running (tasks_running_deadline_idx, _task_running) and completed (tasks_terminal_updated_idx)
+--    are counted as a whole status: when it holds at most the cap, its tasks are read and
+--    counted per queue, exact; otherwise each queue's figure is the estimate, estimated (a
+--    completed task's entry in tasks_finished_queue_idx does not say its status);
 --  * the estimate: the statistics object tasks_queue_status_stats (the most common
 --    (queue, status) pairs of ANALYZE's sample, with their frequency) times the table's
 --    reltuples, as of the last (auto)ANALYZE: a pair too rare to be in the sample is left
@@ -97,6 +98,28 @@ BEGIN
 END
 $$;
 
+-- _task_running(cap, estimates): the running tasks per queue, {queue: n}, for task_counts and
+-- queue_status: counted (tasks_running_deadline_idx) when there are at most cap in all, else the
+-- estimates' (estimated = true).
+CREATE OR REPLACE FUNCTION pyscheduler._task_running(p_cap bigint, p_est jsonb, OUT per_queue jsonb,
+                                                     OUT estimated boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
+AS $$
+BEGIN
+    estimated := (SELECT count(*) FROM (SELECT 1 FROM pyscheduler.tasks t WHERE t.status = 'running'
+                                         LIMIT p_cap + 1) x) > p_cap;
+    IF estimated THEN
+        per_queue := coalesce(p_est -> 'running', '{}');
+    ELSE
+        SELECT coalesce(jsonb_object_agg(x.queue, x.n), '{}') INTO per_queue
+          FROM (SELECT t.queue, count(*) AS n FROM pyscheduler.tasks t WHERE t.status = 'running'
+                 GROUP BY t.queue) x;
+    END IF;
+END
+$$;
+
 -- _task_counts(): the rows of task_counts (see Counts above).
 CREATE OR REPLACE FUNCTION pyscheduler._task_counts()
 RETURNS TABLE (queue text, status pyscheduler.task_status, tasks bigint, estimated boolean)
@@ -123,15 +146,9 @@ BEGIN
             RETURN NEXT;
         END LOOP;
     END LOOP;
-    -- running: tasks_running_deadline_idx; completed: tasks_terminal_updated_idx
-    SELECT count(*) INTO v_n FROM (SELECT 1 FROM pyscheduler.tasks t WHERE t.status = 'running' LIMIT v_cap + 1) x;
-    IF v_n <= v_cap THEN
-        RETURN QUERY SELECT t.queue, t.status, count(*), false FROM pyscheduler.tasks t
-                      WHERE t.status = 'running' GROUP BY t.queue, t.status;
-    ELSE
-        RETURN QUERY SELECT e.key, 'running'::pyscheduler.task_status, e.value::bigint, true
-                       FROM jsonb_each_text(coalesce(v_est -> 'running', '{}')) e;
-    END IF;
+    RETURN QUERY SELECT e.key, 'running'::pyscheduler.task_status, e.value::bigint, r.estimated
+                   FROM pyscheduler._task_running(v_cap, v_est) r, jsonb_each_text(r.per_queue) e;
+    -- completed: tasks_terminal_updated_idx
     SELECT count(*) INTO v_n
       FROM (SELECT 1 FROM pyscheduler.tasks t WHERE t.status IN ('completed', 'aborted', 'cancelled')
              LIMIT v_cap + 1) x;
@@ -178,21 +195,13 @@ DECLARE
     v_cap bigint := pyscheduler._task_count_cap();
     v_est jsonb;
     v_running jsonb;
-    v_running_n bigint;
+    v_running_est boolean;
     v_queue text;
     v_q pyscheduler.task_queues;
     r record;
 BEGIN
     v_est := pyscheduler._task_estimated();
-    SELECT count(*) INTO v_running_n
-      FROM (SELECT 1 FROM pyscheduler.tasks t WHERE t.status = 'running' LIMIT v_cap + 1) x;
-    IF v_running_n <= v_cap THEN
-        SELECT coalesce(jsonb_object_agg(x.queue, x.n), '{}') INTO v_running
-          FROM (SELECT t.queue, count(*) AS n FROM pyscheduler.tasks t WHERE t.status = 'running'
-                 GROUP BY t.queue) x;
-    ELSE  -- estimated: the statistics' queues with running tasks
-        v_running := coalesce(v_est -> 'running', '{}');
-    END IF;
+    SELECT r.per_queue, r.estimated INTO v_running, v_running_est FROM pyscheduler._task_running(v_cap, v_est) r;
     FOR v_queue IN
         SELECT q FROM pyscheduler._task_status_queues('ready') q
         UNION SELECT q FROM pyscheduler._task_status_queues('scheduled') q
@@ -210,7 +219,7 @@ BEGIN
         estimated := estimated OR r.estimated;
         SELECT * INTO r FROM pyscheduler._task_live(v_queue, 'waiting', v_cap, v_est);
         waiting := r.n;
-        estimated := estimated OR r.estimated OR (v_running_n > v_cap AND v_running ? v_queue);
+        estimated := estimated OR r.estimated OR (v_running_est AND v_running ? v_queue);
         running := coalesce((v_running ->> v_queue)::bigint, 0);
         SELECT * INTO v_q FROM pyscheduler.task_queues k WHERE k.queue = v_queue;
         paused := coalesce(v_q.paused, false);
