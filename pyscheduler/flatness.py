@@ -152,7 +152,7 @@ class Delay(Section):
                 "convert_to(repeat('v', 200), 'UTF8') FROM generate_series(%s::bigint, %s::bigint) i", (lo, hi))
         nodes = [uuid.uuid4() for _ in range(4)]
         b.q("UPDATE pyscheduler.delay_messages SET readied_at = now(), readied_by = (%s::uuid[])[1 + i %% 4] "
-            "FROM generate_series(1, 1000) i WHERE id = 'cold-' || (i * (%s / 1000))",
+            "FROM generate_series(1, 1000) i WHERE id = 'cold-' || (i * %s)",
             (nodes, max(1, self.n // 1000)))
         if _has_function(b, "_delay_count_all"):
             b.q("SELECT pyscheduler._delay_count_all()")
@@ -481,6 +481,8 @@ class Tasks(Section):
                 "     ELSE 'completed' END AS s) x", (lo, hi, self.n))
         b.q("SELECT setval('pyscheduler.task_seq', greatest(%s, (SELECT last_value FROM pyscheduler.task_seq)))",
             (self.n + 1,))
+        if _has_function(b, "_task_count_all"):  # rows written by hand are counted again
+            b.q("SELECT pyscheduler._task_count_all()")
 
     def measures(self) -> list[Measure]:
         state: dict[str, str] = {}

@@ -1,7 +1,7 @@
 """Leased tasks, issue 21: list_tasks pages by keyset (every task once, while others are
-submitted); task_counts and queue_status are exact up to their cap after a random mix of every
-change, and above it labelled estimates; each read path reads an index (never a scan of the
-table) and stops at the page; oldest_ready_tasks reads one index entry per queue and priority."""
+submitted); task_counts and queue_status equal a real count after a random mix of every change
+and read the tallies, not the tasks; each read path reads an index (never a scan of the table)
+and stops at the page; oldest_ready_tasks reads one index entry per queue and priority."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from flat_reads_support import reads
-
-CAP = 1000  # pyscheduler._task_count_cap()
+from pyscheduler import migrate
 
 
 def submit(conn, queue="q", **kw):
@@ -50,9 +49,7 @@ def real(conn, status_filter="true") -> list[tuple]:
 
 
 def shown(conn) -> list[tuple]:
-    rows = conn.execute("SELECT queue, status, tasks, estimated FROM pyscheduler.task_counts ORDER BY 1, 2").fetchall()
-    assert not any(r["estimated"] for r in rows), rows
-    return [(r["queue"], r["status"], r["tasks"]) for r in rows]
+    return [tuple(r.values()) for r in conn.execute("SELECT queue, status, tasks FROM pyscheduler.task_counts")]
 
 
 def test_list_tasks_pages_return_every_task_once_while_others_are_submitted(conn, dsn):
@@ -85,16 +82,50 @@ def test_list_tasks_pages_return_every_task_once_while_others_are_submitted(conn
 
 
 def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
+    """Every function that submits, moves or deletes tasks keeps the tallies: the single and the
+    batch calls, the Worker's lean lease, a limited queue's claim (q3), the lease gate that makes
+    due tasks ready, dependencies, unique keys, snoozes, the monitor's reset and cleanup."""
     rnd = random.Random(21)
     queues = ["q1", "q2", "q3"]
+    conn.execute("SELECT pyscheduler.set_queue_limits(queue => 'q3', running_per_key => 2)")
     held: list[dict] = []
     seen: set[str] = set()
-    for step in range(240):
-        op = rnd.choice(["submit", "submit", "submit", "delayed", "after", "lease", "lease", "complete", "complete",
-                         "fail", "abort", "cancel", "retry", "expire", "cleanup", "pause"])
+    for step in range(400):
+        op = rnd.choice(["submit", "submit", "submit", "delayed", "after", "batch", "lease", "lease", "lean", "due",
+                         "complete", "complete", "complete_many", "complete_and_lease", "fail", "fail_many", "abort",
+                         "snooze", "cancel", "retry", "expire", "cleanup", "pause"])
         q = rnd.choice(queues)
         if op == "submit":
-            submit(conn, q, priority=rnd.choice([10, 50]))
+            submit(conn, q, priority=rnd.choice([10, 50]), concurrency_key=rnd.choice([None, "k1", "k2"]))
+        elif op == "batch":  # one key twice and one a live task may hold: deduplicated, not counted
+            conn.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => '[{}, {}, {}]', "
+                         "unique_keys => ARRAY['u1', 'u1', %s])", (q, f"u{step}"))
+        elif op == "lean":
+            held += [{"rn": str(r["rn"]), "token": str(r["token"])} for r in conn.execute(
+                "SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => %s, worker => 'w9', n => 3)", (q,))]
+        elif op == "due":  # two hours on: the delayed tasks are due, the lease gate makes them ready
+            held += [r["t"] for r in conn.execute(
+                "SELECT task AS t FROM pyscheduler._lease_tasks(%s, 'w8', 2, '10 seconds', 0, 4294967295, "
+                "now() + interval '2 hours')", (q,))]
+        elif held and op == "complete_many":
+            done, held[:] = held[:3], held[3:]
+            conn.execute("SELECT count(*) FROM pyscheduler.complete_tasks(rns => %s::uuid[], tokens => %s::uuid[])",
+                         ([t["rn"] for t in done], [t["token"] for t in done]))
+        elif held and op == "fail_many":
+            done, held[:] = held[:2], held[2:]
+            conn.execute("SELECT count(*) FROM pyscheduler.fail_tasks(rns => %s::uuid[], tokens => %s::uuid[], "
+                         "errors => %s)", ([t["rn"] for t in done], [t["token"] for t in done],
+                                           Jsonb([{"code": "x", "args": {}, "description": "d"}] * len(done))))
+        elif held and op == "complete_and_lease":
+            t = held.pop()
+            nxt = conn.execute("SELECT pyscheduler.complete_and_lease(worker => 'w7', queue => %s, rn => %s, "
+                               "token => %s) AS t", (q, t["rn"], t["token"])).fetchone()["t"]
+            if nxt:
+                held.append(nxt)
+        elif held and op == "snooze":
+            t = held.pop()
+            conn.execute("SELECT pyscheduler.yield_task(rn => %s, token => %s, run_in => %s)",
+                         (t["rn"], t["token"], rnd.choice([timedelta(0), timedelta(hours=1)])))
         elif op == "delayed":
             submit(conn, q, run_in=timedelta(hours=1))
         elif op == "after":  # a child waiting for a parent
@@ -130,13 +161,12 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
             conn.execute("SELECT pyscheduler.cleanup_tasks(retention => '0', max_tasks => 2)")
         else:
             conn.execute(f"SELECT pyscheduler.{rnd.choice(['pause_queue', 'resume_queue'])}(queue => %s)", (q,))
-        if step % 20 == 0 or step == 239:
+        if step % 20 == 0 or step == 399:
             assert shown(conn) == real(conn), (step, op)
             seen |= {s for _, s, _ in real(conn)}
             status = {r["queue"]: r for r in conn.execute("SELECT * FROM pyscheduler.queue_status")}
             counts = {(q, s): n for q, s, n in real(conn)}
             for q, row in status.items():
-                assert not row["estimated"]
                 assert (row["ready"], row["delayed"], row["running"], row["waiting"]) == tuple(
                     counts.get((q, s), 0) for s in ("ready", "scheduled", "running", "waiting")), (step, op, q)
                 assert row["next_due"] == conn.execute(
@@ -151,7 +181,8 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
 
 
 def fill(conn, n: int, queue: str, status: str, priority: str = "50") -> None:
-    """n tasks stored as submit_task would (time-ordered ids), without the calls."""
+    """n tasks stored as submit_task would (time-ordered ids), without the calls; then counted
+    again (_task_count_all), as rows written by hand must be."""
     conn.execute(
         "INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated, errors, owner, "
         "deadline, history, run_at, submitted_by) SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), s), %s, "
@@ -160,29 +191,54 @@ def fill(conn, n: int, queue: str, status: str, priority: str = "50") -> None:
         "CASE WHEN %s = 'scheduled' THEN now() + interval '1 hour' END, current_user "
         "FROM generate_series(1, %s) i, LATERAL (SELECT nextval('pyscheduler.task_seq') AS s, "
         "now() - interval '1 day' + i * interval '1 millisecond' AS c) x", (queue, status, status, status, status, n))
+    conn.execute("SELECT pyscheduler._task_count_all()")
 
 
-def test_counts_above_the_cap_are_estimates_read_from_the_statistics(conn):
+def test_counts_read_the_tallies_not_the_tasks_and_stay_few_rows(conn):
+    """task_counts and queue_status sum the tallies: no entry of the tasks table or its indexes
+    is read for a count, however many tasks there are; the writers fold the tallies, so they
+    stay a few rows per (queue, status) whatever the number of writes."""
     fill(conn, 2500, "big", "ready")
     fill(conn, 3000, "big", "completed")
     fill(conn, 1200, "busy", "running")
-    fill(conn, 10, "small", "ready")
-    fill(conn, 5, "small", "aborted")
-    conn.execute("ANALYZE pyscheduler.tasks")
+    for _ in range(150):  # one tally row each until they are folded
+        t = lease(conn, "big")
+        conn.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
     rows, r = reads(conn, "SELECT * FROM pyscheduler.task_counts", tables=("tasks",))
-    assert r.seq_scans("tasks") == 0
-    assert r.entries("tasks_ready_idx") <= CAP + 1 + 10 + 4, r.returned
-    got = {(x["queue"], x["status"]): (x["tasks"], x["estimated"]) for x in rows}
-    assert got[("small", "ready")] == (10, False) and got[("small", "aborted")] == (5, False)
-    for key, n in [(("big", "ready"), 2500), (("big", "completed"), 3000), (("busy", "running"), 1200)]:
-        tasks, estimated = got[key]
-        assert estimated and CAP < tasks and abs(tasks - n) < n * 0.2, (key, got[key])
-    rows, r = reads(conn, "SELECT * FROM pyscheduler.queue_status", tables=("tasks",))
-    assert r.seq_scans("tasks") == 0
-    status = {x["queue"]: x for x in rows}
-    assert status["big"]["estimated"] and abs(status["big"]["ready"] - 2500) < 500
-    assert status["busy"]["estimated"] and status["busy"]["running"] > CAP
-    assert not status["small"]["estimated"] and status["small"]["ready"] == 10
+    assert sum(r.returned.values()) == 0 and r.seq_scans("tasks") == 0, r.returned
+    assert sorted(tuple(x.values()) for x in rows) == [("big", "completed", 3150), ("big", "ready", 2350),
+                                                      ("busy", "running", 1200)]
+    status = {x["queue"]: x for x in conn.execute("SELECT * FROM pyscheduler.queue_status")}
+    assert (status["big"]["ready"], status["busy"]["running"]) == (2350, 1200)
+    # 300 writes (150 leases, 150 completions), each one tally row or two: folded on the way
+    assert conn.execute("SELECT count(*) AS n FROM pyscheduler._task_tallies").fetchone()["n"] < 150
+    conn.execute("SELECT pyscheduler._task_fold_tallies()")
+    assert conn.execute("SELECT count(*) AS n FROM pyscheduler._task_tallies").fetchone()["n"] == 3
+
+
+def test_migrate_counts_tasks_stored_before_the_tallies(dsn, conn):
+    """A database from before migration 0027: the post-apply step counts its tasks once, under a
+    lock, in the transaction that loads the functions that keep the tallies."""
+    fill(conn, 40, "old", "completed")
+    fill(conn, 7, "old", "ready")
+    conn.execute("DELETE FROM pyscheduler._task_tallies")
+    conn.execute("DELETE FROM pyscheduler.settings WHERE name = 'tasks_counted'")
+    assert shown(conn) == []
+    migrate.migrate(dsn)
+    assert shown(conn) == real(conn) == [("old", "ready", 7), ("old", "completed", 40)]
+    submit(conn, "old")
+    migrate.migrate(dsn)  # counted once: a second migrate does not count again
+    assert shown(conn) == real(conn) == [("old", "ready", 8), ("old", "completed", 40)]
+
+
+def test_rows_written_by_hand_are_counted_again_and_truncate_empties_the_counts(conn):
+    submit(conn, "hand")
+    conn.execute("UPDATE pyscheduler.tasks SET status = 'cancelled' WHERE queue = 'hand'")  # not through a function
+    assert shown(conn) == [("hand", "ready", 1)]
+    conn.execute("SELECT pyscheduler._task_count_all()")
+    assert shown(conn) == real(conn) == [("hand", "cancelled", 1)]
+    conn.execute("TRUNCATE pyscheduler.tasks CASCADE")
+    assert shown(conn) == [] and conn.execute("SELECT count(*) AS n FROM pyscheduler.queue_status").fetchone()["n"] == 0
 
 
 def test_each_read_path_reads_an_index_and_stops_at_the_page(conn):
@@ -211,12 +267,12 @@ def test_each_read_path_reads_an_index_and_stops_at_the_page(conn):
         assert sum(r.returned.values()) <= most + 5, (sql, r.returned)
     oldest = conn.execute("SELECT queue, priority FROM pyscheduler.oldest_ready_tasks").fetchall()
     assert [(o["queue"], o["priority"]) for o in oldest] == [("q1", 10), ("q2", 10), ("q3", 10)]
-    for sql in ["SELECT * FROM pyscheduler.task_counts", "SELECT * FROM pyscheduler.queue_status"]:
-        rows, r = reads(conn, sql, tables=("tasks",))
-        assert r.seq_scans("tasks") == 0, sql
-        # the live tasks' entries (3 x (60 + 20 + 10) + 15), a few probes, and the finished ones up to the cap
-        assert sum(r.returned.values()) <= 3 * 90 + 15 + 40 + CAP + 1, (sql, r.returned)
-        assert rows, sql
+    rows, r = reads(conn, "SELECT * FROM pyscheduler.queue_status", tables=("tasks",))
+    assert r.seq_scans("tasks") == 0
+    # per queue: the head of each priority in tasks_ready_idx and the first scheduled entry
+    assert sum(r.returned.values()) <= 3 * (2 + 1 + 2), r.returned
+    assert [(x["queue"], x["ready"], x["delayed"], x["running"]) for x in rows] == [
+        (q, 60, 20, 5) for q in ("q1", "q2", "q3")]
 
 
 def test_the_client_pages_with_before(db):

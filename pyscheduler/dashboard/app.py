@@ -475,8 +475,7 @@ class Dashboard:
         hour = charts.summarise(activity, now)
         return self._render(
             req, "overview.html", title="overview", now=now, queues=queues,
-            tasks_total={**{k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
-                         "estimated": any(q["estimated"] for q in queues)},
+            tasks_total={k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
             paused_queues=sum(1 for q in queues if q["paused"]),
             oldest_ready=max((q["oldest_ready_age"] for q in queues if q["oldest_ready_age"]), default=None),
             expired=expired, delay=delay, late=late, failing=failing, paused=paused, overdue=overdue,

@@ -9,8 +9,8 @@ Pagination. Lists page by keyset through the SQL functions' cursors:
 ``list_checks(after_at, after_id)``, ``check_history(before_at, before_id)``. A page asks
 for ``size + 1`` rows: the extra one says whether there is a next page.
 
-Counts. ``queue_status`` counts exactly up to 1,000 per queue and status; above that its
-figures are estimates (``estimated``), shown with a ``~``.
+Counts. ``queue_status`` and ``task_counts`` are exact: the tallies every write keeps
+(docs/sql-api.md, ``task_counts``).
 """
 
 from __future__ import annotations

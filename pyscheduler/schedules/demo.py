@@ -124,9 +124,8 @@ def demo(ctx: RunContext, echo) -> None:
             echo(f"Kafka topic {topic}: {len(got)} messages, {len(keys)} distinct idempotency keys")
         keys = receiver.received()
         echo(f"HTTP receiver: {len(keys)} POSTs, {len(set(keys))} distinct Idempotency-Key values")
-        counts = db.query("SELECT status, tasks, estimated FROM pyscheduler.task_counts WHERE queue = %s", (queue,))
-        echo(f"task queue {queue}: " + (", ".join(f"{r['status']}={'~' if r['estimated'] else ''}{r['tasks']}"
-                                                  for r in counts) or "empty"))
+        counts = db.query("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = %s", (queue,))
+        echo(f"task queue {queue}: " + (", ".join(f"{r['status']}={r['tasks']}" for r in counts) or "empty"))
         existing = {r["schedule"]["name"] for r in db.call("list_schedules", name_like=f"demo-%-{suffix}")}
         for name in names.values():
             if name in existing:

@@ -174,7 +174,7 @@ def library_throughput(dsn: str, db: Database, queue: str, total: int, capacity:
         elapsed = time.perf_counter() - started
     finally:
         running.stop()
-    # counted in the table (the bench owns it): task_counts estimates above 1,000
+    # counted in the table itself (the bench owns it)
     rows = db.query("SELECT count(*) AS tasks FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'",
                     (queue,))
     assert rows and rows[0]["tasks"] == total, f"{rows} completed, expected {total}"

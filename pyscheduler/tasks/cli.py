@@ -218,14 +218,12 @@ def resume_cmd(dsn, queue) -> None:
 @group.command("queues")
 @dsn_option
 def queues_cmd(dsn) -> None:
-    """Per queue: tasks ready, delayed and running (exact up to 1,000; ~ an estimate), paused or not,
-    the oldest ready task's wait."""
+    """Per queue: tasks ready, delayed and running, paused or not, the oldest ready task's wait."""
     rows = _with_client(dsn, lambda client: client.db.query("SELECT * FROM pyscheduler.queue_status ORDER BY queue"))
     for q in rows:
         age = f"{q['oldest_ready_age'].total_seconds():.1f}s" if q["oldest_ready_age"] is not None else "-"
         paused = f" PAUSED by {q['paused_by']}" + (f": {q['note']}" if q["note"] else "") if q["paused"] else ""
-        n = {k: f"{'~' if q['estimated'] and q[k] > 1000 else ''}{q[k]}" for k in ("ready", "delayed", "running")}
-        click.echo(f"{q['queue']:<20} ready={n['ready']:<7} delayed={n['delayed']:<7} running={n['running']:<6} "
+        click.echo(f"{q['queue']:<20} ready={q['ready']:<7} delayed={q['delayed']:<7} running={q['running']:<6} "
                    f"oldest_ready={age} next_due={q['next_due'] or '-'}{paused}")
 
 
@@ -442,9 +440,9 @@ def demo(ctx: RunContext, echo) -> None:
         for h in done["history"]:
             extra = f" progress={h['progress']:.2f}" if "progress" in h else ""
             echo(f"  {h['_typ']:<15} {h['worker']:<10} {h['time']}{extra}")
-        counts = db.query("SELECT status, tasks, estimated FROM pyscheduler.task_counts WHERE queue = %s ORDER BY status",
+        counts = db.query("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = %s ORDER BY status",
                           (queue,))
-        echo("task_counts: " + ", ".join(f"{r['status']}={'~' if r['estimated'] else ''}{r['tasks']}" for r in counts))
+        echo("task_counts: " + ", ".join(f"{r['status']}={r['tasks']}" for r in counts))
     for p in procs:
         p.stop()
     stop.set()

@@ -1,7 +1,7 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
--- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql and 0025_tasks_finished_queue.sql
+-- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql and 0027_tasks_tallies.sql
 -- build (tests/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -131,10 +131,13 @@ CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN 
 -- finishes.
 CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, rn)
     WHERE status IN ('completed', 'aborted', 'cancelled');
--- task_counts' and queue_status' estimates above 1,000 (sql/tasks/5_reads.sql): the most
--- common (queue, status) pairs of ANALYZE's sample.
-CREATE STATISTICS pyscheduler.tasks_queue_status_stats (mcv) ON queue, status FROM pyscheduler.tasks;
-ALTER STATISTICS pyscheduler.tasks_queue_status_stats SET STATISTICS 250;
+-- task_counts' and queue_status' counts (0027): deltas per (queue, status), summed by the
+-- readers (sql/tasks/1_model.sql, "Counts").
+CREATE TABLE pyscheduler._task_tallies (
+    queue  text                     NOT NULL,
+    status pyscheduler.task_status  NOT NULL,
+    n      bigint                   NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
 -- One row per queue an operator or client paused or limited: a lease reads
 -- it by primary key; a queue without a row, or neither paused nor limited, is

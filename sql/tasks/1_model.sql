@@ -68,6 +68,124 @@
 
 -- ---------------------------------------------------------------- helpers
 
+-- Counts (issue 21: a read path never scans the table). _task_tallies holds the number of
+-- tasks per (queue, status) as rows to sum: every statement that inserts, deletes or changes
+-- the status of tasks appends its deltas in its own transaction, through _task_tally or
+-- _task_tally_many (a submit: +n; a lease: ready -n, running +n; a cleanup: completed -n), so
+-- task_counts and queue_status are exact and read a few hundred rows whatever is stored. A
+-- delta is appended, never a shared counter row updated: a writer never waits for another
+-- (a client's transaction that cancels a task would hold the row until it commits). One writing
+-- call in 50 folds the rows no other transaction is folding into one per pair
+-- (_task_fold_tallies). The Worker's lease and completion add one small INSERT per batch.
+-- Rows written by hand (INSERT/UPDATE/DELETE outside these functions) are not counted: call
+-- pyscheduler._task_count_all() (as the migration did once) to count the table again.
+
+-- _task_fold_tallies(): replace the tally rows no other transaction is folding by their sums.
+CREATE OR REPLACE FUNCTION pyscheduler._task_fold_tallies()
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    WITH gone AS (
+        DELETE FROM pyscheduler._task_tallies c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._task_tallies x FOR UPDATE SKIP LOCKED))
+        RETURNING c.queue, c.status, c.n)
+    INSERT INTO pyscheduler._task_tallies (queue, status, n)
+    SELECT g.queue, g.status, sum(g.n) FROM gone g GROUP BY g.queue, g.status HAVING sum(g.n) <> 0;
+END
+$$;
+
+-- _task_tally(queue, from, to, n): n tasks of queue went from status from to status to (from
+-- NULL: submitted; to NULL: deleted); nothing when n = 0 or from = to. PL/pgSQL, as the two
+-- below: it keeps its statements' plans for the session (a SQL function that is not inlined is
+-- planned on every call: ~100 us, more than a single-task call's own work).
+CREATE OR REPLACE FUNCTION pyscheduler._task_tally(p_queue text, p_from pyscheduler.task_status,
+                                                   p_to pyscheduler.task_status, p_n bigint)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_n = 0 OR p_from IS NOT DISTINCT FROM p_to THEN
+        RETURN;
+    END IF;
+    INSERT INTO pyscheduler._task_tallies (queue, status, n)
+    SELECT p_queue, s.status, s.n FROM (VALUES (p_from, -p_n), (p_to, p_n)) AS s(status, n)
+     WHERE s.status IS NOT NULL;
+    IF random() < 0.02 THEN
+        PERFORM pyscheduler._task_fold_tallies();
+    END IF;
+END
+$$;
+
+-- _task_tally_many(queues, from, to, froms, tos): task i of queues went from froms[i] (NULL:
+-- from) to tos[i] (NULL: to), NULL as in _task_tally; grouped first (a batch is mostly one
+-- queue and one move), then one row per (queue, status) that changed.
+CREATE OR REPLACE FUNCTION pyscheduler._task_tally_many(
+    p_queues text[], p_from pyscheduler.task_status, p_to pyscheduler.task_status,
+    p_froms pyscheduler.task_status[] DEFAULT NULL, p_tos pyscheduler.task_status[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF coalesce(cardinality(p_queues), 0) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO pyscheduler._task_tallies (queue, status, n)
+    SELECT g.queue, v.status, sum(v.n * g.c)
+      FROM (SELECT u.queue, coalesce(u.f, p_from) AS f, coalesce(u.t, p_to) AS t, count(*) AS c
+              FROM unnest(p_queues, p_froms, p_tos) AS u(queue, f, t)
+             WHERE u.queue IS NOT NULL
+             GROUP BY 1, 2, 3) AS g,
+           LATERAL (VALUES (g.f, -1), (g.t, 1)) AS v(status, n)
+     WHERE v.status IS NOT NULL AND g.f IS DISTINCT FROM g.t
+     GROUP BY g.queue, v.status HAVING sum(v.n * g.c) <> 0;
+    IF random() < 0.02 THEN
+        PERFORM pyscheduler._task_fold_tallies();
+    END IF;
+END
+$$;
+
+-- _task_count_all(): the tallies from the table itself (once by the migration that added them;
+-- again after rows were written by hand). Writers wait while it counts (SHARE lock), so none
+-- is missed.
+CREATE OR REPLACE FUNCTION pyscheduler._task_count_all()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE pyscheduler.tasks IN SHARE MODE;
+    LOCK TABLE pyscheduler._task_tallies IN EXCLUSIVE MODE;
+    DELETE FROM pyscheduler._task_tallies;
+    INSERT INTO pyscheduler._task_tallies (queue, status, n)
+    SELECT t.queue, t.status, count(*) FROM pyscheduler.tasks t GROUP BY t.queue, t.status;
+    INSERT INTO pyscheduler.settings (name, value) VALUES ('tasks_counted', now()::text)
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+END
+$$;
+-- TRUNCATE (an operator emptying the table): the tallies go with the rows
+CREATE OR REPLACE FUNCTION pyscheduler._tasks_truncated()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    DELETE FROM pyscheduler._task_tallies;
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER tasks_truncated AFTER TRUNCATE ON pyscheduler.tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._tasks_truncated();
+-- in the transaction that loads these functions (the post-apply step of migrate): the tallies of
+-- a database from before migration 0027
+DO $count$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pyscheduler.settings WHERE name = 'tasks_counted') THEN
+        PERFORM pyscheduler._task_count_all();
+    END IF;
+END
+$count$;
+
 -- _ts(t): a timestamp as the seed writes it, in UTC ending in Z
 -- ('2021-10-09T12:13:21.000000Z'), whatever the session's TimeZone.
 -- STABLE, not IMMUTABLE: to_char is STABLE, and the planner inlines a SQL
@@ -486,6 +604,8 @@ AS $$
 DECLARE
     v_rns uuid[] := p_rns;
     v_queues text[];
+    v_moved text[];
+    v_to pyscheduler.task_status[];
 BEGIN
     WHILE cardinality(v_rns) > 0 LOOP
         PERFORM pg_notify('pyscheduler_task:' || t.rn, t.status::text)
@@ -518,8 +638,10 @@ BEGIN
              WHERE c.rn = p.child AND c.status = 'waiting'
             RETURNING c.rn, c.status, c.queue, c.watched OR c.has_children AS more)
         SELECT coalesce(array_agg(u.rn) FILTER (WHERE u.status = 'cancelled' AND u.more), '{}'),
-               coalesce(array_agg(DISTINCT u.queue) FILTER (WHERE u.status IN ('ready', 'scheduled')), '{}')
-          INTO v_rns, v_queues FROM u;
+               coalesce(array_agg(DISTINCT u.queue) FILTER (WHERE u.status IN ('ready', 'scheduled')), '{}'),
+               coalesce(array_agg(u.queue), '{}'), array_agg(u.status)
+          INTO v_rns, v_queues, v_moved, v_to FROM u;
+        PERFORM pyscheduler._task_tally_many(v_moved, 'waiting', NULL, p_tos => v_to);
         PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
     END LOOP;
 END

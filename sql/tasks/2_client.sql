@@ -246,6 +246,7 @@ BEGIN
             USING ERRCODE = '40001';
     END IF;
     END IF;
+    PERFORM pyscheduler._task_tally(_submit_tasks.queue, NULL, v_status, cardinality(v_children));
     IF v_waiting > 0 AND cardinality(v_children) > 0 THEN
         INSERT INTO pyscheduler.task_edges (parent, child)
         SELECT p, c FROM unnest(v_parents.live) AS p, unnest(v_children) AS c;
@@ -301,6 +302,7 @@ BEGIN
         DO NOTHING
         RETURNING pyscheduler._task_json(t) INTO v_task;
         IF v_task IS NOT NULL THEN
+            PERFORM pyscheduler._task_tally(_submit_task.queue, NULL, v_status, 1);
             PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_task.queue));
             RETURN v_task;
         END IF;
@@ -672,6 +674,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_task pyscheduler.tasks := pyscheduler._owned_task(_cancel_task.rn);
+    v_was pyscheduler.task_status := v_task.status;
 BEGIN
     IF v_task.status = 'cancelled' THEN
         RETURN pyscheduler._task_json(v_task);
@@ -682,6 +685,7 @@ BEGIN
     UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now, waiting_on = 0
      WHERE t.rn = _cancel_task.rn
     RETURNING t.* INTO v_task;
+    PERFORM pyscheduler._task_tally(v_task.queue, v_was, 'cancelled', 1);
     IF v_task.owner IS NOT NULL AND v_task.lease_token IS NOT NULL THEN
         PERFORM pyscheduler._notify_throttled('pyscheduler_cancel:' || v_task.owner);
     END IF;
@@ -745,6 +749,7 @@ AS $$
 DECLARE
     v_task pyscheduler.tasks := pyscheduler._owned_task(_retry_task.rn);
     v_code text := pyscheduler._requeue_refusal(v_task.status);
+    v_was pyscheduler.task_status := v_task.status;
 BEGIN
     IF v_code IS NOT NULL THEN
         RAISE EXCEPTION 'task % is %: only aborted or cancelled tasks can be requeued', _retry_task.rn, v_task.status
@@ -758,6 +763,7 @@ BEGIN
                         quote_literal(v_task.unique_key)
             USING ERRCODE = 'PS214', HINT = 'That task runs the work already; requeue this one once it finished.';
     END;
+    PERFORM pyscheduler._task_tally(v_task.queue, v_was, 'ready', 1);
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task.queue));
     RETURN pyscheduler._task_json(v_task);
 END
@@ -794,7 +800,7 @@ DECLARE
     v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
     v_history integer := pyscheduler._task_limit('task_max_history');
     v_task pyscheduler.tasks;
-    v_any boolean := false;
+    v_n bigint := 0;
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _retry_tasks.queue, p_queue_given => true);
     IF _retry_tasks.status IS NULL OR _retry_tasks.status NOT IN ('aborted', 'cancelled') THEN
@@ -818,11 +824,12 @@ BEGIN
         EXCEPTION WHEN unique_violation THEN
             CONTINUE;  -- another live task holds its unique_key: it stays as it is
         END;
-        v_any := true;
+        v_n := v_n + 1;
         task := pyscheduler._task_json(v_task);
         RETURN NEXT;
     END LOOP;
-    IF v_any THEN
+    IF v_n > 0 THEN
+        PERFORM pyscheduler._task_tally(_retry_tasks.queue, _retry_tasks.status::pyscheduler.task_status, 'ready', v_n);
         PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_retry_tasks.queue));
     END IF;
 END

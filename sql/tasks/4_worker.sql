@@ -40,6 +40,7 @@ AS $$
 DECLARE
     v_gate integer;
     v_due boolean;
+    v_n bigint;
 BEGIN
     SELECT CASE WHEN q.paused THEN 0
                 WHEN q.running_per_key IS NOT NULL OR q.running_total IS NOT NULL OR q.rate_starts IS NOT NULL THEN 2
@@ -59,6 +60,8 @@ BEGIN
                 ORDER BY r.run_at
                 LIMIT greatest(p_n, 1000)
                   FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        PERFORM pyscheduler._task_tally(p_queue, 'scheduled', 'ready', v_n);
     END IF;
     RETURN v_gate;
 END
@@ -166,6 +169,7 @@ DECLARE
     v_taken integer := 0;
     v_want integer;
     v_n integer;
+    v_leased bigint;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'queue % has limits: lease its tasks in a READ COMMITTED transaction, not %', p_queue,
@@ -310,6 +314,8 @@ BEGIN
                    leased_at = p_now, limited = true
              WHERE t.rn = ANY (v_chosen)
             RETURNING t.*;
+            GET DIAGNOSTICS v_leased = ROW_COUNT;
+            PERFORM pyscheduler._task_tally(p_queue, 'ready', 'running', v_leased);
             v_taken := v_taken + cardinality(v_chosen);
         END IF;
         IF v_keyed THEN
@@ -350,6 +356,7 @@ DECLARE
     -- gen_random_uuid() per call instead of one per task (~5 us each)
     v_secret text := gen_random_uuid()::text;
     v_gate integer;
+    v_n bigint;
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _claim_tasks.queue, p_queue_given => true,
                                          p_worker => _claim_tasks.worker, p_worker_given => true,
@@ -386,6 +393,7 @@ BEGIN
                 LIMIT n
                   FOR UPDATE SKIP LOCKED))
         RETURNING t.*;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
     ELSE
         RETURN QUERY
         WITH c AS (
@@ -404,7 +412,9 @@ BEGIN
           FROM c
          WHERE t.rn = c.rn
         RETURNING t.*;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
     END IF;
+    PERFORM pyscheduler._task_tally(_claim_tasks.queue, 'ready', 'running', v_n);
 END
 $$;
 
@@ -535,6 +545,9 @@ BEGIN
                     LIMIT 1
                       FOR UPDATE SKIP LOCKED)
     RETURNING pyscheduler._leased_json(t) INTO v_task;
+    IF v_task IS NOT NULL THEN
+        PERFORM pyscheduler._task_tally(queue, 'ready', 'running', 1);
+    END IF;
     RETURN v_task;
 END
 $$;
@@ -728,6 +741,7 @@ BEGIN
     IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_complete_task.rn, _complete_task.token);
     END IF;
+    PERFORM pyscheduler._task_tally(v_task ->> 'queue', 'running', 'completed', 1);
     IF v_more THEN
         PERFORM pyscheduler._finished(ARRAY[_complete_task.rn], p_now);
     END IF;
@@ -767,7 +781,6 @@ AS $$
 DECLARE
     v_done uuid[];
     v_more uuid[];
-    v_queues text[];
     v_bad record;
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
@@ -788,7 +801,12 @@ BEGIN
             UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
               FROM pyscheduler._leases(rns, tokens) AS l
              WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
-            RETURNING t.rn, t.watched OR t.has_children AS more)
+            RETURNING t.rn, t.queue, t.watched OR t.has_children AS more),
+        counted AS (  -- the tallies (1_model.sql, "Counts"), in this statement: the Worker's path
+            INSERT INTO pyscheduler._task_tallies (queue, status, n)
+            SELECT c.queue, v.status, v.n * c.c
+              FROM (SELECT d.queue, count(*) AS c FROM done d GROUP BY d.queue) AS c,
+                   LATERAL (VALUES ('running'::pyscheduler.task_status, -1), ('completed', 1)) AS v(status, n))
         SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
     ELSE
         WITH done AS (
@@ -797,8 +815,16 @@ BEGIN
               FROM (SELECT u.rn, u.token, u.i FROM unnest(rns, tokens) WITH ORDINALITY AS u(rn, token, i)
                      ORDER BY u.rn) AS l  -- rows locked in rn order (as _leases)
              WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
-            RETURNING t.rn, t.watched OR t.has_children AS more)
+            RETURNING t.rn, t.queue, t.watched OR t.has_children AS more),
+        counted AS (
+            INSERT INTO pyscheduler._task_tallies (queue, status, n)
+            SELECT c.queue, v.status, v.n * c.c
+              FROM (SELECT d.queue, count(*) AS c FROM done d GROUP BY d.queue) AS c,
+                   LATERAL (VALUES ('running'::pyscheduler.task_status, -1), ('completed', 1)) AS v(status, n))
         SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
+    END IF;
+    IF random() < 0.02 THEN
+        PERFORM pyscheduler._task_fold_tallies();
     END IF;
     IF v_more IS NOT NULL THEN  -- the rare tasks someone waits for, or with children
         SELECT array_agg(t.rn) FILTER (WHERE t.watched OR t.has_children)
@@ -842,6 +868,7 @@ AS $$
 DECLARE
     v_more boolean;
     v_limited boolean;
+    v_queue text;
 BEGIN
     IF _complete_and_lease.rn IS NOT NULL THEN
         PERFORM pyscheduler._check_result(_complete_and_lease.result);
@@ -849,10 +876,11 @@ BEGIN
            SET status = 'completed', progress = 1, deadline = NULL, updated = p_now, result = _complete_and_lease.result
          WHERE t.rn = _complete_and_lease.rn AND t.lease_token = _complete_and_lease.token
            AND t.status = 'running'
-        RETURNING t.watched OR t.has_children, t.limited INTO v_more, v_limited;
+        RETURNING t.watched OR t.has_children, t.limited, t.queue INTO v_more, v_limited, v_queue;
         IF NOT FOUND THEN
             PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
         END IF;
+        PERFORM pyscheduler._task_tally(v_queue, 'running', 'completed', 1);
         IF v_more THEN
             PERFORM pyscheduler._finished(ARRAY[_complete_and_lease.rn], p_now);
         END IF;
@@ -915,6 +943,7 @@ BEGIN
     IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_abort_task.rn, _abort_task.token);
     END IF;
+    PERFORM pyscheduler._task_tally(v_task ->> 'queue', 'running', 'aborted', 1);
     IF v_more THEN
         PERFORM pyscheduler._finished(ARRAY[_abort_task.rn], p_now);
     END IF;
@@ -964,6 +993,8 @@ DECLARE
     v_done uuid[];
     v_queues text[];
     v_more uuid[];
+    v_moved text[];
+    v_to pyscheduler.task_status[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     IF errors IS NULL OR jsonb_typeof(errors) <> 'array' OR jsonb_array_length(errors) <> cardinality(rns) THEN
@@ -1032,8 +1063,10 @@ BEGIN
         RETURNING t.rn, t.queue, t.status, t.watched OR t.has_children AS more, t.limited)
     SELECT coalesce(array_agg(u.rn), '{}'),
            coalesce(array_agg(DISTINCT u.queue) FILTER (WHERE u.status <> 'aborted' OR u.limited), '{}'),
-           array_agg(u.rn) FILTER (WHERE u.status = 'aborted' AND u.more)
-      INTO v_done, v_queues, v_more FROM u;
+           array_agg(u.rn) FILTER (WHERE u.status = 'aborted' AND u.more),
+           array_agg(u.queue), array_agg(u.status)
+      INTO v_done, v_queues, v_more, v_moved, v_to FROM u;
+    PERFORM pyscheduler._task_tally_many(v_moved, 'running', NULL, p_tos => v_to);
     IF v_more IS NOT NULL THEN
         PERFORM pyscheduler._finished(v_more, p_now);
     END IF;
@@ -1157,6 +1190,7 @@ BEGIN
     IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_yield_task.rn, _yield_task.token);
     END IF;
+    PERFORM pyscheduler._task_tally(v_task ->> 'queue', 'running', (v_task ->> 'status')::pyscheduler.task_status, 1);
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task ->> 'queue'));
     RETURN v_task;
 END

@@ -12,6 +12,8 @@ AS $$
 DECLARE
     v_queues text[] := '{}';
     v_task jsonb;
+    v_moved text[] := '{}';
+    v_to pyscheduler.task_status[] := '{}';
     v_history integer := pyscheduler._task_limit('task_max_history');
     v_attempts integer := pyscheduler._task_limit('task_max_attempts');
     v_max_errors integer := pyscheduler._task_limit('task_max_errors');
@@ -55,6 +57,8 @@ BEGIN
         RETURNING pyscheduler._task_json(t) || CASE WHEN t.status = 'aborted' AND (t.watched OR t.has_children)
                                                     THEN '{"_more": true}'::jsonb ELSE '{}'::jsonb END
     LOOP
+        v_moved := v_moved || (v_task ->> 'queue');
+        v_to := v_to || (v_task ->> 'status')::pyscheduler.task_status;
         IF v_task ->> 'status' = 'ready' AND NOT (v_task ->> 'queue') = ANY (v_queues) THEN
             v_queues := v_queues || (v_task ->> 'queue');
         END IF;
@@ -65,6 +69,7 @@ BEGIN
         task := v_task;
         RETURN NEXT;
     END LOOP;
+    PERFORM pyscheduler._task_tally_many(v_moved, 'running', NULL, p_tos => v_to);
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q)) FROM unnest(v_queues) q;
 END
 $$;
@@ -99,18 +104,23 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_deleted integer;
+    v_gone text[];
+    v_was pyscheduler.task_status[];
 BEGIN
     IF retention IS NULL OR retention < interval '0' OR max_tasks IS NULL OR max_tasks < 1 THEN
         RAISE EXCEPTION 'retention must be >= 0 and max_tasks >= 1, got % and %', retention, max_tasks
             USING ERRCODE = 'PS208';
     END IF;
-    DELETE FROM pyscheduler.tasks t
-     WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks r
-                     WHERE r.status IN ('completed', 'aborted', 'cancelled')
-                       AND r.updated < p_now - retention
-                     LIMIT max_tasks
-                       FOR UPDATE SKIP LOCKED);
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    WITH gone AS (
+        DELETE FROM pyscheduler.tasks t
+         WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks r
+                         WHERE r.status IN ('completed', 'aborted', 'cancelled')
+                           AND r.updated < p_now - retention
+                         LIMIT max_tasks
+                           FOR UPDATE SKIP LOCKED)
+        RETURNING t.queue, t.status)
+    SELECT count(*), array_agg(g.queue), array_agg(g.status) INTO v_deleted, v_gone, v_was FROM gone g;
+    PERFORM pyscheduler._task_tally_many(v_gone, NULL, NULL, p_froms => v_was);
     RETURN v_deleted;
 END
 $$;

@@ -5,13 +5,12 @@
 -- ---------------------------------------------------------------- views (psql)
 
 -- Each view reads through a function of 5_reads.sql (plans pinned to the indexes): none
--- counts or scans the table (issue 21); a count above 1,000 is the planner's estimate, with
--- estimated = true (see Counts there).
+-- counts or scans the table (issue 21); the counts are the tallies every write keeps (see
+-- Counts in 1_model.sql).
 CREATE OR REPLACE VIEW pyscheduler.task_counts AS
-    SELECT c.queue, c.status, c.tasks, c.estimated FROM pyscheduler._task_counts() c;
+    SELECT c.queue, c.status, c.tasks FROM pyscheduler._task_counts() c;
 COMMENT ON VIEW pyscheduler.task_counts IS
-    'Number of tasks per queue and status: exact up to 1,000, above that the planner''s estimate '
-    '(estimated = true; finished and running tasks: estimated as soon as their status holds more than 1,000).';
+    'Number of tasks per queue and status (exact: kept by every submit, lease, finish and cleanup).';
 
 CREATE OR REPLACE VIEW pyscheduler.expired_leases AS
     SELECT rn, queue, owner, deadline, now() - deadline AS overdue, progress
@@ -26,15 +25,14 @@ COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS
     'The oldest ready task of each queue and how long it has waited (one index probe per queue and priority).';
 
 -- queue_status: one row per queue with live tasks or a task_queues row; its counts as
--- task_counts' (exact up to 1,000; estimated = true when one of them is an estimate).
--- oldest_ready_age: the longest wait among the first ready task of each priority.
+-- task_counts'. oldest_ready_age: the longest wait among the first ready task of each priority.
 CREATE OR REPLACE VIEW pyscheduler.queue_status AS
     SELECT s.queue, s.ready, s.delayed, s.running, s.paused, s.note, s.paused_by, s.oldest_ready_age, s.next_due,
-           s.waiting, s.estimated
+           s.waiting
       FROM pyscheduler._queue_status() s;
 COMMENT ON VIEW pyscheduler.queue_status IS
-    'Per queue: tasks ready, delayed (scheduled), running and waiting (for parents; exact up to 1,000, then '
-    'estimated), whether it is paused, the oldest ready task''s wait, the next due time.';
+    'Per queue: tasks ready, delayed (scheduled), running and waiting (for parents), whether it is paused, '
+    'the oldest ready task''s wait, the next due time.';
 
 -- ---------------------------------------------------------------- grants
 
