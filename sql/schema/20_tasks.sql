@@ -131,6 +131,11 @@ CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN 
 -- finishes.
 CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, rn)
     WHERE status IN ('completed', 'aborted', 'cancelled');
+-- The most common (queue, status) pairs of ANALYZE's sample (0021): without them the planner
+-- takes a queue's rare status for 5 % x 1 % of the table and list_tasks(queue, status) walks
+-- the primary key past every task (a second on 10 million) instead of the status's index.
+CREATE STATISTICS pyscheduler.tasks_queue_status_stats (mcv) ON queue, status FROM pyscheduler.tasks;
+ALTER STATISTICS pyscheduler.tasks_queue_status_stats SET STATISTICS 250;
 -- task_counts' and queue_status' counts (0027): deltas per (queue, status), summed by the
 -- readers (sql/tasks/1_model.sql, "Counts").
 CREATE TABLE pyscheduler._task_tallies (
