@@ -297,6 +297,8 @@ SET search_path = pyscheduler, pg_temp
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_n bigint;
 BEGIN
     PERFORM pyscheduler._delay_check_interval('advance', _ready_and_claim.advance, true,
                                               pyscheduler._delay_max_advance());
@@ -320,6 +322,10 @@ BEGIN
       FROM due
      WHERE m.ctid = due.row_id  -- the row version locked above (a Tid Scan, no second index lookup)
     RETURNING m.id, m.deadline, m.headers, m.key, m.value, m.readied_at;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN  -- see _delay_ready_counts below
+        INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n) VALUES (_ready_and_claim.node, p_now, v_n);
+    END IF;
 END
 $$;
 
@@ -379,9 +385,12 @@ BEGIN
          WHERE m.id = ANY (delete_fired.ids)
            AND m.readied_at IS NOT NULL
            AND (delete_fired.node IS NULL OR m.readied_by = delete_fired.node)
-        RETURNING m.id
+        RETURNING m.id, m.readied_by, m.readied_at
     ), counted AS (  -- see _delay_counts below
         INSERT INTO pyscheduler._delay_counts (n) SELECT -count(*) FROM gone HAVING count(*) > 0
+    ), fired AS (  -- see _delay_ready_counts below
+        INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
+        SELECT g.readied_by, g.readied_at, -count(*) FROM gone g GROUP BY g.readied_by, g.readied_at
     )
     SELECT DISTINCT i FROM unnest(delete_fired.ids) i
      WHERE i IS NOT NULL AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = i);
@@ -422,6 +431,9 @@ BEGIN
           FROM stuck s
          WHERE m.id = s.id AND m.readied_by = s.readied_by AND m.readied_at = s.readied_at
         RETURNING m.id, s.readied_by, s.readied_at
+    ), uncounted AS ( -- see _delay_ready_counts below
+        INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
+        SELECT r.readied_by, r.readied_at, -count(*) FROM reset r GROUP BY r.readied_by, r.readied_at
     )
     SELECT r.id, r.readied_by, r.readied_at FROM reset r ORDER BY r.readied_at, r.id;
 END
@@ -507,9 +519,13 @@ COMMENT ON FUNCTION pyscheduler.cancel_message(text) IS
 -- another writer, as one counter row updated by all would (a client's transaction that cancels
 -- a message would hold it until it commits). One writing statement in 50 folds the deltas into
 -- one row (_delay_fold_counts), so readers sum a few dozen rows. The ready messages are
--- counted where they are, in delay_messages_ready_idx: claimed and not yet fired, their number
--- is bounded by what the relays hold in flight (batch x nodes, plus what a dead node held until
--- reset_stuck), not by what is stored; waiting = stored - ready.
+-- counted in _delay_ready_counts (migration 0028), per claim: a claim appends (node, its
+-- readied_at, +n), delete_fired and reset_stuck (node, readied_at, -n) for the messages of each
+-- claim they end (cancel_message leaves ready messages alone); the fold keeps one row per claim
+-- with messages still ready. So the readers sum the rows of the claims in flight (batch x
+-- nodes, plus what a dead node held until reset_stuck), never the index entries that fired
+-- messages leave in delay_messages_ready_idx until a vacuum of the whole table (200,000 at 10
+-- million stored); waiting = stored - ready.
 
 -- _delay_fold_counts(): replace the deltas no other transaction is folding by their sum.
 CREATE OR REPLACE FUNCTION pyscheduler._delay_fold_counts()
@@ -522,6 +538,12 @@ AS $$
          WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._delay_counts x FOR UPDATE SKIP LOCKED))
         RETURNING c.n)
     INSERT INTO pyscheduler._delay_counts (n) SELECT sum(g.n) FROM gone g HAVING count(*) > 0;
+    WITH gone AS (
+        DELETE FROM pyscheduler._delay_ready_counts c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._delay_ready_counts x FOR UPDATE SKIP LOCKED))
+        RETURNING c.node, c.readied_at, c.n)
+    INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
+    SELECT g.node, g.readied_at, sum(g.n) FROM gone g GROUP BY g.node, g.readied_at HAVING sum(g.n) <> 0;
 $$;
 
 -- _delay_count_all(): the counts from the table itself, once (a database from before
@@ -536,6 +558,10 @@ BEGIN
     LOCK TABLE pyscheduler.delay_messages IN SHARE MODE;
     DELETE FROM pyscheduler._delay_counts;
     INSERT INTO pyscheduler._delay_counts (n) SELECT count(*) FROM pyscheduler.delay_messages;
+    DELETE FROM pyscheduler._delay_ready_counts;
+    INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
+    SELECT m.readied_by, m.readied_at, count(*) FROM pyscheduler.delay_messages m
+     WHERE m.readied_at IS NOT NULL GROUP BY m.readied_by, m.readied_at;
     INSERT INTO pyscheduler.settings (name, value) VALUES ('delay_counted', now()::text)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 END
@@ -548,6 +574,7 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
     DELETE FROM pyscheduler._delay_counts;
+    DELETE FROM pyscheduler._delay_ready_counts;
     RETURN NULL;
 END
 $$;
@@ -568,6 +595,15 @@ CREATE OR REPLACE FUNCTION pyscheduler._delay_overdue_cap()
 RETURNS bigint LANGUAGE sql IMMUTABLE SET search_path = pyscheduler, pg_temp
 AS $$ SELECT 10000::bigint $$;
 
+-- _delay_ready_claims(): the claims with messages still ready (node, readied_at, how many).
+CREATE OR REPLACE FUNCTION pyscheduler._delay_ready_claims()
+RETURNS TABLE (node uuid, readied_at timestamptz, n bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT c.node, c.readied_at, sum(c.n)::bigint FROM pyscheduler._delay_ready_counts c
+     GROUP BY c.node, c.readied_at HAVING sum(c.n) <> 0;
+$$;
+
 -- _delay_queue(): the row of the delay_queue view (a function: its plans are pinned to the
 -- indexes, see _delay_plans above). Read by the view's readers: granted as the view.
 CREATE OR REPLACE FUNCTION pyscheduler._delay_queue(
@@ -581,8 +617,8 @@ AS $$
 DECLARE
     v_oldest timestamptz;
 BEGIN
-    SELECT count(*), min(m.readied_at) INTO ready, v_oldest
-      FROM pyscheduler.delay_messages m WHERE m.readied_at IS NOT NULL;
+    SELECT coalesce(sum(r.n), 0)::bigint, min(r.readied_at) INTO ready, v_oldest
+      FROM pyscheduler._delay_ready_claims() r;
     SELECT coalesce(sum(c.n), 0)::bigint - ready INTO waiting FROM pyscheduler._delay_counts c;
     SELECT count(*) INTO overdue
       FROM (SELECT 1 FROM pyscheduler.delay_messages m WHERE m.readied_at IS NULL AND m.deadline <= now()
@@ -601,14 +637,14 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans above
 AS $$
-    SELECT m.readied_by, count(*), min(m.readied_at), now() - min(m.readied_at)
-      FROM pyscheduler.delay_messages m
-     WHERE m.readied_at IS NOT NULL
-     GROUP BY m.readied_by;
+    SELECT r.node, sum(r.n)::bigint, min(r.readied_at), now() - min(r.readied_at)
+      FROM pyscheduler._delay_ready_claims() r
+     GROUP BY r.node;
 $$;
 
 -- Views for psql. now() is the transaction time of the query. Neither reads more than the
--- ready messages (in flight), the head of the waiting index and the counts' deltas.
+-- counts' rows (the claims in flight, the stored messages' deltas) and the head of the waiting
+-- index.
 CREATE OR REPLACE VIEW pyscheduler.delay_queue AS
 SELECT q.waiting, q.ready, q.overdue, q.next_deadline, q.oldest_ready_age FROM pyscheduler._delay_queue() q;
 COMMENT ON VIEW pyscheduler.delay_queue IS

@@ -1,5 +1,5 @@
 -- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql, 0006_delay_hardening.sql,
--- 0018_flat_reads.sql and 0024_delay_fillfactor.sql).
+-- 0018_flat_reads.sql, 0024_delay_fillfactor.sql and 0028_delay_ready_counts.sql).
 -- Delay queue (chronos.md): messages waiting for their deadline or readied for firing.
 -- waiting: readied_at IS NULL; ready: readied_at/readied_by set by the node that claimed it.
 CREATE TABLE pyscheduler.delay_messages (
@@ -34,4 +34,11 @@ CREATE INDEX delay_messages_ready_idx ON pyscheduler.delay_messages (readied_at)
 -- then. sql/delay.sql keeps them.
 CREATE TABLE pyscheduler._delay_counts (
     n bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 500);
+-- delay_queue's and delay_ready_by_node's ready messages (migrations/0028_delay_ready_counts.sql):
+-- per claim (node, readied_at), +n when claimed, -n as its messages are fired or reset.
+CREATE TABLE pyscheduler._delay_ready_counts (
+    node       uuid        NOT NULL,
+    readied_at timestamptz NOT NULL,
+    n          bigint      NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 500);
