@@ -446,7 +446,9 @@ class Tasks(Section):
     deployment's mix: 1 % ready (two priorities), 0.5 % scheduled (delayed or waiting for a
     retry, due within a day), 200 running whatever the size (leases an hour long: the leases in
     flight follow the workers' capacity, not what is stored), 0.1 % waiting (for a parent), 1 %
-    aborted, 0.1 % cancelled, the rest completed (kept for their retention period); at 10,000
+    aborted, 0.1 % cancelled, the rest completed (kept for their retention period); the ready
+    ones all in q11, the scheduled in q13, the waiting in q19 (backlogs the q11 and q13 lists page
+    through: 100,000 and 50,000 at 10M, 100 and 50 at 10,000); at 10,000
     stored a page of the ready and of the aborted ones is full, as at the large size. Hot: 10,000
     tasks of a queue of their own leased and completed as the Worker does (``lease_tasks_lean``,
     n 500, then ``complete_tasks``); they are deleted before the next repetition and before the
@@ -533,6 +535,12 @@ class Tasks(Section):
             Measure("list_tasks(status => 'running')", "read",
                     _call("SELECT * FROM pyscheduler.list_tasks(status => 'running')")),
             Measure("list_tasks(queue => 'q03')", "read", _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q03')")),
+            Measure("list_tasks(queue => 'q11') (its ready backlog)", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q11')")),
+            Measure("list_tasks(queue => 'q11', status => 'ready')", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q11', status => 'ready')")),
+            Measure("list_tasks(queue => 'q13') (its scheduled backlog)", "read",
+                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q13')")),
             Measure("list_tasks(queue => 'quiet')", "read",
                     _call("SELECT * FROM pyscheduler.list_tasks(queue => 'quiet')")),
             Measure("list_tasks(queue => 'quiet', status => 'completed')", "read",

@@ -265,7 +265,7 @@ def test_each_read_path_reads_an_index_and_stops_at_the_page(conn):
         ("SELECT * FROM pyscheduler.list_tasks(max_tasks => 10, before_rn => %s)", (middle,), "tasks_pkey", 10),
         ("SELECT * FROM pyscheduler.list_tasks(status => 'completed', max_tasks => 10)", (), "tasks_pkey", 60),
         ("SELECT * FROM pyscheduler.list_tasks(queue => 'q2', status => 'ready', max_tasks => 10)", (),
-         "tasks_ready_idx", 60),
+         "tasks_ready_idx", 2 * (10 + 1 + 2) + 3),  # per priority: a page, its edge's millisecond, a probe
         ("SELECT * FROM pyscheduler.list_tasks(status => 'running', max_tasks => 10)", (),
          "tasks_running_deadline_idx", 15),
         # a status the queue has none of: its index says so at once (the primary key, walked
@@ -318,8 +318,9 @@ def test_a_quiet_queue_among_busy_ones_reads_its_own_tasks(conn):
 
     rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'quiet')", tables=("tasks",))
     assert [x["task"]["rn"] for x in rows] == real("quiet")
-    assert r.seq_scans("tasks") == 0 and r.entries("tasks_pkey") == 0
-    assert sum(r.returned.values()) <= 9 + 10, r.returned
+    # no walk of the primary key: its two ready tasks are fetched by id (_ready_page)
+    assert r.seq_scans("tasks") == 0 and r.entries("tasks_pkey") <= 2
+    assert sum(r.returned.values()) <= 9 + 10 + 2, r.returned
     rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'quiet', status => 'completed')",
                     tables=("tasks",))
     assert [x["task"]["rn"] for x in rows] == real("quiet", "completed")
@@ -327,3 +328,68 @@ def test_a_quiet_queue_among_busy_ones_reads_its_own_tasks(conn):
     assert walk(conn, 2, queue="quiet") == real("quiet")
     assert walk(conn, 700, queue="busy") == real("busy")
     assert walk(conn, 700, queue="busy", status="completed") == real("busy", "completed")
+
+
+def test_a_queue_s_ready_backlog_is_paged_without_reading_it_all(conn):
+    """list_tasks(queue, status => 'ready') reads each priority of tasks_ready_idx backwards, a page
+    at most plus the last entry's millisecond, not the queue's whole backlog; the pages are exactly
+    a real ORDER BY rn DESC, also where tasks of one millisecond have their created and seq in
+    opposite orders (concurrent submits: the later transaction drew the earlier seq). A queue's
+    scheduled and waiting tasks are read from indexes in rn order, a page at a time."""
+    fill(conn, 3000, "backlog", "ready", priority="50")
+    fill(conn, 3000, "backlog", "ready", priority="90")
+    base = conn.execute("SELECT date_trunc('second', now()) - interval '2 days' AS b").fetchone()["b"]
+    conn.execute(  # one millisecond, ten tasks, created descending while seq ascends, two priorities
+        "INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated, errors, "
+        "history, submitted_by) SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), s), 'backlog', '{}', "
+        "CASE WHEN k %% 2 = 0 THEN 50 ELSE 90 END, 'ready', 0, c, c, '[]', '[]', current_user "
+        "FROM generate_series(0, 9) k, LATERAL (SELECT nextval('pyscheduler.task_seq') AS s, "
+        "%s::timestamptz + (9 - k) * interval '50 microseconds' AS c) x", (base,))
+    fill(conn, 2000, "backlog", "scheduled")
+    parent = submit(conn, "parents")
+    for _ in range(4):
+        submit(conn, "backlog", after=[parent["rn"]])
+    conn.execute("VACUUM ANALYZE pyscheduler.tasks")
+
+    def real(status=None):
+        return [r["rn"] for r in conn.execute(
+            "SELECT rn::text FROM pyscheduler.tasks WHERE queue = 'backlog' AND (%s::text IS NULL OR status::text = %s) "
+            "ORDER BY rn DESC", (status, status))]
+
+    rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'backlog', status => 'ready')",
+                    tables=("tasks",))
+    assert [x["task"]["rn"] for x in rows] == real("ready")[:100]
+    assert r.seq_scans("tasks") == 0 and r.entries("tasks_pkey") <= 2 * 100 + 10, r.returned
+    assert r.entries("tasks_ready_idx") <= 2 * (100 + 1) + 4, r.returned  # two priorities: a page and a probe each
+    rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'backlog')", tables=("tasks",))
+    assert [x["task"]["rn"] for x in rows] == real()[:100]
+    assert r.entries("tasks_ready_idx") <= 2 * (100 + 1) + 4, r.returned
+    assert r.entries("tasks_scheduled_rn_idx") <= 100 + 1 and r.entries("tasks_scheduled_idx") == 0, r.returned
+    assert walk(conn, 7, queue="backlog", status="ready")[:400] == real("ready")[:400]
+    assert walk(conn, 300, queue="backlog", status="ready") == real("ready")
+    assert walk(conn, 450, queue="backlog") == real()
+    # the odd millisecond, paged through one task at a time
+    odd = real("ready")
+    ms = conn.execute("SELECT array_agg(rn::text ORDER BY rn DESC) AS a FROM pyscheduler.tasks WHERE queue = 'backlog' "
+                      "AND created >= %s AND created < %s::timestamptz + interval '1 millisecond'", (base, base)
+                      ).fetchone()["a"]
+    assert len(ms) == 10
+    start = odd.index(ms[0])
+    before = odd[start - 1]
+    got = []
+    for _ in range(10):  # the ten oldest tasks
+        page = [x["task"]["rn"] for x in conn.execute(
+            "SELECT task FROM pyscheduler.list_tasks(queue => 'backlog', status => 'ready', max_tasks => 1, "
+            "before_rn => %s)", (before,))]
+        got += page
+        before = page[-1]
+    assert got == odd[start:] == ms
+    rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'backlog', status => 'waiting', "
+                          "max_tasks => 2)", tables=("tasks",))
+    assert [x["task"]["rn"] for x in rows] == real("waiting")[:2]
+    assert r.entries("tasks_waiting_idx") <= 2 + 1, r.returned
+    rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'backlog', status => 'scheduled')",
+                    tables=("tasks",))
+    assert [x["task"]["rn"] for x in rows] == real("scheduled")[:100]
+    assert r.entries("tasks_scheduled_rn_idx") <= 100 + 1 and r.entries("tasks_scheduled_idx") == 0, r.returned
+    assert walk(conn, 300, queue="backlog", status="scheduled") == real("scheduled")

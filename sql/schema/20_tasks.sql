@@ -1,7 +1,7 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
--- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql and 0027_tasks_tallies.sql
+-- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql and 0029_tasks_live_rn.sql
 -- build (tests/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -108,9 +108,12 @@ CREATE INDEX tasks_scheduled_idx ON pyscheduler.tasks (queue, run_at)
 -- submit's ON CONFLICT (concurrent submits of one key make one task).
 CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (queue, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running');
--- Tasks waiting for their parents, per queue (queue_status counts them).
-CREATE INDEX tasks_waiting_idx ON pyscheduler.tasks (queue)
+-- Tasks waiting for their parents, and tasks scheduled for later, per queue newest first
+-- (list_tasks' pages; 0029).
+CREATE INDEX tasks_waiting_idx ON pyscheduler.tasks (queue, rn)
     WHERE status = 'waiting';
+CREATE INDEX tasks_scheduled_rn_idx ON pyscheduler.tasks (queue, rn)
+    WHERE status = 'scheduled';
 -- Ready tasks with a concurrency key, per key in claim order: a lease of a
 -- queue with per-key limits finds the best task of each key that has room
 -- (one probe per key), however many ready tasks of full keys come first.

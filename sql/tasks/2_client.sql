@@ -601,11 +601,15 @@ AS $$
    tasks_failed_idx in the same order; a live status (waiting, scheduled,
    ready, running) may instead be read from its own index (of one queue when
    queue is given) and sorted: the work waiting or running, never the finished
-   tasks kept for retention. With queue given, the finished tasks (completed,
-   aborted, cancelled) are read from tasks_finished_queue_idx, that queue's
-   only, and without a status each status is read apart and the pages merged:
-   a quiet queue among busy ones reads its own tasks. An owner filter without
-   a status (or with completed) reads the tasks it skips.
+   tasks kept for retention. A queue's ready tasks are read per priority from
+   tasks_ready_idx, at most a page each (_ready_page), and a queue's waiting
+   and scheduled tasks from tasks_waiting_idx and tasks_scheduled_rn_idx in
+   rn order: never their whole backlog. With queue
+   given, the finished tasks (completed, aborted, cancelled) are read from
+   tasks_finished_queue_idx, that queue's only, and without a status each
+   status is read apart and the pages merged: a quiet queue among busy ones
+   reads its own tasks. An owner filter without a status (or with completed)
+   reads the tasks it skips.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
 DECLARE
@@ -624,7 +628,10 @@ BEGIN
     v_filters := CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END
         || CASE WHEN list_tasks.queue IS NULL THEN '' ELSE ' AND t.queue = $2' END
         || CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND t.owner = $3' END;
-    IF list_tasks.status IS NOT NULL OR list_tasks.queue IS NULL THEN
+    IF list_tasks.status = 'ready' AND list_tasks.queue IS NOT NULL AND list_tasks.owner IS NULL THEN
+        -- a queue's ready tasks: its backlog can be millions, in claim order (_ready_page)
+        v_sql := 'SELECT pyscheduler._task_json(t) FROM pyscheduler._ready_page($2, $1, $4) t';
+    ELSIF list_tasks.status IS NOT NULL OR list_tasks.queue IS NULL THEN
         v_sql := 'SELECT pyscheduler._task_json(t) FROM pyscheduler.tasks t WHERE true' || v_filters
             || CASE WHEN list_tasks.status IS NULL THEN ''
                     ELSE format(' AND t.status = %L::pyscheduler.task_status', list_tasks.status) END
@@ -634,8 +641,10 @@ BEGIN
         -- index, newest first, and the pages merged (the primary key would read every other
         -- queue's tasks on the way)
         SELECT 'SELECT pyscheduler._task_json(u.r) FROM ('
-               || string_agg(format('(SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s%s '
-                                    'ORDER BY t.rn DESC LIMIT $4)', w, v_filters), ' UNION ALL ')
+               || string_agg(CASE WHEN w = 't.status = ''ready''' AND list_tasks.owner IS NULL
+                                  THEN '(SELECT t AS r, t.rn FROM pyscheduler._ready_page($2, $1, $4) t)'
+                                  ELSE format('(SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s%s '
+                                              'ORDER BY t.rn DESC LIMIT $4)', w, v_filters) END, ' UNION ALL ')
                || ') u ORDER BY u.rn DESC LIMIT $4'
           INTO v_sql
           FROM unnest(ARRAY['t.status IN (''completed'', ''aborted'', ''cancelled'')', 't.status = ''waiting''',

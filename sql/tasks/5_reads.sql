@@ -80,6 +80,54 @@ AS $$
     SELECT h.queue, h.priority, h.created, h.seq, h.rn, h.updated FROM h;
 $$;
 
+-- _ready_page(queue, before_rn, n): list_tasks' page of a queue's ready tasks: newest first by
+-- rn, at most n, older than before_rn (NULL: from the newest), without reading the queue's
+-- whole backlog. tasks_ready_idx is in claim order (priority DESC, created, seq), not rn order,
+-- but within one priority, read backwards, it is in (created, seq) order, and rn is (created's
+-- millisecond, seq): per priority (a skip scan, _ready_heads), the first n entries backwards
+-- and every other entry of the last one's millisecond (tasks of one millisecond from
+-- concurrent transactions: an earlier created can have a later seq) hold that priority's part
+-- of the page; the page is the newest n of them. Reads per priority at most n entries plus the
+-- ready tasks of that priority submitted in one millisecond (a batch).
+CREATE OR REPLACE FUNCTION pyscheduler._ready_page(p_queue text, p_before uuid, p_n integer)
+RETURNS SETOF pyscheduler.tasks
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
+AS $$
+DECLARE
+    -- the end of the cursor's millisecond: no entry at or after it is older than the cursor
+    v_cut timestamptz := CASE WHEN p_before IS NULL THEN 'infinity'
+                              ELSE 'epoch'::timestamptz + ((('x' || left(replace(p_before::text, '-', ''), 12))::bit(48)
+                                                            )::bigint + 1) * interval '1 millisecond' END;
+    v_priority bigint;
+    v_rns uuid[] := '{}';
+    v_got uuid[];
+    v_edge timestamptz;
+BEGIN
+    FOR v_priority IN SELECT h.priority FROM pyscheduler._ready_heads(p_queue) h LOOP
+        SELECT coalesce(array_agg(x.rn), '{}'), CASE WHEN count(*) = p_n THEN min(x.created) END
+          INTO v_got, v_edge
+          FROM (SELECT t.rn, t.created FROM pyscheduler.tasks t
+                 WHERE t.status = 'ready' AND t.queue = p_queue AND t.priority = v_priority AND t.created < v_cut
+                   AND (p_before IS NULL OR t.rn < p_before)
+                 ORDER BY t.created DESC, t.seq DESC
+                 LIMIT p_n) x;
+        v_rns := v_rns || v_got;
+        IF v_edge IS NOT NULL THEN
+            v_rns := v_rns || ARRAY(
+                SELECT t.rn FROM pyscheduler.tasks t
+                 WHERE t.status = 'ready' AND t.queue = p_queue AND t.priority = v_priority
+                   AND t.created >= date_trunc('milliseconds', v_edge)
+                   AND t.created < date_trunc('milliseconds', v_edge) + interval '1 millisecond'
+                   AND (p_before IS NULL OR t.rn < p_before));
+        END IF;
+    END LOOP;
+    -- by primary key (a STABLE function: one snapshot, so they are the ready tasks read above)
+    RETURN QUERY SELECT t.* FROM pyscheduler.tasks t WHERE t.rn = ANY (v_rns) ORDER BY t.rn DESC LIMIT p_n;
+END
+$$;
+
 -- _oldest_ready_tasks(): the rows of oldest_ready_tasks: per queue (a skip scan of
 -- tasks_ready_idx), the oldest of its priorities' heads.
 CREATE OR REPLACE FUNCTION pyscheduler._oldest_ready_tasks()
