@@ -8,6 +8,7 @@ costs the database"):
     python bench/tasks_cost.py graphile "$DSN"   # the same work in graphile-worker's shape (its own table)
     python bench/tasks_cost.py worker "$DSN"     # one Worker, capacity 10, no-op handler
     python bench/tasks_cost.py single "$DSN"     # lease_task + complete_task, one call each (3,000 tasks)
+    python bench/tasks_cost.py delayed "$DSN" --tasks 20000   # submit_tasks(run_in => 1 hour), batches of 1,000
     python bench/tasks_cost.py vacuum "$DSN" --finished 500000   # VACUUM of the tasks table per 2,000 tasks
 
 Options: --tasks (50,000), --batch (500), --finished (0): first submit, lease and complete that
@@ -134,6 +135,21 @@ def single_cost(dsn: str, tasks: int, finished: int = 0) -> str:
             f" complete_task {complete_cpu / tasks * 1e6:.0f} us per call")
 
 
+def delayed_cost(dsn: str, tasks: int, batch: int) -> str:
+    """Submitting tasks for later: submit_tasks(run_in => 1 hour) in batches, one connection (the
+    index entries a scheduled task writes)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        submit = ("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'cost-delayed', specs => (SELECT "
+                  "jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, %s) i), run_in => '1 hour')")
+        c.execute(submit, (1,))  # plans cached before the measure
+        pid = c.info.backend_pid
+        before = cpu(pid)
+        for _ in range(tasks // batch):
+            c.execute(submit, (batch,))
+        spent = cpu(pid) - before
+    return f"delayed: {tasks // batch * batch:,} tasks in batches of {batch}: backend CPU submit {spent / tasks * 1e6:.1f} us/task"
+
+
 def vacuum_cost(dsn: str, finished: int) -> str:
     """What a VACUUM of the tasks table costs after 2,000 leases and completions (autovacuum's
     threshold), with a retention period's finished tasks kept (--finished), three times."""
@@ -188,7 +204,7 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "vacuum"])
+    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "delayed", "vacuum"])
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=500)
@@ -198,6 +214,8 @@ def main() -> None:
         line = worker_cost(a.dsn, a.tasks, a.finished)
     elif a.mode == "single":
         line = single_cost(a.dsn, min(a.tasks, 3000), a.finished)
+    elif a.mode == "delayed":
+        line = delayed_cost(a.dsn, a.tasks, 1000)
     elif a.mode == "vacuum":
         line = vacuum_cost(a.dsn, a.finished)
     else:

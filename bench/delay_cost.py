@@ -1,0 +1,74 @@
+"""What a delay message costs the database on the relay's path: backend CPU per message of
+enqueue_messages, then ready_and_claim + delete_fired, read from /proc (so the figures hold on a
+loaded machine where rates do not). Run on the database server's machine, on migrated scratch
+databases; with two or more, the runs alternate A/B/B/A (docs/benchmarks.md, "Kept counts and
+live-status pages"):
+
+    python bench/delay_cost.py "$DSN_A" "$DSN_B" --messages 20000 --rounds 4
+
+Each run enqueues its messages due now (batches of 1,000, store_late), then claims and fires
+them in batches of 1,000 with a node of its own; they are gone at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import uuid
+
+import psycopg
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process pid."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def run(dsn: str, n: int) -> tuple[float, float]:
+    """(enqueue, claim + fire) backend CPU in us per message."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        pid, tag = c.info.backend_pid, uuid.uuid4().hex[:8]
+        before = cpu(pid)
+        for k in range(0, n, 1000):
+            c.execute("SELECT count(*) FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
+                      "array_fill(clock_timestamp(), ARRAY[1000]), vals => array_fill('\\x76'::bytea, ARRAY[1000]), "
+                      "store_late => true)", ([f"cost-{tag}-{k + i}" for i in range(1000)],))
+        enqueued, node, fired = cpu(pid), uuid.uuid4(), 0
+        while rows := c.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 1000)",
+                                (node,)).fetchall():
+            c.execute("SELECT count(*) FROM pyscheduler.delete_fired(ids => %s, node => %s)",
+                      ([r[0] for r in rows], node))
+            fired += len(rows)
+        done = cpu(pid)
+    return (enqueued - before) / n * 1e6, (done - enqueued) / max(fired, 1) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dsns", nargs="+")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=4)
+    a = parser.parse_args()
+    order = a.dsns if len(a.dsns) == 1 else a.dsns + a.dsns[::-1]
+    runs: dict[str, list[tuple[float, float]]] = {d: [] for d in a.dsns}
+    started = time.monotonic()
+    for _ in range(a.rounds):
+        for dsn in order:
+            runs[dsn].append(run(dsn, a.messages))
+    for i, dsn in enumerate(a.dsns):
+        enq = [r[0] for r in runs[dsn]]
+        fire = [r[1] for r in runs[dsn]]
+        print(f"{chr(65 + i)} {dsn.rsplit('/', 1)[-1]}: enqueue {statistics.median(enq):.1f} us/msg "
+              f"({', '.join(f'{x:.1f}' for x in enq)}), claim + fire {statistics.median(fire):.1f} us/msg "
+              f"({', '.join(f'{x:.1f}' for x in fire)})")
+    print(f"{a.messages:,} messages a run, {len(order) * a.rounds} runs in {time.monotonic() - started:.0f} s; "
+          f"load average {os.getloadavg()[0]:.2f} (CPU in {1e6 / CLK / a.messages:.1f} us steps)")
+
+
+if __name__ == "__main__":
+    main()
