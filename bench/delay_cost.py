@@ -29,15 +29,15 @@ def cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK
 
 
-def run(dsn: str, n: int) -> tuple[float, float]:
+def run(dsn: str, n: int, value_bytes: int) -> tuple[float, float]:
     """(enqueue, claim + fire) backend CPU in us per message."""
     with psycopg.connect(dsn, autocommit=True) as c:
         pid, tag = c.info.backend_pid, uuid.uuid4().hex[:8]
         before = cpu(pid)
         for k in range(0, n, 1000):
             c.execute("SELECT count(*) FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
-                      "array_fill(clock_timestamp(), ARRAY[1000]), vals => array_fill('\\x76'::bytea, ARRAY[1000]), "
-                      "store_late => true)", ([f"cost-{tag}-{k + i}" for i in range(1000)],))
+                      "array_fill(clock_timestamp(), ARRAY[1000]), vals => array_fill(%s::bytea, ARRAY[1000]), "
+                      "store_late => true)", ([f"cost-{tag}-{k + i}" for i in range(1000)], b"v" * value_bytes))
         enqueued, node, fired = cpu(pid), uuid.uuid4(), 0
         while rows := c.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 1000)",
                                 (node,)).fetchall():
@@ -53,20 +53,21 @@ def main() -> None:
     parser.add_argument("dsns", nargs="+")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--value-bytes", type=int, default=1, help="each message's value (the flatness bench: 1)")
     a = parser.parse_args()
     order = a.dsns if len(a.dsns) == 1 else a.dsns + a.dsns[::-1]
     runs: dict[str, list[tuple[float, float]]] = {d: [] for d in a.dsns}
     started = time.monotonic()
     for _ in range(a.rounds):
         for dsn in order:
-            runs[dsn].append(run(dsn, a.messages))
+            runs[dsn].append(run(dsn, a.messages, a.value_bytes))
     for i, dsn in enumerate(a.dsns):
         enq = [r[0] for r in runs[dsn]]
         fire = [r[1] for r in runs[dsn]]
         print(f"{chr(65 + i)} {dsn.rsplit('/', 1)[-1]}: enqueue {statistics.median(enq):.1f} us/msg "
               f"({', '.join(f'{x:.1f}' for x in enq)}), claim + fire {statistics.median(fire):.1f} us/msg "
               f"({', '.join(f'{x:.1f}' for x in fire)})")
-    print(f"{a.messages:,} messages a run, {len(order) * a.rounds} runs in {time.monotonic() - started:.0f} s; "
+    print(f"{a.messages:,} messages of {a.value_bytes} bytes a run, {len(order) * a.rounds} runs in {time.monotonic() - started:.0f} s; "
           f"load average {os.getloadavg()[0]:.2f} (CPU in {1e6 / CLK / a.messages:.1f} us steps)")
 
 
