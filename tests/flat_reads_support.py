@@ -4,6 +4,8 @@ of the table) whatever the statistics say, without 10 million rows."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -49,3 +51,22 @@ def reads(conn, sql: str, params=None, *, tables: tuple[str, ...]) -> tuple[list
         after = _counters(conn, names)
     return rows, Reads({n: after[n][0] - before[n][0] for n in names},
                        {n: after[n][1] - before[n][1] for n in names})
+
+
+def concurrently(writer: Callable[[int], None], n: int = 4) -> None:
+    """writer(0) .. writer(n - 1), each in a thread of its own; fails with what any of them raised."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            writer(k)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a writer did not finish in 120 s"

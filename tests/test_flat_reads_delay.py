@@ -5,14 +5,13 @@ ready messages and the head of the waiting index; the claim keeps its plan."""
 from __future__ import annotations
 
 import random
-import threading
 import uuid
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 from psycopg.rows import dict_row
 
-from flat_reads_support import reads
+from flat_reads_support import concurrently, reads
 from pyscheduler import migrate
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -95,32 +94,22 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
 def test_counts_stay_right_with_concurrent_writers_and_folds(dsn, conn):
     """Deltas are appended and folded with SKIP LOCKED: writers never wait for each other, and no
     delta is lost or counted twice, whatever commits or rolls back when."""
-    errors = []
-
     def writer(k: int) -> None:
         rnd = random.Random(k)
         node = uuid.uuid4()
-        try:
-            with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
-                for i in range(60):
-                    with c.transaction(force_rollback=rnd.random() < 0.2):
-                        batch = [f"w{k}-{i}-{j}" for j in range(10)]
-                        enqueue(c, batch, [T0 - S] * 10, T0 - 2 * S)
-                        got = claim(c, node, T0, 5)
-                        c.execute("SELECT * FROM pyscheduler.delete_fired(ids => %s, node => %s)",
-                                  ([r["id"] for r in got], node))
-                        c.execute("SELECT pyscheduler.cancel_message(id => %s)", (batch[-1],))
-                        if rnd.random() < 0.5:
-                            c.execute("SELECT pyscheduler._delay_fold_counts()")
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
+            for i in range(60):
+                with c.transaction(force_rollback=rnd.random() < 0.2):
+                    batch = [f"w{k}-{i}-{j}" for j in range(10)]
+                    enqueue(c, batch, [T0 - S] * 10, T0 - 2 * S)
+                    got = claim(c, node, T0, 5)
+                    c.execute("SELECT * FROM pyscheduler.delete_fired(ids => %s, node => %s)",
+                              ([r["id"] for r in got], node))
+                    c.execute("SELECT pyscheduler.cancel_message(id => %s)", (batch[-1],))
+                    if rnd.random() < 0.5:
+                        c.execute("SELECT pyscheduler._delay_fold_counts()")
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    concurrently(writer)
     assert shown(conn) == real(conn)
     assert real(conn)["waiting"] > 0
 

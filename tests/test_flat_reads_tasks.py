@@ -6,14 +6,13 @@ and stops at the page; oldest_ready_tasks reads one index entry per queue and pr
 from __future__ import annotations
 
 import random
-import threading
 from datetime import timedelta
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from flat_reads_support import reads
+from flat_reads_support import concurrently, reads
 from pyscheduler import migrate
 
 
@@ -231,40 +230,31 @@ def test_counts_stay_right_with_concurrent_writers_and_folds(dsn, conn):
     """Four connections submit, lease, complete, fail and cancel in transactions of which a fifth
     roll back, folding the tallies as they go: appends never wait for each other, and no delta is
     lost or counted twice, whatever commits or rolls back when."""
-    errors: list[BaseException] = []
 
     def writer(k: int) -> None:
         rnd = random.Random(k)
-        try:
-            with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
-                for i in range(40):
-                    with c.transaction(force_rollback=rnd.random() < 0.2):
-                        q = f"c{rnd.randint(1, 2)}"
-                        c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => '[{}, {}, {}]')",
-                                  (q,))
-                        got = c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => %s, "
-                                        "worker => %s, n => 2)", (q, f"w{k}")).fetchall()
-                        if got:
-                            c.execute("SELECT count(*) FROM pyscheduler.complete_tasks(rns => %s, tokens => %s)",
-                                      ([got[0]["rn"]], [got[0]["token"]]))
-                        if len(got) > 1:
-                            c.execute("SELECT pyscheduler.fail_task(rn => %s, token => %s, error => %s)",
-                                      (got[1]["rn"], got[1]["token"], Jsonb({"code": "x", "args": {}, "description": "d"})))
-                        live = c.execute("SELECT rn FROM pyscheduler.tasks WHERE queue = %s AND status = 'ready' "
-                                         "LIMIT 1 FOR UPDATE SKIP LOCKED", (q,)).fetchone()
-                        if live:
-                            c.execute("SELECT pyscheduler.cancel_task(rn => %s)", (live["rn"],))
-                        if rnd.random() < 0.3:
-                            c.execute("SELECT pyscheduler._task_fold_tallies()")
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
+            for i in range(40):
+                with c.transaction(force_rollback=rnd.random() < 0.2):
+                    q = f"c{rnd.randint(1, 2)}"
+                    c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => '[{}, {}, {}]')",
+                              (q,))
+                    got = c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => %s, "
+                                    "worker => %s, n => 2)", (q, f"w{k}")).fetchall()
+                    if got:
+                        c.execute("SELECT count(*) FROM pyscheduler.complete_tasks(rns => %s, tokens => %s)",
+                                  ([got[0]["rn"]], [got[0]["token"]]))
+                    if len(got) > 1:
+                        c.execute("SELECT pyscheduler.fail_task(rn => %s, token => %s, error => %s)",
+                                  (got[1]["rn"], got[1]["token"], Jsonb({"code": "x", "args": {}, "description": "d"})))
+                    live = c.execute("SELECT rn FROM pyscheduler.tasks WHERE queue = %s AND status = 'ready' "
+                                     "LIMIT 1 FOR UPDATE SKIP LOCKED", (q,)).fetchone()
+                    if live:
+                        c.execute("SELECT pyscheduler.cancel_task(rn => %s)", (live["rn"],))
+                    if rnd.random() < 0.3:
+                        c.execute("SELECT pyscheduler._task_fold_tallies()")
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    concurrently(writer)
     assert shown(conn) == real(conn)
     assert {s for _, s, _ in real(conn)} >= {"completed", "cancelled", "scheduled"}
 
