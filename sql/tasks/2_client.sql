@@ -628,18 +628,16 @@ BEGIN
     v_filters := CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END
         || CASE WHEN list_tasks.queue IS NULL THEN '' ELSE ' AND t.queue = $2' END
         || CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND t.owner = $3' END;
-    IF list_tasks.status = 'ready' AND list_tasks.queue IS NOT NULL AND list_tasks.owner IS NULL THEN
-        -- a queue's ready tasks: its backlog can be millions, in claim order (_ready_page)
-        v_sql := 'SELECT pyscheduler._task_json(t) FROM pyscheduler._ready_page($2, $1, $4) t';
-    ELSIF list_tasks.status IS NOT NULL OR list_tasks.queue IS NULL THEN
+    IF list_tasks.queue IS NULL THEN
         v_sql := 'SELECT pyscheduler._task_json(t) FROM pyscheduler.tasks t WHERE true' || v_filters
             || CASE WHEN list_tasks.status IS NULL THEN ''
                     ELSE format(' AND t.status = %L::pyscheduler.task_status', list_tasks.status) END
             || ' ORDER BY t.rn DESC LIMIT $4';
     ELSE
-        -- one queue, any status: each status (the finished ones together) is read from its own
-        -- index, newest first, and the pages merged (the primary key would read every other
-        -- queue's tasks on the way)
+        -- one queue: each status asked for (without one, every status: the finished ones
+        -- together) is read from its own index, newest first, and the pages merged (the primary
+        -- key would read every other queue's tasks on the way); the ready ones per priority
+        -- (_ready_page: a queue's ready backlog can be millions, in claim order)
         SELECT 'SELECT pyscheduler._task_json(u.r) FROM ('
                || string_agg(CASE WHEN w = 't.status = ''ready''' AND list_tasks.owner IS NULL
                                   THEN '(SELECT t AS r, t.rn FROM pyscheduler._ready_page($2, $1, $4) t)'
@@ -647,8 +645,10 @@ BEGIN
                                               'ORDER BY t.rn DESC LIMIT $4)', w, v_filters) END, ' UNION ALL ')
                || ') u ORDER BY u.rn DESC LIMIT $4'
           INTO v_sql
-          FROM unnest(ARRAY['t.status IN (''completed'', ''aborted'', ''cancelled'')', 't.status = ''waiting''',
-                            't.status = ''scheduled''', 't.status = ''ready''', 't.status = ''running''']) w;
+          FROM unnest(CASE WHEN list_tasks.status IS NOT NULL THEN ARRAY[format('t.status = %L', list_tasks.status)]
+                           ELSE ARRAY['t.status IN (''completed'', ''aborted'', ''cancelled'')',
+                                      't.status = ''waiting''', 't.status = ''scheduled''', 't.status = ''ready''',
+                                      't.status = ''running'''] END) w;
     END IF;
     RETURN QUERY EXECUTE v_sql USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks;
 END
