@@ -427,3 +427,27 @@ def test_a_queue_s_ready_backlog_is_paged_without_reading_it_all(conn):
     assert [x["task"]["rn"] for x in rows] == real("scheduled")[:100]
     assert r.entries("tasks_scheduled_rn_idx") <= 100 + 1 and r.entries("tasks_scheduled_idx") == 0, r.returned
     assert walk(conn, 300, queue="backlog", status="scheduled") == real("scheduled")
+
+
+def test_any_cursor_a_caller_passes_pages_correctly_and_a_bad_status_is_refused(conn):
+    """before_rn is the caller's: an id from another system, all zero or all ones (a time in the
+    year 10889 for _ready_page's millisecond bound) pages exactly like a real ORDER BY rn DESC;
+    a status that is not one is PS208, never part of the query."""
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'h', specs => '[{}, {}, {}]')")
+    submit(conn, "h", run_in=timedelta(hours=1))
+    for before in ["ffffffff-ffff-ffff-ffff-ffffffffffff", "00000000-0000-0000-0000-000000000000",
+                   "12345678-9abc-4def-8123-456789abcdef"]:
+        for status in ("ready", "scheduled", "waiting", None):
+            got = [r["task"]["rn"] for r in conn.execute(
+                "SELECT task FROM pyscheduler.list_tasks(queue => 'h', status => %s, before_rn => %s, "
+                "max_tasks => 2147483647)", (status, before))]
+            assert got == [r["rn"] for r in conn.execute(
+                "SELECT rn::text FROM pyscheduler.tasks WHERE queue = 'h' AND rn < %s "
+                "AND (%s::text IS NULL OR status::text = %s) ORDER BY rn DESC", (before, status, status))]
+    for bad in ["ready' OR true --", "ready\u202e", ""]:
+        try:
+            conn.execute("SELECT * FROM pyscheduler.list_tasks(queue => 'h', status => %s)", (bad,))
+        except psycopg.Error as exc:
+            assert exc.sqlstate == "PS208", exc
+        else:
+            raise AssertionError(bad)
