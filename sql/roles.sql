@@ -54,6 +54,24 @@ BEGIN
 END
 $$;
 
+-- _seen_owners(): the owners whose work's contents the caller sees (_may_act's rule: the
+-- caller and the roles it is a member of; NULL: every owner, for admin). A read computes it
+-- once (as an uncorrelated subquery, an InitPlan, in a view) and tests each row's owner
+-- against it: coalesce(owner = ANY (seen), true) (owner = ANY (NULL) is NULL: admin sees all).
+-- _may_act per row cost ~65 us a row through a view's SECURITY DEFINER wrapper (a view's
+-- reader cannot read the settings it needs). Granted to the audiences whose views call it.
+CREATE OR REPLACE FUNCTION pyscheduler._seen_owners()
+RETURNS name[]
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT CASE WHEN pg_catalog.pg_has_role(c.caller, pyscheduler._role('admin'), 'MEMBER') THEN NULL
+                ELSE ARRAY[c.caller] || ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
+                                               WHERE pg_catalog.pg_has_role(c.caller, r.oid, 'MEMBER')) END
+      FROM (SELECT pyscheduler._caller() AS caller) c;
+$$;
+
 DO $roles$
 DECLARE
     v_role name;
@@ -128,3 +146,5 @@ $$;
 
 SELECT pyscheduler._grant(audience, 'version')
   FROM unnest(ARRAY['client', 'worker', 'relay', 'scheduler', 'checker', 'monitor']) AS audience;
+-- the views call it for their readers
+SELECT pyscheduler._grant(audience, '_seen_owners') FROM unnest(ARRAY['client', 'monitor']) AS audience;

@@ -129,7 +129,7 @@ def test_calls_on_the_callers_connection_leave_its_settings_and_return_typed_res
 
 def test_the_typed_task_round_trips_every_field(db, conn):
     """Every key get_task returns is a field of Task (and "deduplicated", which only a submit's
-    answer has), loaded to its Python type."""
+    answer has, and "redacted", which only another role's task has), loaded to its Python type."""
     rn = TaskClient(db).submit("rt", {"k": {"nested": [1, "x"]}}, priority=7, unique_key="rt:1", max_attempts=3).rn
     leased = db.call_value("lease_task", queue="rt", worker="w-1", timeout=timedelta(seconds=30))
     db.call("heartbeat_task", rn=rn, token=leased["token"], progress=0.25, timeout=timedelta(seconds=30))
@@ -138,7 +138,8 @@ def test_the_typed_task_round_trips_every_field(db, conn):
     task = TaskClient(db).get(rn)
     raw = db.call_value("get_task", rn=rn)
     renamed = {"output": "result"}  # Task.output is the JSON's "result" (a TaskHandle's result() waits for it)
-    assert {renamed.get(f.name, f.name) for f in dataclasses.fields(Task)} - {"json", "deduplicated"} == set(raw), \
+    assert {renamed.get(f.name, f.name) for f in dataclasses.fields(Task)} - {"json", "deduplicated", "redacted"} \
+        == set(raw), \
         "Task misses or adds a field"
     assert (task.rn, task.queue, task.spec, task.priority, task.status, task.progress, task.owner) == (
         rn, "rt", {"k": {"nested": [1, "x"]}}, 7, "aborted", 0.25, "w-1")

@@ -84,14 +84,15 @@ def test_pages_show_the_work_through_the_monitor_role(work, monitor_dsn):
         assert re.search(r"overdue\s+1\b", t), t  # the delay message past its deadline
         status, _, page = c.get("/tasks?status=running")
         assert status == 200 and work["running"][:8] in page and "<progress" in page
+        # the monitor sees the tasks' metadata, never their contents (docs/sql-api.md, "Ownership")
         status, _, page = c.get("/tasks?status=scheduled&queue=emails")
-        assert work["retrying"][:8] in page and "smtp_421" in page and "retrying" in page
+        assert work["retrying"][:8] in page and "retrying" in page and "smtp_421" not in page
         status, _, page = c.get("/tasks?status=aborted")
-        assert work["aborted"][:8] in page and "bank_refused" in page
+        assert work["aborted"][:8] in page and "bank_refused" not in page
         status, _, page = c.get(f"/tasks/{work['aborted']}")
-        assert status == 200 and "account closed" in page and "TaskAssignment" in page
+        assert status == 200 and 'id="redacted"' in page and "account closed" not in page
         status, _, page = c.get(f"/tasks/{work['running']}")
-        assert '"api_key": "***"' in html.unescape(page) and "k-0" not in page and "k-1" not in page
+        assert status == 200 and "api_key" not in page and "user0@" not in page
         status, _, page = c.get("/delay")
         t = text_of(page)
         assert status == 200 and re.search(r"waiting\s+3\b", t) and re.search(r"ready \(claimed.*?\)\s+1\b", t), t
@@ -223,13 +224,21 @@ def test_access_token(work, monitor_dsn):
 
 
 def test_secrets_are_masked_for_a_reader_that_sees_targets(work, admin_dsn):
-    """An admin login sees every target: the HTTP target's secret path and query are masked."""
+    """An admin login sees every target and task content: the HTTP target's secret path and
+    query and a spec's credential-like keys are masked."""
     app = make_app(admin_dsn)
     with served(app) as base:
         c = Client(base)
         for path in ("/schedules", "/schedule?name=partner-hook", "/schedules?target_kind=http"):
             status, _, page = c.get(path)
             assert status == 200 and "hooks.example.com" in page and SECRET not in page, path
+        # and every task's contents, its spec's credential-like keys masked
+        status, _, page = c.get("/tasks?status=scheduled&queue=emails")
+        assert work["retrying"][:8] in page and "smtp_421" in page
+        status, _, page = c.get(f"/tasks/{work['aborted']}")
+        assert status == 200 and "account closed" in page and "TaskAssignment" in page
+        status, _, page = c.get(f"/tasks/{work['running']}")
+        assert '"api_key": "***"' in html.unescape(page) and "k-0" not in page and "k-1" not in page
     app.close()
 
 

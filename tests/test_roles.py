@@ -94,20 +94,6 @@ def test_role_names_are_configurable(pg, empty_dsn, login):
 AUDIENCES = migrate.AUDIENCES
 
 
-def documented_roles() -> dict[str, set[str]]:
-    """docs/sql-api.md's roles table: name -> the audiences that may call or read it."""
-    text = (Path(__file__).parent.parent / "docs" / "sql-api.md").read_text()
-    section = text.split("\n## Roles\n", 1)[1].split("\n## ", 1)[0]
-    table: dict[str, set[str]] = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[0].startswith("`"):
-            name = cells[0].strip("`").split("(")[0]
-            assert name not in table, f"{name} is listed twice in the roles table"
-            table[name] = {r.strip() for r in cells[2].split(",") if r.strip()}
-    return table
-
-
 def public_objects(conn) -> list[dict]:
     """Every public function (one row per overload) and view of the schema."""
     return conn.execute(
@@ -173,3 +159,197 @@ def test_monitor_role_only_reads(conn):
                                         "reset", "cleanup", "enqueue", "delete", "ready", "register",
                                         "create", "update", "pause", "resume", "trigger", "add", "finish",
                                         "due")), name
+
+
+# ---------------------------------------------------------------- the ownership walk
+#
+# docs/sql-api.md's matrix says, per public function and view and per audience, what that
+# audience may do with work another role owns:
+#   -      not granted (42501)
+#   own    acts on its own work only: another role's is refused (42501) or left alone, unread
+#   meta   reads another role's work without its contents, changes none of it
+#   lease  acts on a task only with its lease's token: without it, changes and reads nothing
+#   all    no per-role restriction (admin; a daemon's role for the work it processes; counts)
+# The walk calls every public function and view of the catalog as every audience (and as a
+# login with no pyscheduler role) on a first application's work, whose contents carry SECRET,
+# each call in a rolled-back transaction, and checks the answer against the matrix: whether it
+# was refused, whether SECRET came back (in the answer or an error), and whether the first
+# application's rows changed.
+
+SECRET = "walk-4111-1111-1111-1111"
+CELLS = {"-", "own", "meta", "lease", "all"}
+
+
+def documented_matrix() -> dict[str, dict[str, str]]:
+    """docs/sql-api.md's matrix: name -> audience -> cell."""
+    text = (Path(__file__).parent.parent / "docs" / "sql-api.md").read_text()
+    section = text.split("\n## Roles\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| name | kind |")]
+    assert len(lines) == 1, "the matrix's header row: | name | kind | client | worker | ..."
+    header = [c.strip() for c in lines[0].strip().strip("|").split("|")]
+    assert header[2:] == list(AUDIENCES), header
+    matrix: dict[str, dict[str, str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(header) and cells[0].startswith("`"):
+            name = cells[0].strip("`").split("(")[0]
+            assert name not in matrix, f"{name} is listed twice in the matrix"
+            assert set(cells[2:]) <= CELLS, (name, cells)
+            matrix[name] = dict(zip(AUDIENCES, cells[2:]))
+    return matrix
+
+
+def documented_roles() -> dict[str, set[str]]:
+    """The audiences that may call or read each name (the matrix's cells that are not "-")."""
+    return {name: {a for a, cell in row.items() if cell != "-"} for name, row in documented_matrix().items()}
+
+
+def base_type(conn, oid: int) -> str:
+    """A parameter's type as the walk's values are keyed: a domain as its base type."""
+    return conn.execute(
+        "SELECT CASE WHEN t.typtype = 'd' THEN format_type(t.typbasetype, NULL) "
+        "            WHEN e.typtype = 'd' THEN format_type(e.typbasetype, NULL) || '[]' "
+        "            ELSE format_type(t.oid, NULL) END AS t "
+        "FROM pg_type t LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A' WHERE t.oid = %s",
+        (oid,)).fetchone()["t"]
+
+
+def owned_work(dsn: str, app_dsn: str) -> dict[str, str]:
+    """The first application's work, committed, its contents carrying SECRET: SQL literals by
+    (parameter name, base type) for the walk's calls."""
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(app_dsn, autocommit=True, row_factory=dict_row) as app:
+        done = app.execute("SELECT (pyscheduler.submit_task(queue => 'walk-q', spec => %s::jsonb, "
+                           "unique_key => 'walk-key')) ->> 'rn' AS rn", (f'{{"card": "{SECRET}"}}',)).fetchone()["rn"]
+        ready = app.execute("SELECT (pyscheduler.submit_task(queue => 'walk-q', spec => %s::jsonb, priority => 0)) "
+                            "->> 'rn' AS rn", (f'{{"card": "{SECRET}"}}',)).fetchone()["rn"]
+        app.execute("SELECT pyscheduler.create_schedule(name => 'walk-s', target => 'walk-q', target_kind => 'task', "
+                    "every => '1 hour', payload => %s::jsonb)", (f'{{"card": "{SECRET}"}}',))
+        check = app.execute("SELECT id FROM pyscheduler.add_check(entity_name => 'walk', entity_key => 'e1', "
+                            "job => 'walk-q', kind => 'task', check_after => '1 hour', payload => %s::jsonb)",
+                            (f'{{"card": "{SECRET}"}}',)).fetchone()["id"]
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as admin:
+        worker = admin.execute("SELECT pyscheduler.register_worker() AS w").fetchone()["w"]
+        leased = admin.execute("SELECT * FROM pyscheduler.lease_task(queue => 'walk-q', worker => %s)",
+                               (worker,)).fetchone()["lease_task"]
+        assert leased["rn"] == done
+        admin.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s, result => %s::jsonb)",
+                      (done, leased["token"], f'{{"charged": "{SECRET}"}}'))
+        admin.execute("SELECT pyscheduler.enqueue_message(id => 'walk-m', deadline => now() + interval '1 hour', "
+                      "value => convert_to(%s, 'UTF8'))", (SECRET,))
+        schedule = admin.execute("SELECT id FROM pyscheduler.schedules WHERE name = 'walk-s'").fetchone()["id"]
+    errors = f'[{{"code": "declined", "args": {{"card": "{SECRET}"}}}}]'
+    return {
+        ("rn", "uuid"): f"'{ready}'", ("rns", "uuid[]"): f"ARRAY['{ready}']::uuid[]",
+        ("token", "uuid"): "gen_random_uuid()", ("tokens", "uuid[]"): "ARRAY[gen_random_uuid()]",
+        ("queue", "text"): "'walk-q'", ("worker", "text"): f"'{worker}'", ("owner", "name"): "current_user",
+        ("spec", "jsonb"): "'{}'", ("specs", "jsonb"): "'[{}]'",
+        ("workflow", "jsonb"): """'[{"name": "a", "queue": "walk-q", "spec": {}}]'""",
+        ("error", "jsonb"): f"'{errors}'::jsonb -> 0", ("errors", "jsonb"): f"'{errors}'",
+        ("starts", "integer"): "10",
+        ("name", "text"): "'walk-s'", ("p_ids", "bigint[]"): f"ARRAY[{schedule}]::bigint[]",
+        ("p_expected", "timestamp with time zone[]"): "ARRAY[now()]", ("p_outcomes", "text[]"): "ARRAY['ok']",
+        ("p_attempts", "integer[]"): "ARRAY[1]", ("p_errors", "text[]"): "ARRAY[NULL::text]",
+        ("p_shards", "integer[]"): "ARRAY[0]", ("p_shard_count", "integer"): "1",
+        ("p_sync_id", "text"): "'walk-sync'", ("p_owner", "text"): "'walk-node'",
+        ("entity_name", "text"): "'walk'", ("entity_key", "text"): "'e1'", ("job", "text"): "'walk-q'",
+        ("id", "bigint"): str(check), ("ids", "bigint[]"): f"ARRAY[{check}]::bigint[]",
+        ("slot", "timestamp with time zone"): "pyscheduler.slot_round(now())", ("kind", "text"): "'task'",
+        ("check_after", "interval"): "'1 hour'",
+        ("id", "text"): "'walk-m'", ("ids", "text[]"): "ARRAY['walk-m']",
+        ("deadline", "timestamp with time zone"): "now() + interval '2 hours'",
+        ("deadlines", "timestamp with time zone[]"): "ARRAY[now() + interval '2 hours']",
+        ("node", "uuid"): "gen_random_uuid()", ("expr", "text"): "'* * * * *'", ("ts", "timestamp with time zone"): "now()",
+        ("allow", "cidr[]"): "'{}'::cidr[]",
+    }
+
+
+def parameters(conn, oid: int) -> list[tuple[str, str, bool]]:
+    """(name, base type, required) of a function's parameters."""
+    row = conn.execute("SELECT p.proargnames, p.proargtypes::oid[] AS types, p.pronargs, p.pronargdefaults "
+                       "FROM pg_proc p WHERE p.oid = %s", (oid,)).fetchone()
+    return [(row["proargnames"][i], base_type(conn, row["types"][i]), i < row["pronargs"] - row["pronargdefaults"])
+            for i in range(row["pronargs"])]
+
+
+def walk_statement(conn, obj: dict, values: dict) -> str:
+    """The call of a function on the first application's work: every parameter the walk has a
+    value for (by name and type), every required one."""
+    if obj["kind"] == "view":
+        return f"SELECT * FROM pyscheduler.{obj['name']} LIMIT 1000"
+    args = []
+    for name, typ, required in parameters(conn, obj["oid"]):
+        assert (name, typ) in values or not required, (
+            f"{obj['name']}: give the ownership walk a value for parameter {name} {typ} "
+            "(owned_work in tests/test_roles.py)")
+        if (name, typ) in values:
+            args.append(f"{name} => {values[name, typ]}")
+    return f"SELECT * FROM pyscheduler.{obj['name']}({', '.join(args)})"
+
+
+FINGERPRINT = (
+    "SELECT md5(concat_ws('|',"
+    " (SELECT string_agg(t::text, ',' ORDER BY t.rn) FROM pyscheduler.tasks t WHERE t.submitted_by = %(app)s),"
+    " (SELECT q::text FROM pyscheduler.task_queues q WHERE q.queue = 'walk-q'),"
+    " (SELECT s::text FROM pyscheduler.schedules s WHERE s.name = 'walk-s'),"
+    " (SELECT string_agg(c::text, ',' ORDER BY c.id) FROM pyscheduler.checks c WHERE c.owner = %(app)s),"
+    " (SELECT m::text FROM pyscheduler.delay_messages m WHERE m.id = 'walk-m'))) AS f")
+
+
+def outcome(conn, role: str, statement: str, app: str) -> tuple[str, str]:
+    """(what happened, what came back) of statement run as role, rolled back: 'denied' (42501),
+    else 'changed' (the first application's rows), 'secret' (its contents came back), 'clean'."""
+    with conn.transaction(force_rollback=True):
+        before = conn.execute(FINGERPRINT, {"app": app}).fetchone()["f"]
+        conn.execute(f'SET LOCAL ROLE "{role}"')
+        conn.execute("SET LOCAL statement_timeout = '10s'")
+        try:
+            with conn.transaction():
+                answer = str(conn.execute(statement).fetchall())
+        except psycopg.errors.InsufficientPrivilege as exc:
+            return "denied", str(exc)
+        except psycopg.Error as exc:  # got in; refused on the arguments' merits
+            answer = f"{exc.sqlstate}: {exc}"
+        conn.execute("RESET ROLE")
+        if conn.execute(FINGERPRINT, {"app": app}).fetchone()["f"] != before:
+            return "changed", answer
+    return ("secret" if SECRET in answer else "clean"), answer
+
+
+ALLOWED = {"-": {"denied"}, "own": {"denied", "clean"}, "meta": {"clean"}, "lease": {"clean"},
+           "all": {"denied", "changed", "secret", "clean"}}
+
+
+def test_the_ownership_walk_matches_the_matrix_for_every_public_function(conn, dsn, login):
+    matrix = documented_matrix()
+    app, app_dsn = login("pyscheduler_client")
+    nobody, _ = login()
+    values = owned_work(dsn, app_dsn)
+    wrong = []
+    for obj in public_objects(conn):
+        assert obj["name"] in matrix, f"{obj['name']} has no row in docs/sql-api.md's matrix"
+        statement = walk_statement(conn, obj, values)
+        grants = public_grants(conn, obj)
+        for audience, cell in list(matrix[obj["name"]].items()) + [("nobody", "-")]:
+            role = nobody if audience == "nobody" else role_of(conn, audience)
+            got, answer = outcome(conn, role, statement, app)
+            ok = got in ALLOWED[cell] and (cell == "-") == (audience not in grants)
+            if cell == "all" and audience in grants:
+                ok = got != "denied"
+            if not ok:
+                wrong.append(f"{obj['name']} as {audience}: matrix says {cell!r}, got {got}: {answer[:300]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def public_grants(conn, obj: dict) -> set[str]:
+    check = ("has_function_privilege(%s, %s::oid, 'EXECUTE')" if obj["kind"] == "function"
+             else "has_table_privilege(%s, %s::oid, 'SELECT')")
+    return {a for a in AUDIENCES if conn.execute(f"SELECT {check} AS ok", (role_of(conn, a), obj["oid"])).fetchone()["ok"]}
+
+
+def test_a_new_public_function_without_a_matrix_row_fails_the_walk(conn, dsn, login):
+    conn.execute("CREATE FUNCTION pyscheduler.walk_throwaway(queue text) RETURNS int LANGUAGE sql "
+                 "SECURITY DEFINER SET search_path = pyscheduler, pg_temp AS $$ SELECT 1 $$")
+    with pytest.raises(AssertionError, match="walk_throwaway has no row"):
+        test_the_ownership_walk_matches_the_matrix_for_every_public_function(conn, dsn, login)

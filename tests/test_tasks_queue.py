@@ -540,19 +540,22 @@ def test_resume_wakes_the_queues_workers(dsn, db):
         assert [n.channel for n in listen.notifies(timeout=5, stop_after=1)] == ["pyscheduler_tasks:p"]
 
 
-def test_a_pause_belongs_to_the_role_that_paused(login, db):
+def test_a_queue_s_pause_belongs_to_its_owner_whoever_paused_it(login, db):
     _, app_a = login("pyscheduler_client")
-    _, app_b = login("pyscheduler_client")
+    b_name, app_b = login("pyscheduler_client")
     _, admin = login("pyscheduler_admin")
     with Database(app_a, max_size=1) as a, Database(app_b, max_size=1) as b, Database(admin, max_size=1) as adm:
-        assert a.call_value("pause_queue", queue="p", note="mine")["paused"]
+        assert a.call_value("pause_queue", queue="p", note="mine")["owner"] != b_name  # a new queue: a's
         assert code(lambda: b.call("resume_queue", queue="p")) == "42501"
         assert code(lambda: b.call("pause_queue", queue="p", note="theirs")) == "42501"
         assert a.call_value("pause_queue", queue="p", note="still mine")["note"] == "still mine"
         assert adm.call_value("resume_queue", queue="p")["paused"] is False
-        assert b.call_value("pause_queue", queue="p")["paused"]
-        assert b.call_value("resume_queue", queue="p")["paused"] is False
+        assert adm.call_value("pause_queue", queue="p", note="admin")["paused"]
+        assert a.call_value("resume_queue", queue="p")["paused"] is False  # the owner undoes the admin's pause
         assert a.call_value("resume_queue", queue="p")["paused"] is False  # not paused: unchanged
+        assert adm.call_value("set_queue_owner", queue="p", owner=b_name)["owner"] == b_name
+        assert b.call_value("pause_queue", queue="p")["paused"]
+        assert code(lambda: a.call("resume_queue", queue="p")) == "42501"
 
 
 @pytest.mark.parametrize("args", [dict(queue=""), dict(queue="x" * 41), dict(queue="q", note=""),

@@ -87,6 +87,10 @@ class Task:
     ``concurrency_key``, ``output`` (the result it was completed with: ``result`` in the JSON;
     a handler's return value), ``after`` (the tasks it waits for) and ``on_parent_failure``.
 
+    ``redacted``: the task belongs to a role the caller is not (docs/sql-api.md, "Ownership"):
+    its metadata only, ``spec`` is ``{}``, ``errors`` and ``history`` are empty, ``output``,
+    ``unique_key`` and ``concurrency_key`` are None.
+
     ``json`` is the task in the seed's JSON shape, as the SQL functions return it, and
     ``task["rn"]`` reads it (``task["created"]`` is the text ``2021-10-09T12:13:21.000000Z``,
     ``task["history"]`` the entries with their ``_typ``)."""
@@ -113,12 +117,13 @@ class Task:
     output: Any = None
     after: list[UUID] | None = None
     on_parent_failure: str = "cancel"
+    redacted: bool = False
     json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Task:
         """From the jsonb the SQL functions return (keys they add later are ignored)."""
-        return cls(rn=UUID(obj["rn"]), queue=obj["queue"], spec=obj["spec"], priority=int(obj["priority"]),
+        return cls(rn=UUID(obj["rn"]), queue=obj["queue"], spec=obj["spec"] or {}, priority=int(obj["priority"]),
                    status=obj["status"], progress=float(obj["progress"]), created=required_instant(obj["created"]),
                    updated=required_instant(obj["updated"]),
                    errors=[TaskError.from_json(e) for e in obj.get("errors") or ()], owner=obj.get("owner"),
@@ -129,7 +134,8 @@ class Task:
                    submitted_by=obj.get("submitted_by"), deduplicated=bool(obj.get("deduplicated")),
                    concurrency_key=obj.get("concurrency_key"), output=obj.get("result"),
                    after=None if obj.get("after") is None else [UUID(a) for a in obj["after"]],
-                   on_parent_failure=obj.get("on_parent_failure") or "cancel", json=obj)
+                   on_parent_failure=obj.get("on_parent_failure") or "cancel", redacted=bool(obj.get("redacted")),
+                   json=obj)
 
     def __getitem__(self, key: str) -> Any:
         """A key of the seed's JSON shape (``json``)."""

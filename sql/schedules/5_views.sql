@@ -4,24 +4,6 @@
 
 -- ---------------------------------------------------------------- views (psql)
 
--- _seen_owners(): the owners whose schedules' target and last error the reader of a view
--- sees (_may_act's rule: the caller, the roles it is a member of; NULL: every owner, for
--- admin). The views call it once per query, as an uncorrelated subquery (an InitPlan), and
--- test each row's owner against the array (owner = ANY (NULL) is NULL, coalesced to true:
--- admin sees all): _may_act per row, through a SECURITY DEFINER wrapper (a view's reader
--- cannot read the settings it needs), cost ~65 us a row, 6 of the 7 ms of a page of 100.
-CREATE OR REPLACE FUNCTION pyscheduler._seen_owners()
-RETURNS name[]
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path = pyscheduler, pg_temp
-AS $$
-    SELECT CASE WHEN pg_catalog.pg_has_role(c.caller, pyscheduler._role('admin'), 'MEMBER') THEN NULL
-                ELSE ARRAY[c.caller] || ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
-                                               WHERE pg_catalog.pg_has_role(c.caller, r.oid, 'MEMBER')) END
-      FROM (SELECT pyscheduler._caller() AS caller) c;
-$$;
-
 -- schedules_due_soon and schedules_late read schedules_due_idx in due_at order: a LIMIT reads
 -- that many entries, whatever is stored (issue 21; 0023_schedules_due_index).
 CREATE OR REPLACE VIEW pyscheduler.schedules_due_soon AS
@@ -99,9 +81,6 @@ SELECT pyscheduler._grant('scheduler', 'index_entries', 'index_page', 'resync_ta
                          'fire_details', 'record_executions', 'fire_task_schedules', 'stop_schedules',
                          'claim_due_critical', 'claim_due_critical_shards', 'purge_executions', 'get_schedule',
                          'retry_worst_case', 'next_cron_time');
--- the views call it for their readers
-SELECT pyscheduler._grant('client', '_seen_owners');
-SELECT pyscheduler._grant('monitor', '_seen_owners');
 SELECT pyscheduler._grant('monitor', 'get_schedule', 'list_schedules', 'schedule_runs', 'upcoming_runs',
                          'execution_count', 'retry_worst_case', 'next_cron_time', 'resync_progress',
                          'schedules_due_soon', 'schedules_late', 'schedules_late_count', 'schedules_paused',

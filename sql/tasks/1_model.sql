@@ -26,7 +26,10 @@
 -- abort and yield act only when given the token of the task's current lease;
 -- the worker id is a label for people (owner, history), not a proof. A task
 -- belongs to the role that submitted it (submitted_by): only that role, a
--- member of it, or admin cancels or requeues it (42501 otherwise).
+-- member of it, or admin cancels or requeues it (42501 otherwise) or reads
+-- its contents (_task_seen_json); a queue belongs to the role that first
+-- submitted to it (task_queues.owner): only that role, a member of it, or
+-- admin changes its settings (3_queues.sql).
 --
 -- The state machine, in one place: the writes of a lease holder all guard
 -- with `status = 'running' AND lease_token = token` (yield clears the token),
@@ -242,6 +245,20 @@ AS $$
         'run_at', pyscheduler._ts(t.run_at), 'attempts', t.attempts, 'max_attempts', t.max_attempts,
         'unique_key', t.unique_key, 'submitted_by', t.submitted_by, 'concurrency_key', t.concurrency_key,
         'result', t.result, 'after', to_jsonb(t.after), 'on_parent_failure', coalesce(t.on_parent_failure, 'cancel'));
+$$;
+
+-- _task_seen_json(t, seen): a task as a reader sees it (get_task, list_tasks): whole when its
+-- role is one of seen (_seen_owners(): the reader's roles; NULL: admin, every role), else its
+-- metadata only (docs/sql-api.md, "Ownership"): the contents (spec, result, errors, history,
+-- unique_key, concurrency_key) are null and "redacted" is true.
+CREATE OR REPLACE FUNCTION pyscheduler._task_seen_json(t pyscheduler.tasks, p_seen name[])
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN p_seen IS NULL OR t.submitted_by = ANY (p_seen) THEN pyscheduler._task_json(t)
+                ELSE pyscheduler._task_json(t) || '{"spec": null, "result": null, "errors": null, "history": null,
+                                                    "unique_key": null, "concurrency_key": null, "redacted": true}'
+           END;
 $$;
 
 -- _rn_prefix(time) and _task_rn(prefix, seq): a new task's id, time-ordered

@@ -35,15 +35,17 @@ AS $$
                                       'A unique key names the work, e.g. ''invoice:233''; NULL for none.');
 $$;
 
--- _live_task(queue, unique_key): the live (waiting, scheduled, ready or running) task
--- holding unique_key in queue, as a deduplicated answer, or NULL.
-CREATE OR REPLACE FUNCTION pyscheduler._live_task(p_queue text, p_key text)
+-- _live_task(queue, by, unique_key): the live (waiting, scheduled, ready or running) task
+-- of role by holding unique_key in queue, as a deduplicated answer, or NULL. A unique key is
+-- its submitting role's: another role's task with the same key is not this one's answer
+-- (tasks_unique_idx is (queue, submitted_by, unique_key), 0032).
+CREATE OR REPLACE FUNCTION pyscheduler._live_task(p_queue text, p_by name, p_key text)
 RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
     SELECT pyscheduler._task_json(t) || '{"deduplicated": true}'
       FROM pyscheduler.tasks t
-     WHERE t.queue = p_queue AND t.unique_key = p_key AND t.unique_key IS NOT NULL
+     WHERE t.queue = p_queue AND t.submitted_by = p_by AND t.unique_key = p_key AND t.unique_key IS NOT NULL
        AND t.status IN ('waiting', 'scheduled', 'ready', 'running');
 $$;
 
@@ -130,6 +132,7 @@ DECLARE
 BEGIN
     PERFORM pyscheduler._check_submit(_submit_tasks.queue, _submit_tasks.priority, _submit_tasks.run_at,
                                       _submit_tasks.max_attempts);
+    PERFORM pyscheduler._claim_queue(_submit_tasks.queue, v_by, p_now);
     IF specs IS NULL OR jsonb_typeof(specs) <> 'array' THEN
         RAISE EXCEPTION 'specs must be a JSON array of spec objects, got %', coalesce(left(specs::text, 200), 'NULL')
             USING ERRCODE = 'PS206', HINT = 'e.g. ''[{"orderId": "1"}, {"orderId": "2"}]''';
@@ -220,7 +223,7 @@ BEGIN
                       FROM unnest(v_todo, v_seqs) AS s(p, seq)
                       JOIN jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i) ON a.i = s.p
                      ORDER BY unique_keys[s.p] COLLATE "C" NULLS FIRST, s.p) AS x
-            ON CONFLICT (queue, unique_key)
+            ON CONFLICT (queue, submitted_by, unique_key)
                WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running')
             DO NOTHING
             RETURNING t.seq, t.rn, pyscheduler._task_json(t) AS json)
@@ -235,7 +238,7 @@ BEGIN
         -- the others: answered with the live task that holds their key
         v_todo := ARRAY(SELECT p FROM unnest(v_todo) AS p WHERE v_answers[p] IS NULL);
         FOR j IN 1..cardinality(v_todo) LOOP
-            v_answers[v_todo[j]] := pyscheduler._live_task(_submit_tasks.queue, unique_keys[v_todo[j]]);
+            v_answers[v_todo[j]] := pyscheduler._live_task(_submit_tasks.queue, v_by, unique_keys[v_todo[j]]);
         END LOOP;
         -- a key whose task finished meanwhile is free again: insert once more
         v_todo := ARRAY(SELECT p FROM unnest(v_todo) AS p WHERE v_answers[p] IS NULL);
@@ -286,7 +289,8 @@ BEGIN
                     CASE WHEN _submit_task.concurrency_key IS NOT NULL THEN ARRAY[_submit_task.concurrency_key] END,
                     _submit_task.after, _submit_task.on_parent_failure) AS s);
     END IF;
-    -- One live task per (queue, unique_key): the unique index decides, so
+    PERFORM pyscheduler._claim_queue(_submit_task.queue, v_by, p_now);
+    -- One live task per (queue, role, unique_key): the unique index decides, so
     -- concurrent submits of one key make one task (a submit waits for a
     -- concurrent one's transaction, then finds its task). Without a key the
     -- insert always succeeds (ON CONFLICT costs nothing measurable then).
@@ -297,7 +301,7 @@ BEGIN
         VALUES (pyscheduler._task_rn(pyscheduler._rn_prefix(p_now), v_seq), v_seq, _submit_task.queue,
                 _submit_task.spec, _submit_task.priority, v_status, 0, p_now, p_now, '[]', '[]', _submit_task.run_at,
                 _submit_task.max_attempts, v_by, _submit_task.unique_key, _submit_task.concurrency_key)
-        ON CONFLICT (queue, unique_key)
+        ON CONFLICT (queue, submitted_by, unique_key)
            WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running')
         DO NOTHING
         RETURNING pyscheduler._task_json(t) INTO v_task;
@@ -306,7 +310,7 @@ BEGIN
             PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_submit_task.queue));
             RETURN v_task;
         END IF;
-        v_task := pyscheduler._live_task(_submit_task.queue, _submit_task.unique_key);
+        v_task := pyscheduler._live_task(_submit_task.queue, v_by, _submit_task.unique_key);
         IF v_task IS NOT NULL THEN
             RETURN v_task;
         END IF;
@@ -560,20 +564,24 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
 /* get_task(rn) -> task jsonb
-   The task in the seed's JSON shape (never its lease token).
+   The task in the seed's JSON shape (never its lease token). A task of
+   another role (one the caller is not a member of; admin sees all) shows
+   its metadata only: spec, result, errors, history, unique_key and
+   concurrency_key are null and "redacted" is true.
    Errors: PS200 unknown task. */
 #variable_conflict use_column
 DECLARE
     v_task jsonb;
 BEGIN
-    SELECT _task_json(t) INTO v_task FROM tasks t WHERE t.rn = get_task.rn;
+    SELECT _task_seen_json(t, _seen_owners()) INTO v_task FROM tasks t WHERE t.rn = get_task.rn;
     IF v_task IS NULL THEN
         PERFORM _task_refused(get_task.rn, NULL);
     END IF;
     RETURN v_task;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.get_task(uuid) IS 'One task as JSON; PS200 when it does not exist.';
+COMMENT ON FUNCTION pyscheduler.get_task(uuid) IS
+    'One task as JSON (another role''s: metadata only, "redacted"); PS200 when it does not exist.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_tasks(
     queue text DEFAULT NULL, status text DEFAULT NULL, owner text DEFAULT NULL,
@@ -609,12 +617,14 @@ AS $$
    tasks_finished_queue_idx, that queue's only, and without a status each
    status is read apart and the pages merged: a quiet queue among busy ones
    reads its own tasks. An owner filter without a status (or with completed)
-   reads the tasks it skips.
+   reads the tasks it skips. Tasks of other roles show their metadata only,
+   as get_task's.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
 DECLARE
     v_filters text;
     v_sql text;
+    v_seen name[] := _seen_owners();
 BEGIN
     IF list_tasks.status IS NOT NULL
        AND NOT list_tasks.status = ANY (enum_range(NULL::task_status)::text[]) THEN
@@ -629,7 +639,7 @@ BEGIN
         || CASE WHEN list_tasks.queue IS NULL THEN '' ELSE ' AND t.queue = $2' END
         || CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND t.owner = $3' END;
     IF list_tasks.queue IS NULL THEN
-        v_sql := 'SELECT pyscheduler._task_json(t) FROM pyscheduler.tasks t WHERE true' || v_filters
+        v_sql := 'SELECT pyscheduler._task_seen_json(t, $5) FROM pyscheduler.tasks t WHERE true' || v_filters
             || CASE WHEN list_tasks.status IS NULL THEN ''
                     ELSE format(' AND t.status = %L::pyscheduler.task_status', list_tasks.status) END
             || ' ORDER BY t.rn DESC LIMIT $4';
@@ -638,7 +648,7 @@ BEGIN
         -- together) is read from its own index, newest first, and the pages merged (the primary
         -- key would read every other queue's tasks on the way); the ready ones per priority
         -- (_ready_page: a queue's ready backlog can be millions, in claim order)
-        SELECT 'SELECT pyscheduler._task_json(u.r) FROM ('
+        SELECT 'SELECT pyscheduler._task_seen_json(u.r, $5) FROM ('
                || string_agg(CASE WHEN w = 't.status = ''ready''' AND list_tasks.owner IS NULL
                                   THEN '(SELECT t AS r, t.rn FROM pyscheduler._ready_page($2, $1, $4) t)'
                                   ELSE format('(SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s%s '
@@ -650,7 +660,8 @@ BEGIN
                                       't.status = ''waiting''', 't.status = ''scheduled''', 't.status = ''ready''',
                                       't.status = ''running'''] END) w;
     END IF;
-    RETURN QUERY EXECUTE v_sql USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks;
+    RETURN QUERY EXECUTE v_sql USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks,
+                                     v_seen;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer, uuid) IS

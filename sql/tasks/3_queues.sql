@@ -3,13 +3,65 @@
 -- sql/tasks/ load in name order on every migrate.
 
 -- ---------------------------------------------------------------- queues
+--
+-- A queue belongs to a role (task_queues.owner, migration 0032): the first to submit to it
+-- (_claim_queue), or to pause or limit it; set_queue_owner (admin) hands it over. Its
+-- settings (pause, limits, rate limits) are changed only by that role, a member of it, or
+-- admin (_owned_queue), whoever set them last: the owner can always undo another's change.
+-- Any role may submit to any queue (its tasks stay its own: docs/sql-api.md, "Ownership").
+
+-- _claim_queue(queue, by, p_now): the queue's row, made and owned by role by when there is
+-- none (or claimed by it when its row has no owner). One probe by primary key when the
+-- queue is known: what a submit pays. A queue's row made by a transaction still open (an
+-- application's first submit to a new queue, or a pause) is not waited for: the claim is
+-- left to that transaction (lock_timeout 0 for the insert; an open transaction must never
+-- hold up other submitters), and a later submit claims the queue if it rolled back.
+CREATE OR REPLACE FUNCTION pyscheduler._claim_queue(p_queue text, p_by name, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_timeout text;
+BEGIN
+    PERFORM 1 FROM pyscheduler.task_queues q WHERE q.queue = p_queue AND q.owner IS NOT NULL;
+    IF NOT FOUND THEN
+        v_timeout := pg_catalog.current_setting('lock_timeout');
+        BEGIN
+            PERFORM pg_catalog.set_config('lock_timeout', '1ms', true);
+            INSERT INTO pyscheduler.task_queues AS q (queue, updated, owner) VALUES (p_queue, p_now, p_by)
+            ON CONFLICT (queue) DO UPDATE SET owner = excluded.owner WHERE q.owner IS NULL;
+            PERFORM pg_catalog.set_config('lock_timeout', v_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- another transaction is making or changing the row (the setting is rolled back)
+        END;
+    END IF;
+END
+$$;
+
+-- _owned_queue(queue, p_now): the queue's row, locked (FOR UPDATE), for a change of its
+-- settings by the caller: made and owned by the caller when the queue is new; 42501 unless
+-- the caller may act on the queue's owner (_may_act).
+CREATE OR REPLACE FUNCTION pyscheduler._owned_queue(p_queue text, p_now timestamptz)
+RETURNS pyscheduler.task_queues
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_queue pyscheduler.task_queues;
+BEGIN
+    PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true);
+    PERFORM pyscheduler._claim_queue(p_queue, pyscheduler._caller(), p_now);
+    SELECT * INTO v_queue FROM pyscheduler.task_queues q WHERE q.queue = p_queue FOR UPDATE;
+    PERFORM pyscheduler._require_owner(v_queue.owner, format('queue %s', p_queue));
+    RETURN v_queue;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._queue_json(q pyscheduler.task_queues)
 RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
     SELECT jsonb_build_object('queue', q.queue, 'paused', q.paused, 'note', q.note, 'paused_by', q.paused_by,
-                              'updated', pyscheduler._ts(q.updated));
+                              'updated', pyscheduler._ts(q.updated), 'owner', q.owner);
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._pause_queue(queue text, note text DEFAULT NULL, p_now timestamptz DEFAULT now())
@@ -20,19 +72,13 @@ AS $$
 DECLARE
     v_queue pyscheduler.task_queues;
 BEGIN
-    PERFORM pyscheduler._check_task_args(p_queue => _pause_queue.queue, p_queue_given => true);
     PERFORM pyscheduler._require_label('note', _pause_queue.note, 1000, 'PS208',
                                        'Say why, e.g. ''payment provider down''.');
-    INSERT INTO pyscheduler.task_queues AS q (queue, paused, note, paused_by, updated)
-    VALUES (_pause_queue.queue, true, _pause_queue.note, pyscheduler._caller(), p_now)
-    ON CONFLICT (queue) DO UPDATE
-       SET paused = true, note = excluded.note, paused_by = excluded.paused_by, updated = excluded.updated
-     WHERE NOT q.paused OR pyscheduler._may_act(q.paused_by)
+    PERFORM pyscheduler._owned_queue(_pause_queue.queue, p_now);
+    UPDATE pyscheduler.task_queues q
+       SET paused = true, note = _pause_queue.note, paused_by = pyscheduler._caller(), updated = p_now
+     WHERE q.queue = _pause_queue.queue
     RETURNING q.* INTO v_queue;
-    IF NOT FOUND THEN
-        SELECT * INTO v_queue FROM pyscheduler.task_queues q WHERE q.queue = _pause_queue.queue;
-        PERFORM pyscheduler._require_owner(v_queue.paused_by, format('the pause of queue %s', _pause_queue.queue));
-    END IF;
     RETURN pyscheduler._queue_json(v_queue);
 END
 $$;
@@ -43,13 +89,14 @@ LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* pause_queue(queue, note => NULL) -> {"queue", "paused", "note", "paused_by", "updated"}
+/* pause_queue(queue, note => NULL) -> {"queue", "paused", "note", "paused_by", "updated", "owner"}
    Pause a queue: from the next lease call on, its workers lease nothing
    (tasks already leased run to their end; submits go on). note says why
-   (a label of at most 1000 bytes). The pause belongs to the calling role
-   (paused_by): pausing again changes the note; a queue another role paused
-   can only be resumed or re-paused by that role, a member of it, or admin.
-   Errors: PS208 queue or note, 42501 paused by another role. */
+   (a label of at most 1000 bytes); paused_by records the calling role.
+   Pausing again changes the note. Only the queue's owner (the role that
+   first submitted to it, or set_queue_owner's), a member of it, or admin
+   may pause it; a new queue becomes the caller's.
+   Errors: PS208 queue or note, 42501 another role's queue. */
     SELECT pyscheduler._pause_queue(queue, note, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.pause_queue(text, text) IS
@@ -64,18 +111,16 @@ DECLARE
     v_queue pyscheduler.task_queues;
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _resume_queue.queue, p_queue_given => true);
-    SELECT * INTO v_queue FROM pyscheduler.task_queues q WHERE q.queue = _resume_queue.queue FOR UPDATE;
-    IF NOT FOUND THEN
+    SELECT * INTO v_queue FROM pyscheduler.task_queues q WHERE q.queue = _resume_queue.queue;
+    IF NOT coalesce(v_queue.paused, false) THEN
         RETURN jsonb_build_object('queue', _resume_queue.queue, 'paused', false, 'note', NULL, 'paused_by', NULL,
-                                  'updated', NULL);
+                                  'updated', pyscheduler._ts(v_queue.updated), 'owner', v_queue.owner);
     END IF;
-    IF v_queue.paused THEN
-        PERFORM pyscheduler._require_owner(v_queue.paused_by, format('the pause of queue %s', _resume_queue.queue));
-        UPDATE pyscheduler.task_queues q SET paused = false, note = NULL, paused_by = NULL, updated = p_now
-         WHERE q.queue = _resume_queue.queue
-        RETURNING q.* INTO v_queue;
-        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_resume_queue.queue));
-    END IF;
+    PERFORM pyscheduler._owned_queue(_resume_queue.queue, p_now);
+    UPDATE pyscheduler.task_queues q SET paused = false, note = NULL, paused_by = NULL, updated = p_now
+     WHERE q.queue = _resume_queue.queue
+    RETURNING q.* INTO v_queue;
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_resume_queue.queue));
     RETURN pyscheduler._queue_json(v_queue);
 END
 $$;
@@ -86,15 +131,15 @@ LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* resume_queue(queue) -> {"queue", "paused", "note", "paused_by", "updated"}
+/* resume_queue(queue) -> {"queue", "paused", "note", "paused_by", "updated", "owner"}
    Resume a paused queue and wake its workers (NOTIFY); a queue that is not
-   paused is answered unchanged. Only the role that paused it, a member of
-   it, or admin may resume it.
-   Errors: PS208 queue, 42501 paused by another role. */
+   paused is answered unchanged. Only the queue's owner, a member of it, or
+   admin may resume it, whoever paused it.
+   Errors: PS208 queue, 42501 another role's queue. */
     SELECT pyscheduler._resume_queue(queue, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.resume_queue(text) IS
-    'Resume a paused queue (the role that paused it, or admin) and wake its workers.';
+    'Resume a paused queue (its owner, or admin) and wake its workers.';
 
 -- _check_limit(name, value, max): PS216 unless value is NULL (no limit) or in 1..max.
 CREATE OR REPLACE FUNCTION pyscheduler._check_limit(p_name text, p_value integer, p_max integer)
@@ -117,29 +162,8 @@ AS $$
     SELECT jsonb_build_object('queue', q.queue, 'running_per_key', q.running_per_key,
                               'running_total', q.running_total, 'rate_starts', q.rate_starts,
                               'rate_per', extract(epoch FROM q.rate_per), 'rate_by_key', q.rate_by_key,
-                              'limits_by', q.limits_by, 'limits_updated', pyscheduler._ts(q.limits_updated));
-$$;
-
--- _set_limits(queue, p_now, how): insert or change a queue's row of limits
--- (how: the columns to set, applied by the caller's UPDATE) when the caller
--- may (the row's limits belong to the role that set them: _require_owner),
--- and counts the queue's running tasks from then on (limited = true).
-CREATE OR REPLACE FUNCTION pyscheduler._limits_row(p_queue text, p_now timestamptz)
-RETURNS pyscheduler.task_queues
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_queue pyscheduler.task_queues;
-BEGIN
-    PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true);
-    INSERT INTO pyscheduler.task_queues AS q (queue, updated) VALUES (p_queue, p_now)
-    ON CONFLICT (queue) DO NOTHING;
-    SELECT * INTO v_queue FROM pyscheduler.task_queues q WHERE q.queue = p_queue FOR UPDATE;
-    IF v_queue.limits_by IS NOT NULL THEN
-        PERFORM pyscheduler._require_owner(v_queue.limits_by, format('the limits of queue %s', p_queue));
-    END IF;
-    RETURN v_queue;
-END
+                              'limits_by', q.limits_by, 'limits_updated', pyscheduler._ts(q.limits_updated),
+                              'owner', q.owner);
 $$;
 
 -- _count_running(queue): the queue's running tasks count toward its limits
@@ -168,7 +192,7 @@ DECLARE
 BEGIN
     PERFORM pyscheduler._check_limit('running_per_key', _set_queue_limits.running_per_key, 1000000);
     PERFORM pyscheduler._check_limit('running_total', _set_queue_limits.running_total, 1000000);
-    PERFORM pyscheduler._limits_row(_set_queue_limits.queue, p_now);
+    PERFORM pyscheduler._owned_queue(_set_queue_limits.queue, p_now);
     UPDATE pyscheduler.task_queues q
        SET running_per_key = _set_queue_limits.running_per_key, running_total = _set_queue_limits.running_total,
            limits_by = CASE WHEN _set_queue_limits.running_per_key IS NULL AND _set_queue_limits.running_total IS NULL
@@ -191,18 +215,19 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 /* set_queue_limits(queue, running_per_key => NULL, running_total => NULL)
        -> {"queue", "running_per_key", "running_total", "rate_starts",
-           "rate_per", "rate_by_key", "limits_by", "limits_updated"}
+           "rate_per", "rate_by_key", "limits_by", "limits_updated", "owner"}
    Concurrency limits of a queue, across every worker and node: at most
    running_per_key tasks of one concurrency_key running at once (tasks
    without a key: no per-key limit), at most running_total tasks of the
    queue. NULL: no limit (both NULL and no rate limit: the queue leases as
    if it had none). Running = leased and not finished, failed, yielded or
    reset by the monitor: such a task frees its slot. Tasks running now count
-   from this call on. From the next lease on; replaces both limits. The
-   limits belong to the role that set them: only that role, a member of it,
-   or admin changes them (42501).
-   Errors: PS208 queue, PS216 a limit outside 1..1000000, 42501 limits of
-   another role. */
+   from this call on. From the next lease on; replaces both limits.
+   limits_by records the calling role. Only the queue's owner (the role that
+   first submitted to it, or set_queue_owner's), a member of it, or admin
+   may change its limits; a new queue becomes the caller's.
+   Errors: PS208 queue, PS216 a limit outside 1..1000000, 42501 another
+   role's queue. */
     SELECT pyscheduler._set_queue_limits(queue, running_per_key, running_total, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.set_queue_limits(text, integer, integer) IS
@@ -228,7 +253,7 @@ BEGIN
     IF by_key IS NULL THEN
         RAISE EXCEPTION 'by_key must be true or false' USING ERRCODE = 'PS216';
     END IF;
-    PERFORM pyscheduler._limits_row(_set_rate_limit.queue, p_now);
+    PERFORM pyscheduler._owned_queue(_set_rate_limit.queue, p_now);
     UPDATE pyscheduler.task_queues q
        SET rate_starts = _set_rate_limit.starts,
            rate_per = CASE WHEN _set_rate_limit.starts IS NOT NULL
@@ -263,23 +288,56 @@ AS $$
    at most starts * (1 + T/per) leases begin, and in a long run starts/per a
    second. Over the limit, tasks wait in ready (never fail); an idle worker
    sleeps until the next token (next_task_due). starts NULL removes the rate
-   limit. starts: 1..1000000; per: 1 ms .. 1 day (applied as seconds). The
-   limits belong to the role that set them, as set_queue_limits'.
-   Errors: PS208 queue, PS216 starts or per, 42501 limits of another role. */
+   limit. starts: 1..1000000; per: 1 ms .. 1 day (applied as seconds). Only
+   the queue's owner, a member of it, or admin may set it, as
+   set_queue_limits.
+   Errors: PS208 queue, PS216 starts or per, 42501 another role's queue. */
     SELECT pyscheduler._set_rate_limit(queue, starts, per, by_key, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.set_rate_limit(text, integer, interval, boolean) IS
     'Limit how many leases of a queue begin per interval (a token bucket), for the queue or per concurrency key; NULL starts: none.';
 
+CREATE OR REPLACE FUNCTION pyscheduler.set_queue_owner(queue text, owner name)
+RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* set_queue_owner(queue, owner) -> {"queue", "paused", "note", "paused_by", "updated", "owner"}
+   Hand queue over to role owner: from now on only owner, a member of it, or
+   admin changes the queue's settings (pause, limits, rate limits). A queue
+   becomes the role's that first submits to it (or pauses or limits it); an
+   admin settles a queue another role took first with this. Tasks keep
+   their own roles. Admin only.
+   Errors: PS208 queue, or owner not an existing role. */
+#variable_conflict use_column
+DECLARE
+    v_queue task_queues;
+BEGIN
+    PERFORM _check_task_args(p_queue => set_queue_owner.queue, p_queue_given => true);
+    IF set_queue_owner.owner IS NULL
+       OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = set_queue_owner.owner) THEN
+        RAISE EXCEPTION 'owner must be an existing role, got %', coalesce(quote_literal(set_queue_owner.owner), 'NULL')
+            USING ERRCODE = 'PS208', HINT = 'A role that submits to the queue, e.g. the application''s login group.';
+    END IF;
+    INSERT INTO task_queues AS q (queue, updated, owner) VALUES (set_queue_owner.queue, now(), set_queue_owner.owner)
+    ON CONFLICT (queue) DO UPDATE SET owner = excluded.owner, updated = excluded.updated
+    RETURNING q.* INTO v_queue;
+    RETURN _queue_json(v_queue);
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.set_queue_owner(text, name) IS
+    'Admin: hand a queue over to a role, which (with its members and admin) alone changes its pause, limits and rate limits.';
+
 CREATE OR REPLACE VIEW pyscheduler.queue_limits AS
     SELECT q.queue, q.running_per_key, q.running_total, q.rate_starts, q.rate_per, q.rate_by_key,
            (SELECT count(*) FROM pyscheduler.tasks r
              WHERE r.queue = q.queue AND r.status = 'running' AND r.limited AND r.lease_token IS NOT NULL) AS running,
-           q.limits_by, q.limits_updated
+           q.limits_by, q.limits_updated, q.owner
       FROM pyscheduler.task_queues q
      WHERE q.running_per_key IS NOT NULL OR q.running_total IS NOT NULL OR q.rate_starts IS NOT NULL;
 COMMENT ON VIEW pyscheduler.queue_limits IS
-    'Per queue with limits: running_per_key, running_total, the rate limit (rate_starts per rate_per, by key or not), the tasks running under them, who set them.';
+    'Per queue with limits: running_per_key, running_total, the rate limit (rate_starts per rate_per, by key or not), the tasks running under them, who set them, whose queue it is.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.next_task_due(queue text)
 RETURNS interval

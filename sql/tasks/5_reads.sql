@@ -144,8 +144,8 @@ AS $$
      ORDER BY o.queue;
 $$;
 
--- _queue_status(): the rows of queue_status: one per queue with live tasks (by the tallies) or
--- a task_queues row; per queue, the head of each priority in tasks_ready_idx (the oldest of that
+-- _queue_status(): the rows of queue_status: one per queue with live tasks (by the tallies),
+-- paused or limited (every queue submitted to has a task_queues row, for its owner); per queue, the head of each priority in tasks_ready_idx (the oldest of that
 -- priority) and the first entry of tasks_scheduled_idx.
 CREATE OR REPLACE FUNCTION pyscheduler._queue_status()
 RETURNS TABLE (queue text, ready bigint, delayed bigint, running bigint, paused boolean, note text,
@@ -170,7 +170,10 @@ AS $$
            (SELECT t.run_at FROM pyscheduler.tasks t WHERE t.status = 'scheduled' AND t.queue = q.queue
              ORDER BY t.run_at LIMIT 1),
            coalesce(l.waiting, 0)
-      FROM (SELECT l.queue FROM live l UNION SELECT k.queue FROM pyscheduler.task_queues k) AS q
+      FROM (SELECT l.queue FROM live l
+             UNION SELECT k.queue FROM pyscheduler.task_queues k
+                    WHERE k.paused OR k.running_per_key IS NOT NULL OR k.running_total IS NOT NULL
+                       OR k.rate_starts IS NOT NULL) AS q
       LEFT JOIN live l ON l.queue = q.queue
       LEFT JOIN pyscheduler.task_queues k ON k.queue = q.queue
      ORDER BY q.queue;

@@ -24,7 +24,7 @@ CREATE OR REPLACE VIEW pyscheduler.oldest_ready_tasks AS
 COMMENT ON VIEW pyscheduler.oldest_ready_tasks IS
     'The oldest ready task of each queue and how long it has waited (one index probe per queue and priority).';
 
--- queue_status: one row per queue with live tasks or a task_queues row; its counts as
+-- queue_status: one row per queue with live tasks, paused or limited; its counts as
 -- task_counts'. oldest_ready_age: the longest wait among the first ready task of each priority.
 CREATE OR REPLACE VIEW pyscheduler.queue_status AS
     SELECT s.queue, s.ready, s.delayed, s.running, s.paused, s.note, s.paused_by, s.oldest_ready_age, s.next_due,
@@ -46,7 +46,7 @@ SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_task
                          'next_task_due', 'holds_lease', 'parent_results');
 SELECT pyscheduler._grant('monitor', 'get_task', 'list_tasks', 'next_task_due', 'task_counts', 'expired_leases',
                          'oldest_ready_tasks', 'queue_status', 'queue_limits');
-SELECT pyscheduler._grant('admin', 'reset_expired_tasks', 'cleanup_tasks');
+SELECT pyscheduler._grant('admin', 'reset_expired_tasks', 'cleanup_tasks', 'set_queue_owner');
 -- the views call them for their readers
 SELECT pyscheduler._grant(audience, '_task_counts', '_queue_status', '_oldest_ready_tasks')
   FROM unnest(ARRAY['client', 'monitor']) AS audience;
