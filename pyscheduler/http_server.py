@@ -17,7 +17,9 @@ never a thread, and the bounds below keep the descriptors few:
   ``MAX_HEAD`` bytes (431; and at most 100 headers), a body at most ``MAX_BODY`` bytes
   (413).
 
-One request per connection (HTTP/1.0): the connection closes after the answer.
+One request per connection (HTTP/1.0): the connection closes after the answer. Requests for
+the ``quick_paths`` given (an endpoint's ``/healthz``, ``/readyz``, ``/metrics``) have a
+thread of their own: they are never queued behind the application's slow pages.
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ class BoundedServer:
     the module's docstring. ``start()`` serves in a thread of its own; ``close()`` stops."""
 
     def __init__(self, host: str, port: int, app: Callable[..., Any], *, max_connections: int = MAX_CONNECTIONS,
-                 read_timeout: float = READ_TIMEOUT, workers: int = WORKERS):
+                 read_timeout: float = READ_TIMEOUT, workers: int = WORKERS, quick_paths: tuple[str, ...] = ()):
         self.app = app
+        self.quick_paths = tuple(p.encode() for p in quick_paths)
         self.max_connections, self.read_timeout = max_connections, read_timeout
         self.socket = socket.create_server((host, port), family=_family(host, port), backlog=max_connections)
         self.socket.setblocking(False)
@@ -119,6 +122,7 @@ class BoundedServer:
         self._answering = 0  # handed to the workers, not closed yet
         self._lock = threading.Lock()
         self._requests: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
+        self._quick: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
@@ -126,7 +130,11 @@ class BoundedServer:
         self._accept_after = 0.0  # monotonic: when to accept again after running out of descriptors
         self._starved = False  # warned about it (once until a connection is accepted again)
         self._thread: threading.Thread | None = None
-        self._workers = [threading.Thread(target=self._work, name=f"http-{i}", daemon=True) for i in range(workers)]
+        self._workers = [threading.Thread(target=self._work, args=(self._requests,), name=f"http-{i}", daemon=True)
+                         for i in range(workers)]
+        if quick_paths:
+            self._workers.append(threading.Thread(target=self._work, args=(self._quick,), name="http-quick",
+                                                  daemon=True))
 
     # -- running -----------------------------------------------------------------------------
 
@@ -174,6 +182,7 @@ class BoundedServer:
             self._drop(conn)
         for _ in self._workers:
             self._requests.put(None)
+            self._quick.put(None)
         self._selector.close()
         for sock in (self.socket, self._wake_r, self._wake_w):
             sock.close()
@@ -243,7 +252,7 @@ class BoundedServer:
             del self._reading[conn.sock]
             with self._lock:
                 self._answering += 1
-            self._requests.put(conn)
+            (self._quick if self._is_quick(conn) else self._requests).put(conn)
 
     def _head(self, conn: _Connection) -> tuple[str, str] | None:
         """Sets ``conn.size`` once the head has arrived; the error to answer with, if any."""
@@ -293,10 +302,15 @@ class BoundedServer:
             self._selector.unregister(conn.sock)
             conn.sock.close()
 
+    def _is_quick(self, conn: _Connection) -> bool:
+        """The request's path (without its query) is one of ``quick_paths``."""
+        line = bytes(conn.data[:conn.data.find(b"\n")]).split()
+        return len(line) > 1 and line[1].split(b"?")[0] in self.quick_paths
+
     # -- the workers ---------------------------------------------------------------------------
 
-    def _work(self) -> None:
-        while (conn := self._requests.get()) is not None:
+    def _work(self, requests: queue.SimpleQueue[_Connection | None]) -> None:
+        while (conn := requests.get()) is not None:
             try:
                 conn.sock.settimeout(self.read_timeout)
                 _Handler(conn.sock, conn.address, self, bytes(conn.data))

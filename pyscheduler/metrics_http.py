@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 2.0  # s: a server that does not answer a probe within this is not ready
 PROBE_INTERVAL = 0.5
+QUICK_PATHS = ("/healthz", "/readyz", "/metrics")  # never queued behind the dashboard's pages
 
 
 # -- probes -------------------------------------------------------------------------------------
@@ -298,7 +299,7 @@ class Endpoint:
 
     def serve(self, host: str, port: int) -> "Endpoint":
         try:
-            self.server = BoundedServer(host, port, self).start()
+            self.server = BoundedServer(host, port, self, quick_paths=QUICK_PATHS).start()
         except OSError as exc:  # socket.gaierror too
             raise ConfigError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from None
         return self

@@ -29,7 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyscheduler import embedded, migrate
 from pyscheduler.checks.runner import OUTCOMES, CheckRunner
 from pyscheduler.db import Jsonb
-from pyscheduler.http_server import MAX_CONNECTIONS, MAX_HEAD, BoundedServer
+from pyscheduler.http_server import MAX_CONNECTIONS, MAX_HEAD, WORKERS, BoundedServer
+from pyscheduler.metrics_http import Endpoint, Health
 from pyscheduler.tasks.worker import Abort, Worker, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -316,3 +317,32 @@ def test_a_request_must_arrive_whole_within_the_read_timeout_however_slowly_it_t
                 assert _answer(c).startswith(b"HTTP/1.0 " + status), status
     finally:
         server.close()
+
+
+def test_health_paths_answer_while_every_worker_is_busy_with_a_slow_page():
+    """The dashboard's pages run on the endpoint's workers; /healthz, /readyz and /metrics
+    have a thread of their own, so pages stuck on a database never fail a liveness probe."""
+    release = threading.Event()
+
+    def slow_page(environ, start_response):
+        release.wait(30)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"page"]
+
+    endpoint = Endpoint(CollectorRegistry(), Health(), slow_page).serve("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{endpoint.port}"
+    pages = [threading.Thread(target=get, args=(base + "/",), kwargs={"timeout": 30}) for _ in range(WORKERS + 2)]
+    try:
+        for page in pages:
+            page.start()
+        # every worker holds a page and two more wait for one
+        wait_for(lambda: endpoint.server._answering == WORKERS + 2, timeout=10, interval=0.01)
+        for path in ("/healthz", "/readyz", "/metrics"):
+            started = time.monotonic()
+            assert get(base + path, timeout=2)[0] == 200, path
+            assert time.monotonic() - started < 1, path
+    finally:
+        release.set()
+        for page in pages:
+            page.join(30)
+        endpoint.close()
