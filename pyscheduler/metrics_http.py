@@ -318,10 +318,12 @@ class Endpoint:
 
 def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | None = None,
           kafka_bootstrap: str | None = None, kafka_settings: dict | None = None, redis_url: str | None = None,
-          app: Callable | None = None, registry: Any = None) -> Endpoint | None:
+          app: Callable | None = None, registry: Any = None,
+          ready: Callable[[str, int], None] | None = None) -> Endpoint | None:
     """Serve the process's endpoint on ``host:port`` (None: serve nothing). ``daemons`` are those
     the process runs (their series are exported, added to ``registry`` when given); the servers
-    named are probed for /readyz."""
+    named are probed for /readyz; ``ready(host, port)`` is called once it listens (the
+    dashboard's ``announce``)."""
     if port is None:
         return None
     from prometheus_client import disable_created_metrics
@@ -335,6 +337,8 @@ def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | Non
     health.start()
     shown = f"[{host}]" if ":" in host else host
     log.info("HTTP on http://%s:%d/ (/metrics, /healthz, /readyz)", shown, endpoint.port)
+    if ready is not None:
+        ready(host, endpoint.port)
     return endpoint
 
 
