@@ -149,7 +149,7 @@ def fmt_relative(value: Any, now: datetime) -> str:
 # ------------------------------------------------------------------ hosts
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-_HOST = re.compile(r"^(?P<name>[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
+_HOST = re.compile(r"^(?P<name>[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
 
 
 def parse_hosts(values: str | Iterable[str] | None) -> tuple[str, ...]:
