@@ -122,19 +122,24 @@ def _stack(dsn, kafka_bootstrap, redis_url, data_dir: Path | None = None):
 def _dashboard(stack):
     """The dashboard ``run`` serves at ``/`` of its HTTP endpoint, with the variables of
     ``pyscheduler dashboard`` (PYSCHEDULER_DASHBOARD_TOKEN, _ALLOW_ACTIONS, _ACTION_DSN,
-    _REFRESH); read-only unless PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS is set."""
+    _REFRESH, _ALLOWED_HOSTS); read-only unless PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS is set."""
     import os
 
     from .dashboard import make_app
+    from .dashboard.app import parse_hosts
 
     env = os.environ.get
     refresh = env("PYSCHEDULER_DASHBOARD_REFRESH") or "10"
     if not refresh.isdigit() or not 1 <= int(refresh) <= 3600:
         raise click.BadParameter(f"expected 1..3600 seconds, got {refresh!r}", param_hint="PYSCHEDULER_DASHBOARD_REFRESH")
     allow = (env("PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS") or "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        hosts = parse_hosts(env("PYSCHEDULER_DASHBOARD_ALLOWED_HOSTS"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="PYSCHEDULER_DASHBOARD_ALLOWED_HOSTS") from None
     return make_app(_as_monitor(stack.dsn), allow_actions=allow, token=env("PYSCHEDULER_DASHBOARD_TOKEN") or None,
                     action_dsn=env("PYSCHEDULER_DASHBOARD_ACTION_DSN") or None, redis_url=stack.redis_url,
-                    refresh_s=int(refresh))
+                    refresh_s=int(refresh), allowed_hosts=hosts)
 
 
 def _as_monitor(dsn: str) -> str:
@@ -206,7 +211,8 @@ def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate, data_di
         try:
             code = run_serving(daemons, stop, http_host, http_port, dsn=stack.dsn,
                                kafka_bootstrap=stack.kafka_bootstrap, kafka_settings=kafka_settings,
-                               redis_url=stack.redis_url, app=dashboard)
+                               redis_url=stack.redis_url, app=dashboard,
+                               ready=dashboard.announce if dashboard is not None else None)
         finally:
             if dashboard is not None:
                 dashboard.close()

@@ -11,6 +11,9 @@
   notification to a callback, reconnecting with backoff.
 * ``Wakeup``: an event a sleeper waits on; notifications set it, polling with
   random jitter is the fallback.
+* ``load_json``: how every pyscheduler connection (and the cursors it makes on an
+  application's connection) loads json and jsonb: a stored value nested too deep to load
+  comes with its deep part replaced, so no reader stops on it (issue 27).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import os
 import random
@@ -28,11 +32,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import sql
+from psycopg.abc import AdaptContext
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
-from psycopg.types.json import Jsonb
+from psycopg.rows import RowFactory, dict_row, tuple_row
+from psycopg.types.json import JsonBinaryLoader, JsonbBinaryLoader, JsonbLoader, JsonLoader, Jsonb
 from psycopg.types.string import TextLoader
 import psycopg_pool
 from psycopg_pool import ConnectionPool
@@ -45,7 +51,7 @@ SCHEMA = "pyscheduler"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 __all__ = ["AsyncSession", "Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "ConnectionSettings",
-           "Untyped", "configure", "connect", "translating"]
+           "MAX_JSON_DEPTH", "TOO_DEEP", "Untyped", "configure", "connect", "load_json", "translating"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,94 @@ SESSION_PINS = ("SELECT set_config('TimeZone', 'UTC', false), set_config('DateSt
 _settings: ConnectionSettings | None = None
 
 
+# -- loading JSON ---------------------------------------------------------------------------------
+
+# The deepest nesting a reader loads: above what the SQL boundary lets in (with the levels the
+# functions wrap a stored value in), below what every reader walks recursively (Python's
+# recursion limit is 1,000 frames: json.loads, the dashboard's masking and pretty-printing).
+MAX_JSON_DEPTH = 200
+TOO_DEEP = f"(not loaded: JSON nested deeper than {MAX_JSON_DEPTH} levels)"
+_TOO_DEEP_JSON = json.dumps(TOO_DEEP).encode()
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # a string (skipped) or a bracket
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_ZERO_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19  # (or a digit run in a string: loaded the slow way too)
+
+
+def _maybe_too_deep(raw: bytes) -> bool:
+    """False when ``raw`` (JSON) is nested at most MAX_JSON_DEPTH deep; True when it may be
+    deeper. Its brackets alone, each pass dropping the innermost pairs: C speed, no Python
+    loop per bracket (brackets inside strings may answer True: _cut_deep then decides)."""
+    brackets = raw.translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_JSON_DEPTH):
+        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if not shorter:
+            return False
+        if len(shorter) == len(brackets):
+            return True
+        brackets = shorter
+    return True
+
+
+def _cut_deep(raw: bytes) -> bytes:
+    """``raw`` (JSON) with each array or object nested deeper than MAX_JSON_DEPTH replaced by
+    the string TOO_DEEP."""
+    parts: list[bytes] = []
+    depth = start = last = 0
+    for m in _JSON_TOKEN.finditer(raw):
+        c = raw[m.start()]
+        if c == 0x22:  # a string
+            continue
+        if c in b"[{":
+            depth += 1
+            if depth == MAX_JSON_DEPTH + 1:
+                start = m.start()
+        else:
+            if depth == MAX_JSON_DEPTH + 1:
+                parts += (raw[last:start], _TOO_DEEP_JSON)
+                last = m.end()
+            depth -= 1
+    if not parts:
+        return raw
+    parts.append(raw[last:])
+    return b"".join(parts)
+
+
+def load_json(data: str | bytes) -> Any:
+    """A json or jsonb value's text as Python: what json.loads gives (orjson where that is the
+    same: orjson turns integers of 19 digits or more into floats), except that each array or
+    object nested deeper than MAX_JSON_DEPTH is the string TOO_DEEP. The SQL boundary refuses
+    such values; one stored before (or by hand) still loads, so the task, schedule or check
+    that holds it is listed, shown and handled like the others instead of stopping its
+    reader with a RecursionError."""
+    raw = data.encode() if isinstance(data, str) else data
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _maybe_too_deep(raw):
+        raw = _cut_deep(raw)
+    if _LONG_NUMBER not in raw.translate(_ZERO_DIGITS):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
+_JSON_LOADERS = [(name, type(f"Bounded{base.__name__}", (base,), {"_loads": load_json}))
+                 for name, base in (("json", JsonLoader), ("jsonb", JsonbLoader), ("json", JsonBinaryLoader),
+                                    ("jsonb", JsonbBinaryLoader))]
+
+
+def use_load_json(context: AdaptContext) -> None:
+    """Load json and jsonb with ``load_json`` on ``context`` (a connection or a cursor)."""
+    for name, loader in _JSON_LOADERS:
+        context.adapters.register_loader(name, loader)
+
+
+def _prepare(connection: ConnectionSettings, conn: psycopg.Connection[Any]) -> None:
+    """What every pyscheduler connection gets: its settings pinned, JSON loaded by load_json."""
+    use_load_json(conn)
+    connection.apply(conn)
+
+
 def configure(**changes: int) -> ConnectionSettings:
     """Change the connection settings of every Database, Listener and connect() made from now on
     (the CLI's --db-* flags call it); the start values come from PYSCHEDULER_DB_*."""
@@ -134,7 +228,7 @@ def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
     """One autocommit connection with dict rows, errors translated."""
     with translating():
         conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row, **{**settings().kwargs(dsn), **kwargs})
-        settings().apply(conn)
+        _prepare(settings(), conn)
         return conn
 
 
@@ -176,10 +270,18 @@ def _execute_binary(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], functio
     return rows
 
 
+def _cursor(conn: psycopg.Connection[Any], row_factory: RowFactory[Any]) -> psycopg.Cursor[Any]:
+    """A cursor of pyscheduler's own, loading JSON with load_json on any connection (one of the
+    application's too)."""
+    cur = psycopg.Cursor(conn, row_factory=row_factory)
+    use_load_json(cur)
+    return cur
+
+
 def _execute_tuples(conn: psycopg.Connection[Any], function: str, args: dict[str, Any],
                     as_text: tuple[str, ...]) -> list[tuple[Any, ...]]:
     """``call_tuples`` on ``conn``: binary, or text with the ``as_text`` types left unparsed."""
-    with psycopg.Cursor(conn, row_factory=tuple_row) as cur:
+    with _cursor(conn, tuple_row) as cur:
         if not as_text:
             return cur.execute(_function_call(function, args, binary=True), args, binary=True).fetchall()
         for name in as_text:
@@ -244,8 +346,8 @@ class Session(_Calls):
         return cls(conn, pinned=False)
 
     def _cursor(self) -> psycopg.Cursor[dict[str, Any]]:
-        """A cursor of our own on a borrowed connection: dict rows, server-side binding."""
-        return psycopg.Cursor(self.conn, row_factory=dict_row)
+        """A cursor of our own on a borrowed connection: dict rows, server-side binding, load_json."""
+        return _cursor(self.conn, dict_row)
 
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         with translating():
@@ -288,6 +390,7 @@ class AsyncSession:
     async def _execute(self, query: bytes, args: dict[str, Any]) -> list[dict[str, Any]]:
         with translating():
             async with psycopg.AsyncCursor(self.conn, row_factory=dict_row) as cur:
+                use_load_json(cur)
                 await cur.execute(query, args, binary=True)
                 return await cur.fetchall()
 
@@ -322,7 +425,7 @@ class Database(_Calls):
             timeout=timeout,
             # connect timeout, TCP keepalives, statement timeout (ConnectionSettings)
             kwargs={"autocommit": True, "row_factory": dict_row, **(connection or settings()).kwargs(dsn)},
-            configure=(connection or settings()).apply,
+            configure=functools.partial(_prepare, connection or settings()),
             check=self._check,
             reset=self._returned,
         )

@@ -13,6 +13,8 @@ run``, ``tasks monitor``, ``tasks work``) serves it with ``--http-port N [--http
   each daemon and server and what is wrong with it.
 - anything else: the ``app`` given (a WSGI application, e.g. a dashboard), else 404.
 
+Served by ``http_server.BoundedServer`` (bounded connections, read timeout, header sizes).
+
 Servers are probed in the background, one thread each, every ``interval`` (0.5 s) with a
 2 s limit, so ``/readyz`` answers at once and turns 503 within about 2.5 s of a server
 going away: PostgreSQL (``SELECT 1`` on a kept connection), Kafka (a metadata request),
@@ -23,26 +25,25 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .errors import ConfigError
+from .http_server import BoundedServer
 from .metrics import process_registry
 
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 2.0  # s: a server that does not answer a probe within this is not ready
 PROBE_INTERVAL = 0.5
+QUICK_PATHS = ("/healthz", "/readyz", "/metrics")  # never queued behind the dashboard's pages
 
 
 # -- probes -------------------------------------------------------------------------------------
@@ -267,16 +268,6 @@ class Health(Collector):
 
 # -- the server -----------------------------------------------------------------------------------
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("http: " + format, *args)
-
-
 def _json(start_response: Callable, status: str, body: dict[str, Any]) -> list[bytes]:
     data = json.dumps(body, indent=2).encode() + b"\n"
     start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
@@ -290,8 +281,7 @@ class Endpoint:
     def __init__(self, registry: Any, health: Health, app: Callable | None = None):
         self.registry, self.health, self.app = registry, health, app
         self.metrics = make_wsgi_app(registry)
-        self.server: _Server | None = None
-        self.thread: threading.Thread | None = None
+        self.server: BoundedServer | None = None
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
@@ -309,33 +299,31 @@ class Endpoint:
 
     def serve(self, host: str, port: int) -> "Endpoint":
         try:
-            self.server = make_server(host, port, self, server_class=_Server, handler_class=_Quiet)
-        except (OSError, socket.gaierror) as exc:
+            self.server = BoundedServer(host, port, self, quick_paths=QUICK_PATHS).start()
+        except OSError as exc:  # socket.gaierror too
             raise ConfigError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from None
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                                       name="http", daemon=True)
-        self.thread.start()
         return self
 
     @property
     def port(self) -> int:
         assert self.server is not None
-        return self.server.server_address[1]
+        return self.server.port
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
         self.health.close()
 
 
 def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | None = None,
           kafka_bootstrap: str | None = None, kafka_settings: dict | None = None, redis_url: str | None = None,
-          app: Callable | None = None, registry: Any = None) -> Endpoint | None:
+          app: Callable | None = None, registry: Any = None,
+          ready: Callable[[str, int], None] | None = None) -> Endpoint | None:
     """Serve the process's endpoint on ``host:port`` (None: serve nothing). ``daemons`` are those
     the process runs (their series are exported, added to ``registry`` when given); the servers
-    named are probed for /readyz."""
+    named are probed for /readyz; ``ready(host, port)`` is called once it listens (the
+    dashboard's ``announce``)."""
     if port is None:
         return None
     from prometheus_client import disable_created_metrics
@@ -349,6 +337,8 @@ def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | Non
     health.start()
     shown = f"[{host}]" if ":" in host else host
     log.info("HTTP on http://%s:%d/ (/metrics, /healthz, /readyz)", shown, endpoint.port)
+    if ready is not None:
+        ready(host, endpoint.port)
     return endpoint
 
 

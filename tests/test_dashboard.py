@@ -6,7 +6,11 @@ the access token; no secrets shown. The browser test is tests/test_dashboard_bro
 from __future__ import annotations
 
 import html
+import os
 import re
+import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,6 +18,7 @@ import urllib.request
 import pytest
 
 from pyscheduler.dashboard import make_app, mask_json, mask_url
+from pyscheduler.tasks.worker import wait_for
 
 from dashboard_support import SECRET, populate, served
 
@@ -320,3 +325,81 @@ def test_the_overview_and_the_tasks_page_show_exact_counts(conn, monitor_dsn):
     rows = {m.group(1): m.group(2) for m in re.finditer(
         r'<td><a href="[^"]*">(bulk|few)</a></td>\s*<td class="num"><a href="[^"]*">([^<]*)</a>', tasks)}
     assert rows == {"bulk": "1500", "few": "3"}, rows
+
+
+def test_a_host_not_allowed_gets_421_before_any_page_or_action(work, conn, monitor_dsn, admin_dsn):
+    """DNS rebinding (issue 27, item 2): a page of a name the attacker controls, resolving to
+    the dashboard's address, sends its own name as Host (and as Origin): refused with 421
+    on every page and action, whatever its Origin; loopback names with the listening port
+    and the configured names are served, and a POST must come from the allowed host it names."""
+    app = make_app(monitor_dsn, allow_actions=True, action_dsn=admin_dsn,
+                   allowed_hosts="dash.example.com, ops.example.com:8443")
+    status_of = lambda: conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'status' AS s",  # noqa: E731
+                                     (work["ready"],)).fetchone()["s"]
+    with served(app) as base:
+        port = urllib.parse.urlsplit(base).port
+        evil = f"evil.example:{port}"
+        c = Client(base)
+        action, fields = _confirm_form(c, f"/confirm/cancel_task?rn={work['ready']}&next=/tasks")
+        for path in ("/", "/tasks?status=ready", f"/tasks/{work['ready']}", "/delay", "/schedules",
+                     "/schedule?name=billing-report", "/checks", f"/confirm/cancel_task?rn={work['ready']}", "/login"):
+            status, headers, page = c.get(path, headers={"Host": evil})
+            assert status == 421 and "Set-Cookie" not in headers and 'name="csrf"' not in page, path
+            assert work["ready"][:8] not in page, path
+        for origin in (f"http://{evil}", base):
+            assert c.request(action, fields, {"Host": evil, "Origin": origin})[0] == 421
+        assert c.request("/login", {"token": "x"}, {"Host": evil, "Origin": f"http://{evil}"})[0] == 421
+        assert status_of() == "ready"
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", f"LocalHost:{port}",
+                     "dash.example.com", f"dash.example.com:{port}", "ops.example.com:8443"):
+            assert c.get("/tasks", headers={"Host": host})[0] == 200, host
+        for host in (f"localhost:{port + 1}", "127.0.0.1", "ops.example.com", "ops.example.com:9999",
+                     "example.com", "dash.example.com.evil.example", f"127.0.0.1.nip.io:{port}", "",
+                     f"dash.example.com:{port}@evil.example", "dash.example.com/x"):
+            assert c.get("/", headers={"Host": host})[0] == 421, host
+        # the origin a POST must come from is the allowed host it was sent to
+        assert c.request(action, fields, {"Host": "dash.example.com", "Origin": base})[0] == 403
+        status, headers, _ = c.request(action, fields, {"Host": "dash.example.com",
+                                                        "Origin": "http://dash.example.com"})
+        assert status == 303 and status_of() == "cancelled"
+    app.close()
+
+
+def _startup_log(tmp_path, *args: str, env: dict | None = None) -> str:
+    """The log of ``pyscheduler *args`` until its dashboard's startup line (then stopped)."""
+    log = tmp_path / f"{args[0]}-{len(list(tmp_path.iterdir()))}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", *args], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    try:
+        def started():
+            assert proc.poll() is None, log.read_text()
+            return "dashboard on http" in log.read_text()
+
+        wait_for(started, timeout=60, interval=0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return log.read_text()
+
+
+def test_the_startup_line_names_the_url_and_the_token_and_a_warning_says_when_it_is_open_beyond_loopback(
+        dsn, monitor_dsn, tmp_path):
+    text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--host", "0.0.0.0", "--port", "0")
+    port = re.search(r"INFO pyscheduler.dashboard.app: dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only, "
+                     r"no access token; answers to Host 127\.0\.0\.1:\d+, localhost:\d+, \[::1\]:\d+\)", text)
+    assert port, text
+    assert re.search(rf"WARNING pyscheduler.dashboard.app: the dashboard listens on 0\.0\.0\.0, beyond loopback, "
+                     rf"without an access token: whoever reaches port {port.group(1)} reads every page", text), text
+    text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--port", "0", "--allowed-host", "dash.example.com",
+                        env={"PYSCHEDULER_DASHBOARD_TOKEN": "s3cret"})
+    assert re.search(r"dashboard on http://127\.0\.0\.1:\d+/ \(read-only, access token required; answers to Host "
+                     r"127\.0\.0\.1:\d+, localhost:\d+, \[::1\]:\d+, dash\.example\.com\)", text), text
+    assert "WARNING" not in text and "s3cret" not in text
+    # pyscheduler run mounts it at / of its HTTP endpoint: the same line and warning
+    text = _startup_log(tmp_path, "run", "--no-migrate", "--dsn", dsn, "--http-host", "0.0.0.0", "--http-port", "0",
+                        env={"PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS": "1",
+                             "PYSCHEDULER_DASHBOARD_ALLOWED_HOSTS": "a.example,b.example:8443"})
+    assert re.search(r"dashboard on http://0\.0\.0\.0:\d+/ \(actions allowed, no access token; answers to Host "
+                     r"127\.0\.0\.1:\d+, localhost:\d+, \[::1\]:\d+, a\.example, b\.example:8443\)", text), text
+    assert "beyond loopback, without an access token" in text and "reads every page and acts" in text

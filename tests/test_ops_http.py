@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyscheduler import embedded, migrate
 from pyscheduler.checks.runner import OUTCOMES, CheckRunner
 from pyscheduler.db import Jsonb
+from pyscheduler.http_server import MAX_CONNECTIONS, MAX_HEAD, WORKERS, BoundedServer
+from pyscheduler.metrics_http import Endpoint, Health
 from pyscheduler.tasks.worker import Abort, Worker, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,12 +57,17 @@ def samples(text: str) -> dict[str, float]:
 class Process:
     """A pyscheduler command with --http-port 0; its log in a file; the port it serves on."""
 
-    def __init__(self, log: Path, *args: str, env: dict | None = None):
+    def __init__(self, log: Path, *args: str, env: dict | None = None, max_files: int | None = None):
         self.log = log
+
+        def limit_files() -> None:  # in the child: RLIMIT_NOFILE, soft and hard
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+
         with open(log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", *args, "--http-port", "0"],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                         preexec_fn=limit_files if max_files else None)
         self.url = wait_for(self._url, timeout=60, interval=0.05)
 
     def _url(self) -> str | None:
@@ -220,3 +230,119 @@ def test_a_changed_check_resolution_takes_effect_at_the_runners_next_wake_up(db,
         stop.set()
         thread.join(15)
     assert OUTCOMES.labels("note", "done")._value.get() == before + 1
+
+
+def _threads_and_files(pid: int) -> tuple[int, int]:
+    threads = int(re.search(r"Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
+    return threads, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """All a server sends on ``sock`` until it closes it."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_idle_connections_under_a_low_descriptor_limit_leave_every_path_answering(dsn, tmp_path):
+    """Issue 32, item 1: ``checks run`` with 256 descriptors at most, and twice as many idle
+    connections to its endpoint: it keeps no thread per connection and at most
+    MAX_CONNECTIONS of them open (the oldest idle ones are closed), so /healthz and /readyz
+    answer at once; a head of 98 headers of 60 KB is refused (431). With a thread per
+    connection the process ran out of descriptors and /healthz timed out."""
+    limit = 256
+    proc = Process(tmp_path / "checks.log", "checks", "run", "--dsn", dsn, max_files=limit)
+    host, port = urllib.parse.urlsplit(proc.url).hostname, urllib.parse.urlsplit(proc.url).port
+    idle: list[socket.socket] = []
+    try:
+        wait_for(lambda: proc.get("/readyz")[0] == 200, timeout=60, interval=0.1)
+        threads, files = _threads_and_files(proc.proc.pid)
+        for _ in range(2 * limit):
+            try:
+                idle.append(socket.create_connection((host, port), timeout=2))
+            except OSError:  # a server out of descriptors accepts nothing more
+                break
+        started = time.monotonic()
+        assert get(proc.url + "/healthz", timeout=3)[0] == 200
+        assert get(proc.url + "/readyz", timeout=3)[0] == 200
+        took = time.monotonic() - started
+        after_threads, after_files = _threads_and_files(proc.proc.pid)
+        print(f"{len(idle)} idle connections: /healthz and /readyz in {took * 1000:.0f} ms; threads "
+              f"{threads} -> {after_threads}, descriptors {files} -> {after_files}")
+        assert len(idle) == 2 * limit and took < 2
+        assert after_threads <= threads + 1  # the probe threads may reconnect; no thread per connection
+        assert after_files <= files + MAX_CONNECTIONS + 2
+        with socket.create_connection((host, port), timeout=10) as big:
+            big.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(
+                b"X-H%d: %s\r\n" % (i, b"a" * 60_000) for i in range(98)) + b"\r\n")
+            assert _answer(big).startswith(b"HTTP/1.0 431 ")
+        assert proc.proc.poll() is None
+    finally:
+        for sock in idle:
+            sock.close()
+        code = proc.stop()
+    assert code == 0, proc.text()[-3000:]
+
+
+def _hello(environ, start_response):
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0)) or b"hello"
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_a_request_must_arrive_whole_within_the_read_timeout_however_slowly_it_trickles():
+    server = BoundedServer("127.0.0.1", 0, _hello, read_timeout=1.0).start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
+            started = time.monotonic()
+            for byte in b"GET / HTTP/1.1\r\nHost: x\r\n":  # a byte every 0.1 s: slower than the timeout
+                try:
+                    slow.send(bytes([byte]))
+                except OSError:
+                    break
+                time.sleep(0.1)
+            assert _answer(slow).startswith(b"HTTP/1.0 408 ")
+            assert 1.0 <= time.monotonic() - started < 3.5
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as ok:
+            ok.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody")
+            answer = _answer(ok)
+            assert answer.startswith(b"HTTP/1.0 200 ") and answer.endswith(b"\r\n\r\nbody")
+        for head, status in ((b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", b"414"),
+                             (b"GET / HTTP/1.1\r\nX: " + b"a" * MAX_HEAD + b"\r\n\r\n", b"431"),
+                             (b"POST / HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n", b"413"),
+                             (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", b"431")):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
+                c.sendall(head)
+                assert _answer(c).startswith(b"HTTP/1.0 " + status), status
+    finally:
+        server.close()
+
+
+def test_health_paths_answer_while_every_worker_is_busy_with_a_slow_page():
+    """The dashboard's pages run on the endpoint's workers; /healthz, /readyz and /metrics
+    have a thread of their own, so pages stuck on a database never fail a liveness probe."""
+    release = threading.Event()
+
+    def slow_page(environ, start_response):
+        release.wait(30)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"page"]
+
+    endpoint = Endpoint(CollectorRegistry(), Health(), slow_page).serve("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{endpoint.port}"
+    pages = [threading.Thread(target=get, args=(base + "/",), kwargs={"timeout": 30}) for _ in range(WORKERS + 2)]
+    try:
+        for page in pages:
+            page.start()
+        # every worker holds a page and two more wait for one
+        wait_for(lambda: endpoint.server._answering == WORKERS + 2, timeout=10, interval=0.01)
+        for path in ("/healthz", "/readyz", "/metrics"):
+            started = time.monotonic()
+            assert get(base + path, timeout=2)[0] == 200, path
+            assert time.monotonic() - started < 1, path
+    finally:
+        release.set()
+        for page in pages:
+            page.join(30)
+        endpoint.close()

@@ -9,8 +9,9 @@ import uuid
 
 import pytest
 
+from pyscheduler.db import load_json
 from pyscheduler.tasks import TaskClient, TaskContext, Worker
-from pyscheduler.tasks.worker import UuidArray, loads, wait_for
+from pyscheduler.tasks.worker import UuidArray, wait_for
 
 SPECS = [
     {"big": 2**70, "small": -(2**63) - 1, "f": 1.5e300, "neg": -0.0, "s": "é😀\n\"", "nested": [{"a": None}, True]},
@@ -104,6 +105,7 @@ def test_a_uuid_array_refuses_values_that_are_not_uuids():
     "[" + "1" * 301 + "]", "[0." + "0" * 300 + "1]", '{"phone": "1234567890123456789012"}', '[1e400, -0.0, 0.1]',
     '"\\u00e9\\ud83d\\ude00"', '{"x": [1, 2.5, null, true, {"y": []}]}', "null", '"x"',
 ])
-def test_loads_gives_what_json_loads_gives(text):
-    got, want = loads(text), json.loads(text)
-    assert got == want and repr(got) == repr(want)  # the same types too (an int stays an int)
+def test_load_json_gives_what_json_loads_gives(text):
+    for got in (load_json(text), load_json(text.encode())):
+        want = json.loads(text)
+        assert got == want and repr(got) == repr(want)  # the same types too (an int stays an int)

@@ -12,6 +12,11 @@ must be this site, POST only, SameSite=Strict cookies); an optional access token
 (``Authorization: Bearer`` or a cookie set by ``/login``); no secrets shown
 (HTTP target URLs and spec/payload keys that look like credentials are masked).
 Mounted under a prefix, URLs follow ``SCRIPT_NAME``.
+
+Against DNS rebinding (issue 27): a request is answered only when its ``Host`` is an
+allowed one (``allowed_host``): a loopback name with the port the server listens on, or a
+name configured with ``allowed_hosts``; anything else gets 421 before any page or action
+runs, and the origin a POST must come from is built from that allowed host.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import html
+import ipaddress
 import json
 import logging
 import re
@@ -140,6 +146,37 @@ def fmt_relative(value: Any, now: datetime) -> str:
     return f"in {fmt_duration(d)}" if d >= 0 else f"{fmt_duration(-d)} ago"
 
 
+# ------------------------------------------------------------------ hosts
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+_HOST = re.compile(r"^(?P<name>[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
+
+
+def parse_hosts(values: str | Iterable[str] | None) -> tuple[str, ...]:
+    """The hosts configured (``--allowed-host``, ``PYSCHEDULER_DASHBOARD_ALLOWED_HOSTS``):
+    names, each ``NAME`` (any port) or ``NAME:PORT``, separated by commas or spaces, as
+    lower case; ValueError for one that is not a host name or an address."""
+    items = [values] if isinstance(values, str) else list(values or ())
+    out = []
+    for item in items:
+        for value in re.split(r"[\s,]+", item.strip().lower()):
+            if value and not _HOST.match(value):
+                raise ValueError(f"not a host name or address (NAME or NAME:PORT): {value!r}")
+            if value:
+                out.append(value)
+    return tuple(out)
+
+
+def is_loopback(host: str) -> bool:
+    """The listening address ``host`` is loopback only (not 0.0.0.0, an interface, a name)."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 # ------------------------------------------------------------------ requests
 
 
@@ -151,8 +188,9 @@ class HTTPError(Exception):
 
 
 class Request:
-    def __init__(self, environ: dict[str, Any]):
+    def __init__(self, environ: dict[str, Any], host: str = ""):
         self.environ = environ
+        self.host = host  # the allowed host this request came to (Dashboard.allowed_host)
         self.method = environ.get("REQUEST_METHOD", "GET").upper()
         self.root = environ.get("SCRIPT_NAME", "").rstrip("/")
         self.path = environ.get("PATH_INFO", "") or "/"
@@ -190,9 +228,8 @@ class Request:
 
     @property
     def own_origin(self) -> str:
-        scheme = self.environ.get("wsgi.url_scheme", "http")
-        host = self.environ.get("HTTP_HOST") or f"{self.environ.get('SERVER_NAME')}:{self.environ.get('SERVER_PORT')}"
-        return f"{scheme}://{host}"
+        """This site's origin: built from the allowed host, never echoed from the request."""
+        return f"{self.environ.get('wsgi.url_scheme', 'http')}://{self.host}"
 
 
 # ------------------------------------------------------------------ the application
@@ -203,8 +240,10 @@ class Dashboard:
 
     def __init__(self, dsn: str, *, allow_actions: bool = False, token: str | None = None,
                  action_dsn: str | None = None, redis_url: str | None = None,
-                 redis_prefix: str = "pyscheduler:schedules", refresh_s: int = REFRESH_S):
+                 redis_prefix: str = "pyscheduler:schedules", refresh_s: int = REFRESH_S,
+                 allowed_hosts: str | Iterable[str] | None = None):
         self.dsn = dsn
+        self.allowed_hosts = parse_hosts(allowed_hosts)
         self.allow_actions = allow_actions
         self.token = token or None
         self.action_dsn = action_dsn or dsn
@@ -283,10 +322,46 @@ class Dashboard:
         self._redis_state = (now, state)
         return state
 
+    def announce(self, host: str, port: int) -> None:
+        """Log where the dashboard listens and whether it needs a token, after a warning when
+        it listens beyond loopback without one (the servers call it once they listen)."""
+        if not self.token and not is_loopback(host):
+            log.warning("the dashboard listens on %s, beyond loopback, without an access token: whoever reaches "
+                        "port %d reads every page%s. Set PYSCHEDULER_DASHBOARD_TOKEN (--token), or listen on "
+                        "127.0.0.1 behind a proxy", host or "every interface", port,
+                        " and acts" if self.allow_actions else "")
+        shown = f"[{host}]" if ":" in host else host
+        names = [f"{n}:{port}" for n in LOOPBACK_NAMES] + list(self.allowed_hosts)
+        log.info("dashboard on http://%s:%d/ (%s, %s; answers to Host %s)", shown, port,
+                 "actions allowed" if self.allow_actions else "read-only",
+                 "access token required" if self.token else "no access token", ", ".join(names))
+
     # -- WSGI -------------------------------------------------------------------------
 
+    def allowed_host(self, environ: dict[str, Any]) -> str | None:
+        """The host of this request if it is allowed, else None: a loopback name with the port
+        the server listens on, or a configured ``NAME`` (any port) or ``NAME:PORT``: that name
+        and the port as ``Host`` gave it (digits only; none for the scheme's default port, as
+        browsers write ``Origin``)."""
+        m = _HOST.match((environ.get("HTTP_HOST") or "").strip().lower())
+        if m is None:
+            return None
+        name, port = m["name"], m["port"] or {"https": "443"}.get(environ.get("wsgi.url_scheme", ""), "80")
+        if (name in LOOPBACK_NAMES and port == environ.get("SERVER_PORT")) or name in self.allowed_hosts \
+                or f"{name}:{port}" in self.allowed_hosts:
+            return f"{name}:{m['port']}" if m["port"] else name
+        return None
+
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        req = Request(environ)
+        host = self.allowed_host(environ)
+        if host is None:  # DNS rebinding: a page of another name that resolves to this address
+            data = (b"421 Misdirected Request: this dashboard does not answer to that Host "
+                    b"(allowed: loopback names, and --allowed-host)\n")
+            start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8"),
+                                                       ("Content-Length", str(len(data))),
+                                                       ("Cache-Control", "no-store")])
+            return [data]
+        req = Request(environ, host)
         headers: list[tuple[str, str]] = []
         nonce = secrets.token_urlsafe(16)
         req.nonce = nonce
@@ -629,5 +704,6 @@ def make_app(dsn: str, allow_actions: bool = False, token: str | None = None, ac
              **options: Any) -> Dashboard:
     """The dashboard as a WSGI callable. ``dsn``: a login in pyscheduler_monitor;
     ``action_dsn``: the login actions use (default ``dsn``; an admin login acts on
-    every role's work); options: ``redis_url``, ``redis_prefix``, ``refresh_s``."""
+    every role's work); options: ``redis_url``, ``redis_prefix``, ``refresh_s``,
+    ``allowed_hosts`` (names it answers to besides loopback: ``parse_hosts``)."""
     return Dashboard(dsn, allow_actions=allow_actions, token=token, action_dsn=action_dsn, **options)

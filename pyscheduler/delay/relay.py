@@ -988,7 +988,7 @@ class Relay:
         """Publish claimed rows (ready_and_claim's columns: id, deadline, headers, key, value,
         readied_at), then delete the delivered, dead-lettered or dropped ones."""
         topic = self.cfg.output_topic
-        out = [Outgoing(topic, key, value, headers_from_json(headers) if headers else None, (ident, deadline))
+        out = [Outgoing(topic, key, value, headers_from_json(headers), (ident, deadline))
                for ident, deadline, headers, key, value, _ in rows]
         refused: list[Outgoing] = []
         fired_at = time.time()

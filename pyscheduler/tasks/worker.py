@@ -40,8 +40,8 @@ batches (issue 10):
 * On stop the queued tasks go back in one ``yield_tasks`` call.
 * Per task the worker's own Python is a few microseconds: the lease's rows come
   as tuples with rn, token and spec as their text; a context keeps them so (the
-  spec is parsed when the handler first reads ``ctx.spec``, with orjson where
-  that gives what json.loads gives); the batch writes send rns and tokens as
+  spec is parsed when the handler first reads ``ctx.spec``, with ``db.load_json``
+  as every JSON value pyscheduler reads); the batch writes send rns and tokens as
   binary uuid arrays built from that text in one go (``UuidArray``).
 
 Once ``ctx.stopping`` is set (cancelled, lease lost, or the worker stopping),
@@ -80,10 +80,8 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import json
 import logging
 import math
-import re
 import struct
 import threading
 import time
@@ -96,10 +94,9 @@ from typing import Any
 import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
-import orjson  # a spec parses in ~0.2 us instead of ~2 us (json.loads)
 
 from ..calls import json_value
-from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup, translating
+from ..db import Database, Jsonb, Listener, Outage, Session, Wakeup, load_json, translating
 from .. import metrics
 from ..errors import (LEASE_GONE, RETRYABLE, DatabaseUnavailable, InvalidArgument, SchedulerError, TaskCancelled,
                       is_retryable, rejects_arguments)
@@ -236,21 +233,6 @@ def error_entry(code: Any, description: Any = "", args: Any = None) -> dict[str,
 _EVENTS = threading.Lock()  # makes TaskContext events once, in step with _stop
 
 
-_LONG_NUMBER = re.compile(r"\d{19}").search  # (or a digit run in a string: parsed the slow way too)
-
-
-def loads(text: str) -> Any:
-    """A jsonb value's text as Python, exactly what psycopg's jsonb loader gives (json.loads),
-    with orjson when that is the same: orjson turns integers of 19 digits or more (beyond
-    64 bits; jsonb writes 1.5e300 as 301 digits) into floats, json.loads into ints."""
-    if _LONG_NUMBER(text) is None:
-        try:
-            return orjson.loads(text)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(text)
-
-
 _UNPARSED = object()
 
 
@@ -308,7 +290,7 @@ class TaskContext:
         """The task's spec (JSON), parsed on first use."""
         spec = self._spec
         if spec is _UNPARSED:
-            spec = self._spec = loads(self._json)
+            spec = self._spec = load_json(self._json)
         return spec
 
     @spec.setter
@@ -795,7 +777,7 @@ class Worker:
         else:  # a subclass with its own __init__: made the documented way
             def make(rn: str, token: str, spec: str, priority: int, queue: str, until: float,
                      attempt: int) -> TaskContext:
-                ctx = cls({"rn": rn, "token": token, "spec": loads(spec), "priority": priority, "queue": queue,
+                ctx = cls({"rn": rn, "token": token, "spec": load_json(spec), "priority": priority, "queue": queue,
                            "attempt": attempt})
                 ctx.lease_until = until
                 return ctx
