@@ -119,7 +119,7 @@ def test_the_dashboard_shows_a_task_too_deep_instead_of_failing(db, conn, login)
     deep, plain = client.submit("poison", {"i": 0}), client.submit("poison", {"i": 1})
     store(conn, "UPDATE pyscheduler.tasks SET spec = %s::jsonb, result = %s::jsonb WHERE rn = %s",
           DEEP_OBJECT, DEEP_ARRAY, deep.rn)
-    app = make_app(login("pyscheduler_monitor")[1])
+    app = make_app(login("pyscheduler_admin")[1])  # a login that sees the tasks' contents
     with served(app) as base:
         c = Client(base)
         status, _, page = c.get("/tasks?status=all&queue=poison")
