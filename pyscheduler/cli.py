@@ -137,16 +137,18 @@ def _dashboard(stack):
         hosts = parse_hosts(env("PYSCHEDULER_DASHBOARD_ALLOWED_HOSTS"))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="PYSCHEDULER_DASHBOARD_ALLOWED_HOSTS") from None
-    return make_app(_as_monitor(stack.dsn), allow_actions=allow, token=env("PYSCHEDULER_DASHBOARD_TOKEN") or None,
-                    action_dsn=env("PYSCHEDULER_DASHBOARD_ACTION_DSN") or None, redis_url=stack.redis_url,
-                    refresh_s=int(refresh), allowed_hosts=hosts)
+    return make_app(_as_role(stack.dsn, "monitor"), allow_actions=allow,
+                    token=env("PYSCHEDULER_DASHBOARD_TOKEN") or None,
+                    action_dsn=env("PYSCHEDULER_DASHBOARD_ACTION_DSN") or _as_role(stack.dsn, "admin"),
+                    redis_url=stack.redis_url, refresh_s=int(refresh), allowed_hosts=hosts)
 
 
-def _as_monitor(dsn: str) -> str:
-    """``dsn`` acting as the monitor role (libpq ``options=-c role=...``): ``run``'s own login
+def _as_role(dsn: str, audience: str) -> str:
+    """``dsn`` acting as an audience's role (libpq ``options=-c role=...``): ``run``'s own login
     is often a superuser, and the dashboard reads through the monitor role's views and
-    functions only (issue 17). The login must be a member of it, as an admin or the owner of
-    the schema is; a login that is not keeps its own role (and its own privileges)."""
+    functions only (issue 17), or with actions on acts (and reads) as the admin role. The
+    login must be a member of it, as an admin or the owner of the schema is; a login that is
+    not keeps its own role (and its own privileges)."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -154,7 +156,7 @@ def _as_monitor(dsn: str) -> str:
         with psycopg.connect(dsn, connect_timeout=10) as conn:
             role, member = conn.execute(
                 "SELECT s.value, pg_has_role(current_user, s.value, 'MEMBER') FROM pyscheduler.settings s "
-                "WHERE s.name = 'monitor_role'").fetchone() or (None, False)
+                "WHERE s.name = %s", (f"{audience}_role",)).fetchone() or (None, False)
     except psycopg.Error:
         return dsn  # the dashboard's own connections say what is wrong
     if not member:

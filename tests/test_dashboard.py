@@ -275,19 +275,33 @@ def test_mounted_under_a_prefix(work, monitor_dsn):
     app.close()
 
 
-def test_run_serves_the_dashboard_as_the_monitor_role(dsn, login):
-    """``pyscheduler run``'s login (here a superuser) reads the dashboard as pyscheduler_monitor;
-    a login that is not a member keeps its own role."""
+def test_run_serves_the_dashboard_as_the_monitor_role_and_acts_as_admin(dsn, login):
+    """``pyscheduler run``'s login (here a superuser) reads the dashboard as pyscheduler_monitor,
+    and with actions on acts (and reads) as pyscheduler_admin (issue 30: its actions were the
+    monitor's and every one was refused); a login that is not a member keeps its own role."""
     import psycopg
 
-    from pyscheduler.cli import _as_monitor
+    from pyscheduler.cli import _as_role
 
-    with psycopg.connect(_as_monitor(dsn)) as c:
+    with psycopg.connect(_as_role(dsn, "monitor")) as c:
         assert c.execute("SELECT current_user").fetchone()[0] == "pyscheduler_monitor"
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute("SELECT * FROM pyscheduler.tasks LIMIT 1")  # the table itself: not the monitor's
+    with psycopg.connect(_as_role(dsn, "admin")) as c:
+        assert c.execute("SELECT current_user").fetchone()[0] == "pyscheduler_admin"
     _, client = login("pyscheduler_client")
-    assert _as_monitor(client) == client
+    assert _as_role(client, "monitor") == client
+
+
+def test_with_actions_on_the_pages_show_what_the_action_login_may_see(work, monitor_dsn, admin_dsn):
+    """An operator who acts as a login sees what that role may see; read-only, the monitor's
+    metadata."""
+    for allow, seen in ((False, False), (True, True)):
+        app = make_app(monitor_dsn, allow_actions=allow, action_dsn=admin_dsn)
+        with served(app) as base:
+            status, _, page = Client(base).get(f"/tasks/{work['aborted']}")
+            assert status == 200 and ("account closed" in page) is seen and ('id="redacted"' in page) is not seen
+        app.close()
 
 
 def test_the_schedules_page_shows_late_and_due_soon_from_one_read(conn, monitor_dsn):

@@ -4,8 +4,10 @@
 callable; ``pyscheduler dashboard`` serves it (``serve``). Pages are rendered on the
 server (jinja2, autoescaped); a few lines of inline JavaScript refresh them.
 
-Safety (issue 17): reads only through ``data.Reader`` (a login in
-``pyscheduler_monitor``); actions only with ``allow_actions``, each a GET that shows
+Safety (issue 17): reads only through ``data.Reader``, as a login in
+``pyscheduler_monitor`` (metadata and counts, never another role's work's contents),
+or with actions on as the action login (what that role may see and do); actions only
+with ``allow_actions``, each a GET that shows
 a confirmation and a POST that acts, protected against cross-site requests (a
 per-session CSRF token in the form, ``Origin``/``Referer`` and ``Sec-Fetch-Site``
 must be this site, POST only, SameSite=Strict cookies); an optional access token
@@ -252,7 +254,6 @@ class Dashboard:
         self.refresh_s = refresh_s
         self.secret = secrets.token_bytes(32)  # signs CSRF tokens and flashes; new per process
         self._db: Database | None = None
-        self._actions_db: Database | None = None
         self._open_lock = threading.Lock()
         self.reader: Reader | None = None
         self._redis_state: tuple[float, dict[str, Any]] | None = None
@@ -278,26 +279,24 @@ class Dashboard:
     # -- resources ------------------------------------------------------------------
 
     def _open(self) -> Reader:
+        """The pages read as the login that acts when actions are on (the operator sees what
+        that role may see: docs/sql-api.md, "Ownership"), else as the read-only login."""
         with self._open_lock:
             if self.reader is None:
-                db = Database(self.dsn, min_size=1, max_size=4, name="dashboard", timeout=10.0)
+                db = Database(self.action_dsn if self.allow_actions else self.dsn, min_size=1, max_size=4,
+                              name="dashboard", timeout=10.0)
                 db.open(wait=True, timeout=10.0)
                 self._db, self.reader = db, Reader(db)
             return self.reader
 
     def _actions(self) -> Actions:
-        with self._open_lock:
-            if self._actions_db is None:
-                if self.action_dsn == self.dsn and self._db is not None:
-                    self._actions_db = self._db
-                else:
-                    self._actions_db = Database(self.action_dsn, min_size=1, max_size=2, name="dashboard-actions",
-                                                timeout=10.0).open(wait=True, timeout=10.0)
-            return Actions(self._actions_db)
+        self._open()
+        assert self._db is not None
+        return Actions(self._db)
 
     def close(self) -> None:
-        for db in {id(d): d for d in (self._db, self._actions_db) if d is not None}.values():
-            db.close()
+        if self._db is not None:
+            self._db.close()
 
     def redis_state(self) -> dict[str, Any]:
         """Degraded mode as the executors see it: Redis unreachable, or its index incomplete
@@ -702,8 +701,8 @@ def _safe_next(value: str | None) -> str:
 
 def make_app(dsn: str, allow_actions: bool = False, token: str | None = None, action_dsn: str | None = None,
              **options: Any) -> Dashboard:
-    """The dashboard as a WSGI callable. ``dsn``: a login in pyscheduler_monitor;
-    ``action_dsn``: the login actions use (default ``dsn``; an admin login acts on
-    every role's work); options: ``redis_url``, ``redis_prefix``, ``refresh_s``,
+    """The dashboard as a WSGI callable. ``dsn``: a login in pyscheduler_monitor, the pages'
+    when actions are off; ``action_dsn``: the login the pages and actions use when they are on
+    (default ``dsn``; an admin login sees and acts on every role's work); options: ``redis_url``, ``redis_prefix``, ``refresh_s``,
     ``allowed_hosts`` (names it answers to besides loopback: ``parse_hosts``)."""
     return Dashboard(dsn, allow_actions=allow_actions, token=token, action_dsn=action_dsn, **options)
