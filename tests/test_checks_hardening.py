@@ -911,3 +911,38 @@ def test_issue32_item2_at_max_abandoned_handlers_none_starts_until_one_returns(a
     assert [ended[i]["outcome"] for i in ids] == ["timeout", "timeout", "done", "done", "done"]
     assert hang.calls == 5 and ended[later]["outcome"] == "done"
     wait_for(lambda: scrape()[gauge] == before, timeout=10)
+
+
+NAP_SQL = """
+CREATE FUNCTION app.nap(c pyscheduler.future_check) RETURNS timestamptz
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = app, pg_temp AS $$
+BEGIN
+    PERFORM pg_sleep(0.4);
+    RETURN NULL;
+END $$;
+"""
+
+
+def test_issue32_item2_a_stop_while_a_batch_runs_its_sql_jobs_one_by_one_waits_for_one_job(app, slots, dsn):
+    """15 SQL jobs of 0.4 s: their one statement times out (1 s), so the batch runs them one
+    statement each; a stop then waits for the job running, not for the 14 after it."""
+    app.execute(NAP_SQL)
+    at = at_next(slots)
+    ids = [add(slots, f"s{i}", "app.nap", at=at) for i in range(15)]
+    runner = CheckRunner(dsn, {}, timeout=1.0)
+    run = Running()
+    run.start(runner)
+    try:
+        wait_for(lambda: app.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                                     "AND state = 'active' AND query LIKE '%%run_check_jobs%%'").fetchone()["n"],
+                 timeout=30, interval=0.02)
+        started = time.monotonic()
+        run.stop.set()
+        run.threads[0].join(30)
+        stopped = time.monotonic() - started
+    finally:
+        run.close()
+    assert stopped < runner.timeout + runner.grace, stopped
+    ended = history(slots)
+    assert 0 < len(ended) < 15 and {h["outcome"] for h in ended.values()} == {"done"}
+    assert set(pending(slots)) == set(ids) - set(ended)  # the rest waits at its slot

@@ -661,9 +661,12 @@ class CheckRunner:
     def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int],
                             jobs: dict[int, str]) -> dict[int, Result]:
         """Each SQL check in its own statement and savepoint: only the slow one times out, only the one
-        whose result cannot be loaded fails; one the watchdog had to end is remembered (_Rerun)."""
+        whose result cannot be loaded fails; one the watchdog had to end is remembered (_Rerun). None
+        starts once the runner is asked to stop: the rest waits at its slot."""
         results: dict[int, Result] = {}
         for check_id in ids:
+            if self._stop.is_set():
+                break
             try:
                 with conn.transaction():
                     rows = self._watched(conn, lambda: session.call("run_check_jobs", ids=[check_id]))
