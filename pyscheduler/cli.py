@@ -8,17 +8,17 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from types import ModuleType
 
 import click
 
-from . import __version__, migrate as migrations
+from . import migrate as migrations
 from pathlib import Path
 
+from .cliroot import root
 from .config import http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options
 from .daemon import RunContext, install_signal_handlers
-from .errors import ConfigError, InvalidArgument, SchedulerError
+from .errors import ConfigError
 
 log = logging.getLogger("pyscheduler")
 
@@ -42,30 +42,7 @@ def capability(name: str) -> ModuleType | None:
         raise
 
 
-class Main(click.Group):
-    """Turns pyscheduler's own errors into one line on stderr and exit code 1; 2 for a value the
-    database refused as invalid (InvalidArgument: a bad flag value it is the judge of, such as
-    a cron expression, a run_at before 1970 or a check job that does not exist), as for the
-    values click refuses."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except SchedulerError as exc:
-            click.echo(f"error: {exc}", err=True)
-            if getattr(exc, "hint", None):
-                click.echo(f"hint: {exc.hint}", err=True)
-            ctx.exit(2 if isinstance(exc, InvalidArgument) else 1)
-
-
-@click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="pyscheduler")
-@option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
-                                                          case_sensitive=False))
-def main(log_level: str) -> None:
-    """Time-based work on PostgreSQL: delay queue, leased tasks, schedules, checks."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    warnings.filterwarnings("ignore", module="platformdirs")
+main = root("Time-based work on PostgreSQL: delay queue, leased tasks, schedules, checks.")
 
 
 def _role_options(fn):

@@ -11,7 +11,8 @@
 --   PS102  missing deadline
 --   PS103  array arguments of different lengths
 --   PS104  headers are not a JSON array of single-pair objects
---   PS105  invalid interval or count argument (advance outside 0..1 minute, hold <= 0, max_count < 1, NULL node)
+--   PS105  invalid interval, count or flag argument (advance outside 0..1 minute, hold outside
+--          (0, 100 years], max_count < 1, NULL node, NULL store_late)
 --   PS106  deadline outside the supported range [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)
 --
 -- Clock: no public function takes the time from its caller. Each public
@@ -131,6 +132,10 @@ BEGIN
     END IF;
     PERFORM pyscheduler._delay_check_interval('advance', _enqueue_messages.advance, true,
                                               pyscheduler._delay_max_advance());
+    IF _enqueue_messages.store_late IS NULL THEN  -- NULL would make a late message neither late nor stored
+        RAISE EXCEPTION 'store_late must be true or false, got NULL'
+            USING ERRCODE = 'PS105', HINT = 'Pass store_late => false (the default) or true.';
+    END IF;
     IF coalesce(cardinality(_enqueue_messages.deadlines), 0) <> v_n
        OR cardinality(_enqueue_messages.keys) <> v_n
        OR cardinality(_enqueue_messages.vals) <> v_n
@@ -238,7 +243,8 @@ AS $$
                 are fired (and retried) from the table instead
 
    Errors: PS101 bad id, PS102 NULL deadline, PS103 array lengths differ,
-           PS104 bad headers, PS105 bad advance, PS106 deadline out of range. */
+           PS104 bad headers, PS105 bad advance or NULL store_late,
+           PS106 deadline out of range. */
     SELECT * FROM pyscheduler._enqueue_messages(ids, deadlines, keys, vals, header_lists, advance,
                                                  wake_within, store_late, clock_timestamp());
 $$;
@@ -413,7 +419,8 @@ SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  
 AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM pyscheduler._delay_check_interval('hold', _reset_stuck.hold, false);
+    -- bounded: now - hold must stay a timestamp (no message is readied before 1970 anyway)
+    PERFORM pyscheduler._delay_check_interval('hold', _reset_stuck.hold, false, interval '100 years');
     IF _reset_stuck.max_count IS NULL OR _reset_stuck.max_count < 1 OR p_now IS NULL THEN
         RAISE EXCEPTION 'max_count must be >= 1, got %', _reset_stuck.max_count
             USING ERRCODE = 'PS105', HINT = 'Pass max_count => 10000.';
@@ -459,7 +466,7 @@ AS $$
    hold       the hold time (default 5 s)
    max_count  most rows reset per call (default 10000)
 
-   Errors: PS105 hold <= 0 or max_count < 1. */
+   Errors: PS105 hold not in (0, 100 years] or max_count < 1. */
     SELECT * FROM pyscheduler._reset_stuck(hold, max_count, clock_timestamp());
 $$;
 COMMENT ON FUNCTION pyscheduler.reset_stuck(interval, integer) IS

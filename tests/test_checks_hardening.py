@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from checks_support import Counting, Running, add_many, history, running, slots, wait_history  # noqa: F401
+from checks_support import Counting, Running, add_many, history, running, scrape, slots, wait_history  # noqa: F401
 from pyscheduler import errors
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.checks.runner import run_handler
@@ -794,3 +794,155 @@ def test_what_a_client_asks_of_a_held_check_is_applied_by_the_next_runner_if_the
     assert [(r["entity_key"], r["next_check_at"]) for r in app.execute("SELECT * FROM pyscheduler.list_checks()")] \
         == [("k1", readd["next_check_at"])]
     assert app.execute("SELECT count(*) AS n FROM pyscheduler.check_requests").fetchone()["n"] == 0
+
+
+# =============================================================================================
+# Issue 32, item 2: Python handlers that hang (or are slow) hold a batch's transaction boundedly
+# =============================================================================================
+
+class Hang:
+    """A Python handler that hangs, past any deadline, until released; counts its calls."""
+
+    def __init__(self):
+        self.release, self.calls, self.cond = threading.Event(), 0, threading.Condition()
+
+    def __call__(self, check: Check):
+        with self.cond:
+            self.calls += 1
+            self.cond.notify_all()
+        self.release.wait(60)
+
+    def wait_calls(self, n: int) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.calls >= n, timeout=30)
+
+
+class OldestIdleTransaction(threading.Thread):
+    """Samples pg_stat_activity every 20 ms: the age of the oldest transaction of this database
+    while it is ``idle in transaction`` (a batch's transaction while its Python handlers run)."""
+
+    def __init__(self, dsn: str):
+        super().__init__(daemon=True)
+        self.dsn, self.longest, self.done = dsn, 0.0, threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.done.is_set():
+                (age,) = conn.execute("SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0) "
+                                      "FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND state = 'idle in transaction'").fetchone()
+                self.longest = max(self.longest, float(age))
+                self.done.wait(0.02)
+
+    def __enter__(self) -> "OldestIdleTransaction":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.join(10)
+
+
+def test_issue32_item2_hanging_handlers_hold_a_batch_one_timeout_and_a_stop_waits_for_one_handler(slots, dsn):
+    """12 handlers that hang, timeout 1 s: each batch ends at the first one's deadline (recorded
+    as timeout) and the rest waits at its slot; a stop during the third waits for that one only
+    (the old runner: 12 s of one idle transaction, and a stop held up by every handler left)."""
+    hang = Hang()
+    ids = add_many(slots, 12, "hang", "python")
+    runner = CheckRunner(dsn, {"hang": hang}, timeout=1.0)
+    run = Running()
+    with OldestIdleTransaction(dsn) as oldest:
+        run.start(runner)
+        try:
+            assert hang.wait_calls(3)
+            started = time.monotonic()
+            run.stop.set()
+            run.threads[0].join(30)
+            stopped = time.monotonic() - started
+        finally:
+            hang.release.set()
+            run.close()
+    # operations.md: a stop waits for the running handler (the timeout), never longer than the
+    # timeout plus the grace; a batch's handlers keep its transaction open about one timeout here
+    assert stopped < runner.timeout + runner.grace, stopped
+    assert 0.9 < oldest.longest < 2 * runner.timeout, oldest.longest
+    ended = history(slots)
+    assert sorted(ended) == ids[:3] and hang.calls == 3  # none started after the stop
+    assert all(h["outcome"] == "timeout" and "exceeded its timeout of 1 s" in h["error"] for h in ended.values())
+    assert {i: r["check_count"] for i, r in pending(slots).items()} == dict.fromkeys(ids[3:], 0)  # at their slot
+
+
+def test_issue32_item2_handlers_stop_starting_after_a_timeout_of_handler_time_and_the_rest_runs_next(slots,
+                                                                                                  running, dsn):
+    """Handlers each well inside the timeout but longer than it together: a batch starts none
+    after a timeout's worth, records what ran, and the next batch runs the rest, each once."""
+    slow = Counting(sleep=0.2)
+    ids = add_many(slots, 8, "slow", "python")
+    runner = CheckRunner(dsn, {"slow": slow}, timeout=0.5)
+    with OldestIdleTransaction(dsn) as oldest:
+        running.start(runner)
+        ended = wait_history(slots, 8)
+    assert {h["outcome"] for h in ended.values()} == {"done"} and set(ended) == set(ids)
+    assert set(slow.calls.values()) == {1} and len(slow.calls) == 8
+    assert oldest.longest < 2 * runner.timeout, oldest.longest  # the old runner: one batch of 1.6 s
+
+
+def test_issue32_item2_at_max_abandoned_handlers_none_starts_until_one_returns(app, slots, running, dsn, caplog):
+    """Two abandoned handler threads still running (max_abandoned => 2): the runner starts no
+    more handlers, says so once (log, gauge), runs SQL jobs on; once they return, the Python
+    checks that waited run."""
+    gauge = "pyscheduler_checks_abandoned_handlers"
+    before = scrape()[gauge]
+    hang = Hang()
+    at = at_next(slots)
+    ids = [add(slots, f"h{i}", "hang", "python", at=at) for i in range(5)]
+    runner = running.start(CheckRunner(dsn, {"hang": hang}, timeout=0.5, max_abandoned=2))
+    try:
+        assert hang.wait_calls(2)
+        later = add(slots, "later", "app.ret", at=at_next(slots, 1.5))  # a slot after the bound is reached
+        wait_for(lambda: later in history(slots), timeout=30)
+        assert hang.calls == 2 and scrape()[gauge] - before == 2
+        assert set(pending(slots)) == set(ids[2:])
+        warnings = [r for r in caplog.records if "max_abandoned" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+    finally:
+        hang.release.set()
+    ended = wait_history(slots, 6)
+    assert [ended[i]["outcome"] for i in ids] == ["timeout", "timeout", "done", "done", "done"]
+    assert hang.calls == 5 and ended[later]["outcome"] == "done"
+    wait_for(lambda: scrape()[gauge] == before, timeout=10)
+
+
+NAP_SQL = """
+CREATE FUNCTION app.nap(c pyscheduler.future_check) RETURNS timestamptz
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = app, pg_temp AS $$
+BEGIN
+    PERFORM pg_sleep(0.4);
+    RETURN NULL;
+END $$;
+"""
+
+
+def test_issue32_item2_a_stop_while_a_batch_runs_its_sql_jobs_one_by_one_waits_for_one_job(app, slots, dsn):
+    """15 SQL jobs of 0.4 s: their one statement times out (1 s), so the batch runs them one
+    statement each; a stop then waits for the job running, not for the 14 after it."""
+    app.execute(NAP_SQL)
+    at = at_next(slots)
+    ids = [add(slots, f"s{i}", "app.nap", at=at) for i in range(15)]
+    runner = CheckRunner(dsn, {}, timeout=1.0)
+    run = Running()
+    run.start(runner)
+    try:
+        wait_for(lambda: app.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                                     "AND state = 'active' AND query LIKE '%%run_check_jobs%%'").fetchone()["n"],
+                 timeout=30, interval=0.02)
+        started = time.monotonic()
+        run.stop.set()
+        run.threads[0].join(30)
+        stopped = time.monotonic() - started
+    finally:
+        run.close()
+    assert stopped < runner.timeout + runner.grace, stopped
+    ended = history(slots)
+    assert 0 < len(ended) < 15 and {h["outcome"] for h in ended.values()} == {"done"}
+    assert set(pending(slots)) == set(ids) - set(ended)  # the rest waits at its slot

@@ -10,28 +10,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from click.testing import CliRunner
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from checks_support import Counting, add_many, history, running, slots, wait_history  # noqa: F401 (fixtures)
+from checks_support import Counting, add_many, history, running, scrape, slots, wait_history  # noqa: F401 (fixtures)
 from pyscheduler.checks import Check, CheckRunner, task_handler
 from pyscheduler.cli import main
 from pyscheduler.db import Jsonb
-from pyscheduler.metrics import process_registry
 from pyscheduler.tasks.worker import Worker, wait_for
-
-# the runner's series, as a process that runs one exports them (pyscheduler.metrics)
-REGISTRY = process_registry([CheckRunner], registry=CollectorRegistry())
-
-
-def scrape() -> dict[str, float]:
-    """The registry as /metrics serves it: 'name{label="v",...}' -> value."""
-    out = {}
-    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
 
 
 SLEEPY_SQL = """

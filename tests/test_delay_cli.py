@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 from delay_support import Output, RelayProcess, Sender, Topics, wait_for, warm_up
 from pyscheduler.daemon import RunContext
@@ -51,6 +52,30 @@ def test_a_hold_time_that_would_refire_everything_is_refused(dsn, kafka):
     proc = subprocess.run(run + ["--hold-ms", "1500", "--poll-ms", "1000"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "hold-ms must be at least 2000" in proc.stderr  # a usage error too
+
+
+def test_issue32_item6_every_entry_point_gives_the_same_one_line_error_with_postgresql_down():
+    """``python -m pyscheduler.delay run`` printed a traceback where ``pyscheduler delay run``
+    printed one line; every entry point now runs under the same root (pyscheduler.cliroot)."""
+    down = f"postgresql://nobody@127.0.0.1:{free_port()}/nothing"  # nothing listens there
+    delay = ["delay", "run", "--dsn", down, "--bootstrap-servers", "127.0.0.1:1"]
+    schedules = ["schedules", "run", "--dsn", down, "--redis-url", "redis://127.0.0.1:1"]
+    script = str(Path(sys.executable).with_name("pyscheduler"))  # the console script
+    runs = {"python -m pyscheduler.delay": [sys.executable, "-m", "pyscheduler.delay", *delay[1:]],
+            "python -m pyscheduler delay": [sys.executable, "-m", "pyscheduler", *delay],
+            "pyscheduler delay": [script, *delay],
+            "python -m pyscheduler.schedules": [sys.executable, "-m", "pyscheduler.schedules", *schedules[1:]],
+            "pyscheduler schedules": [script, *schedules]}
+    procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, cmd in runs.items()}
+    out = {name: (p.wait(60), p.stderr.read()) for name, p in procs.items()}
+    for p in procs.values():
+        p.stdout.close()
+        p.stderr.close()
+    for name, (code, err) in out.items():
+        assert code == 1 and err.startswith("error: cannot connect to PostgreSQL at 127.0.0.1:"), (name, err)
+        assert err.count("\n") == 1 and "Traceback" not in err, (name, err)
+    assert len({err for _, err in out.values()}) == 1, out
 
 
 def test_status_shows_deadlines_at_the_end_of_the_range(dsn, db):

@@ -76,6 +76,18 @@ def test_enqueue_messages_can_store_late_messages(db, conn):
     assert [r["id"] for r in claim(db, uuid.uuid4(), now=T0)] == ["late"]
 
 
+def test_issue32_item3_store_late_null_is_refused_not_a_dropped_duplicate(db, conn):
+    """store_late => NULL answered a late message 'duplicate' without storing it: a direct SQL
+    caller dropped it. Refused instead, naming the argument; nothing stored."""
+    for deadline in (T0 - S, T0 + S):  # late or not: NULL is no answer
+        with pytest.raises(errors.InvalidArgument, match="store_late") as info:
+            db.call("_enqueue_messages", ids=["m"], deadlines=[deadline], p_now=T0, store_late=None)
+        assert info.value.sqlstate == "PS105"
+    with pytest.raises(errors.InvalidArgument, match="store_late"):
+        db.call("enqueue_messages", ids=["m"], deadlines=[T0], store_late=None)
+    assert rows(conn) == []
+
+
 def test_enqueue_messages_with_only_ids_and_deadlines(db):
     out = db.call("_enqueue_messages", ids=["x", "y"], deadlines=[T0 + S, T0 + S], p_now=T0)
     assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
@@ -296,6 +308,21 @@ def test_reset_stuck_rejects_a_non_positive_hold(db):
     with pytest.raises(errors.InvalidArgument) as info:
         db.call("reset_stuck", hold=timedelta(0))
     assert info.value.sqlstate == "PS105"
+
+
+@pytest.mark.parametrize("hold", ["1000000 years", "294276 years", "101 years"])
+def test_issue32_item5_reset_stuck_refuses_a_hold_past_100_years_with_ps105_not_22008(conn, hold):
+    """now - hold past the first timestamp gave a raw 'timestamp out of range' (22008)."""
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT * FROM pyscheduler.reset_stuck(hold => %s::interval)", (hold,))
+    assert info.value.sqlstate == "PS105" and "hold" in str(info.value)
+
+
+def test_reset_stuck_takes_a_hold_of_100_years(db):
+    node = uuid.uuid4()
+    enqueue(db, "m", T0 + S)
+    claim(db, node, now=T0 + 2 * S)
+    assert db.call("reset_stuck", hold="100 years") == []
 
 
 # -- wake-ups, cancel, views, roles ---------------------------------------------

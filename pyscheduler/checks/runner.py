@@ -15,10 +15,17 @@ proof that it took the checks; ``finish_checks`` accepts no others):
    only the slow one ends as ``timeout``;
 2. Python jobs: the registered handler, one after another in a handler thread
    watched against a per-check deadline (a handler past it is abandoned and
-   recorded as ``timeout``; the rest continue in a fresh thread), then
-   ``finish_checks`` records their results. Every second of handler time the
-   runner asks ``end_deleted_checks`` which of the checks not yet started a
-   client deleted meanwhile, and skips them;
+   recorded as ``timeout``), then ``finish_checks`` records their results. The
+   transaction holds its row locks while handlers run, so it is bounded: no
+   handler starts once the batch's handlers have run for ``timeout`` in all,
+   after an abandoned one, or once the runner is asked to stop; the checks not
+   started are not recorded and wait at their slot (the pass takes them again).
+   A batch's handlers thus keep its transaction open for at most about twice
+   the timeout, and a stop waits for the running handler only. While
+   ``max_abandoned`` abandoned handlers are still running no handler starts
+   (a warning, and the gauge ``pyscheduler_checks_abandoned_handlers``). Every
+   second of handler time the runner asks ``end_deleted_checks`` which of the
+   checks not yet started a client deleted meanwhile, and skips them;
 3. COMMIT (asynchronous: a commit lost in a database crash leaves the checks at
    their slot, so the catch-up pass runs them again, the same at-least-once as
    after a runner crash).
@@ -184,78 +191,91 @@ def _shown(value: Any) -> str:
 
 
 class _Lane(threading.Thread):
-    """Runs handlers one after another; the runner watches the current one's deadline."""
+    """Runs handlers one after another; the runner watches the current one's deadline. It starts
+    none once ``stop`` is set, nor once its handlers have run for ``budget`` seconds in all (the
+    first one always starts): the checks it did not start wait at their slot."""
 
     def __init__(self, checks: list[Check], handlers: dict[str, Handler], results: dict[int, Result],
-                 skip: set[int]):
+                 skip: set[int], budget: float, stop: threading.Event | None):
         super().__init__(name="checks-handlers", daemon=True)
         self.checks, self.handlers, self.results, self.skip = checks, handlers, results, skip
+        self.budget, self.stop = budget, stop
         self.lock = threading.Lock()
         self.current: tuple[int, float] | None = None  # (check id, started)
         self.abandoned = False
         self.done = threading.Event()
 
     def run(self) -> None:
+        until = None
         try:
             for check in self.checks:
                 with self.lock:
-                    if self.abandoned:
+                    if self.abandoned or (self.stop is not None and self.stop.is_set()):
                         return
                     if check.id in self.skip:
                         continue
-                    self.current = (check.id, time.monotonic())
+                    now = time.monotonic()
+                    if until is None:
+                        until = now + self.budget
+                    elif now >= until:
+                        return
+                    self.current = (check.id, now)
                 result = run_handler(self.handlers.get(check.job), check)
                 with self.lock:
                     if self.abandoned:
                         return  # finished after its deadline: already recorded as timeout
                     self.results[check.id] = result
         finally:
+            with self.lock:
+                if self.abandoned:
+                    ABANDONED.dec()
             self.done.set()
 
 
 def run_handlers(checks: list[Check], handlers: dict[str, Handler], timeout: float,
                  deleted: Callable[[list[int]], Iterable[int]] | None = None,
-                 poll: float = 1.0) -> dict[int, Result]:
-    """Run each check's handler under a deadline of ``timeout`` seconds; one result per check run.
-    ``deleted(ids)``, asked every ``poll`` seconds with the checks not started yet, names those
-    to skip (deleted meanwhile: they get no result)."""
+                 poll: float = 1.0, stop: threading.Event | None = None,
+                 abandoned: list[threading.Thread] | None = None) -> dict[int, Result]:
+    """Run the checks' handlers one after another in a thread, each under a deadline of
+    ``timeout`` seconds, until ``stop`` is set or they have run for ``timeout`` seconds in all;
+    one result per check run, none for the checks not started (they wait at their slot). A
+    handler past its deadline is abandoned (its thread, added to ``abandoned``, cannot be
+    killed) and recorded as timeout; none starts after it. ``deleted(ids)``, asked every ``poll``
+    seconds with the checks not started yet, names those to skip (deleted meanwhile: they get no
+    result)."""
     results: dict[int, Result] = {}
     skip: set[int] = set()
-    todo = checks
     next_poll = time.monotonic() + poll
-    while todo:
-        lane = _Lane(todo, handlers, results, skip)
-        lane.start()
-        while not lane.done.is_set():
-            now = time.monotonic()
-            if deleted is not None and now >= next_poll:
-                with lane.lock:  # the lane starts no check meanwhile
-                    running = lane.current[0] if lane.current else None
-                    waiting = [c.id for c in todo if c.id not in results and c.id not in skip and c.id != running]
-                    if waiting:
-                        skip.update(deleted(waiting))
-                next_poll = time.monotonic() + poll
-            current = lane.current
-            if current is None:
-                lane.done.wait(0.001)
-                continue
-            remaining = current[1] + timeout - time.monotonic()
-            if remaining > 0:
-                lane.done.wait(remaining if deleted is None else min(remaining, max(0.0, next_poll - now)))
-                continue
-            with lane.lock:
-                if lane.current is current and current[0] not in results:
-                    lane.abandoned = True
-                    results[current[0]] = Result(error=f"the handler exceeded its timeout of {timeout:g} s",
-                                                 timed_out=True, took=timeout)
-            if lane.abandoned:
-                log.warning("check %s: handler still running after its %g s deadline; abandoned", current[0],
-                            timeout)
-                break
-        todo = [c for c in todo if c.id not in results and c.id not in skip] if lane.abandoned else []
-    for check in checks:  # a lane that died without a result (it cannot: run_handler catches everything)
-        if check.id not in results and check.id not in skip:
-            results[check.id] = Result(error="the handler thread ended without a result")
+    lane = _Lane(checks, handlers, results, skip, timeout, stop)
+    lane.start()
+    while not lane.done.is_set():
+        now = time.monotonic()
+        if deleted is not None and now >= next_poll:
+            with lane.lock:  # the lane starts no check meanwhile
+                running = lane.current[0] if lane.current else None
+                waiting = [c.id for c in checks if c.id not in results and c.id not in skip and c.id != running]
+                if waiting:
+                    skip.update(deleted(waiting))
+            next_poll = time.monotonic() + poll
+        current = lane.current
+        if current is None:
+            lane.done.wait(0.001)
+            continue
+        remaining = current[1] + timeout - time.monotonic()
+        if remaining > 0:
+            lane.done.wait(remaining if deleted is None else min(remaining, max(0.0, next_poll - now)))
+            continue
+        with lane.lock:
+            if lane.current is current and current[0] not in results:
+                lane.abandoned = True
+                ABANDONED.inc()
+                results[current[0]] = Result(error=f"the handler exceeded its timeout of {timeout:g} s",
+                                             timed_out=True, took=timeout)
+        if lane.abandoned:
+            log.warning("check %s: handler still running after its %g s deadline; abandoned", current[0], timeout)
+            if abandoned is not None:
+                abandoned.append(lane)
+            break
     return results
 
 
@@ -405,7 +425,9 @@ SLOT_LAG = metrics.gauge("pyscheduler_checks_slot_lag_seconds", "How late the ru
 SLOTS = metrics.counter("pyscheduler_checks_slots", "Slots the runner ran (its shard of each)")
 CAUGHT_UP = metrics.counter("pyscheduler_checks_caught_up", "Checks of missed slots run by the catch-up pass")
 BATCH_SECONDS = metrics.histogram("pyscheduler_checks_batch_seconds", "Wall time of one batch (take, run, record)")
-RUNNER_SERIES = (OUTCOMES, SLOT_LAG, SLOTS, CAUGHT_UP, BATCH_SECONDS)
+ABANDONED = metrics.gauge("pyscheduler_checks_abandoned_handlers", "Python handlers past their deadline whose threads "
+                          "are still running (a runner with max_abandoned of them runs no more handlers)")
+RUNNER_SERIES = (OUTCOMES, SLOT_LAG, SLOTS, CAUGHT_UP, BATCH_SECONDS, ABANDONED)
 
 
 class CheckRunner:
@@ -416,13 +438,15 @@ class CheckRunner:
 
     def __init__(self, dsn: str, handlers: dict[str, Handler] | None = None, *, shard: int = 0, shards: int = 1,
                  batch: int = 1000, timeout: float = 10.0, name: str | None = None,
-                 purge_interval: float = 60.0, grace: float | None = None):
+                 purge_interval: float = 60.0, grace: float | None = None, max_abandoned: int = 10):
         self.dsn = dsn
         self.handlers = dict(HANDLERS if handlers is None else handlers)
         self.shard, self.shards, self.batch, self.timeout = shard, shards, batch, timeout
         self.purge_interval = purge_interval  # s between history purges (0: never)
         # how long past its timeout a statement may run before the watchdog ends it
         self.grace = max(2.0, timeout / 2) if grace is None else grace
+        # with this many abandoned handlers still running, the runner starts no more handlers
+        self.max_abandoned = max_abandoned
         self.name = name or f"checks-runner-{shard}of{shards}"
         self.counts: dict[str, int] = {}
         self.seconds: dict[str, float] = {}  # where the time goes, per phase of a batch (bench)
@@ -440,12 +464,18 @@ class CheckRunner:
         self._watchdog = _Watchdog(dsn, self.name)
         self._outcomes: dict[tuple[str, str], Any] = {}  # (job label, outcome) -> its OUTCOMES child
         self._resolution: timedelta | None = None  # the slot length the runner follows
+        self._abandoned: list[threading.Thread] = []  # threads of handlers past their deadline (still running?)
+        self._left = 0  # Python checks the last batch did not start: they wait at their slot
+        self._held_back = False  # ... because max_abandoned handlers are still running
+        self._bound_logged = False  # the warning that max_abandoned is reached was logged
 
     def fresh(self) -> "CheckRunner":
         """A new runner with this one's settings (``run_daemons`` restarts a crashed runner with it)."""
-        return CheckRunner(self.dsn, self.handlers, shard=self.shard, shards=self.shards, batch=self.batch,
-                           timeout=self.timeout, name=self.name, purge_interval=self.purge_interval,
-                           grace=self.grace)
+        again = CheckRunner(self.dsn, self.handlers, shard=self.shard, shards=self.shards, batch=self.batch,
+                            timeout=self.timeout, name=self.name, purge_interval=self.purge_interval,
+                            grace=self.grace, max_abandoned=self.max_abandoned)
+        again._abandoned = self._abandoned  # the crashed runner's abandoned handlers still count
+        return again
 
     # -- one transaction: take, run, finish -----------------------------------------------------
     def run_batch(self, db: Database, slot: datetime | None, after: int | None = None) -> int:
@@ -469,6 +499,7 @@ class CheckRunner:
             return n
 
     def _transaction(self, db: Database, slot: datetime | None, after: int | None, careful: bool) -> int | None:
+        self._left, self._held_back = 0, False
         with db.connection() as conn:
             # One round trip to begin. Asynchronous commit: a commit lost in a database crash leaves
             # the checks at their slot and the catch-up pass runs them again (at least once, as after
@@ -567,23 +598,47 @@ class CheckRunner:
 
     def _run_python(self, session: Session, checks: list[Check], jobs: dict[int, str]) -> dict[int, Result]:
         """The Python checks' handlers, skipping those a client deletes meanwhile (``jobs``: id -> job
-        label, filled in for these checks)."""
+        label, filled in for these checks). Handlers run until the runner is asked to stop or they
+        have run for ``timeout`` in all (run_handlers): the checks not started (``_left``) wait at
+        their slot, so the batch's transaction stays open for at most about twice the timeout.
+        None runs while ``max_abandoned`` abandoned handlers are still running (``_held_back``)."""
         if not checks:
+            return {}
+        if not self._may_run_handlers():
+            self._left, self._held_back = len(checks), True
             return {}
         for c in checks:
             if c.id not in jobs:
                 jobs[c.id] = self._python_job(c.job)
+        ended: list[int] = []
 
         def deleted(ids: list[int]) -> list[int]:
             gone = [next(iter(r.values())) for r in session.call("end_deleted_checks", ids=_array(ids))]
             for check_id in gone:
                 self._count("deleted", 1, jobs.get(check_id, OTHER_JOBS))
+            ended.extend(gone)
             return gone
 
-        results = run_handlers(checks, self.handlers, self.timeout, deleted)
+        results = run_handlers(checks, self.handlers, self.timeout, deleted, stop=self._stop,
+                               abandoned=self._abandoned)
+        self._left = len(checks) - len(results) - len(ended)
         if self.record_ids:
             self.ran.extend(results)
         return results
+
+    def _may_run_handlers(self) -> bool:
+        """False while ``max_abandoned`` handlers past their deadline are still running (logged
+        once each time the bound is reached)."""
+        self._abandoned[:] = [t for t in self._abandoned if t.is_alive()]
+        if len(self._abandoned) < self.max_abandoned:
+            self._bound_logged = False
+            return True
+        if not self._bound_logged:
+            log.warning("%s: %d Python handlers past their deadline are still running (max_abandoned); no more "
+                        "handlers run until one returns: Python checks wait at their slot", self.name,
+                        len(self._abandoned))
+            self._bound_logged = True
+        return False
 
     def _finish(self, session: Session, results: dict[int, Result], lap: str, jobs: dict[int, str]) -> None:
         """Record results with one finish_checks (``jobs``: id -> job label)."""
@@ -606,9 +661,12 @@ class CheckRunner:
     def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int],
                             jobs: dict[int, str]) -> dict[int, Result]:
         """Each SQL check in its own statement and savepoint: only the slow one times out, only the one
-        whose result cannot be loaded fails; one the watchdog had to end is remembered (_Rerun)."""
+        whose result cannot be loaded fails; one the watchdog had to end is remembered (_Rerun). None
+        starts once the runner is asked to stop: the rest waits at its slot."""
         results: dict[int, Result] = {}
         for check_id in ids:
+            if self._stop.is_set():
+                break
             try:
                 with conn.transaction():
                     rows = self._watched(conn, lambda: session.call("run_check_jobs", ids=[check_id]))
@@ -656,15 +714,21 @@ class CheckRunner:
         after the last id the previous one took (the front of the slot is dead index entries until
         VACUUM); the pass ends with a batch from the start of the slot, which takes any check
         another runner held while this one went past it."""
-        total, after = 0, None
+        total, after, held = 0, None, False
         while True:
             n = self.run_batch(db, slot, after)
             total += n
+            held = held or self._held_back
             if self._stop.is_set():  # stopping: the rest waits for the catch-up pass
                 return total
-            if n < self.batch and after is None:
+            if n == self.batch:
+                after = self.last_id
+            elif (after is None and not self._left) or held:
+                # done; or handlers are held back: the Python checks wait for the catch-up pass, not
+                # taken again and again from the start of the slot
                 return total
-            after = self.last_id if n == self.batch else None
+            else:  # from the start of the slot: what other runners held, what this one left unstarted
+                after = None
 
     def catch_up(self, db: Database) -> int:
         """The '<' pass: checks of this shard from slots before the current one."""
@@ -672,7 +736,7 @@ class CheckRunner:
         while True:
             n = self.run_batch(db, None)
             total += n
-            if n < self.batch or self._stop.is_set():
+            if (n < self.batch and not self._left) or self._stop.is_set() or self._held_back:
                 if total:
                     log.info("%s: caught up %d checks from missed slots", self.name, total)
                     CAUGHT_UP.inc(total)

@@ -28,6 +28,7 @@ import gc
 import logging
 import queue
 import random
+import re
 import threading
 import time
 import uuid
@@ -181,12 +182,20 @@ class Delayed:
     headers: list[tuple[str, bytes | None]]
 
 
+# hh:mm:60 (or hhmm60), no fraction but zeros, then the offset if any: a leap second
+_LEAP_SECOND = re.compile(r"(.*[Tt ]\d\d(:?)\d\d\2)60((?:[.,]0+)?(?:[Zz]|[+-].*)?)")
+
+
 def parse_deadline(raw: bytes) -> datetime:
-    """ISO-8601, with or without a UTC offset (none means UTC), fractional seconds allowed,
-    in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z) (the table's CHECK)."""
+    """ISO-8601 (RFC 3339 too), with or without a UTC offset (none means UTC; ``Z`` or ``z``),
+    fractional seconds allowed, a leap second (``23:59:60``) read as the next second (as
+    PostgreSQL reads it), in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z) (the table's CHECK)."""
     try:
         text = raw.decode("utf-8").strip()
-        deadline = datetime.fromisoformat(text)
+        try:
+            deadline = datetime.fromisoformat(text)
+        except ValueError:
+            deadline = _rfc3339_rest(text)
     except (UnicodeDecodeError, ValueError):
         raise Malformed(f"{HEADER_DEADLINE} is not an ISO-8601 date-time: {raw[:64]!r}") from None
     deadline = deadline.replace(tzinfo=timezone.utc) if deadline.tzinfo is None else deadline
@@ -198,6 +207,21 @@ def parse_deadline(raw: bytes) -> datetime:
         raise Malformed(f"{HEADER_DEADLINE} {text[:64]!r} is outside the supported range "
                         "[1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)")
     return deadline
+
+
+def _rfc3339_rest(text: str) -> datetime:
+    """What RFC 3339 and PostgreSQL take and ``datetime.fromisoformat`` does not: a lowercase
+    ``z``, and a leap second (``:60`` without a fraction: the next second, 23:59:60Z is 00:00:00Z
+    of the next day). ValueError for anything else."""
+    if text.endswith("z"):
+        text = text[:-1] + "Z"
+    leap = _LEAP_SECOND.fullmatch(text)
+    if leap is None:
+        return datetime.fromisoformat(text)
+    try:
+        return datetime.fromisoformat(leap[1] + "59" + leap[3]) + timedelta(seconds=1)
+    except OverflowError:  # 9999-12-31T23:59:60: past anything the table takes
+        return datetime.max.replace(tzinfo=timezone.utc)
 
 
 def parse(msg: Message) -> Delayed:
