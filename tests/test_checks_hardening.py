@@ -843,7 +843,7 @@ class OldestIdleTransaction(threading.Thread):
         self.join(10)
 
 
-def test_issue32_item2_hanging_handlers_hold_a_batch_one_timeout_and_a_stop_waits_for_one_handler(slots, dsn):
+def test_hanging_handlers_hold_a_batch_one_timeout_and_a_stop_waits_for_one_handler(slots, dsn):
     """12 handlers that hang, timeout 1 s: each batch ends at the first one's deadline (recorded
     as timeout) and the rest waits at its slot; a stop during the third waits for that one only
     (the old runner: 12 s of one idle transaction, and a stop held up by every handler left)."""
@@ -872,7 +872,7 @@ def test_issue32_item2_hanging_handlers_hold_a_batch_one_timeout_and_a_stop_wait
     assert {i: r["check_count"] for i, r in pending(slots).items()} == dict.fromkeys(ids[3:], 0)  # at their slot
 
 
-def test_issue32_item2_handlers_stop_starting_after_a_timeout_of_handler_time_and_the_rest_runs_next(slots,
+def test_handlers_stop_starting_after_a_timeout_of_handler_time_and_the_rest_runs_next(slots,
                                                                                                   running, dsn):
     """Handlers each well inside the timeout but longer than it together: a batch starts none
     after a timeout's worth, records what ran, and the next batch runs the rest, each once."""
@@ -887,7 +887,7 @@ def test_issue32_item2_handlers_stop_starting_after_a_timeout_of_handler_time_an
     assert oldest.longest < 2 * runner.timeout, oldest.longest  # the old runner: one batch of 1.6 s
 
 
-def test_issue32_item2_at_max_abandoned_handlers_none_starts_until_one_returns(app, slots, running, dsn, caplog):
+def test_at_max_abandoned_handlers_none_starts_until_one_returns(app, slots, running, dsn, caplog):
     """Two abandoned handler threads still running (max_abandoned => 2): the runner starts no
     more handlers, says so once (log, gauge), runs SQL jobs on; once they return, the Python
     checks that waited run."""
@@ -923,7 +923,7 @@ END $$;
 """
 
 
-def test_issue32_item2_a_stop_while_a_batch_runs_its_sql_jobs_one_by_one_waits_for_one_job(app, slots, dsn):
+def test_a_stop_while_a_batch_runs_its_sql_jobs_one_by_one_waits_for_one_job(app, slots, dsn):
     """15 SQL jobs of 0.4 s: their one statement times out (1 s), so the batch runs them one
     statement each; a stop then waits for the job running, not for the 14 after it."""
     app.execute(NAP_SQL)

@@ -76,7 +76,7 @@ def test_enqueue_messages_can_store_late_messages(db, conn):
     assert [r["id"] for r in claim(db, uuid.uuid4(), now=T0)] == ["late"]
 
 
-def test_issue32_item3_store_late_null_is_refused_not_a_dropped_duplicate(db, conn):
+def test_store_late_null_is_refused_not_a_dropped_duplicate(db, conn):
     """store_late => NULL answered a late message 'duplicate' without storing it: a direct SQL
     caller dropped it. Refused instead, naming the argument; nothing stored."""
     for deadline in (T0 - S, T0 + S):  # late or not: NULL is no answer
@@ -311,7 +311,7 @@ def test_reset_stuck_rejects_a_non_positive_hold(db):
 
 
 @pytest.mark.parametrize("hold", ["1000000 years", "294276 years", "101 years"])
-def test_issue32_item5_reset_stuck_refuses_a_hold_past_100_years_with_ps105_not_22008(conn, hold):
+def test_reset_stuck_refuses_a_hold_past_100_years_with_ps105_not_22008(conn, hold):
     """now - hold past the first timestamp gave a raw 'timestamp out of range' (22008)."""
     with pytest.raises(psycopg.Error) as info:
         conn.execute("SELECT * FROM pyscheduler.reset_stuck(hold => %s::interval)", (hold,))
