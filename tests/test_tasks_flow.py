@@ -413,6 +413,61 @@ def test_holds_lease_guards_an_update_and_keeps_the_lease_until_commit(dsn, db, 
     assert db.call_value("holds_lease", rn=str(uuid.uuid4()), token=str(uuid.uuid4())) is False
 
 
+YIELDS = {  # the lease holder's own yield (a worker stopping); the SQLSTATE it was refused with, or None
+    "yield_task": ("SELECT pyscheduler.yield_task(%(rn)s, %(token)s)", None),
+    "snooze": ("SELECT pyscheduler.yield_task(%(rn)s, %(token)s, run_in => '0 seconds')", None),
+    "yield_tasks": ("SELECT sqlstate FROM pyscheduler.yield_tasks(ARRAY[%(rn)s]::uuid[], ARRAY[%(token)s]::uuid[])",
+                    "rows"),
+}
+
+
+@pytest.mark.parametrize("ends", ["commit", "rollback"])
+@pytest.mark.parametrize("how", sorted(YIELDS))
+def test_the_holders_own_yield_waits_for_the_transaction_that_holds_its_lease(dsn, db, app, how, ends):
+    """holds_lease keeps the lease until the guarding transaction ends, against the worker's own
+    yield too (issue 27 item 9): the yield waits; if that transaction completed the task with its
+    guarded write, the yield is refused and no worker leases the task again, else it yields."""
+    submit(db)
+    t = lease(db)
+    sql, answer = YIELDS[how]
+    got: dict = {}
+
+    def worker_yields() -> None:
+        with psycopg.connect(dsn, autocommit=True) as w:
+            try:
+                rows = w.execute(sql, held(t)).fetchall()
+                got["refused"] = rows[0][0] if answer == "rows" and rows else None
+            except psycopg.Error as exc:
+                got["refused"] = exc.sqlstate
+
+    with psycopg.connect(dsn) as c, psycopg.connect(dsn, autocommit=True) as watch:  # the application's transaction
+        guarded = c.execute("UPDATE public.accounts SET balance = balance - 10 "
+                            "WHERE id = 1 AND pyscheduler.holds_lease(%s, %s)", (t["rn"], t["token"]))
+        assert guarded.rowcount == 1
+        stopping = threading.Thread(target=worker_yields)
+        stopping.start()
+        deadline = time.monotonic() + 30
+        while stopping.is_alive() and time.monotonic() < deadline and not watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%yield_task%%'").fetchall():
+            pass
+        assert stopping.is_alive(), "the yield went through while a transaction held the lease"
+        if ends == "commit":
+            c.execute("SELECT pyscheduler.complete_task(%s, %s)", (t["rn"], t["token"]))
+            c.commit()
+        else:
+            c.rollback()
+        stopping.join(30)
+    assert not stopping.is_alive()
+    if ends == "commit":  # done once: the yield is refused, the task never runs again
+        assert got["refused"] == "PS202"
+        assert (balance(app), get(db, t["rn"])["status"]) == (90, "completed")
+        assert lease(db) is None
+    else:
+        assert got["refused"] is None
+        assert balance(app) == 100
+        assert get(db, t["rn"])["history"][-1]["_typ"] == "TaskYield"
+
+
 # ------------------------------------------------------------------ item 2: rate limits
 
 
