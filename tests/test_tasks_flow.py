@@ -667,6 +667,50 @@ def test_a_waiting_task_holds_its_unique_key_and_can_be_cancelled(db):
     assert get(db, w["rn"])["status"] == "cancelled"
 
 
+def waiting_on(db, rn) -> int:
+    return db.query("SELECT waiting_on FROM pyscheduler.tasks WHERE rn = %s", [rn])[0]["waiting_on"]
+
+
+@pytest.mark.parametrize("requeue", ["retry_task", "retry_tasks"])
+def test_a_requeued_dependent_waits_again_for_its_parents_that_have_not_completed(db, requeue):
+    """Issue 27 item 8: requeuing a cancelled dependent made it ready while its parents were
+    still scheduled, ready or running; it waits for them again, counted down by their ends."""
+    def again(task):
+        if requeue == "retry_task":
+            return db.call_value("retry_task", rn=task["rn"])
+        rows = [r["task"] for r in db.call("retry_tasks", queue=task["queue"], status="cancelled")]
+        assert [r["rn"] for r in rows] == [task["rn"]]
+        return rows[0]
+
+    later = submit(db, queue="p", run_in="1 hour")  # scheduled
+    first = submit(db, queue="p")
+    done = submit(db, queue="p")
+    value(db, "complete_task", **held(lease(db, queue="p")))  # `first` completed
+    child = submit(db, queue="c", after=[later["rn"], first["rn"], done["rn"]])
+    assert db.call_value("cancel_task", rn=child["rn"])["status"] == "cancelled"
+    requeued = again(child)
+    assert (requeued["status"], waiting_on(db, child["rn"])) == ("waiting", 2)  # `later` and `done`
+    assert lease(db, queue="c") is None
+    value(db, "complete_task", **held(lease(db, queue="p")))  # `done`
+    assert (get(db, child["rn"])["status"], waiting_on(db, child["rn"])) == ("waiting", 1)
+    db.call("cancel_task", rn=later["rn"])  # a parent that fails cancels it again
+    assert get(db, child["rn"])["history"][-1]["_typ"] == "TaskParentFailed"
+    # requeued while that parent is cancelled: refused (left as it is by retry_tasks); once the
+    # parent is requeued, it waits for it (the edge its cancel deleted is made again)
+    if requeue == "retry_task":
+        assert code(lambda: again(child)) == "PS211"
+    else:
+        assert db.call("retry_tasks", queue="c", status="cancelled") == []
+    db.call_value("retry_task", rn=later["rn"])
+    assert (again(child)["status"], waiting_on(db, child["rn"])) == ("waiting", 1)
+    value(db, "complete_task", **held(lease(db, queue="p")))
+    assert get(db, child["rn"])["status"] == "ready"
+    assert lease(db, queue="c")["rn"] == child["rn"]
+    counts = {(r["queue"], r["status"]): r["tasks"] for r in db.query("SELECT * FROM pyscheduler.task_counts")}
+    assert counts == {(r["queue"], r["status"]): r["n"] for r in db.query(
+        "SELECT queue, status::text, count(*) AS n FROM pyscheduler.tasks GROUP BY 1, 2")}
+
+
 # ------------------------------------------------------------------ submit_workflow
 
 

@@ -1010,26 +1010,61 @@ $$;
 COMMENT ON FUNCTION pyscheduler.cancel_task(uuid) IS
     'Cancel a waiting, scheduled, ready or running task of the caller''s role (terminal); the owner of a running task learns at once via NOTIFY.';
 
--- _requeue(rn, by, max_history, p_now): task rn (aborted or cancelled, locked
--- by the caller) requeued by role by: ready again for a fresh round of
--- attempts (attempts 0, no owner, no lease, progress 0, run_at NULL), errors
--- kept, history += the last lease's TaskAssignment (when it is only in
--- leased_at) and TaskRequeued. Raises unique_violation when another live
--- task of its queue holds its unique_key.
+-- _requeue(rn, by, max_history, p_now): task rn (aborted or cancelled, locked by the caller)
+-- requeued by role by for a fresh round of attempts (attempts 0, no owner, no lease, progress 0,
+-- run_at NULL), errors kept, history += the last lease's TaskAssignment (when it is only in
+-- leased_at) and TaskRequeued. Ready again, or, while some of its parents (after) are live,
+-- waiting for them as a task submitted after them: they are locked in rn order and marked
+-- has_children, and their edges to it made again (a parent that finished deleted its edges, a
+-- parent requeued since had none), so each one's end counts it down (_finished). A parent that
+-- completed, or was cleaned up, is done. PS211 when a parent is aborted or cancelled and the
+-- task is not on_parent_failure 'run': its parent's failure would cancel it again. Raises
+-- unique_violation when another live task of its queue holds its unique_key.
 CREATE OR REPLACE FUNCTION pyscheduler._requeue(p_rn uuid, p_by name, p_max_history integer, p_now timestamptz)
 RETURNS pyscheduler.tasks
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_task pyscheduler.tasks;
+    v_live uuid[] := '{}';
+    v_failed uuid;
+    v_failed_status pyscheduler.task_status;
+BEGIN
+    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = p_rn;
+    IF v_task.after IS NOT NULL THEN
+        -- the parents, locked: none finishes or is requeued before this transaction ends
+        SELECT coalesce(array_agg(p.rn) FILTER (WHERE p.status IN ('waiting', 'scheduled', 'ready', 'running')), '{}'),
+               (array_agg(p.rn) FILTER (WHERE p.status IN ('aborted', 'cancelled')))[1],
+               (array_agg(p.status) FILTER (WHERE p.status IN ('aborted', 'cancelled')))[1]
+          INTO v_live, v_failed, v_failed_status
+          FROM (SELECT t.rn, t.status FROM pyscheduler.tasks t
+                 WHERE t.rn = ANY (v_task.after)
+                 ORDER BY t.rn
+                   FOR NO KEY UPDATE) AS p;
+        IF v_failed IS NOT NULL AND v_task.on_parent_failure IS NULL THEN
+            RAISE EXCEPTION 'task % runs after task %, which is %: requeue that task first', p_rn, v_failed,
+                            v_failed_status
+                USING ERRCODE = 'PS211',
+                      HINT = 'A requeued task waits for its live parents; a failed one would cancel it again.';
+        END IF;
+        UPDATE pyscheduler.tasks t SET has_children = true WHERE t.rn = ANY (v_live) AND NOT t.has_children;
+        INSERT INTO pyscheduler.task_edges (parent, child)
+        SELECT p, p_rn FROM unnest(v_live) AS p
+        ON CONFLICT (parent, child) DO NOTHING;
+    END IF;
     UPDATE pyscheduler.tasks t
-       SET status = 'ready', attempts = 0, owner = NULL, lease_token = NULL, leased_at = NULL, deadline = NULL,
-           progress = 0, run_at = NULL, updated = p_now,
+       SET status = CASE WHEN cardinality(v_live) > 0 THEN 'waiting' ELSE 'ready' END::pyscheduler.task_status,
+           waiting_on = cardinality(v_live), attempts = 0, owner = NULL, lease_token = NULL, leased_at = NULL,
+           deadline = NULL, progress = 0, run_at = NULL, updated = p_now,
            history = pyscheduler._trim_history(
                pyscheduler._full_history(t.history, t.owner, t.leased_at)
                || jsonb_build_array(jsonb_build_object('_typ', 'TaskRequeued', 'by', p_by, 'status', t.status,
                                                        'attempts', t.attempts, 'time', pyscheduler._ts(p_now))),
                p_max_history)
      WHERE t.rn = p_rn
-    RETURNING t.*;
+    RETURNING t.* INTO v_task;
+    RETURN v_task;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._retry_task(rn uuid, p_now timestamptz DEFAULT now())
@@ -1054,8 +1089,10 @@ BEGIN
                         quote_literal(v_task.unique_key)
             USING ERRCODE = 'PS214', HINT = 'That task runs the work already; requeue this one once it finished.';
     END;
-    PERFORM pyscheduler._task_tally(v_task.queue, v_was, 'ready', 1);
-    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task.queue));
+    PERFORM pyscheduler._task_tally(v_task.queue, v_was, v_task.status, 1);
+    IF v_task.status = 'ready' THEN
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task.queue));
+    END IF;
     RETURN pyscheduler._task_json(v_task);
 END
 $$;
@@ -1091,7 +1128,7 @@ DECLARE
     v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
     v_history integer := pyscheduler._task_limit('task_max_history');
     v_task pyscheduler.tasks;
-    v_n bigint := 0;
+    v_tos pyscheduler.task_status[] := '{}';
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _retry_tasks.queue, p_queue_given => true);
     IF _retry_tasks.status IS NULL OR _retry_tasks.status NOT IN ('aborted', 'cancelled') THEN
@@ -1106,21 +1143,22 @@ BEGIN
         SELECT * FROM pyscheduler.tasks t
          WHERE t.queue = _retry_tasks.queue AND t.status = _retry_tasks.status::pyscheduler.task_status
            AND (v_admin OR t.submitted_by = v_caller OR pyscheduler._may_act(t.submitted_by))
-         ORDER BY t.updated
+         ORDER BY t.updated, t.rn  -- parents before their children (ended together by a cascade)
          LIMIT max_tasks
            FOR UPDATE SKIP LOCKED
     LOOP
         BEGIN
             v_task := pyscheduler._requeue(v_task.rn, v_caller, v_history, p_now);
-        EXCEPTION WHEN unique_violation THEN
-            CONTINUE;  -- another live task holds its unique_key: it stays as it is
+        EXCEPTION WHEN unique_violation OR SQLSTATE 'PS211' THEN
+            CONTINUE;  -- another live task holds its unique_key, or a parent failed: it stays as it is
         END;
-        v_n := v_n + 1;
+        v_tos := v_tos || v_task.status;
         task := pyscheduler._task_json(v_task);
         RETURN NEXT;
     END LOOP;
-    IF v_n > 0 THEN
-        PERFORM pyscheduler._task_tally(_retry_tasks.queue, _retry_tasks.status::pyscheduler.task_status, 'ready', v_n);
+    PERFORM pyscheduler._task_tally_many(array_fill(_retry_tasks.queue, ARRAY[cardinality(v_tos)]),
+                                         _retry_tasks.status::pyscheduler.task_status, NULL, p_tos => v_tos);
+    IF 'ready' = ANY (v_tos) THEN
         PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_retry_tasks.queue));
     END IF;
 END
