@@ -753,6 +753,39 @@ def test_a_workflow_above_the_setting_is_refused(db):
     assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
 
 
+@pytest.mark.parametrize("key, bad, sqlstate", [
+    ("queue", {"x": 1}, "PS208"), ("queue", 7, "PS208"), ("queue", "", "PS208"), ("queue", None, "PS208"),
+    ("spec", [], "PS206"), ("spec", "{}", "PS206"),
+    ("priority", "60", "PS204"), ("priority", 1.5, "PS204"), ("priority", 10**30, "PS204"),
+    ("priority", 5_000_000_000, "PS204"), ("priority", -1, "PS204"),
+    ("max_attempts", "3", "PS208"), ("max_attempts", 2.5, "PS208"), ("max_attempts", 0, "PS208"),
+    ("max_attempts", 10**12, "PS208"),
+    ("unique_key", 5, "PS213"), ("unique_key", " x", "PS213"),
+    ("concurrency_key", {"k": 1}, "PS215"), ("concurrency_key", "", "PS215"),
+    ("run_in", "soon", "PS212"), ("run_in", True, "PS212"), ("run_in", -5, "PS212"), ("run_in", "400 days", "PS212"),
+    ("on_parent_failure", "ignore", "PS219"), ("on_parent_failure", 1, "PS219"),
+    ("after", [1], "PS220"), ("after", {"a": 1}, "PS220"), ("name", 5, "PS220"),
+])
+def test_a_node_value_of_the_wrong_type_or_out_of_bounds_names_the_node_and_its_key(db, key, bad, sqlstate):
+    """Issue 27 item 12: raw 22P02/22003 errors naming neither, or a queue {"x": 1} taken as the
+    text of the object; now the key's own SQLSTATE, as submit_task's, and nothing submitted."""
+    flow = [{"name": "a", "queue": "q", "spec": {}}, {"name": "b", "queue": "q", "spec": {}, key: bad}]
+    with pytest.raises(errors.SchedulerError) as info:
+        db.call("submit_workflow", workflow=Jsonb(flow))
+    assert info.value.sqlstate == sqlstate
+    assert str(info.value).startswith("workflow[1]") and key in str(info.value)
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+
+
+def test_a_node_may_leave_out_an_optional_key_with_null(db):
+    optional = ["priority", "unique_key", "max_attempts", "concurrency_key", "run_in", "on_parent_failure"]
+    tasks = db.call_value("submit_workflow", workflow=Jsonb([{"name": "a", "queue": "q", "spec": {}, "after": [],
+                                                              **dict.fromkeys(optional)}]))
+    a = tasks["a"]
+    assert (a["status"], a["priority"], a["after"], a["max_attempts"], a["on_parent_failure"]) == (
+        "ready", 50, None, None, "cancel")
+
+
 def test_a_node_with_a_bad_value_refuses_the_whole_workflow(db):
     flow = [{"name": "a", "queue": "q", "spec": {}}, {"name": "b", "queue": "q", "spec": [], "after": ["a"]}]
     assert code(lambda: db.call("submit_workflow", workflow=Jsonb(flow))) == "PS206"
