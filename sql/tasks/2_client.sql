@@ -824,12 +824,19 @@ AS $$
    workflow: a JSON array of nodes {"name", "queue", "spec", "after":
    [names], and optionally "priority", "unique_key", "max_attempts",
    "concurrency_key", "run_in", "on_parent_failure"} (submit_task's
-   parameters); a node waits for the nodes it names in after. Nodes are
-   submitted parents first; the answer maps each name to its task. At most
-   task_max_workflow_nodes nodes.
-   Errors: PS220 not an array of such nodes, a name used twice, after naming
-   no node, a cycle (a node after itself included), too many nodes; and
-   submit_task's errors for a node's values. */
+   parameters; JSON null leaves one out; run_in a string such as "5
+   minutes" or a number of seconds); a node waits for the nodes it names in
+   after. Nodes are submitted parents first; the answer maps each name to its
+   task (a node whose unique_key an earlier node or a live task holds: that
+   task, "deduplicated": true). At most task_max_workflow_nodes nodes; the
+   cost is linear in nodes and edges.
+   Errors: PS220 not an array of such nodes, a name used twice, after not an
+   array of names or naming no node, a cycle (a node after itself included),
+   too many nodes; a node's value of the wrong JSON type or out of bounds
+   with its parameter's code, the message naming the node and the key
+   (PS208 queue, max_attempts, PS206 spec, PS204 priority, PS213 unique_key,
+   PS215 concurrency_key, PS212 run_in, PS219 on_parent_failure, too many
+   parents). */
     SELECT pyscheduler._submit_workflow(workflow, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_workflow(jsonb) IS
@@ -1107,11 +1114,15 @@ AS $$
    Requeue an aborted or cancelled task: ready again for a fresh round of
    attempts (attempts 0, progress 0, no owner), its errors kept, history +=
    TaskRequeued {"by": the calling role, "status", "attempts": the ones used,
-   "time"}; wakes the queue's workers. An extension of the seed, whose aborted
-   and cancelled tasks are terminal. Only the role that submitted the task, a
-   member of it, or admin may requeue it.
-   Errors: PS200 unknown task, PS211 not aborted or cancelled, PS214 another
-   live task of its queue holds its unique_key, 42501 another role's task. */
+   "time"}; wakes the queue's workers. A task whose parents (after) are not
+   all finished is waiting for the live ones instead, as if submitted after
+   them now. An extension of the seed, whose aborted and cancelled tasks are
+   terminal. Only the role that submitted the task, a member of it, or admin
+   may requeue it.
+   Errors: PS200 unknown task, PS211 not aborted or cancelled, or a parent is
+   aborted or cancelled (requeue it first; not with on_parent_failure 'run'),
+   PS214 another live task of its queue holds its unique_key, 42501 another
+   role's task. */
     SELECT pyscheduler._retry_task(rn, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.retry_task(uuid) IS
@@ -1174,8 +1185,10 @@ AS $$
 /* retry_tasks(queue, status => 'aborted', max_tasks => 100) -> setof (task jsonb)
    The batch form of retry_task: requeues up to max_tasks tasks of queue in
    status (aborted or cancelled) that the caller may act on (its role's, all
-   for admin), those finished longest ago first; returns them. A task whose
-   unique_key another live task holds is left as it is. Call again while it
+   for admin), those finished longest ago first (parents before children
+   ended with them); returns them (ready, or waiting for live parents, as
+   retry_task). A task whose unique_key another live task holds, or whose
+   parent is aborted or cancelled, is left as it is. Call again while it
    returns max_tasks tasks.
    Errors: PS208 queue, status, max_tasks (1..10000). */
     SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;

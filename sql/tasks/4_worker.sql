@@ -1246,6 +1246,8 @@ AS $$
    run_in (snooze, 0..365 days): the task is back in its queue at once,
    'scheduled' until now + run_in (0: ready), without owner or lease, its
    TaskYield entry with that run_at; as any yield, not an attempt used.
+   Waits for a transaction that holds the lease with holds_lease, then acts
+   on what it left (a task completed there: PS202).
    Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
    PS203 cancelled, PS210 already yielded, PS212 run_in. */
     SELECT pyscheduler._yield_task(rn, token, run_in, now());
@@ -1263,8 +1265,9 @@ AS $$
    Whether token is the current lease of running task rn; when it is, the
    task's row is locked (FOR KEY SHARE) until the calling transaction ends,
    so the lease cannot be lost before that transaction commits: the monitor
-   skips a locked task, a cancel waits for it (heartbeats and the completion
-   go on). For an application's own writes that must happen only under the
+   skips a locked task, a cancel and the holder's own yield wait for it
+   (_yield_leases), then see what it did (heartbeats and the completion go
+   on; the holder's fail and abort, its handler's verdict, too). For an application's own writes that must happen only under the
    lease, in the application's transaction:
      UPDATE accounts SET balance = balance - 10
       WHERE id = 7 AND pyscheduler.holds_lease(:rn, :token);
@@ -1362,8 +1365,9 @@ AS $$
    (rns[i], tokens[i]) whose task is running under that token (deadline =
    now - 1 s, history += TaskYield, the token refused from then on); the
    monitor makes them ready at once. A worker stopping hands back the tasks
-   it leased but never started this way. Returns one row per lease it did
-   NOT yield, with the SQLSTATE yield_task would have raised for it (PS200,
+   it leased but never started this way. Waits, as yield_task, for a
+   transaction that holds one of the leases with holds_lease. Returns one
+   row per lease it did NOT yield, with the SQLSTATE yield_task would have raised for it (PS200,
    PS201, PS202, PS203, PS210); no rows means all were yielded.
    Errors: PS208 arrays of different lengths. */
     SELECT * FROM pyscheduler._yield_tasks(rns, tokens, now());
