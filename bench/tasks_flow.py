@@ -15,7 +15,8 @@ begun from the first lease on, per second, over 60 s, and per 10 s window.
 join: the time from the last child's completion (its commit) to the join's lease.
 workflow: per size, one submit_tasks of that many specs, then one submit_workflow of a chain
 (each node after the one before) and of a fan-out (one root, every other node after it), each a
-single call timed at the client, median of --rounds; the ratio is workflow / submit_tasks.
+single call, median of --rounds, timed with its answer received and parsed and again with the
+answer reduced in the server (the backend's time); the ratio is workflow / submit_tasks.
 Options: --tasks, --keys, --workers, --seconds, --rate, --sizes, --rounds.
 """
 
@@ -166,27 +167,39 @@ def join_mode(dsn: str, children: int, workers: int) -> None:
 
 
 def workflow_mode(dsn: str, sizes: list[int], rounds: int) -> None:
+    """Per size: submit_tasks of that many specs, and submit_workflow of a chain and of a fan-out
+    of that many nodes, one call each, timed at the client twice: the call with its answer
+    received and parsed, and the call alone (the answer reduced to a count or a size in the
+    server: the backend's time)."""
+    calls = {"submit_tasks": ("SELECT pyscheduler.submit_tasks('flow-wf', %s)",
+                              "SELECT count(*) FROM pyscheduler.submit_tasks('flow-wf', %s)"),
+             "workflow": ("SELECT pyscheduler.submit_workflow(%s)",
+                          "SELECT pg_column_size(pyscheduler.submit_workflow(%s))")}
+    shapes = {"chain": lambda i: [f"n{i - 1}"] if i else [], "fan-out": lambda i: ["n0"] if i else []}
+
     def timed(c: psycopg.Connection, sql: str, arg: Jsonb) -> float:
         started = time.perf_counter()
         c.execute(sql, (arg,)).fetchall()
         return time.perf_counter() - started
 
-    shapes = {"chain": lambda i: [f"n{i - 1}"] if i else [], "fan-out": lambda i: ["n0"] if i else []}
-    print(f"workflow: one call each, median of {rounds}; ratio = submit_workflow / submit_tasks")
+    print(f"workflow: one call each, median of {rounds}; x = submit_workflow / submit_tasks of as many specs")
     with psycopg.connect(dsn, autocommit=True) as c:
         for n in sizes:
-            times: dict[str, list[float]] = defaultdict(list)
-            for r in range(rounds):
-                times["submit_tasks"].append(timed(c, "SELECT pyscheduler.submit_tasks('flow-wf', %s)",
-                                                   Jsonb([{"i": i} for i in range(n)])))
-                for shape, after in shapes.items():
-                    nodes = [{"name": f"n{i}", "queue": "flow-wf", "spec": {"i": i}, "after": after(i)}
-                             for i in range(n)]
-                    times[shape].append(timed(c, "SELECT pyscheduler.submit_workflow(%s)", Jsonb(nodes)))
-            base = statistics.median(times["submit_tasks"])
-            print(f"  {n:>6,} nodes: submit_tasks {base:.3f} s; "
-                  + "; ".join(f"submit_workflow {shape} {statistics.median(times[shape]):.3f} s "
-                              f"({statistics.median(times[shape]) / base:.2f}x)" for shape in shapes), flush=True)
+            times: dict[tuple[str, int], list[float]] = defaultdict(list)
+            for _ in range(rounds):
+                for k in (0, 1):  # answer received, backend only
+                    times["submit_tasks", k].append(timed(c, calls["submit_tasks"][k],
+                                                          Jsonb([{"i": i} for i in range(n)])))
+                    for shape, after in shapes.items():
+                        nodes = [{"name": f"n{i}", "queue": "flow-wf", "spec": {"i": i}, "after": after(i)}
+                                 for i in range(n)]
+                        times[shape, k].append(timed(c, calls["workflow"][k], Jsonb(nodes)))
+            for k, what in ((0, "with the answer"), (1, "backend only")):
+                base = statistics.median(times["submit_tasks", k])
+                print(f"  {n:>6,} nodes, {what:15}: submit_tasks {base:.3f} s; "
+                      + "; ".join(f"{shape} {statistics.median(times[shape, k]):.3f} s "
+                                  f"({statistics.median(times[shape, k]) / base:.2f}x)" for shape in shapes),
+                      flush=True)
 
 
 def main() -> None:

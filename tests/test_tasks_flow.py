@@ -753,6 +753,38 @@ def test_a_workflow_above_the_setting_is_refused(db):
     assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
 
 
+def test_unique_keys_in_a_workflow_are_deduplicated_as_submit_task_does(dsn, db):
+    """A node whose key an earlier node or a live task holds is that task; the nodes after it wait
+    for it. A key a concurrent submit takes while the workflow is inserted: its task too."""
+    live = submit(db, unique_key="fetch")
+    flow = [{"name": "fetch", "queue": "q", "spec": {}, "unique_key": "fetch"},
+            {"name": "parse", "queue": "q", "spec": {}, "after": ["fetch"], "unique_key": "parse"},
+            {"name": "parse2", "queue": "q", "spec": {}, "after": ["fetch"], "unique_key": "parse"},
+            {"name": "load", "queue": "q", "spec": {}, "after": ["parse", "parse2"]}]
+    tasks = db.call_value("submit_workflow", workflow=Jsonb(flow))
+    assert (tasks["fetch"]["rn"], tasks["fetch"]["deduplicated"]) == (live["rn"], True)
+    assert (tasks["parse2"]["rn"], tasks["parse2"]["deduplicated"]) == (tasks["parse"]["rn"], True)
+    assert tasks["parse"]["after"] == [live["rn"]] and tasks["load"]["after"] == [tasks["parse"]["rn"]] * 2
+    assert [waiting_on(db, tasks[n]["rn"]) for n in ("parse", "load")] == [1, 1]
+    value(db, "complete_task", **held(lease(db)))  # the live task: parse is released
+    assert get(db, tasks["parse"]["rn"])["status"] == "ready"
+    with psycopg.connect(dsn) as other, psycopg.connect(dsn, autocommit=True) as watch:
+        taken = other.execute("SELECT pyscheduler.submit_task('q', '{}', unique_key => 'raced')").fetchone()[0]
+        got: dict = {}
+        racing = threading.Thread(target=lambda: got.update(db.call_value("submit_workflow", workflow=Jsonb(
+            [{"name": "r", "queue": "q", "spec": {}, "unique_key": "raced"},
+             {"name": "s", "queue": "q", "spec": {}, "after": ["r"]}]))))
+        racing.start()
+        while racing.is_alive() and not watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%submit_workflow%%'"
+                ).fetchall():
+            pass
+        other.commit()
+        racing.join(30)
+    assert (got["r"]["rn"], got["r"]["deduplicated"]) == (taken["rn"], True)
+    assert get(db, got["s"]["rn"])["after"] == [taken["rn"]]
+
+
 @pytest.mark.parametrize("key, bad, sqlstate", [
     ("queue", {"x": 1}, "PS208"), ("queue", 7, "PS208"), ("queue", "", "PS208"), ("queue", None, "PS208"),
     ("spec", [], "PS206"), ("spec", "{}", "PS206"),
