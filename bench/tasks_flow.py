@@ -5,6 +5,7 @@ whether they hold. Run on a migrated scratch database (docs/benchmarks.md, "Flow
                                                  # then the same tasks without limits (the baseline)
     python bench/tasks_flow.py rate "$DSN"      # 500 starts/s for 60 s, 4 workers in 2 processes ("nodes")
     python bench/tasks_flow.py join "$DSN"      # 10,000 children, then one join after them all
+    python bench/tasks_flow.py workflow "$DSN"  # submit_workflow of 1k/2k/4k/10k nodes against submit_tasks
 
 keys: the workers are threads of this process; each handler records when it began and ended
 (after its lease committed, before its completion committed), and a sweep of those intervals
@@ -12,13 +13,18 @@ per key checks that no key ever had more than one task running; the run fails ot
 rate: every lease's time is its task's TaskAssignment (leased_at); the rate is the leases
 begun from the first lease on, per second, over 60 s, and per 10 s window.
 join: the time from the last child's completion (its commit) to the join's lease.
-Options: --tasks, --keys, --workers, --seconds, --rate.
+workflow: per size, one submit_tasks of that many specs, then one submit_workflow of a chain
+(each node after the one before) and of a fan-out (one root, every other node after it), each a
+single call, median of --rounds, timed with its answer received and parsed and again with the
+answer reduced in the server (the backend's time); the ratio is workflow / submit_tasks.
+Options: --tasks, --keys, --workers, --seconds, --rate, --sizes, --rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import statistics
 import sys
 import threading
 import time
@@ -160,15 +166,53 @@ def join_mode(dsn: str, children: int, workers: int) -> None:
           f"after the last child's completion")
 
 
+def workflow_mode(dsn: str, sizes: list[int], rounds: int) -> None:
+    """Per size: submit_tasks of that many specs, and submit_workflow of a chain and of a fan-out
+    of that many nodes, one call each, timed at the client twice: the call with its answer
+    received and parsed, and the call alone (the answer reduced to a count or a size in the
+    server: the backend's time)."""
+    calls = {"submit_tasks": ("SELECT pyscheduler.submit_tasks('flow-wf', %s)",
+                              "SELECT count(*) FROM pyscheduler.submit_tasks('flow-wf', %s)"),
+             "workflow": ("SELECT pyscheduler.submit_workflow(%s)",
+                          "SELECT pg_column_size(pyscheduler.submit_workflow(%s))")}
+    shapes = {"chain": lambda i: [f"n{i - 1}"] if i else [], "fan-out": lambda i: ["n0"] if i else []}
+
+    def timed(c: psycopg.Connection, sql: str, arg: Jsonb) -> float:
+        started = time.perf_counter()
+        c.execute(sql, (arg,)).fetchall()
+        return time.perf_counter() - started
+
+    print(f"workflow: one call each, median of {rounds}; x = submit_workflow / submit_tasks of as many specs")
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for n in sizes:
+            times: dict[tuple[str, int], list[float]] = defaultdict(list)
+            for _ in range(rounds):
+                for k in (0, 1):  # answer received, backend only
+                    times["submit_tasks", k].append(timed(c, calls["submit_tasks"][k],
+                                                          Jsonb([{"i": i} for i in range(n)])))
+                    for shape, after in shapes.items():
+                        nodes = [{"name": f"n{i}", "queue": "flow-wf", "spec": {"i": i}, "after": after(i)}
+                                 for i in range(n)]
+                        times[shape, k].append(timed(c, calls["workflow"][k], Jsonb(nodes)))
+            for k, what in ((0, "with the answer"), (1, "backend only")):
+                base = statistics.median(times["submit_tasks", k])
+                print(f"  {n:>6,} nodes, {what:15}: submit_tasks {base:.3f} s; "
+                      + "; ".join(f"{shape} {statistics.median(times[shape, k]):.3f} s "
+                                  f"({statistics.median(times[shape, k]) / base:.2f}x)" for shape in shapes),
+                      flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("keys", "rate", "join"))
+    parser.add_argument("mode", choices=("keys", "rate", "join", "workflow"))
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=1_000)
     parser.add_argument("--workers", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--sizes", default="1000,2000,4000,10000", help="workflow mode: node counts, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="workflow mode: calls per size and shape (the median)")
     parser.add_argument("--prefetch", type=int, default=None, help="each Worker's prefetch (keys mode; default the Worker's)")
     args = parser.parse_args()
     global PREFETCH
@@ -177,6 +221,8 @@ def main() -> None:
         keys_mode(args.dsn, args.tasks, args.keys, args.workers)
     elif args.mode == "rate":
         rate_mode(args.dsn, args.rate, args.seconds)
+    elif args.mode == "workflow":
+        workflow_mode(args.dsn, [int(n) for n in args.sizes.split(",")], args.rounds)
     else:
         join_mode(args.dsn, 10_000, 4)
 

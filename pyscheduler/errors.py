@@ -85,7 +85,8 @@ class TaskYielded(Conflict):
 
 
 class TaskNotRequeueable(Conflict):
-    """PS211: only an aborted or cancelled task can be requeued (retry_task)."""
+    """PS211: only an aborted or cancelled task can be requeued (retry_task), and not while a parent
+    of it is aborted or cancelled (requeue that parent first)."""
 
 
 class UniqueKeyTaken(Conflict):
@@ -163,7 +164,7 @@ CODES: dict[str, type[SchedulerError]] = {
     #                            max_attempts, note, array lengths)
     "PS209": TaskFinished,  # cancel of a completed or aborted task
     "PS210": TaskYielded,  # the lease was yielded
-    "PS211": TaskNotRequeueable,  # retry of a task that is not aborted or cancelled
+    "PS211": TaskNotRequeueable,  # retry of a task that is not aborted or cancelled, or whose parent failed
     "PS212": InvalidArgument,  # run_at outside [1970-01-01Z, 9999-01-01Z), run_in or retry_in outside 0..365 days
     "PS213": InvalidArgument,  # unique_key empty, over 200 bytes, padded, or with control/zero-width/bidi characters
     "PS214": UniqueKeyTaken,  # requeue of a task whose unique_key another live task holds

@@ -85,7 +85,8 @@ def test_list_tasks_pages_return_every_task_once_while_others_are_submitted(conn
 def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
     """Every function that submits, moves or deletes tasks keeps the tallies: the single and the
     batch calls, the Worker's lean lease, a limited queue's claim (q3), the lease gate that makes
-    due tasks ready, dependencies, unique keys, snoozes, the monitor's reset and cleanup."""
+    due tasks ready, dependencies, workflows, unique keys, snoozes, requeued dependents, the
+    monitor's reset and cleanup."""
     rnd = random.Random(21)
     queues = ["q1", "q2", "q3"]
     conn.execute("SELECT pyscheduler.set_queue_limits(queue => 'q3', running_per_key => 2)")
@@ -94,7 +95,7 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
     for step in range(400):
         op = rnd.choice(["submit", "submit", "submit", "delayed", "after", "batch", "lease", "lease", "lean", "due",
                          "complete", "complete", "complete_many", "complete_and_lease", "fail", "fail_many", "abort",
-                         "snooze", "cancel", "retry", "expire", "cleanup", "pause"])
+                         "snooze", "cancel", "retry", "expire", "cleanup", "pause", "workflow", "retry_child"])
         q = rnd.choice(queues)
         if op == "submit":
             submit(conn, q, priority=rnd.choice([10, 50]), concurrency_key=rnd.choice([None, "k1", "k2"]))
@@ -132,6 +133,19 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
         elif op == "after":  # a child waiting for a parent
             parent = submit(conn, q)
             submit(conn, q, after=[parent["rn"]])
+        elif op == "workflow":  # a graph; a unique key a live task may hold (deduplicated, not counted)
+            conn.execute("SELECT pyscheduler.submit_workflow(%s)", (Jsonb([
+                {"name": "a", "queue": q, "spec": {}},
+                {"name": "b", "queue": q, "spec": {}, "after": ["a"], "unique_key": "wb"},
+                {"name": "c", "queue": rnd.choice(queues), "spec": {}, "after": ["a", "b"], "run_in": "1 hour"}]),))
+        elif op == "retry_child":  # a cancelled dependent requeued: waiting again while a parent is live
+            child = conn.execute("SELECT rn FROM pyscheduler.tasks WHERE status = 'cancelled' AND after IS NOT NULL "
+                                 "ORDER BY random() LIMIT 1").fetchone()
+            if child:
+                try:
+                    conn.execute("SELECT pyscheduler.retry_task(rn => %s)", (child["rn"],))
+                except psycopg.Error as exc:  # a parent failed, or its unique key is taken
+                    assert exc.sqlstate in ("PS211", "PS214")
         elif op == "lease":
             t = lease(conn, q, worker=f"w{rnd.randint(1, 3)}")
             if t:

@@ -413,6 +413,61 @@ def test_holds_lease_guards_an_update_and_keeps_the_lease_until_commit(dsn, db, 
     assert db.call_value("holds_lease", rn=str(uuid.uuid4()), token=str(uuid.uuid4())) is False
 
 
+YIELDS = {  # the lease holder's own yield (a worker stopping); the SQLSTATE it was refused with, or None
+    "yield_task": ("SELECT pyscheduler.yield_task(%(rn)s, %(token)s)", None),
+    "snooze": ("SELECT pyscheduler.yield_task(%(rn)s, %(token)s, run_in => '0 seconds')", None),
+    "yield_tasks": ("SELECT sqlstate FROM pyscheduler.yield_tasks(ARRAY[%(rn)s]::uuid[], ARRAY[%(token)s]::uuid[])",
+                    "rows"),
+}
+
+
+@pytest.mark.parametrize("ends", ["commit", "rollback"])
+@pytest.mark.parametrize("how", sorted(YIELDS))
+def test_the_holders_own_yield_waits_for_the_transaction_that_holds_its_lease(dsn, db, app, how, ends):
+    """holds_lease keeps the lease until the guarding transaction ends, against the worker's own
+    yield too (issue 27 item 9): the yield waits; if that transaction completed the task with its
+    guarded write, the yield is refused and no worker leases the task again, else it yields."""
+    submit(db)
+    t = lease(db)
+    sql, answer = YIELDS[how]
+    got: dict = {}
+
+    def worker_yields() -> None:
+        with psycopg.connect(dsn, autocommit=True) as w:
+            try:
+                rows = w.execute(sql, held(t)).fetchall()
+                got["refused"] = rows[0][0] if answer == "rows" and rows else None
+            except psycopg.Error as exc:
+                got["refused"] = exc.sqlstate
+
+    with psycopg.connect(dsn) as c, psycopg.connect(dsn, autocommit=True) as watch:  # the application's transaction
+        guarded = c.execute("UPDATE public.accounts SET balance = balance - 10 "
+                            "WHERE id = 1 AND pyscheduler.holds_lease(%s, %s)", (t["rn"], t["token"]))
+        assert guarded.rowcount == 1
+        stopping = threading.Thread(target=worker_yields)
+        stopping.start()
+        deadline = time.monotonic() + 30
+        while stopping.is_alive() and time.monotonic() < deadline and not watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%yield_task%%'").fetchall():
+            pass
+        assert stopping.is_alive(), "the yield went through while a transaction held the lease"
+        if ends == "commit":
+            c.execute("SELECT pyscheduler.complete_task(%s, %s)", (t["rn"], t["token"]))
+            c.commit()
+        else:
+            c.rollback()
+        stopping.join(30)
+    assert not stopping.is_alive()
+    if ends == "commit":  # done once: the yield is refused, the task never runs again
+        assert got["refused"] == "PS202"
+        assert (balance(app), get(db, t["rn"])["status"]) == (90, "completed")
+        assert lease(db) is None
+    else:
+        assert got["refused"] is None
+        assert balance(app) == 100
+        assert get(db, t["rn"])["history"][-1]["_typ"] == "TaskYield"
+
+
 # ------------------------------------------------------------------ item 2: rate limits
 
 
@@ -612,6 +667,50 @@ def test_a_waiting_task_holds_its_unique_key_and_can_be_cancelled(db):
     assert get(db, w["rn"])["status"] == "cancelled"
 
 
+def waiting_on(db, rn) -> int:
+    return db.query("SELECT waiting_on FROM pyscheduler.tasks WHERE rn = %s", [rn])[0]["waiting_on"]
+
+
+@pytest.mark.parametrize("requeue", ["retry_task", "retry_tasks"])
+def test_a_requeued_dependent_waits_again_for_its_parents_that_have_not_completed(db, requeue):
+    """Issue 27 item 8: requeuing a cancelled dependent made it ready while its parents were
+    still scheduled, ready or running; it waits for them again, counted down by their ends."""
+    def again(task):
+        if requeue == "retry_task":
+            return db.call_value("retry_task", rn=task["rn"])
+        rows = [r["task"] for r in db.call("retry_tasks", queue=task["queue"], status="cancelled")]
+        assert [r["rn"] for r in rows] == [task["rn"]]
+        return rows[0]
+
+    later = submit(db, queue="p", run_in="1 hour")  # scheduled
+    first = submit(db, queue="p")
+    done = submit(db, queue="p")
+    value(db, "complete_task", **held(lease(db, queue="p")))  # `first` completed
+    child = submit(db, queue="c", after=[later["rn"], first["rn"], done["rn"]])
+    assert db.call_value("cancel_task", rn=child["rn"])["status"] == "cancelled"
+    requeued = again(child)
+    assert (requeued["status"], waiting_on(db, child["rn"])) == ("waiting", 2)  # `later` and `done`
+    assert lease(db, queue="c") is None
+    value(db, "complete_task", **held(lease(db, queue="p")))  # `done`
+    assert (get(db, child["rn"])["status"], waiting_on(db, child["rn"])) == ("waiting", 1)
+    db.call("cancel_task", rn=later["rn"])  # a parent that fails cancels it again
+    assert get(db, child["rn"])["history"][-1]["_typ"] == "TaskParentFailed"
+    # requeued while that parent is cancelled: refused (left as it is by retry_tasks); once the
+    # parent is requeued, it waits for it (the edge its cancel deleted is made again)
+    if requeue == "retry_task":
+        assert code(lambda: again(child)) == "PS211"
+    else:
+        assert db.call("retry_tasks", queue="c", status="cancelled") == []
+    db.call_value("retry_task", rn=later["rn"])
+    assert (again(child)["status"], waiting_on(db, child["rn"])) == ("waiting", 1)
+    value(db, "complete_task", **held(lease(db, queue="p")))
+    assert get(db, child["rn"])["status"] == "ready"
+    assert lease(db, queue="c")["rn"] == child["rn"]
+    counts = {(r["queue"], r["status"]): r["tasks"] for r in db.query("SELECT * FROM pyscheduler.task_counts")}
+    assert counts == {(r["queue"], r["status"]): r["n"] for r in db.query(
+        "SELECT queue, status::text, count(*) AS n FROM pyscheduler.tasks GROUP BY 1, 2")}
+
+
 # ------------------------------------------------------------------ submit_workflow
 
 
@@ -652,6 +751,71 @@ def test_a_workflow_above_the_setting_is_refused(db):
     nodes = [{"name": f"n{i}", "queue": "q", "spec": {}} for i in range(100_000)]
     assert code(lambda: db.call("submit_workflow", workflow=Jsonb(nodes))) == "PS220"
     assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+
+
+def test_unique_keys_in_a_workflow_are_deduplicated_as_submit_task_does(dsn, db):
+    """A node whose key an earlier node or a live task holds is that task; the nodes after it wait
+    for it. A key a concurrent submit takes while the workflow is inserted: its task too."""
+    live = submit(db, unique_key="fetch")
+    flow = [{"name": "fetch", "queue": "q", "spec": {}, "unique_key": "fetch"},
+            {"name": "parse", "queue": "q", "spec": {}, "after": ["fetch"], "unique_key": "parse"},
+            {"name": "parse2", "queue": "q", "spec": {}, "after": ["fetch"], "unique_key": "parse"},
+            {"name": "load", "queue": "q", "spec": {}, "after": ["parse", "parse2"]}]
+    tasks = db.call_value("submit_workflow", workflow=Jsonb(flow))
+    assert (tasks["fetch"]["rn"], tasks["fetch"]["deduplicated"]) == (live["rn"], True)
+    assert (tasks["parse2"]["rn"], tasks["parse2"]["deduplicated"]) == (tasks["parse"]["rn"], True)
+    assert tasks["parse"]["after"] == [live["rn"]] and tasks["load"]["after"] == [tasks["parse"]["rn"]] * 2
+    assert [waiting_on(db, tasks[n]["rn"]) for n in ("parse", "load")] == [1, 1]
+    value(db, "complete_task", **held(lease(db)))  # the live task: parse is released
+    assert get(db, tasks["parse"]["rn"])["status"] == "ready"
+    with psycopg.connect(dsn) as other, psycopg.connect(dsn, autocommit=True) as watch:
+        taken = other.execute("SELECT pyscheduler.submit_task('q', '{}', unique_key => 'raced')").fetchone()[0]
+        got: dict = {}
+        racing = threading.Thread(target=lambda: got.update(db.call_value("submit_workflow", workflow=Jsonb(
+            [{"name": "r", "queue": "q", "spec": {}, "unique_key": "raced"},
+             {"name": "s", "queue": "q", "spec": {}, "after": ["r"]}]))))
+        racing.start()
+        while racing.is_alive() and not watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%submit_workflow%%'"
+                ).fetchall():
+            pass
+        other.commit()
+        racing.join(30)
+    assert (got["r"]["rn"], got["r"]["deduplicated"]) == (taken["rn"], True)
+    assert get(db, got["s"]["rn"])["after"] == [taken["rn"]]
+
+
+@pytest.mark.parametrize("key, bad, sqlstate", [
+    ("queue", {"x": 1}, "PS208"), ("queue", 7, "PS208"), ("queue", "", "PS208"), ("queue", None, "PS208"),
+    ("spec", [], "PS206"), ("spec", "{}", "PS206"),
+    ("priority", "60", "PS204"), ("priority", 1.5, "PS204"), ("priority", 10**30, "PS204"),
+    ("priority", 5_000_000_000, "PS204"), ("priority", -1, "PS204"),
+    ("max_attempts", "3", "PS208"), ("max_attempts", 2.5, "PS208"), ("max_attempts", 0, "PS208"),
+    ("max_attempts", 10**12, "PS208"),
+    ("unique_key", 5, "PS213"), ("unique_key", " x", "PS213"),
+    ("concurrency_key", {"k": 1}, "PS215"), ("concurrency_key", "", "PS215"),
+    ("run_in", "soon", "PS212"), ("run_in", True, "PS212"), ("run_in", -5, "PS212"), ("run_in", "400 days", "PS212"),
+    ("on_parent_failure", "ignore", "PS219"), ("on_parent_failure", 1, "PS219"),
+    ("after", [1], "PS220"), ("after", {"a": 1}, "PS220"), ("name", 5, "PS220"),
+])
+def test_a_node_value_of_the_wrong_type_or_out_of_bounds_names_the_node_and_its_key(db, key, bad, sqlstate):
+    """Issue 27 item 12: raw 22P02/22003 errors naming neither, or a queue {"x": 1} taken as the
+    text of the object; now the key's own SQLSTATE, as submit_task's, and nothing submitted."""
+    flow = [{"name": "a", "queue": "q", "spec": {}}, {"name": "b", "queue": "q", "spec": {}, key: bad}]
+    with pytest.raises(errors.SchedulerError) as info:
+        db.call("submit_workflow", workflow=Jsonb(flow))
+    assert info.value.sqlstate == sqlstate
+    assert str(info.value).startswith("workflow[1]") and key in str(info.value)
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+
+
+def test_a_node_may_leave_out_an_optional_key_with_null(db):
+    optional = ["priority", "unique_key", "max_attempts", "concurrency_key", "run_in", "on_parent_failure"]
+    tasks = db.call_value("submit_workflow", workflow=Jsonb([{"name": "a", "queue": "q", "spec": {}, "after": [],
+                                                              **dict.fromkeys(optional)}]))
+    a = tasks["a"]
+    assert (a["status"], a["priority"], a["after"], a["max_attempts"], a["on_parent_failure"]) == (
+        "ready", 50, None, None, "cancel")
 
 
 def test_a_node_with_a_bad_value_refuses_the_whole_workflow(db):

@@ -479,8 +479,9 @@ def _cancel(rn: str | UUID) -> Call[Task]:
 
 def _retry(rn: str | UUID) -> Call[Task]:
     """Requeue an aborted or cancelled task: ready again with its attempts reset and its errors
-    kept. TaskNotRequeueable (PS211) for any other status; UniqueKeyTaken (PS214) when another
-    live task holds its unique key."""
+    kept (waiting, with parents not all finished, for the live ones). TaskNotRequeueable (PS211)
+    for any other status or when a parent is aborted or cancelled; UniqueKeyTaken (PS214) when
+    another live task holds its unique key."""
     return Call("retry_task", {"rn": task_id(rn)}, value(Task.from_json))
 
 

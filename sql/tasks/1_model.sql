@@ -45,7 +45,7 @@
 --   PS202 not running                  tokens, max_attempts, note)
 --   PS203 task cancelled        PS209 task already finished (cancel of completed/aborted)
 --   PS204 invalid priority      PS210 the lease was yielded
---   PS205 invalid progress      PS211 not requeueable (retry of a task not aborted/cancelled)
+--   PS205 invalid progress      PS211 not requeueable (not aborted/cancelled, or a parent failed)
 --   PS206 invalid spec (not an  PS212 run_at, run_in or retry_in outside its bounds
 --         object, too large)    PS213 invalid unique_key
 --                               PS214 unique_key held by another live task (requeue)

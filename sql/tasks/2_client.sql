@@ -424,6 +424,152 @@ $$;
 COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint, timestamptz, text[], integer, interval, text[], uuid[], text) IS
     'Submit a JSON array of specs as tasks of one queue (leased in array order), optionally delayed, after other tasks, one unique and one concurrency key each; returns the tasks.';
 
+-- _json_integer_in(value, lo, hi): whether value (a JSON value; NULL: absent) is absent, JSON
+-- null, or an integral JSON number in lo..hi.
+CREATE OR REPLACE FUNCTION pyscheduler._json_integer_in(p_value jsonb, p_lo numeric, p_hi numeric)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN true
+                WHEN jsonb_typeof(p_value) <> 'number' THEN false
+                ELSE p_value::numeric BETWEEN p_lo AND p_hi AND p_value::numeric = trunc(p_value::numeric) END
+$$;
+
+-- _workflow_refusal(node, max_spec_bytes, max_parents): what of a workflow node is refused, NULL
+-- when nothing is: 'node' (not an object, or a key it may not have), else the first key, in this
+-- order, whose value has the wrong JSON type or is out of submit_task's bounds (JSON null: an
+-- optional key left out). Evaluated for every node in one pass; _workflow_refused raises for the
+-- first node refused, naming it.
+CREATE OR REPLACE FUNCTION pyscheduler._workflow_refusal(n jsonb, p_max_spec integer, p_max_parents integer)
+RETURNS text
+LANGUAGE sql STABLE  -- as pg_input_is_valid: so the query inlines it
+AS $$
+    SELECT CASE
+        WHEN jsonb_typeof(n) <> 'object' THEN 'node'
+        WHEN n - ARRAY['name', 'queue', 'spec', 'after', 'priority', 'unique_key', 'max_attempts', 'concurrency_key',
+                       'run_in', 'on_parent_failure'] <> '{}' THEN 'node'
+        WHEN jsonb_typeof(n -> 'name') IS DISTINCT FROM 'string'
+          OR pyscheduler._label_refusal(n ->> 'name', 200) IS NOT NULL THEN 'name'
+        WHEN jsonb_typeof(n -> 'queue') IS DISTINCT FROM 'string'
+          OR octet_length(n ->> 'queue') NOT BETWEEN 1 AND 40 THEN 'queue'
+        WHEN jsonb_typeof(n -> 'spec') IS DISTINCT FROM 'object' OR pg_column_size(n -> 'spec') > p_max_spec THEN 'spec'
+        WHEN n ? 'after' AND (jsonb_typeof(n -> 'after') <> 'array' OR jsonb_array_length(n -> 'after') > p_max_parents
+                              OR jsonb_path_exists(n -> 'after', '$[*] ? (@.type() != "string")')) THEN 'after'
+        WHEN NOT pyscheduler._json_integer_in(n -> 'priority', 0, 4294967295) THEN 'priority'
+        WHEN NOT pyscheduler._json_integer_in(n -> 'max_attempts', 1, 1000) THEN 'max_attempts'
+        WHEN coalesce(jsonb_typeof(n -> 'unique_key'), 'null') NOT IN ('string', 'null')
+          OR (jsonb_typeof(n -> 'unique_key') = 'string' AND pyscheduler._label_refusal(n ->> 'unique_key', 200) IS NOT NULL)
+            THEN 'unique_key'
+        WHEN coalesce(jsonb_typeof(n -> 'concurrency_key'), 'null') NOT IN ('string', 'null')
+          OR (jsonb_typeof(n -> 'concurrency_key') = 'string'
+              AND pyscheduler._label_refusal(n ->> 'concurrency_key', 200) IS NOT NULL) THEN 'concurrency_key'
+        WHEN coalesce(jsonb_typeof(n -> 'run_in'), 'null') NOT IN ('string', 'number', 'null') THEN 'run_in'
+        WHEN n ->> 'run_in' IS NOT NULL AND NOT pg_input_is_valid(n ->> 'run_in', 'interval') THEN 'run_in'
+        WHEN NOT coalesce(extract(epoch FROM (n ->> 'run_in')::interval) BETWEEN 0 AND 31536000, true) THEN 'run_in'
+        WHEN coalesce(n ->> 'on_parent_failure', 'cancel') NOT IN ('cancel', 'run') THEN 'on_parent_failure'
+    END
+$$;
+
+-- _workflow_refused(i, node, what, max_spec_bytes, max_parents): raise the error of node i
+-- (0-based) of a workflow for what _workflow_refusal found, naming the node ("workflow[i]
+-- ('name'): "): a value of the wrong JSON type with its key's SQLSTATE (queue PS208, spec PS206,
+-- priority PS204, max_attempts PS208, unique_key PS213, concurrency_key PS215, run_in PS212,
+-- on_parent_failure PS219; the node's shape, name and after PS220), a value out of bounds with
+-- the error of submit_task's own check of it (_check_submit, _check_spec, _check_unique_key, ...).
+CREATE OR REPLACE FUNCTION pyscheduler._workflow_refused(p_i integer, n jsonb, p_what text, p_max_spec integer,
+                                                         p_max_parents integer)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_node text := format('workflow[%s]', p_i)
+                   || CASE WHEN jsonb_typeof(n -> 'name') = 'string' THEN format(' (%s)', quote_literal(left(n ->> 'name', 100)))
+                           ELSE '' END;
+    v_type text := CASE WHEN p_what <> 'node' THEN jsonb_typeof(n -> p_what) END;
+    v_got text := CASE WHEN p_what <> 'node' THEN coalesce(left((n -> p_what)::text, 200), 'nothing') END;
+    v_number numeric := CASE WHEN v_type = 'number' THEN (n -> p_what)::numeric END;
+    v_state text;
+    v_message text;
+    v_hint text;
+BEGIN
+    BEGIN
+        CASE p_what
+        WHEN 'node' THEN
+            RAISE EXCEPTION 'must be an object with a "name", an "after" array of names and only the keys name, queue, spec, after, priority, unique_key, max_attempts, concurrency_key, run_in, on_parent_failure; got %',
+                            left(n::text, 200)
+                USING ERRCODE = 'PS220';
+        WHEN 'name' THEN
+            RAISE EXCEPTION 'name %, got %',
+                            coalesce(CASE WHEN v_type = 'string' THEN pyscheduler._label_refusal(n ->> 'name', 200) END,
+                                     'must be a JSON string'), v_got
+                USING ERRCODE = 'PS220';
+        WHEN 'queue' THEN
+            IF v_type IS DISTINCT FROM 'string' THEN
+                RAISE EXCEPTION 'queue must be a JSON string, got %', v_got
+                    USING ERRCODE = 'PS208', HINT = 'The name of the queue the task is submitted to, 1 to 40 bytes.';
+            END IF;
+            PERFORM pyscheduler._check_task_args(p_queue => n ->> 'queue', p_queue_given => true);
+        WHEN 'spec' THEN
+            PERFORM pyscheduler._check_spec(n -> 'spec', 'spec', p_max_spec);
+        WHEN 'after' THEN
+            IF v_type = 'array' AND jsonb_array_length(n -> 'after') > p_max_parents THEN
+                RAISE EXCEPTION 'after names % nodes, more than task_max_parents (%)', jsonb_array_length(n -> 'after'),
+                                p_max_parents
+                    USING ERRCODE = 'PS219', HINT = 'A task after many tasks: submit it after fewer join tasks.';
+            END IF;
+            RAISE EXCEPTION 'after must be a JSON array of node names, got %', v_got USING ERRCODE = 'PS220';
+        WHEN 'priority', 'max_attempts' THEN
+            -- a JSON integer that fits the parameter's type; then the parameter's own check
+            IF v_number IS NULL OR v_number <> trunc(v_number)
+               OR abs(v_number) > (CASE p_what WHEN 'priority' THEN 9223372036854775807 ELSE 2147483647 END) THEN
+                RAISE EXCEPTION '% must be a JSON integer, got %', p_what, v_got
+                    USING ERRCODE = CASE p_what WHEN 'priority' THEN 'PS204' ELSE 'PS208' END;
+            END IF;
+            IF p_what = 'priority' THEN
+                PERFORM pyscheduler._check_task_args(p_priority => v_number::bigint);
+            ELSE
+                PERFORM pyscheduler._check_submit(n ->> 'queue', 50, NULL, v_number::integer);
+            END IF;
+        WHEN 'unique_key' THEN
+            IF v_type <> 'string' THEN
+                RAISE EXCEPTION 'unique_key must be a JSON string, got %', v_got USING ERRCODE = 'PS213';
+            END IF;
+            PERFORM pyscheduler._check_unique_key(n ->> 'unique_key');
+        WHEN 'concurrency_key' THEN
+            IF v_type <> 'string' THEN
+                RAISE EXCEPTION 'concurrency_key must be a JSON string, got %', v_got USING ERRCODE = 'PS215';
+            END IF;
+            PERFORM pyscheduler._check_concurrency_key(n ->> 'concurrency_key');
+        WHEN 'run_in' THEN
+            IF v_type NOT IN ('string', 'number') OR NOT pg_input_is_valid(n ->> 'run_in', 'interval') THEN
+                RAISE EXCEPTION 'run_in must be an interval (a JSON string such as "5 minutes", or a number of seconds), got %',
+                                v_got
+                    USING ERRCODE = 'PS212';
+            END IF;
+            PERFORM pyscheduler._run_at(NULL, (n ->> 'run_in')::interval, now());
+        WHEN 'on_parent_failure' THEN
+            RAISE EXCEPTION 'on_parent_failure must be "cancel" or "run", got %', v_got
+                USING ERRCODE = 'PS219', HINT = 'cancel (the default): a parent aborted or cancelled cancels the task; run: it runs anyway.';
+        END CASE;
+        RAISE EXCEPTION '% is refused, got %', p_what, v_got USING ERRCODE = 'PS220';  -- (a check above raises first)
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT;
+        IF v_hint = '' THEN
+            RAISE EXCEPTION '%: %', v_node, v_message USING ERRCODE = v_state;
+        END IF;
+        RAISE EXCEPTION '%: %', v_node, v_message USING ERRCODE = v_state, HINT = v_hint;
+    END;
+END
+$$;
+
+-- _submit_workflow(workflow, p_now): submit_workflow. Linear in the nodes and edges (a chain
+-- of 10,000 nodes costs about what submit_tasks of 10,000 specs does): every check is one pass
+-- over the nodes in SQL, the order (Kahn's, parents first) one pass over arrays indexed by
+-- position, the tasks one INSERT and their edges another. A node's task: its own, new; or, with
+-- a unique_key that a node earlier in that order has, that node's; or the live task that holds
+-- it (locked until the transaction ends, so the nodes after it wait for a live task), both
+-- answered "deduplicated" as submit_task does. A key taken by a concurrent submit meanwhile makes
+-- the INSERT fail: the keys are looked up again (at most 10 rounds, then 40001).
 CREATE OR REPLACE FUNCTION pyscheduler._submit_workflow(workflow jsonb, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -431,22 +577,38 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_max integer := pyscheduler._task_limit('task_max_workflow_nodes');
+    v_max_spec integer := pyscheduler._task_limit('task_max_spec_bytes');
+    v_max_parents integer := pyscheduler._task_limit('task_max_parents');
+    v_prefix bigint := pyscheduler._rn_prefix(p_now);
+    v_by name := pyscheduler._caller();
+    v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
     v_n integer;
-    v_index jsonb := '{}';      -- name -> position (0-based)
-    v_node jsonb;
-    v_name text;
-    v_why text;
+    v_bad record;
+    v_index jsonb;          -- name -> position (1-based)
+    v_ep integer[];         -- the edges (parent, child) between positions, distinct, ordered by parent
+    v_ec integer[];
+    v_start integer[];      -- the children of position p are v_ec[v_start[p] .. v_start[p + 1] - 1]
     v_indegree integer[];
-    v_children jsonb[];         -- position -> [positions of its children]
-    v_queue integer[];
-    v_head integer := 1;
-    v_order integer[] := '{}';
-    v_rns uuid[];
-    v_after uuid[];
-    v_task jsonb;
-    v_answer jsonb := '{}';
+    v_order integer[];      -- positions in Kahn's order: parents first, the submission order
+    v_tail integer := 0;
     v_p integer;
     v_c integer;
+    v_rank integer[];       -- position -> its place in v_order
+    v_seqs bigint[];        -- place in v_order -> seq
+    v_any_key boolean;      -- a node has a unique_key
+    v_keyed jsonb;          -- [queue, unique_key] -> position of the first node with them
+    v_own integer[];        -- position -> the position whose task it is (itself; an earlier node with its key)
+    v_own_rns uuid[];
+    v_to integer[];         -- as v_own, 0: the live task that held the key
+    v_rns uuid[];           -- position -> its task's rn
+    v_waiting integer[];    -- position -> how many tasks it waits for
+    v_kids boolean[];       -- position -> a new task of this workflow waits for it
+    v_inserted boolean := false;
+    v_firsts integer[];     -- positions whose key a live task holds, and those tasks
+    v_held uuid[];
+    v_parents uuid[];       -- live tasks that held a key and that new tasks wait for
+    v_queues text[];
+    v_tos pyscheduler.task_status[];
 BEGIN
     IF workflow IS NULL OR jsonb_typeof(workflow) <> 'array' OR jsonb_array_length(workflow) = 0 THEN
         RAISE EXCEPTION 'workflow must be a non-empty JSON array of nodes, got %', coalesce(left(workflow::text, 200), 'NULL')
@@ -458,80 +620,200 @@ BEGIN
         RAISE EXCEPTION 'workflow has % nodes, more than task_max_workflow_nodes (%)', v_n, v_max
             USING ERRCODE = 'PS220', HINT = 'Submit a large graph in parts: later parts may name earlier tasks by rn (after).';
     END IF;
-    -- names: clean labels, unique; each node an object with a name and, if any, after: an array of names
-    FOR i IN 0..v_n - 1 LOOP
-        v_node := workflow -> i;
-        IF jsonb_typeof(v_node) <> 'object' OR jsonb_typeof(v_node -> 'name') IS DISTINCT FROM 'string'
-           OR (v_node ? 'after' AND (jsonb_typeof(v_node -> 'after') <> 'array'
-               OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_node -> 'after') a WHERE jsonb_typeof(a) <> 'string')))
-           OR (v_node - ARRAY['name', 'queue', 'spec', 'after', 'priority', 'unique_key', 'max_attempts',
-                              'concurrency_key', 'run_in', 'on_parent_failure']) <> '{}' THEN
-            RAISE EXCEPTION 'workflow[%] must be an object with a "name", an "after" array of names and only the keys name, queue, spec, after, priority, unique_key, max_attempts, concurrency_key, run_in, on_parent_failure; got %',
-                            i, left(v_node::text, 200)
-                USING ERRCODE = 'PS220';
-        END IF;
-        v_name := v_node ->> 'name';
-        v_why := pyscheduler._label_refusal(v_name, 200);
-        IF v_why IS NOT NULL THEN
-            RAISE EXCEPTION 'workflow[%].name %', i, v_why USING ERRCODE = 'PS220';
-        END IF;
-        IF v_index ? v_name THEN
-            RAISE EXCEPTION 'workflow[%]: the name % is used twice', i, quote_literal(v_name) USING ERRCODE = 'PS220';
-        END IF;
-        v_index := v_index || jsonb_build_object(v_name, i);
-    END LOOP;
-    -- edges, then Kahn's order (a cycle leaves nodes out)
+    -- every node's keys and values, in one pass; the first node refused raises, naming it
+    SELECT a.i - 1 AS i, a.e, r.what INTO v_bad
+      FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i),
+           LATERAL (SELECT pyscheduler._workflow_refusal(a.e, v_max_spec, v_max_parents) AS what) AS r
+     WHERE r.what IS NOT NULL
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM pyscheduler._workflow_refused(v_bad.i::integer, v_bad.e, v_bad.what, v_max_spec, v_max_parents);
+    END IF;
+    -- names: unique (an object keeps the last of equal keys); the edges: each name in after, a node's
+    SELECT jsonb_object_agg(a.e ->> 'name', a.i), bool_or(jsonb_typeof(a.e -> 'unique_key') = 'string')
+      INTO v_index, v_any_key
+      FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i);
+    IF (SELECT count(*) FROM jsonb_object_keys(v_index)) < v_n THEN
+        SELECT d.i - 1 AS i, d.name INTO v_bad
+          FROM (SELECT a.i, a.e ->> 'name' AS name, row_number() OVER (PARTITION BY a.e ->> 'name' ORDER BY a.i) AS k
+                  FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i)) AS d
+         WHERE d.k = 2
+         ORDER BY d.i
+         LIMIT 1;
+        RAISE EXCEPTION 'workflow[%]: the name % is used twice', v_bad.i, quote_literal(v_bad.name) USING ERRCODE = 'PS220';
+    END IF;
+    SELECT coalesce(array_agg(e.p), '{}'), coalesce(array_agg(e.c), '{}') INTO v_ep, v_ec
+      FROM (SELECT DISTINCT (v_index ->> x.name)::integer AS p, a.i::integer AS c
+              FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i),
+                   jsonb_array_elements_text(a.e -> 'after') AS x(name)
+             ORDER BY 1, 2) AS e;
+    IF array_position(v_ep, NULL) IS NOT NULL THEN
+        SELECT a.i - 1 AS i, x.name INTO v_bad
+          FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i), jsonb_array_elements_text(a.e -> 'after') AS x(name)
+         WHERE NOT v_index ? x.name
+         LIMIT 1;
+        RAISE EXCEPTION 'workflow[%] is after %, which no node of the workflow is named', v_bad.i,
+                        quote_literal(left(v_bad.name, 100))
+            USING ERRCODE = 'PS220';
+    END IF;
+    -- Kahn's order over the edges as adjacency arrays (a cycle leaves nodes out)
     v_indegree := array_fill(0, ARRAY[v_n]);
-    v_children := array_fill('[]'::jsonb, ARRAY[v_n]);
-    FOR i IN 0..v_n - 1 LOOP
-        FOR v_name IN SELECT DISTINCT a FROM jsonb_array_elements_text(workflow -> i -> 'after') AS a LOOP
-            IF NOT v_index ? v_name THEN
-                RAISE EXCEPTION 'workflow[%] is after %, which no node of the workflow is named', i,
-                                quote_literal(left(v_name, 100))
-                    USING ERRCODE = 'PS220';
+    v_start := array_fill(0, ARRAY[v_n + 1]);
+    FOR k IN 1..cardinality(v_ec) LOOP
+        v_indegree[v_ec[k]] := v_indegree[v_ec[k]] + 1;
+        v_start[v_ep[k] + 1] := v_start[v_ep[k] + 1] + 1;
+    END LOOP;
+    v_waiting := v_indegree;
+    v_start[1] := 1;
+    FOR p IN 2..v_n + 1 LOOP
+        v_start[p] := v_start[p] + v_start[p - 1];
+    END LOOP;
+    v_order := array_fill(0, ARRAY[v_n]);
+    FOR p IN 1..v_n LOOP
+        IF v_indegree[p] = 0 THEN
+            v_tail := v_tail + 1;
+            v_order[v_tail] := p;
+        END IF;
+    END LOOP;
+    FOR h IN 1..v_n LOOP
+        EXIT WHEN h > v_tail;
+        v_p := v_order[h];
+        FOR k IN v_start[v_p]..v_start[v_p + 1] - 1 LOOP
+            v_c := v_ec[k];
+            v_indegree[v_c] := v_indegree[v_c] - 1;
+            IF v_indegree[v_c] = 0 THEN
+                v_tail := v_tail + 1;
+                v_order[v_tail] := v_c;
             END IF;
-            v_p := (v_index ->> v_name)::integer;
-            v_children[v_p + 1] := v_children[v_p + 1] || to_jsonb(i);
-            v_indegree[i + 1] := v_indegree[i + 1] + 1;
         END LOOP;
     END LOOP;
-    v_queue := ARRAY(SELECT i - 1 FROM generate_subscripts(v_indegree, 1) AS i WHERE v_indegree[i] = 0);
-    WHILE v_head <= coalesce(cardinality(v_queue), 0) LOOP
-        v_p := v_queue[v_head];
-        v_head := v_head + 1;
-        v_order := v_order || v_p;
-        FOR v_c IN SELECT c::integer FROM jsonb_array_elements_text(v_children[v_p + 1]) AS c LOOP
-            v_indegree[v_c + 1] := v_indegree[v_c + 1] - 1;
-            IF v_indegree[v_c + 1] = 0 THEN
-                v_queue := v_queue || v_c;
-            END IF;
-        END LOOP;
-    END LOOP;
-    IF cardinality(v_order) < v_n THEN
+    IF v_tail < v_n THEN
         RAISE EXCEPTION 'workflow has a cycle (through %)',
                         (SELECT string_agg(quote_literal(workflow -> (i - 1) ->> 'name'), ', ')
                            FROM (SELECT i FROM generate_subscripts(v_indegree, 1) AS i WHERE v_indegree[i] > 0
                                  LIMIT 5) AS x)
             USING ERRCODE = 'PS220', HINT = 'A task cannot wait for itself, directly or through others.';
     END IF;
-    -- submit, parents first
-    v_rns := array_fill(NULL::uuid, ARRAY[v_n]);
-    FOREACH v_p IN ARRAY v_order LOOP
-        v_node := workflow -> v_p;
-        v_after := ARRAY(SELECT v_rns[(v_index ->> a)::integer + 1]
-                           FROM jsonb_array_elements_text(v_node -> 'after') AS a);
-        v_task := pyscheduler._submit_task(
-            queue => v_node ->> 'queue', spec => v_node -> 'spec',
-            priority => coalesce((v_node ->> 'priority')::bigint, 50),
-            run_at => pyscheduler._run_at(NULL, (v_node ->> 'run_in')::interval, p_now),
-            unique_key => v_node ->> 'unique_key', max_attempts => (v_node ->> 'max_attempts')::integer,
-            p_now => p_now, concurrency_key => v_node ->> 'concurrency_key',
-            after => CASE WHEN cardinality(v_after) > 0 THEN v_after END,
-            on_parent_failure => coalesce(v_node ->> 'on_parent_failure', 'cancel'));
-        v_rns[v_p + 1] := (v_task ->> 'rn')::uuid;
-        v_answer := v_answer || jsonb_build_object(v_node ->> 'name', v_task);
+    v_rank := array_fill(0, ARRAY[v_n]);
+    FOR k IN 1..v_n LOOP
+        v_rank[v_order[k]] := k;
     END LOOP;
-    RETURN v_answer;
+    v_seqs := ARRAY(SELECT nextval('pyscheduler.task_seq') FROM generate_series(1, v_n));
+    v_own := ARRAY(SELECT generate_series(1, v_n));
+    v_own_rns := ARRAY(SELECT pyscheduler._task_rn(v_prefix, v_seqs[v_rank[p]]) FROM generate_series(1, v_n) AS p);
+    -- unique keys: a node whose key a node earlier in that order has is that node's task
+    IF v_any_key THEN
+        FOR v_bad IN
+            SELECT k.p, first_value(k.p) OVER (PARTITION BY k.queue, k.key ORDER BY v_rank[k.p]) AS first
+              FROM (SELECT a.i::integer AS p, a.e ->> 'queue' AS queue, a.e ->> 'unique_key' AS key
+                      FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i)
+                     WHERE jsonb_typeof(a.e -> 'unique_key') = 'string') AS k
+        LOOP
+            IF v_bad.first <> v_bad.p THEN
+                v_own[v_bad.p] := v_bad.first;
+                v_own_rns[v_bad.p] := v_own_rns[v_bad.first];
+            END IF;
+        END LOOP;
+        v_keyed := (SELECT jsonb_object_agg(jsonb_build_array(a.e ->> 'queue', a.e ->> 'unique_key')::text, a.i)
+                      FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i)
+                     WHERE jsonb_typeof(a.e -> 'unique_key') = 'string' AND v_own[a.i] = a.i);
+    END IF;
+    FOR v_round IN 1..10 LOOP
+        BEGIN
+            v_to := v_own;
+            v_rns := v_own_rns;
+            IF v_any_key THEN
+                -- a key that a live task holds: that task, locked (rn order) until this transaction ends
+                SELECT coalesce(array_agg(h.p), '{}'), coalesce(array_agg(h.rn), '{}') INTO v_firsts, v_held
+                  FROM (SELECT t.rn, (v_keyed ->> jsonb_build_array(t.queue, t.unique_key)::text)::integer AS p
+                          FROM pyscheduler.tasks t
+                         WHERE t.unique_key IS NOT NULL AND t.status IN ('waiting', 'scheduled', 'ready', 'running')
+                           AND (t.queue, t.unique_key) IN (SELECT k.key::jsonb ->> 0, k.key::jsonb ->> 1
+                                                             FROM jsonb_object_keys(v_keyed) AS k(key))
+                         ORDER BY t.rn
+                           FOR NO KEY UPDATE OF t) AS h;
+                FOR k IN 1..cardinality(v_firsts) LOOP
+                    v_to[v_firsts[k]] := 0;
+                    v_rns[v_firsts[k]] := v_held[k];
+                END LOOP;
+                FOR p IN 1..v_n LOOP
+                    IF v_to[p] > 0 AND v_to[p] <> p AND v_to[v_to[p]] = 0 THEN
+                        v_rns[p] := v_rns[v_to[p]];
+                        v_to[p] := 0;
+                    END IF;
+                END LOOP;
+                -- parents counted once however many of their nodes a node names
+                v_waiting := array_fill(0, ARRAY[v_n]);
+                FOR v_bad IN SELECT e.c, count(DISTINCT v_rns[e.p]) AS n FROM unnest(v_ep, v_ec) AS e(p, c) GROUP BY e.c
+                LOOP
+                    v_waiting[v_bad.c] := v_bad.n;
+                END LOOP;
+            END IF;
+            -- who has children among the new tasks: new tasks (has_children), live tasks that held a key
+            v_kids := array_fill(false, ARRAY[v_n]);
+            v_parents := '{}';
+            FOR k IN 1..cardinality(v_ec) LOOP
+                IF v_to[v_ec[k]] = v_ec[k] THEN
+                    IF v_to[v_ep[k]] > 0 THEN
+                        v_kids[v_to[v_ep[k]]] := true;
+                    ELSE
+                        v_parents := v_parents || v_rns[v_ep[k]];
+                    END IF;
+                END IF;
+            END LOOP;
+            -- the new tasks, in submission order: waiting for their parents (after: in the order
+            -- named), else ready, or scheduled until run_in has passed
+            WITH ins AS (
+                INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated,
+                                                    errors, history, run_at, max_attempts, submitted_by, unique_key,
+                                                    concurrency_key, after, waiting_on, on_parent_failure, has_children)
+                SELECT v_rns[a.i], v_seqs[v_rank[a.i]], a.e ->> 'queue', a.e -> 'spec',
+                       coalesce((a.e ->> 'priority')::numeric::bigint, 50),
+                       CASE WHEN v_waiting[a.i] > 0 THEN 'waiting' WHEN a.run_at > p_now THEN 'scheduled'
+                            ELSE 'ready' END::pyscheduler.task_status,
+                       0, p_now, p_now, '[]', '[]', a.run_at, (a.e ->> 'max_attempts')::numeric::integer, v_by,
+                       a.e ->> 'unique_key', a.e ->> 'concurrency_key',
+                       CASE WHEN v_waiting[a.i] > 0
+                            THEN ARRAY(SELECT v_rns[(v_index ->> x.name)::integer]
+                                         FROM jsonb_array_elements_text(a.e -> 'after') AS x(name)) END,
+                       v_waiting[a.i], nullif(a.e ->> 'on_parent_failure', 'cancel'), v_kids[a.i]
+                  FROM (SELECT a.i, a.e, CASE WHEN a.e ->> 'run_in' IS NOT NULL
+                                              THEN pyscheduler._run_at(NULL, (a.e ->> 'run_in')::interval, p_now) END
+                                             AS run_at
+                          FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i)) AS a
+                 WHERE v_to[a.i] = a.i
+                 ORDER BY v_rank[a.i]
+                RETURNING t.queue, t.status)
+            SELECT array_agg(ins.queue), array_agg(ins.status) INTO v_queues, v_tos FROM ins;
+            v_inserted := true;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            NULL;  -- a concurrent submit took a key meanwhile: look the keys up again
+        END;
+    END LOOP;
+    IF NOT v_inserted THEN
+        RAISE EXCEPTION 'unique keys kept changing hands while submitting; try again' USING ERRCODE = '40001';
+    END IF;
+    -- a live task that held a key and that new tasks wait for: the caller's (as after), marked
+    SELECT t.rn INTO v_bad FROM pyscheduler.tasks t
+     WHERE t.rn = ANY (v_parents) AND NOT (v_admin OR pyscheduler._may_act(t.submitted_by))
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'workflow: nodes wait for task %, which holds one of their unique keys: a task of another role',
+                        v_bad.rn
+            USING ERRCODE = 'PS219', HINT = 'A task may wait only for existing tasks of its own role.';
+    END IF;
+    UPDATE pyscheduler.tasks t SET has_children = true WHERE t.rn = ANY (v_parents) AND NOT t.has_children;
+    INSERT INTO pyscheduler.task_edges (parent, child)
+    SELECT DISTINCT v_rns[v_ep[k]], v_rns[v_ec[k]] FROM generate_subscripts(v_ep, 1) AS k WHERE v_to[v_ec[k]] = v_ec[k];
+    PERFORM pyscheduler._task_tally_many(v_queues, NULL, NULL, p_tos => v_tos);
+    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q))
+       FROM (SELECT DISTINCT u.q FROM unnest(v_queues, v_tos) AS u(q, s) WHERE u.s IN ('ready', 'scheduled')) AS x;
+    -- the answer: each node's task, read back by primary key
+    RETURN (SELECT jsonb_object_agg(a.e ->> 'name', pyscheduler._task_json(t)
+                                    || CASE WHEN v_to[a.i] = a.i THEN '{}' ELSE '{"deduplicated": true}' END::jsonb)
+              FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i)
+              JOIN pyscheduler.tasks t ON t.rn = v_rns[a.i]);
 END
 $$;
 
@@ -546,12 +828,19 @@ AS $$
    workflow: a JSON array of nodes {"name", "queue", "spec", "after":
    [names], and optionally "priority", "unique_key", "max_attempts",
    "concurrency_key", "run_in", "on_parent_failure"} (submit_task's
-   parameters); a node waits for the nodes it names in after. Nodes are
-   submitted parents first; the answer maps each name to its task. At most
-   task_max_workflow_nodes nodes.
-   Errors: PS220 not an array of such nodes, a name used twice, after naming
-   no node, a cycle (a node after itself included), too many nodes; and
-   submit_task's errors for a node's values. */
+   parameters; JSON null leaves one out; run_in a string such as "5
+   minutes" or a number of seconds); a node waits for the nodes it names in
+   after. Nodes are submitted parents first; the answer maps each name to its
+   task (a node whose unique_key an earlier node or a live task holds: that
+   task, "deduplicated": true). At most task_max_workflow_nodes nodes; the
+   cost is linear in nodes and edges.
+   Errors: PS220 not an array of such nodes, a name used twice, after not an
+   array of names or naming no node, a cycle (a node after itself included),
+   too many nodes; a node's value of the wrong JSON type or out of bounds
+   with its parameter's code, the message naming the node and the key
+   (PS208 queue, max_attempts, PS206 spec, PS204 priority, PS213 unique_key,
+   PS215 concurrency_key, PS212 run_in, PS219 on_parent_failure, too many
+   parents). */
     SELECT pyscheduler._submit_workflow(workflow, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_workflow(jsonb) IS
@@ -739,26 +1028,61 @@ $$;
 COMMENT ON FUNCTION pyscheduler.cancel_task(uuid) IS
     'Cancel a waiting, scheduled, ready or running task of the caller''s role (terminal); the owner of a running task learns at once via NOTIFY.';
 
--- _requeue(rn, by, max_history, p_now): task rn (aborted or cancelled, locked
--- by the caller) requeued by role by: ready again for a fresh round of
--- attempts (attempts 0, no owner, no lease, progress 0, run_at NULL), errors
--- kept, history += the last lease's TaskAssignment (when it is only in
--- leased_at) and TaskRequeued. Raises unique_violation when another live
--- task of its queue holds its unique_key.
+-- _requeue(rn, by, max_history, p_now): task rn (aborted or cancelled, locked by the caller)
+-- requeued by role by for a fresh round of attempts (attempts 0, no owner, no lease, progress 0,
+-- run_at NULL), errors kept, history += the last lease's TaskAssignment (when it is only in
+-- leased_at) and TaskRequeued. Ready again, or, while some of its parents (after) are live,
+-- waiting for them as a task submitted after them: they are locked in rn order and marked
+-- has_children, and their edges to it made again (a parent that finished deleted its edges, a
+-- parent requeued since had none), so each one's end counts it down (_finished). A parent that
+-- completed, or was cleaned up, is done. PS211 when a parent is aborted or cancelled and the
+-- task is not on_parent_failure 'run': its parent's failure would cancel it again. Raises
+-- unique_violation when another live task of its queue holds its unique_key.
 CREATE OR REPLACE FUNCTION pyscheduler._requeue(p_rn uuid, p_by name, p_max_history integer, p_now timestamptz)
 RETURNS pyscheduler.tasks
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_task pyscheduler.tasks;
+    v_live uuid[] := '{}';
+    v_failed uuid;
+    v_failed_status pyscheduler.task_status;
+BEGIN
+    SELECT * INTO v_task FROM pyscheduler.tasks t WHERE t.rn = p_rn;
+    IF v_task.after IS NOT NULL THEN
+        -- the parents, locked: none finishes or is requeued before this transaction ends
+        SELECT coalesce(array_agg(p.rn) FILTER (WHERE p.status IN ('waiting', 'scheduled', 'ready', 'running')), '{}'),
+               (array_agg(p.rn) FILTER (WHERE p.status IN ('aborted', 'cancelled')))[1],
+               (array_agg(p.status) FILTER (WHERE p.status IN ('aborted', 'cancelled')))[1]
+          INTO v_live, v_failed, v_failed_status
+          FROM (SELECT t.rn, t.status FROM pyscheduler.tasks t
+                 WHERE t.rn = ANY (v_task.after)
+                 ORDER BY t.rn
+                   FOR NO KEY UPDATE) AS p;
+        IF v_failed IS NOT NULL AND v_task.on_parent_failure IS NULL THEN
+            RAISE EXCEPTION 'task % runs after task %, which is %: requeue that task first', p_rn, v_failed,
+                            v_failed_status
+                USING ERRCODE = 'PS211',
+                      HINT = 'A requeued task waits for its live parents; a failed one would cancel it again.';
+        END IF;
+        UPDATE pyscheduler.tasks t SET has_children = true WHERE t.rn = ANY (v_live) AND NOT t.has_children;
+        INSERT INTO pyscheduler.task_edges (parent, child)
+        SELECT p, p_rn FROM unnest(v_live) AS p
+        ON CONFLICT (parent, child) DO NOTHING;
+    END IF;
     UPDATE pyscheduler.tasks t
-       SET status = 'ready', attempts = 0, owner = NULL, lease_token = NULL, leased_at = NULL, deadline = NULL,
-           progress = 0, run_at = NULL, updated = p_now,
+       SET status = CASE WHEN cardinality(v_live) > 0 THEN 'waiting' ELSE 'ready' END::pyscheduler.task_status,
+           waiting_on = cardinality(v_live), attempts = 0, owner = NULL, lease_token = NULL, leased_at = NULL,
+           deadline = NULL, progress = 0, run_at = NULL, updated = p_now,
            history = pyscheduler._trim_history(
                pyscheduler._full_history(t.history, t.owner, t.leased_at)
                || jsonb_build_array(jsonb_build_object('_typ', 'TaskRequeued', 'by', p_by, 'status', t.status,
                                                        'attempts', t.attempts, 'time', pyscheduler._ts(p_now))),
                p_max_history)
      WHERE t.rn = p_rn
-    RETURNING t.*;
+    RETURNING t.* INTO v_task;
+    RETURN v_task;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._retry_task(rn uuid, p_now timestamptz DEFAULT now())
@@ -783,8 +1107,10 @@ BEGIN
                         quote_literal(v_task.unique_key)
             USING ERRCODE = 'PS214', HINT = 'That task runs the work already; requeue this one once it finished.';
     END;
-    PERFORM pyscheduler._task_tally(v_task.queue, v_was, 'ready', 1);
-    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task.queue));
+    PERFORM pyscheduler._task_tally(v_task.queue, v_was, v_task.status, 1);
+    IF v_task.status = 'ready' THEN
+        PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task.queue));
+    END IF;
     RETURN pyscheduler._task_json(v_task);
 END
 $$;
@@ -799,11 +1125,15 @@ AS $$
    Requeue an aborted or cancelled task: ready again for a fresh round of
    attempts (attempts 0, progress 0, no owner), its errors kept, history +=
    TaskRequeued {"by": the calling role, "status", "attempts": the ones used,
-   "time"}; wakes the queue's workers. An extension of the seed, whose aborted
-   and cancelled tasks are terminal. Only the role that submitted the task, a
-   member of it, or admin may requeue it.
-   Errors: PS200 unknown task, PS211 not aborted or cancelled, PS214 another
-   live task of its queue holds its unique_key, 42501 another role's task. */
+   "time"}; wakes the queue's workers. A task whose parents (after) are not
+   all finished is waiting for the live ones instead, as if submitted after
+   them now. An extension of the seed, whose aborted and cancelled tasks are
+   terminal. Only the role that submitted the task, a member of it, or admin
+   may requeue it.
+   Errors: PS200 unknown task, PS211 not aborted or cancelled, or a parent is
+   aborted or cancelled (requeue it first; not with on_parent_failure 'run'),
+   PS214 another live task of its queue holds its unique_key, 42501 another
+   role's task. */
     SELECT pyscheduler._retry_task(rn, now());
 $$;
 COMMENT ON FUNCTION pyscheduler.retry_task(uuid) IS
@@ -820,7 +1150,7 @@ DECLARE
     v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
     v_history integer := pyscheduler._task_limit('task_max_history');
     v_task pyscheduler.tasks;
-    v_n bigint := 0;
+    v_tos pyscheduler.task_status[] := '{}';
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _retry_tasks.queue, p_queue_given => true);
     IF _retry_tasks.status IS NULL OR _retry_tasks.status NOT IN ('aborted', 'cancelled') THEN
@@ -835,21 +1165,22 @@ BEGIN
         SELECT * FROM pyscheduler.tasks t
          WHERE t.queue = _retry_tasks.queue AND t.status = _retry_tasks.status::pyscheduler.task_status
            AND (v_admin OR t.submitted_by = v_caller OR pyscheduler._may_act(t.submitted_by))
-         ORDER BY t.updated
+         ORDER BY t.updated, t.rn  -- parents before their children (ended together by a cascade)
          LIMIT max_tasks
            FOR UPDATE SKIP LOCKED
     LOOP
         BEGIN
             v_task := pyscheduler._requeue(v_task.rn, v_caller, v_history, p_now);
-        EXCEPTION WHEN unique_violation THEN
-            CONTINUE;  -- another live task holds its unique_key: it stays as it is
+        EXCEPTION WHEN unique_violation OR SQLSTATE 'PS211' THEN
+            CONTINUE;  -- another live task holds its unique_key, or a parent failed: it stays as it is
         END;
-        v_n := v_n + 1;
+        v_tos := v_tos || v_task.status;
         task := pyscheduler._task_json(v_task);
         RETURN NEXT;
     END LOOP;
-    IF v_n > 0 THEN
-        PERFORM pyscheduler._task_tally(_retry_tasks.queue, _retry_tasks.status::pyscheduler.task_status, 'ready', v_n);
+    PERFORM pyscheduler._task_tally_many(array_fill(_retry_tasks.queue, ARRAY[cardinality(v_tos)]),
+                                         _retry_tasks.status::pyscheduler.task_status, NULL, p_tos => v_tos);
+    IF 'ready' = ANY (v_tos) THEN
         PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(_retry_tasks.queue));
     END IF;
 END
@@ -865,8 +1196,10 @@ AS $$
 /* retry_tasks(queue, status => 'aborted', max_tasks => 100) -> setof (task jsonb)
    The batch form of retry_task: requeues up to max_tasks tasks of queue in
    status (aborted or cancelled) that the caller may act on (its role's, all
-   for admin), those finished longest ago first; returns them. A task whose
-   unique_key another live task holds is left as it is. Call again while it
+   for admin), those finished longest ago first (parents before children
+   ended with them); returns them (ready, or waiting for live parents, as
+   retry_task). A task whose unique_key another live task holds, or whose
+   parent is aborted or cancelled, is left as it is. Call again while it
    returns max_tasks tasks.
    Errors: PS208 queue, status, max_tasks (1..10000). */
     SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;

@@ -1150,6 +1150,68 @@ $$;
 COMMENT ON FUNCTION pyscheduler.fail_tasks(uuid[], uuid[], jsonb, interval[]) IS
     'Fail many leases (rns[i] with token tokens[i], error errors[i-1], delay retry_in[i]) in one statement; returns (rn, sqlstate) for each not failed.';
 
+-- _yield_leases(rns, tokens, run_at, p_now): THE yield of leases (yield_task, yield_tasks):
+-- each lease (rns[i], tokens[i]) whose task is running under that token ends without using an
+-- attempt, history += its TaskAssignment and TaskYield. run_at NULL: deadline = now - 1 s and no
+-- token, for the monitor to make it ready (NOTIFY pyscheduler_tasks_monitor); else (a snooze) the
+-- task is back in its queue at once without owner, scheduled until run_at (ready when that is
+-- not later than now). Returns the tasks yielded.
+-- The tasks are locked FOR UPDATE first, in rn order (as _leases). That lock is what makes a
+-- yield wait for an application's transaction that holds the lease with holds_lease (FOR KEY
+-- SHARE) and see what it did once it ends (completed: refused): the UPDATE alone would take FOR
+-- NO KEY UPDATE, which FOR KEY SHARE lets through, and the lease would end under that
+-- transaction's guarded writes. Heartbeats and completions, which leave the lease held, keep
+-- their UPDATE's lock and go on.
+CREATE OR REPLACE FUNCTION pyscheduler._yield_leases(p_rns uuid[], p_tokens uuid[], p_run_at timestamptz,
+                                                     p_now timestamptz)
+RETURNS SETOF pyscheduler.tasks
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_yielded pyscheduler.tasks[];
+BEGIN
+    PERFORM FROM pyscheduler.tasks t JOIN pyscheduler._leases(p_rns, p_tokens) AS l ON t.rn = l.rn
+     WHERE t.lease_token = l.token AND t.status = 'running'
+     ORDER BY t.rn
+       FOR UPDATE OF t;
+    WITH y AS (
+        UPDATE pyscheduler.tasks t
+           SET status = CASE WHEN p_run_at IS NULL THEN 'running' WHEN p_run_at > p_now THEN 'scheduled'
+                             ELSE 'ready' END::pyscheduler.task_status,
+               run_at = coalesce(p_run_at, t.run_at),
+               deadline = CASE WHEN p_run_at IS NULL THEN p_now - interval '1 second' END,
+               owner = CASE WHEN p_run_at IS NULL THEN t.owner END,
+               progress = CASE WHEN p_run_at IS NULL THEN t.progress ELSE 0 END,
+               updated = p_now, lease_token = NULL,
+               attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
+               leased_at = NULL,  -- the lease's TaskAssignment entry goes into history, then TaskYield
+               history = CASE WHEN p_run_at IS NULL
+                   THEN pyscheduler._full_history(t.history, t.owner, t.leased_at)
+                        || pyscheduler._history('TaskYield', t.owner, p_now, t.progress)
+                   ELSE pyscheduler._trim_history(
+                        pyscheduler._full_history(t.history, t.owner, t.leased_at)
+                        || jsonb_build_array(jsonb_build_object('_typ', 'TaskYield', 'worker', t.owner,
+                                                                'progress', t.progress, 'run_at', pyscheduler._ts(p_run_at),
+                                                                'time', pyscheduler._ts(p_now))),
+                        pyscheduler._task_limit('task_max_history')) END
+          FROM pyscheduler._leases(p_rns, p_tokens) AS l
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+        RETURNING t AS task)
+    SELECT coalesce(array_agg(y.task), '{}') INTO v_yielded FROM y;
+    IF cardinality(v_yielded) > 0 THEN
+        IF p_run_at IS NULL THEN
+            PERFORM pyscheduler._notify_throttled('pyscheduler_tasks_monitor');
+        ELSE
+            PERFORM pyscheduler._task_tally_many(ARRAY(SELECT y.queue FROM unnest(v_yielded) AS y), 'running',
+                                                 CASE WHEN p_run_at > p_now THEN 'scheduled' ELSE 'ready' END::pyscheduler.task_status);
+            PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(q))
+               FROM (SELECT DISTINCT y.queue AS q FROM unnest(v_yielded) AS y) AS x;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_yielded);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._yield_task(
     rn uuid, token uuid, run_in interval DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS jsonb
@@ -1158,40 +1220,13 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_task jsonb;
-    v_run_at timestamptz := pyscheduler._run_at(NULL, _yield_task.run_in, p_now);
 BEGIN
-    IF v_run_at IS NULL THEN
-        UPDATE pyscheduler.tasks t
-           SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
-               attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
-               leased_at = NULL,  -- the lease's TaskAssignment entry goes into history, then TaskYield
-               history = pyscheduler._full_history(t.history, t.owner, t.leased_at)
-                         || pyscheduler._history('TaskYield', t.owner, p_now, t.progress)
-         WHERE t.rn = _yield_task.rn AND t.lease_token = _yield_task.token AND t.status = 'running'
-        RETURNING pyscheduler._task_json(t) INTO v_task;
-        IF v_task IS NULL THEN
-            PERFORM pyscheduler._task_refused(_yield_task.rn, _yield_task.token);
-        END IF;
-        PERFORM pyscheduler._notify_throttled('pyscheduler_tasks_monitor');
-        RETURN v_task;
-    END IF;
-    -- snooze: back in the queue at once, not leased before run_at, no attempt used
-    UPDATE pyscheduler.tasks t
-       SET status = CASE WHEN v_run_at > p_now THEN 'scheduled' ELSE 'ready' END::pyscheduler.task_status,
-           run_at = v_run_at, deadline = NULL, updated = p_now, lease_token = NULL, owner = NULL, progress = 0,
-           attempts = t.attempts - 1, leased_at = NULL,
-           history = pyscheduler._trim_history(
-               pyscheduler._full_history(t.history, t.owner, t.leased_at)
-               || jsonb_build_array(jsonb_build_object('_typ', 'TaskYield', 'worker', t.owner, 'progress', t.progress,
-                                                       'run_at', pyscheduler._ts(v_run_at), 'time', pyscheduler._ts(p_now))),
-               pyscheduler._task_limit('task_max_history'))
-     WHERE t.rn = _yield_task.rn AND t.lease_token = _yield_task.token AND t.status = 'running'
-    RETURNING pyscheduler._task_json(t) INTO v_task;
+    SELECT pyscheduler._task_json(y) INTO v_task
+      FROM pyscheduler._yield_leases(ARRAY[_yield_task.rn], ARRAY[_yield_task.token],
+                                     pyscheduler._run_at(NULL, _yield_task.run_in, p_now), p_now) AS y;
     IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_yield_task.rn, _yield_task.token);
     END IF;
-    PERFORM pyscheduler._task_tally(v_task ->> 'queue', 'running', (v_task ->> 'status')::pyscheduler.task_status, 1);
-    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(v_task ->> 'queue'));
     RETURN v_task;
 END
 $$;
@@ -1211,6 +1246,8 @@ AS $$
    run_in (snooze, 0..365 days): the task is back in its queue at once,
    'scheduled' until now + run_in (0: ready), without owner or lease, its
    TaskYield entry with that run_at; as any yield, not an attempt used.
+   Waits for a transaction that holds the lease with holds_lease, then acts
+   on what it left (a task completed there: PS202).
    Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
    PS203 cancelled, PS210 already yielded, PS212 run_in. */
     SELECT pyscheduler._yield_task(rn, token, run_in, now());
@@ -1228,8 +1265,9 @@ AS $$
    Whether token is the current lease of running task rn; when it is, the
    task's row is locked (FOR KEY SHARE) until the calling transaction ends,
    so the lease cannot be lost before that transaction commits: the monitor
-   skips a locked task, a cancel waits for it (heartbeats and the completion
-   go on). For an application's own writes that must happen only under the
+   skips a locked task, a cancel and the holder's own yield wait for it
+   (_yield_leases), then see what it did (heartbeats and the completion go
+   on; the holder's fail and abort, its handler's verdict, too). For an application's own writes that must happen only under the
    lease, in the application's transaction:
      UPDATE accounts SET balance = balance - 10
       WHERE id = 7 AND pyscheduler.holds_lease(:rn, :token);
@@ -1309,21 +1347,9 @@ DECLARE
     v_done uuid[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
-    WITH y AS (
-        UPDATE pyscheduler.tasks t
-           SET deadline = p_now - interval '1 second', updated = p_now, lease_token = NULL,
-               attempts = t.attempts - 1,  -- a lease handed back is not an attempt used up
-               leased_at = NULL,  -- the lease's TaskAssignment entry goes into history, then TaskYield
-               history = pyscheduler._full_history(t.history, t.owner, t.leased_at)
-                         || pyscheduler._history('TaskYield', t.owner, p_now, t.progress)
-          FROM pyscheduler._leases(rns, tokens) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
-        RETURNING t.rn)
-    SELECT coalesce(array_agg(y.rn), '{}') INTO v_done FROM y;
-    IF cardinality(v_done) > 0 THEN
-        PERFORM pyscheduler._notify_throttled('pyscheduler_tasks_monitor');
-    END IF;
-    -- the rest were not touched by the update above: the state machine says why
+    v_done := ARRAY(SELECT y.rn FROM pyscheduler._yield_leases(rns, tokens, NULL, p_now) AS y);
+    -- the rest were not yielded: the state machine says why, in a statement of its own (its
+    -- snapshot after the yield, which may have waited for a transaction holding a lease)
     RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
 END
 $$;
@@ -1339,8 +1365,9 @@ AS $$
    (rns[i], tokens[i]) whose task is running under that token (deadline =
    now - 1 s, history += TaskYield, the token refused from then on); the
    monitor makes them ready at once. A worker stopping hands back the tasks
-   it leased but never started this way. Returns one row per lease it did
-   NOT yield, with the SQLSTATE yield_task would have raised for it (PS200,
+   it leased but never started this way. Waits, as yield_task, for a
+   transaction that holds one of the leases with holds_lease. Returns one
+   row per lease it did NOT yield, with the SQLSTATE yield_task would have raised for it (PS200,
    PS201, PS202, PS203, PS210); no rows means all were yielded.
    Errors: PS208 arrays of different lengths. */
     SELECT * FROM pyscheduler._yield_tasks(rns, tokens, now());
