@@ -87,10 +87,17 @@ def test_a_unique_key_never_merges_two_roles_work(apps):
     many = b.call("submit_tasks", queue="invoices", specs=Jsonb([{"n": 3}, {"n": 4}]),
                   unique_keys=["invoice:233", "invoice:234"])
     assert many[0]["task"]["rn"] == theirs["rn"] and many[0]["task"]["deduplicated"]  # b's own key: b's task
+    flow = b.call_value("submit_workflow", workflow=Jsonb([{"name": "x", "queue": "invoices", "spec": {"n": 6},
+                                                           "unique_key": "invoice:233"}]))
+    assert flow["x"]["rn"] == theirs["rn"] and flow["x"]["deduplicated"]  # b's own key, never a's
+    flow = b.call_value("submit_workflow", workflow=Jsonb([{"name": "x", "queue": "invoices", "spec": {"n": 7},
+                                                           "unique_key": "invoice:235"}]))
+    assert a.call_value("submit_workflow", workflow=Jsonb([{"name": "x", "queue": "invoices", "spec": {"n": 8},
+                                                           "unique_key": "invoice:235"}]))["x"]["rn"] != flow["x"]["rn"]
     again = a.call_value("submit_task", queue="invoices", spec=Jsonb({"n": 5}), unique_key="invoice:233")
     assert again["rn"] == first["rn"] and again["deduplicated"]
     counts = {(r["queue"], r["status"]): r["tasks"] for r in a.query("SELECT * FROM pyscheduler.task_counts")}
-    assert counts[("invoices", "ready")] == 3  # a's, b's and b's invoice:234
+    assert counts[("invoices", "ready")] == 5  # a's, b's, b's invoice:234, b's and a's invoice:235
 
 
 def test_a_queue_s_settings_are_its_owner_s_and_the_owner_can_always_undo_them(apps):

@@ -581,7 +581,6 @@ DECLARE
     v_max_parents integer := pyscheduler._task_limit('task_max_parents');
     v_prefix bigint := pyscheduler._rn_prefix(p_now);
     v_by name := pyscheduler._caller();
-    v_admin boolean := pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
     v_n integer;
     v_bad record;
     v_index jsonb;          -- name -> position (1-based)
@@ -718,6 +717,8 @@ BEGIN
                       FROM jsonb_array_elements(workflow) WITH ORDINALITY AS a(e, i)
                      WHERE jsonb_typeof(a.e -> 'unique_key') = 'string' AND v_own[a.i] = a.i);
     END IF;
+    PERFORM pyscheduler._claim_queue(q.queue, v_by, p_now)
+       FROM (SELECT DISTINCT a.e ->> 'queue' AS queue FROM jsonb_array_elements(workflow) AS a(e)) AS q;
     FOR v_round IN 1..10 LOOP
         BEGIN
             v_to := v_own;
@@ -728,6 +729,7 @@ BEGIN
                   FROM (SELECT t.rn, (v_keyed ->> jsonb_build_array(t.queue, t.unique_key)::text)::integer AS p
                           FROM pyscheduler.tasks t
                          WHERE t.unique_key IS NOT NULL AND t.status IN ('waiting', 'scheduled', 'ready', 'running')
+                           AND t.submitted_by = v_by  -- a unique key is its role's own
                            AND (t.queue, t.unique_key) IN (SELECT k.key::jsonb ->> 0, k.key::jsonb ->> 1
                                                              FROM jsonb_object_keys(v_keyed) AS k(key))
                          ORDER BY t.rn
@@ -794,15 +796,7 @@ BEGIN
     IF NOT v_inserted THEN
         RAISE EXCEPTION 'unique keys kept changing hands while submitting; try again' USING ERRCODE = '40001';
     END IF;
-    -- a live task that held a key and that new tasks wait for: the caller's (as after), marked
-    SELECT t.rn INTO v_bad FROM pyscheduler.tasks t
-     WHERE t.rn = ANY (v_parents) AND NOT (v_admin OR pyscheduler._may_act(t.submitted_by))
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'workflow: nodes wait for task %, which holds one of their unique keys: a task of another role',
-                        v_bad.rn
-            USING ERRCODE = 'PS219', HINT = 'A task may wait only for existing tasks of its own role.';
-    END IF;
+    -- a live task that held a key (the caller's own) and that new tasks wait for: marked
     UPDATE pyscheduler.tasks t SET has_children = true WHERE t.rn = ANY (v_parents) AND NOT t.has_children;
     INSERT INTO pyscheduler.task_edges (parent, child)
     SELECT DISTINCT v_rns[v_ep[k]], v_rns[v_ec[k]] FROM generate_subscripts(v_ep, 1) AS k WHERE v_to[v_ec[k]] = v_ec[k];
