@@ -65,6 +65,7 @@ from prometheus_client import Histogram
 from .. import egress
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
+from ..masking import mask_url
 from ..metrics import counter, gauge, histogram
 from .arrays import EpochMsArray, Int4Array, Int8Array
 from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
@@ -181,7 +182,7 @@ class Executor:
         self.stop = stop
         cfg = self.cfg
         log.info("schedules executor %s starting (batch %d, stuck after %dms, Redis %s)", cfg.owner, cfg.batch,
-                 cfg.stuck_after_ms, cfg.redis_url)
+                 cfg.stuck_after_ms, mask_url(cfg.redis_url))
         self.db = Database(cfg.dsn, min_size=1, max_size=2 + cfg.recorders, name=self.name,
                            timeout=5.0).open(wait=False)
         self.index = Shards.from_url(cfg.redis_url, cfg.prefix, cfg.shards, timeout=2.0)
