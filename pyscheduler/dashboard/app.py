@@ -248,16 +248,15 @@ class Dashboard:
         now = time.monotonic()
         if self._redis_state and now - self._redis_state[0] < 5:
             return self._redis_state[1]
-        import redis
+        from ..schedules.index import Shards
 
         state: dict[str, Any] = {"known": True}
         try:
-            client = redis.Redis.from_url(self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            index = Shards.from_url(self.redis_url, self.redis_prefix, timeout=0.5)  # redis:// or redis+cluster://
             try:
-                client.ping()
-                state.update(reachable=True, index_complete=bool(client.exists(f"{self.redis_prefix}:marker")))
+                state.update(index_complete=index.marker() is not None, reachable=True)
             finally:
-                client.close()
+                index.close()
         except Exception as exc:  # noqa: BLE001  (any failure to reach Redis is what we report)
             state.update(reachable=False, error=type(exc).__name__)
         self._redis_state = (now, state)

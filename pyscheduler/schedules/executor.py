@@ -176,6 +176,16 @@ class Executor:
         """A new executor with these settings (run_daemons' restart): nothing half-torn is kept."""
         return Executor(dataclasses.replace(self.cfg, owner=uuid.uuid4().hex[:12]))
 
+    def degraded_reason(self) -> str | None:
+        """Why this executor fires only part of the schedules now (/readyz), or None."""
+        if self.degraded:
+            return "Redis unreachable: critical schedules fire from PostgreSQL, the others wait"
+        down = sorted(self.down)
+        if down:
+            return (f"Redis unreachable for shard(s) {', '.join(map(str, down))} of {self.index.count}: their "
+                    f"critical schedules fire from PostgreSQL, their others wait")
+        return None
+
     # -- running -------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
