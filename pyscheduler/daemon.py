@@ -9,6 +9,12 @@ A daemon may offer ``fresh()``: a new instance with its settings, for a restart,
 ``degraded_reason()``: why it does only part of its job now (None: all of it), which
 ``/readyz`` shows (pyscheduler.metrics_http).
 
+One outage rule (docs/operations.md, "Outages"): a server a daemon uses that is down when
+it starts is an outage like one later, never a crash. Its clients connect at their first
+call, not when made: ``Database.for_daemon`` (PostgreSQL), ``schedules.index.connect``
+(Redis, Redis Cluster), librdkafka (Kafka); each daemon retries with backoff what fails
+with an outage, and the executors fire critical schedules from PostgreSQL without Redis.
+
 Capabilities plug in through ``pyscheduler/<capability>/cli.py``, which
 exposes ``group`` (its click commands), ``daemons(ctx)`` (for ``pyscheduler
 run``), ``demo(ctx, echo)`` (for ``pyscheduler demo``) and optionally

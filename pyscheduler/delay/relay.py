@@ -588,7 +588,7 @@ class Relay:
                  "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
                  cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
                  cfg.dlq_topic or "dropped", self.max_message_bytes)
-        self.db = Database(cfg.dsn, min_size=1, max_size=5, name=self.name, timeout=5.0).open(wait=False)
+        self.db = Database.for_daemon(cfg.dsn, name=self.name, max_size=5)
         listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
                             logger=log).start()
         self.crashed = []

@@ -193,8 +193,7 @@ class Executor:
         cfg = self.cfg
         log.info("schedules executor %s starting (batch %d, stuck after %dms, Redis %s)", cfg.owner, cfg.batch,
                  cfg.stuck_after_ms, mask_url(cfg.redis_url))
-        self.db = Database(cfg.dsn, min_size=1, max_size=2 + cfg.recorders, name=self.name,
-                           timeout=5.0).open(wait=False)
+        self.db = Database.for_daemon(cfg.dsn, name=self.name, max_size=2 + cfg.recorders)
         self.index = Shards.from_url(cfg.redis_url, cfg.prefix, cfg.shards, timeout=2.0)
         n = self.index.count
         start = random.randrange(n)  # executors start their rounds on different shards
