@@ -19,16 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -45,18 +39,16 @@ from pyscheduler.daemon import RunContext, run_daemons
 from pyscheduler.db import Database
 from pyscheduler.metrics_http import serve
 from schedules_support import create
+from test_ops_http import Process, get
 from test_restart_walk import JOB
 
 SECRET = "S3cretPassw0rd"
 BOUND = 30  # s: the longest a daemon may take to do its job again once its server answers
 
 
-def get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+def readyz(url: str) -> tuple[int, dict]:
+    status, text = get(url)
+    return status, json.loads(text)
 
 
 class Run:
@@ -81,7 +73,7 @@ class Run:
         return next(d for d in self.daemons if d.name.startswith("schedules-executor"))
 
     def readyz(self) -> dict:
-        status, body = get(self.url)
+        status, body = readyz(self.url)
         assert (status == 200) == body["ready"], (status, body)
         assert SECRET not in json.dumps(body)
         return body
@@ -388,7 +380,7 @@ def test_redis_down_at_start_lost_and_back(kind, dsn, fast, logs, tmp_path):
     assert code == 0
 
 
-# -- the reproduction: ``schedules run`` with a Redis Cluster down at start ------------------------------
+# -- the commands -----------------------------------------------------------------------------------
 
 def test_schedules_run_with_a_redis_cluster_down_at_start_fires_critical_schedules(dsn, db, tmp_path):
     """Issue 27, defect 1: ``pyscheduler schedules run --redis-url redis+cluster://...`` with
@@ -398,29 +390,38 @@ def test_schedules_run_with_a_redis_cluster_down_at_start_fires_critical_schedul
     URL's password is nowhere in the output nor in /readyz (issue 27, defect 11)."""
     create(db, "repro-critical", every=0.5, soon=True, target_kind="task", target="repro", critical=True)
     url = f"redis+cluster://admin:{SECRET}@127.0.0.1:{embedded.free_port()},127.0.0.1:{embedded.free_port()}"
-    log = tmp_path / "schedules.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", "schedules", "run", "--dsn", with_password(dsn),
-                                 "--redis-url", url, "--poll-ms", "50", "--http-port", "0"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = Process(tmp_path / "schedules.log", "schedules", "run", "--dsn", with_password(dsn), "--redis-url", url,
+                   "--poll-ms", "50")
     try:
         def fired():
-            assert proc.poll() is None, log.read_text()
+            assert proc.proc.poll() is None, proc.text()
             return db.call_value("execution_count", name="repro-critical", outcome="fired") >= 3
-        wait_for(fired, 20, f"the critical schedule to fire in degraded mode:\n{log.read_text()[-3000:]}")
-        port = int(wait_for(lambda: [line.split("127.0.0.1:")[1].split("/")[0] for line in
-                                     log.read_text().splitlines() if "HTTP on http://" in line], 10, "the port")[0])
-        status, body = get(f"http://127.0.0.1:{port}/readyz")
+        wait_for(fired, 20, "the critical schedule to fire in degraded mode")
+        status, body = readyz(proc.url + "/readyz")
         assert status == 503 and body["servers"]["redis"] != "ok", body
         assert any(v.startswith("degraded") for v in body["daemons"].values()), body
         assert SECRET not in json.dumps(body)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = log.read_text()
-    assert SECRET not in text, text
+        code = proc.stop()
+    text = proc.text()
+    assert code == 0 and SECRET not in text, text
     assert " crashed" not in text and "restarting" not in text, text
     assert "degraded mode" in text and "redis+cluster://admin:***@127.0.0.1:" in text, text
+
+
+def test_delay_run_with_kafka_down_at_start_serves_readyz_naming_it(dsn, tmp_path):
+    """``delay run`` checked its topics before serving: with Kafka down at start it had no
+    /readyz (nor /metrics) until Kafka answered. The check is the relay's first step now, under
+    run_daemons: /readyz at once, naming kafka, the relay running (waiting for it)."""
+    proc = Process(tmp_path / "delay.log", "delay", "run", "--dsn", with_password(dsn), "--bootstrap-servers",
+                   f"127.0.0.1:{embedded.free_port()}")
+    try:
+        def named():
+            status, body = readyz(proc.url + "/readyz")
+            return body if status == 503 and "kafka" in body["not_ready"] else None
+        body = wait_for(named, 15, "/readyz to name kafka")
+        assert [v for v in body["daemons"].values()] == ["running"], body
+    finally:
+        started = time.monotonic()
+        code = proc.stop()
+    assert code == 0 and time.monotonic() - started < 10 and SECRET not in proc.text(), proc.text()

@@ -568,7 +568,7 @@ class Relay:
         wanted = [self.cfg.input_topic, self.cfg.output_topic] + ([self.cfg.dlq_topic] if self.cfg.dlq_topic else [])
         while True:
             try:
-                missing = [t for t in wanted if t not in admin.list_topics(timeout=5).topics]
+                missing = [t for t in wanted if t not in admin.list_topics(timeout=2).topics]
                 if missing and self.cfg.create_topics:
                     try:
                         create_topics(self.cfg.bootstrap_servers, missing, settings=self.cfg.kafka_settings)
@@ -598,6 +598,8 @@ class Relay:
         cfg = self.cfg
         relax_gc()
         self.check_topics()
+        if stop.is_set():  # stopped while waiting for Kafka
+            return
         log.info("delay relay node %s starting: %s -> %s (group %s, advance %dms, hold %dms, poll %dms, "
                  "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
                  cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
