@@ -92,10 +92,10 @@ class IndexRelay:
         stop_poke.start()
         outage = Outage("schedules relay", log)
         next_reconcile = time.monotonic() + self.reconcile_interval
-        # the first reconcile after LISTEN (notifications sent before would be missed), or after its
-        # first try failed (PostgreSQL down: once it listens, _reconnected asks for a reconcile)
-        listener.tried.wait(10)
         try:
+            # the first reconcile after LISTEN (notifications sent before would be missed), or after
+            # its first try failed (PostgreSQL down: once it listens, _reconnected asks for a reconcile)
+            listener.tried.wait(10)
             while not stop.is_set():
                 try:
                     self.follow(db, index)
