@@ -19,6 +19,7 @@ from .cliroot import root
 from .config import http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options
 from .daemon import RunContext, install_signal_handlers
 from .errors import ConfigError
+from .masking import mask_url
 
 log = logging.getLogger("pyscheduler")
 
@@ -144,11 +145,11 @@ def _as_role(dsn: str, audience: str) -> str:
 
 def _print_connect(stack) -> None:
     click.echo("connect with:")
-    click.echo(f"  psql '{stack.dsn}'")
+    click.echo(f"  psql '{mask_url(stack.dsn)}'")
     if stack.kafka_bootstrap:
         click.echo(f"  Kafka bootstrap: {stack.kafka_bootstrap}")
     if stack.redis_url:
-        click.echo(f"  Redis: {stack.redis_url}")
+        click.echo(f"  Redis: {mask_url(stack.redis_url)}")
 
 
 @main.command("run")

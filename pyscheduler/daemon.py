@@ -5,7 +5,15 @@ until the ``threading.Event`` ``stop`` is set and then returns after finishing
 its in-flight work. ``run_daemons`` runs several in threads, restarts one that
 crashes (with backoff, never stopping its siblings), and returns 0 on a clean stop,
 1 if a daemon crashed. SIGTERM and Ctrl-C set ``stop`` (install_signal_handlers).
-A daemon may offer ``fresh()``: a new instance with its settings, for a restart.
+A daemon may offer ``fresh()``: a new instance with its settings, for a restart, and
+``degraded_reason()``: why it does only part of its job now (None: all of it), which
+``/readyz`` shows (pyscheduler.metrics_http).
+
+One outage rule (docs/operations.md, "Outages"): a server a daemon uses that is down when
+it starts is an outage like one later, never a crash. Its clients connect at their first
+call, not when made: ``Database.for_daemon`` (PostgreSQL), ``schedules.index.connect``
+(Redis, Redis Cluster), librdkafka (Kafka); each daemon retries with backoff what fails
+with an outage, and the executors fire critical schedules from PostgreSQL without Redis.
 
 Capabilities plug in through ``pyscheduler/<capability>/cli.py``, which
 exposes ``group`` (its click commands), ``daemons(ctx)`` (for ``pyscheduler
@@ -92,7 +100,7 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
         while not stop.is_set():
             started = time.monotonic()
             if health is not None:
-                health.running(key)
+                health.running(key, d)
             try:
                 d.run(stop)
                 if stop.is_set():

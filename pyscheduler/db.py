@@ -48,6 +48,7 @@ from .errors import DatabaseUnavailable, translate
 log = logging.getLogger(__name__)
 
 SCHEMA = "pyscheduler"
+DAEMON_WAIT = 5.0  # s: the longest a daemon's call waits for a connection (Database.for_daemon)
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 __all__ = ["AsyncSession", "Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "ConnectionSettings",
@@ -449,6 +450,15 @@ class Database(_Calls):
         if back is None or time.monotonic() - back > self.fresh:
             ConnectionPool.check_connection(conn)
 
+    @classmethod
+    def for_daemon(cls, dsn: str, *, name: str, max_size: int, min_size: int = 1) -> "Database":
+        """A daemon's pool, open at once whether the server answers or not: a database down when
+        the daemon starts is an outage like one later (docs/operations.md, "Outages"), never a
+        crash. Connections are made in the background; a call waits at most DAEMON_WAIT seconds
+        for one, then raises DatabaseUnavailable, which the daemon retries with backoff (so a
+        stop is seen within that time too)."""
+        return cls(dsn, min_size=min_size, max_size=max_size, name=name, timeout=DAEMON_WAIT).open(wait=False)
+
     def open(self, wait: bool = True, timeout: float = 30.0) -> "Database":
         with translating():
             self.pool.open(wait=wait, timeout=timeout)
@@ -546,8 +556,10 @@ class Listener:
     """LISTEN on channels in a thread; hand (channel, payload) to a callback.
 
     The connection is dedicated (notifications need a session that stays
-    open); it reconnects with backoff after an outage and then calls
-    ``on_reconnect`` so sleepers can poll once for anything they missed.
+    open); it reconnects with backoff after an outage (one at start too) and
+    then calls ``on_reconnect`` so sleepers can poll once for anything they
+    missed. ``ready`` is set once it listens, ``tried`` after its first try
+    (answered or not).
     """
 
     def __init__(self, dsn: str, channels: Iterable[str], callback: Callable[[str, str], None],
@@ -563,6 +575,7 @@ class Listener:
         self._thread = threading.Thread(target=self._run, name=f"listen:{','.join(self.channels)}",
                                         daemon=True)
         self.ready = threading.Event()
+        self.tried = threading.Event()
 
     def start(self) -> "Listener":
         self._thread.start()
@@ -583,7 +596,7 @@ class Listener:
 
     def _run(self) -> None:
         outage = Outage(f"LISTEN {','.join(self.channels)}", self.log)
-        first = True
+        failed = False
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True, **self.connection.kwargs(self.dsn)) as conn:
@@ -591,11 +604,14 @@ class Listener:
                         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     outage.ok()
                     self.ready.set()
-                    if not first and self.on_reconnect:
+                    self.tried.set()
+                    if failed and self.on_reconnect:
                         self.on_reconnect()
-                    first = False
+                    failed = False
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.5):
                             self._deliver(note.channel, note.payload)
             except psycopg.Error as exc:
+                failed = True
+                self.tried.set()
                 self._stop.wait(outage.failed(exc))

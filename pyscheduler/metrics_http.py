@@ -18,7 +18,9 @@ Served by ``http_server.BoundedServer`` (bounded connections, read timeout, head
 Servers are probed in the background, one thread each, every ``interval`` (0.5 s) with a
 2 s limit, so ``/readyz`` answers at once and turns 503 within about 2.5 s of a server
 going away: PostgreSQL (``SELECT 1`` on a kept connection), Kafka (a metadata request),
-Redis (``PING``).
+Redis (``PING``; on a Redis Cluster every master). A daemon that runs but does only part of
+its job (``degraded_reason()``: an executor while Redis is unreachable) is named too:
+``"degraded: why"``, not ready.
 """
 
 from __future__ import annotations
@@ -120,12 +122,15 @@ class RedisProbe(Probe):
         self.client: Any = None
 
     def check(self) -> None:
-        from .schedules.index import connect  # redis:// and redis+cluster:// alike
+        from .schedules.index import CLUSTER_CLIENTS, connect  # redis:// and redis+cluster:// alike
 
         if self.client is None:
             self.client = connect(self.url, timeout=PROBE_TIMEOUT)
         try:
-            self.client.ping()
+            if isinstance(self.client, CLUSTER_CLIENTS):
+                self.client.ping(target_nodes="primaries")  # every master: each serves shards of the index
+            else:
+                self.client.ping()
         except Exception:
             self.close()
             raise
@@ -174,6 +179,7 @@ class Health(Collector):
         self.interval = interval
         self.results = {p.name: _Result() for p in self.probes}
         self.daemons: dict[str, str | None] = {}  # name -> None while running, else why not
+        self.running_now: dict[str, Any] = {}  # name -> the instance running (asked for degraded_reason())
         self.crashes: dict[str, int] = {}
         self.probed = threading.Condition()
         self._stop = threading.Event()
@@ -183,8 +189,17 @@ class Health(Collector):
     def expect(self, name: str) -> None:
         self.daemons.setdefault(name, "starting")
 
-    def running(self, name: str) -> None:
+    def running(self, name: str, daemon: Any = None) -> None:
         self.daemons[name] = None
+        self.running_now[name] = daemon
+
+    def _state(self, name: str, why: str | None) -> str | None:
+        """None when the daemon runs and does all of its job; else what is wrong."""
+        if why is not None:
+            return why
+        degraded = getattr(self.running_now.get(name), "degraded_reason", None)
+        reason = degraded() if degraded is not None else None
+        return None if reason is None else f"degraded: {reason}"
 
     def down(self, name: str, why: str, crashed: bool = True) -> None:
         self.daemons[name] = why
@@ -234,7 +249,7 @@ class Health(Collector):
 
     def report(self) -> tuple[bool, dict[str, Any]]:
         servers = self.servers()
-        daemons = dict(self.daemons)
+        daemons = {k: self._state(k, v) for k, v in list(self.daemons.items())}
         ready = all(v is None for v in servers.values()) and all(v is None for v in daemons.values())
         body: dict[str, Any] = {
             "ready": ready,

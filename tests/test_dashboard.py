@@ -249,7 +249,7 @@ def test_secrets_are_masked_for_a_reader_that_sees_targets(work, admin_dsn):
 
 def test_mask_url_and_json():
     assert mask_url("https://user:pw@h.example.com:8443/a/Zx81secretPath9f3k2LmQ?x=1&token=abc#frag") == (
-        "https://***@h.example.com:8443/a/***?x=***&token=***#***")
+        "https://user:***@h.example.com:8443/a/***?x=***&token=***#***")
     assert mask_url("https://example.com/ping") == "https://example.com/ping"
     assert mask_json({"to": "a", "Authorization": "Bearer x", "nested": [{"password": 1, "n": 2}]}) == {
         "to": "a", "Authorization": "***", "nested": [{"password": "***", "n": 2}]}

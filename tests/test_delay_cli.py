@@ -26,6 +26,7 @@ def test_run_uses_the_default_topics_and_the_environment(dsn, kafka, monkeypatch
     assert isinstance(relay, Relay)
     assert (relay.cfg.input_topic, relay.cfg.output_topic, relay.cfg.hold_ms) == (
         "pyscheduler.delay.input", "pyscheduler.delay.output", 7000)
+    relay.check_topics()  # run's relay creates its topics once Kafka answers (it may be down at start)
     topics = AdminClient({"bootstrap.servers": kafka}).list_topics(timeout=10).topics
     assert {"pyscheduler.delay.input", "pyscheduler.delay.output"} <= set(topics)
 

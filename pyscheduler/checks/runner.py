@@ -759,7 +759,7 @@ class CheckRunner:
     def run(self, stop: threading.Event) -> None:
         self._stop = stop
         outage = Outage(f"{self.name}: database", log)
-        db = Database(self.dsn, max_size=1, name=self.name).open(wait=False)  # a database still down: retried
+        db = Database.for_daemon(self.dsn, name=self.name, max_size=1)
         try:
             while not stop.is_set():
                 try:

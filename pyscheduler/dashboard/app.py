@@ -46,6 +46,7 @@ from markupsafe import Markup
 
 from ..db import Database
 from ..errors import DatabaseUnavailable, SchedulerError
+from ..masking import mask_url
 from . import charts
 from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader
 
@@ -56,32 +57,11 @@ TOKEN_COOKIE = "pyscheduler_dash_token"
 REFRESH_S = 10
 LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
 
-# ------------------------------------------------------------------ masking
+# ------------------------------------------------------------------ masking (URLs: pyscheduler.masking)
 
 
 _SECRET_KEY = re.compile(r"pass|secret|token|auth|credential|api[-_]?key|private|signature|cookie|session",
                          re.IGNORECASE)
-_SECRETISH = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9_\-=+/.~]{16,}$")
-
-
-def mask_url(url: str | None) -> str | None:
-    """A URL without what may be a credential: user info, query values, fragment, and
-    path segments that look like keys (16+ characters mixing letters and digits, e.g. a
-    webhook's secret path). Scheme, host, port and plain path segments stay."""
-    if not url:
-        return url
-    try:
-        p = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "***"
-    host = p.hostname or ""
-    if p.port:
-        host = f"{host}:{p.port}"
-    if p.username or p.password:
-        host = "***@" + host
-    path = "/".join("***" if _SECRETISH.match(seg) else seg for seg in p.path.split("/"))
-    query = "&".join(f"{k}=***" for k, _ in urllib.parse.parse_qsl(p.query, keep_blank_values=True))
-    return urllib.parse.urlunsplit((p.scheme, host, path, query, "***" if p.fragment else ""))
 
 
 def mask_json(value: Any) -> Any:
@@ -306,16 +286,15 @@ class Dashboard:
         now = time.monotonic()
         if self._redis_state and now - self._redis_state[0] < 5:
             return self._redis_state[1]
-        import redis
+        from ..schedules.index import Shards
 
         state: dict[str, Any] = {"known": True}
         try:
-            client = redis.Redis.from_url(self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            index = Shards.from_url(self.redis_url, self.redis_prefix, timeout=0.5)  # redis:// or redis+cluster://
             try:
-                client.ping()
-                state.update(reachable=True, index_complete=bool(client.exists(f"{self.redis_prefix}:marker")))
+                state.update(index_complete=index.marker() is not None, reachable=True)
             finally:
-                client.close()
+                index.close()
         except Exception as exc:  # noqa: BLE001  (any failure to reach Redis is what we report)
             state.update(reachable=False, error=type(exc).__name__)
         self._redis_state = (now, state)

@@ -4,8 +4,8 @@ Every flag of ``delay run`` has an environment variable PYSCHEDULER_DELAY_<FLAG>
 (the servers keep the shared PYSCHEDULER_DSN / PYSCHEDULER_KAFKA_BOOTSTRAP /
 PYSCHEDULER_KAFKA_SETTINGS). ``pyscheduler run`` reads the same variables, with
 the default topics ``pyscheduler.delay.input`` / ``pyscheduler.delay.output``,
-which it creates when missing (on the embedded broker, or any broker that
-allows it).
+which its relay creates when missing once Kafka answers (on the embedded broker,
+or any broker that allows it).
 """
 
 from __future__ import annotations
@@ -91,18 +91,12 @@ def run_cmd(dsn, kafka_bootstrap, kafka_settings, http_port, http_host, **flags)
     require_dsn(dsn)
     stop = threading.Event()
     install_signal_handlers(stop)
-    try:
-        relay = Relay(config)
-        relay.stop = stop  # a SIGTERM while Kafka is still unreachable ends the start-up wait
-        relay.check_topics()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    if stop.is_set():
-        raise SystemExit(0)
     from ..metrics_http import run_serving
 
-    raise SystemExit(run_serving([relay], stop, http_host, http_port, dsn=dsn, kafka_bootstrap=kafka_bootstrap,
-                                 kafka_settings=kafka_settings))
+    # Kafka down at start: the relay waits for it, /readyz names it; topics missing once it
+    # answers: the relay cannot start, and the command exits 1 saying which
+    raise SystemExit(run_serving([Relay(config)], stop, http_host, http_port, dsn=dsn,
+                                 kafka_bootstrap=kafka_bootstrap, kafka_settings=kafka_settings))
 
 
 @group.command("status")
@@ -127,7 +121,7 @@ def _config_from_env(ctx: RunContext) -> RelayConfig:
             except ValueError:
                 raise ConfigError(f"{_env(name)} must be an integer, got {raw!r}") from None
     return RelayConfig(dsn=ctx.dsn, bootstrap_servers=ctx.kafka_bootstrap, kafka_settings=ctx.kafka_settings,
-                       **values)
+                       create_topics=True, **values)
 
 
 def daemons(ctx: RunContext) -> list:
@@ -135,14 +129,7 @@ def daemons(ctx: RunContext) -> list:
     if not ctx.kafka_bootstrap:
         log.info("delay queue: no Kafka configured, relay skipped")
         return []
-    from ..embedded import create_topics
-
     cfg = _config_from_env(ctx)
-    topics = [cfg.input_topic, cfg.output_topic] + ([cfg.dlq_topic] if cfg.dlq_topic else [])
-    try:
-        create_topics(ctx.kafka_bootstrap, topics, settings=ctx.kafka_settings)
-    except Exception as exc:  # the relay's start check names what is missing
-        log.warning("delay queue: could not create topics %s: %s", ", ".join(topics), exc)
     log.info("delay queue: relay %s -> %s", cfg.input_topic, cfg.output_topic)
     return [Relay(cfg)]
 

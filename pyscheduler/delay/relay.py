@@ -124,6 +124,7 @@ class RelayConfig:
     consume_batch: int = 2000
     fire_batch: int = 2000
     kafka_settings: dict[str, str] = field(default_factory=dict)
+    create_topics: bool = False  # create missing topics when Kafka answers (``pyscheduler run``), else refuse
     node: uuid.UUID = field(default_factory=uuid.uuid4)
 
     def __post_init__(self) -> None:
@@ -582,19 +583,32 @@ class Relay:
             log.warning("Kafka: %s", err)
 
     def check_topics(self) -> None:
-        """ConfigError naming the missing topics; retries while Kafka is unreachable."""
+        """Retries while Kafka is unreachable (at start as later); then creates the missing topics
+        with ``create_topics``, else raises ConfigError naming them."""
+        from ..embedded import create_topics
+
         admin = AdminClient(self._kafka())
         outage = Outage(f"Kafka at {self.cfg.bootstrap_servers}", log)
+        wanted = [self.cfg.input_topic, self.cfg.output_topic] + ([self.cfg.dlq_topic] if self.cfg.dlq_topic else [])
         while True:
             try:
-                existing = set(admin.list_topics(timeout=5).topics)
+                missing = [t for t in wanted if t not in admin.list_topics(timeout=2).topics]
+                if missing and self.cfg.create_topics:
+                    try:
+                        create_topics(self.cfg.bootstrap_servers, missing, settings=self.cfg.kafka_settings)
+                    except KafkaException as exc:
+                        err = exc.args[0]
+                        if not isinstance(err, KafkaError) or err.retriable() or err.code() in UNREACHABLE:
+                            raise
+                        raise ConfigError(f"could not create topic(s) {', '.join(missing)} on "
+                                          f"{self.cfg.bootstrap_servers}: {err.str()}; create them first") from None
+                    log.info("created topic(s) %s", ", ".join(missing))
+                    missing = []
                 outage.ok()
                 break
             except KafkaException as exc:
                 if self.stop.wait(outage.failed(exc)):
                     return
-        wanted = [self.cfg.input_topic, self.cfg.output_topic] + ([self.cfg.dlq_topic] if self.cfg.dlq_topic else [])
-        missing = [t for t in wanted if t not in existing]
         if missing:
             raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {self.cfg.bootstrap_servers}; "
                               f"create them first (input, output{' and dead-letter' if self.cfg.dlq_topic else ''})")
@@ -608,11 +622,13 @@ class Relay:
         cfg = self.cfg
         relax_gc()
         self.check_topics()
+        if stop.is_set():  # stopped while waiting for Kafka
+            return
         log.info("delay relay node %s starting: %s -> %s (group %s, advance %dms, hold %dms, poll %dms, "
                  "detect %dms, dead letters %s, largest message %d bytes)", self.node, cfg.input_topic,
                  cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
                  cfg.dlq_topic or "dropped", self.max_message_bytes)
-        self.db = Database(cfg.dsn, min_size=1, max_size=5, name=self.name, timeout=5.0).open(wait=False)
+        self.db = Database.for_daemon(cfg.dsn, name=self.name, max_size=5)
         listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
                             logger=log).start()
         self.crashed = []

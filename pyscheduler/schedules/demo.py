@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..daemon import RunContext
 from ..db import Database, Jsonb
+from ..masking import mask_url
 from .executor import Executor, ExecutorConfig
 from .relay import IndexRelay
 
@@ -92,7 +93,7 @@ def demo(ctx: RunContext, echo) -> None:
         db.call("create_schedule", name=names["http"], cron="* * * * * *", tz="Europe/Berlin", target_kind="http",
                 target=receiver.url, payload=Jsonb({"ping": True}), retry_attempts=2,
                 retry_base=timedelta(milliseconds=100), retry_jitter=timedelta(milliseconds=100))  # worst case 0.5 s
-        echo(f"{names['http']}: cron '* * * * * *' (Europe/Berlin) -> POST {receiver.url}")
+        echo(f"{names['http']}: cron '* * * * * *' (Europe/Berlin) -> POST {mask_url(receiver.url)}")
         db.call("create_schedule", name=names["task"], every=timedelta(seconds=2), target_kind="task", target=queue,
                 priority=10, payload=Jsonb({"job": "cleanup"}), overlap="allow", retry_attempts=0)
         echo(f"{names['task']}: every 2s -> leased task on queue {queue}")

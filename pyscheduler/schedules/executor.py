@@ -65,6 +65,7 @@ from prometheus_client import Histogram
 from .. import egress
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
+from ..masking import mask_url
 from ..metrics import counter, gauge, histogram
 from .arrays import EpochMsArray, Int4Array, Int8Array
 from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
@@ -175,15 +176,24 @@ class Executor:
         """A new executor with these settings (run_daemons' restart): nothing half-torn is kept."""
         return Executor(dataclasses.replace(self.cfg, owner=uuid.uuid4().hex[:12]))
 
+    def degraded_reason(self) -> str | None:
+        """Why this executor fires only part of the schedules now (/readyz), or None."""
+        if self.degraded:
+            return "Redis unreachable: critical schedules fire from PostgreSQL, the others wait"
+        down = sorted(self.down)
+        if down:
+            return (f"Redis unreachable for shard(s) {', '.join(map(str, down))} of {self.index.count}: their "
+                    f"critical schedules fire from PostgreSQL, their others wait")
+        return None
+
     # -- running -------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         self.stop = stop
         cfg = self.cfg
         log.info("schedules executor %s starting (batch %d, stuck after %dms, Redis %s)", cfg.owner, cfg.batch,
-                 cfg.stuck_after_ms, cfg.redis_url)
-        self.db = Database(cfg.dsn, min_size=1, max_size=2 + cfg.recorders, name=self.name,
-                           timeout=5.0).open(wait=False)
+                 cfg.stuck_after_ms, mask_url(cfg.redis_url))
+        self.db = Database.for_daemon(cfg.dsn, name=self.name, max_size=2 + cfg.recorders)
         self.index = Shards.from_url(cfg.redis_url, cfg.prefix, cfg.shards, timeout=2.0)
         n = self.index.count
         start = random.randrange(n)  # executors start their rounds on different shards

@@ -38,11 +38,13 @@ Each shard has its own marker, resync, next-check and claims: losing one shard's
 resyncs only that shard. A single-node URL with N = 1 (the default) keeps the keys
 above unchanged. ``redis+cluster://HOST:PORT[,HOST:PORT...]`` (``rediss+cluster://``
 for TLS) runs the shards on a Redis Cluster (redis-py's ``RedisCluster``, the hosts
-are seed nodes); N defaults to 16 there.
+are seed nodes, made at the first command: ``LazyCluster``); N defaults to 16 there.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -52,6 +54,8 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.cluster
+from redis.commands.core import Script
+from redis.connection import Encoder
 from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, SlotNotCoveredError
 
 DEFAULT_PREFIX = "pyscheduler:schedules"
@@ -297,13 +301,14 @@ class ClaimResult:
 class Index:
     """The Redis side of schedules: one object per process, thread-safe (redis-py pool)."""
 
-    def __init__(self, client: "redis.Redis | redis.cluster.RedisCluster", prefix: str = DEFAULT_PREFIX):
+    def __init__(self, client: "redis.Redis | redis.cluster.RedisCluster | LazyCluster",
+                 prefix: str = DEFAULT_PREFIX):
         self.r = client
         self.prefix = prefix
         # a cluster client runs batched scripts one call at a time: a cluster pipeline does
         # not reload a script the node lacks (a promoted replica, a node that received the
         # slot in a resharding has an empty script cache); a direct call does (NOSCRIPT)
-        self.cluster = isinstance(client, redis.cluster.RedisCluster)
+        self.cluster = isinstance(client, CLUSTER_CLIENTS)
         k = f"{prefix}:"
         self.k_index, self.k_claims, self.k_last, self.k_ver = k + "index", k + "claims", k + "last", k + "ver"
         self.k_next_check, self.k_marker, self.k_resync = k + "next-check", k + "marker", k + "resync"
@@ -462,10 +467,13 @@ class Index:
         return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker)}
 
 
-def connect(url: str, timeout: float = 5.0) -> "redis.Redis | redis.cluster.RedisCluster":
-    """A client for ``url``: ``redis+cluster://[user:password@]HOST:PORT[,HOST:PORT...]``
-    (``rediss+cluster://`` for TLS) -> a ``RedisCluster`` seeded with those nodes; anything
-    else -> ``redis.Redis.from_url`` as before."""
+def connect(url: str, timeout: float = 5.0) -> "redis.Redis | LazyCluster":
+    """A client for ``url`` that connects at its first command, not here: a server down when a
+    daemon starts is an outage like one later (UNREACHABLE: degraded mode, backoff), never a
+    crash at start. ``redis+cluster://[user:password@]HOST:PORT[,HOST:PORT...]``
+    (``rediss+cluster://`` for TLS) -> a ``LazyCluster`` seeded with those nodes; anything
+    else -> ``redis.Redis.from_url`` as before. Every Redis user (executors, relay, /readyz,
+    dashboard, CLI) gets its client here."""
     if is_cluster_url(url):
         parts = urlsplit(url)
         auth, _, hosts = parts.netloc.rpartition("@")
@@ -483,10 +491,67 @@ def connect(url: str, timeout: float = 5.0) -> "redis.Redis | redis.cluster.Redi
             kwargs["password"] = unquote(password)
         if parts.scheme.startswith("rediss"):
             kwargs["ssl"] = True
-        return redis.cluster.RedisCluster(startup_nodes=nodes, socket_timeout=timeout,
-                                          socket_connect_timeout=timeout, health_check_interval=30, **kwargs)
+        return LazyCluster(startup_nodes=nodes, socket_timeout=timeout, socket_connect_timeout=timeout,
+                           health_check_interval=30, **kwargs)
     return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                 health_check_interval=30)
+
+
+class LazyCluster:
+    """A ``RedisCluster`` made at the first command instead of by ``connect``. RedisCluster's
+    constructor asks the seed nodes for the slot map and raises when none answers, so a
+    cluster down when a daemon started crashed the daemon (and again at every restart: issue
+    27) where a single node's client, which connects at its first command, made it wait the
+    outage out. Made at the first use, a cluster that does not answer fails that command
+    like any other outage (RedisClusterException, UNREACHABLE), and is tried again at a
+    later one; not within ``RETRY_S`` of a failed try (the callers meanwhile get its error:
+    an executor probing its 16 shards makes one try, not 16). Scripts are registered without
+    a server (their SHA needs only the encoder); everything else is the cluster client's."""
+
+    RETRY_S = 0.5
+
+    def __init__(self, **kwargs):
+        self._kwargs = kwargs
+        self._client: redis.cluster.RedisCluster | None = None
+        self._failed: tuple[float, str] | None = None  # (when, why) of the last failed try
+        self._lock = threading.Lock()
+        self._encoder = Encoder(kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict"),
+                                kwargs.get("decode_responses", False))  # as RedisCluster's own
+
+    @property
+    def client(self) -> redis.cluster.RedisCluster:
+        """The cluster client, made now if it was not (raises UNREACHABLE when no seed node answers)."""
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._client is None:
+                now = time.monotonic()
+                if self._failed is not None and now - self._failed[0] < self.RETRY_S:
+                    raise RedisClusterException(self._failed[1])
+                try:
+                    self._client = redis.cluster.RedisCluster(**self._kwargs)
+                except UNREACHABLE as exc:
+                    self._failed = (now, str(exc) or type(exc).__name__)
+                    raise
+                self._failed = None
+            return self._client
+
+    def __getattr__(self, name: str):  # what this class does not define: the cluster client's
+        return getattr(self.client, name)
+
+    def get_encoder(self) -> Encoder:
+        return self._encoder
+
+    def register_script(self, script: str) -> Script:
+        return Script(self, script)  # runs through __getattr__ (evalsha, script_load) when called
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+CLUSTER_CLIENTS = (redis.cluster.RedisCluster, LazyCluster)
 
 
 def is_cluster_url(url: str | None) -> bool:
@@ -498,14 +563,14 @@ class Shards:
     ``Index``. One object per process, thread-safe. With count 1 on a single node it is the
     one index of the plain prefix (the keys as before issue 18)."""
 
-    def __init__(self, client: "redis.Redis | redis.cluster.RedisCluster", prefix: str = DEFAULT_PREFIX,
-                 count: int = 1):
+    def __init__(self, client: "redis.Redis | redis.cluster.RedisCluster | LazyCluster",
+                 prefix: str = DEFAULT_PREFIX, count: int = 1):
         if count < 1:
             raise ValueError(f"shards must be >= 1, got {count}")
         self.r = client
         self.prefix = prefix
         self.count = count
-        self.cluster = isinstance(client, redis.cluster.RedisCluster)
+        self.cluster = isinstance(client, CLUSTER_CLIENTS)
         if count == 1 and not self.cluster:
             self.shards = [Index(client, prefix)]
         else:

@@ -85,34 +85,37 @@ class IndexRelay:
         self.wakeup.poke()
 
     def run(self, stop: threading.Event) -> None:
+        index = Shards.from_url(self.redis_url, self.prefix, self.shards)  # connects at its first command
+        db = Database.for_daemon(self.dsn, name=self.name, max_size=2)
         listener = Listener(self.dsn, [CHANNEL], self._notified, on_reconnect=self._reconnected, logger=log).start()
         stop_poke = threading.Thread(target=lambda: (stop.wait(), self.wakeup.poke()), daemon=True)
         stop_poke.start()
         outage = Outage("schedules relay", log)
         next_reconcile = time.monotonic() + self.reconcile_interval
-        with Database(self.dsn, min_size=1, max_size=2, name=self.name, timeout=5.0) as db:
-            index = Shards.from_url(self.redis_url, self.prefix, self.shards)
-            listener.ready.wait(10)
-            try:
-                while not stop.is_set():
-                    try:
-                        self.follow(db, index)
-                        if self.reconcile_now or time.monotonic() >= next_reconcile:
-                            self.reconcile_now = False
-                            self.reconcile(db, index)
-                            next_reconcile = time.monotonic() + self.reconcile_interval
-                        outage.ok()
-                    except (*UNREACHABLE, *RETRYABLE) as exc:
-                        self.reconcile_now = True
-                        stop.wait(outage.failed(exc))
-                        continue
-                    with self.lock:
-                        busy = bool(self.pending)
-                    if not busy:
-                        self.wakeup.wait(min(1.0, max(0.0, next_reconcile - time.monotonic())), jitter=0.0)
-            finally:
-                index.close()
-                listener.stop()
+        try:
+            # the first reconcile after LISTEN (notifications sent before would be missed), or after
+            # its first try failed (PostgreSQL down: once it listens, _reconnected asks for a reconcile)
+            listener.tried.wait(10)
+            while not stop.is_set():
+                try:
+                    self.follow(db, index)
+                    if self.reconcile_now or time.monotonic() >= next_reconcile:
+                        self.reconcile_now = False
+                        self.reconcile(db, index)
+                        next_reconcile = time.monotonic() + self.reconcile_interval
+                    outage.ok()
+                except (*UNREACHABLE, *RETRYABLE) as exc:
+                    self.reconcile_now = True
+                    stop.wait(outage.failed(exc))
+                    continue
+                with self.lock:
+                    busy = bool(self.pending)
+                if not busy:
+                    self.wakeup.wait(min(1.0, max(0.0, next_reconcile - time.monotonic())), jitter=0.0)
+        finally:
+            listener.stop()
+            index.close()
+            db.close()
 
     def follow(self, db: Database, index: Index | Shards) -> int:
         """Write the index entries of the schedules notified so far."""
@@ -185,7 +188,8 @@ class Cleanup:
 
     def run(self, stop: threading.Event) -> None:
         outage = Outage("schedules cleanup", log)
-        with Database(self.dsn, min_size=1, max_size=1, name=self.name, timeout=5.0) as db:
+        db = Database.for_daemon(self.dsn, name=self.name, max_size=1)
+        try:
             while not stop.is_set():
                 try:
                     self.purge_once(db)
@@ -194,6 +198,8 @@ class Cleanup:
                     stop.wait(outage.failed(exc))
                     continue
                 stop.wait(self.interval)
+        finally:
+            db.close()
 
     def purge_once(self, db: Database) -> int:
         total = 0

@@ -57,20 +57,21 @@ class Monitor:
         listener = Listener(self.dsn, [MONITOR_CHANNEL], wakeup.poke, on_reconnect=wakeup.poke, logger=log).start()
         outage = Outage("tasks monitor", log)
         next_cleanup = 0.0
+        db = Database.for_daemon(self.dsn, name="pyscheduler-tasks-monitor", max_size=1)
         try:
-            with Database(self.dsn, min_size=1, max_size=1, name="pyscheduler-tasks-monitor") as db:
-                while not stop.is_set():
-                    try:
-                        self.reset_once(db)
-                        if time.monotonic() >= next_cleanup:
-                            self.cleanup_once(db)
-                            next_cleanup = time.monotonic() + self.cleanup_interval
-                        outage.ok()
-                    except RETRYABLE as exc:  # an outage (also read-only mode, timeouts): wait, retry
-                        stop.wait(outage.failed(exc))
-                        continue
-                    wakeup.wait(self.reset_interval)
+            while not stop.is_set():
+                try:
+                    self.reset_once(db)
+                    if time.monotonic() >= next_cleanup:
+                        self.cleanup_once(db)
+                        next_cleanup = time.monotonic() + self.cleanup_interval
+                    outage.ok()
+                except RETRYABLE as exc:  # an outage (also read-only mode, timeouts): wait, retry
+                    stop.wait(outage.failed(exc))
+                    continue
+                wakeup.wait(self.reset_interval)
         finally:
+            db.close()
             listener.stop()
 
     def reset_once(self, db: Database) -> int:

@@ -596,7 +596,7 @@ class Worker:
         """Register, then start the listener and the lease, heartbeat and completion threads.
         False when stopped before registering."""
         if self._own_db:
-            self.db.open()
+            self.db.open(wait=False)  # a database down at start: register_worker below waits it out
         outage = Outage(f"worker on queue {self.queue}", log)
         while self.worker_id is None and not stop.is_set():
             try:
