@@ -16,7 +16,8 @@ from . import migrate as migrations
 from pathlib import Path
 
 from .cliroot import root
-from .config import http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options
+from .config import (http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options,
+                     wait_for_database)
 from .daemon import RunContext, install_signal_handlers
 from .errors import ConfigError
 from .masking import mask_url
@@ -82,11 +83,16 @@ def migrate_cmd(dsn, kafka_bootstrap, redis_url, list_, dry_run, **role_names) -
                f"in {time.monotonic() - started:.2f}s")
 
 
-def _stack(dsn, kafka_bootstrap, redis_url, data_dir: Path | None = None):
+def _stack(dsn, kafka_bootstrap, redis_url, data_dir: Path | None = None, wait: tuple | None = None):
+    """The servers: the configured ones (PostgreSQL reached first: with ``wait``, the (host,
+    port) of the HTTP endpoint, waited for as a daemon command does), else the embedded ones."""
     from .embedded import Stack
 
     if dsn:  # configured servers only; a capability whose server is missing is skipped
-        reachable_or_fail(dsn)
+        if wait is not None:
+            wait_for_database(dsn, *wait)
+        else:
+            reachable_or_fail(dsn)
         return Stack(dsn=dsn, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
     if data_dir is None:
         click.echo("no database configured: starting the embedded PostgreSQL, Kafka broker and Redis in a "
@@ -168,7 +174,7 @@ def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate, data_di
         raise click.UsageError("--data-dir is for the embedded servers: give it or --dsn, not both")
     stop = threading.Event()
     install_signal_handlers(stop)
-    stack = _stack(dsn, kafka_bootstrap, redis_url, data_dir)
+    stack = _stack(dsn, kafka_bootstrap, redis_url, data_dir, wait=(http_host, http_port, stop))
     try:
         if not no_migrate:
             migrations.migrate(stack.dsn)

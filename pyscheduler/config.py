@@ -8,6 +8,7 @@ checked by click, so a bad flag or environment value is a usage error naming it.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from datetime import timedelta, timezone
 from typing import Any
@@ -135,7 +136,7 @@ def reachable_or_fail(dsn: str) -> None:
     from psycopg.conninfo import conninfo_to_dict
 
     from . import db
-    from .errors import DatabaseUnavailable
+    from .errors import DatabaseUnavailable, is_retryable
 
     extra = db.settings().kwargs(dsn)
     if "connect_timeout" in extra:
@@ -147,7 +148,60 @@ def reachable_or_fail(dsn: str) -> None:
         where = f"{given.get('host') or 'the default host'}:{given.get('port') or 5432}"
         why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         why = why.removeprefix("connection failed: ")
-        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {why}") from None
+        error = DatabaseUnavailable(f"cannot connect to PostgreSQL at {where}: {why}")
+        # no answer, starting up, out of connections; not the server refusing this login
+        error.outage = is_retryable(exc) and not _REFUSED.search(why)
+        raise error from None
+
+
+# What a server that answers says to a login it refuses (libpq gives no SQLSTATE for a failed
+# connection): waiting would not help. Anything else (no answer, starting up, shutting down,
+# too many clients) is an outage.
+_REFUSED = re.compile(r"authentication failed|no pg_hba\.conf entry|(role|database) \"[^\"]*\" does not exist|"
+                      r"password is required|permission denied for database", re.IGNORECASE)
+
+
+def wait_for_database(dsn: str, http_host: str = "127.0.0.1", http_port: int | None = None,
+                      stop: Any = None) -> str:
+    """What a daemon command does before it starts its daemons (docs/operations.md, "Outages"):
+    PostgreSQL down is an outage, at start as later: it waits for it (a warning, then one line a
+    minute, a try at most every 5 s), with the HTTP endpoint (when ``http_port`` is given)
+    answering /readyz 503 naming postgresql meanwhile. An answer that is a refusal (a wrong
+    password, a database that does not exist) is one line and exit 1 at once. ``stop`` (a
+    threading.Event) set while it waits: exit 0."""
+    import logging
+
+    from .errors import DatabaseUnavailable
+
+    log = logging.getLogger("pyscheduler")
+    dsn = require_dsn(dsn, reach=False)
+    endpoint = None
+    delay, told = 0.5, 0.0
+    try:
+        while True:
+            try:
+                reachable_or_fail(dsn)
+                if endpoint is not None or told:
+                    log.info("PostgreSQL answers: starting")
+                return dsn
+            except DatabaseUnavailable as exc:
+                if not getattr(exc, "outage", False):
+                    raise
+                if time.monotonic() - told > 60:
+                    log.warning("%s; waiting for it (the daemons start once it answers)", exc)
+                    told = time.monotonic()
+                if endpoint is None and http_port is not None:
+                    from .metrics_http import serve
+
+                    endpoint = serve(http_host, http_port, [], dsn=dsn)
+            if stop is not None and stop.wait(delay):
+                raise SystemExit(0)
+            if stop is None:
+                time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
 
 
 # -- parameter types the command groups share ---------------------------------------------------

@@ -55,10 +55,11 @@ def test_a_hold_time_that_would_refire_everything_is_refused(dsn, kafka):
     assert proc.returncode == 2 and "hold-ms must be at least 2000" in proc.stderr  # a usage error too
 
 
-def test_every_entry_point_gives_the_same_one_line_error_with_postgresql_down():
+def test_every_entry_point_gives_the_same_one_line_error_when_postgresql_refuses(pg):
     """``python -m pyscheduler.delay run`` printed a traceback where ``pyscheduler delay run``
-    printed one line; every entry point now runs under the same root (pyscheduler.cliroot)."""
-    down = f"postgresql://nobody@127.0.0.1:{free_port()}/nothing"  # nothing listens there
+    printed one line; every entry point now runs under the same root (pyscheduler.cliroot).
+    (A PostgreSQL that does not answer is waited for: tests/test_ops_cli.py.)"""
+    down = pg.dsn("no_such_database")  # the server refuses: it does not exist
     delay = ["delay", "run", "--dsn", down, "--bootstrap-servers", "127.0.0.1:1"]
     schedules = ["schedules", "run", "--dsn", down, "--redis-url", "redis://127.0.0.1:1"]
     script = str(Path(sys.executable).with_name("pyscheduler"))  # the console script

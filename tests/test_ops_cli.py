@@ -4,13 +4,18 @@ right exit code; ``run --data-dir`` keeps the data; a clean first start logs no 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -48,7 +53,7 @@ def test_a_bad_dsn_is_one_line_naming_it_and_exit_code_2(command):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "--dsn" in lines[0], result.output
 
 
-@pytest.mark.parametrize("command", [["tasks", "list"], ["tasks", "monitor"], ["run"]], ids=" ".join)
+@pytest.mark.parametrize("command", [["tasks", "list"], ["schedules", "list"], ["migrate"]], ids=" ".join)
 def test_an_unreachable_database_fails_within_seconds_naming_host_port_and_reason(command):
     port = embedded.free_port()  # nothing listens there
     started = time.monotonic()
@@ -56,6 +61,96 @@ def test_an_unreachable_database_fails_within_seconds_naming_host_port_and_reaso
     took = time.monotonic() - started
     assert result.exit_code == 1 and took < 5, (took, result.output)
     assert f"127.0.0.1:{port}" in result.output and "refused" in result.output.lower(), result.output
+
+
+class Forward:
+    """A loopback port chosen now that nothing listens on until ``open()``; then each connection
+    to it is forwarded to ``target`` (host, port): a PostgreSQL that is down, then back."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target, self.port = target, embedded.free_port()
+        self.listener: socket.socket | None = None
+
+    def open(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+
+
+def readyz(port: int) -> tuple[int, dict] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("command", [["tasks", "monitor"], ["run", "--no-migrate"]], ids=" ".join)
+def test_a_daemon_command_waits_for_a_postgresql_down_at_start_and_readyz_names_it(command, dsn, tmp_path):
+    """PostgreSQL down when a daemon command starts is an outage, not a crash (issue 27, C): the
+    command waits for it, /readyz answers 503 naming postgresql meanwhile, and the daemons start
+    once it answers (before: exit 1 within 5 s). A refusal (a database that does not exist)
+    stays one line and exit 1 (tests/test_delay_cli.py)."""
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    forward = Forward((given.get("host") or "127.0.0.1", int(given.get("port") or 5432)))
+    http = embedded.free_port()
+    log = tmp_path / "log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", *command, "--http-port", str(http),
+                                 "--dsn", psycopg.conninfo.make_conninfo(dsn, host="127.0.0.1", port=forward.port)],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**clean_env(), "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while (answer := readyz(http)) is None or "postgresql" not in json.dumps(answer[1]):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        status, body = answer
+        assert status == 503 and body["servers"]["postgresql"], body
+        assert "waiting for it" in log.read_text()
+        forward.open()
+        while "PostgreSQL answers: starting" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        while not re.search(r"running \S|tasks-monitor", log.read_text()) or readyz(http) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+        assert "Traceback" not in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        forward.close()
 
 
 @pytest.mark.parametrize("args", [

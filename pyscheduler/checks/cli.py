@@ -13,7 +13,8 @@ from datetime import timedelta
 import click
 
 from ..clihints import HintedGroup
-from ..config import DURATION, POSITIVE_DURATION, dsn_option, env, http_options, option, require_dsn
+from ..config import (DURATION, POSITIVE_DURATION, dsn_option, env, http_options, option,
+                      require_dsn, wait_for_database)
 from ..daemon import RunContext, install_signal_handlers
 from ..db import Database, Jsonb
 from .client import CheckClient
@@ -70,7 +71,7 @@ def run_cmd(dsn, shard, shards, batch, timeout, handlers, purge_interval, http_p
     from ..metrics_http import run_serving
 
     runner = _runner(require_dsn(dsn, reach=False), shard, shards, batch, timeout, handlers, purge_interval)
-    require_dsn(dsn)
+    wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()
     install_signal_handlers(stop)
     sys.exit(run_serving([runner], stop, http_host, http_port, dsn=dsn))

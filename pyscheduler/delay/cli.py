@@ -19,7 +19,8 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from ..config import bootstrap_option, dsn_option, env, http_options, kafka_settings_option, option, require_dsn
+from ..config import (bootstrap_option, dsn_option, env, http_options, kafka_settings_option, option,
+                      require_dsn, wait_for_database)
 from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from ..errors import ConfigError
@@ -88,7 +89,7 @@ def run_cmd(dsn, kafka_bootstrap, kafka_settings, http_port, http_host, **flags)
         config = RelayConfig(dsn=dsn, bootstrap_servers=kafka_bootstrap, kafka_settings=kafka_settings, **flags)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    require_dsn(dsn)
+    wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()
     install_signal_handlers(stop)
     from ..metrics_http import run_serving

@@ -26,7 +26,7 @@ import click
 from ..calls import duration_text, jsonable
 from ..clihints import HintedGroup
 from ..config import (DURATION, INSTANT, bootstrap_option, dsn_option, env, http_options, kafka_settings_option, option,
-                      redis_option, require_dsn, require_text)
+                      redis_option, require_dsn, require_text, wait_for_database)
 from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from .client import UNBOUNDED, RunOutcome, ScheduleClient
@@ -114,7 +114,7 @@ def run_cmd(dsn, redis_url, kafka_bootstrap, kafka_settings, http_port, http_hos
     """Run the index relay, the executors and the cleanup until SIGTERM/Ctrl-C."""
     from ..metrics_http import run_serving
 
-    require_dsn(dsn)
+    wait_for_database(dsn, http_host, http_port)
     if not redis_url:
         log.warning("no Redis configured: degraded mode only (critical schedules fire from PostgreSQL)")
     stop = threading.Event()

@@ -19,7 +19,8 @@ import click
 
 from ..calls import jsonable
 from ..clihints import HintedGroup
-from ..config import DURATION, INSTANT, POSITIVE_DURATION, dsn_option, env, http_options, option, require_dsn, require_text
+from ..config import (DURATION, INSTANT, POSITIVE_DURATION, dsn_option, env, http_options,
+                      option, require_dsn, require_text, wait_for_database)
 from ..daemon import RunContext, install_signal_handlers
 from ..db import Database, Jsonb
 from .client import STATUSES, Task, TaskClient
@@ -91,7 +92,7 @@ def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch, http_po
     """Run the monitor: reset expired leases, delete old finished tasks."""
     from ..metrics_http import run_serving
 
-    require_dsn(dsn)
+    wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()
     install_signal_handlers(stop)
     sys.exit(run_serving([_monitor(dsn, reset_interval, retention, cleanup_interval, batch)], stop, http_host,
@@ -344,7 +345,7 @@ def work_cmd(dsn, queue, capacity, lease_timeout, http_port, http_host) -> None:
 
     from ..metrics_http import run_serving
 
-    require_dsn(dsn)
+    wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()
     install_signal_handlers(stop)
     registry = CollectorRegistry(auto_describe=True) if http_port is not None else None
