@@ -55,8 +55,9 @@ $$;
 COMMENT ON FUNCTION pyscheduler.index_page(bigint, integer) IS
     'Scheduler: a page of active schedules (id > p_after, by id) for reconciling the index.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.resync_take(p_sync_id text, p_owner text, p_limit integer DEFAULT 1000,
-                                                   p_lease interval DEFAULT '30 seconds')
+CREATE OR REPLACE FUNCTION pyscheduler.resync_take(
+    p_sync_id pyscheduler.sync_id, p_owner pyscheduler.resync_owner, p_limit integer DEFAULT 1000,
+    p_lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, updated timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -167,10 +168,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.resync_take(text, text, integer, interval) IS
+COMMENT ON FUNCTION pyscheduler.resync_take(pyscheduler.sync_id, pyscheduler.resync_owner, integer, interval) IS
     'Scheduler: acknowledge the caller''s last batch, lease it the next batch of schedules to re-add to a lost Redis index (critical first).';
 
-CREATE OR REPLACE FUNCTION pyscheduler.resync_progress(p_sync_id text)
+CREATE OR REPLACE FUNCTION pyscheduler.resync_progress(p_sync_id pyscheduler.sync_id)
 RETURNS TABLE (done bigint, total bigint, complete boolean)
 LANGUAGE sql STABLE
 SECURITY DEFINER
@@ -186,7 +187,7 @@ AS $$
            AND NOT EXISTS (SELECT 1 FROM _schedule_resync_leases l WHERE l.sync_id = p_sync_id)
       FROM (SELECT 1) one LEFT JOIN _schedule_resyncs x ON x.sync_id = p_sync_id;
 $$;
-COMMENT ON FUNCTION pyscheduler.resync_progress(text) IS
+COMMENT ON FUNCTION pyscheduler.resync_progress(pyscheduler.sync_id) IS
     'Progress of a resync: schedules written so far, the total to do, and whether it is complete.';
 
 -- _fire_ms(iv): an interval in whole milliseconds for the executors, in 0..10^15 (NULL stays NULL).
@@ -408,8 +409,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.record_executions(
-    p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_attempts integer[],
-    p_errors text[] DEFAULT NULL, p_tokens uuid[] DEFAULT NULL)
+    p_ids bigint[], p_expected timestamptz[], p_outcomes pyscheduler.schedule_outcome[], p_attempts integer[],
+    p_errors pyscheduler.execution_error[] DEFAULT NULL, p_tokens uuid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -440,7 +441,8 @@ BEGIN
     RETURN QUERY SELECT * FROM _record_executions(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.record_executions(bigint[], timestamptz[], text[], integer[], text[], uuid[]) IS
+COMMENT ON FUNCTION pyscheduler.record_executions(bigint[], timestamptz[], pyscheduler.schedule_outcome[],
+    integer[], pyscheduler.execution_error[], uuid[]) IS
     'Scheduler: record a batch of executions once per (schedule, expected time) and move each schedule to its next run.';
 
 -- _task_rn(result): the task id in whatever submit_task returned (jsonb, or a row).
@@ -590,7 +592,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.stop_schedules(
-    p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_errors text[])
+    p_ids bigint[], p_expected timestamptz[], p_outcomes pyscheduler.schedule_outcome[],
+    p_errors pyscheduler.execution_error[])
 RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -613,7 +616,8 @@ BEGIN
     RETURN QUERY SELECT * FROM _stop_schedules(p_ids, p_expected, p_outcomes, p_errors, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], text[], text[]) IS
+COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], pyscheduler.schedule_outcome[],
+    pyscheduler.execution_error[]) IS
     'Scheduler: record occurrences the daemons could not fire or record, with their error, and pause their schedules.';
 
 -- _claim_due_critical(limit, hold, now, shards, shard_count): claim_due_critical with the

@@ -342,9 +342,11 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.submit_task(
-    queue text, spec jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL, unique_key text DEFAULT NULL,
-    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL, concurrency_key text DEFAULT NULL,
-    after uuid[] DEFAULT NULL, on_parent_failure text DEFAULT 'cancel')
+    queue pyscheduler.queue_name, spec pyscheduler.task_spec, priority bigint DEFAULT 50,
+    run_at timestamptz DEFAULT NULL, unique_key pyscheduler.unique_key DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
+    concurrency_key pyscheduler.concurrency_key DEFAULT NULL, after uuid[] DEFAULT NULL,
+    on_parent_failure pyscheduler.parent_failure DEFAULT 'cancel')
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -385,13 +387,16 @@ AS $$
     SELECT pyscheduler._submit_task(queue, spec, priority, pyscheduler._run_at(run_at, run_in, now()), unique_key,
                                     max_attempts, now(), NULL, concurrency_key, after, on_parent_failure);
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_task(text, jsonb, bigint, timestamptz, text, integer, interval, text, uuid[], text) IS
+COMMENT ON FUNCTION pyscheduler.submit_task(pyscheduler.queue_name, pyscheduler.task_spec, bigint, timestamptz,
+    pyscheduler.unique_key, integer, interval, pyscheduler.concurrency_key, uuid[], pyscheduler.parent_failure) IS
     'Submit a task to a queue (priority; run_at or run_in; unique_key; max_attempts; concurrency_key; after: wait for other tasks); returns it as JSON.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(
-    queue text, specs jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL,
-    unique_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
-    concurrency_keys text[] DEFAULT NULL, after uuid[] DEFAULT NULL, on_parent_failure text DEFAULT 'cancel')
+    queue pyscheduler.queue_name, specs pyscheduler.task_specs, priority bigint DEFAULT 50,
+    run_at timestamptz DEFAULT NULL, unique_keys pyscheduler.unique_key[] DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
+    concurrency_keys pyscheduler.concurrency_key[] DEFAULT NULL, after uuid[] DEFAULT NULL,
+    on_parent_failure pyscheduler.parent_failure DEFAULT 'cancel')
 RETURNS TABLE (task jsonb)
 LANGUAGE sql
 SECURITY DEFINER
@@ -417,7 +422,9 @@ AS $$
                                                  unique_keys, max_attempts, now(), NULL, concurrency_keys, after,
                                                  on_parent_failure) AS t;
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint, timestamptz, text[], integer, interval, text[], uuid[], text) IS
+COMMENT ON FUNCTION pyscheduler.submit_tasks(pyscheduler.queue_name, pyscheduler.task_specs, bigint, timestamptz,
+    pyscheduler.unique_key[], integer, interval, pyscheduler.concurrency_key[], uuid[],
+    pyscheduler.parent_failure) IS
     'Submit a JSON array of specs as tasks of one queue (leased in array order), optionally delayed, after other tasks, one unique and one concurrency key each; returns the tasks.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._submit_workflow(workflow jsonb, p_now timestamptz DEFAULT now())
@@ -531,7 +538,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.submit_workflow(workflow jsonb)
+CREATE OR REPLACE FUNCTION pyscheduler.submit_workflow(workflow pyscheduler.task_workflow)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -550,7 +557,7 @@ AS $$
    submit_task's errors for a node's values. */
     SELECT pyscheduler._submit_workflow(workflow, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_workflow(jsonb) IS
+COMMENT ON FUNCTION pyscheduler.submit_workflow(pyscheduler.task_workflow) IS
     'Submit a graph of tasks (nodes naming the nodes they run after) in one transaction; refuses cycles and unknown names.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.get_task(rn uuid)
@@ -576,8 +583,8 @@ $$;
 COMMENT ON FUNCTION pyscheduler.get_task(uuid) IS 'One task as JSON; PS200 when it does not exist.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_tasks(
-    queue text DEFAULT NULL, status text DEFAULT NULL, owner text DEFAULT NULL,
-    max_tasks integer DEFAULT 100, before_rn uuid DEFAULT NULL)
+    queue pyscheduler.queue_name DEFAULT NULL, status pyscheduler.status_word DEFAULT NULL,
+    owner pyscheduler.worker_id DEFAULT NULL, max_tasks integer DEFAULT 100, before_rn uuid DEFAULT NULL)
 RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -653,7 +660,8 @@ BEGIN
     RETURN QUERY EXECUTE v_sql USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer, uuid) IS
+COMMENT ON FUNCTION pyscheduler.list_tasks(pyscheduler.queue_name, pyscheduler.status_word, pyscheduler.worker_id,
+    integer, uuid) IS
     'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks; a page '
     'from before_rn on (keyset).';
 
@@ -845,7 +853,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.retry_tasks(
-    queue text, status text DEFAULT 'aborted', max_tasks integer DEFAULT 100)
+    queue pyscheduler.queue_name, status pyscheduler.status_word DEFAULT 'aborted', max_tasks integer DEFAULT 100)
 RETURNS TABLE (task jsonb)
 LANGUAGE sql
 SECURITY DEFINER
@@ -860,5 +868,5 @@ AS $$
    Errors: PS208 queue, status, max_tasks (1..10000). */
     SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;
 $$;
-COMMENT ON FUNCTION pyscheduler.retry_tasks(text, text, integer) IS
+COMMENT ON FUNCTION pyscheduler.retry_tasks(pyscheduler.queue_name, pyscheduler.status_word, integer) IS
     'Requeue up to max_tasks aborted (or cancelled) tasks of a queue that belong to the caller''s role, oldest first.';

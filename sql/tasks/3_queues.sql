@@ -21,8 +21,6 @@ DECLARE
     v_queue pyscheduler.task_queues;
 BEGIN
     PERFORM pyscheduler._check_task_args(p_queue => _pause_queue.queue, p_queue_given => true);
-    PERFORM pyscheduler._require_label('note', _pause_queue.note, 1000, 'PS208',
-                                       'Say why, e.g. ''payment provider down''.');
     INSERT INTO pyscheduler.task_queues AS q (queue, paused, note, paused_by, updated)
     VALUES (_pause_queue.queue, true, _pause_queue.note, pyscheduler._caller(), p_now)
     ON CONFLICT (queue) DO UPDATE
@@ -37,7 +35,8 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.pause_queue(queue text, note text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.pause_queue(
+    queue pyscheduler.queue_name, note pyscheduler.queue_note DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -52,7 +51,7 @@ AS $$
    Errors: PS208 queue or note, 42501 paused by another role. */
     SELECT pyscheduler._pause_queue(queue, note, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.pause_queue(text, text) IS
+COMMENT ON FUNCTION pyscheduler.pause_queue(pyscheduler.queue_name, pyscheduler.queue_note) IS
     'Pause a queue: its workers lease nothing from the next lease call on, until resume_queue.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._resume_queue(queue text, p_now timestamptz DEFAULT now())
@@ -80,7 +79,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.resume_queue(queue text)
+CREATE OR REPLACE FUNCTION pyscheduler.resume_queue(queue pyscheduler.queue_name)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -93,7 +92,7 @@ AS $$
    Errors: PS208 queue, 42501 paused by another role. */
     SELECT pyscheduler._resume_queue(queue, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.resume_queue(text) IS
+COMMENT ON FUNCTION pyscheduler.resume_queue(pyscheduler.queue_name) IS
     'Resume a paused queue (the role that paused it, or admin) and wake its workers.';
 
 -- _check_limit(name, value, max): PS216 unless value is NULL (no limit) or in 1..max.
@@ -183,7 +182,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.set_queue_limits(
-    queue text, running_per_key integer DEFAULT NULL, running_total integer DEFAULT NULL)
+    queue pyscheduler.queue_name, running_per_key integer DEFAULT NULL, running_total integer DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -205,7 +204,7 @@ AS $$
    another role. */
     SELECT pyscheduler._set_queue_limits(queue, running_per_key, running_total, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.set_queue_limits(text, integer, integer) IS
+COMMENT ON FUNCTION pyscheduler.set_queue_limits(pyscheduler.queue_name, integer, integer) IS
     'Limit how many tasks of a queue run at once, per concurrency key and in total (NULL: no limit), across every worker.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._set_rate_limit(
@@ -248,7 +247,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.set_rate_limit(
-    queue text, starts integer, per interval DEFAULT '1 second', by_key boolean DEFAULT false)
+    queue pyscheduler.queue_name, starts integer, per interval DEFAULT '1 second', by_key boolean DEFAULT false)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -268,7 +267,7 @@ AS $$
    Errors: PS208 queue, PS216 starts or per, 42501 limits of another role. */
     SELECT pyscheduler._set_rate_limit(queue, starts, per, by_key, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.set_rate_limit(text, integer, interval, boolean) IS
+COMMENT ON FUNCTION pyscheduler.set_rate_limit(pyscheduler.queue_name, integer, interval, boolean) IS
     'Limit how many leases of a queue begin per interval (a token bucket), for the queue or per concurrency key; NULL starts: none.';
 
 CREATE OR REPLACE VIEW pyscheduler.queue_limits AS
@@ -281,7 +280,7 @@ CREATE OR REPLACE VIEW pyscheduler.queue_limits AS
 COMMENT ON VIEW pyscheduler.queue_limits IS
     'Per queue with limits: running_per_key, running_total, the rate limit (rate_starts per rate_per, by key or not), the tasks running under them, who set them.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.next_task_due(queue text)
+CREATE OR REPLACE FUNCTION pyscheduler.next_task_due(queue pyscheduler.queue_name)
 RETURNS interval
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -326,5 +325,5 @@ BEGIN
     RETURN v_due;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.next_task_due(text) IS
+COMMENT ON FUNCTION pyscheduler.next_task_due(pyscheduler.queue_name) IS
     'Time until the queue''s earliest scheduled task is due, or its rate limit allows the next start (0: now; NULL: nothing waits, or paused).';
