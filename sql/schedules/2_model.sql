@@ -581,3 +581,18 @@ BEGIN
     END IF;
 END
 $$;
+
+-- _check_expected(expected): PS314 when an occurrence's expected time is outside the range the
+-- daemons load ([1970-01-01Z, 9999-01-01Z)): it would be stored in schedule_executions and
+-- answered back (a NULL one is skipped by the recording).
+CREATE OR REPLACE FUNCTION pyscheduler._check_expected(p_expected timestamptz[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_bad timestamptz := (SELECT e FROM unnest(p_expected) e WHERE NOT _instant_ok(e) LIMIT 1);
+BEGIN
+    PERFORM _require_instant('p_expected', v_bad, 'PS314');
+END
+$$;

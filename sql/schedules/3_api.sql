@@ -15,11 +15,13 @@ AS $$
    The longest a retried firing can take (the seed's formula): the sum over
    n = 0..attempts-1 of base * 2^n + jitter_limit. A recurrence must be at
    least this long. (3, 200 ms, 500 ms) -> 2.9 s.
-   Errors: PS309 attempts outside 0..30, base or jitter_limit negative or NULL. */
+   Errors: PS309 attempts outside 0..30, base or jitter_limit outside 0..1 hour
+   (a schedule's retry policy) or NULL. */
 BEGIN
-    IF attempts IS NULL OR attempts NOT BETWEEN 0 AND 30 OR base IS NULL OR base < interval '0'
-       OR jitter_limit IS NULL OR jitter_limit < interval '0' THEN
-        RAISE EXCEPTION 'retry policy must have attempts in 0..30, base >= 0, jitter_limit >= 0, got %, %, %',
+    IF attempts IS NULL OR attempts NOT BETWEEN 0 AND 30
+       OR base IS NULL OR base NOT BETWEEN interval '0' AND interval '1 hour'
+       OR jitter_limit IS NULL OR jitter_limit NOT BETWEEN interval '0' AND interval '1 hour' THEN
+        RAISE EXCEPTION 'retry policy must have attempts in 0..30, base and jitter_limit in 0..1 hour, got %, %, %',
                         attempts, base, jitter_limit
             USING ERRCODE = 'PS309', HINT = 'e.g. attempts => 3, base => ''200 milliseconds'', jitter_limit => ''500 milliseconds''.';
     END IF;

@@ -331,6 +331,7 @@ DECLARE
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
                          cardinality(p_attempts), cardinality(p_errors), cardinality(p_tokens));
+    PERFORM _check_expected(p_expected);
     IF v_n = 0 THEN
         RETURN;
     END IF;
@@ -436,7 +437,8 @@ AS $$
    recording cannot compute with ends alone: recorded with its outcome and
    the error, the schedule paused with a note (last_error says why), next
    NULL; the other items are recorded as usual.
-   Errors: PS312 arrays of different lengths or unknown outcome. */
+   Errors: PS312 arrays of different lengths or unknown outcome, PS314 an
+   expected time outside [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY SELECT * FROM _record_executions(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens, now());
 END
@@ -529,6 +531,7 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_tokens));
+    PERFORM _check_expected(p_expected);
     RETURN QUERY SELECT * FROM _record_each(true, p_ids, p_expected, NULL, NULL, NULL, p_tokens, NULL, p_now);
 END
 $$;
@@ -557,7 +560,8 @@ AS $$
    since it was claimed) submits nothing and gets recorded = false with the
    schedule's current due time; one whose stored values cannot be computed
    with ends alone (recorded 'failed', the schedule paused with a note).
-   Errors: PS312 array lengths. */
+   Errors: PS312 array lengths, PS314 an expected time outside
+   [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY SELECT * FROM _fire_task_schedules(p_ids, p_expected, p_tokens, now());
 END
@@ -577,6 +581,7 @@ DECLARE
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
                          cardinality(p_errors));
+    PERFORM _check_expected(p_expected);
     FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_errors) AS u(id, expected, outcome, error)
               ORDER BY u.id, u.expected
     LOOP
@@ -611,7 +616,7 @@ AS $$
    occurrence recorded before keeps its row (recorded = false); a deleted
    schedule: recorded = false, next NULL.
    Errors: PS312 array lengths, an unknown outcome, a NULL expected time or
-   error. */
+   error, PS314 an expected time outside [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY SELECT * FROM _stop_schedules(p_ids, p_expected, p_outcomes, p_errors, now());
 END
