@@ -7,10 +7,11 @@
 -- goes back to waiting (reset_stuck), so another node fires it: at least once.
 --
 -- SQLSTATEs (PS100-PS199):
---   PS101  invalid message id (NULL, empty or longer than 128 characters)
+--   PS101  invalid message id (NULL, empty, longer than 128 characters, or not a label: the
+--          domain message_id, sql/common.sql "The input rule")
 --   PS102  missing deadline
 --   PS103  array arguments of different lengths
---   PS104  headers are not a JSON array of single-pair objects
+--   PS104  headers are not a JSON array of single-pair objects (or nest over 64 levels)
 --   PS105  invalid interval or count argument (advance outside 0..1 minute, hold <= 0, max_count < 1, NULL node)
 --   PS106  deadline outside the supported range [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)
 --
@@ -140,7 +141,7 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(_enqueue_messages.ids) i WHERE i IS NULL OR length(i) NOT BETWEEN 1 AND 128) THEN
         RAISE EXCEPTION 'every message id must have 1 to 128 characters'
-            USING ERRCODE = 'PS101', HINT = 'The id is the chronosMessageId header: free-form text, unique per message.';
+            USING ERRCODE = 'PS101', HINT = 'The id is the chronosMessageId header: a label (one line, not padded), unique per message.';
     END IF;
     PERFORM pyscheduler._delay_check_deadlines(_enqueue_messages.ids, _enqueue_messages.deadlines);
     SELECT h INTO v_h FROM unnest(_enqueue_messages.header_lists) h
