@@ -141,7 +141,8 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(_enqueue_messages.ids) i WHERE i IS NULL OR length(i) NOT BETWEEN 1 AND 128) THEN
         RAISE EXCEPTION 'every message id must have 1 to 128 characters'
-            USING ERRCODE = 'PS101', HINT = 'The id is the chronosMessageId header: a label (one line, not padded), unique per message.';
+            USING ERRCODE = 'PS101',
+                  HINT = 'The id is the chronosMessageId header: a label (one line, not padded), unique per message.';
     END IF;
     PERFORM pyscheduler._delay_check_deadlines(_enqueue_messages.ids, _enqueue_messages.deadlines);
     SELECT h INTO v_h FROM unnest(_enqueue_messages.header_lists) h
