@@ -8,7 +8,8 @@
 sets the Chronos headers (``chronosMessageId``: a uuid unless given;
 ``chronosDeadline``: ISO 8601 in UTC with an explicit offset) and refuses, naming
 the argument, what the relay would dead-letter: a naive or out-of-range deadline,
-an id that is empty or longer than 128 characters, a header that repeats a Chronos
+an id that is empty, longer than 128 characters or not a label (padded, or with a
+control, zero-width or bidirectional character), a header that repeats a Chronos
 header. The message reaches the output topic with the same key, value and other
 headers no earlier than the deadline minus the relay's timing advance, at least once.
 """
