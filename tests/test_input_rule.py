@@ -72,6 +72,8 @@ def test_queue_names_and_worker_ids_refuse_what_prints_as_another_name(conn, kin
     codes |= {f"{fn}(worker)": sqlstate(conn, call(fn, worker="", **args), {"worker": name, **args})
               for fn, args in WORKER_CALLS}
     codes["list_tasks(owner)"] = sqlstate(conn, call("list_tasks", owner=""), {"owner": name})
+    codes["submit_workflow(a node's queue)"] = sqlstate(conn, call("submit_workflow", workflow=""), {
+        "workflow": json.dumps([{"name": "a", "queue": name, "spec": {}}])})
     assert codes == dict.fromkeys(codes, "PS208")
 
 

@@ -524,7 +524,7 @@ BEGIN
         v_after := ARRAY(SELECT v_rns[(v_index ->> a)::integer + 1]
                            FROM jsonb_array_elements_text(v_node -> 'after') AS a);
         v_task := pyscheduler._submit_task(
-            queue => v_node ->> 'queue', spec => v_node -> 'spec',
+            queue => (v_node ->> 'queue')::pyscheduler.queue_name, spec => v_node -> 'spec',  -- the input rule
             priority => coalesce((v_node ->> 'priority')::bigint, 50),
             run_at => pyscheduler._run_at(NULL, (v_node ->> 'run_in')::interval, p_now),
             unique_key => v_node ->> 'unique_key', max_attempts => (v_node ->> 'max_attempts')::integer,
