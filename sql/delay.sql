@@ -139,7 +139,8 @@ BEGIN
         RAISE EXCEPTION 'ids, deadlines, keys, vals and header_lists must have the same length'
             USING ERRCODE = 'PS103', HINT = 'Pass NULL for keys, vals or header_lists to leave them all empty.';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(_enqueue_messages.ids) i WHERE i IS NULL OR length(i) NOT BETWEEN 1 AND 128) THEN
+    -- an id's length and form are checked by the domain message_id (the public functions' ids); NULL here
+    IF array_position(_enqueue_messages.ids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'every message id must have 1 to 128 characters'
             USING ERRCODE = 'PS101',
                   HINT = 'The id is the chronosMessageId header: a label (one line, not padded), unique per message.';
