@@ -154,8 +154,9 @@ $$;
 
 -- _check_label(code, field, text, max bytes, max characters): raise code unless text
 -- is a label (pyscheduler._label_refusal: not blank, no leading or trailing white
--- space, no control, zero-width or bidi characters) within both limits. Names (PS310,
--- checked at create: update cannot rename) and notes (PS312, NULL allowed).
+-- space, no control, zero-width or bidi characters) within both limits: a schedule's name
+-- at create (PS310; update cannot rename), NULL included, which the domain schedule_name of
+-- the public functions' parameters lets through.
 CREATE OR REPLACE FUNCTION pyscheduler._check_label(p_code text, p_field text, p_text text, p_max_bytes integer,
                                                     p_max_chars integer)
 RETURNS void
