@@ -268,6 +268,8 @@ _LABEL_HIDDEN = re.compile("[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\
 
 def label_refusal(value: str, max_bytes: int) -> str | None:
     """Why ``value`` is not a name or label of at most ``max_bytes`` UTF-8 bytes; None when it is."""
+    if value.isascii() and value.isprintable() and 0 < len(value) <= max_bytes and value[0] != " " != value[-1]:
+        return None  # the usual label, at once: printable ASCII, not padded
     if not value:
         return "must not be empty"
     if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
