@@ -256,6 +256,31 @@ def text(name: str, raw: Any, *, optional: bool = False) -> Any:
     return raw
 
 
+# sql/common.sql's _label_refusal (the rule of every name and label a public function takes), for
+# a label Python must judge before it reaches SQL: the relay dead-letters a message whose id the
+# database would refuse, alone, instead of having its batch refused. NUL too: PostgreSQL cannot
+# store it at all. tests/test_input_rule.py checks both agree.
+_LABEL_SPACE = " \t\n\r\x0b\x0c\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"  # \s as PostgreSQL's, and these
+_LABEL_EDGE = re.compile(f"^[{_LABEL_SPACE}]|[{_LABEL_SPACE}]\\Z")
+_LABEL_HIDDEN = re.compile("[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"
+                           "\u2060-\u206f\u3164\ufeff\ufff9-\ufffb]")
+
+
+def label_refusal(value: str, max_bytes: int) -> str | None:
+    """Why ``value`` is not a name or label of at most ``max_bytes`` UTF-8 bytes; None when it is."""
+    if value.isascii() and value.isprintable() and 0 < len(value) <= max_bytes and value[0] != " " != value[-1]:
+        return None  # the usual label, at once: printable ASCII, not padded
+    if not value:
+        return "must not be empty"
+    if len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+        return f"must be at most {max_bytes} bytes"
+    if _LABEL_EDGE.search(value):
+        return "must not start or end with white space"
+    if _LABEL_HIDDEN.search(value):
+        return "must not contain control, zero-width or bidirectional formatting characters"
+    return None
+
+
 def integer(name: str, raw: Any, lo: int, hi: int, *, optional: bool = False) -> Any:
     """An int in lo..hi (not a bool), else InvalidArgument naming ``name``."""
     if raw is None and optional:

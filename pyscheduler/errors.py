@@ -145,10 +145,10 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS002": SchemaError,  # schema setting missing or corrupt
     "PS003": InvalidArgument,  # user code (a check's SQL job) made the transaction read-only
     # delay queue
-    "PS101": InvalidMessage,  # message id NULL, empty or longer than 128 characters
+    "PS101": InvalidMessage,  # message id NULL, empty, over 128 characters or not a label (the input rule)
     "PS102": InvalidMessage,  # message without a deadline
     "PS103": InvalidArgument,  # array arguments of different lengths
-    "PS104": InvalidMessage,  # headers not a JSON array of single-pair objects
+    "PS104": InvalidMessage,  # headers not a JSON array of single-pair objects, or nested over 64 levels
     "PS105": InvalidArgument,  # bad interval or count (advance, hold, max_count) or NULL node
     "PS106": InvalidMessage,  # deadline outside [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)
     # leased tasks
@@ -158,7 +158,7 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS203": TaskCancelled,  # task cancelled
     "PS204": InvalidArgument,  # invalid priority
     "PS205": InvalidArgument,  # invalid progress
-    "PS206": InvalidArgument,  # invalid spec (not an object, too large)
+    "PS206": InvalidArgument,  # invalid spec (not an object, too large, nested over 64 levels)
     "PS207": InvalidArgument,  # invalid errors (shape, too many, too large)
     "PS208": InvalidArgument,  # invalid argument (queue, worker, timeout, n, aging, status, retention, tokens,
     #                            max_attempts, note, array lengths)
@@ -170,7 +170,7 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS214": UniqueKeyTaken,  # requeue of a task whose unique_key another live task holds
     "PS215": InvalidArgument,  # concurrency_key not a clean label of at most 200 bytes (or keys not one per spec)
     "PS216": InvalidArgument,  # a limit outside its bounds (running_per_key, running_total, starts, per)
-    "PS217": InvalidArgument,  # a result larger than task_max_result_bytes
+    "PS217": InvalidArgument,  # a result larger than task_max_result_bytes or nested over 64 levels
     "PS218": InvalidArgument,  # a lease of a limited queue outside READ COMMITTED
     "PS219": InvalidArgument,  # after: a missing task, another role's, NULL, too many; bad on_parent_failure
     "PS220": InvalidArgument,  # a workflow: not an array of nodes, duplicate name, unknown name, cycle, too many
@@ -192,7 +192,7 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS314": InvalidSchedule,  # instant outside [1970-01-01Z, 9999-01-01Z) (start_at, end_at, after, first run)
     # future checks
     "PS400": InvalidResolution,  # resolution does not divide a day
-    "PS401": InvalidArgument,  # entity_name not a clean label, entity_key missing or too long
+    "PS401": InvalidArgument,  # entity_name or entity_key not a clean label (entity_key: 1..1000 bytes)
     "PS402": InvalidJob,  # invalid kind or job (SQL job function missing, wrong type, not SECURITY DEFINER,
     #                       no pinned search_path ending in pg_temp; handler or queue name not a clean label)
     "PS403": InvalidArgument,  # check time: not one of check_at/check_after, outside the instants, beyond horizon

@@ -169,12 +169,14 @@ END
 $$;
 
 -- _label_refusal(text, max_bytes): why a name or label a client gives is not acceptable
--- (NULL: it is): empty or blank, longer than max_bytes, leading or trailing white space,
--- or a control, format or separator character that makes it print as something else
--- (C0/C1 controls, zero-width characters, bidirectional overrides and isolates, line and
--- paragraph separators, the byte order mark). Its body is immutable as declared (no format(),
--- which is STABLE), so a query that calls it inlines it: called through the SQL-function
--- executor it costs ~70 us a call (submit_workflow checks three labels a node).
+-- (NULL: it is): empty or blank, longer than max_bytes, leading or trailing white space
+-- (the Unicode spaces named, whatever the database's locale says \s is), or a control,
+-- format or separator character that makes it print as something else (C0/C1 controls,
+-- zero-width characters, bidirectional overrides and isolates, line and paragraph
+-- separators, the byte order mark). _label_ok is the same rule as one boolean expression.
+-- Its body is immutable as declared (no format(), which is STABLE), so a query that calls
+-- it inlines it: called through the SQL-function executor it costs ~70 us a call
+-- (submit_workflow checks three labels a node).
 CREATE OR REPLACE FUNCTION pyscheduler._label_refusal(p_text text, p_max_bytes integer)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -182,7 +184,8 @@ AS $$
     SELECT CASE
         WHEN p_text IS NULL OR p_text = '' THEN 'must not be empty'
         WHEN pg_catalog.octet_length(p_text) > p_max_bytes THEN 'must be at most ' || p_max_bytes::text || ' bytes'
-        WHEN p_text ~ '^\s|\s$' THEN 'must not start or end with white space'
+        WHEN p_text ~ '^[\s\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[\s\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+            THEN 'must not start or end with white space'
         WHEN p_text ~ '[\u0001-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufeff\ufff9-\ufffb]'
             THEN 'must not contain control, zero-width or bidirectional formatting characters'
     END;
@@ -203,6 +206,104 @@ BEGIN
         RAISE EXCEPTION '% %, got %', p_name, v_why, quote_literal(left(p_text, 100))
             USING ERRCODE = p_code, HINT = p_hint;
     END IF;
+END
+$$;
+
+-- The input rule (issue 27 B; docs/sql-api.md, "Input"): every name, label, free text and
+-- JSON payload a public function takes is of a domain of migrations/0031_input_domains.sql
+-- (sql/schema/05_input.sql), so a new function inherits its checks by declaring its
+-- parameters with them (tests/test_input_rule.py walks the catalog for any that does not).
+-- Each domain's CHECK is
+--     VALUE IS NULL OR <ok(VALUE)> OR <refuse(VALUE, field, limits, SQLSTATE)>
+-- <ok> is a SQL function the planner inlines into the check (_label_ok, _payload_ok, or
+-- octet_length for free text): an acceptable value costs no function call. <refuse> runs
+-- only when <ok> is false and raises the field's own SQLSTATE (the one the capability
+-- documents for that argument) with a message naming it. (A CHECK that yields NULL passes,
+-- and NULL OR f() still calls f: hence VALUE IS NULL first.) A caller's role runs these
+-- while its arguments are coerced: roles.sql grants them to every audience. Same bodies
+-- as in the migration: these are the current code.
+
+-- _label_ok(text, max_bytes): _label_refusal(text, max_bytes) IS NULL, as one expression
+-- (SQL-standard body: parsed here, so the caller's search_path cannot change what it calls).
+CREATE OR REPLACE FUNCTION pyscheduler._label_ok(p_text text, p_max_bytes integer)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN pg_catalog.octet_length(p_text) BETWEEN 1 AND p_max_bytes
+   AND p_text !~ ('^[\s\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[\s\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+                  '|[\u0001-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufeff\ufff9-\ufffb]');
+
+-- _refuse_label(text, field, max_bytes, code, max_chars): raise code naming field with why
+-- text is not a label of at most max_bytes bytes (and max_chars characters); false when it
+-- is one (the domain's check then fails as a plain check_violation).
+CREATE OR REPLACE FUNCTION pyscheduler._refuse_label(p_text text, p_field text, p_max_bytes integer, p_code text,
+                                                     p_max_chars integer DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_why text := coalesce(pyscheduler._label_refusal(p_text, p_max_bytes),
+                           CASE WHEN char_length(p_text) > p_max_chars
+                                THEN format('must be at most %s characters', p_max_chars) END);
+BEGIN
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION '% %, got %', p_field, v_why, quote_literal(left(p_text, 100))
+            USING ERRCODE = p_code,
+                  HINT = 'Names and labels are one line of printable characters without leading or trailing white space.';
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- _refuse_text(text, field, max_bytes, code): raise code naming field when free text (one
+-- that may hold any character PostgreSQL stores, newlines included) is longer than max_bytes.
+CREATE OR REPLACE FUNCTION pyscheduler._refuse_text(p_text text, p_field text, p_max_bytes integer, p_code text)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF octet_length(p_text) > p_max_bytes THEN
+        RAISE EXCEPTION '% is % bytes, more than %', p_field, octet_length(p_text), p_max_bytes
+            USING ERRCODE = p_code;
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- _payload_ok(value, levels, max_bytes): whether a JSON payload nests at most `levels`
+-- levels (the top value is level 1: {"a": [1]} nests 3) and is at most max_bytes stored.
+-- strict $.**{n} finds a value only when the payload nests more than n levels, through n
+-- containers of at least 8 bytes each (a header, and its entry in its parent): so an
+-- uncompressed payload of less than 8 * levels bytes is accepted without a walk (the usual
+-- small spec or result: two reads of its header). A larger one is walked once, ~8 us a KB.
+CREATE OR REPLACE FUNCTION pyscheduler._payload_ok(p_value jsonb, p_levels integer, p_max_bytes integer)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN (pg_catalog.pg_column_size(p_value) < 8 * p_levels AND pg_catalog.pg_column_compression(p_value) IS NULL)
+    OR (pg_catalog.pg_column_size(p_value) <= p_max_bytes
+        AND NOT pg_catalog.jsonb_path_exists(p_value, ('strict $.**{' || p_levels::text || '}')::jsonpath));
+
+-- _refuse_payload(value, field, levels, max_bytes, code): raise code naming field when the
+-- payload is larger than max_bytes or nests more than `levels` levels; false otherwise.
+CREATE OR REPLACE FUNCTION pyscheduler._refuse_payload(p_value jsonb, p_field text, p_levels integer,
+                                                       p_max_bytes integer, p_code text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF pg_column_size(p_value) > p_max_bytes THEN
+        RAISE EXCEPTION '% is % bytes, more than %', p_field, pg_column_size(p_value), p_max_bytes
+            USING ERRCODE = p_code, HINT = 'Keep large data elsewhere and pass a reference.';
+    END IF;
+    IF jsonb_path_exists(p_value, ('strict $.**{' || p_levels::text || '}')::jsonpath) THEN
+        RAISE EXCEPTION '% nests more than % levels', p_field, p_levels
+            USING ERRCODE = p_code,
+                  HINT = format('At most %s levels (the top value is level 1), which every reader of pyscheduler '
+                                '(Python''s json and orjson, the dashboard) loads.', p_levels);
+    END IF;
+    RETURN false;
 END
 $$;
 

@@ -7,10 +7,11 @@
 -- goes back to waiting (reset_stuck), so another node fires it: at least once.
 --
 -- SQLSTATEs (PS100-PS199):
---   PS101  invalid message id (NULL, empty or longer than 128 characters)
+--   PS101  invalid message id (NULL, empty, longer than 128 characters, or not a label: the
+--          domain message_id, sql/common.sql "The input rule")
 --   PS102  missing deadline
 --   PS103  array arguments of different lengths
---   PS104  headers are not a JSON array of single-pair objects
+--   PS104  headers are not a JSON array of single-pair objects (or nest over 64 levels)
 --   PS105  invalid interval, count or flag argument (advance outside 0..1 minute, hold outside
 --          (0, 100 years], max_count < 1, NULL node, NULL store_late)
 --   PS106  deadline outside the supported range [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)
@@ -143,9 +144,11 @@ BEGIN
         RAISE EXCEPTION 'ids, deadlines, keys, vals and header_lists must have the same length'
             USING ERRCODE = 'PS103', HINT = 'Pass NULL for keys, vals or header_lists to leave them all empty.';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(_enqueue_messages.ids) i WHERE i IS NULL OR length(i) NOT BETWEEN 1 AND 128) THEN
+    -- an id's length and form are checked by the domain message_id (the public functions' ids); NULL here
+    IF array_position(_enqueue_messages.ids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'every message id must have 1 to 128 characters'
-            USING ERRCODE = 'PS101', HINT = 'The id is the chronosMessageId header: free-form text, unique per message.';
+            USING ERRCODE = 'PS101',
+                  HINT = 'The id is the chronosMessageId header: a label (one line, not padded), unique per message.';
     END IF;
     PERFORM pyscheduler._delay_check_deadlines(_enqueue_messages.ids, _enqueue_messages.deadlines);
     SELECT h INTO v_h FROM unnest(_enqueue_messages.header_lists) h
@@ -203,14 +206,14 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.enqueue_messages(
-    ids          text[],
+    ids          pyscheduler.message_id[],
     deadlines    timestamptz[],
-    keys         bytea[]     DEFAULT NULL,
-    vals         bytea[]     DEFAULT NULL,
-    header_lists jsonb[]     DEFAULT NULL,
-    advance      interval    DEFAULT '50 milliseconds',
-    wake_within  interval    DEFAULT '100 milliseconds',
-    store_late   boolean     DEFAULT false)
+    keys         bytea[]                       DEFAULT NULL,
+    vals         bytea[]                       DEFAULT NULL,
+    header_lists pyscheduler.message_headers[] DEFAULT NULL,
+    advance      interval                      DEFAULT '50 milliseconds',
+    wake_within  interval                      DEFAULT '100 milliseconds',
+    store_late   boolean                       DEFAULT false)
 RETURNS TABLE (ord integer, id text, outcome text)
 LANGUAGE sql
 SECURITY DEFINER
@@ -248,17 +251,18 @@ AS $$
     SELECT * FROM pyscheduler._enqueue_messages(ids, deadlines, keys, vals, header_lists, advance,
                                                  wake_within, store_late, clock_timestamp());
 $$;
-COMMENT ON FUNCTION pyscheduler.enqueue_messages(text[], timestamptz[], bytea[], bytea[], jsonb[], interval, interval, boolean) IS
+COMMENT ON FUNCTION pyscheduler.enqueue_messages(pyscheduler.message_id[], timestamptz[], bytea[], bytea[],
+    pyscheduler.message_headers[], interval, interval, boolean) IS
     'Delay queue: store a batch of messages idempotently; per message enqueued, duplicate or late (publish it now).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.enqueue_message(
-    id          text,
+    id          pyscheduler.message_id,
     deadline    timestamptz,
-    key         bytea       DEFAULT NULL,
-    value       bytea       DEFAULT NULL,
-    headers     jsonb       DEFAULT '[]',
-    advance     interval    DEFAULT '50 milliseconds',
-    wake_within interval    DEFAULT '100 milliseconds')
+    key         bytea                       DEFAULT NULL,
+    value       bytea                       DEFAULT NULL,
+    headers     pyscheduler.message_headers DEFAULT '[]',
+    advance     interval                    DEFAULT '50 milliseconds',
+    wake_within interval                    DEFAULT '100 milliseconds')
 RETURNS text
 LANGUAGE sql
 SECURITY DEFINER
@@ -279,7 +283,8 @@ AS $$
                ARRAY[enqueue_message.value], ARRAY[enqueue_message.headers], enqueue_message.advance,
                enqueue_message.wake_within, false, clock_timestamp()) e;
 $$;
-COMMENT ON FUNCTION pyscheduler.enqueue_message(text, timestamptz, bytea, bytea, jsonb, interval, interval) IS
+COMMENT ON FUNCTION pyscheduler.enqueue_message(pyscheduler.message_id, timestamptz, bytea, bytea,
+    pyscheduler.message_headers, interval, interval) IS
     'Delay queue: store one message idempotently; returns enqueued, duplicate or late (publish it now).';
 
 -- _ready_and_claim: ready_and_claim with the clock as a parameter (p_now); granted to no role.
@@ -369,7 +374,7 @@ $$;
 COMMENT ON FUNCTION pyscheduler.ready_and_claim(uuid, interval, integer, timestamptz) IS
     'Delay queue: claim a batch of due messages for this node (SKIP LOCKED) and return them for firing.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.delete_fired(ids text[], node uuid DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.delete_fired(ids pyscheduler.message_ref[], node uuid DEFAULT NULL)
 RETURNS TABLE (id text)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -398,14 +403,14 @@ BEGIN
         INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
         SELECT g.readied_by, g.readied_at, -count(*) FROM gone g GROUP BY g.readied_by, g.readied_at
     )
-    SELECT DISTINCT i FROM unnest(delete_fired.ids) i
+    SELECT DISTINCT i::text FROM unnest(delete_fired.ids) i
      WHERE i IS NOT NULL AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = i);
     IF random() < 0.02 THEN
         PERFORM pyscheduler._delay_fold_counts();
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.delete_fired(text[], uuid) IS
+COMMENT ON FUNCTION pyscheduler.delete_fired(pyscheduler.message_ref[], uuid) IS
     'Delay queue: delete fired messages; returns the ids that were already gone (a peer fired them).';
 
 -- _reset_stuck: reset_stuck with the clock as a parameter (p_now); granted to no role.
@@ -494,7 +499,7 @@ $$;
 COMMENT ON FUNCTION pyscheduler.next_deadline(timestamptz) IS
     'Delay queue: the earliest deadline among waiting messages (from an optional bound on), or NULL.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.cancel_message(id text)
+CREATE OR REPLACE FUNCTION pyscheduler.cancel_message(id pyscheduler.message_id)
 RETURNS boolean
 LANGUAGE sql
 SECURITY DEFINER
@@ -515,7 +520,7 @@ AS $$
     )
     SELECT EXISTS (SELECT 1 FROM gone);
 $$;
-COMMENT ON FUNCTION pyscheduler.cancel_message(text) IS
+COMMENT ON FUNCTION pyscheduler.cancel_message(pyscheduler.message_id) IS
     'Delay queue: cancel a waiting message; false when absent or already being fired.';
 
 -- _delay_counts: what delay_queue counts with, instead of counting the table (design.md: a

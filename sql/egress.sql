@@ -113,10 +113,12 @@ AS $$
    ...), e.g. ARRAY['10.20.0.0/16']::cidr[] for an internal service; '{}'
    allows none again. Applies to schedules created afterwards (create time
    checks a literal address) and to every firing (the resolved address).
-   Returns the new list. Errors: PS001 a NULL element or list. */
+   Returns the new list. Errors: PS001 a NULL element or list, more than
+   1000 networks (every firing of an HTTP target reads the list). */
 BEGIN
-    IF allow IS NULL OR array_position(allow, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION 'allow must be an array of networks without NULLs'
+    IF allow IS NULL OR array_position(allow, NULL) IS NOT NULL OR cardinality(allow) > 1000 THEN
+        RAISE EXCEPTION 'allow must be an array of at most 1000 networks without NULLs, got % networks',
+                        cardinality(allow)
             USING ERRCODE = 'PS001', HINT = 'e.g. ARRAY[''10.20.0.0/16'']::cidr[], or ''{}'' for none.';
     END IF;
     UPDATE settings SET value = allow::text WHERE name = 'http_allow';

@@ -148,3 +148,8 @@ SELECT pyscheduler._grant(audience, 'version')
   FROM unnest(ARRAY['client', 'worker', 'relay', 'scheduler', 'checker', 'monitor']) AS audience;
 -- the views call it for their readers
 SELECT pyscheduler._grant(audience, '_seen_owners') FROM unnest(ARRAY['client', 'monitor']) AS audience;
+-- the input rule's checks (common.sql) run as the caller while its arguments are coerced to the
+-- domains of the public functions' parameters
+SELECT pyscheduler._grant(audience, '_label_ok', '_label_refusal', '_refuse_label', '_refuse_text', '_payload_ok',
+                          '_refuse_payload')
+  FROM unnest(ARRAY['client', 'worker', 'relay', 'scheduler', 'checker', 'monitor']) AS audience;

@@ -159,7 +159,9 @@ def test_poison_catalogue_every_hostile_value_is_refused_or_a_neighbour_still_ru
     assert refused[("payload", f"to_jsonb({TEN_MB})")] == "PS409"
     assert refused[("entity_name", f"'or' || {BIDI} || 'der'")] == "PS401"
     assert refused[("job", f"'co' || {BIDI} || 'unt'")] == "PS402"
-    assert len(stored) == 4, stored  # the odd key, two odd payloads, max_checks 2147483647
+    # a key is a label too (the input rule, issue 27 B): a bidi, control or newline character is refused
+    assert refused[("entity_key", f"'key-' || {BIDI} || chr(1) || chr(10) || %(i)s")] == "PS401"
+    assert len(stored) == 3, stored  # two odd payloads, max_checks 2147483647
     # stored: odd values returned at run time, by SQL jobs and Python handlers
     for i, ret in enumerate(HOSTILE_SQL_RETURNS):
         stored.append(add(slots, f"sql-{i}", "app.ret", at=at, payload={"ret": ret}))

@@ -145,7 +145,7 @@ def test_late_messages_go_straight_through_without_being_stored(wired, db):
     assert stored == []
 
 
-def test_malformed_messages_are_dead_lettered_while_their_neighbours_arrive(wired, kafka, topics):
+def test_malformed_messages_are_dead_lettered_while_their_neighbours_arrive(wired, kafka, topics, caplog):
     sender, output, dlq, start = wired
     relay = start()
     warm_up(sender, output, partitions=2)
@@ -160,6 +160,8 @@ def test_malformed_messages_are_dead_lettered_while_their_neighbours_arrive(wire
         b"empty-id": ("", soon),
         b"year-1": ("x3", "0001-01-01T00:00:00+01:00"),              # BC in UTC
         b"year-10000": ("x4", "9999-12-31T23:59:59.9999999-05:00"),  # year 10000 in UTC
+        # ids the database refuses (the input rule, issue 27 B): judged here, so no batch is refused
+        b"newline-id": ("x7\nx", soon), b"bidi-id": ("x8\u202ex", soon), b"padded-id": ("x9 ", soon),
     }
     # all on one partition, interleaved with good ones: one batch
     sender.send("good-1", soon, value=b"good-1", partition=0)
@@ -173,7 +175,7 @@ def test_malformed_messages_are_dead_lettered_while_their_neighbours_arrive(wire
     sender.flush()
     output.wait_values([b"good-1", b"good-2", b"good-3"])
     dead = {m.value(): m for _, m in dlq.wait_values(bad)}
-    assert len(dead) == 8
+    assert len(dead) == 11
     reasons = {v: dict(m.headers())["pyscheduler.delay.error"].decode() for v, m in dead.items()}
     assert "chronosMessageId is missing" in reasons[b"no-id"]
     assert "chronosDeadline is missing" in reasons[b"no-deadline"]
@@ -182,13 +184,16 @@ def test_malformed_messages_are_dead_lettered_while_their_neighbours_arrive(wire
     assert "empty" in reasons[b"empty-id"]
     assert "outside the supported range" in reasons[b"year-1"] and "outside" in reasons[b"year-10000"]
     assert "chronosMessageId appears 2 times" in reasons[b"two-ids"]
+    assert "zero-width or bidirectional" in reasons[b"newline-id"] and "bidirectional" in reasons[b"bidi-id"]
+    assert "white space" in reasons[b"padded-id"]
+    assert not [r for r in caplog.records if "rejected" in r.getMessage()]  # the good ones' batch went through
     source = dict(dead[b"no-id"].headers())["pyscheduler.delay.source"].decode()
     assert source.startswith(f"{topics.input}/0/")
     # the offsets of the whole batch are committed: nothing is read again
-    # (partition 0 holds 1 warm-up + 11 messages; tansu's high watermark is not reliable, so count)
+    # (partition 0 holds 1 warm-up + 14 messages; tansu's high watermark is not reliable, so count)
     consumer = Consumer({"bootstrap.servers": kafka, "group.id": topics.group})
     try:
-        wait_for(lambda: consumer.committed([TopicPartition(topics.input, 0)], timeout=10)[0].offset == 12,
+        wait_for(lambda: consumer.committed([TopicPartition(topics.input, 0)], timeout=10)[0].offset == 15,
                  10, "the input offsets to be committed")
     finally:
         consumer.close()

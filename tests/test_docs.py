@@ -87,6 +87,27 @@ def test_every_public_function_and_view_is_documented(conn):
     assert documented - public == set(), "documented but not in the schema"
 
 
+def test_every_documented_signature_has_the_catalogs_parameters(conn):
+    """Each function's signature line (`pyscheduler.f(name type DEFAULT ..., ...)`) names its input
+    parameters with their types as the catalog has them (a domain by its name): a changed
+    parameter type (issue 27 B made them domains) cannot drift from the page."""
+    catalog = {r["proname"]: r["args"] or [] for r in conn.execute(
+        "SELECT p.proname, array_agg(a.name || ' ' || replace(replace(format_type(a.t, NULL), 'pyscheduler.', ''),"
+        "                                                     'timestamp with time zone', 'timestamptz')"
+        "                            ORDER BY a.ord) FILTER (WHERE a.mode IN ('i', 'b', 'v')) AS args"
+        "  FROM pg_proc p, unnest(coalesce(p.proallargtypes, p.proargtypes::oid[]), p.proargnames,"
+        "                         coalesce(p.proargmodes, array_fill('i'::\"char\", ARRAY[p.pronargs::int])))"
+        "       WITH ORDINALITY AS a(t, name, mode, ord)"
+        " WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname !~ '^_' GROUP BY 1").fetchall()}
+    documented = {}
+    for m in re.finditer(r"^`pyscheduler\.(\w+)\((.*?)\)(?: RETURNS|`)", SQL_API.read_text(), re.M):
+        params = [re.sub(r"^(INOUT|IN|VARIADIC) | DEFAULT .*$", "", p.strip())
+                  for p in re.split(r",(?![^(]*\))", m[2]) if p.strip() and not p.strip().startswith("OUT ")]
+        documented[m[1]] = params
+    assert set(catalog) <= set(documented), "functions without a signature line"
+    assert documented == {f: catalog.get(f, []) for f in documented}  # (no parameters: no row in catalog)
+
+
 def test_every_sqlstate_raised_in_sql_is_listed_and_mapped():
     from pyscheduler.errors import CODES
 

@@ -169,8 +169,10 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         # stopped is recorded with the tries it had)
         attempts = [r["attempts"] for r in executions(db, "p-retries")]
         assert 31 in attempts and max(attempts) == 31, attempts
-        # any name is sent (RFC 8187-encoded in the header)
-        assert count(db, "p-\u540d\u524d \u2615\r\nX-Evil: 1") >= 6
+        # any name stored before the input rule is sent (RFC 8187-encoded in the header); the
+        # API refuses such a name (PS310), so the count is read by id
+        assert db.query("SELECT fired_count FROM pyscheduler.schedules WHERE id = %s", (ids["name"],))[0][
+            "fired_count"] >= 6
     finally:
         receiver.close()
 

@@ -8,7 +8,8 @@
 sets the Chronos headers (``chronosMessageId``: a uuid unless given;
 ``chronosDeadline``: ISO 8601 in UTC with an explicit offset) and refuses, naming
 the argument, what the relay would dead-letter: a naive or out-of-range deadline,
-an id that is empty or longer than 128 characters, a header that repeats a Chronos
+an id that is empty, longer than 128 characters or not a label (padded, or with a
+control, zero-width or bidirectional character), a header that repeats a Chronos
 header. The message reaches the output topic with the same key, value and other
 headers no earlier than the deadline minus the relay's timing advance, at least once.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from ..calls import aware, duration, text
+from ..calls import aware, duration, label_refusal, text
 from ..errors import InvalidArgument, SchedulerError
 from .relay import HEADER_DEADLINE, HEADER_ID, MAX_ID_LENGTH, delayed_headers
 
@@ -84,6 +85,9 @@ class DelayProducer:
         ident = str(uuid.uuid4()) if message_id is None else str(text("message_id", message_id))
         if not 1 <= len(ident) <= MAX_ID_LENGTH:
             raise InvalidArgument(f"message_id must have 1..{MAX_ID_LENGTH} characters, got {len(ident)}")
+        why = label_refusal(ident, 4 * MAX_ID_LENGTH)  # what the relay would dead-letter
+        if why is not None:
+            raise InvalidArgument(f"message_id {why}, got {ident[:64]!r}")
         out: list[tuple[str, str | bytes | None]] = list(delayed_headers(ident, at))
         pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())
         for name, raw in pairs:

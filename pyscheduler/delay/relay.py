@@ -42,6 +42,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from ..calls import label_refusal
 from ..db import Database, Jsonb, Listener, Outage, Wakeup
 from ..errors import ConfigError, SchedulerError, is_retryable, rejects_arguments
 from ..metrics import counter, gauge, histogram
@@ -284,8 +285,9 @@ def _parse(msg: Message, headers: list[tuple[str, bytes | None]]) -> Delayed:
         raise Malformed(f"{HEADER_ID} is empty")
     if len(text) > MAX_ID_LENGTH:
         raise Malformed(f"{HEADER_ID} is longer than {MAX_ID_LENGTH} characters ({len(text)})")
-    if "\x00" in text:
-        raise Malformed(f"{HEADER_ID} contains a NUL character")
+    why = label_refusal(text, 4 * MAX_ID_LENGTH)  # the rule of the domain pyscheduler.message_id
+    if why is not None:
+        raise Malformed(f"{HEADER_ID} {why}: {text[:64]!r}")
     return Delayed(text, parse_deadline(deadline), msg.key(), msg.value(), rest)
 
 

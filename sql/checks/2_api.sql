@@ -254,8 +254,9 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.add_check(
-    entity_name text, entity_key text, job text, check_at timestamptz DEFAULT NULL,
-    check_after interval DEFAULT NULL, payload jsonb DEFAULT NULL, kind text DEFAULT 'sql',
+    entity_name pyscheduler.entity_name, entity_key pyscheduler.entity_key, job pyscheduler.job_name,
+    check_at timestamptz DEFAULT NULL, check_after interval DEFAULT NULL,
+    payload pyscheduler.check_payload DEFAULT NULL, kind pyscheduler.check_kind DEFAULT 'sql',
     max_checks integer DEFAULT NULL, horizon interval DEFAULT NULL)
 RETURNS TABLE (id bigint, next_check_at timestamptz, added boolean)
 LANGUAGE sql
@@ -286,7 +287,8 @@ AS $$
     SELECT * FROM pyscheduler._add_check(entity_name, entity_key, job, kind, check_at, check_after, payload,
                                          max_checks, horizon, clock_timestamp());
 $$;
-COMMENT ON FUNCTION pyscheduler.add_check(text, text, text, timestamptz, interval, jsonb, text, integer, interval) IS
+COMMENT ON FUNCTION pyscheduler.add_check(pyscheduler.entity_name, pyscheduler.entity_key, pyscheduler.job_name,
+    timestamptz, interval, pyscheduler.check_payload, pyscheduler.check_kind, integer, interval) IS
     'Schedule a check of an entity at a slot (rounded up); idempotent per (entity_name, entity_key, job).';
 
 -- _apply_requests(ids): the checks ids have just ended (into check_history): what clients
@@ -344,7 +346,8 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.delete_checks(entity_name text, entity_key text, job text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.delete_checks(
+    entity_name pyscheduler.entity_name, entity_key pyscheduler.entity_key, job pyscheduler.job_name DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -397,7 +400,7 @@ BEGIN
            + cardinality(v_held);
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.delete_checks(text, text, text) IS
+COMMENT ON FUNCTION pyscheduler.delete_checks(pyscheduler.entity_name, pyscheduler.entity_key, pyscheduler.job_name) IS
     'Delete the caller''s pending checks of an entity (outcome deleted in check_history); never waits for a runner.';
 
 -- _without_deleted(checks, now): the checks (taken by this transaction) without those a

@@ -463,7 +463,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.finish_checks(
-    ids bigint[], next_check_ats timestamptz[] DEFAULT NULL, errors text[] DEFAULT NULL,
+    ids bigint[], next_check_ats timestamptz[] DEFAULT NULL, errors pyscheduler.check_error[] DEFAULT NULL,
     timed_out boolean[] DEFAULT NULL, took interval[] DEFAULT NULL, claims uuid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, outcome text, next_check_at timestamptz)
 LANGUAGE sql
@@ -490,12 +490,14 @@ AS $$
    different lengths. */
     SELECT * FROM pyscheduler._finish_checks(ids, next_check_ats, errors, timed_out, took, claims, clock_timestamp());
 $$;
-COMMENT ON FUNCTION pyscheduler.finish_checks(bigint[], timestamptz[], text[], boolean[], interval[], uuid[]) IS
+COMMENT ON FUNCTION pyscheduler.finish_checks(bigint[], timestamptz[], pyscheduler.check_error[], boolean[],
+    interval[], uuid[]) IS
     'Record check results in one statement: reschedule (guarded by max_checks, past, horizon) or end into history.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.finish_check(
-    id bigint, next_check_at timestamptz DEFAULT NULL, error text DEFAULT NULL, timed_out boolean DEFAULT false,
-    took interval DEFAULT NULL, claim uuid DEFAULT NULL, OUT outcome text, OUT slot timestamptz)
+    id bigint, next_check_at timestamptz DEFAULT NULL, error pyscheduler.check_error DEFAULT NULL,
+    timed_out boolean DEFAULT false, took interval DEFAULT NULL, claim uuid DEFAULT NULL, OUT outcome text,
+    OUT slot timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
@@ -519,7 +521,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.finish_check(bigint, timestamptz, text, boolean, interval, uuid) IS
+COMMENT ON FUNCTION pyscheduler.finish_check(bigint, timestamptz, pyscheduler.check_error, boolean, interval, uuid) IS
     'Record one check''s result (see finish_checks); PS407 when the caller did not take it.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.run_checks(ids bigint[])

@@ -32,8 +32,9 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_checks(
-    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100,
-    after_at timestamptz DEFAULT NULL, after_id bigint DEFAULT NULL)
+    entity_name pyscheduler.entity_name DEFAULT NULL, entity_key pyscheduler.entity_key DEFAULT NULL,
+    job pyscheduler.job_name DEFAULT NULL, max integer DEFAULT 100, after_at timestamptz DEFAULT NULL,
+    after_id bigint DEFAULT NULL)
 RETURNS SETOF pyscheduler.future_check
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -90,13 +91,15 @@ BEGIN
      LIMIT list_checks.max;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_checks(text, text, text, integer, timestamptz, bigint) IS
+COMMENT ON FUNCTION pyscheduler.list_checks(pyscheduler.entity_name, pyscheduler.entity_key, pyscheduler.job_name,
+    integer, timestamptz, bigint) IS
     'Pending checks matching the filters given, soonest first (another role''s without their payload); a page '
     'from (after_at, after_id) on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.check_history(
-    entity_name text DEFAULT NULL, entity_key text DEFAULT NULL, job text DEFAULT NULL, max integer DEFAULT 100,
-    before_at timestamptz DEFAULT NULL, before_id bigint DEFAULT NULL)
+    entity_name pyscheduler.entity_name DEFAULT NULL, entity_key pyscheduler.entity_key DEFAULT NULL,
+    job pyscheduler.job_name DEFAULT NULL, max integer DEFAULT 100, before_at timestamptz DEFAULT NULL,
+    before_id bigint DEFAULT NULL)
 RETURNS SETOF pyscheduler.ended_check
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -150,7 +153,8 @@ BEGIN
      ORDER BY h.ended DESC, h.id DESC;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.check_history(text, text, text, integer, timestamptz, bigint) IS
+COMMENT ON FUNCTION pyscheduler.check_history(pyscheduler.entity_name, pyscheduler.entity_key,
+    pyscheduler.job_name, integer, timestamptz, bigint) IS
     'Ended checks (outcome, error, times taken) matching the filters given, newest first (another role''s without '
     'payload and error); a page from (before_at, before_id) back (keyset).';
 

@@ -154,8 +154,9 @@ $$;
 
 -- _check_label(code, field, text, max bytes, max characters): raise code unless text
 -- is a label (pyscheduler._label_refusal: not blank, no leading or trailing white
--- space, no control, zero-width or bidi characters) within both limits. Names (PS310,
--- checked at create: update cannot rename) and notes (PS312, NULL allowed).
+-- space, no control, zero-width or bidi characters) within both limits: a schedule's name
+-- at create (PS310; update cannot rename), NULL included, which the domain schedule_name of
+-- the public functions' parameters lets through.
 CREATE OR REPLACE FUNCTION pyscheduler._check_label(p_code text, p_field text, p_text text, p_max_bytes integer,
                                                     p_max_chars integer)
 RETURNS void
@@ -579,5 +580,20 @@ BEGIN
     IF (SELECT count(DISTINCT l) FROM unnest(p_lengths) l WHERE l IS NOT NULL) > 1 THEN
         PERFORM _schedule_error('PS312', format('the array arguments must have the same length, got %s', p_lengths));
     END IF;
+END
+$$;
+
+-- _check_expected(expected): PS314 when an occurrence's expected time is outside the range the
+-- daemons load ([1970-01-01Z, 9999-01-01Z)): it would be stored in schedule_executions and
+-- answered back (a NULL one is skipped by the recording).
+CREATE OR REPLACE FUNCTION pyscheduler._check_expected(p_expected timestamptz[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_bad timestamptz := (SELECT e FROM unnest(p_expected) e WHERE NOT _instant_ok(e) LIMIT 1);
+BEGIN
+    PERFORM _require_instant('p_expected', v_bad, 'PS314');
 END
 $$;

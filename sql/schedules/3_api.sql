@@ -15,11 +15,13 @@ AS $$
    The longest a retried firing can take (the seed's formula): the sum over
    n = 0..attempts-1 of base * 2^n + jitter_limit. A recurrence must be at
    least this long. (3, 200 ms, 500 ms) -> 2.9 s.
-   Errors: PS309 attempts outside 0..30, base or jitter_limit negative or NULL. */
+   Errors: PS309 attempts outside 0..30, base or jitter_limit outside 0..1 hour
+   (a schedule's retry policy) or NULL. */
 BEGIN
-    IF attempts IS NULL OR attempts NOT BETWEEN 0 AND 30 OR base IS NULL OR base < interval '0'
-       OR jitter_limit IS NULL OR jitter_limit < interval '0' THEN
-        RAISE EXCEPTION 'retry policy must have attempts in 0..30, base >= 0, jitter_limit >= 0, got %, %, %',
+    IF attempts IS NULL OR attempts NOT BETWEEN 0 AND 30
+       OR base IS NULL OR base NOT BETWEEN interval '0' AND interval '1 hour'
+       OR jitter_limit IS NULL OR jitter_limit NOT BETWEEN interval '0' AND interval '1 hour' THEN
+        RAISE EXCEPTION 'retry policy must have attempts in 0..30, base and jitter_limit in 0..1 hour, got %, %, %',
                         attempts, base, jitter_limit
             USING ERRCODE = 'PS309', HINT = 'e.g. attempts => 3, base => ''200 milliseconds'', jitter_limit => ''500 milliseconds''.';
     END IF;
@@ -30,7 +32,7 @@ COMMENT ON FUNCTION pyscheduler.retry_worst_case(integer, interval, interval) IS
     'Worst-case duration of a retry policy: sum over n < attempts of base * 2^n + jitter_limit (3, 200 ms, 500 ms -> 2.9 s).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.next_cron_time(
-    expr text, after timestamptz DEFAULT NULL, tz text DEFAULT 'UTC')
+    expr pyscheduler.cron_expr, after timestamptz DEFAULT NULL, tz pyscheduler.time_zone DEFAULT 'UTC')
 RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -57,7 +59,7 @@ BEGIN
     RETURN CASE WHEN _instant_ok(v_t) THEN v_t END;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.next_cron_time(text, timestamptz, text) IS
+COMMENT ON FUNCTION pyscheduler.next_cron_time(pyscheduler.cron_expr, timestamptz, pyscheduler.time_zone) IS
     'First fire time of a cron expression (5 or 6 fields, Vixie day rule) strictly after `after`, in time zone tz.';
 
 -- _insert_schedule(s, now): validate, compute the first run, insert, notify.
@@ -69,10 +71,7 @@ AS $$
 DECLARE
     v_row pyscheduler.schedules;
 BEGIN
-    PERFORM _check_label('PS310', 'name', s.name, 800, 200);
-    IF s.paused_note IS NOT NULL THEN
-        PERFORM _check_label('PS312', 'paused_note', s.paused_note, 1000, 1000);
-    END IF;
+    PERFORM _check_label('PS310', 'name', s.name, 800, 200);  -- a NULL name: the domain schedule_name passes it
     s := _validate_schedule(s);
     s.runs_count := 0;
     s := _set_first_run(s, p_now, true);
@@ -94,13 +93,14 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.create_schedule(
-    name text, target text DEFAULT NULL, every interval DEFAULT NULL, cron text DEFAULT NULL, tz text DEFAULT 'UTC',
-    target_kind text DEFAULT 'kafka', payload jsonb DEFAULT '{}', priority bigint DEFAULT 50,
-    start_at timestamptz DEFAULT NULL, end_at timestamptz DEFAULT NULL, max_runs bigint DEFAULT NULL,
-    retry_attempts integer DEFAULT 3, retry_base interval DEFAULT '200 milliseconds',
+    name pyscheduler.schedule_name, target pyscheduler.schedule_target DEFAULT NULL, every interval DEFAULT NULL,
+    cron pyscheduler.cron_expr DEFAULT NULL, tz pyscheduler.time_zone DEFAULT 'UTC',
+    target_kind pyscheduler.target_kind DEFAULT 'kafka', payload pyscheduler.schedule_payload DEFAULT '{}',
+    priority bigint DEFAULT 50, start_at timestamptz DEFAULT NULL, end_at timestamptz DEFAULT NULL,
+    max_runs bigint DEFAULT NULL, retry_attempts integer DEFAULT 3, retry_base interval DEFAULT '200 milliseconds',
     retry_jitter interval DEFAULT '500 milliseconds', critical boolean DEFAULT false,
-    catchup_window interval DEFAULT '1 minute', overlap text DEFAULT 'allow',
-    paused boolean DEFAULT false, paused_note text DEFAULT NULL)
+    catchup_window interval DEFAULT '1 minute', overlap pyscheduler.schedule_overlap DEFAULT 'allow',
+    paused boolean DEFAULT false, paused_note pyscheduler.schedule_note DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -137,8 +137,10 @@ BEGIN
     RETURN _insert_schedule(s, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.create_schedule(text, text, interval, text, text, text, jsonb, bigint, timestamptz,
-    timestamptz, bigint, integer, interval, interval, boolean, interval, text, boolean, text) IS
+COMMENT ON FUNCTION pyscheduler.create_schedule(pyscheduler.schedule_name, pyscheduler.schedule_target, interval,
+    pyscheduler.cron_expr, pyscheduler.time_zone, pyscheduler.target_kind, pyscheduler.schedule_payload, bigint,
+    timestamptz, timestamptz, bigint, integer, interval, interval, boolean, interval, pyscheduler.schedule_overlap,
+    boolean, pyscheduler.schedule_note) IS
     'Create a schedule (every or cron in tz; kafka, http or task target; retry, catch-up, overlap, limits); returns it as JSON.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._update_schedule(s pyscheduler.schedules, p_new pyscheduler.schedules,
@@ -168,11 +170,13 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.update_schedule(
-    name text, target text DEFAULT NULL, every interval DEFAULT NULL, cron text DEFAULT NULL, tz text DEFAULT NULL,
-    target_kind text DEFAULT NULL, payload jsonb DEFAULT NULL, priority bigint DEFAULT NULL,
-    start_at timestamptz DEFAULT NULL, end_at timestamptz DEFAULT NULL, max_runs bigint DEFAULT NULL,
-    retry_attempts integer DEFAULT NULL, retry_base interval DEFAULT NULL, retry_jitter interval DEFAULT NULL,
-    critical boolean DEFAULT NULL, catchup_window interval DEFAULT NULL, overlap text DEFAULT NULL)
+    name pyscheduler.schedule_name, target pyscheduler.schedule_target DEFAULT NULL, every interval DEFAULT NULL,
+    cron pyscheduler.cron_expr DEFAULT NULL, tz pyscheduler.time_zone DEFAULT NULL,
+    target_kind pyscheduler.target_kind DEFAULT NULL, payload pyscheduler.schedule_payload DEFAULT NULL,
+    priority bigint DEFAULT NULL, start_at timestamptz DEFAULT NULL, end_at timestamptz DEFAULT NULL,
+    max_runs bigint DEFAULT NULL, retry_attempts integer DEFAULT NULL, retry_base interval DEFAULT NULL,
+    retry_jitter interval DEFAULT NULL, critical boolean DEFAULT NULL, catchup_window interval DEFAULT NULL,
+    overlap pyscheduler.schedule_overlap DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -217,11 +221,14 @@ BEGIN
                             now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.update_schedule(text, text, interval, text, text, text, jsonb, bigint, timestamptz,
-    timestamptz, bigint, integer, interval, interval, boolean, interval, text) IS
+COMMENT ON FUNCTION pyscheduler.update_schedule(pyscheduler.schedule_name, pyscheduler.schedule_target, interval,
+    pyscheduler.cron_expr, pyscheduler.time_zone, pyscheduler.target_kind, pyscheduler.schedule_payload, bigint,
+    timestamptz, timestamptz, bigint, integer, interval, interval, boolean, interval,
+    pyscheduler.schedule_overlap) IS
     'Change the given parameters of a schedule (NULL = unchanged); a timing change recomputes the next run from now.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.pause_schedule(name text, note text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.pause_schedule(
+    name pyscheduler.schedule_name, note pyscheduler.schedule_note DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -236,16 +243,13 @@ AS $$
 DECLARE
     s schedules := _owned_row(pause_schedule.name);
 BEGIN
-    IF pause_schedule.note IS NOT NULL THEN
-        PERFORM _check_label('PS312', 'note', pause_schedule.note, 1000, 1000);
-    END IF;
     UPDATE schedules t SET paused = true, paused_note = pause_schedule.note, updated = now()
      WHERE t.id = s.id
     RETURNING * INTO s;
     RETURN _changed_json(s);
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.pause_schedule(text, text) IS
+COMMENT ON FUNCTION pyscheduler.pause_schedule(pyscheduler.schedule_name, pyscheduler.schedule_note) IS
     'Pause a schedule with an optional note; it stops firing until resume_schedule.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._resume_schedule(p_name text, p_now timestamptz)
@@ -271,7 +275,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.resume_schedule(name text)
+CREATE OR REPLACE FUNCTION pyscheduler.resume_schedule(name pyscheduler.schedule_name)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -286,7 +290,7 @@ BEGIN
     RETURN _resume_schedule(resume_schedule.name, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.resume_schedule(text) IS
+COMMENT ON FUNCTION pyscheduler.resume_schedule(pyscheduler.schedule_name) IS
     'Resume a paused schedule from the first occurrence at or after now.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._trigger_schedule(p_name text, p_now timestamptz)
@@ -310,7 +314,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.trigger_schedule(name text)
+CREATE OR REPLACE FUNCTION pyscheduler.trigger_schedule(name pyscheduler.schedule_name)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -329,10 +333,10 @@ BEGIN
     RETURN _trigger_schedule(trigger_schedule.name, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.trigger_schedule(text) IS
+COMMENT ON FUNCTION pyscheduler.trigger_schedule(pyscheduler.schedule_name) IS
     'Fire a schedule now, once, out of band; the regular next run does not move.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.delete_schedule(name text)
+CREATE OR REPLACE FUNCTION pyscheduler.delete_schedule(name pyscheduler.schedule_name)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -357,10 +361,10 @@ BEGIN
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.delete_schedule(text) IS
+COMMENT ON FUNCTION pyscheduler.delete_schedule(pyscheduler.schedule_name) IS
     'Delete a schedule and its execution history; false when no such schedule.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.get_schedule(name text)
+CREATE OR REPLACE FUNCTION pyscheduler.get_schedule(name pyscheduler.schedule_name)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -377,11 +381,13 @@ BEGIN
     RETURN _schedule_json(_schedule_row(get_schedule.name, false));
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.get_schedule(text) IS 'One schedule as JSON, with its counts; PS300 when unknown.';
+COMMENT ON FUNCTION pyscheduler.get_schedule(
+    pyscheduler.schedule_name) IS 'One schedule as JSON, with its counts; PS300 when unknown.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_schedules(
-    name_like text DEFAULT NULL, target_kind text DEFAULT NULL, paused boolean DEFAULT NULL,
-    critical boolean DEFAULT NULL, max_schedules integer DEFAULT 100, after_name text DEFAULT NULL)
+    name_like pyscheduler.name_pattern DEFAULT NULL, target_kind pyscheduler.target_kind DEFAULT NULL,
+    paused boolean DEFAULT NULL, critical boolean DEFAULT NULL, max_schedules integer DEFAULT 100,
+    after_name pyscheduler.schedule_name DEFAULT NULL)
 RETURNS TABLE (schedule jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -446,13 +452,14 @@ BEGIN
      LIMIT max_schedules;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_schedules(text, text, boolean, boolean, integer, text) IS
+COMMENT ON FUNCTION pyscheduler.list_schedules(pyscheduler.name_pattern, pyscheduler.target_kind, boolean, boolean,
+    integer, pyscheduler.schedule_name) IS
     'Schedules filtered by name pattern, target kind, paused and critical (NULL = any), by name; a page '
     'from after_name on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.schedule_runs(
-    name text, with_outcome text DEFAULT NULL, since timestamptz DEFAULT NULL, max_runs integer DEFAULT 100,
-    before timestamptz DEFAULT NULL)
+    name pyscheduler.schedule_name, with_outcome pyscheduler.schedule_outcome DEFAULT NULL,
+    since timestamptz DEFAULT NULL, max_runs integer DEFAULT 100, before timestamptz DEFAULT NULL)
 RETURNS TABLE (expected_at timestamptz, outcome text, triggered boolean, attempts integer, fired_at timestamptz,
                lateness interval, missed_count bigint, error text, task_rn uuid)
 LANGUAGE plpgsql STABLE
@@ -508,11 +515,13 @@ BEGIN
      LIMIT schedule_runs.max_runs;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.schedule_runs(text, text, timestamptz, integer, timestamptz) IS
+COMMENT ON FUNCTION pyscheduler.schedule_runs(pyscheduler.schedule_name, pyscheduler.schedule_outcome, timestamptz,
+    integer, timestamptz) IS
     'Recorded executions of a schedule, newest first (outcome, attempts, lateness, missed counts, errors); '
     'a page from before on (keyset).';
 
-CREATE OR REPLACE FUNCTION pyscheduler.execution_count(name text, outcome text DEFAULT 'fired')
+CREATE OR REPLACE FUNCTION pyscheduler.execution_count(
+    name pyscheduler.schedule_name, outcome pyscheduler.schedule_outcome DEFAULT 'fired')
 RETURNS bigint
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -535,7 +544,7 @@ BEGIN
         ELSE s.runs_count END;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.execution_count(text, text) IS
+COMMENT ON FUNCTION pyscheduler.execution_count(pyscheduler.schedule_name, pyscheduler.schedule_outcome) IS
     'How many occurrences of a schedule were fired (or failed, skipped_overlap, missed, runs); survives purging.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._upcoming_runs(
@@ -585,8 +594,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.upcoming_runs(
-    name text DEFAULT NULL, n integer DEFAULT 10, cron text DEFAULT NULL, every interval DEFAULT NULL,
-    tz text DEFAULT 'UTC', start_at timestamptz DEFAULT NULL)
+    name pyscheduler.schedule_name DEFAULT NULL, n integer DEFAULT 10, cron pyscheduler.cron_expr DEFAULT NULL,
+    every interval DEFAULT NULL, tz pyscheduler.time_zone DEFAULT 'UTC', start_at timestamptz DEFAULT NULL)
 RETURNS TABLE (run_at timestamptz)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -606,5 +615,6 @@ BEGIN
                                                      upcoming_runs.every, upcoming_runs.tz, upcoming_runs.start_at, now()) u;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.upcoming_runs(text, integer, text, interval, text, timestamptz) IS
+COMMENT ON FUNCTION pyscheduler.upcoming_runs(pyscheduler.schedule_name, integer, pyscheduler.cron_expr, interval,
+    pyscheduler.time_zone, timestamptz) IS
     'The next n fire times of a schedule, or of a cron/every recurrence before creating it.';

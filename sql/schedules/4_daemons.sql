@@ -55,8 +55,9 @@ $$;
 COMMENT ON FUNCTION pyscheduler.index_page(bigint, integer) IS
     'Scheduler: a page of active schedules (id > p_after, by id) for reconciling the index.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.resync_take(p_sync_id text, p_owner text, p_limit integer DEFAULT 1000,
-                                                   p_lease interval DEFAULT '30 seconds')
+CREATE OR REPLACE FUNCTION pyscheduler.resync_take(
+    p_sync_id pyscheduler.sync_id, p_owner pyscheduler.resync_owner, p_limit integer DEFAULT 1000,
+    p_lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, updated timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -167,10 +168,10 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.resync_take(text, text, integer, interval) IS
+COMMENT ON FUNCTION pyscheduler.resync_take(pyscheduler.sync_id, pyscheduler.resync_owner, integer, interval) IS
     'Scheduler: acknowledge the caller''s last batch, lease it the next batch of schedules to re-add to a lost Redis index (critical first).';
 
-CREATE OR REPLACE FUNCTION pyscheduler.resync_progress(p_sync_id text)
+CREATE OR REPLACE FUNCTION pyscheduler.resync_progress(p_sync_id pyscheduler.sync_id)
 RETURNS TABLE (done bigint, total bigint, complete boolean)
 LANGUAGE sql STABLE
 SECURITY DEFINER
@@ -186,7 +187,7 @@ AS $$
            AND NOT EXISTS (SELECT 1 FROM _schedule_resync_leases l WHERE l.sync_id = p_sync_id)
       FROM (SELECT 1) one LEFT JOIN _schedule_resyncs x ON x.sync_id = p_sync_id;
 $$;
-COMMENT ON FUNCTION pyscheduler.resync_progress(text) IS
+COMMENT ON FUNCTION pyscheduler.resync_progress(pyscheduler.sync_id) IS
     'Progress of a resync: schedules written so far, the total to do, and whether it is complete.';
 
 -- _fire_ms(iv): an interval in whole milliseconds for the executors, in 0..10^15 (NULL stays NULL).
@@ -330,6 +331,7 @@ DECLARE
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
                          cardinality(p_attempts), cardinality(p_errors), cardinality(p_tokens));
+    PERFORM _check_expected(p_expected);
     IF v_n = 0 THEN
         RETURN;
     END IF;
@@ -408,8 +410,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.record_executions(
-    p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_attempts integer[],
-    p_errors text[] DEFAULT NULL, p_tokens uuid[] DEFAULT NULL)
+    p_ids bigint[], p_expected timestamptz[], p_outcomes pyscheduler.schedule_outcome[], p_attempts integer[],
+    p_errors pyscheduler.execution_error[] DEFAULT NULL, p_tokens uuid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -435,12 +437,14 @@ AS $$
    recording cannot compute with ends alone: recorded with its outcome and
    the error, the schedule paused with a note (last_error says why), next
    NULL; the other items are recorded as usual.
-   Errors: PS312 arrays of different lengths or unknown outcome. */
+   Errors: PS312 arrays of different lengths or unknown outcome, PS314 an
+   expected time outside [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY SELECT * FROM _record_executions(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.record_executions(bigint[], timestamptz[], text[], integer[], text[], uuid[]) IS
+COMMENT ON FUNCTION pyscheduler.record_executions(bigint[], timestamptz[], pyscheduler.schedule_outcome[],
+    integer[], pyscheduler.execution_error[], uuid[]) IS
     'Scheduler: record a batch of executions once per (schedule, expected time) and move each schedule to its next run.';
 
 -- _task_rn(result): the task id in whatever submit_task returned (jsonb, or a row).
@@ -527,6 +531,7 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_tokens));
+    PERFORM _check_expected(p_expected);
     RETURN QUERY SELECT * FROM _record_each(true, p_ids, p_expected, NULL, NULL, NULL, p_tokens, NULL, p_now);
 END
 $$;
@@ -555,7 +560,8 @@ AS $$
    since it was claimed) submits nothing and gets recorded = false with the
    schedule's current due time; one whose stored values cannot be computed
    with ends alone (recorded 'failed', the schedule paused with a note).
-   Errors: PS312 array lengths. */
+   Errors: PS312 array lengths, PS314 an expected time outside
+   [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY SELECT * FROM _fire_task_schedules(p_ids, p_expected, p_tokens, now());
 END
@@ -575,6 +581,7 @@ DECLARE
 BEGIN
     PERFORM _check_batch(cardinality(p_ids), cardinality(p_expected), cardinality(p_outcomes),
                          cardinality(p_errors));
+    PERFORM _check_expected(p_expected);
     FOR r IN SELECT * FROM unnest(p_ids, p_expected, p_outcomes, p_errors) AS u(id, expected, outcome, error)
               ORDER BY u.id, u.expected
     LOOP
@@ -590,7 +597,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.stop_schedules(
-    p_ids bigint[], p_expected timestamptz[], p_outcomes text[], p_errors text[])
+    p_ids bigint[], p_expected timestamptz[], p_outcomes pyscheduler.schedule_outcome[],
+    p_errors pyscheduler.execution_error[])
 RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -608,12 +616,13 @@ AS $$
    occurrence recorded before keeps its row (recorded = false); a deleted
    schedule: recorded = false, next NULL.
    Errors: PS312 array lengths, an unknown outcome, a NULL expected time or
-   error. */
+   error, PS314 an expected time outside [1970-01-01Z, 9999-01-01Z). */
 BEGIN
     RETURN QUERY SELECT * FROM _stop_schedules(p_ids, p_expected, p_outcomes, p_errors, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], text[], text[]) IS
+COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], pyscheduler.schedule_outcome[],
+    pyscheduler.execution_error[]) IS
     'Scheduler: record occurrences the daemons could not fire or record, with their error, and pause their schedules.';
 
 -- _claim_due_critical(limit, hold, now, shards, shard_count): claim_due_critical with the

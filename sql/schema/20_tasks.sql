@@ -2,7 +2,7 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql and
--- 0032_ownership.sql
+-- 0030_ownership.sql
 -- build (tests/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -106,7 +106,7 @@ CREATE INDEX tasks_terminal_updated_idx ON pyscheduler.tasks (updated)
 CREATE INDEX tasks_scheduled_idx ON pyscheduler.tasks (queue, run_at)
     WHERE status = 'scheduled';
 -- Unique tasks: at most one live task per (queue, submitting role, unique_key); the arbiter of
--- submit's ON CONFLICT (concurrent submits of one key make one task; 0032: never another role's).
+-- submit's ON CONFLICT (concurrent submits of one key make one task; 0030: never another role's).
 CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (queue, submitted_by, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running');
 -- Tasks waiting for their parents, and tasks scheduled for later, per queue newest first
@@ -150,7 +150,7 @@ CREATE TABLE pyscheduler._task_tallies (
 
 -- One row per queue that was submitted to, paused or limited: a lease reads
 -- it by primary key; a queue without a row, or neither paused nor limited, is
--- leased as if the table did not exist. owner (0032): the role whose queue it
+-- leased as if the table did not exist. owner (0030): the role whose queue it
 -- is (the first to submit to it, pause or limit it; set_queue_owner): only it,
 -- its members and admin change its settings. Limits (issue 20, set_queue_limits,
 -- set_rate_limit; NULL: none): running_per_key, running_total, rate_starts

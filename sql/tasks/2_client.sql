@@ -38,7 +38,7 @@ $$;
 -- _live_task(queue, by, unique_key): the live (waiting, scheduled, ready or running) task
 -- of role by holding unique_key in queue, as a deduplicated answer, or NULL. A unique key is
 -- its submitting role's: another role's task with the same key is not this one's answer
--- (tasks_unique_idx is (queue, submitted_by, unique_key), 0032).
+-- (tasks_unique_idx is (queue, submitted_by, unique_key), 0030).
 CREATE OR REPLACE FUNCTION pyscheduler._live_task(p_queue text, p_by name, p_key text)
 RETURNS jsonb
 LANGUAGE sql STABLE
@@ -346,9 +346,11 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.submit_task(
-    queue text, spec jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL, unique_key text DEFAULT NULL,
-    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL, concurrency_key text DEFAULT NULL,
-    after uuid[] DEFAULT NULL, on_parent_failure text DEFAULT 'cancel')
+    queue pyscheduler.queue_name, spec pyscheduler.task_spec, priority bigint DEFAULT 50,
+    run_at timestamptz DEFAULT NULL, unique_key pyscheduler.unique_key DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
+    concurrency_key pyscheduler.concurrency_key DEFAULT NULL, after uuid[] DEFAULT NULL,
+    on_parent_failure pyscheduler.parent_failure DEFAULT 'cancel')
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -389,13 +391,16 @@ AS $$
     SELECT pyscheduler._submit_task(queue, spec, priority, pyscheduler._run_at(run_at, run_in, now()), unique_key,
                                     max_attempts, now(), NULL, concurrency_key, after, on_parent_failure);
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_task(text, jsonb, bigint, timestamptz, text, integer, interval, text, uuid[], text) IS
+COMMENT ON FUNCTION pyscheduler.submit_task(pyscheduler.queue_name, pyscheduler.task_spec, bigint, timestamptz,
+    pyscheduler.unique_key, integer, interval, pyscheduler.concurrency_key, uuid[], pyscheduler.parent_failure) IS
     'Submit a task to a queue (priority; run_at or run_in; unique_key; max_attempts; concurrency_key; after: wait for other tasks); returns it as JSON.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(
-    queue text, specs jsonb, priority bigint DEFAULT 50, run_at timestamptz DEFAULT NULL,
-    unique_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
-    concurrency_keys text[] DEFAULT NULL, after uuid[] DEFAULT NULL, on_parent_failure text DEFAULT 'cancel')
+    queue pyscheduler.queue_name, specs pyscheduler.task_specs, priority bigint DEFAULT 50,
+    run_at timestamptz DEFAULT NULL, unique_keys pyscheduler.unique_key[] DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
+    concurrency_keys pyscheduler.concurrency_key[] DEFAULT NULL, after uuid[] DEFAULT NULL,
+    on_parent_failure pyscheduler.parent_failure DEFAULT 'cancel')
 RETURNS TABLE (task jsonb)
 LANGUAGE sql
 SECURITY DEFINER
@@ -421,7 +426,9 @@ AS $$
                                                  unique_keys, max_attempts, now(), NULL, concurrency_keys, after,
                                                  on_parent_failure) AS t;
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_tasks(text, jsonb, bigint, timestamptz, text[], integer, interval, text[], uuid[], text) IS
+COMMENT ON FUNCTION pyscheduler.submit_tasks(pyscheduler.queue_name, pyscheduler.task_specs, bigint, timestamptz,
+    pyscheduler.unique_key[], integer, interval, pyscheduler.concurrency_key[], uuid[],
+    pyscheduler.parent_failure) IS
     'Submit a JSON array of specs as tasks of one queue (leased in array order), optionally delayed, after other tasks, one unique and one concurrency key each; returns the tasks.';
 
 -- _json_integer_in(value, lo, hi): whether value (a JSON value; NULL: absent) is absent, JSON
@@ -451,7 +458,7 @@ AS $$
         WHEN jsonb_typeof(n -> 'name') IS DISTINCT FROM 'string'
           OR pyscheduler._label_refusal(n ->> 'name', 200) IS NOT NULL THEN 'name'
         WHEN jsonb_typeof(n -> 'queue') IS DISTINCT FROM 'string'
-          OR octet_length(n ->> 'queue') NOT BETWEEN 1 AND 40 THEN 'queue'
+          OR pyscheduler._label_refusal(n ->> 'queue', 40) IS NOT NULL THEN 'queue'  -- the domain queue_name's rule
         WHEN jsonb_typeof(n -> 'spec') IS DISTINCT FROM 'object' OR pg_column_size(n -> 'spec') > p_max_spec THEN 'spec'
         WHEN n ? 'after' AND (jsonb_typeof(n -> 'after') <> 'array' OR jsonb_array_length(n -> 'after') > p_max_parents
                               OR jsonb_path_exists(n -> 'after', '$[*] ? (@.type() != "string")')) THEN 'after'
@@ -508,7 +515,8 @@ BEGIN
                 RAISE EXCEPTION 'queue must be a JSON string, got %', v_got
                     USING ERRCODE = 'PS208', HINT = 'The name of the queue the task is submitted to, 1 to 40 bytes.';
             END IF;
-            PERFORM pyscheduler._check_task_args(p_queue => n ->> 'queue', p_queue_given => true);
+            PERFORM pyscheduler._require_label('queue', n ->> 'queue', 40, 'PS208',
+                                               'The name of the queue the task is submitted to, 1 to 40 bytes.');
         WHEN 'spec' THEN
             PERFORM pyscheduler._check_spec(n -> 'spec', 'spec', p_max_spec);
         WHEN 'after' THEN
@@ -811,7 +819,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.submit_workflow(workflow jsonb)
+CREATE OR REPLACE FUNCTION pyscheduler.submit_workflow(workflow pyscheduler.task_workflow)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -837,7 +845,7 @@ AS $$
    parents). */
     SELECT pyscheduler._submit_workflow(workflow, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.submit_workflow(jsonb) IS
+COMMENT ON FUNCTION pyscheduler.submit_workflow(pyscheduler.task_workflow) IS
     'Submit a graph of tasks (nodes naming the nodes they run after) in one transaction; refuses cycles and unknown names.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.get_task(rn uuid)
@@ -867,8 +875,8 @@ COMMENT ON FUNCTION pyscheduler.get_task(uuid) IS
     'One task as JSON (another role''s: metadata only, "redacted"); PS200 when it does not exist.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_tasks(
-    queue text DEFAULT NULL, status text DEFAULT NULL, owner text DEFAULT NULL,
-    max_tasks integer DEFAULT 100, before_rn uuid DEFAULT NULL)
+    queue pyscheduler.queue_name DEFAULT NULL, status pyscheduler.status_word DEFAULT NULL,
+    owner pyscheduler.worker_id DEFAULT NULL, max_tasks integer DEFAULT 100, before_rn uuid DEFAULT NULL)
 RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -947,7 +955,8 @@ BEGIN
                                      v_seen;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_tasks(text, text, text, integer, uuid) IS
+COMMENT ON FUNCTION pyscheduler.list_tasks(pyscheduler.queue_name, pyscheduler.status_word, pyscheduler.worker_id,
+    integer, uuid) IS
     'Tasks filtered by queue, status and owner (NULL = any), newest first, at most max_tasks; a page '
     'from before_rn on (keyset).';
 
@@ -1181,7 +1190,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.retry_tasks(
-    queue text, status text DEFAULT 'aborted', max_tasks integer DEFAULT 100)
+    queue pyscheduler.queue_name, status pyscheduler.status_word DEFAULT 'aborted', max_tasks integer DEFAULT 100)
 RETURNS TABLE (task jsonb)
 LANGUAGE sql
 SECURITY DEFINER
@@ -1198,5 +1207,5 @@ AS $$
    Errors: PS208 queue, status, max_tasks (1..10000). */
     SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;
 $$;
-COMMENT ON FUNCTION pyscheduler.retry_tasks(text, text, integer) IS
+COMMENT ON FUNCTION pyscheduler.retry_tasks(pyscheduler.queue_name, pyscheduler.status_word, integer) IS
     'Requeue up to max_tasks aborted (or cancelled) tasks of a queue that belong to the caller''s role, oldest first.';

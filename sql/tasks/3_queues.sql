@@ -4,7 +4,7 @@
 
 -- ---------------------------------------------------------------- queues
 --
--- A queue belongs to a role (task_queues.owner, migration 0032): the first to submit to it
+-- A queue belongs to a role (task_queues.owner, migration 0030): the first to submit to it
 -- (_claim_queue), or to pause or limit it; set_queue_owner (admin) hands it over. Its
 -- settings (pause, limits, rate limits) are changed only by that role, a member of it, or
 -- admin (_owned_queue), whoever set them last: the owner can always undo another's change.
@@ -72,8 +72,6 @@ AS $$
 DECLARE
     v_queue pyscheduler.task_queues;
 BEGIN
-    PERFORM pyscheduler._require_label('note', _pause_queue.note, 1000, 'PS208',
-                                       'Say why, e.g. ''payment provider down''.');
     PERFORM pyscheduler._owned_queue(_pause_queue.queue, p_now);
     UPDATE pyscheduler.task_queues q
        SET paused = true, note = _pause_queue.note, paused_by = pyscheduler._caller(), updated = p_now
@@ -83,7 +81,8 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.pause_queue(queue text, note text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.pause_queue(
+    queue pyscheduler.queue_name, note pyscheduler.queue_note DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -99,7 +98,7 @@ AS $$
    Errors: PS208 queue or note, 42501 another role's queue. */
     SELECT pyscheduler._pause_queue(queue, note, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.pause_queue(text, text) IS
+COMMENT ON FUNCTION pyscheduler.pause_queue(pyscheduler.queue_name, pyscheduler.queue_note) IS
     'Pause a queue: its workers lease nothing from the next lease call on, until resume_queue.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._resume_queue(queue text, p_now timestamptz DEFAULT now())
@@ -125,7 +124,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.resume_queue(queue text)
+CREATE OR REPLACE FUNCTION pyscheduler.resume_queue(queue pyscheduler.queue_name)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -138,7 +137,7 @@ AS $$
    Errors: PS208 queue, 42501 another role's queue. */
     SELECT pyscheduler._resume_queue(queue, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.resume_queue(text) IS
+COMMENT ON FUNCTION pyscheduler.resume_queue(pyscheduler.queue_name) IS
     'Resume a paused queue (its owner, or admin) and wake its workers.';
 
 -- _check_limit(name, value, max): PS216 unless value is NULL (no limit) or in 1..max.
@@ -207,7 +206,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.set_queue_limits(
-    queue text, running_per_key integer DEFAULT NULL, running_total integer DEFAULT NULL)
+    queue pyscheduler.queue_name, running_per_key integer DEFAULT NULL, running_total integer DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -230,7 +229,7 @@ AS $$
    role's queue. */
     SELECT pyscheduler._set_queue_limits(queue, running_per_key, running_total, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.set_queue_limits(text, integer, integer) IS
+COMMENT ON FUNCTION pyscheduler.set_queue_limits(pyscheduler.queue_name, integer, integer) IS
     'Limit how many tasks of a queue run at once, per concurrency key and in total (NULL: no limit), across every worker.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._set_rate_limit(
@@ -273,7 +272,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.set_rate_limit(
-    queue text, starts integer, per interval DEFAULT '1 second', by_key boolean DEFAULT false)
+    queue pyscheduler.queue_name, starts integer, per interval DEFAULT '1 second', by_key boolean DEFAULT false)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -294,10 +293,10 @@ AS $$
    Errors: PS208 queue, PS216 starts or per, 42501 another role's queue. */
     SELECT pyscheduler._set_rate_limit(queue, starts, per, by_key, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.set_rate_limit(text, integer, interval, boolean) IS
+COMMENT ON FUNCTION pyscheduler.set_rate_limit(pyscheduler.queue_name, integer, interval, boolean) IS
     'Limit how many leases of a queue begin per interval (a token bucket), for the queue or per concurrency key; NULL starts: none.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.set_queue_owner(queue text, owner name)
+CREATE OR REPLACE FUNCTION pyscheduler.set_queue_owner(queue pyscheduler.queue_name, owner pyscheduler.role_name)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -314,7 +313,6 @@ AS $$
 DECLARE
     v_queue task_queues;
 BEGIN
-    PERFORM _check_task_args(p_queue => set_queue_owner.queue, p_queue_given => true);
     IF set_queue_owner.owner IS NULL
        OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = set_queue_owner.owner) THEN
         RAISE EXCEPTION 'owner must be an existing role, got %', coalesce(quote_literal(set_queue_owner.owner), 'NULL')
@@ -326,7 +324,7 @@ BEGIN
     RETURN _queue_json(v_queue);
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.set_queue_owner(text, name) IS
+COMMENT ON FUNCTION pyscheduler.set_queue_owner(pyscheduler.queue_name, pyscheduler.role_name) IS
     'Admin: hand a queue over to a role, which (with its members and admin) alone changes its pause, limits and rate limits.';
 
 CREATE OR REPLACE VIEW pyscheduler.queue_limits AS
@@ -339,7 +337,7 @@ CREATE OR REPLACE VIEW pyscheduler.queue_limits AS
 COMMENT ON VIEW pyscheduler.queue_limits IS
     'Per queue with limits: running_per_key, running_total, the rate limit (rate_starts per rate_per, by key or not), the tasks running under them, who set them, whose queue it is.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.next_task_due(queue text)
+CREATE OR REPLACE FUNCTION pyscheduler.next_task_due(queue pyscheduler.queue_name)
 RETURNS interval
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -384,5 +382,5 @@ BEGIN
     RETURN v_due;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.next_task_due(text) IS
+COMMENT ON FUNCTION pyscheduler.next_task_due(pyscheduler.queue_name) IS
     'Time until the queue''s earliest scheduled task is due, or its rate limit allows the next start (0: now; NULL: nothing waits, or paused).';

@@ -429,8 +429,9 @@ AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks(
-    queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
-    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295)
+    queue pyscheduler.queue_name, worker pyscheduler.worker_id, n integer DEFAULT 1,
+    timeout interval DEFAULT '10 seconds', aging_rate double precision DEFAULT 0,
+    aging_cap bigint DEFAULT 4294967295)
 RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -460,7 +461,8 @@ BEGIN
     RETURN QUERY SELECT l.task FROM _lease_tasks($1, $2, $3, $4, $5, $6, now()) AS l;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.lease_tasks(text, text, integer, interval, double precision, bigint) IS
+COMMENT ON FUNCTION pyscheduler.lease_tasks(pyscheduler.queue_name, pyscheduler.worker_id, integer, interval,
+    double precision, bigint) IS
     'Lease up to n ready (or due) tasks of a queue (priority desc, oldest first, SKIP LOCKED) for timeout; each with its lease token; none when paused.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks_lean(
@@ -475,8 +477,9 @@ AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks_lean(
-    queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
-    aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295)
+    queue pyscheduler.queue_name, worker pyscheduler.worker_id, n integer DEFAULT 1,
+    timeout interval DEFAULT '10 seconds', aging_rate double precision DEFAULT 0,
+    aging_cap bigint DEFAULT 4294967295)
 RETURNS TABLE (rn uuid, token uuid, spec jsonb, priority bigint, seq bigint, attempt integer)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -498,7 +501,8 @@ BEGIN
     RETURN QUERY SELECT * FROM _lease_tasks_lean($1, $2, $3, $4, $5, $6, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.lease_tasks_lean(text, text, integer, interval, double precision, bigint) IS
+COMMENT ON FUNCTION pyscheduler.lease_tasks_lean(pyscheduler.queue_name, pyscheduler.worker_id, integer, interval,
+    double precision, bigint) IS
     'lease_tasks answering only (rn, token, spec, priority, seq, attempt) per leased task: what a worker needs.';
 
 -- _lease_task: the single-task claim of lease_task and complete_and_lease
@@ -553,7 +557,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_task(
-    queue text, worker text, timeout interval DEFAULT '10 seconds',
+    queue pyscheduler.queue_name, worker pyscheduler.worker_id, timeout interval DEFAULT '10 seconds',
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -571,7 +575,8 @@ BEGIN
     RETURN _lease_task($1, $2, $3, $4, $5, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.lease_task(text, text, interval, double precision, bigint) IS
+COMMENT ON FUNCTION pyscheduler.lease_task(pyscheduler.queue_name, pyscheduler.worker_id, interval,
+    double precision, bigint) IS
     'Lease the next ready task of a queue (NULL when none), with its lease token; see lease_tasks.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_task(
@@ -749,7 +754,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.complete_task(rn uuid, token uuid, result jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.complete_task(rn uuid, token uuid, result pyscheduler.task_result DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -769,7 +774,7 @@ AS $$
    PS203 cancelled, PS210 yielded, PS217 result too large. */
     SELECT pyscheduler._complete_task(rn, token, result, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.complete_task(uuid, uuid, jsonb) IS
+COMMENT ON FUNCTION pyscheduler.complete_task(uuid, uuid, pyscheduler.task_result) IS
     'The lease holder (token) marks a running task completed (progress 1.0) with an optional JSON result; PS203 if it was cancelled meanwhile.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._complete_tasks(
@@ -838,7 +843,8 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.complete_tasks(rns uuid[], tokens uuid[], results jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.complete_tasks(
+    rns uuid[], tokens uuid[], results pyscheduler.task_results DEFAULT NULL)
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE sql
 SECURITY DEFINER
@@ -854,7 +860,7 @@ AS $$
    different lengths, PS217 a result too large (named). */
     SELECT * FROM pyscheduler._complete_tasks(rns, tokens, results, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.complete_tasks(uuid[], uuid[], jsonb) IS
+COMMENT ON FUNCTION pyscheduler.complete_tasks(uuid[], uuid[], pyscheduler.task_results) IS
     'Complete many leased tasks (rns[i] with token tokens[i], result results[i-1]) in one statement; returns (rn, sqlstate) for each not completed.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._complete_and_lease(
@@ -892,9 +898,9 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.complete_and_lease(
-    worker text, queue text, rn uuid DEFAULT NULL, token uuid DEFAULT NULL,
+    worker pyscheduler.worker_id, queue pyscheduler.queue_name, rn uuid DEFAULT NULL, token uuid DEFAULT NULL,
     timeout interval DEFAULT '10 seconds', aging_rate double precision DEFAULT 0,
-    aging_cap bigint DEFAULT 4294967295, result jsonb DEFAULT NULL)
+    aging_cap bigint DEFAULT 4294967295, result pyscheduler.task_result DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -920,7 +926,8 @@ BEGIN
     RETURN _complete_and_lease(worker, queue, rn, token, timeout, aging_rate, aging_cap, result, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.complete_and_lease(text, text, uuid, uuid, interval, double precision, bigint, jsonb) IS
+COMMENT ON FUNCTION pyscheduler.complete_and_lease(pyscheduler.worker_id, pyscheduler.queue_name, uuid, uuid,
+    interval, double precision, bigint, pyscheduler.task_result) IS
     'Complete the held task (rn, token; NULL: none) and lease the next ready task of a queue, in one transaction; NULL when none.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._abort_task(rn uuid, token uuid, errors jsonb, p_now timestamptz DEFAULT now())
@@ -951,7 +958,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.abort_task(rn uuid, token uuid, errors jsonb)
+CREATE OR REPLACE FUNCTION pyscheduler.abort_task(rn uuid, token uuid, errors pyscheduler.task_errors)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -968,7 +975,7 @@ AS $$
    PS203 cancelled (the task stays cancelled), PS207 errors, PS210 yielded. */
     SELECT pyscheduler._abort_task(rn, token, errors, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.abort_task(uuid, uuid, jsonb) IS
+COMMENT ON FUNCTION pyscheduler.abort_task(uuid, uuid, pyscheduler.task_errors) IS
     'The lease holder (token) aborts a running task with errors [{code, args, description}]; terminal, never retried.';
 
 -- _fail_tasks: THE failure of a lease (fail_task, fail_tasks): each lease
@@ -1094,7 +1101,8 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.fail_task(rn uuid, token uuid, error jsonb, retry_in interval DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pyscheduler.fail_task(
+    rn uuid, token uuid, error pyscheduler.task_error, retry_in interval DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql
 SECURITY DEFINER
@@ -1118,7 +1126,7 @@ AS $$
    PS212 retry_in outside 0..365 days. */
     SELECT pyscheduler._fail_task(rn, token, error, retry_in, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.fail_task(uuid, uuid, jsonb, interval) IS
+COMMENT ON FUNCTION pyscheduler.fail_task(uuid, uuid, pyscheduler.task_error, interval) IS
     'The lease holder (token) fails this attempt: error appended, retried after retry_in or the backoff; aborted after max_attempts.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._fail_tasks(
@@ -1130,7 +1138,7 @@ AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.fail_tasks(
-    rns uuid[], tokens uuid[], errors jsonb, retry_in interval[] DEFAULT NULL)
+    rns uuid[], tokens uuid[], errors pyscheduler.task_errors, retry_in interval[] DEFAULT NULL)
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE sql
 SECURITY DEFINER
@@ -1147,7 +1155,7 @@ AS $$
    different lengths, PS212 a retry_in outside 0..365 days. */
     SELECT * FROM pyscheduler._fail_tasks(rns, tokens, errors, retry_in, now());
 $$;
-COMMENT ON FUNCTION pyscheduler.fail_tasks(uuid[], uuid[], jsonb, interval[]) IS
+COMMENT ON FUNCTION pyscheduler.fail_tasks(uuid[], uuid[], pyscheduler.task_errors, interval[]) IS
     'Fail many leases (rns[i] with token tokens[i], error errors[i-1], delay retry_in[i]) in one statement; returns (rn, sqlstate) for each not failed.';
 
 -- _yield_leases(rns, tokens, run_at, p_now): THE yield of leases (yield_task, yield_tasks):
