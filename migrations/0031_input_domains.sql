@@ -154,6 +154,15 @@ CREATE DOMAIN pyscheduler.message_id AS text
     CHECK (VALUE IS NULL OR (pyscheduler._label_ok(VALUE, 512) AND pg_catalog.char_length(VALUE) <= 128)
            OR pyscheduler._refuse_label(VALUE, 'id', 512, 'PS101', 128));
 
+-- Names as lookups (the functions that find existing work by name): a size cap only, so work
+-- named before the rule can still be read, paused and deleted through the API; what is
+-- created is judged by the name domains above.
+CREATE DOMAIN pyscheduler.schedule_ref AS text
+    CHECK (VALUE IS NULL OR pg_catalog.octet_length(VALUE) <= 800 OR pyscheduler._refuse_text(VALUE, 'name', 800, 'PS310'));
+CREATE DOMAIN pyscheduler.entity_ref AS text
+    CHECK (VALUE IS NULL OR pg_catalog.octet_length(VALUE) <= 1000
+           OR pyscheduler._refuse_text(VALUE, 'entity name or key', 1000, 'PS401'));
+
 -- Free text: any character PostgreSQL stores (a cron expression, a target the capability
 -- checks itself, an error a daemon records: these may hold newlines), at most N bytes.
 CREATE DOMAIN pyscheduler.cron_expr AS text

@@ -242,6 +242,29 @@ def bypasses(conn) -> list[tuple[str, str, str]]:
         " ORDER BY 1, 2", (list(NAME_TYPES),)).fetchall()]
 
 
+def test_work_named_before_the_rule_stays_reachable_by_its_name_and_no_new_one_is_made(conn):
+    """A schedule or check whose name the rule refuses now (stored before it) is found, paused and
+    deleted by that name: the functions that find work take any name of a bounded size; those
+    that create it judge the name."""
+    bad = "b\u202egnp.exe"
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'legacy', target => 't', every => '1 hour')")
+    conn.execute("SELECT pyscheduler.add_check(entity_name => 'legacy', entity_key => 'k', job => 'q', kind => 'task', "
+                 "check_after => '1 hour')")
+    conn.execute("UPDATE pyscheduler.schedules SET name = %s WHERE name = 'legacy'", (bad,))
+    conn.execute("UPDATE pyscheduler.checks SET entity_name = %s WHERE entity_name = 'legacy'", (bad,))
+    assert conn.execute("SELECT pyscheduler.get_schedule(name => %s) ->> 'name' AS n", (bad,)).fetchone()["n"] == bad
+    conn.execute("SELECT pyscheduler.pause_schedule(name => %s)", (bad,))
+    assert conn.execute("SELECT count(*) AS n FROM pyscheduler.list_checks(entity_name => %s)", (bad,)).fetchone()["n"] == 1
+    assert sqlstate(conn, "SELECT pyscheduler.create_schedule(name => %s, target => 't', every => '1 hour')",
+                    (bad + "2",)) == "PS310"
+    assert sqlstate(conn, "SELECT * FROM pyscheduler.add_check(entity_name => %s, entity_key => 'k', job => 'q', "
+                          "kind => 'task', check_after => '1 hour')", (bad,)) == "PS401"
+    conn.execute("SELECT pyscheduler.delete_schedule(name => %s)", (bad,))
+    conn.execute("SELECT * FROM pyscheduler.delete_checks(entity_name => %s, entity_key => 'k')", (bad,))
+    assert conn.execute("SELECT count(*) AS n FROM pyscheduler.schedules").fetchone()["n"] == 0
+    assert sqlstate(conn, "SELECT pyscheduler.get_schedule(name => repeat('x', 801))") == "PS310"  # still bounded
+
+
 def test_no_public_function_takes_a_name_or_payload_past_the_domains(conn):
     assert bypasses(conn) == []
 

@@ -8,6 +8,7 @@ walk: one stored value of each kind under every daemon and every dashboard page.
 from __future__ import annotations
 
 import asyncio
+import html
 import urllib.parse
 from datetime import timedelta
 
@@ -286,9 +287,15 @@ def _send(sender, message_id: str, deadline, value: bytes) -> None:
 
 
 def _walk_pages(base: str, tasks: dict[str, str], schedules: list[str]) -> None:
+    """Each page answers 200; one that filters by a name the input rule refuses (a name stored
+    by hand, before the rule) answers 400 saying why, never 500."""
     client = Client(base)
+    refused = [urllib.parse.quote(w) for w in WEIRD.values()]
     for page in _pages(tasks, schedules):
         status, _, body = client.get(page)
+        if status == 400 and "?" in page and any(r in page.split("?", 1)[1] for r in refused):
+            assert "must not" in html.unescape(body), (page, body[-2000:])
+            continue
         assert status == 200, (page, status, body[-2000:])
 
 

@@ -45,7 +45,7 @@ import jinja2
 from markupsafe import Markup
 
 from ..db import Database
-from ..errors import DatabaseUnavailable, SchedulerError
+from ..errors import DatabaseUnavailable, InvalidArgument, SchedulerError
 from ..masking import mask_url
 from . import charts
 from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader
@@ -357,6 +357,9 @@ class Dashboard:
         except DatabaseUnavailable as exc:
             status, body, extra = "503 Service Unavailable", self._render(
                 req, "error.html", title="database unavailable", message=str(exc)), []
+        except InvalidArgument as exc:  # a filter the database refuses (a name that is not a label)
+            status, body, extra = "400 Bad Request", self._render(
+                req, "error.html", title="400 Bad Request", message=str(exc)), []
         except Exception:  # noqa: BLE001
             log.exception("dashboard: %s %s", req.method, req.path)
             status, body, extra = "500 Internal Server Error", self._render(

@@ -38,6 +38,26 @@ BEGIN
 END
 $$;
 
+-- _check_entity_ref(name, key): PS401 unless an entity looked up (delete_checks, list_checks,
+-- check_history) is named: a name and, where given, a key that are not empty (their size is
+-- the domain entity_ref's; an entity named before the input rule stays reachable).
+CREATE OR REPLACE FUNCTION pyscheduler._check_entity_ref(p_name text, p_key text, p_key_needed boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF p_name IS NULL OR p_name = '' THEN
+        RAISE EXCEPTION 'entity_name must not be empty'
+            USING ERRCODE = 'PS401', HINT = 'The entity''s table or type, e.g. ''order''.';
+    END IF;
+    IF (p_key_needed OR p_key IS NOT NULL) AND (p_key IS NULL OR p_key = '') THEN
+        RAISE EXCEPTION 'entity_key must not be empty'
+            USING ERRCODE = 'PS401', HINT = 'The entity''s key as text, e.g. ''42''.';
+    END IF;
+END
+$$;
+
 -- _sql_job(job, role): the SQL job function job(pyscheduler.future_check) RETURNS
 -- timestamptz, what to call it by (schema-qualified), its owner; or why not (why, with the
 -- SQLSTATE in code): it does not exist, returns another type, is not SECURITY DEFINER (it
@@ -347,7 +367,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.delete_checks(
-    entity_name pyscheduler.entity_name, entity_key pyscheduler.entity_key, job pyscheduler.job_name DEFAULT NULL)
+    entity_name pyscheduler.entity_ref, entity_key pyscheduler.entity_ref, job pyscheduler.job_name DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -372,7 +392,7 @@ DECLARE
     v_now bigint[];
     v_held bigint[];
 BEGIN
-    PERFORM pyscheduler._check_entity(delete_checks.entity_name, delete_checks.entity_key);
+    PERFORM pyscheduler._check_entity_ref(delete_checks.entity_name, delete_checks.entity_key);
     IF delete_checks.job IS NOT NULL THEN
         v_sql_job := (pyscheduler._sql_job(delete_checks.job, NULL)).fn::regproc::text;
     END IF;
@@ -400,7 +420,7 @@ BEGIN
            + cardinality(v_held);
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.delete_checks(pyscheduler.entity_name, pyscheduler.entity_key, pyscheduler.job_name) IS
+COMMENT ON FUNCTION pyscheduler.delete_checks(pyscheduler.entity_ref, pyscheduler.entity_ref, pyscheduler.job_name) IS
     'Delete the caller''s pending checks of an entity (outcome deleted in check_history); never waits for a runner.';
 
 -- _without_deleted(checks, now): the checks (taken by this transaction) without those a

@@ -12,7 +12,7 @@ AS $$
 BEGIN
     PERFORM pyscheduler._check_positive('max', p_max >= 1, p_max::text);
     IF p_key IS NOT NULL THEN
-        PERFORM pyscheduler._check_entity(p_name, p_key);
+        PERFORM pyscheduler._check_entity_ref(p_name, p_key);
     END IF;
 END
 $$;
@@ -32,7 +32,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_checks(
-    entity_name pyscheduler.entity_name DEFAULT NULL, entity_key pyscheduler.entity_key DEFAULT NULL,
+    entity_name pyscheduler.entity_ref DEFAULT NULL, entity_key pyscheduler.entity_ref DEFAULT NULL,
     job pyscheduler.job_name DEFAULT NULL, max integer DEFAULT 100, after_at timestamptz DEFAULT NULL,
     after_id bigint DEFAULT NULL)
 RETURNS SETOF pyscheduler.future_check
@@ -91,13 +91,13 @@ BEGIN
      LIMIT list_checks.max;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.list_checks(pyscheduler.entity_name, pyscheduler.entity_key, pyscheduler.job_name,
+COMMENT ON FUNCTION pyscheduler.list_checks(pyscheduler.entity_ref, pyscheduler.entity_ref, pyscheduler.job_name,
     integer, timestamptz, bigint) IS
     'Pending checks matching the filters given, soonest first (another role''s without their payload); a page '
     'from (after_at, after_id) on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.check_history(
-    entity_name pyscheduler.entity_name DEFAULT NULL, entity_key pyscheduler.entity_key DEFAULT NULL,
+    entity_name pyscheduler.entity_ref DEFAULT NULL, entity_key pyscheduler.entity_ref DEFAULT NULL,
     job pyscheduler.job_name DEFAULT NULL, max integer DEFAULT 100, before_at timestamptz DEFAULT NULL,
     before_id bigint DEFAULT NULL)
 RETURNS SETOF pyscheduler.ended_check
@@ -153,7 +153,7 @@ BEGIN
      ORDER BY h.ended DESC, h.id DESC;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.check_history(pyscheduler.entity_name, pyscheduler.entity_key,
+COMMENT ON FUNCTION pyscheduler.check_history(pyscheduler.entity_ref, pyscheduler.entity_ref,
     pyscheduler.job_name, integer, timestamptz, bigint) IS
     'Ended checks (outcome, error, times taken) matching the filters given, newest first (another role''s without '
     'payload and error); a page from (before_at, before_id) back (keyset).';

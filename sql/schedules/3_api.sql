@@ -170,7 +170,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.update_schedule(
-    name pyscheduler.schedule_name, target pyscheduler.schedule_target DEFAULT NULL, every interval DEFAULT NULL,
+    name pyscheduler.schedule_ref, target pyscheduler.schedule_target DEFAULT NULL, every interval DEFAULT NULL,
     cron pyscheduler.cron_expr DEFAULT NULL, tz pyscheduler.time_zone DEFAULT NULL,
     target_kind pyscheduler.target_kind DEFAULT NULL, payload pyscheduler.schedule_payload DEFAULT NULL,
     priority bigint DEFAULT NULL, start_at timestamptz DEFAULT NULL, end_at timestamptz DEFAULT NULL,
@@ -221,14 +221,14 @@ BEGIN
                             now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.update_schedule(pyscheduler.schedule_name, pyscheduler.schedule_target, interval,
+COMMENT ON FUNCTION pyscheduler.update_schedule(pyscheduler.schedule_ref, pyscheduler.schedule_target, interval,
     pyscheduler.cron_expr, pyscheduler.time_zone, pyscheduler.target_kind, pyscheduler.schedule_payload, bigint,
     timestamptz, timestamptz, bigint, integer, interval, interval, boolean, interval,
     pyscheduler.schedule_overlap) IS
     'Change the given parameters of a schedule (NULL = unchanged); a timing change recomputes the next run from now.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.pause_schedule(
-    name pyscheduler.schedule_name, note pyscheduler.schedule_note DEFAULT NULL)
+    name pyscheduler.schedule_ref, note pyscheduler.schedule_note DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -249,7 +249,7 @@ BEGIN
     RETURN _changed_json(s);
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.pause_schedule(pyscheduler.schedule_name, pyscheduler.schedule_note) IS
+COMMENT ON FUNCTION pyscheduler.pause_schedule(pyscheduler.schedule_ref, pyscheduler.schedule_note) IS
     'Pause a schedule with an optional note; it stops firing until resume_schedule.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._resume_schedule(p_name text, p_now timestamptz)
@@ -275,7 +275,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.resume_schedule(name pyscheduler.schedule_name)
+CREATE OR REPLACE FUNCTION pyscheduler.resume_schedule(name pyscheduler.schedule_ref)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -290,7 +290,7 @@ BEGIN
     RETURN _resume_schedule(resume_schedule.name, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.resume_schedule(pyscheduler.schedule_name) IS
+COMMENT ON FUNCTION pyscheduler.resume_schedule(pyscheduler.schedule_ref) IS
     'Resume a paused schedule from the first occurrence at or after now.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._trigger_schedule(p_name text, p_now timestamptz)
@@ -314,7 +314,7 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.trigger_schedule(name pyscheduler.schedule_name)
+CREATE OR REPLACE FUNCTION pyscheduler.trigger_schedule(name pyscheduler.schedule_ref)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -333,10 +333,10 @@ BEGIN
     RETURN _trigger_schedule(trigger_schedule.name, now());
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.trigger_schedule(pyscheduler.schedule_name) IS
+COMMENT ON FUNCTION pyscheduler.trigger_schedule(pyscheduler.schedule_ref) IS
     'Fire a schedule now, once, out of band; the regular next run does not move.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.delete_schedule(name pyscheduler.schedule_name)
+CREATE OR REPLACE FUNCTION pyscheduler.delete_schedule(name pyscheduler.schedule_ref)
 RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -361,10 +361,10 @@ BEGIN
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.delete_schedule(pyscheduler.schedule_name) IS
+COMMENT ON FUNCTION pyscheduler.delete_schedule(pyscheduler.schedule_ref) IS
     'Delete a schedule and its execution history; false when no such schedule.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.get_schedule(name pyscheduler.schedule_name)
+CREATE OR REPLACE FUNCTION pyscheduler.get_schedule(name pyscheduler.schedule_ref)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -382,12 +382,12 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.get_schedule(
-    pyscheduler.schedule_name) IS 'One schedule as JSON, with its counts; PS300 when unknown.';
+    pyscheduler.schedule_ref) IS 'One schedule as JSON, with its counts; PS300 when unknown.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.list_schedules(
     name_like pyscheduler.name_pattern DEFAULT NULL, target_kind pyscheduler.target_kind DEFAULT NULL,
     paused boolean DEFAULT NULL, critical boolean DEFAULT NULL, max_schedules integer DEFAULT 100,
-    after_name pyscheduler.schedule_name DEFAULT NULL)
+    after_name pyscheduler.schedule_ref DEFAULT NULL)
 RETURNS TABLE (schedule jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -453,12 +453,12 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.list_schedules(pyscheduler.name_pattern, pyscheduler.target_kind, boolean, boolean,
-    integer, pyscheduler.schedule_name) IS
+    integer, pyscheduler.schedule_ref) IS
     'Schedules filtered by name pattern, target kind, paused and critical (NULL = any), by name; a page '
     'from after_name on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.schedule_runs(
-    name pyscheduler.schedule_name, with_outcome pyscheduler.schedule_outcome DEFAULT NULL,
+    name pyscheduler.schedule_ref, with_outcome pyscheduler.schedule_outcome DEFAULT NULL,
     since timestamptz DEFAULT NULL, max_runs integer DEFAULT 100, before timestamptz DEFAULT NULL)
 RETURNS TABLE (expected_at timestamptz, outcome text, triggered boolean, attempts integer, fired_at timestamptz,
                lateness interval, missed_count bigint, error text, task_rn uuid)
@@ -515,13 +515,13 @@ BEGIN
      LIMIT schedule_runs.max_runs;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.schedule_runs(pyscheduler.schedule_name, pyscheduler.schedule_outcome, timestamptz,
+COMMENT ON FUNCTION pyscheduler.schedule_runs(pyscheduler.schedule_ref, pyscheduler.schedule_outcome, timestamptz,
     integer, timestamptz) IS
     'Recorded executions of a schedule, newest first (outcome, attempts, lateness, missed counts, errors); '
     'a page from before on (keyset).';
 
 CREATE OR REPLACE FUNCTION pyscheduler.execution_count(
-    name pyscheduler.schedule_name, outcome pyscheduler.schedule_outcome DEFAULT 'fired')
+    name pyscheduler.schedule_ref, outcome pyscheduler.schedule_outcome DEFAULT 'fired')
 RETURNS bigint
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
@@ -544,7 +544,7 @@ BEGIN
         ELSE s.runs_count END;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.execution_count(pyscheduler.schedule_name, pyscheduler.schedule_outcome) IS
+COMMENT ON FUNCTION pyscheduler.execution_count(pyscheduler.schedule_ref, pyscheduler.schedule_outcome) IS
     'How many occurrences of a schedule were fired (or failed, skipped_overlap, missed, runs); survives purging.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._upcoming_runs(
@@ -594,7 +594,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.upcoming_runs(
-    name pyscheduler.schedule_name DEFAULT NULL, n integer DEFAULT 10, cron pyscheduler.cron_expr DEFAULT NULL,
+    name pyscheduler.schedule_ref DEFAULT NULL, n integer DEFAULT 10, cron pyscheduler.cron_expr DEFAULT NULL,
     every interval DEFAULT NULL, tz pyscheduler.time_zone DEFAULT 'UTC', start_at timestamptz DEFAULT NULL)
 RETURNS TABLE (run_at timestamptz)
 LANGUAGE plpgsql STABLE
@@ -615,6 +615,6 @@ BEGIN
                                                      upcoming_runs.every, upcoming_runs.tz, upcoming_runs.start_at, now()) u;
 END
 $$;
-COMMENT ON FUNCTION pyscheduler.upcoming_runs(pyscheduler.schedule_name, integer, pyscheduler.cron_expr, interval,
+COMMENT ON FUNCTION pyscheduler.upcoming_runs(pyscheduler.schedule_ref, integer, pyscheduler.cron_expr, interval,
     pyscheduler.time_zone, timestamptz) IS
     'The next n fire times of a schedule, or of a cron/every recurrence before creating it.';
