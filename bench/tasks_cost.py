@@ -9,6 +9,7 @@ costs the database"):
     python bench/tasks_cost.py worker "$DSN"     # one Worker, capacity 10, no-op handler
     python bench/tasks_cost.py single "$DSN"     # lease_task + complete_task, one call each (3,000 tasks)
     python bench/tasks_cost.py delayed "$DSN" --tasks 20000   # submit_tasks(run_in => 1 hour), batches of 1,000
+    python bench/tasks_cost.py submit "$DSN" --tasks 20000    # submit_task one a call, then submit_tasks of 1,000
     python bench/tasks_cost.py vacuum "$DSN" --finished 500000   # VACUUM of the tasks table per 2,000 tasks
 
 Options: --tasks (50,000), --batch (500), --finished (0): first submit, lease and complete that
@@ -150,6 +151,29 @@ def delayed_cost(dsn: str, tasks: int, batch: int) -> str:
     return f"delayed: {tasks // batch * batch:,} tasks in batches of {batch}: backend CPU submit {spent / tasks * 1e6:.1f} us/task"
 
 
+def submit_cost(dsn: str, tasks: int) -> str:
+    """Submitting: one submit_task a call (3,000 at most), then submit_tasks of 1,000 specs built
+    in Python, one connection, the queue emptied after."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pyscheduler.submit_task(queue => 'cost-submit', spec => '{}')")  # plans cached
+        pid = c.info.backend_pid
+        single = min(tasks, 3000)
+        before = cpu(pid)
+        for i in range(single):
+            c.execute("SELECT pyscheduler.submit_task(queue => 'cost-submit', spec => %s::jsonb)", (f'{{"i": {i}}}',))
+        one = (cpu(pid) - before) / single
+        specs = "[" + ",".join(f'{{"i": {i}}}' for i in range(1000)) + "]"
+        before = cpu(pid)
+        for _ in range(tasks // 1000):
+            c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'cost-submit', specs => %s::jsonb)",
+                      (specs,))
+        many = (cpu(pid) - before) / (tasks // 1000 * 1000)
+        c.execute("DELETE FROM pyscheduler.tasks WHERE queue = 'cost-submit'")
+        c.execute("SELECT pyscheduler._task_count_all()")
+    return (f"submit: backend CPU submit_task {one * 1e6:.1f} us/call ({single:,} calls), submit_tasks of 1,000 "
+            f"{many * 1e6:.1f} us/task ({tasks // 1000 * 1000:,} tasks)")
+
+
 def vacuum_cost(dsn: str, finished: int) -> str:
     """What a VACUUM of the tasks table costs after 2,000 leases and completions (autovacuum's
     threshold), with a retention period's finished tasks kept (--finished), three times."""
@@ -204,7 +228,7 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "delayed", "vacuum"])
+    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "delayed", "submit", "vacuum"])
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=500)
@@ -216,6 +240,8 @@ def main() -> None:
         line = single_cost(a.dsn, min(a.tasks, 3000), a.finished)
     elif a.mode == "delayed":
         line = delayed_cost(a.dsn, a.tasks, 1000)
+    elif a.mode == "submit":
+        line = submit_cost(a.dsn, a.tasks)
     elif a.mode == "vacuum":
         line = vacuum_cost(a.dsn, a.finished)
     else:
