@@ -12,7 +12,7 @@ from types import ModuleType
 
 import click
 
-from . import migrate as migrations
+from . import migrate as migrations, sqlapi
 from pathlib import Path
 
 from .cliroot import root
@@ -138,9 +138,7 @@ def _as_role(dsn: str, audience: str) -> str:
 
     try:
         with psycopg.connect(dsn, connect_timeout=10) as conn:
-            role, member = conn.execute(
-                "SELECT s.value, pg_has_role(current_user, s.value, 'MEMBER') FROM pyscheduler.settings s "
-                "WHERE s.name = %s", (f"{audience}_role",)).fetchone() or (None, False)
+            role, member = conn.execute(sqlapi.AUDIENCE_ROLE, (f"{audience}_role",)).fetchone() or (None, False)
     except psycopg.Error:
         return dsn  # the dashboard's own connections say what is wrong
     if not member:
