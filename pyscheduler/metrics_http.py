@@ -122,7 +122,7 @@ class RedisProbe(Probe):
         self.client: Any = None
 
     def check(self) -> None:
-        from .schedules.index import CLUSTER_CLIENTS, connect  # redis:// and redis+cluster:// alike
+        from .redisconn import CLUSTER_CLIENTS, connect  # redis:// and redis+cluster:// alike
 
         if self.client is None:
             self.client = connect(self.url, timeout=PROBE_TIMEOUT)
