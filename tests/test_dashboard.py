@@ -400,10 +400,10 @@ def _startup_log(tmp_path, *args: str, env: dict | None = None) -> str:
 def test_the_startup_line_names_the_url_and_the_token_and_a_warning_says_when_it_is_open_beyond_loopback(
         dsn, monitor_dsn, tmp_path):
     text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--host", "0.0.0.0", "--port", "0")
-    port = re.search(r"INFO pyscheduler.dashboard.app: dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only, "
+    port = re.search(r"INFO pyscheduler.dashboard: dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only, "
                      r"no access token; answers to Host 127\.0\.0\.1:\d+, localhost:\d+, \[::1\]:\d+\)", text)
     assert port, text
-    assert re.search(rf"WARNING pyscheduler.dashboard.app: the dashboard listens on 0\.0\.0\.0, beyond loopback, "
+    assert re.search(rf"WARNING pyscheduler.dashboard: the dashboard listens on 0\.0\.0\.0, beyond loopback, "
                      rf"without an access token: whoever reaches port {port.group(1)} reads every page", text), text
     text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--port", "0", "--allowed-host", "dash.example.com",
                         env={"PYSCHEDULER_DASHBOARD_TOKEN": "s3cret"})
