@@ -109,8 +109,8 @@ def _dashboard(stack):
     _REFRESH, _ALLOWED_HOSTS); read-only unless PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS is set."""
     import os
 
-    from .dashboard import make_app
-    from .dashboard.app import parse_hosts
+    from .web.dashboard import make_app
+    from .web.dashboard.http import parse_hosts
 
     env = os.environ.get
     refresh = env("PYSCHEDULER_DASHBOARD_REFRESH") or "10"
@@ -166,7 +166,7 @@ def _print_connect(stack) -> None:
 @http_options()
 def run_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings, no_migrate, data_dir, http_port, http_host) -> None:
     """Run the daemons of every capability (embedded servers when no DSN is configured)."""
-    from .metrics_http import run_serving
+    from .web.endpoint import run_serving
 
     if dsn and data_dir is not None:
         raise click.UsageError("--data-dir is for the embedded servers: give it or --dsn, not both")
@@ -252,7 +252,7 @@ _register_capabilities()
 
 
 def _register_dashboard() -> None:
-    from .dashboard.cli import dashboard_cmd
+    from .web.dashboard.cli import dashboard_cmd
 
     main.add_command(dashboard_cmd, "dashboard")
 

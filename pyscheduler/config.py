@@ -191,7 +191,7 @@ def wait_for_database(dsn: str, http_host: str = "127.0.0.1", http_port: int | N
                     log.warning("%s; waiting for it (the daemons start once it answers)", exc)
                     told = time.monotonic()
                 if endpoint is None and http_port is not None:
-                    from .metrics_http import serve
+                    from .web.endpoint import serve
 
                     endpoint = serve(http_host, http_port, [], dsn=dsn)
             if stop is not None and stop.wait(delay):
@@ -246,7 +246,7 @@ POSITIVE_DURATION = PositiveDuration()
 
 def http_options(*alias_envvars: str) -> Callable[[Callable], Callable]:
     """--http-port / --http-host: the process's HTTP endpoint (/metrics, /healthz, /readyz;
-    pyscheduler.metrics_http). ``--metrics-port`` is an alias of ``--http-port``, and the
+    pyscheduler.web.endpoint). ``--metrics-port`` is an alias of ``--http-port``, and the
     ``alias_envvars`` (e.g. PYSCHEDULER_DELAY_METRICS_PORT) of PYSCHEDULER_HTTP_PORT."""
 
     def decorate(f: Callable) -> Callable:

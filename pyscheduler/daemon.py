@@ -1,24 +1,12 @@
 """Running daemons: threads, signals, clean shutdown.
 
-A daemon is any object with a ``name`` and a ``run(stop)`` method that works
-until the ``threading.Event`` ``stop`` is set and then returns after finishing
-its in-flight work. ``run_daemons`` runs several in threads, restarts one that
-crashes (with backoff, never stopping its siblings), and returns 0 on a clean stop,
-1 if a daemon crashed. SIGTERM and Ctrl-C set ``stop`` (install_signal_handlers).
-A daemon may offer ``fresh()``: a new instance with its settings, for a restart, and
-``degraded_reason()``: why it does only part of its job now (None: all of it), which
-``/readyz`` shows (pyscheduler.metrics_http).
-
-One outage rule (docs/operations.md, "Outages"): a server a daemon uses that is down when
-it starts is an outage like one later, never a crash. Its clients connect at their first
-call, not when made: ``Database.for_daemon`` (PostgreSQL), ``schedules.index.connect``
-(Redis, Redis Cluster), librdkafka (Kafka); each daemon retries with backoff what fails
-with an outage, and the executors fire critical schedules from PostgreSQL without Redis.
-
-Capabilities plug in through ``pyscheduler/<capability>/cli.py``, which
-exposes ``group`` (its click commands), ``daemons(ctx)`` (for ``pyscheduler
-run``), ``demo(ctx, echo)`` (for ``pyscheduler demo``) and optionally
-``bench`` (a click command, ``pyscheduler bench <capability>``).
+A daemon is any object with a ``name`` and a ``run(stop)`` method that works until the
+``threading.Event`` ``stop`` is set, then returns after finishing its in-flight work; it may
+offer ``fresh()`` (a new instance with its settings, for a restart) and ``degraded_reason()``
+(why it does only part of its job now, None: all of it; ``/readyz`` shows it). ``run_daemons``
+runs several in threads and restarts one that crashes (backoff, its siblings go on); SIGTERM
+and Ctrl-C set ``stop`` (``install_signal_handlers``). The outage rule every daemon follows:
+docs/operations.md, "Outages"; how a capability plugs in: docs/contributing.md, "Layout".
 """
 
 from __future__ import annotations
@@ -81,7 +69,7 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
     no state half-torn by the crash), else ``run`` again. Returns 1 when a daemon
     crashed at least once or did not stop within ``join_timeout``. A ``ConfigError`` on a
     daemon's first run (it cannot start as configured) stops the process instead.
-    ``health`` (pyscheduler.metrics_http.Health) is told when each daemon runs and when it
+    ``health`` (pyscheduler.web.endpoint.Health) is told when each daemon runs and when it
     is down (crashed, waiting to restart), under the name it started with."""
     crashes: list[str] = []
     daemons = list(daemons)

@@ -1,14 +1,11 @@
 """Prometheus series, per process: each process exports only the series of what it runs.
 
-A daemon module makes its series with ``counter``/``gauge``/``histogram`` below: they are
-created outside any registry, and the daemon class lists them in ``series``. A process
-(``pyscheduler run``, ``delay run``, ``tasks monitor``, ...) builds one registry from the
-daemons it runs (``process_registry``) and serves it with the rest of its HTTP endpoint
-(pyscheduler.metrics_http). So the schedules process shows no ``pyscheduler_delay_*`` and
-the delay relay no ``pyscheduler_schedules_degraded``.
-
-A library object (the tasks ``Worker``) takes a ``registry`` argument instead: its series
-are registered there (once per registry, whatever the number of workers sharing it).
+A daemon module makes its series with ``counter``/``gauge``/``histogram`` below, outside any
+registry, and the daemon class lists them in ``series``. A process (``pyscheduler run``,
+``delay run``, ``tasks monitor``, ...) builds one registry from the daemons it runs
+(``process_registry``) and serves it on its HTTP endpoint (pyscheduler.web.endpoint). A
+library object (the tasks ``Worker``) takes a ``registry`` argument instead: its series are
+registered there (once per registry, whatever the number of workers sharing it).
 """
 
 from __future__ import annotations

@@ -322,6 +322,40 @@ def test_the_schedules_page_shows_late_and_due_soon_from_one_read(conn, monitor_
     assert "Late (20+)" in page
 
 
+def test_the_redis_index_state_of_a_redis_cluster(monitor_dsn, tmp_path):
+    """With ``--redis-url redis+cluster://...`` the dashboard reads the index through the one Redis
+    connector (pyscheduler.redisconn), as the executors do: a cluster that does not answer is
+    unreachable (degraded mode), one whose shards lack their markers is resyncing, one whose
+    every shard has its marker is ok; the URL's password is not shown."""
+    from pyscheduler import embedded
+    from pyscheduler.schedules.index import Shards
+
+    def shown(url: str) -> str:
+        app = make_app(monitor_dsn, redis_url=url)
+        try:
+            with served(app) as base:
+                pages = [Client(base).get(path)[2] for path in ("/schedules", "/")]
+        finally:
+            app.close()
+        assert all(SECRET not in page for page in pages)
+        on_schedules = re.search(r'<p id="degraded">Redis index:\s*<span class="[^"]*">([^<]*)</span>', pages[0])
+        on_overview = re.search(r"<dt>Redis index</dt><dd><span class=\"[^\"]*\">([^<]*)</span>", pages[1])
+        return f"{on_schedules[1]} / {on_overview[1]}"
+
+    down = f"redis+cluster://admin:{SECRET}@127.0.0.1:{embedded.free_port()}"
+    assert shown(down) == "unreachable / unreachable: degraded mode"
+    cluster = embedded.RedisCluster(tmp_path / "cluster", masters=1, replicas=0).start()
+    try:
+        assert shown(cluster.url) == "resyncing / resyncing"
+        index = Shards.from_url(cluster.url)
+        for shard in index.shards:  # a resync of every shard, as the executors make it
+            assert shard.finish_resync(shard.begin_resync())
+        index.close()
+        assert shown(cluster.url) == "ok / ok"
+    finally:
+        cluster.stop()
+
+
 def test_the_overview_and_the_tasks_page_show_exact_counts(conn, monitor_dsn):
     """queue_status's counts are exact however large (the tallies every write keeps): the
     overview's total and the tasks page's per-queue figures are the real numbers."""
@@ -400,10 +434,10 @@ def _startup_log(tmp_path, *args: str, env: dict | None = None) -> str:
 def test_the_startup_line_names_the_url_and_the_token_and_a_warning_says_when_it_is_open_beyond_loopback(
         dsn, monitor_dsn, tmp_path):
     text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--host", "0.0.0.0", "--port", "0")
-    port = re.search(r"INFO pyscheduler.dashboard.app: dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only, "
+    port = re.search(r"INFO pyscheduler.dashboard: dashboard on http://0\.0\.0\.0:(\d+)/ \(read-only, "
                      r"no access token; answers to Host 127\.0\.0\.1:\d+, localhost:\d+, \[::1\]:\d+\)", text)
     assert port, text
-    assert re.search(rf"WARNING pyscheduler.dashboard.app: the dashboard listens on 0\.0\.0\.0, beyond loopback, "
+    assert re.search(rf"WARNING pyscheduler.dashboard: the dashboard listens on 0\.0\.0\.0, beyond loopback, "
                      rf"without an access token: whoever reaches port {port.group(1)} reads every page", text), text
     text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--port", "0", "--allowed-host", "dash.example.com",
                         env={"PYSCHEDULER_DASHBOARD_TOKEN": "s3cret"})

@@ -37,7 +37,7 @@ from pyscheduler import embedded, migrate
 from pyscheduler.cli import CAPABILITIES, capability
 from pyscheduler.daemon import RunContext, run_daemons
 from pyscheduler.db import Database
-from pyscheduler.metrics_http import serve
+from pyscheduler.web.endpoint import serve
 from schedules_support import create
 from test_ops_http import Process, get
 from test_restart_walk import JOB

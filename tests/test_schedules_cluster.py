@@ -20,7 +20,8 @@ import pytest
 import redis
 
 from pyscheduler import embedded
-from pyscheduler.schedules.index import Shards, connect, to_ms
+from pyscheduler.redisconn import connect
+from pyscheduler.schedules.index import Shards, to_ms
 from schedules_support import Running, create, executor, relay, wait_for
 
 SHARDS = 6

@@ -68,7 +68,7 @@ def group() -> None:
 @http_options()
 def run_cmd(dsn, shard, shards, batch, timeout, handlers, purge_interval, http_port, http_host) -> None:
     """Run the check runner: each slot's checks of this shard, at the slot boundary."""
-    from ..metrics_http import run_serving
+    from ..web.endpoint import run_serving
 
     runner = _runner(require_dsn(dsn, reach=False), shard, shards, batch, timeout, handlers, purge_interval)
     wait_for_database(dsn, http_host, http_port)

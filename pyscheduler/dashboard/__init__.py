@@ -1,7 +1,6 @@
-"""The web dashboard (issue 17): ``make_app(dsn, ...)`` is a WSGI application; ``serve``
-runs it on pyscheduler's bounded HTTP server (``pyscheduler dashboard``)."""
+"""The documented import path of the web dashboard (``from pyscheduler.dashboard import
+make_app``): it lives in ``pyscheduler.web.dashboard``."""
 
-from .app import Dashboard, make_app, mask_json, mask_url
-from .server import serve
+from ..web.dashboard import Dashboard, make_app, mask_json, mask_url, serve
 
 __all__ = ["Dashboard", "make_app", "mask_json", "mask_url", "serve"]

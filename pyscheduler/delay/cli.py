@@ -92,7 +92,7 @@ def run_cmd(dsn, kafka_bootstrap, kafka_settings, http_port, http_host, **flags)
     wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()
     install_signal_handlers(stop)
-    from ..metrics_http import run_serving
+    from ..web.endpoint import run_serving
 
     # Kafka down at start: the relay waits for it, /readyz names it; topics missing once it
     # answers: the relay cannot start, and the command exits 1 saying which

@@ -36,7 +36,8 @@ import redis
 from ..config import bootstrap_option, dsn_option, redis_option
 from ..db import Database
 from ..delay.bench import OutputReader, percentiles
-from .index import Shards, connect, is_cluster_url
+from ..redisconn import connect, is_cluster_url
+from .index import Shards
 from .targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
 
 TARGETS = {"redis": 25_000, "postgres": 5_000, "steady_p99_ms": 50.0}

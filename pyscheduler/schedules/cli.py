@@ -112,7 +112,7 @@ def group() -> None:
 @run_options
 def run_cmd(dsn, redis_url, kafka_bootstrap, kafka_settings, http_port, http_host, **flags) -> None:
     """Run the index relay, the executors and the cleanup until SIGTERM/Ctrl-C."""
-    from ..metrics_http import run_serving
+    from ..web.endpoint import run_serving
 
     wait_for_database(dsn, http_host, http_port)
     if not redis_url:

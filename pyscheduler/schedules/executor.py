@@ -67,8 +67,9 @@ from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
 from ..masking import mask_url
 from ..metrics import counter, gauge, histogram
+from ..redisconn import UNREACHABLE
 from .arrays import EpochMsArray, Int4Array, Int8Array
-from .index import UNREACHABLE, DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
+from .index import DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
 
 log = logging.getLogger("pyscheduler.schedules")

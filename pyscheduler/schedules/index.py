@@ -1,75 +1,29 @@
-"""The Redis hot index of recurring schedules (seeds/schedulinator.md).
-
-Keys (prefix default ``pyscheduler:schedules``):
-
-``<p>:index``       sorted set, member = schedule id, score = next run (epoch ms).
-                    A NEGATIVE score is the seed's lock: the member is claimed by an
-                    executor, which fires the occurrence |score| and then sets the score
-                    to the next run (or removes the member when the schedule ended).
-``<p>:claims``      sorted set, member = schedule id, score = claim time (ms, Redis
-                    clock): stuck claims are found by age, not by due time.
-``<p>:last``        hash id -> the latest occurrence (ms) claimed: the relay never
-                    writes a score at or before it, so a slow mirror write racing an
-                    executor cannot bring back an occurrence that was already fired.
-``<p>:ver``         hash id -> the schedule's definition version (``updated``, ms):
-                    executors cache what they need to fire by (id, version).
-``<p>:next-check``  the seed's global next-check timestamp for stuck claims.
-``<p>:marker``      present = the index is complete (its value is the sync id of the
-                    resync that filled it). Absent = Redis lost its data (or never had
-                    it): executors resync from PostgreSQL.
-``<p>:resync``      the sync id of the resync in progress (the seed's current-sync-id).
-``<p>:changed``     set of ids the relay or the resync had an entry for while they were
-                    claimed (it does not touch a claimed member): their schedule may have
-                    changed (update_schedule, pause, trigger, delete) after the occurrence
-                    was recorded, so the next run the recorder computed may be the old
-                    cadence's. The settle keeps such a member claimed and hands it back
-                    to the recorder, which re-reads its due time (index_entries) and
-                    settles it with that.
-
-Every script reads the time from Redis (TIME), one clock for every executor. Redis >= 6.2
-(the settle script reads a batch with ZMSCORE).
-
-Shards (``Shards``, issue 18). The index may be split into N shards, each a complete
-index of the keys above under the prefix ``{<p>:<k>}`` (k = 0..N-1; the braces are a
-Redis Cluster hash tag, so every key of a shard is in one slot and each Lua script
-touches one slot). Schedule id -> shard k = id mod N (ids come from a sequence: the
-shards fill evenly; stable while N stays the same, so N is fixed per deployment).
-Each shard has its own marker, resync, next-check and claims: losing one shard's data
-resyncs only that shard. A single-node URL with N = 1 (the default) keeps the keys
-above unchanged. ``redis+cluster://HOST:PORT[,HOST:PORT...]`` (``rediss+cluster://``
-for TLS) runs the shards on a Redis Cluster (redis-py's ``RedisCluster``, the hosts
-are seed nodes, made at the first command: ``LazyCluster``); N defaults to 16 there.
+"""The Redis hot index of recurring schedules: ``Index`` (one index: the keys under a prefix,
+default ``pyscheduler:schedules``, and the Lua scripts that claim, settle, mirror, recover and
+resync them) and ``Shards`` (the index split into N shards, ``{<prefix>:k}``, schedule id ->
+shard ``id mod N``; one shard with the plain prefix on a single node by default, 16 on a Redis
+Cluster). Every script reads the time from Redis (TIME): one clock for every executor. Redis
+>= 6.2. The keys, what each holds and why: docs/operations.md, "Recurring schedules" and
+"Schedules on a Redis Cluster". Clients come from ``pyscheduler.redisconn``.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 from datetime import datetime, timedelta, timezone
-from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.cluster
-from redis.commands.core import Script
-from redis.connection import Encoder
-from redis.exceptions import ClusterDownError, ClusterError, RedisClusterException, SlotNotCoveredError
+
+from ..redisconn import CLUSTER_CLIENTS, UNREACHABLE, LazyCluster, connect, is_cluster_url
 
 DEFAULT_PREFIX = "pyscheduler:schedules"
 MAX_CLAIM = 2000  # Lua unpack() takes at most ~8000 values: 2 per member
 
 DEFAULT_CLUSTER_SHARDS = 16
-
-# Redis errors that mean "unreachable" (degraded mode), not a bug in a script. On a
-# cluster also: the slot's master failed and no replica took over yet (CLUSTERDOWN,
-# MASTERDOWN), the slot is not served (SlotNotCovered), redirections that did not settle
-# (ClusterError "TTL exhausted", during a resharding), no seed node answers
-# (RedisClusterException "cannot be connected").
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ClusterDownError,
-               SlotNotCoveredError, ClusterError, RedisClusterException)
 
 _NOW = """
 redis.replicate_commands()
@@ -465,97 +419,6 @@ class Index:
         pipe.zcard(self.k_index).zcount(self.k_index, "-inf", "(0").zcard(self.k_claims).exists(self.k_marker)
         size, claimed, claims, marker = pipe.execute()
         return {"indexed": size, "claimed": claimed, "claims": claims, "complete": bool(marker)}
-
-
-def connect(url: str, timeout: float = 5.0) -> "redis.Redis | LazyCluster":
-    """A client for ``url`` that connects at its first command, not here: a server down when a
-    daemon starts is an outage like one later (UNREACHABLE: degraded mode, backoff), never a
-    crash at start. ``redis+cluster://[user:password@]HOST:PORT[,HOST:PORT...]``
-    (``rediss+cluster://`` for TLS) -> a ``LazyCluster`` seeded with those nodes; anything
-    else -> ``redis.Redis.from_url`` as before. Every Redis user (executors, relay, /readyz,
-    dashboard, CLI) gets its client here."""
-    if is_cluster_url(url):
-        parts = urlsplit(url)
-        auth, _, hosts = parts.netloc.rpartition("@")
-        user, _, password = auth.partition(":")
-        nodes = []
-        for hostport in hosts.split(","):
-            host, _, port = hostport.strip().rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"redis+cluster URL: expected HOST:PORT[,HOST:PORT...], got {hostport!r}")
-            nodes.append(redis.cluster.ClusterNode(host.strip("[]"), int(port)))
-        kwargs: dict = {}
-        if user:
-            kwargs["username"] = unquote(user)
-        if password:
-            kwargs["password"] = unquote(password)
-        if parts.scheme.startswith("rediss"):
-            kwargs["ssl"] = True
-        return LazyCluster(startup_nodes=nodes, socket_timeout=timeout, socket_connect_timeout=timeout,
-                           health_check_interval=30, **kwargs)
-    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                health_check_interval=30)
-
-
-class LazyCluster:
-    """A ``RedisCluster`` made at the first command instead of by ``connect``. RedisCluster's
-    constructor asks the seed nodes for the slot map and raises when none answers, so a
-    cluster down when a daemon started crashed the daemon (and again at every restart: issue
-    27) where a single node's client, which connects at its first command, made it wait the
-    outage out. Made at the first use, a cluster that does not answer fails that command
-    like any other outage (RedisClusterException, UNREACHABLE), and is tried again at a
-    later one; not within ``RETRY_S`` of a failed try (the callers meanwhile get its error:
-    an executor probing its 16 shards makes one try, not 16). Scripts are registered without
-    a server (their SHA needs only the encoder); everything else is the cluster client's."""
-
-    RETRY_S = 0.5
-
-    def __init__(self, **kwargs):
-        self._kwargs = kwargs
-        self._client: redis.cluster.RedisCluster | None = None
-        self._failed: tuple[float, str] | None = None  # (when, why) of the last failed try
-        self._lock = threading.Lock()
-        self._encoder = Encoder(kwargs.get("encoding", "utf-8"), kwargs.get("encoding_errors", "strict"),
-                                kwargs.get("decode_responses", False))  # as RedisCluster's own
-
-    @property
-    def client(self) -> redis.cluster.RedisCluster:
-        """The cluster client, made now if it was not (raises UNREACHABLE when no seed node answers)."""
-        client = self._client
-        if client is not None:
-            return client
-        with self._lock:
-            if self._client is None:
-                now = time.monotonic()
-                if self._failed is not None and now - self._failed[0] < self.RETRY_S:
-                    raise RedisClusterException(self._failed[1])
-                try:
-                    self._client = redis.cluster.RedisCluster(**self._kwargs)
-                except UNREACHABLE as exc:
-                    self._failed = (now, str(exc) or type(exc).__name__)
-                    raise
-                self._failed = None
-            return self._client
-
-    def __getattr__(self, name: str):  # what this class does not define: the cluster client's
-        return getattr(self.client, name)
-
-    def get_encoder(self) -> Encoder:
-        return self._encoder
-
-    def register_script(self, script: str) -> Script:
-        return Script(self, script)  # runs through __getattr__ (evalsha, script_load) when called
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-
-
-CLUSTER_CLIENTS = (redis.cluster.RedisCluster, LazyCluster)
-
-
-def is_cluster_url(url: str | None) -> bool:
-    return bool(url) and url.split("://", 1)[0].lower() in ("redis+cluster", "rediss+cluster")
 
 
 class Shards:

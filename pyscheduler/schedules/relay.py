@@ -32,8 +32,9 @@ import time
 from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
 from ..metrics import counter
+from ..redisconn import UNREACHABLE
 from .executor import POISON, mirror_entries
-from .index import DEFAULT_PREFIX, UNREACHABLE, Index, Shards
+from .index import DEFAULT_PREFIX, Index, Shards
 
 log = logging.getLogger("pyscheduler.schedules")
 

@@ -90,7 +90,7 @@ def group() -> None:
 @http_options()
 def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch, http_port, http_host) -> None:
     """Run the monitor: reset expired leases, delete old finished tasks."""
-    from ..metrics_http import run_serving
+    from ..web.endpoint import run_serving
 
     wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()
@@ -343,7 +343,7 @@ def work_cmd(dsn, queue, capacity, lease_timeout, http_port, http_host) -> None:
     """A sample worker: sleeps spec.seconds per task (for demos and crash tests)."""
     from prometheus_client import CollectorRegistry
 
-    from ..metrics_http import run_serving
+    from ..web.endpoint import run_serving
 
     wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ..config import dsn_option, option, redis_option, require_dsn
+from ...config import dsn_option, option, redis_option, require_dsn
 
 
 def _hosts(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
-    from .app import parse_hosts
+    from .http import parse_hosts
 
     try:
         return parse_hosts(values)

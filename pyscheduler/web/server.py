@@ -1,25 +1,12 @@
-"""The one HTTP server of pyscheduler: every daemon's endpoint (``metrics_http``) and the
-dashboard (``dashboard.server``) serve their WSGI application on it (issue 32).
+"""The one HTTP server of pyscheduler, ``BoundedServer``: every process's endpoint
+(``web.endpoint``) and the dashboard on its own (``serve``) run their WSGI application on it.
 
-No thread waits on an idle socket: one thread reads every connection (a selector) until
-its request has arrived whole, and only then hands it to a fixed pool of ``WORKERS``
-threads that run the application. So idle or slow connections cost a descriptor each,
-never a thread, and the bounds below keep the descriptors few:
-
-- at most ``MAX_CONNECTIONS`` connections are open. A connection arriving at the bound
-  closes the oldest one that has not sent a whole request yet (an idle one), so idle
-  connections never keep a health probe out; when every open connection is being
-  answered, the new one is closed instead.
-- a request (line, headers and body) must arrive within ``READ_TIMEOUT`` seconds of its
-  connection being accepted (408 and closed otherwise, however slowly bytes trickle in);
-  sending the answer is bounded by the same time.
-- the request line is at most ``MAX_LINE`` bytes (414), line and headers together at most
-  ``MAX_HEAD`` bytes (431; and at most 100 headers), a body at most ``MAX_BODY`` bytes
-  (413).
-
-One request per connection (HTTP/1.0): the connection closes after the answer. Requests for
-the ``quick_paths`` given (an endpoint's ``/healthz``, ``/readyz``, ``/metrics``) have a
-thread of their own: they are never queued behind the application's slow pages.
+One thread reads every connection (a selector) until its request has arrived whole, then a
+fixed pool of ``WORKERS`` threads runs the application; requests for the ``quick_paths``
+given have a thread of their own. So an idle or slow connection costs a descriptor, never a
+thread, and the bounds below (``MAX_CONNECTIONS``, ``READ_TIMEOUT``, ``MAX_LINE``,
+``MAX_HEAD``, ``MAX_BODY``) keep the descriptors few: docs/operations.md, "Metrics and
+health". One request per connection (HTTP/1.0).
 """
 
 from __future__ import annotations
@@ -104,8 +91,12 @@ def _answer(status: str, text: str) -> bytes:
 
 
 class BoundedServer:
-    """Serves ``app`` (WSGI) on ``host:port`` (port 0: any free one) within the bounds of
-    the module's docstring. ``start()`` serves in a thread of its own; ``close()`` stops."""
+    """Serves ``app`` (WSGI) on ``host:port`` (port 0: any free one) within the module's
+    bounds: at most ``max_connections`` open (one arriving at the bound closes the oldest that
+    has not sent a whole request yet, or itself when every open one is being answered), each
+    request within ``read_timeout`` of its connection (408), line, head and body within
+    ``MAX_LINE`` (414), ``MAX_HEAD`` (431) and ``MAX_BODY`` (413). ``start()`` serves in a
+    thread of its own; ``close()`` stops."""
 
     def __init__(self, host: str, port: int, app: Callable[..., Any], *, max_connections: int = MAX_CONNECTIONS,
                  read_timeout: float = READ_TIMEOUT, workers: int = WORKERS, quick_paths: tuple[str, ...] = ()):
@@ -324,3 +315,16 @@ class BoundedServer:
                 conn.sock.close()
                 with self._lock:
                     self._answering -= 1
+
+
+def serve(app: Callable[..., Any], host: str = "127.0.0.1", port: int = 8080,
+          ready: Callable[[str, int], None] | None = None, stop: threading.Event | None = None) -> None:
+    """Serve ``app`` until ``stop`` is set (or forever): ``pyscheduler dashboard``. ``port`` 0
+    picks a free port; ``ready(host, port)`` is called once it listens."""
+    server = BoundedServer(host, port, app).start()
+    try:
+        if ready:
+            ready(str(server.server_address[0]), server.port)
+        (stop or threading.Event()).wait()
+    finally:
+        server.close()

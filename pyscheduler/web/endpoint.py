@@ -1,26 +1,11 @@
-"""The one HTTP endpoint of a process: ``/metrics``, ``/healthz``, ``/readyz`` (and ``/``).
-
-Every daemon command (``pyscheduler run``, ``delay run``, ``schedules run``, ``checks
-run``, ``tasks monitor``, ``tasks work``) serves it with ``--http-port N [--http-host
-127.0.0.1]`` (``PYSCHEDULER_HTTP_PORT`` / ``PYSCHEDULER_HTTP_HOST``):
-
-- ``/metrics``: Prometheus text, the series of what this process runs
-  (pyscheduler.metrics) plus ``pyscheduler_ready``, ``pyscheduler_server_up{server}``,
-  ``pyscheduler_daemon_running{daemon}`` and ``pyscheduler_daemon_crashes_total{daemon}``.
-- ``/healthz``: 200 while the process serves at all (liveness).
-- ``/readyz``: 200 when every daemon of the process is running (not crashed and waiting
-  to restart) and every server it uses answers; else 503. Both with a JSON body naming
-  each daemon and server and what is wrong with it.
-- anything else: the ``app`` given (a WSGI application, e.g. a dashboard), else 404.
-
-Served by ``http_server.BoundedServer`` (bounded connections, read timeout, header sizes).
-
-Servers are probed in the background, one thread each, every ``interval`` (0.5 s) with a
-2 s limit, so ``/readyz`` answers at once and turns 503 within about 2.5 s of a server
-going away: PostgreSQL (``SELECT 1`` on a kept connection), Kafka (a metadata request),
-Redis (``PING``; on a Redis Cluster every master). A daemon that runs but does only part of
-its job (``degraded_reason()``: an executor while Redis is unreachable) is named too:
-``"degraded: why"``, not ready.
+"""The one HTTP endpoint of a process: ``/metrics`` (Prometheus text of what the process runs),
+``/healthz`` (liveness), ``/readyz`` (200 when every daemon runs, none degraded, and every
+server it uses answers; else 503, a JSON body naming what is wrong) and anything else to the
+``app`` given (the dashboard under ``pyscheduler run``). ``serve``/``run_serving`` serve it
+for the daemon commands' ``--http-port``, on ``web.server.BoundedServer``. ``Health`` probes
+each server in the background (``Probe``: PostgreSQL, Kafka, Redis; every ``PROBE_INTERVAL``
+within ``PROBE_TIMEOUT``), so ``/readyz`` answers at once: docs/operations.md, "Metrics and
+health".
 """
 
 from __future__ import annotations
@@ -37,9 +22,9 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .errors import ConfigError
-from .http_server import BoundedServer
-from .metrics import process_registry
+from ..errors import ConfigError
+from ..metrics import process_registry
+from .server import BoundedServer
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +107,7 @@ class RedisProbe(Probe):
         self.client: Any = None
 
     def check(self) -> None:
-        from .schedules.index import CLUSTER_CLIENTS, connect  # redis:// and redis+cluster:// alike
+        from ..redisconn import CLUSTER_CLIENTS, connect  # redis:// and redis+cluster:// alike
 
         if self.client is None:
             self.client = connect(self.url, timeout=PROBE_TIMEOUT)
@@ -361,7 +346,7 @@ def run_serving(daemons: Iterable[Any], stop: threading.Event, host: str, port: 
                 **servers: Any) -> int:
     """``run_daemons(daemons, stop)`` with the process's HTTP endpoint served meanwhile (when
     ``port`` is not None); its exit code. ``servers``: as for ``serve``."""
-    from .daemon import run_daemons
+    from ..daemon import run_daemons
 
     daemons = list(daemons)
     endpoint = serve(host, port, daemons, **servers)

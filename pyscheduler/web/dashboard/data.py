@@ -1,16 +1,8 @@
-"""Every query of the dashboard, in one place.
-
-Reads go through the monitor role's views and functions only (docs/sql-api.md,
-"Roles"); actions through the client/admin functions, on their own pool
-(``Actions``). Nothing here reads a table.
-
-Pagination. Lists page by keyset through the SQL functions' cursors:
-``list_tasks(before_rn)``, ``list_schedules(after_name)``, ``schedule_runs(before)``,
-``list_checks(after_at, after_id)``, ``check_history(before_at, before_id)``. A page asks
-for ``size + 1`` rows: the extra one says whether there is a next page.
-
-Counts. ``queue_status`` and ``task_counts`` are exact: the tallies every write keeps
-(docs/sql-api.md, ``task_counts``).
+"""Every query of the dashboard, in one place: ``Reader`` (reads through the monitor role's
+views and functions only, docs/sql-api.md, "Roles"; nothing here reads a table) and
+``Actions`` (the write side: the typed clients' calls, on their own login). Lists page by
+keyset through the SQL functions' cursors: a page asks for ``size + 1`` rows, the extra one
+says whether there is a next page (docs/operations.md, "Dashboard").
 """
 
 from __future__ import annotations
@@ -25,10 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, get_args
 
-from ..checks.client import CheckOutcome
-from ..db import Database
-from ..schedules.client import RunOutcome
-from ..tasks.client import TaskStatus
+from ...checks.client import CheckOutcome
+from ...db import Database
+from ...schedules.client import RunOutcome
+from ...tasks.client import TaskStatus
 
 PAGE = 50  # rows per page
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
@@ -188,9 +180,9 @@ class Actions:
     or check belongs to its role: use an admin login to act on all)."""
 
     def __init__(self, db: Database):
-        from ..checks import CheckClient
-        from ..schedules import ScheduleClient
-        from ..tasks import TaskClient
+        from ...checks import CheckClient
+        from ...schedules import ScheduleClient
+        from ...tasks import TaskClient
 
         tasks, schedules, checks = TaskClient(db), ScheduleClient(db), CheckClient(db)
         self.cancel_task, self.retry_task = tasks.cancel, tasks.retry
