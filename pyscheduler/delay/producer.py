@@ -25,7 +25,8 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from ..calls import aware, duration, label_refusal, text
 from ..errors import InvalidArgument, SchedulerError
-from .relay import HEADER_DEADLINE, HEADER_ID, MAX_ID_LENGTH, delayed_headers
+from . import sqlapi as sql
+from .message import HEADER_DEADLINE, HEADER_ID, delayed_headers
 
 __all__ = ["DelayProducer", "DeliveryFailed"]
 
@@ -83,9 +84,9 @@ class DelayProducer:
             aware("delay", deadline)  # now + delay, in the relay's range
         at = aware("deadline", deadline).astimezone(timezone.utc)
         ident = str(uuid.uuid4()) if message_id is None else str(text("message_id", message_id))
-        if not 1 <= len(ident) <= MAX_ID_LENGTH:
-            raise InvalidArgument(f"message_id must have 1..{MAX_ID_LENGTH} characters, got {len(ident)}")
-        why = label_refusal(ident, 4 * MAX_ID_LENGTH)  # what the relay would dead-letter
+        if not 1 <= len(ident) <= sql.MAX_ID_LENGTH:
+            raise InvalidArgument(f"message_id must have 1..{sql.MAX_ID_LENGTH} characters, got {len(ident)}")
+        why = label_refusal(ident, sql.MAX_ID_BYTES)  # what the relay would dead-letter
         if why is not None:
             raise InvalidArgument(f"message_id {why}, got {ident[:64]!r}")
         out: list[tuple[str, str | bytes | None]] = list(delayed_headers(ident, at))
