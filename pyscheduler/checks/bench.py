@@ -32,6 +32,7 @@ import click
 from ..config import dsn_option, require_dsn
 from ..db import Database
 from ..tasks.bench import _percentile, _run_threads
+from . import sqlapi as sql
 from .runner import CheckRunner
 
 ENTITY = "pyscheduler-bench"
@@ -43,31 +44,21 @@ CREATE OR REPLACE FUNCTION pyscheduler_bench.noop(c pyscheduler.future_check) RE
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 'SELECT NULL::timestamptz';
 """
 
-FILL = """
-INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at,
-                                max_checks, horizon, created, owner)
-SELECT %(entity)s, i::text, %(job)s, %(kind)s, s, s, 5, '30 days', now(), current_user
-  FROM generate_series(%(first)s::bigint, %(last)s::bigint) i,
-       LATERAL (SELECT %(slot)s::timestamptz + CASE WHEN %(spread)s THEN (1 + i %% 2880) * %(res)s::interval
-                                                    ELSE interval '0' END AS s) x
-"""
-
 
 def _clean(db: Database) -> None:
     with db.connection() as conn:
-        conn.execute("DELETE FROM pyscheduler.checks WHERE entity_name = %s", (ENTITY,))
-        conn.execute("DELETE FROM pyscheduler.check_history WHERE entity_name = %s", (ENTITY,))
+        conn.execute(sql.BENCH_CLEAN_CHECKS, (ENTITY,))
+        conn.execute(sql.BENCH_CLEAN_HISTORY, (ENTITY,))
         conn.execute("VACUUM (ANALYZE) pyscheduler.checks")
         conn.execute("VACUUM (ANALYZE) pyscheduler.check_history")
 
 
 def _fill(db: Database, first: int, last: int, slot: datetime, job: str, kind: str, spread: bool = False,
           chunk: int = 1_000_000, freeze: bool = False) -> None:
-    res = db.call_one("check_slots")["resolution"]
+    res = db.call_one(sql.CHECK_SLOTS)["resolution"]
     with db.connection() as conn:
         for lo in range(first, last + 1, chunk):
-            conn.execute(FILL, {"entity": ENTITY, "job": job, "kind": kind, "first": lo,
-                                "last": min(last, lo + chunk - 1), "slot": slot, "spread": spread, "res": res})
+            conn.execute(sql.BENCH_FILL, (ENTITY, job, kind, lo, min(last, lo + chunk - 1), slot, spread, res))
         conn.execute(f"VACUUM ({'FREEZE, ' if freeze else ''}ANALYZE) pyscheduler.checks")
 
 
@@ -75,7 +66,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
                  handlers: dict) -> dict:
     """n checks in the current slot; runners shard it; seconds until all are in the history."""
     _clean(db)
-    slot = db.call_one("check_slots")["slot"]
+    slot = db.call_one(sql.CHECK_SLOTS)["slot"]
     _fill(db, 1, n, slot, job, kind)
     workers = [CheckRunner(dsn, handlers, shard=k, shards=runners, batch=batch) for k in range(runners)]
 
@@ -85,8 +76,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
             workers[k].run_slot(own, slot)
 
     elapsed = _run_threads(runners, work)
-    ended = db.query("SELECT count(*) AS n FROM pyscheduler.check_history WHERE entity_name = %s "
-                     "AND outcome = 'done'", (ENTITY,))[0]["n"]
+    ended = db.query(sql.BENCH_DONE, (ENTITY,))[0]["n"]
     times = [t for w in workers for t in w.batch_seconds]
     phases: dict[str, float] = {}
     for w in workers:
@@ -100,7 +90,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
 def slot_selection(db: Database, sizes: list[int], slot_size: int, repeat: int, echo) -> list[dict]:
     """Time due_checks on a slot of slot_size checks as the table grows to each size."""
     _clean(db)
-    slot = db.call_one("check_slots")["slot"]
+    slot = db.call_one(sql.CHECK_SLOTS)["slot"]
     _fill(db, 1, slot_size, slot, "pyscheduler_bench.noop", "sql", freeze=True)
     have = slot_size
     out = []
@@ -114,8 +104,7 @@ def slot_selection(db: Database, sizes: list[int], slot_size: int, repeat: int, 
         with db.connection() as conn:
             for i in range(repeat + 20):  # the first 20: warm-up, not counted
                 with conn.transaction(force_rollback=True):
-                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) "
-                                        "FROM pyscheduler.due_checks(slot => %s, max => %s)",
+                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.BENCH_DUE,
                                         (slot, slot_size)).fetchone()
                 if i >= 20:
                     times.append(next(iter(plan.values()))[0]["Execution Time"] / 1000)
