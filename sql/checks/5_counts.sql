@@ -207,7 +207,8 @@ CREATE OR REPLACE TRIGGER checks_truncated AFTER TRUNCATE ON pyscheduler.checks
     FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_truncated();
 CREATE OR REPLACE TRIGGER history_truncated AFTER TRUNCATE ON pyscheduler.check_history
     FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_truncated();
--- in the transaction that creates the triggers (the post-apply step of migrate)
+-- in the transaction that creates the triggers (the post-apply step of migrate): not in a
+-- migration, which commits before them (what is written in between would go uncounted)
 DO $count$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pyscheduler.settings WHERE name = 'checks_counted') THEN
