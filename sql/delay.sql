@@ -539,6 +539,7 @@ COMMENT ON FUNCTION pyscheduler.cancel_message(pyscheduler.message_id) IS
 -- million stored); waiting = stored - ready.
 
 -- _delay_fold_counts(): replace the deltas no other transaction is folding by their sum.
+-- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
 CREATE OR REPLACE FUNCTION pyscheduler._delay_fold_counts()
 RETURNS void
 LANGUAGE sql

@@ -126,6 +126,7 @@ $$;
 
 -- _fold_check_counts(): replace the deltas no other transaction is folding by their sums,
 -- without the slots and hours no reader needs any more.
+-- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
 CREATE OR REPLACE FUNCTION pyscheduler._fold_check_counts()
 RETURNS void
 LANGUAGE sql
