@@ -127,7 +127,6 @@ class RelayConfig:
         return timedelta(milliseconds=self.timing_advance_ms)
 
 
-
 def count_fired(fired_at: float, deadlines: Sequence[datetime]) -> None:
     """FIRED and FIRE_LAG for messages fired at ``fired_at`` (epoch seconds) with these
     deadlines, the lags in one pass over the buckets: Histogram.observe per message (a lock and
@@ -168,8 +167,6 @@ def relax_gc(threshold: int = GC_THRESHOLD) -> None:
     if 0 < first < threshold:
         gc.set_threshold(threshold, *rest)
 
-
-# -- publishing ---------------------------------------------------------------
 
 # -- the relay ----------------------------------------------------------------
 
