@@ -1,23 +1,11 @@
-"""``pyscheduler bench checks``: future checks at scale.
+"""``pyscheduler bench checks``: future checks at scale (docs/benchmarks.md, "Future checks").
 
-1. N checks (default 1,000,000) due in one slot with a trivial SQL job
-   (returns NULL: done): time for runners (``--runners`` shards of the slot,
-   each a CheckRunner on its own connection) to take, run, finish and move
-   them all into the history.
-2. The same with a trivial Python handler.
-3. Slot selection as the table grows (default 10k, 100k, 1M, 10M rows): the
-   measured slot always holds ``--slot-size`` checks, the other rows are
-   spread over the next 2,880 slots; the server time of one
-   ``due_checks(slot, max => slot-size)`` (EXPLAIN ANALYZE, in a rolled-back
-   transaction: no client or network time) is measured ``--repeat`` times per
-   size (p10, median, p99), and the ratios of the largest size to the
-   smallest are reported (target <= 1.2). p10 is the least disturbed by
-   other load on the machine.
-
-Rows are inserted set-based (INSERT ... SELECT generate_series) straight into
-pyscheduler.checks under entity_name 'pyscheduler-bench', and deleted from
-checks and check_history afterwards. Run it on a scratch database: the 10M
-table takes a few minutes and ~3 GB.
+N checks due in one slot (default 1,000,000), run by ``--runners`` CheckRunners sharing the
+slot as shards, with a trivial SQL job, then with a trivial Python handler: seconds until all
+are in the history. Then the server time of ``due_checks`` on a slot of ``--slot-size`` checks
+as the table grows to each of ``--sizes`` rows (target: the largest within 1.2x of the
+smallest). Rows go straight into pyscheduler.checks under entity_name 'pyscheduler-bench' and
+are deleted after each part: run it on a scratch database (10M rows take minutes and ~3 GB).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""Publish to the delay queue's input topic (seeds/chronos.md), over confluent-kafka.
-
-::
+"""Publish to the delay queue's input topic (seeds/chronos.md), over confluent-kafka::
 
     with DelayProducer("localhost:9092", "pyscheduler.delay.input") as producer:
         producer.send(b'{"order": 42}', key=b"42", delay=timedelta(minutes=5))
 
-sets the Chronos headers (``chronosMessageId``: a uuid unless given;
-``chronosDeadline``: ISO 8601 in UTC with an explicit offset) and refuses, naming
-the argument, what the relay would dead-letter: a naive or out-of-range deadline,
-an id that is empty, longer than 128 characters or not a label (padded, or with a
-control, zero-width or bidirectional character), a header that repeats a Chronos
-header. The message reaches the output topic with the same key, value and other
-headers no earlier than the deadline minus the relay's timing advance, at least once.
+``send`` sets the Chronos headers and refuses, naming the argument, what the relay would
+dead-letter (docs/python-api.md, "Delay queue"). The message reaches the output topic with
+the same key, value and other headers no earlier than the deadline minus the relay's timing
+advance, at least once.
 """
 
 from __future__ import annotations
