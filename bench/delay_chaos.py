@@ -38,7 +38,7 @@ from pyscheduler import migrate
 from pyscheduler.config import bootstrap_option, dsn_option
 from pyscheduler.delay.bench import (OutputReader, _servers, fresh_read, relay_command, send_warm_up,
                                      stop_processes)
-from pyscheduler.delay.relay import delayed_headers
+from pyscheduler.delay.message import delayed_headers
 from pyscheduler.embedded import create_topics
 
 AUDIT = """

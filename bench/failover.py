@@ -113,7 +113,7 @@ def producer_loop(bootstrap: str, stop: threading.Event, acked: Acked, every: fl
                 acked.errors += 1
         return report
 
-    from pyscheduler.delay.relay import delayed_headers
+    from pyscheduler.delay.message import delayed_headers
 
     i = 0
     while not stop.is_set():

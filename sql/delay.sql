@@ -34,7 +34,6 @@
 -- key each (the seed's [{"k1": "v1"}, {"k2": "v2"}]). A plain SQL function (no SET
 -- clause, built-ins only) so the planner inlines it into the batch check of
 -- _enqueue_messages: a function call per message cost ~10 us.
-DROP FUNCTION IF EXISTS pyscheduler._delay_check_headers(jsonb);
 CREATE OR REPLACE FUNCTION pyscheduler._delay_headers_ok(p_headers jsonb)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
@@ -540,6 +539,7 @@ COMMENT ON FUNCTION pyscheduler.cancel_message(pyscheduler.message_id) IS
 -- million stored); waiting = stored - ready.
 
 -- _delay_fold_counts(): replace the deltas no other transaction is folding by their sum.
+-- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
 CREATE OR REPLACE FUNCTION pyscheduler._delay_fold_counts()
 RETURNS void
 LANGUAGE sql
@@ -592,7 +592,8 @@ END
 $$;
 CREATE OR REPLACE TRIGGER delay_messages_truncated AFTER TRUNCATE ON pyscheduler.delay_messages
     FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._delay_truncated();
--- in the transaction that loads the functions above (the post-apply step of migrate)
+-- in the transaction that loads the functions above (the post-apply step of migrate): not in a
+-- migration, which commits before them (what the old code writes in between would go uncounted)
 DO $count$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pyscheduler.settings WHERE name = 'delay_counted') THEN

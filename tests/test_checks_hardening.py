@@ -26,7 +26,7 @@ from psycopg.rows import dict_row
 from checks_support import Counting, Running, add_many, history, running, scrape, slots, wait_history  # noqa: F401
 from pyscheduler import errors
 from pyscheduler.checks import Check, CheckRunner
-from pyscheduler.checks.runner import run_handler
+from pyscheduler.checks.handlers import run_handler
 from pyscheduler.db import Database, Jsonb
 from pyscheduler.tasks.worker import wait_for
 

@@ -12,8 +12,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from delay_support import InProcessRelay, Output, Sender, Topics, fire_time, utcnow, wait_for, warm_up
-from pyscheduler.delay.relay import (DEAD_LETTERED, DROPPED, KAFKA_MESSAGE_MAX_BYTES, Malformed, RelayConfig,
-                                     parse_deadline)
+from pyscheduler.delay.message import Malformed, parse_deadline
+from pyscheduler.delay.publisher import KAFKA_MESSAGE_MAX_BYTES
+from pyscheduler.delay.relay import DEAD_LETTERED, DROPPED, RelayConfig
 from pyscheduler.errors import ConfigError
 
 

@@ -110,6 +110,30 @@ def test_functions_are_reloaded_on_every_migrate(dsn):
         assert c.execute("SELECT code_version FROM pyscheduler.version()").fetchone()[0] != "tampered"
 
 
+# private helpers of earlier versions, which sql/ dropped on every migrate before migration 0033
+OLD_HELPERS = ("_delay_check_headers(jsonb)", "_due_checks(timestamptz, integer, integer, integer, timestamptz)",
+               "_catch_up_checks(integer, integer, integer, timestamptz)", "_check_take(integer, integer, integer)",
+               "_sql_job(text)", "_check_job(text, text)")
+
+
+def test_an_upgrade_drops_the_private_helpers_of_earlier_versions(empty_dsn):
+    from yoyo import get_backend
+
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("CREATE SCHEMA pyscheduler")
+        backend = get_backend(migrate.yoyo_uri(empty_dsn), migration_table=migrate.MIGRATION_TABLE)
+        migrations = migrate._migrations()
+        before = migrations[:[m.id for m in migrations].index("0033_delay_checks_current_code")]
+        backend.apply_migrations_only(backend.to_apply(before))
+        backend.connection.close()
+        for helper in OLD_HELPERS:
+            c.execute(f"CREATE FUNCTION pyscheduler.{helper} RETURNS integer LANGUAGE sql AS 'SELECT 1'")
+        migrate.migrate(empty_dsn)
+        left = [h for h in OLD_HELPERS
+                if c.execute("SELECT to_regprocedure(%s) IS NOT NULL", (f"pyscheduler.{h}",)).fetchone()[0]]
+    assert left == []
+
+
 def one_line_error(result) -> str:
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr

@@ -21,8 +21,8 @@ ALLOWED = {"sqlapi.py", "db.py", "migrate.py"}  # where SQL may be written (sqla
 # Modules that still write their SQL themselves, to move behind their capability's sqlapi
 # (issue 28): the list only shrinks.
 NOT_YET = {
-    "benchpeers/runner.py", "checks/bench.py", "checks/cli.py", "checks/runner.py", "checks/tasks.py",
-    "web/dashboard/pages.py", "web/dashboard/data.py", "delay/cli.py", "delay/relay.py", "flatness.py",
+    "benchpeers/runner.py",
+    "web/dashboard/pages.py", "web/dashboard/data.py", "flatness.py",
     "schedules/bench.py", "schedules/cli.py", "schedules/demo.py", "schedules/executor.py",
     "schedules/relay.py", "tasks/aio.py", "tasks/bench.py", "tasks/cli.py", "tasks/client.py", "tasks/monitor.py",
     "tasks/worker.py",
@@ -42,8 +42,10 @@ def declarations() -> list[tuple[str, str, object]]:
 def problems(conn, module: str, attr: str, decl: object) -> list[str]:
     where = f"{module}.{attr}"
     if isinstance(decl, Fn):
-        rows = conn.execute(
-            "SELECT p.proargnames AS names, p.proargmodes AS modes, p.pronargs AS n FROM pg_proc p "
+        rows = conn.execute(  # fields: the columns of a composite it returns (SETOF future_check)
+            "SELECT p.proargnames AS names, p.proargmodes AS modes, p.pronargs AS n, "
+            "ARRAY(SELECT a.attname::text FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid "
+            "      WHERE t.oid = p.prorettype AND a.attnum > 0 AND NOT a.attisdropped) AS fields FROM pg_proc p "
             "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = %s", (str(decl),)).fetchall()
         if not rows:
             return [f"{where}: no function pyscheduler.{decl}"]
@@ -51,7 +53,8 @@ def problems(conn, module: str, attr: str, decl: object) -> list[str]:
         for row in rows:
             names, modes = row["names"] or [], row["modes"]
             inputs = {n for i, n in enumerate(names) if (modes[i] in ("i", "b", "v") if modes else i < row["n"])}
-            outputs = {n for i, n in enumerate(names) if modes and modes[i] in ("o", "b", "t")} or {str(decl)}
+            outputs = ({n for i, n in enumerate(names) if modes and modes[i] in ("o", "b", "t")}
+                       or set(row["fields"]) or {str(decl)})
             out += [f"{where}: pyscheduler.{decl} has no parameter {a!r}" for a in decl.args if a not in inputs]
             out += [f"{where}: pyscheduler.{decl} returns no column {c!r}" for c in decl.columns if c not in outputs]
         return out
@@ -67,6 +70,7 @@ def problems(conn, module: str, attr: str, decl: object) -> list[str]:
     try:
         with conn.transaction(force_rollback=True):
             conn.execute(f"PREPARE sqlapi_check AS {re.sub(r'%s', lambda _: f'${next(n)}', str(decl))}")
+            conn.execute("DEALLOCATE sqlapi_check")  # a session's: a rollback keeps it
     except psycopg.Error as exc:
         return [f"{where}: {exc}"]
     return []

@@ -22,7 +22,7 @@ import threading
 import time
 
 from ..daemon import install_signal_handlers
-from ..delay.relay import HEADER_DEADLINE, HEADER_ID, parse_deadline
+from ..delay.message import HEADER_DEADLINE, HEADER_ID, parse_deadline
 
 
 def run(bootstrap: str, input_topic: str, output_topic: str, stop: threading.Event) -> None:

@@ -1,23 +1,11 @@
-"""``pyscheduler bench checks``: future checks at scale.
+"""``pyscheduler bench checks``: future checks at scale (docs/benchmarks.md, "Future checks").
 
-1. N checks (default 1,000,000) due in one slot with a trivial SQL job
-   (returns NULL: done): time for runners (``--runners`` shards of the slot,
-   each a CheckRunner on its own connection) to take, run, finish and move
-   them all into the history.
-2. The same with a trivial Python handler.
-3. Slot selection as the table grows (default 10k, 100k, 1M, 10M rows): the
-   measured slot always holds ``--slot-size`` checks, the other rows are
-   spread over the next 2,880 slots; the server time of one
-   ``due_checks(slot, max => slot-size)`` (EXPLAIN ANALYZE, in a rolled-back
-   transaction: no client or network time) is measured ``--repeat`` times per
-   size (p10, median, p99), and the ratios of the largest size to the
-   smallest are reported (target <= 1.2). p10 is the least disturbed by
-   other load on the machine.
-
-Rows are inserted set-based (INSERT ... SELECT generate_series) straight into
-pyscheduler.checks under entity_name 'pyscheduler-bench', and deleted from
-checks and check_history afterwards. Run it on a scratch database: the 10M
-table takes a few minutes and ~3 GB.
+N checks due in one slot (default 1,000,000), run by ``--runners`` CheckRunners sharing the
+slot as shards, with a trivial SQL job, then with a trivial Python handler: seconds until all
+are in the history. Then the server time of ``due_checks`` on a slot of ``--slot-size`` checks
+as the table grows to each of ``--sizes`` rows (target: the largest within 1.2x of the
+smallest). Rows go straight into pyscheduler.checks under entity_name 'pyscheduler-bench' and
+are deleted after each part: run it on a scratch database (10M rows take minutes and ~3 GB).
 """
 
 from __future__ import annotations
@@ -32,6 +20,7 @@ import click
 from ..config import dsn_option, require_dsn
 from ..db import Database
 from ..tasks.bench import _percentile, _run_threads
+from . import sqlapi as sql
 from .runner import CheckRunner
 
 ENTITY = "pyscheduler-bench"
@@ -43,31 +32,21 @@ CREATE OR REPLACE FUNCTION pyscheduler_bench.noop(c pyscheduler.future_check) RE
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 'SELECT NULL::timestamptz';
 """
 
-FILL = """
-INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at,
-                                max_checks, horizon, created, owner)
-SELECT %(entity)s, i::text, %(job)s, %(kind)s, s, s, 5, '30 days', now(), current_user
-  FROM generate_series(%(first)s::bigint, %(last)s::bigint) i,
-       LATERAL (SELECT %(slot)s::timestamptz + CASE WHEN %(spread)s THEN (1 + i %% 2880) * %(res)s::interval
-                                                    ELSE interval '0' END AS s) x
-"""
-
 
 def _clean(db: Database) -> None:
     with db.connection() as conn:
-        conn.execute("DELETE FROM pyscheduler.checks WHERE entity_name = %s", (ENTITY,))
-        conn.execute("DELETE FROM pyscheduler.check_history WHERE entity_name = %s", (ENTITY,))
+        conn.execute(sql.BENCH_CLEAN_CHECKS, (ENTITY,))
+        conn.execute(sql.BENCH_CLEAN_HISTORY, (ENTITY,))
         conn.execute("VACUUM (ANALYZE) pyscheduler.checks")
         conn.execute("VACUUM (ANALYZE) pyscheduler.check_history")
 
 
 def _fill(db: Database, first: int, last: int, slot: datetime, job: str, kind: str, spread: bool = False,
           chunk: int = 1_000_000, freeze: bool = False) -> None:
-    res = db.call_one("check_slots")["resolution"]
+    res = db.call_one(sql.CHECK_SLOTS)["resolution"]
     with db.connection() as conn:
         for lo in range(first, last + 1, chunk):
-            conn.execute(FILL, {"entity": ENTITY, "job": job, "kind": kind, "first": lo,
-                                "last": min(last, lo + chunk - 1), "slot": slot, "spread": spread, "res": res})
+            conn.execute(sql.BENCH_FILL, (ENTITY, job, kind, lo, min(last, lo + chunk - 1), slot, spread, res))
         conn.execute(f"VACUUM ({'FREEZE, ' if freeze else ''}ANALYZE) pyscheduler.checks")
 
 
@@ -75,7 +54,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
                  handlers: dict) -> dict:
     """n checks in the current slot; runners shard it; seconds until all are in the history."""
     _clean(db)
-    slot = db.call_one("check_slots")["slot"]
+    slot = db.call_one(sql.CHECK_SLOTS)["slot"]
     _fill(db, 1, n, slot, job, kind)
     workers = [CheckRunner(dsn, handlers, shard=k, shards=runners, batch=batch) for k in range(runners)]
 
@@ -85,8 +64,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
             workers[k].run_slot(own, slot)
 
     elapsed = _run_threads(runners, work)
-    ended = db.query("SELECT count(*) AS n FROM pyscheduler.check_history WHERE entity_name = %s "
-                     "AND outcome = 'done'", (ENTITY,))[0]["n"]
+    ended = db.query(sql.BENCH_DONE, (ENTITY,))[0]["n"]
     times = [t for w in workers for t in w.batch_seconds]
     phases: dict[str, float] = {}
     for w in workers:
@@ -100,7 +78,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
 def slot_selection(db: Database, sizes: list[int], slot_size: int, repeat: int, echo) -> list[dict]:
     """Time due_checks on a slot of slot_size checks as the table grows to each size."""
     _clean(db)
-    slot = db.call_one("check_slots")["slot"]
+    slot = db.call_one(sql.CHECK_SLOTS)["slot"]
     _fill(db, 1, slot_size, slot, "pyscheduler_bench.noop", "sql", freeze=True)
     have = slot_size
     out = []
@@ -114,8 +92,7 @@ def slot_selection(db: Database, sizes: list[int], slot_size: int, repeat: int, 
         with db.connection() as conn:
             for i in range(repeat + 20):  # the first 20: warm-up, not counted
                 with conn.transaction(force_rollback=True):
-                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) "
-                                        "FROM pyscheduler.due_checks(slot => %s, max => %s)",
+                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.BENCH_DUE,
                                         (slot, slot_size)).fetchone()
                 if i >= 20:
                     times.append(next(iter(plan.values()))[0]["Execution Time"] / 1000)

@@ -17,8 +17,10 @@ from ..config import (DURATION, POSITIVE_DURATION, dsn_option, env, http_options
                       require_dsn, wait_for_database)
 from ..daemon import RunContext, install_signal_handlers
 from ..db import Database, Jsonb
+from . import sqlapi as sql
 from .client import CheckClient
-from .runner import CheckRunner, import_handlers
+from .handlers import import_handlers
+from .runner import CheckRunner
 
 
 def _runner_options(f):
@@ -234,8 +236,8 @@ def demo(ctx: RunContext, echo) -> None:
     with Database(ctx.dsn, max_size=2) as db:
         with db.connection() as conn:
             conn.execute(DEMO_SQL)
-        old = db.call_one("set_check_settings")["resolution"]
-        db.call("set_check_settings", resolution=timedelta(seconds=1))
+        old = db.call_one(sql.SET_CHECK_SETTINGS)["resolution"]
+        db.call(sql.SET_CHECK_SETTINGS, resolution=timedelta(seconds=1))
         stop = threading.Event()
         runner = CheckRunner(ctx.dsn, {}, timeout=5.0)
         thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
@@ -247,7 +249,7 @@ def demo(ctx: RunContext, echo) -> None:
                     conn.execute("INSERT INTO pyscheduler_demo.orders VALUES (%s, clock_timestamp(), 'UNSHIPPED')",
                                  (oid,))
             for oid in orders:
-                db.call("add_check", entity_name="order", entity_key=oid, job="pyscheduler_demo.order_alert",
+                db.call(sql.ADD_CHECK, entity_name="order", entity_key=oid, job="pyscheduler_demo.order_alert",
                         check_after=timedelta(seconds=2), payload=Jsonb({"escalate_after": "4 seconds"}))
             echo("slots of 1 s; three orders placed, each with a check after 2 s (primary alert, "
                  "escalation 4 s after placing): " + ", ".join(f"{k[-1]} {v}" for k, v in orders.items()))
@@ -266,21 +268,21 @@ def demo(ctx: RunContext, echo) -> None:
 
             wait_for(lambda: any(a["order_id"] == f"{tag}-C" for a in alerts()), timeout=30)
             ship(f"{tag}-C")
-            wait_for(lambda: all(not db.call("list_checks", entity_name="order", entity_key=oid) for oid in orders),
+            wait_for(lambda: all(not db.call(sql.LIST_CHECKS, entity_name="order", entity_key=oid) for oid in orders),
                      timeout=30)
             for a in alerts():
                 echo(f"  {a['level']:<10} alert for order {a['order_id'][-1]}, "
                      f"{a['after']:.1f} s after it was placed")
             echo("check_history:")
             for oid in orders:
-                for h in db.call("check_history", entity_name="order", entity_key=oid):
+                for h in db.call(sql.CHECK_HISTORY, entity_name="order", entity_key=oid):
                     echo(f"  order {oid[-1]}: {h['outcome']:<5} after {h['check_count']} run(s)  "
                          f"({orders[oid]})")
         finally:
             stop.set()
             if thread.is_alive():
                 thread.join(10)
-            db.call("set_check_settings", resolution=old)
+            db.call(sql.SET_CHECK_SETTINGS, resolution=old)
 
 
 from .bench import bench  # noqa: E402  (the ``pyscheduler bench checks`` command)

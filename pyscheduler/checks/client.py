@@ -4,7 +4,7 @@
 application's own psycopg connection or cursor, inside its transaction: a check added
 there exists only if the application commits, e.g. in the transaction that inserts the
 order it watches (``AsyncCheckClient(conn)`` for asyncio). Pending checks are the
-runner's :class:`~pyscheduler.checks.runner.Check`; ended ones :class:`EndedCheck`.
+runner's :class:`~pyscheduler.checks.handlers.Check`; ended ones :class:`EndedCheck`.
 
 A check belongs to the role that added it: another role sees it with ``payload`` (and,
 in the history, ``error``) None.
@@ -20,7 +20,8 @@ from typing import Any, Literal, get_args
 from ..calls import (INT32, AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant,
                      integer, interval, json_value, one, required_instant, required_interval, sync, text, value)
 from ..errors import InvalidArgument
-from .runner import Check
+from . import sqlapi as sql
+from .handlers import Check
 
 __all__ = ["AddedCheck", "AsyncCheckClient", "Check", "CheckClient", "CheckKind", "CheckOutcome", "EndedCheck"]
 
@@ -103,7 +104,7 @@ def _add(entity_name: str, entity_key: str, job: str, *, check_at: datetime | No
     ``horizon`` default to the settings. The check belongs to the calling role."""
     if (check_at is None) == (check_after is None):
         raise InvalidArgument("give exactly one of check_at and check_after")
-    return Call("add_check", {
+    return Call(sql.ADD_CHECK, {
         "entity_name": text("entity_name", entity_name), "entity_key": text("entity_key", entity_key),
         "job": text("job", job), "check_at": aware("check_at", check_at, optional=True),
         "check_after": duration("check_after", check_after, optional=True),
@@ -115,9 +116,9 @@ def _add(entity_name: str, entity_key: str, job: str, *, check_at: datetime | No
 def _delete(entity_name: str, entity_key: str, job: str | None = None) -> Call[int]:
     """Delete the entity's pending checks (of ``job``, or all) that the caller may act on; how many.
     A check a runner holds right now is ended by that runner (never waited for)."""
-    return Call("delete_checks", {"entity_name": text("entity_name", entity_name),
-                                  "entity_key": text("entity_key", entity_key),
-                                  "job": text("job", job, optional=True)}, value(int))
+    return Call(sql.DELETE_CHECKS, {"entity_name": text("entity_name", entity_name),
+                                    "entity_key": text("entity_key", entity_key),
+                                    "job": text("job", job, optional=True)}, value(int))
 
 
 def _cursor(name: str, row: Check | EndedCheck | None) -> tuple[datetime | None, int | None]:
@@ -137,7 +138,7 @@ def _list(entity_name: str | None = None, entity_key: str | None = None, job: st
     """Pending checks matching every filter given (None: any), soonest first. The next page:
     ``after`` = the last check of this one (keyset on next_check_at and id)."""
     at, id_ = _cursor("after", after)
-    return Call("list_checks", {**_filters(entity_name, entity_key, job, limit), "after_at": at, "after_id": id_},
+    return Call(sql.LIST_CHECKS, {**_filters(entity_name, entity_key, job, limit), "after_at": at, "after_id": id_},
                 each(pending))
 
 
@@ -146,7 +147,7 @@ def _history(entity_name: str | None = None, entity_key: str | None = None, job:
     """Checks that ended, matching every filter given (None: any), newest first. The next page:
     ``before`` = the last row of this one (keyset on ended and id)."""
     at, id_ = _cursor("before", before)
-    return Call("check_history", {**_filters(entity_name, entity_key, job, limit), "before_at": at, "before_id": id_},
+    return Call(sql.CHECK_HISTORY, {**_filters(entity_name, entity_key, job, limit), "before_at": at, "before_id": id_},
                 each(EndedCheck.from_row))
 
 

@@ -1,282 +1,33 @@
-"""The future-check runner: wakes at each slot boundary and runs that slot's checks.
-
-Per batch, in ONE transaction (the row locks taken by the take are the runner's
-proof that it took the checks; ``finish_checks`` accepts no others):
-
-1. ``run_due_checks(slot, shard, shards, max => batch, after)`` (slot NULL: the
-   catch-up pass), ONE statement under ``statement_timeout = timeout``: takes
-   and locks up to ``batch`` checks (FOR UPDATE SKIP LOCKED), runs their SQL
-   jobs (the checks of one job as one set in one subtransaction, one
-   subtransaction per check only if one raises) and records them, hands task
-   jobs to task queues, and returns the Python-job checks. If it times out (or
-   a value cannot be loaded), the transaction is rolled back and the batch is
-   taken again and run carefully: ``due_checks``, then each SQL check by
-   ``run_check_jobs`` in its own savepoint and statement under the timeout, so
-   only the slow one ends as ``timeout``;
-2. Python jobs: the registered handler, one after another in a handler thread
-   watched against a per-check deadline (a handler past it is abandoned and
-   recorded as ``timeout``), then ``finish_checks`` records their results. The
-   transaction holds its row locks while handlers run, so it is bounded: no
-   handler starts once the batch's handlers have run for ``timeout`` in all,
-   after an abandoned one, or once the runner is asked to stop; the checks not
-   started are not recorded and wait at their slot (the pass takes them again).
-   A batch's handlers thus keep its transaction open for at most about twice
-   the timeout, and a stop waits for the running handler only. While
-   ``max_abandoned`` abandoned handlers are still running no handler starts
-   (a warning, and the gauge ``pyscheduler_checks_abandoned_handlers``). Every
-   second of handler time the runner asks ``end_deleted_checks`` which of the
-   checks not yet started a client deleted meanwhile, and skips them;
-3. COMMIT (asynchronous: a commit lost in a database crash leaves the checks at
-   their slot, so the catch-up pass runs them again, the same at-least-once as
-   after a runner crash).
-
-A statement that runs SQL jobs is watched: a job that catches the statement
-timeout's cancel and goes on would hold the runner (and its batch's locks)
-forever, so past ``timeout`` plus a grace a watchdog terminates the backend from
-a connection of its own. The batch is then run carefully; the check whose
-statement had to be terminated is remembered and, when the batch is taken again,
-recorded as ``timeout`` without running it again.
-
-On start (and after any gap) the runner runs the catch-up pass for its shard
-(slots before the current one), then the current slot, then each next slot as
-its boundary passes (the database clock decides; slot arithmetic in UTC).
-Within a slot each batch starts after the last id the previous one took; a last
-batch from the start of the slot picks up anything another runner held
-meanwhile. Every ``purge_interval`` it deletes history past its retention.
-
-A stored value never stops it (design.md): a job's or a handler's bad result,
-a payload a task cannot carry, a job that hangs, are each recorded against
-their own check; a lost database connection is waited out; anything else
-crashes the runner, and ``pyscheduler run`` restarts it (``fresh()``).
+"""The future-check runner, a daemon: at each slot boundary (the database clock decides; slot
+arithmetic in UTC) it runs its shard of the slot batch by batch, after the catch-up pass for the
+slots missed. A batch is one transaction: ``run_due_checks`` takes the checks and runs their SQL
+and task jobs in one statement, the Python ones run here (handlers.py), ``finish_checks`` records
+them; a batch that timed out runs again one SQL job per statement, and a statement that ignores
+its timeout is ended (watchdog.py). docs/operations.md, "Future checks".
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 
 from .. import metrics
-from ..db import Database, Outage, Session, connect
+from ..db import Database, Outage, Session
 from ..errors import SlotNotOnBoundary, SlotNotStarted, is_retryable, rejects_arguments
+from . import sqlapi as sql
+from .handlers import ABANDONED, HANDLERS, Check, Handler, Result, failure, run_handlers
+from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 UTC = timezone.utc
-ERROR_CHARS = 2000  # an error text is kept to this many characters (as in check_history)
-
-
-@dataclass
-class Check:
-    """A pending check as its job sees it (pyscheduler.future_check)."""
-
-    id: int
-    entity_name: str
-    entity_key: str
-    job: str
-    kind: str
-    payload: Any
-    first_check_at: datetime
-    next_check_at: datetime
-    check_count: int
-    max_checks: int
-    created: datetime
-    owner: str | None = None  # the role that added it
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Check":
-        return cls(*[row.get(name) for name in _FIELDS])
-
-    @classmethod
-    def from_values(cls, values: list[Any]) -> "Check":
-        """From the array run_due_checks returns per Python check (the fields in order; times as ISO text)."""
-        check = cls(*values)
-        check.first_check_at = datetime.fromisoformat(check.first_check_at)
-        check.next_check_at = datetime.fromisoformat(check.next_check_at)
-        check.created = datetime.fromisoformat(check.created)
-        return check
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> "Check":
-        """From a future_check as jsonb (run_due_checks, a task job's spec): times are ISO strings."""
-        row = dict(obj)
-        for key in _TIMES:
-            if isinstance(row.get(key), str):
-                row[key] = datetime.fromisoformat(row[key])
-        return cls.from_row(row)
-
-
-_FIELDS = tuple(f.name for f in fields(Check))
-_TIMES = ("first_check_at", "next_check_at", "created")
-
-
-Handler = Callable[[Check], "datetime | None"]
-
-# Python handlers registered with @handler("name"); `pyscheduler checks run
-# --handlers mymodule` imports mymodule, whose decorators fill this.
-HANDLERS: dict[str, Handler] = {}
-
-
-def handler(name: str | None = None) -> Callable[[Handler], Handler]:
-    """Register a Python check handler: ``@handler("order_alert")``. It gets a
-    :class:`Check` and returns the next check time (an aware datetime) or None."""
-
-    def register(fn: Handler) -> Handler:
-        HANDLERS[name or fn.__name__] = fn
-        return fn
-
-    return register
-
-
-def import_handlers(modules: Iterable[str]) -> dict[str, Handler]:
-    """Import modules that register handlers; the registry afterwards."""
-    for module in modules:
-        if module.strip():
-            importlib.import_module(module.strip())
-    return dict(HANDLERS)
-
-
-@dataclass
-class Result:
-    next_check_at: datetime | None = None
-    error: str | None = None
-    timed_out: bool = False
-    took: float = 0.0
-
-
-def error_text(text: str) -> str:
-    """An error as check_history can keep it: no NUL, valid UTF-8, at most ERROR_CHARS characters."""
-    text = str(text)[:ERROR_CHARS].replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:ERROR_CHARS]
-
-
-def _failure(exc: BaseException) -> str:
-    return error_text(f"{type(exc).__name__}: {exc}")
-
-
-def run_handler(fn: Handler | None, check: Check) -> Result:
-    """Call one handler; a raise (any: a handler's ``CancelledError`` or ``SystemExit`` too) or a
-    bad return becomes an error result. A next check time comes back in UTC."""
-    started = time.monotonic()
-    if fn is None:
-        return Result(error=f"no Python handler named {check.job!r} is registered with this runner")
-    try:
-        nxt = fn(check)
-    except BaseException as exc:  # noqa: BLE001 - the job's failure, whatever it raised, is recorded as 'error'
-        return Result(error=_failure(exc), took=time.monotonic() - started)
-    took = time.monotonic() - started
-    if nxt is None:
-        return Result(took=took)
-    try:
-        if not isinstance(nxt, datetime) or nxt.utcoffset() is None:
-            raise TypeError("not None or a timezone-aware datetime")
-        return Result(next_check_at=nxt.astimezone(UTC), took=took)
-    except BaseException as exc:  # noqa: BLE001 - e.g. OverflowError in UTC, a tzinfo that raises
-        return Result(error=error_text(f"handler returned {_shown(nxt)}: {type(exc).__name__}: {exc}"), took=took)
-
-
-def _shown(value: Any) -> str:
-    try:
-        return repr(value)[:200]
-    except BaseException:  # noqa: BLE001 - a __repr__ that raises
-        return f"a {type(value).__name__}"
-
-
-class _Lane(threading.Thread):
-    """Runs handlers one after another; the runner watches the current one's deadline. It starts
-    none once ``stop`` is set, nor once its handlers have run for ``budget`` seconds in all (the
-    first one always starts): the checks it did not start wait at their slot."""
-
-    def __init__(self, checks: list[Check], handlers: dict[str, Handler], results: dict[int, Result],
-                 skip: set[int], budget: float, stop: threading.Event | None):
-        super().__init__(name="checks-handlers", daemon=True)
-        self.checks, self.handlers, self.results, self.skip = checks, handlers, results, skip
-        self.budget, self.stop = budget, stop
-        self.lock = threading.Lock()
-        self.current: tuple[int, float] | None = None  # (check id, started)
-        self.abandoned = False
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        until = None
-        try:
-            for check in self.checks:
-                with self.lock:
-                    if self.abandoned or (self.stop is not None and self.stop.is_set()):
-                        return
-                    if check.id in self.skip:
-                        continue
-                    now = time.monotonic()
-                    if until is None:
-                        until = now + self.budget
-                    elif now >= until:
-                        return
-                    self.current = (check.id, now)
-                result = run_handler(self.handlers.get(check.job), check)
-                with self.lock:
-                    if self.abandoned:
-                        return  # finished after its deadline: already recorded as timeout
-                    self.results[check.id] = result
-        finally:
-            with self.lock:
-                if self.abandoned:
-                    ABANDONED.dec()
-            self.done.set()
-
-
-def run_handlers(checks: list[Check], handlers: dict[str, Handler], timeout: float,
-                 deleted: Callable[[list[int]], Iterable[int]] | None = None,
-                 poll: float = 1.0, stop: threading.Event | None = None,
-                 abandoned: list[threading.Thread] | None = None) -> dict[int, Result]:
-    """Run the checks' handlers one after another in a thread, each under a deadline of
-    ``timeout`` seconds, until ``stop`` is set or they have run for ``timeout`` seconds in all;
-    one result per check run, none for the checks not started (they wait at their slot). A
-    handler past its deadline is abandoned (its thread, added to ``abandoned``, cannot be
-    killed) and recorded as timeout; none starts after it. ``deleted(ids)``, asked every ``poll``
-    seconds with the checks not started yet, names those to skip (deleted meanwhile: they get no
-    result)."""
-    results: dict[int, Result] = {}
-    skip: set[int] = set()
-    next_poll = time.monotonic() + poll
-    lane = _Lane(checks, handlers, results, skip, timeout, stop)
-    lane.start()
-    while not lane.done.is_set():
-        now = time.monotonic()
-        if deleted is not None and now >= next_poll:
-            with lane.lock:  # the lane starts no check meanwhile
-                running = lane.current[0] if lane.current else None
-                waiting = [c.id for c in checks if c.id not in results and c.id not in skip and c.id != running]
-                if waiting:
-                    skip.update(deleted(waiting))
-            next_poll = time.monotonic() + poll
-        current = lane.current
-        if current is None:
-            lane.done.wait(0.001)
-            continue
-        remaining = current[1] + timeout - time.monotonic()
-        if remaining > 0:
-            lane.done.wait(remaining if deleted is None else min(remaining, max(0.0, next_poll - now)))
-            continue
-        with lane.lock:
-            if lane.current is current and current[0] not in results:
-                lane.abandoned = True
-                ABANDONED.inc()
-                results[current[0]] = Result(error=f"the handler exceeded its timeout of {timeout:g} s",
-                                             timed_out=True, took=timeout)
-        if lane.abandoned:
-            log.warning("check %s: handler still running after its %g s deadline; abandoned", current[0], timeout)
-            if abandoned is not None:
-                abandoned.append(lane)
-            break
-    return results
 
 
 def _or_none(values: list) -> list | None:
@@ -320,76 +71,6 @@ class _Clock:
         self.last = now
 
 
-class _Watch:
-    """One watched statement: its backend, its deadline, and whether the watchdog ended it."""
-
-    __slots__ = ("pid", "deadline", "fired")
-
-    def __init__(self, pid: int, deadline: float):
-        self.pid, self.deadline, self.fired = pid, deadline, False
-
-
-class _Watchdog:
-    """Ends a statement that outlives its deadline: terminates its backend from a connection of its
-    own (a job that catches the statement timeout's cancel would otherwise run forever, holding the
-    runner and its batch's locks). One thread per runner, started on first use."""
-
-    def __init__(self, dsn: str, name: str):
-        self.dsn, self.name = dsn, name
-        self._cond = threading.Condition()
-        self._watch: _Watch | None = None
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    @contextlib.contextmanager
-    def watch(self, conn: psycopg.Connection, seconds: float):
-        w = _Watch(conn.info.backend_pid, time.monotonic() + seconds)
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"{self.name}-watchdog", daemon=True)
-                self._thread.start()
-            self._watch = w
-            self._cond.notify()
-        try:
-            yield w
-        finally:
-            with self._cond:
-                if self._watch is w:
-                    self._watch = None
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                w = self._watch
-                if w is None:
-                    self._cond.wait()
-                    continue
-                remaining = w.deadline - time.monotonic()
-                if remaining > 0:
-                    self._cond.wait(remaining)
-                    continue
-                self._watch, w.fired = None, True
-                self._cond.release()
-                try:
-                    self._terminate(w.pid)
-                finally:
-                    self._cond.acquire()
-
-    def _terminate(self, pid: int) -> None:
-        log.warning("%s: a statement ran past its deadline (a job that ignores its timeout); "
-                    "terminating backend %s", self.name, pid)
-        try:
-            with contextlib.closing(connect(self.dsn, connect_timeout=5)) as conn:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        except Exception as exc:  # noqa: BLE001 - the database is down: so is the statement
-            log.warning("%s: could not terminate backend %s: %s", self.name, pid, exc)
-
-
 class _Rerun(Exception):
     """The batch's transaction is lost (the watchdog ended a statement): run the batch again, carefully."""
 
@@ -425,8 +106,6 @@ SLOT_LAG = metrics.gauge("pyscheduler_checks_slot_lag_seconds", "How late the ru
 SLOTS = metrics.counter("pyscheduler_checks_slots", "Slots the runner ran (its shard of each)")
 CAUGHT_UP = metrics.counter("pyscheduler_checks_caught_up", "Checks of missed slots run by the catch-up pass")
 BATCH_SECONDS = metrics.histogram("pyscheduler_checks_batch_seconds", "Wall time of one batch (take, run, record)")
-ABANDONED = metrics.gauge("pyscheduler_checks_abandoned_handlers", "Python handlers past their deadline whose threads "
-                          "are still running (a runner with max_abandoned of them runs no more handlers)")
 RUNNER_SERIES = (OUTCOMES, SLOT_LAG, SLOTS, CAUGHT_UP, BATCH_SECONDS, ABANDONED)
 
 
@@ -461,7 +140,7 @@ class CheckRunner:
         self._last_purge = 0.0
         self._stop = threading.Event()
         self._clock: _Clock | None = None
-        self._watchdog = _Watchdog(dsn, self.name)
+        self._watchdog = Watchdog(dsn, self.name)
         self._outcomes: dict[tuple[str, str], Any] = {}  # (job label, outcome) -> its OUTCOMES child
         self._resolution: timedelta | None = None  # the slot length the runner follows
         self._abandoned: list[threading.Thread] = []  # threads of handlers past their deadline (still running?)
@@ -536,7 +215,7 @@ class CheckRunner:
         session = Session(conn)
         self._clock = _Clock(self.seconds)
         try:
-            row = self._watched(conn, lambda: session.call_one("run_due_checks", slot=slot, shard=self.shard,
+            row = self._watched(conn, lambda: session.call_one(sql.RUN_DUE_CHECKS, slot=slot, shard=self.shard,
                                                                shards=self.shards, max=self.batch, after=after))
         except psycopg.errors.QueryCanceled:
             return None
@@ -561,7 +240,7 @@ class CheckRunner:
             try:
                 checks.append(Check.from_values(values))
             except Exception as exc:  # noqa: BLE001 - a check this runner cannot load ends alone
-                results[values[0]] = Result(error=_failure(exc))
+                results[values[0]] = Result(error=failure(exc))
                 jobs[values[0]] = self._python_job(values[3] if len(values) > 3 else None)
         results.update(self._run_python(session, checks, jobs))
         self._finish(session, results, "python jobs", jobs)
@@ -573,9 +252,9 @@ class CheckRunner:
         self._clock = _Clock(self.seconds)
         self.last_id = None
         if slot is None:
-            rows = session.call("catch_up_checks", shard=self.shard, shards=self.shards, max=self.batch)
+            rows = session.call(sql.CATCH_UP_CHECKS, shard=self.shard, shards=self.shards, max=self.batch)
         else:
-            rows = session.call("due_checks", slot=slot, shard=self.shard, shards=self.shards, max=self.batch)
+            rows = session.call(sql.DUE_CHECKS, slot=slot, shard=self.shard, shards=self.shards, max=self.batch)
         self._clock_lap("take")
         checks = [Check.from_row(r) for r in rows]
         jobs = {c.id: self._python_job(c.job) if c.kind == "python" else job_label(c.job) for c in checks}
@@ -584,7 +263,7 @@ class CheckRunner:
                                                                 if c.kind == "sql" and c.id not in results], jobs))
         task_ids = [c.id for c in checks if c.kind == "task" and c.id not in results]
         if task_ids:
-            for r in session.call("submit_check_tasks", ids=task_ids):
+            for r in session.call(sql.SUBMIT_CHECK_TASKS, ids=task_ids):
                 self._count("task" if r["task_rn"] is not None else "error", 1, jobs.get(r["id"], OTHER_JOBS))
         self._clock_lap("in-database jobs")
         results.update(self._run_python(session, [c for c in checks if c.kind == "python" and c.id not in results],
@@ -613,7 +292,7 @@ class CheckRunner:
         ended: list[int] = []
 
         def deleted(ids: list[int]) -> list[int]:
-            gone = [next(iter(r.values())) for r in session.call("end_deleted_checks", ids=_array(ids))]
+            gone = [next(iter(r.values())) for r in session.call(sql.END_DELETED_CHECKS, ids=_array(ids))]
             for check_id in gone:
                 self._count("deleted", 1, jobs.get(check_id, OTHER_JOBS))
             ended.extend(gone)
@@ -648,7 +327,7 @@ class CheckRunner:
         ids = list(results)
         rs = list(results.values())
         # ids and times taken as array literals: one str.join instead of a dumper call per element
-        out = session.call("finish_checks", ids=_array(ids), next_check_ats=_or_none([r.next_check_at for r in rs]),
+        out = session.call(sql.FINISH_CHECKS, ids=_array(ids), next_check_ats=_or_none([r.next_check_at for r in rs]),
                            errors=_or_none([r.error for r in rs]),
                            timed_out=_or_none([r.timed_out or None for r in rs]),
                            took=_array(f"{r.took:.6f}" for r in rs))
@@ -669,7 +348,7 @@ class CheckRunner:
                 break
             try:
                 with conn.transaction():
-                    rows = self._watched(conn, lambda: session.call("run_check_jobs", ids=[check_id]))
+                    rows = self._watched(conn, lambda: session.call(sql.RUN_CHECK_JOBS, ids=[check_id]))
             except psycopg.errors.QueryCanceled:
                 results[check_id] = Result(timed_out=True, took=self.timeout,
                                            error=f"the job exceeded its statement timeout of {self.timeout:g} s")
@@ -686,7 +365,7 @@ class CheckRunner:
             except Exception as exc:
                 if not rejects_arguments(exc):
                     raise
-                results[check_id] = Result(error=f"its result could not be loaded: {_failure(exc)}")
+                results[check_id] = Result(error=f"its result could not be loaded: {failure(exc)}")
                 continue
             if not rows:
                 self._count("deleted", 1, jobs.get(check_id, OTHER_JOBS))  # deleted meanwhile: ended without running
@@ -747,7 +426,7 @@ class CheckRunner:
         self._last_purge = time.monotonic()
         total = 0
         for _ in range(10):
-            n = db.call_value("purge_check_history", batch=10_000)
+            n = db.call_value(sql.PURGE_CHECK_HISTORY, batch=10_000)
             total += n
             if n < 10_000:
                 break
@@ -778,7 +457,7 @@ class CheckRunner:
             db.close()
 
     def _step(self, db: Database, stop: threading.Event) -> None:
-        info = db.call_one("check_slots")
+        info = db.call_one(sql.CHECK_SLOTS)
         if info["resolution"] != self._resolution:
             if self._resolution is not None:  # set_check_settings changed it: follow the new slots now
                 log.info("%s: check resolution changed from %s to %s", self.name, self._resolution,

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..db import Database
 from ..errors import CheckNotTaken
-from .runner import Check, Handler, run_handler
+from . import sqlapi as sql
+from .handlers import Check, Handler, run_handler
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def task_handler(db: Database, fn: Handler):
         check = check_of(ctx.spec)
         result = run_handler(fn, check)
         try:
-            db.call("finish_check", id=check.id, next_check_at=result.next_check_at, error=result.error,
+            db.call(sql.FINISH_CHECK, id=check.id, next_check_at=result.next_check_at, error=result.error,
                     took=timedelta(seconds=result.took), claim=ctx.spec["claim"])
         except CheckNotTaken:
             log.warning("check %s ended meanwhile (deleted, or its task timed out); result dropped", check.id)

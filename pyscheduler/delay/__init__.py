@@ -2,8 +2,9 @@
 
 SQL API in sql/delay.sql (enqueue_message(s), ready_and_claim, delete_fired,
 reset_stuck, next_deadline, cancel_message, views delay_queue and
-delay_ready_by_node); the relay daemon in relay.py; commands in cli.py;
-``DelayProducer`` (producer.py) publishes to the input topic from Python.
+delay_ready_by_node), what Python uses of it in sqlapi.py; the relay daemon in
+relay.py (message.py, publisher.py); commands in cli.py; ``DelayProducer``
+(producer.py) publishes to the input topic from Python.
 """
 
 from .producer import DelayProducer, DeliveryFailed

@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 
 from ..config import bootstrap_option, dsn_option, kafka_settings_option
-from .relay import delayed_headers
+from .message import delayed_headers
 
 
 class OutputReader:

@@ -25,7 +25,9 @@ from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from ..errors import ConfigError
 from .bench import OutputReader, bench, fresh_read, percentiles, send_warm_up  # noqa: F401  (bench: `bench delay`)
-from .relay import Relay, RelayConfig, delayed_headers
+from . import sqlapi as sql
+from .message import delayed_headers
+from .relay import MIN_HOLD_MS, Relay, RelayConfig
 
 log = logging.getLogger("pyscheduler.delay")
 
@@ -50,9 +52,10 @@ def relay_options(f):
                help="Consumer group of the input topic (all nodes share it)."),
         option("--dlq-topic", envvar=_env("dlq_topic"), default=None,
                help="Dead-letter topic for malformed messages (default: log and drop)."),
-        option("--timing-advance-ms", envvar=_env("timing_advance_ms"), type=click.IntRange(min=0, max=60_000),
-               default=DEFAULTS["timing_advance_ms"], help="Fire this long before the deadline."),
-        option("--hold-ms", envvar=_env("hold_ms"), type=click.IntRange(min=1000), default=DEFAULTS["hold_ms"],
+        option("--timing-advance-ms", envvar=_env("timing_advance_ms"),
+               type=click.IntRange(min=0, max=sql.MAX_ADVANCE_MS), default=DEFAULTS["timing_advance_ms"],
+               help="Fire this long before the deadline."),
+        option("--hold-ms", envvar=_env("hold_ms"), type=click.IntRange(min=MIN_HOLD_MS), default=DEFAULTS["hold_ms"],
                help="A node holding a ready message longer than this is suspected of failure (at least 1000 "
                     "and twice --poll-ms and --detect-ms; docs/operations.md)."),
         option("--poll-ms", envvar=_env("poll_ms"), type=click.IntRange(min=1), default=DEFAULTS["poll_ms"],
@@ -106,8 +109,8 @@ def status_cmd(dsn) -> None:
     """Print the delay_queue and delay_ready_by_node views."""
     require_dsn(dsn)
     with Database(dsn, max_size=1) as db:
-        for view in ("delay_queue", "delay_ready_by_node"):
-            for row in db.query(f"SELECT * FROM pyscheduler.{view}"):
+        for view in (sql.DELAY_QUEUE, sql.DELAY_READY_BY_NODE):
+            for row in db.query(view.select()):
                 click.echo(f"{view}: " + ", ".join(f"{k}={v}" for k, v in row.items()))
 
 
@@ -193,6 +196,5 @@ def demo(ctx: RunContext, echo) -> None:
     echo("fire time minus deadline (ms; negative = early, the timing advance is "
          f"{cfg.timing_advance_ms} ms): " + ", ".join(f"{k} {v:.1f}" for k, v in percentiles(lags).items()))
     with Database(ctx.dsn, max_size=1) as db:
-        row = db.query("SELECT * FROM pyscheduler.delay_queue")[0]
-    echo(f"left in the database: {row['waiting']} waiting, {row['ready']} ready "
-         "(psql: SELECT * FROM pyscheduler.delay_queue;)")
+        row = db.query(sql.DELAY_QUEUE.select())[0]
+    echo(f"left in the database: {row['waiting']} waiting, {row['ready']} ready (psql: {sql.DELAY_QUEUE.select()};)")

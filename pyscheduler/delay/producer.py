@@ -1,17 +1,12 @@
-"""Publish to the delay queue's input topic (seeds/chronos.md), over confluent-kafka.
-
-::
+"""Publish to the delay queue's input topic (seeds/chronos.md), over confluent-kafka::
 
     with DelayProducer("localhost:9092", "pyscheduler.delay.input") as producer:
         producer.send(b'{"order": 42}', key=b"42", delay=timedelta(minutes=5))
 
-sets the Chronos headers (``chronosMessageId``: a uuid unless given;
-``chronosDeadline``: ISO 8601 in UTC with an explicit offset) and refuses, naming
-the argument, what the relay would dead-letter: a naive or out-of-range deadline,
-an id that is empty, longer than 128 characters or not a label (padded, or with a
-control, zero-width or bidirectional character), a header that repeats a Chronos
-header. The message reaches the output topic with the same key, value and other
-headers no earlier than the deadline minus the relay's timing advance, at least once.
+``send`` sets the Chronos headers and refuses, naming the argument, what the relay would
+dead-letter (docs/python-api.md, "Delay queue"). The message reaches the output topic with
+the same key, value and other headers no earlier than the deadline minus the relay's timing
+advance, at least once.
 """
 
 from __future__ import annotations
@@ -25,7 +20,8 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from ..calls import aware, duration, label_refusal, text
 from ..errors import InvalidArgument, SchedulerError
-from .relay import HEADER_DEADLINE, HEADER_ID, MAX_ID_LENGTH, delayed_headers
+from . import sqlapi as sql
+from .message import HEADER_DEADLINE, HEADER_ID, delayed_headers
 
 __all__ = ["DelayProducer", "DeliveryFailed"]
 
@@ -83,9 +79,9 @@ class DelayProducer:
             aware("delay", deadline)  # now + delay, in the relay's range
         at = aware("deadline", deadline).astimezone(timezone.utc)
         ident = str(uuid.uuid4()) if message_id is None else str(text("message_id", message_id))
-        if not 1 <= len(ident) <= MAX_ID_LENGTH:
-            raise InvalidArgument(f"message_id must have 1..{MAX_ID_LENGTH} characters, got {len(ident)}")
-        why = label_refusal(ident, 4 * MAX_ID_LENGTH)  # what the relay would dead-letter
+        if not 1 <= len(ident) <= sql.MAX_ID_LENGTH:
+            raise InvalidArgument(f"message_id must have 1..{sql.MAX_ID_LENGTH} characters, got {len(ident)}")
+        why = label_refusal(ident, sql.MAX_ID_BYTES)  # what the relay would dead-letter
         if why is not None:
             raise InvalidArgument(f"message_id {why}, got {ident[:64]!r}")
         out: list[tuple[str, str | bytes | None]] = list(delayed_headers(ident, at))

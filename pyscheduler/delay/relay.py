@@ -1,84 +1,49 @@
-"""The delay-queue relay: input topic -> PostgreSQL -> output topic (seeds/chronos.md).
-
-One ``Relay`` is one queuing node. It has a random node id (logged at start)
-and runs three loops in threads, as the seed prescribes:
-
-1. consume + enqueue: read a batch from the input topic, parse the Chronos
-   headers, store the batch with one ``enqueue_messages`` call, publish the
-   ``late`` ones at once, dead-letter the malformed ones, and only then commit
-   the batch's offsets;
-2. ready + fire: ``ready_and_claim`` a batch, publish it, and after the
-   broker confirmed delivery ``delete_fired`` it; then sleep until the next
-   deadline minus the timing advance or the poll interval (with jitter),
-   whichever is first; a NOTIFY from ``enqueue_messages`` wakes it early;
-3. detect + recover: ``reset_stuck`` messages held ready longer than the
-   hold time, logging the suspected node.
-
-Every scheduling decision is in SQL; this module moves bytes and retries.
-PostgreSQL or Kafka outages are retried with backoff and logged once.
+"""The delay-queue relay (seeds/chronos.md): one ``Relay`` is one queuing node, three loops in
+threads: consume the input topic and enqueue (or publish the late, dead-letter the malformed),
+then commit; claim what is due, publish it and delete it once delivered; reset what a suspected
+node holds past the hold time. SQL decides, this moves bytes and retries outages with backoff
+(docs/operations.md, "Delay relay: limits and guarantees"); message.py parses, publisher.py
+publishes. Over 600 lines as one job: the three loops share one node's state (stop, wake-up,
+claim mark, batches in flight).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 import dataclasses
 import gc
 import logging
 import queue
 import random
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ..calls import label_refusal
 from ..db import Database, Jsonb, Listener, Outage, Wakeup
 from ..errors import ConfigError, SchedulerError, is_retryable, rejects_arguments
 from ..metrics import counter, gauge, histogram
+from . import sqlapi as sql
+from .message import HEADER_DEADLINE, HEADER_ID, Delayed, Malformed, headers_from_json, headers_to_json, parse, where
+from .publisher import KAFKA_MESSAGE_MAX_BYTES, UNREACHABLE, DeadLetter, Outgoing, Publisher, broker_message_limit
 
 log = logging.getLogger("pyscheduler.delay")
 
-HEADER_ID = "chronosMessageId"
-HEADER_DEADLINE = "chronosDeadline"
-MAX_ID_LENGTH = 128
-NOTIFY_CHANNEL = "pyscheduler_delay"
 DLQ_REASON_HEADER = "pyscheduler.delay.error"
 DLQ_SOURCE_HEADER = "pyscheduler.delay.source"
 CONSUMER_ONLY = {"session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "group.instance.id",
                  "partition.assignment.strategy", "auto.offset.reset", "fetch.wait.max.ms", "fetch.min.bytes",
                  "fetch.max.bytes", "max.partition.fetch.bytes", "isolation.level", "enable.auto.commit"}
 
-# delivery errors that mean the broker could not be reached (rather than that it refused)
-UNREACHABLE = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
-               KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
-# delivery errors that are about the message itself (its size or encoding): retrying it cannot
-# help, so it is dead-lettered (or dropped with one error log), never retried. Errors about the
-# topic or the cluster (authorization, unknown topic, an outage) are retried instead: a
-# misconfigured ACL must not send every message to the dead-letter topic.
-REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE,
-           KafkaError.INVALID_MSG, KafkaError.INVALID_MSG_SIZE, KafkaError._BAD_MSG}
-# the reports of messages Publisher.publish purged when its time was up
-PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
-# the producer's size limit when the broker does not report its own: Kafka's stock
-# message.max.bytes (librdkafka's own default, 1,000,000, is below it)
-KAFKA_MESSAGE_MAX_BYTES = 1048588
 DLQ_SIZE_HEADER = "pyscheduler.delay.value-size"
-# deadlines outside this range are malformed (the table's CHECK; docs/sql-api.md)
-MIN_DEADLINE = datetime(1970, 1, 1, tzinfo=timezone.utc)
-MAX_DEADLINE = datetime(9999, 1, 1, tzinfo=timezone.utc)
-MIN_HOLD_MS = 1000
-MAX_ADVANCE_MS = 60_000
+MIN_HOLD_MS = 1000  # the relay's own floor of the hold time (SQL takes any positive one)
 # batches claimed and not yet deleted under load: one being delivered while the next is claimed
 PIPELINE = 2
 # claims start this far below the latest deadline claimed (fire_loop) ...
@@ -136,8 +101,8 @@ class RelayConfig:
         for name in ("dsn", "bootstrap_servers", "input_topic", "output_topic", "group_id"):
             if not getattr(self, name):
                 raise ConfigError(f"{name.replace('_', '-')} is required")
-        if self.timing_advance_ms > MAX_ADVANCE_MS:
-            raise ConfigError(f"timing-advance-ms must be at most {MAX_ADVANCE_MS}, got {self.timing_advance_ms}")
+        if self.timing_advance_ms > sql.MAX_ADVANCE_MS:
+            raise ConfigError(f"timing-advance-ms must be at most {sql.MAX_ADVANCE_MS}, got {self.timing_advance_ms}")
         # The hold time is how long a node may hold a ready message before peers take it over:
         # it must leave room for a claim (poll), a scan (detect) and a delivery (the producer's
         # message.timeout.ms), or messages are fired again while their first copy is on its way.
@@ -160,174 +125,6 @@ class RelayConfig:
     @property
     def advance(self) -> timedelta:
         return timedelta(milliseconds=self.timing_advance_ms)
-
-
-# -- message format -----------------------------------------------------------
-
-class Malformed(ValueError):
-    """An input message that cannot be scheduled; the text is the reason. ``headers``:
-    the message's headers for its dead letter ([] when they could not be read)."""
-
-    def __init__(self, reason: str, headers: list[tuple[str, bytes | None]] | None = None):
-        super().__init__(reason)
-        self.headers = headers or []
-
-
-@dataclass(slots=True)
-class Delayed:
-    """A parsed input message: what enqueue_messages stores."""
-
-    id: str
-    deadline: datetime
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-
-
-# hh:mm:60 (or hhmm60), no fraction but zeros, then the offset if any: a leap second
-_LEAP_SECOND = re.compile(r"(.*[Tt ]\d\d(:?)\d\d\2)60((?:[.,]0+)?(?:[Zz]|[+-].*)?)")
-
-
-def parse_deadline(raw: bytes) -> datetime:
-    """ISO-8601 (RFC 3339 too), with or without a UTC offset (none means UTC; ``Z`` or ``z``),
-    fractional seconds allowed, a leap second (``23:59:60``) read as the next second (as
-    PostgreSQL reads it), in [1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z) (the table's CHECK)."""
-    try:
-        text = raw.decode("utf-8").strip()
-        try:
-            deadline = datetime.fromisoformat(text)
-        except ValueError:
-            deadline = _rfc3339_rest(text)
-    except (UnicodeDecodeError, ValueError):
-        raise Malformed(f"{HEADER_DEADLINE} is not an ISO-8601 date-time: {raw[:64]!r}") from None
-    deadline = deadline.replace(tzinfo=timezone.utc) if deadline.tzinfo is None else deadline
-    try:
-        in_range = MIN_DEADLINE <= deadline.astimezone(timezone.utc) < MAX_DEADLINE
-    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00: before year 1 in UTC
-        in_range = False
-    if not in_range:
-        raise Malformed(f"{HEADER_DEADLINE} {text[:64]!r} is outside the supported range "
-                        "[1970-01-01T00:00:00Z, 9999-01-01T00:00:00Z)")
-    return deadline
-
-
-def _rfc3339_rest(text: str) -> datetime:
-    """What RFC 3339 and PostgreSQL take and ``datetime.fromisoformat`` does not: a lowercase
-    ``z``, and a leap second (``:60`` without a fraction: the next second, 23:59:60Z is 00:00:00Z
-    of the next day). ValueError for anything else."""
-    if text.endswith("z"):
-        text = text[:-1] + "Z"
-    leap = _LEAP_SECOND.fullmatch(text)
-    if leap is None:
-        return datetime.fromisoformat(text)
-    try:
-        return datetime.fromisoformat(leap[1] + "59" + leap[3]) + timedelta(seconds=1)
-    except OverflowError:  # 9999-12-31T23:59:60: past anything the table takes
-        return datetime.max.replace(tzinfo=timezone.utc)
-
-
-def parse(msg: Message) -> Delayed:
-    """The Chronos headers of an input message, checked; Malformed names what is wrong.
-    Any failure to read the message (e.g. a header name that is not UTF-8) is Malformed:
-    that message is dead-lettered, never the batch."""
-    try:
-        # Read once: for a header name that is not UTF-8, confluent-kafka's msg.headers()
-        # raises SystemError or (on a second call, or when the error indicator got lost)
-        # returns a (NULL, value) pair that crashes the process when the name is touched.
-        # repr() shows such a name as <NULL> (a real name is quoted), without touching it.
-        # gc.get_referents lists the objects a tuple holds and skips a NULL: fewer than two per
-        # pair means such a name (one C call per message; repr() of every pair cost ~2 us).
-        headers = msg.headers() or []
-        if len(gc.get_referents(*headers)) != 2 * len(headers):
-            raise UnicodeDecodeError("utf-8", b"", 0, 1, "a header name is not UTF-8")
-    except Exception as exc:
-        raise Malformed(f"unreadable headers ({type(exc).__name__}: {str(exc)[:200]})") from None
-    try:
-        return _parse(msg, headers)
-    except Malformed as exc:
-        exc.headers = headers
-        raise
-    except Exception as exc:
-        raise Malformed(f"unreadable message ({type(exc).__name__}: {str(exc)[:200]})", headers) from None
-
-
-def _parse(msg: Message, headers: list[tuple[str, bytes | None]]) -> Delayed:
-    if len(headers) == 2 and headers[0][0] == HEADER_ID and headers[1][0] == HEADER_DEADLINE:
-        # the usual message: the two Chronos headers and nothing else
-        ident, deadline = headers[0][1], headers[1][1]
-        rest: list[tuple[str, bytes | None]] = []
-        if ident is None:
-            raise Malformed(f"header {HEADER_ID} is missing")
-        if deadline is None:
-            raise Malformed(f"header {HEADER_DEADLINE} is missing")
-    else:
-        idents: list[bytes | None] = []
-        deadlines: list[bytes | None] = []
-        rest = []
-        for name, value in headers:
-            if name == HEADER_ID:
-                idents.append(value)
-            elif name == HEADER_DEADLINE:
-                deadlines.append(value)
-            else:
-                rest.append((name, value))
-        for name, found in ((HEADER_ID, idents), (HEADER_DEADLINE, deadlines)):
-            if not found or found[0] is None:
-                raise Malformed(f"header {name} is missing")
-            if len(found) > 1:
-                raise Malformed(f"header {name} appears {len(found)} times")
-        ident, deadline = idents[0], deadlines[0]
-    try:
-        text = ident.decode("utf-8")
-    except UnicodeDecodeError:
-        raise Malformed(f"{HEADER_ID} is not UTF-8 text") from None
-    if not text:
-        raise Malformed(f"{HEADER_ID} is empty")
-    if len(text) > MAX_ID_LENGTH:
-        raise Malformed(f"{HEADER_ID} is longer than {MAX_ID_LENGTH} characters ({len(text)})")
-    why = label_refusal(text, 4 * MAX_ID_LENGTH)  # the rule of the domain pyscheduler.message_id
-    if why is not None:
-        raise Malformed(f"{HEADER_ID} {why}: {text[:64]!r}")
-    return Delayed(text, parse_deadline(deadline), msg.key(), msg.value(), rest)
-
-
-def headers_to_json(headers: Sequence[tuple[str, bytes | None]]) -> list[dict[str, Any]]:
-    """Kafka headers as the seed's [{"name": "value"}, ...]; bytes that are not
-    text become {"base64": "..."} and a NULL header value stays null."""
-    out = []
-    for name, value in headers:
-        if value is None:
-            out.append({name: None})
-            continue
-        try:
-            text = value.decode("utf-8")
-            if "\x00" in text:
-                raise UnicodeDecodeError("utf-8", value, 0, 1, "NUL is not allowed in jsonb")
-            out.append({name: text})
-        except UnicodeDecodeError:
-            out.append({name: {"base64": base64.b64encode(value).decode("ascii")}})
-    return out
-
-
-def headers_from_json(headers: list[dict[str, Any]]) -> list[tuple[str, bytes | None]]:
-    out: list[tuple[str, bytes | None]] = []
-    for pair in headers or []:
-        for name, value in pair.items():
-            if value is None:
-                out.append((name, None))
-            elif isinstance(value, dict) and isinstance(value.get("base64"), str):
-                try:
-                    out.append((name, base64.b64decode(value["base64"], validate=True)))
-                except binascii.Error:
-                    out.append((name, str(value).encode()))
-            else:
-                out.append((name, value.encode("utf-8") if isinstance(value, str) else str(value).encode()))
-    return out
-
-
-def delayed_headers(message_id: str, deadline: datetime) -> list[tuple[str, bytes]]:
-    """The two Chronos headers of an input message."""
-    return [(HEADER_ID, message_id.encode()), (HEADER_DEADLINE, deadline.isoformat().encode())]
 
 
 def count_fired(fired_at: float, deadlines: Sequence[datetime]) -> None:
@@ -369,169 +166,6 @@ def relax_gc(threshold: int = GC_THRESHOLD) -> None:
     first, *rest = gc.get_threshold()
     if 0 < first < threshold:
         gc.set_threshold(threshold, *rest)
-
-
-def where(msg: Message) -> str:
-    return f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
-
-
-# -- publishing ---------------------------------------------------------------
-
-@dataclass
-class DeadLetter:
-    """The tag of a dead letter: where the message came from and, for a message refused
-    when fired from the table, its row id (deleted once the dead letter is delivered)."""
-
-    source: str
-    row_id: str | None = None
-    stripped: bool = False  # a refused dead letter sent again without key and value
-
-@dataclass(slots=True)
-class Outgoing:
-    """One message to publish; ``tag`` comes back with the delivery report."""
-
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    tag: Any = None
-
-
-class Publisher:
-    """A producer whose ``publish`` returns once the broker confirmed every message.
-
-    Failed deliveries are retried (with backoff, the outage logged once) until
-    they succeed or ``give_up`` says to stop (then the undelivered are returned).
-    """
-
-    STOP_GRACE = 5.0
-
-    def __init__(self, settings: dict[str, Any], outage: Outage):
-        self.producer = Producer(settings)
-        self.outage = outage
-        self.last_error: KafkaError | None = None
-
-    def publish(self, items: Sequence[Outgoing], give_up: Callable[[], bool],
-                until: float | None = None,
-                on_refused: Callable[[Outgoing, KafkaError], None] | None = None) -> list[Outgoing]:
-        """Publish all; returns the ones not delivered (empty unless ``give_up`` or
-        the monotonic time ``until`` came first; ``last_error`` says why).
-
-        With ``on_refused``, an item refused for itself (REFUSED: too large, invalid)
-        is handed to it once and neither retried nor returned.
-
-        The producer reports failed deliveries only (delivery.report.only.error): an item
-        is delivered once the producer's queue drained (flush() returned 0) without a
-        report for it, so a successful delivery costs no Python call. Every item without
-        that proof is returned as not delivered: when time runs out, what is still queued
-        or in flight is purged (its reports name it) before returning, so nothing of this
-        call can be delivered later, and the caller stores it or leaves it to be retried.
-        Once ``give_up`` is true, in-flight deliveries get at most ``STOP_GRACE`` seconds
-        (and never past ``until``)."""
-        pending = list(items)
-        while pending:
-            failed: list[tuple[Outgoing, KafkaError]] = []
-            report = partial(self._report, failed)
-            for item in pending:
-                self._produce(item, report)
-            stop_by: float | None = None
-            left = 1
-            while left:
-                now = time.monotonic()
-                limit = now + 1.0
-                if until is not None:
-                    limit = min(limit, until)
-                if give_up():
-                    stop_by = now + self.STOP_GRACE if stop_by is None else stop_by
-                    limit = min(limit, stop_by)
-                if now >= limit:
-                    break
-                left = self.producer.flush(limit - now)
-            unknown = False
-            if left:  # time is up: what is left is purged, each with a failed report
-                self.producer.purge()
-                unknown = self.producer.flush(1.0) > 0  # reports not all served: nothing is proven
-            errors = []
-            retry: list[Outgoing] = []
-            if unknown:
-                refused = [(item, err) for item, err in failed if on_refused is not None and err.code() in REFUSED]
-                seen = {id(item) for item, _ in refused}
-                failed = refused + [(item, KafkaError(KafkaError._MSG_TIMED_OUT)) for item in pending
-                                    if id(item) not in seen]
-            for item, err in failed:
-                if on_refused is not None and err.code() in REFUSED:
-                    on_refused(item, err)
-                else:
-                    retry.append(item)
-                    errors.append(err)
-            if not retry:
-                if pending:
-                    self.outage.ok()
-                return []
-            if left:  # out of time: why, as the caller needs it (a purge is not the reason)
-                real = [e for e in errors if e.code() not in PURGED]
-                self.last_error = real[0] if real else KafkaError(KafkaError._MSG_TIMED_OUT)
-                return retry
-            self.last_error = errors[0]
-            if give_up() or (until is not None and time.monotonic() >= until):
-                return retry
-            pause = self.outage.failed(KafkaException(errors[0]))
-            time.sleep(pause if until is None else min(pause, max(0.0, until - time.monotonic())))
-            pending = retry
-        return []
-
-    @staticmethod
-    def _report(failed: list[tuple[Outgoing, KafkaError]], item: Outgoing, err: KafkaError | None,
-                _msg: Message | None) -> None:
-        """A delivery report: with delivery.report.only.error, only failures come here."""
-        if err is not None:
-            failed.append((item, err))
-
-    def _produce(self, item: Outgoing, report: Callable) -> None:
-        on_delivery = partial(report, item)
-        while True:
-            try:
-                self.producer.produce(item.topic, item.value, item.key, headers=item.headers or None,
-                                      on_delivery=on_delivery)
-                return
-            except BufferError:  # local queue full: serve delivery reports, then retry
-                self.producer.poll(0.1)
-            except KafkaException as exc:  # refused locally (e.g. too large): a failed delivery
-                report(item, exc.args[0], None)
-                return
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Wait a bounded time for in-flight deliveries, then drop what is left:
-        ``publish`` returned those as undelivered, so they are stored or their
-        input was not committed."""
-        if self.producer.flush(timeout) > 0:
-            self.producer.purge()
-            self.producer.flush(0)
-
-
-def broker_message_limit(admin: AdminClient, topic: str) -> int:
-    """The largest record the broker takes on ``topic``: the smaller of the broker's
-    message.max.bytes and the topic's max.message.bytes, as the broker reports them;
-    Kafka's stock default (1,048,588) for what it does not report (e.g. the embedded
-    broker) or when describing configs is not allowed."""
-    from confluent_kafka.admin import ConfigResource
-
-    limits: list[int] = []
-    try:
-        brokers = list(admin.list_topics(timeout=5).brokers)
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, topic)]
-        if brokers:
-            resources.append(ConfigResource(ConfigResource.Type.BROKER, str(brokers[0])))
-        for resource, future in admin.describe_configs(resources).items():
-            config = future.result(timeout=10)
-            for name in ("max.message.bytes", "message.max.bytes"):
-                entry = config.get(name)
-                if entry is not None and entry.value and str(entry.value).isdigit():
-                    limits.append(int(entry.value))
-    except Exception as exc:  # an old broker, missing DescribeConfigs rights: the stock default
-        log.info("could not read the broker's message size limit (%s); using %d bytes", exc,
-                 KAFKA_MESSAGE_MAX_BYTES)
-    return min(limits) if limits else KAFKA_MESSAGE_MAX_BYTES
 
 
 # -- the relay ----------------------------------------------------------------
@@ -631,7 +265,7 @@ class Relay:
                  cfg.output_topic, cfg.group_id, cfg.timing_advance_ms, cfg.hold_ms, cfg.poll_ms, cfg.detect_ms,
                  cfg.dlq_topic or "dropped", self.max_message_bytes)
         self.db = Database.for_daemon(cfg.dsn, name=self.name, max_size=5)
-        listener = Listener(cfg.dsn, [NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
+        listener = Listener(cfg.dsn, [sql.NOTIFY_CHANNEL], self.wakeup.poke, on_reconnect=self.wakeup.poke,
                             logger=log).start()
         self.crashed = []
         threads = [self._thread(loop) for loop in (self.consume_loop, self.fire_loop, self.detect_loop)]
@@ -661,15 +295,14 @@ class Relay:
                 self.wakeup.poke()
         return threading.Thread(target=target, name=f"{self.name}:{loop.__name__}")
 
-    def _db_call(self, outage: Outage, function: str, give_up: Callable[[], bool], binary: bool = False,
-                 tuples: bool = False, **args: Any) -> list[Any] | None:
-        """``db.call`` (``call_binary`` with ``binary``) retried with backoff while the database
-        is unavailable or refuses for a reason that may pass (errors.is_retryable); None when giving
-        up. A rejection of the values passed (errors.rejects_arguments) is raised."""
-        call = self.db.call_tuples if tuples else self.db.call_binary if binary else self.db.call
+    def _db_call(self, outage: Outage, function: sql.Fn, give_up: Callable[[], bool],
+                 **args: Any) -> list[tuple] | None:
+        """``db.call_tuples`` retried with backoff while the database is unavailable or refuses for
+        a reason that may pass (errors.is_retryable); None when giving up. A rejection of the
+        values passed (errors.rejects_arguments) is raised."""
         while True:
             try:
-                rows = call(function, **args)
+                rows = self.db.call_tuples(function, **args)
                 outage.ok()
                 return rows
             except (SchedulerError, psycopg.Error) as exc:
@@ -901,7 +534,7 @@ class Relay:
         vals = [d.value for d in batch]
         headers = [Jsonb(headers_to_json(d.headers)) if d.headers else None for d in batch]
         return self._db_call(
-            outage, "enqueue_messages", give_up, tuples=True,
+            outage, sql.ENQUEUE_MESSAGES, give_up,
             ids=[d.id for d in batch], deadlines=[d.deadline for d in batch],
             keys=keys if any(k is not None for k in keys) else None,
             vals=vals if any(v is not None for v in vals) else None,
@@ -966,7 +599,7 @@ class Relay:
                     self._rescan = False
                     rescan_at = time.monotonic() + RESCAN_S
                 CLAIMS.inc()
-                rows = self._db_call(outage, "ready_and_claim", self.stop.is_set, tuples=True, node=self.node,
+                rows = self._db_call(outage, sql.READY_AND_CLAIM, self.stop.is_set, node=self.node,
                                      advance=cfg.advance, max_count=cfg.fire_batch, after=after)
                 if rows is None:
                     break
@@ -1013,7 +646,7 @@ class Relay:
         message that was already due then but was not claimed is row-locked by another
         session (SKIP LOCKED): the poll interval, not a hot loop on its past deadline."""
         try:
-            nxt = self.db.call_value("next_deadline", after=after)
+            nxt = self.db.call_value(sql.NEXT_DEADLINE, after=after)
             outage.ok()
         except (SchedulerError, psycopg.Error) as exc:
             if not is_retryable(exc):
@@ -1055,8 +688,8 @@ class Relay:
         if not delivered:
             return
         deadline = time.monotonic() + self.cfg.hold_ms / 1000.0
-        gone = self._db_call(outage, "delete_fired", lambda: self.stop.is_set() and time.monotonic() > deadline,
-                             tuples=True, ids=delivered, node=self.node)
+        gone = self._db_call(outage, sql.DELETE_FIRED, lambda: self.stop.is_set() and time.monotonic() > deadline,
+                             ids=delivered, node=self.node)
         for (ident,) in gone or []:
             ALREADY_GONE.inc()
             log.warning("fired message %s was already gone (a peer suspected this node %s and fired it too)",
@@ -1071,9 +704,9 @@ class Relay:
         next_backlog = 0.0
         while not self.stop.wait(cfg.detect_ms / 1000.0 * (1.0 + random.random() * 0.2)):
             try:
-                rows = self.db.call("reset_stuck", hold=hold)
+                rows = self.db.call(sql.RESET_STUCK, hold=hold)
                 if time.monotonic() >= next_backlog:
-                    BACKLOG.set(self.db.query("SELECT waiting + ready AS n FROM pyscheduler.delay_queue")[0]["n"])
+                    BACKLOG.set(self.db.query(sql.DELAY_QUEUE.select(columns="waiting + ready AS n"))[0]["n"])
                     next_backlog = time.monotonic() + 5.0
                 outage.ok()
             except (SchedulerError, psycopg.Error) as exc:

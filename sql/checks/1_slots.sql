@@ -36,13 +36,6 @@
 -- PS409 payload too large, PS410 a pending check of another kind; 42501 a job
 -- the adder may not execute, a check of another role.
 
--- Private helpers of earlier versions (a database upgraded from them would otherwise keep them).
-DROP FUNCTION IF EXISTS pyscheduler._due_checks(timestamptz, integer, integer, integer, timestamptz);
-DROP FUNCTION IF EXISTS pyscheduler._catch_up_checks(integer, integer, integer, timestamptz);
-DROP FUNCTION IF EXISTS pyscheduler._check_take(integer, integer, integer);
-DROP FUNCTION IF EXISTS pyscheduler._sql_job(text);
-DROP FUNCTION IF EXISTS pyscheduler._check_job(text, text);
-
 -- _resolution_us(resolution): the resolution in microseconds (NULL: the
 -- checks_resolution setting). PS400 unless it divides a day into whole slots.
 CREATE OR REPLACE FUNCTION pyscheduler._resolution_us(p_resolution interval)

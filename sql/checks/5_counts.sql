@@ -126,6 +126,7 @@ $$;
 
 -- _fold_check_counts(): replace the deltas no other transaction is folding by their sums,
 -- without the slots and hours no reader needs any more.
+-- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
 CREATE OR REPLACE FUNCTION pyscheduler._fold_check_counts()
 RETURNS void
 LANGUAGE sql
@@ -207,7 +208,8 @@ CREATE OR REPLACE TRIGGER checks_truncated AFTER TRUNCATE ON pyscheduler.checks
     FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_truncated();
 CREATE OR REPLACE TRIGGER history_truncated AFTER TRUNCATE ON pyscheduler.check_history
     FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._checks_truncated();
--- in the transaction that creates the triggers (the post-apply step of migrate)
+-- in the transaction that creates the triggers (the post-apply step of migrate): not in a
+-- migration, which commits before them (what is written in between would go uncounted)
 DO $count$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pyscheduler.settings WHERE name = 'checks_counted') THEN
