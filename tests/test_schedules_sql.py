@@ -668,3 +668,16 @@ def test_every_change_is_notified(dsn, db):
         for note in listener.notifies(timeout=10, stop_after=6):
             got.append(note.payload)
         assert got == [str(s["id"])] * 6
+
+
+def test_the_bench_clones_every_insertable_column_of_a_schedule(conn):
+    """pyscheduler bench schedules clones its schedules from the first one with
+    sqlapi.CLONE_SCHEDULES: a column added to the table is in its list, or the clones would
+    differ from the schedule they copy."""
+    from pyscheduler.schedules.sqlapi import CLONED_COLUMNS
+
+    columns = [r["column_name"] for r in conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = 'pyscheduler' "
+        "AND table_name = 'schedules' AND is_generated = 'NEVER' AND identity_generation IS NULL "
+        "AND column_name <> 'name' ORDER BY ordinal_position").fetchall()]
+    assert sorted(columns) == sorted(CLONED_COLUMNS)

@@ -23,8 +23,7 @@ ALLOWED = {"sqlapi.py", "db.py", "migrate.py"}  # where SQL may be written (sqla
 NOT_YET = {
     "benchpeers/runner.py",
     "web/dashboard/pages.py", "web/dashboard/data.py", "flatness.py",
-    "schedules/bench.py", "schedules/cli.py", "schedules/demo.py", "schedules/executor.py",
-    "schedules/relay.py", "tasks/aio.py", "tasks/bench.py", "tasks/cli.py", "tasks/client.py", "tasks/monitor.py",
+    "tasks/aio.py", "tasks/bench.py", "tasks/cli.py", "tasks/client.py", "tasks/monitor.py",
     "tasks/worker.py",
 }
 
@@ -67,9 +66,10 @@ def problems(conn, module: str, attr: str, decl: object) -> list[str]:
             return [f"{where}: no view pyscheduler.{decl}"]
         return [f"{where}: view pyscheduler.{decl} has no column {c!r}" for c in decl.columns if c not in columns]
     n = iter(range(1, 1000))
+    text = re.sub(r"%(%|s)", lambda m: "%" if m[1] == "%" else f"${next(n)}", str(decl))  # psycopg's placeholders
     try:
         with conn.transaction(force_rollback=True):
-            conn.execute(f"PREPARE sqlapi_check AS {re.sub(r'%s', lambda _: f'${next(n)}', str(decl))}")
+            conn.execute(f"PREPARE sqlapi_check AS {text}")
             conn.execute("DEALLOCATE sqlapi_check")  # a session's: a rollback keeps it
     except psycopg.Error as exc:
         return [f"{where}: {exc}"]

@@ -37,6 +37,7 @@ from ..config import bootstrap_option, dsn_option, redis_option
 from ..db import Database
 from ..delay.bench import OutputReader, percentiles
 from ..redisconn import connect, is_cluster_url
+from . import sqlapi as sql
 from .index import Shards
 from .targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
 
@@ -46,25 +47,16 @@ TARGETS = {"redis": 25_000, "postgres": 5_000, "steady_p99_ms": 50.0}
 def create_bulk(db: Database, prefix: str, n: int, every_s: float, topic: str, critical: bool,
                 chunk: int = 100_000) -> list[int]:
     """n Kafka schedules: the first through create_schedule (validated), the rest cloned
-    from its row with one INSERT ... SELECT per chunk (1M create_schedule calls would take
-    ~15 minutes on this machine; the setup is not what is measured). Their ids."""
-    first = db.call_value("create_schedule", name=f"{prefix}0", every=timedelta(seconds=every_s),
+    from its row with one INSERT ... SELECT per chunk (sqlapi.CLONE_SCHEDULES). Their ids."""
+    first = db.call_value(sql.CREATE_SCHEDULE, name=f"{prefix}0", every=timedelta(seconds=every_s),
                           target_kind="kafka", target=topic, critical=critical, retry_attempts=0,
                           start_at=datetime.now(timezone.utc) + timedelta(days=1))
-    cols = [r["column_name"] for r in db.query(
-        "SELECT column_name FROM information_schema.columns WHERE table_schema = 'pyscheduler' "
-        "AND table_name = 'schedules' AND is_generated = 'NEVER' AND identity_generation IS NULL "
-        "AND column_name <> 'name' ORDER BY ordinal_position")]
     ids = [first["id"]]
     with db.connection() as conn:
         for start in range(1, n, chunk):
-            rows = conn.execute(
-                f"INSERT INTO pyscheduler.schedules (name, {', '.join(cols)}) "
-                f"SELECT %s || i, {', '.join('s.' + c for c in cols)} FROM pyscheduler.schedules s, "
-                "generate_series(%s::int, %s::int) i WHERE s.id = %s RETURNING id",
-                (prefix, start, min(n, start + chunk) - 1, first["id"])).fetchall()
+            rows = conn.execute(sql.CLONE_SCHEDULES, (prefix, start, min(n, start + chunk) - 1, first["id"])).fetchall()
             ids += [r["id"] for r in rows]
-        conn.execute("ANALYZE pyscheduler.schedules")
+        conn.execute("ANALYZE pyscheduler.schedules")  # a utility statement: not a Query (no PREPARE)
     return ids
 
 
@@ -73,12 +65,8 @@ def arm(db: Database, index: Shards | None, ids: list[int], first_ms: int | None
     (first_ms None: index the next runs PostgreSQL has)."""
     with db.connection() as conn:
         if first_ms is not None:
-            conn.execute("UPDATE pyscheduler.schedules s SET next_run_at = timestamptz 'epoch' + "
-                         "(%s + ((a.o - 1) %% %s) * 1000 * %s::numeric / %s)::bigint * interval '1 millisecond' "
-                         "FROM unnest(%s::bigint[]) WITH ORDINALITY a(id, o) WHERE s.id = a.id",
-                         (first_ms, len(ids), spread_s, len(ids), ids))
-        rows = conn.execute("SELECT id, next_run_at FROM pyscheduler.schedules WHERE id = ANY(%s)",
-                            (ids,)).fetchall()
+            conn.execute(sql.ARM_SCHEDULES, (first_ms, len(ids), spread_s, len(ids), ids))
+        rows = conn.execute(sql.SCHEDULE_DUE, (ids,)).fetchall()
     if index is not None:
         for k, part in index.split(rows, key=lambda r: r["id"]).items():
             shard = index.shards[k]
@@ -93,9 +81,8 @@ def arm(db: Database, index: Shards | None, ids: list[int], first_ms: int | None
 def drop(db: Database, prefix: str) -> None:
     with db.connection() as conn:
         # executions first: they have no foreign key (delete_schedule deletes them one schedule at a time)
-        conn.execute("DELETE FROM pyscheduler.schedule_executions WHERE schedule_id IN "
-                     "(SELECT id FROM pyscheduler.schedules WHERE name LIKE %s)", (prefix + "%",))
-        conn.execute("DELETE FROM pyscheduler.schedules WHERE name LIKE %s", (prefix + "%",))
+        conn.execute(sql.DROP_EXECUTIONS, (prefix + "%",))
+        conn.execute(sql.DROP_SCHEDULES, (prefix + "%",))
 
 
 def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n: int, logdir: str,
@@ -191,7 +178,7 @@ class CpuMeter:
     address)."""
 
     def __init__(self, db: Database, redis_url: str, bootstrap: str, executors: list[int]):
-        me = db.query("SELECT pg_backend_pid() AS pid, current_database() AS db")[0]
+        me = db.query(sql.BACKEND)[0]
         backend, self.database = me["pid"], me["db"]
         with open(f"/proc/{backend}/stat") as f:
             self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])

@@ -24,6 +24,7 @@ from ..calls import (INT32, INT64, AsyncClient, Call, SyncClient, asynchronous, 
                      each, instant, integer, interval, json_value, required_instant, required_interval, sync, text,
                      uuid_or_none, value)
 from ..db import Untyped
+from . import sqlapi as sql
 
 __all__ = ["UNBOUNDED", "AsyncScheduleClient", "Overlap", "RunOutcome", "Schedule", "ScheduleClient", "ScheduleRun",
            "TargetKind"]
@@ -199,7 +200,7 @@ def _create(name: str, target: str, *, every: timedelta | None = None, cron: str
         "max_runs": integer("max_runs", max_runs, -INT64, INT64, optional=True),
         "paused": boolean("paused", paused, optional=True),
         "paused_note": text("paused_note", paused_note, optional=True)}
-    return Call("create_schedule", _given(args), value(Schedule.from_json))
+    return Call(sql.CREATE_SCHEDULE, _given(args), value(Schedule.from_json))
 
 
 def _update(name: str, *, target: str | None = None, every: timedelta | None = None, cron: str | None = None,
@@ -218,40 +219,40 @@ def _update(name: str, *, target: str | None = None, every: timedelta | None = N
         catchup_window=catchup_window, overlap=overlap),
         "start_at": _bound("start_at", start_at, "-infinity"), "end_at": _bound("end_at", end_at, "infinity"),
         "max_runs": 0 if max_runs is UNBOUNDED else integer("max_runs", max_runs, 1, INT64, optional=True)}
-    return Call("update_schedule", _given(args), value(Schedule.from_json))
+    return Call(sql.UPDATE_SCHEDULE, _given(args), value(Schedule.from_json))
 
 
 def _pause(name: str, note: str | None = None) -> Call[Schedule]:
     """Stop regular firing until ``resume`` (a pending trigger still fires); ``note`` says why."""
-    return Call("pause_schedule", {"name": _name(name), "note": text("note", note, optional=True)},
+    return Call(sql.PAUSE_SCHEDULE, {"name": _name(name), "note": text("note", note, optional=True)},
                 value(Schedule.from_json))
 
 
 def _resume(name: str) -> Call[Schedule]:
     """Fire again from the first occurrence at or after now (the paused ones are skipped)."""
-    return Call("resume_schedule", {"name": _name(name)}, value(Schedule.from_json))
+    return Call(sql.RESUME_SCHEDULE, {"name": _name(name)}, value(Schedule.from_json))
 
 
 def _trigger(name: str) -> Call[Schedule]:
     """Fire once now, out of band (also while paused or ended); the regular next run stays."""
-    return Call("trigger_schedule", {"name": _name(name)}, value(Schedule.from_json))
+    return Call(sql.TRIGGER_SCHEDULE, {"name": _name(name)}, value(Schedule.from_json))
 
 
 def _delete(name: str) -> Call[bool]:
     """Delete the schedule and its executions; False when there was none."""
-    return Call("delete_schedule", {"name": _name(name)}, value(bool))
+    return Call(sql.DELETE_SCHEDULE, {"name": _name(name)}, value(bool))
 
 
 def _get(name: str) -> Call[Schedule]:
     """The schedule; ScheduleNotFound (PS300) when there is none."""
-    return Call("get_schedule", {"name": _name(name)}, value(Schedule.from_json))
+    return Call(sql.GET_SCHEDULE, {"name": _name(name)}, value(Schedule.from_json))
 
 
 def _list(name_like: str | None = None, target_kind: TargetKind | None = None, paused: bool | None = None,
           critical: bool | None = None, limit: int = 100, after_name: str | None = None) -> Call[list[Schedule]]:
     """Schedules matching every filter given (None: any; ``name_like`` a LIKE pattern), by name.
     The next page: ``after_name`` = the last name of this one (keyset)."""
-    return Call("list_schedules", {
+    return Call(sql.LIST_SCHEDULES, {
         "name_like": text("name_like", name_like, optional=True),
         "target_kind": choice("target_kind", target_kind, TARGET_KINDS, optional=True),
         "paused": boolean("paused", paused, optional=True), "critical": boolean("critical", critical, optional=True),
@@ -263,22 +264,23 @@ def _runs(name: str, outcome: RunOutcome | None = None, since: datetime | None =
           limit: int = 100, before: datetime | None = None) -> Call[list[ScheduleRun]]:
     """Recorded executions, newest expected time first (only ``outcome``, only expected at or
     after ``since``). The next page: ``before`` = the last ``expected_at`` of this one (keyset)."""
-    return Call("schedule_runs", {"name": _name(name), "with_outcome": choice("outcome", outcome, OUTCOMES, optional=True),
-                                  "since": aware("since", since, optional=True),
-                                  "max_runs": integer("limit", limit, 1, INT32),
-                                  "before": aware("before", before, optional=True)}, each(ScheduleRun.from_row))
+    return Call(sql.SCHEDULE_RUNS, {"name": _name(name),
+                                    "with_outcome": choice("outcome", outcome, OUTCOMES, optional=True),
+                                    "since": aware("since", since, optional=True),
+                                    "max_runs": integer("limit", limit, 1, INT32),
+                                    "before": aware("before", before, optional=True)}, each(ScheduleRun.from_row))
 
 
 def _next(name: str, n: int = 10) -> Call[list[datetime]]:
     """The next ``n`` fire times (honouring ``end_at`` and ``max_runs``; none while paused)."""
-    return Call("upcoming_runs", {"name": _name(name), "n": integer("n", n, 1, INT32)},
+    return Call(sql.UPCOMING_RUNS, {"name": _name(name), "n": integer("n", n, 1, INT32)},
                 each(required_instant, "run_at"))
 
 
 def _count(name: str, outcome: RunOutcome | Literal["runs"] = "fired") -> Call[int]:
     """How many occurrences ended with ``outcome`` (``runs``: what ``max_runs`` counts); kept
     when old executions are purged."""
-    return Call("execution_count", {"name": _name(name), "outcome": choice("outcome", outcome, (*OUTCOMES, "runs"))},
+    return Call(sql.EXECUTION_COUNT, {"name": _name(name), "outcome": choice("outcome", outcome, (*OUTCOMES, "runs"))},
                 value(int))
 
 

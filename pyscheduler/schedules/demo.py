@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ..daemon import RunContext
 from ..db import Database, Jsonb
 from ..masking import mask_url
+from ..sqlapi import HTTP_ALLOW, SET_HTTP_ALLOW
+from . import sqlapi as sql
 from .executor import Executor, ExecutorConfig
 from .relay import IndexRelay
 
@@ -62,12 +64,12 @@ class Receiver:
 def _loopback_allowed(db: Database):
     """The receiver listens on loopback, which the egress policy refuses by default: allowed
     for the demo's run only (the admin's allow-list comes back afterwards)."""
-    allowed = db.call_value("http_allow") or []
-    db.call("set_http_allow", allow=[*allowed, "127.0.0.1/32"])
+    allowed = db.call_value(HTTP_ALLOW) or []
+    db.call(SET_HTTP_ALLOW, allow=[*allowed, "127.0.0.1/32"])
     try:
         yield
     finally:
-        db.call("set_http_allow", allow=allowed)
+        db.call(SET_HTTP_ALLOW, allow=allowed)
 
 
 def demo(ctx: RunContext, echo) -> None:
@@ -87,17 +89,17 @@ def demo(ctx: RunContext, echo) -> None:
         names = {"kafka": f"demo-kafka-{suffix}", "http": f"demo-http-{suffix}", "task": f"demo-task-{suffix}"}
         if ctx.kafka_bootstrap:
             create_topics(ctx.kafka_bootstrap, [topic], settings=ctx.kafka_settings)
-            db.call("create_schedule", name=names["kafka"], every=timedelta(seconds=1), target_kind="kafka",
+            db.call(sql.CREATE_SCHEDULE, name=names["kafka"], every=timedelta(seconds=1), target_kind="kafka",
                     target=topic, payload=Jsonb({"report": "daily"}), retry_attempts=0)
             echo(f"{names['kafka']}: every 1s -> Kafka topic {topic}")
-        db.call("create_schedule", name=names["http"], cron="* * * * * *", tz="Europe/Berlin", target_kind="http",
+        db.call(sql.CREATE_SCHEDULE, name=names["http"], cron="* * * * * *", tz="Europe/Berlin", target_kind="http",
                 target=receiver.url, payload=Jsonb({"ping": True}), retry_attempts=2,
                 retry_base=timedelta(milliseconds=100), retry_jitter=timedelta(milliseconds=100))  # worst case 0.5 s
         echo(f"{names['http']}: cron '* * * * * *' (Europe/Berlin) -> POST {mask_url(receiver.url)}")
-        db.call("create_schedule", name=names["task"], every=timedelta(seconds=2), target_kind="task", target=queue,
+        db.call(sql.CREATE_SCHEDULE, name=names["task"], every=timedelta(seconds=2), target_kind="task", target=queue,
                 priority=10, payload=Jsonb({"job": "cleanup"}), overlap="allow", retry_attempts=0)
         echo(f"{names['task']}: every 2s -> leased task on queue {queue}")
-        nxt = db.call("upcoming_runs", name=names["http"], n=3)
+        nxt = db.call(sql.UPCOMING_RUNS, name=names["http"], n=3)
         echo("next runs of the cron schedule: " + ", ".join(r["run_at"].isoformat() for r in nxt))
         prefix = f"pyscheduler:demo:{suffix}"
         daemons = [IndexRelay(ctx.dsn, ctx.redis_url, prefix=prefix)] + [
@@ -116,7 +118,7 @@ def demo(ctx: RunContext, echo) -> None:
         for kind, name in names.items():
             if kind == "kafka" and not ctx.kafka_bootstrap:
                 continue
-            echo(f"  {name}: {db.call_value('execution_count', name=name)}")
+            echo(f"  {name}: {db.call_value(sql.EXECUTION_COUNT, name=name)}")
         if ctx.kafka_bootstrap:
             reader = OutputReader(ctx.kafka_bootstrap, topic, ctx.kafka_settings)
             got = reader.messages(1000, 3)
@@ -125,10 +127,10 @@ def demo(ctx: RunContext, echo) -> None:
             echo(f"Kafka topic {topic}: {len(got)} messages, {len(keys)} distinct idempotency keys")
         keys = receiver.received()
         echo(f"HTTP receiver: {len(keys)} POSTs, {len(set(keys))} distinct Idempotency-Key values")
-        counts = db.query("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = %s", (queue,))
+        counts = db.query(sql.TASK_COUNTS.select("WHERE queue = %s", "status, tasks"), (queue,))
         echo(f"task queue {queue}: " + (", ".join(f"{r['status']}={r['tasks']}" for r in counts) or "empty"))
-        existing = {r["schedule"]["name"] for r in db.call("list_schedules", name_like=f"demo-%-{suffix}")}
+        existing = {r["schedule"]["name"] for r in db.call(sql.LIST_SCHEDULES, name_like=f"demo-%-{suffix}")}
         for name in names.values():
             if name in existing:
-                db.call("delete_schedule", name=name)
+                db.call(sql.DELETE_SCHEDULE, name=name)
     receiver.close()

@@ -63,11 +63,13 @@ import redis
 from prometheus_client import Histogram
 
 from .. import egress
+from ..sqlapi import HTTP_ALLOW
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE, rejects_arguments
 from ..masking import mask_url
 from ..metrics import counter, gauge, histogram
 from ..redisconn import UNREACHABLE
+from . import sqlapi as sql
 from .arrays import EpochMsArray, Int4Array, Int8Array
 from .index import DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
 from .targets import Details, Firer, Occurrence, retry_delay
@@ -251,7 +253,7 @@ class Executor:
         if now >= self._next_allow:
             self._next_allow = now + self.cfg.allow_refresh_ms / 1000
             try:
-                self.firer.allow = egress.allow_list(self.db.call_value("http_allow"))
+                self.firer.allow = egress.allow_list(self.db.call_value(HTTP_ALLOW))
             except RETRYABLE:
                 pass  # PostgreSQL away: the list read last stays
 
@@ -504,9 +506,9 @@ class Executor:
         is left out instead (its claim expires; logged)."""
         hold = timedelta(milliseconds=self.cfg.degraded_hold_ms)
         if shards is None:
-            rows = self.db.call_tuples("claim_due_critical", as_text=("timestamptz",), p_limit=limit, p_hold=hold)
+            rows = self.db.call_tuples(sql.CLAIM_DUE_CRITICAL, as_text=("timestamptz",), p_limit=limit, p_hold=hold)
         else:
-            rows = self.db.call_tuples("claim_due_critical_shards", as_text=("timestamptz",), p_shards=shards,
+            rows = self.db.call_tuples(sql.CLAIM_DUE_CRITICAL_SHARDS, as_text=("timestamptz",), p_shards=shards,
                                        p_shard_count=self.index.count, p_limit=limit, p_hold=hold)
         occs = []
         for ident, expected, token in rows:
@@ -599,7 +601,7 @@ class Executor:
     def _fire_paused(self, paused: list[Occurrence]) -> None:
         """A paused schedule's claimed occurrence fires only if it is the pending trigger."""
         try:
-            due = {r["id"]: r["next_run_at"] for r in self.db.call("index_entries", p_ids=[o.id for o in paused])}
+            due = {r["id"]: r["next_run_at"] for r in self.db.call(sql.INDEX_ENTRIES, p_ids=[o.id for o in paused])}
         except RETRYABLE:
             self.unfired += paused
             raise
@@ -627,7 +629,7 @@ class Executor:
                 stale.append(i)
         if not stale:
             return
-        rows, poison = isolate(stale, lambda chunk: self.db.call_binary("fire_details", p_ids=Int8Array(chunk)))
+        rows, poison = isolate(stale, lambda chunk: self.db.call_binary(sql.FIRE_DETAILS, p_ids=Int8Array(chunk)))
         for row in rows:
             ver = "" if row["version"] is None else str(row["version"])
             self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
@@ -729,7 +731,7 @@ class Executor:
             else:
                 groups.setdefault(sync_id, []).append(k)
         for sync_id, shards in groups.items():
-            rows = self.db.call("resync_take", p_sync_id=sync_id, p_owner=self.resync_owner,
+            rows = self.db.call(sql.RESYNC_TAKE, p_sync_id=sync_id, p_owner=self.resync_owner,
                                 p_limit=self.cfg.resync_batch,
                                 p_lease=timedelta(milliseconds=self.cfg.stuck_after_ms))
             if self.index.count > 1:
@@ -749,7 +751,7 @@ class Executor:
                     for k, exc in failed.items():
                         self._shard_down(k, exc)
                 RESYNCED.inc(len(rows))
-            elif not self.db.call_one("resync_progress", p_sync_id=sync_id)["complete"]:
+            elif not self.db.call_one(sql.RESYNC_PROGRESS, p_sync_id=sync_id)["complete"]:
                 self._next_resync = now + self.cfg.poll_ms / 1000  # other takers' batches are still out
             else:
                 for k in shards:
@@ -1062,13 +1064,13 @@ class Recorder:
         occs = [occ for _, occ, _ in batch]
         tokens = [o.token for o in occs] if occs[0].token is not None else None
         if group == "reindex":
-            function, binary, args = "index_entries", False, {"p_ids": [o.id for o in occs]}
+            function, binary, args = sql.INDEX_ENTRIES, False, {"p_ids": [o.id for o in occs]}
         elif group == "stop":
-            function, binary = "stop_schedules", False
+            function, binary = sql.STOP_SCHEDULES, False
             args = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs],
                     "p_outcomes": [k for k, _, _ in batch], "p_errors": [e for _, _, e in batch]}
         elif group == "task":
-            function, binary = "fire_task_schedules", False
+            function, binary = sql.FIRE_TASK_SCHEDULES, False
             args = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs]}
             if tokens:
                 args["p_tokens"] = tokens
@@ -1076,7 +1078,7 @@ class Recorder:
             # binary arrays packed in one go (arrays.py): a text array of 2,000 timestamps
             # cost the executor (datetimes, quoting) and the server (parsing) more
             errors = [e for _, _, e in batch]
-            function, binary = "record_executions", True
+            function, binary = sql.RECORD_EXECUTIONS, True
             args = {"p_ids": Int8Array(o.id for o in occs), "p_expected": EpochMsArray(o.expected_ms for o in occs),
                     "p_outcomes": [k for k, _, _ in batch],  # fired | failed | missed
                     "p_attempts": Int4Array(o.tries for o in occs),

@@ -33,6 +33,7 @@ from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
 from ..metrics import counter
 from ..redisconn import UNREACHABLE
+from . import sqlapi as sql
 from .executor import POISON, mirror_entries
 from .index import DEFAULT_PREFIX, Index, Shards
 
@@ -125,7 +126,8 @@ class IndexRelay:
         written = 0
         try:
             for i in range(0, len(ids), 1000):
-                written += index.mirror(mirror_entries(self._checked(db.call("index_entries", p_ids=ids[i:i + 1000]))))
+                rows = db.call(sql.INDEX_ENTRIES, p_ids=ids[i:i + 1000])
+                written += index.mirror(mirror_entries(self._checked(rows)))
         except BaseException:
             with self.lock:  # not lost: tried again after the outage
                 self.pending.update(ids)
@@ -137,7 +139,7 @@ class IndexRelay:
         """Make the index match PostgreSQL: every active schedule indexed, nothing else."""
         written, after, active = 0, 0, set()
         while True:
-            rows = db.call("index_page", p_after=after, p_limit=self.page)
+            rows = db.call(sql.INDEX_PAGE, p_after=after, p_limit=self.page)
             if not rows:
                 break
             written += index.mirror(mirror_entries(self._checked(rows)))
@@ -145,7 +147,7 @@ class IndexRelay:
             after = rows[-1]["id"]
         extra = [m for m in index.members() if m not in active]
         for i in range(0, len(extra), 1000):  # re-read: created after its page was read
-            written += index.mirror(mirror_entries(self._checked(db.call("index_entries", p_ids=extra[i:i + 1000]))))
+            written += index.mirror(mirror_entries(self._checked(db.call(sql.INDEX_ENTRIES, p_ids=extra[i:i + 1000]))))
         # the last-claimed and version entries of schedules that ended, paused or were
         # deleted: the hashes would otherwise grow with every schedule ever fired
         gone = [i for i in index.hashed_ids() if i not in active]
@@ -205,7 +207,7 @@ class Cleanup:
     def purge_once(self, db: Database) -> int:
         total = 0
         while True:
-            n = db.call_value("purge_executions", p_batch=self.batch) or 0
+            n = db.call_value(sql.PURGE_EXECUTIONS, p_batch=self.batch) or 0
             total += n
             if n < self.batch:
                 break
