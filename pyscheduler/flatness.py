@@ -295,7 +295,7 @@ class Schedules(Section):
             fired = 0
             while fired < self.HOT:
                 rows = b.q("SELECT id, expected_at, claim_token FROM pyscheduler.claim_due_critical("
-                           "p_limit => 1000, p_hold => '30 seconds')")
+                           "max_schedules => 1000, hold => '30 seconds')")
                 if not rows:
                     break
                 ids = [r["id"] for r in rows]

@@ -59,8 +59,8 @@ def populate(conn: Any) -> dict[str, Any]:
     for outcome, error in (("fired", None), ("failed", "HTTP 503 from partner")):
         x("SELECT r.* FROM (SELECT (pyscheduler.get_schedule(name => 'partner-hook') ->> 'id')::bigint AS id, "
           "(pyscheduler.get_schedule(name => 'partner-hook') ->> 'due_at')::timestamptz AS due_at) s, "
-          "pyscheduler.record_executions(p_ids => ARRAY[s.id], p_expected => ARRAY[s.due_at], "
-          "p_outcomes => ARRAY[%s::text], p_attempts => ARRAY[1], p_errors => ARRAY[%s::text]) r",
+          "pyscheduler.record_executions(ids => ARRAY[s.id], expected => ARRAY[s.due_at], "
+          "outcomes => ARRAY[%s::text], attempts => ARRAY[1], errors => ARRAY[%s::text]) r",
           (outcome, error))
     # -- checks: pending (python and task jobs), one ended, one overdue (added for a slot now past)
     x("SELECT * FROM pyscheduler.add_check(entity_name => 'order', entity_key => '233', job => 'order_sms', "

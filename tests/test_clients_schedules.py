@@ -98,10 +98,10 @@ def test_pause_resume_trigger_delete_list_runs_and_counts(db):
     resumed = client.resume("ticks")
     assert not resumed.paused and resumed.next_run_at is not None
     # a failed occurrence recorded as the executors do, and a task target fired once
-    db.call("record_executions", p_ids=[resumed.id], p_expected=[resumed.due_at], p_outcomes=["failed"],
-            p_attempts=[3], p_errors=["HTTP 503"])
+    db.call("record_executions", ids=[resumed.id], expected=[resumed.due_at], outcomes=["failed"],
+            attempts=[3], errors=["HTTP 503"])
     triggered = client.trigger("exports")
-    db.call("fire_task_schedules", p_ids=[triggered.id], p_expected=[triggered.due_at])
+    db.call("fire_task_schedules", ids=[triggered.id], expected=[triggered.due_at])
     [failed] = client.runs("ticks")
     assert failed == ScheduleRun(expected_at=resumed.due_at, outcome="failed", triggered=False, attempts=3,
                                  fired_at=failed.fired_at, lateness=failed.fired_at - resumed.due_at,
@@ -224,8 +224,8 @@ def test_cli_list_filters_and_runs_filters(dsn, db):
     assert names(run(dsn, "list", "--name-like", "k-%")) == ["k-1", "k-2"]
     assert "(the first 2: --limit for more)" in run(dsn, "list", "--limit", "2")
     s = client.get("k-1")
-    db.call("record_executions", p_ids=[s.id], p_expected=[s.due_at], p_outcomes=["failed"], p_attempts=[1],
-            p_errors=["boom"])
+    db.call("record_executions", ids=[s.id], expected=[s.due_at], outcomes=["failed"], attempts=[1],
+            errors=["boom"])
     assert "outcome=failed" in run(dsn, "runs", "k-1", "--outcome", "failed")
     assert "outcome=" not in run(dsn, "runs", "k-1", "--outcome", "fired")
     assert "outcome=" not in run(dsn, "runs", "k-1", "--since", "2099-01-01T00:00:00")

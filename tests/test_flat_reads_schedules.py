@@ -130,7 +130,7 @@ def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(db, conn)
 def test_claim_due_critical_keeps_its_plan_whatever_the_statistics_and_the_session(db, conn):
     """The statistics were taken while every critical schedule was a day away (issue 21's degraded
     case); then 1,500 of them fall due. Even in a session that turns index scans off, the claim
-    reads schedules_critical_due_idx in due order and stops at p_limit (before, a bitmap scan read
+    reads schedules_critical_due_idx in due order and stops at max_schedules (before, a bitmap scan read
     every due entry and sorted them)."""
     t = create(db, "t", critical=True)
     clone(conn, t["id"], "k-", 4000, critical="true")
@@ -138,7 +138,7 @@ def test_claim_due_critical_keeps_its_plan_whatever_the_statistics_and_the_sessi
     conn.execute("UPDATE pyscheduler.schedules SET next_run_at = now() - interval '1 minute' - i * interval '1 ms' "
                  "FROM generate_series(1, 1500) i WHERE name = 'k-' || lpad(i::text, 4, '0')")
     conn.execute("SET enable_indexscan = off")
-    rows, r = reads(conn, "SELECT * FROM pyscheduler.claim_due_critical(p_limit => 100)", tables=("schedules",))
+    rows, r = reads(conn, "SELECT * FROM pyscheduler.claim_due_critical(max_schedules => 100)", tables=("schedules",))
     assert len(rows) == 100
     due = sorted(rows, key=lambda x: x["expected_at"])
     assert due[0]["expected_at"] < due[-1]["expected_at"]  # the oldest due first: k-1500 .. k-1401

@@ -210,7 +210,7 @@ def test_the_label_rule_is_one_rule_in_sql_and_in_python(conn):
     ("worker", "lease_task", {"queue": "q", "worker": "w-1"}, {"worker": "w-1 "}, "PS208"),
     ("relay", "enqueue_message", {"id": "m-1", "deadline": "2100-01-01T00:00:00Z", "headers": '[{"h": "v"}]'},
      {"id": "m\u202e1"}, "PS101"),
-    ("scheduler", "resync_progress", {"p_sync_id": "sync-1"}, {"p_sync_id": ""}, "PS312"),
+    ("scheduler", "resync_progress", {"sync_id": "sync-1"}, {"sync_id": ""}, "PS312"),
     ("checker", "finish_checks", {"ids": "{1}", "errors": "{boom}"}, {"errors": "{" + "x" * 1048577 + "}"}, "PS408"),
     ("monitor", "list_tasks", {"queue": "q"}, {"queue": "\u200bq"}, "PS208"),
 ])
@@ -325,10 +325,10 @@ VALID = {
     ("id", "bigint"): "{check}", ("id", "text"): "'walk-1'",
     ("ids", "bigint[]"): "ARRAY[{check}::bigint]", ("ids", "text[]"): "ARRAY['walk-1']",
     ("job", "text"): "'count'", ("name", "text"): "'walk'", ("node", "uuid"): "gen_random_uuid()",
-    ("p_attempts", "integer[]"): "ARRAY[1]", ("p_errors", "text[]"): "ARRAY['boom']",
-    ("p_expected", "timestamp with time zone[]"): "ARRAY[now()]", ("p_ids", "bigint[]"): "ARRAY[{schedule}::bigint]",
-    ("p_outcomes", "text[]"): "ARRAY['failed']", ("p_owner", "text"): "'walker'",
-    ("p_shard_count", "integer"): "1", ("p_shards", "integer[]"): "ARRAY[0]", ("p_sync_id", "text"): "'walk-sync'",
+    ("attempts", "integer[]"): "ARRAY[1]", ("errors", "text[]"): "ARRAY['boom']",
+    ("expected", "timestamp with time zone[]"): "ARRAY[now()]",
+    ("outcomes", "text[]"): "ARRAY['failed']", ("owner", "text"): "'walker'",
+    ("shard_count", "integer"): "1", ("shards", "integer[]"): "ARRAY[0]", ("sync_id", "text"): "'walk-sync'",
     ("queue", "text"): "'walk'", ("rn", "uuid"): "'{rn}'::uuid", ("rns", "uuid[]"): "ARRAY['{rn}'::uuid]",
     ("slot", "timestamp with time zone"): "pyscheduler.slot_round(now() - interval '1 hour')",
     ("spec", "jsonb"): "'{{}}'", ("specs", "jsonb"): "'[{{}}]'", ("starts", "integer"): "10",
@@ -336,11 +336,14 @@ VALID = {
     ("ts", "timestamp with time zone"): "now()", ("worker", "text"): "'walker'",
     ("workflow", "jsonb"): "'[{{\"name\": \"a\", \"queue\": \"walk\", \"spec\": {{}}}}]'",
 }
-# optional arguments a valid call also needs (exactly one of every and cron, a target, ...)
+# optional arguments a valid call also needs (exactly one of every and cron, a target, ...), and
+# values of a function's own (the schedules' ids, where ids are a check's by default)
 VALID_CALLS = {
     "create_schedule": {"name": "'walk-2'", "target": "'walk-topic'", "every": "'1 hour'"},
     "add_check": {"entity_key": "'43'", "check_after": "'1 hour'", "kind": "'python'"},
     "upcoming_runs": {"every": "'1 hour'"},
+    **{f: {"ids": "ARRAY[{schedule}::bigint]"}
+       for f in ("index_entries", "fire_details", "record_executions", "fire_task_schedules", "stop_schedules")},
 }
 
 
@@ -441,7 +444,7 @@ def poison_walk(conn, functions: dict[str, list[dict]], timeout: str = "10s") ->
         since = conn.execute("SELECT pg_current_xact_id()::text::bigint % 4294967296 AS x").fetchone()["x"]
         for function, params in sorted(functions.items()):
             baseline = {p["name"]: VALID[(p["name"], p["base"])].format(**objects) for p in params if not p["optional"]}
-            baseline |= VALID_CALLS.get(function, {})
+            baseline |= {k: v.format(**objects) for k, v in VALID_CALLS.get(function, {}).items()}
             for p in params:
                 for value in hostile(p["base"]):
                     args = {**baseline, p["name"]: value}

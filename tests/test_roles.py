@@ -214,7 +214,7 @@ def base_type(conn, oid: int) -> str:
         (oid,)).fetchone()["t"]
 
 
-def owned_work(dsn: str, app_dsn: str) -> dict[str, str]:
+def owned_work(dsn: str, app_dsn: str) -> dict[tuple[str, ...], str]:
     """The first application's work, committed, its contents carrying SECRET: SQL literals by
     (parameter name, base type) for the walk's calls."""
     from psycopg.rows import dict_row
@@ -248,13 +248,16 @@ def owned_work(dsn: str, app_dsn: str) -> dict[str, str]:
         ("workflow", "jsonb"): """'[{"name": "a", "queue": "walk-q", "spec": {}}]'""",
         ("error", "jsonb"): f"'{errors}'::jsonb -> 0", ("errors", "jsonb"): f"'{errors}'",
         ("starts", "integer"): "10",
-        ("name", "text"): "'walk-s'", ("p_ids", "bigint[]"): f"ARRAY[{schedule}]::bigint[]",
-        ("p_expected", "timestamp with time zone[]"): "ARRAY[now()]", ("p_outcomes", "text[]"): "ARRAY['ok']",
-        ("p_attempts", "integer[]"): "ARRAY[1]", ("p_errors", "text[]"): "ARRAY[NULL::text]",
-        ("p_shards", "integer[]"): "ARRAY[0]", ("p_shard_count", "integer"): "1",
-        ("p_sync_id", "text"): "'walk-sync'", ("p_owner", "text"): "'walk-node'",
+        ("name", "text"): "'walk-s'",
+        ("expected", "timestamp with time zone[]"): "ARRAY[now()]", ("outcomes", "text[]"): "ARRAY['ok']",
+        ("attempts", "integer[]"): "ARRAY[1]", ("errors", "text[]"): "ARRAY[NULL::text]",
+        ("shards", "integer[]"): "ARRAY[0]", ("shard_count", "integer"): "1",
+        ("sync_id", "text"): "'walk-sync'", ("owner", "text"): "'walk-node'",
         ("entity_name", "text"): "'walk'", ("entity_key", "text"): "'e1'", ("job", "text"): "'walk-q'",
         ("id", "bigint"): str(check), ("ids", "bigint[]"): f"ARRAY[{check}]::bigint[]",
+        # the schedules' functions take ids too: the schedule's (by function, name and type)
+        **{(f, "ids", "bigint[]"): f"ARRAY[{schedule}]::bigint[]"
+           for f in ("index_entries", "fire_details", "record_executions", "fire_task_schedules", "stop_schedules")},
         ("slot", "timestamp with time zone"): "pyscheduler.slot_round(now())", ("kind", "text"): "'task'",
         ("check_after", "interval"): "'1 hour'",
         ("id", "text"): "'walk-m'", ("ids", "text[]"): "ARRAY['walk-m']",
@@ -275,16 +278,17 @@ def parameters(conn, oid: int) -> list[tuple[str, str, bool]]:
 
 def walk_statement(conn, obj: dict, values: dict) -> str:
     """The call of a function on the first application's work: every parameter the walk has a
-    value for (by name and type), every required one."""
+    value for (by function, name and type, else by name and type), every required one."""
     if obj["kind"] == "view":
         return f"SELECT * FROM pyscheduler.{obj['name']} LIMIT 1000"
     args = []
     for name, typ, required in parameters(conn, obj["oid"]):
-        assert (name, typ) in values or not required, (
+        key = (obj["name"], name, typ) if (obj["name"], name, typ) in values else (name, typ)
+        assert key in values or not required, (
             f"{obj['name']}: give the ownership walk a value for parameter {name} {typ} "
             "(owned_work in tests/test_roles.py)")
-        if (name, typ) in values:
-            args.append(f"{name} => {values[name, typ]}")
+        if key in values:
+            args.append(f"{name} => {values[key]}")
     return f"SELECT * FROM pyscheduler.{obj['name']}({', '.join(args)})"
 
 

@@ -28,8 +28,8 @@ def test_record_executions_takes_the_binary_arrays_and_records_once(db):
     s = create(db, "arrays", every=1, target_kind="kafka", target="t",
                start_at=datetime.now(timezone.utc) - timedelta(seconds=5))
     due = db.query("SELECT next_run_at FROM pyscheduler.schedules WHERE id = %s", (s["id"],))[0]["next_run_at"]
-    args = dict(p_ids=Int8Array([s["id"]]), p_expected=EpochMsArray([to_ms(due)]), p_outcomes=["fired"],
-                p_attempts=Int4Array([1]), p_errors=None)
+    args = dict(ids=Int8Array([s["id"]]), expected=EpochMsArray([to_ms(due)]), outcomes=["fired"],
+                attempts=Int4Array([1]), errors=None)
     first = db.call_binary("record_executions", **args)
     again = db.call_binary("record_executions", **args)
     assert [(r["recorded"], r["expected_at"]) for r in first] == [(True, due)]

@@ -212,7 +212,7 @@ def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sq
         create(db, name, every=3600, soon=True, target_kind="kafka", target="t")
     ids = {r["name"]: r["id"] for r in db.query("SELECT id, name FROM pyscheduler.schedules")}
     index = index_of(redis_url)
-    index.mirror(mirror_entries(db.call("index_entries", p_ids=list(ids.values()))))
+    index.mirror(mirror_entries(db.call("index_entries", ids=list(ids.values()))))
     claimed: list = []
     wait_for(lambda: claimed.extend(index.claim(10).claimed) or len(claimed) == 2, 10, "both occurrences claimed")
     poison(db, "bad", "trigger_at = '-infinity'")
@@ -321,7 +321,7 @@ def test_a_resync_taker_that_dies_between_take_and_write_loses_no_batch(db, dsn,
     index = index_of(redis_url)
     sync_id = index.begin_resync()  # Redis lost its data: the first taker starts a resync
     # a taker takes the first batch (the critical schedules) and dies before writing it
-    dead = db.call("resync_take", p_sync_id=sync_id, p_owner="dead-taker", p_limit=5, p_lease=timedelta(seconds=1))
+    dead = db.call("resync_take", sync_id=sync_id, owner="dead-taker", max_schedules=5, lease=timedelta(seconds=1))
     assert len(dead) == 5 and all(r["critical"] for r in dead)
     complete_at: list[set[int]] = []
 
@@ -335,7 +335,7 @@ def test_a_resync_taker_that_dies_between_take_and_write_loses_no_batch(db, dsn,
         wait_for(complete, 30, "the resync to complete", interval=0.005)
     assert complete_at[0] >= ids  # every schedule was in the index when it was marked complete
     assert index.marker() == sync_id
-    progress = db.call_one("resync_progress", p_sync_id=sync_id)
+    progress = db.call_one("resync_progress", sync_id=sync_id)
     assert progress == {"done": 30, "total": 30, "complete": True}
 
 

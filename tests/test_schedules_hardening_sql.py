@@ -404,7 +404,7 @@ def test_privilege_walk_a_client_cannot_act_on_or_see_the_details_of_another_rol
         with pytest.raises(errors.PermissionDenied):
             b.call("delete_schedule", name="teams")
         # the scheduler role reads what it needs to fire, whoever owns it
-        [d] = sch.call("fire_details", p_ids=[s["id"]])
+        [d] = sch.call("fire_details", ids=[s["id"]])
         assert d["target"] == secret and d["payload"] == '{"api_key": "k"}'
         assert adm.call_value("delete_schedule", name="alices") is True
 

@@ -30,7 +30,7 @@ def create(db, name="s", **kw):
 
 
 def entry(conn, schedule_id):
-    return conn.execute("SELECT * FROM pyscheduler.index_entries(p_ids => %s)", ([schedule_id],)).fetchone()
+    return conn.execute("SELECT * FROM pyscheduler.index_entries(ids => %s)", ([schedule_id],)).fetchone()
 
 
 def record(conn, schedule_id, expected, now, outcome="fired", attempts=1, token=None, error=None):
@@ -345,7 +345,7 @@ def test_delete_schedule_deletes_its_executions(db, conn):
 def test_fire_details_are_in_the_executors_forms(db, conn):
     s = create(db, payload=Jsonb({"b": [1, 2], "a": "x"}), retry_base="250 milliseconds", retry_jitter="1 second",
                catchup_window="90 seconds")
-    d = conn.execute("SELECT * FROM pyscheduler.fire_details(p_ids => %s)", ([s["id"], -1],)).fetchall()
+    d = conn.execute("SELECT * FROM pyscheduler.fire_details(ids => %s)", ([s["id"], -1],)).fetchall()
     assert d[0]["payload"] == '{"a": "x", "b": [1, 2]}'  # the stored JSON text, not decoded
     assert (d[0]["retry_base_ms"], d[0]["retry_jitter_ms"], d[0]["catchup_window_ms"]) == (250, 1000, 90000)
     assert d[0]["version"] == round(datetime.fromisoformat(s["updated"]).timestamp() * 1000)
@@ -365,7 +365,7 @@ def test_catch_up_after_the_executors_were_down_three_intervals(db, conn):
     record(conn, s["id"], t0, t0)
     # down from t0 to t0 + 45 s: t0+10 and t0+20 are older than the window, t0+30 and t0+40 within
     now = t0 + timedelta(seconds=45)
-    details = conn.execute("SELECT * FROM pyscheduler.fire_details(p_ids => %s)", ([s["id"]],)).fetchone()
+    details = conn.execute("SELECT * FROM pyscheduler.fire_details(ids => %s)", ([s["id"]],)).fetchone()
     stale = t0 + timedelta(seconds=10)
     assert details["catchup_window_ms"] == 15_000 and stale < now - timedelta(milliseconds=details["catchup_window_ms"])
     row = record(conn, s["id"], stale, now, outcome="missed", attempts=0)
@@ -468,7 +468,7 @@ def test_failures_show_in_the_failing_view_and_record_rejects_bad_outcomes(db, c
         record(conn, s["id"], t + timedelta(seconds=10), t, outcome="exploded")
     assert info.value.sqlstate == "PS312"
     with pytest.raises(errors.InvalidSchedule):
-        db.call("record_executions", p_ids=[s["id"], s["id"]], p_expected=[t], p_outcomes=["fired"], p_attempts=[1])
+        db.call("record_executions", ids=[s["id"], s["id"]], expected=[t], outcomes=["fired"], attempts=[1])
     assert len(runs(db, "s")) == 1
 
 
@@ -554,7 +554,7 @@ def test_firing_a_task_occurrence_twice_submits_once(db, conn):
     assert run["task_rn"] is not None
     # not a task target: answered alone (nothing submitted, its due time back), not an error
     k = create(db, name="kafka-one")
-    [row] = db.call("fire_task_schedules", p_ids=[k["id"]], p_expected=[k["next_run_at"]])
+    [row] = db.call("fire_task_schedules", ids=[k["id"]], expected=[k["next_run_at"]])
     assert not row["recorded"] and row["next_run_at"] == datetime.fromisoformat(k["next_run_at"])
     assert len(db.call("list_tasks", queue="q-allow")) == 1
 
@@ -637,21 +637,21 @@ def test_resync_hands_out_every_active_schedule_once_critical_first(db, conn):
     db.call("pause_schedule", name="n1")
     taken = []
     for owner in ("a", "b", "a", "b", "a", "b", "a"):
-        taken.append(db.call("resync_take", p_sync_id="sync-1", p_owner=owner, p_limit=4))
+        taken.append(db.call("resync_take", sync_id="sync-1", owner=owner, max_schedules=4))
     ids = [r["id"] for batch in taken for r in batch]
     assert len(ids) == len(set(ids)) == 24
     flags = [r["critical"] for batch in taken for r in batch]
     assert flags == sorted(flags, reverse=True)  # critical first
     # a taker acknowledges its batch by calling again (after writing it): b's last is still out
-    assert db.call_one("resync_progress", p_sync_id="sync-1") == {"done": 20, "total": 24, "complete": False}
-    assert db.call("resync_take", p_sync_id="sync-1", p_owner="b") == []
-    assert db.call_one("resync_progress", p_sync_id="sync-1") == {"done": 24, "total": 24, "complete": True}
-    assert db.call("resync_take", p_sync_id="sync-1", p_owner="c") == []
+    assert db.call_one("resync_progress", sync_id="sync-1") == {"done": 20, "total": 24, "complete": False}
+    assert db.call("resync_take", sync_id="sync-1", owner="b") == []
+    assert db.call_one("resync_progress", sync_id="sync-1") == {"done": 24, "total": 24, "complete": True}
+    assert db.call("resync_take", sync_id="sync-1", owner="c") == []
     second = []  # a new sync id starts over; callers loop until a call returns nothing
-    while batch := db.call("resync_take", p_sync_id="sync-2", p_owner="c", p_limit=100):
+    while batch := db.call("resync_take", sync_id="sync-2", owner="c", max_schedules=100):
         second += batch
     assert sorted(r["id"] for r in second) == sorted(ids)
-    page = db.call("index_page", p_after=0, p_limit=10)
+    page = db.call("index_page", after=0, max_schedules=10)
     assert [r["id"] for r in page] == sorted(r["id"] for r in page) and len(page) == 10
 
 

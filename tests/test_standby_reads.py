@@ -23,7 +23,7 @@ ARGS = {
     "execution_count": lambda ids: {"name": "nightly"},
     "schedule_runs": lambda ids: {"name": "nightly"},
     "next_task_due": lambda ids: {"queue": "mail"},
-    "resync_progress": lambda ids: {"p_sync_id": "none"},
+    "resync_progress": lambda ids: {"sync_id": "none"},
     "next_cron_time": lambda ids: {"expr": "0 3 * * *"},
     "slot_round": lambda ids: {"ts": ids["now"]},
     "upcoming_runs": lambda ids: {"name": "nightly"},

@@ -623,7 +623,7 @@ def test_a_task_fired_by_a_schedule_or_a_check_belongs_to_its_owner(login, db, c
     with Database(app, max_size=1) as a:
         s = a.call_value("create_schedule", name="fires", target_kind="task", target="fired", every="1 hour",
                          payload=Jsonb({}))
-        e = conn.execute("SELECT * FROM pyscheduler.index_entries(p_ids => %s)", ([s["id"]],)).fetchone()
+        e = conn.execute("SELECT * FROM pyscheduler.index_entries(ids => %s)", ([s["id"]],)).fetchone()
         conn.execute("SELECT * FROM pyscheduler._fire_task_schedules(%s, %s, NULL, %s)",
                      ([s["id"]], [e["next_run_at"]], e["next_run_at"]))
         [task] = [r["task"] for r in db.call("list_tasks", queue="fired")]

@@ -10,7 +10,7 @@
 \set batch 100
 SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(expected_at), '{}') AS ex,
        coalesce(array_agg(claim_token), '{}') AS tk, count(*) AS n
-  FROM pyscheduler.claim_due_critical(p_limit => :batch, p_hold => '30 seconds') \gset
-SELECT count(*) FROM pyscheduler.record_executions(p_ids => ':ids'::bigint[], p_expected => ':ex'::timestamptz[],
-    p_outcomes => array_fill('fired'::text, ARRAY[:n]::int[]), p_attempts => array_fill(1, ARRAY[:n]::int[]),
-    p_tokens => ':tk'::uuid[]);
+  FROM pyscheduler.claim_due_critical(max_schedules => :batch, hold => '30 seconds') \gset
+SELECT count(*) FROM pyscheduler.record_executions(ids => ':ids'::bigint[], expected => ':ex'::timestamptz[],
+    outcomes => array_fill('fired'::text, ARRAY[:n]::int[]), attempts => array_fill(1, ARRAY[:n]::int[]),
+    tokens => ':tk'::uuid[]);

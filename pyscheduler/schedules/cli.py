@@ -397,18 +397,18 @@ def resync_cmd(dsn, redis_url, prefix, shards, batch, lease) -> None:
         shard.force_resync(sync_id=sync_id)
     owner = f"cli-{uuid.uuid4().hex[:8]}"
     with _db(dsn) as db:
-        total = db.call_one(sql.RESYNC_PROGRESS, p_sync_id=sync_id)["total"]
+        total = db.call_one(sql.RESYNC_PROGRESS, sync_id=sync_id)["total"]
         tty = sys.stdout.isatty()
         with click.progressbar(length=total, label=f"resync {sync_id[:8]}", show_pos=True) as bar:
             shown = 0
             while True:
                 # each take acknowledges the batch written before it (a batch taken by a
                 # taker that died is taken again once its lease expires)
-                rows = db.call(sql.RESYNC_TAKE, p_sync_id=sync_id, p_owner=owner, p_limit=batch,
-                               p_lease=timedelta(seconds=lease))
+                rows = db.call(sql.RESYNC_TAKE, sync_id=sync_id, owner=owner, max_schedules=batch,
+                               lease=timedelta(seconds=lease))
                 if rows:
                     index.mirror(mirror_entries(rows))
-                progress = db.call_one(sql.RESYNC_PROGRESS, p_sync_id=sync_id)
+                progress = db.call_one(sql.RESYNC_PROGRESS, sync_id=sync_id)
                 done = min(total, progress["done"])
                 bar.update(max(0, done - shown))
                 if not tty and done > shown:  # no bar without a terminal: one line per batch

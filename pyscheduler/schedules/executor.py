@@ -506,10 +506,11 @@ class Executor:
         is left out instead (its claim expires; logged)."""
         hold = timedelta(milliseconds=self.cfg.degraded_hold_ms)
         if shards is None:
-            rows = self.db.call_tuples(sql.CLAIM_DUE_CRITICAL, as_text=("timestamptz",), p_limit=limit, p_hold=hold)
+            rows = self.db.call_tuples(sql.CLAIM_DUE_CRITICAL, as_text=("timestamptz",), max_schedules=limit,
+                                       hold=hold)
         else:
-            rows = self.db.call_tuples(sql.CLAIM_DUE_CRITICAL_SHARDS, as_text=("timestamptz",), p_shards=shards,
-                                       p_shard_count=self.index.count, p_limit=limit, p_hold=hold)
+            rows = self.db.call_tuples(sql.CLAIM_DUE_CRITICAL_SHARDS, as_text=("timestamptz",), shards=shards,
+                                       shard_count=self.index.count, max_schedules=limit, hold=hold)
         occs = []
         for ident, expected, token in rows:
             ms = parse_ms(expected)
@@ -601,7 +602,7 @@ class Executor:
     def _fire_paused(self, paused: list[Occurrence]) -> None:
         """A paused schedule's claimed occurrence fires only if it is the pending trigger."""
         try:
-            due = {r["id"]: r["next_run_at"] for r in self.db.call(sql.INDEX_ENTRIES, p_ids=[o.id for o in paused])}
+            due = {r["id"]: r["next_run_at"] for r in self.db.call(sql.INDEX_ENTRIES, ids=[o.id for o in paused])}
         except RETRYABLE:
             self.unfired += paused
             raise
@@ -629,7 +630,7 @@ class Executor:
                 stale.append(i)
         if not stale:
             return
-        rows, poison = isolate(stale, lambda chunk: self.db.call_binary(sql.FIRE_DETAILS, p_ids=Int8Array(chunk)))
+        rows, poison = isolate(stale, lambda chunk: self.db.call_binary(sql.FIRE_DETAILS, ids=Int8Array(chunk)))
         for row in rows:
             ver = "" if row["version"] is None else str(row["version"])
             self.details[row["id"]] = (versions.get(row["id"], ver) or ver, now, Details.from_row(row))
@@ -731,9 +732,9 @@ class Executor:
             else:
                 groups.setdefault(sync_id, []).append(k)
         for sync_id, shards in groups.items():
-            rows = self.db.call(sql.RESYNC_TAKE, p_sync_id=sync_id, p_owner=self.resync_owner,
-                                p_limit=self.cfg.resync_batch,
-                                p_lease=timedelta(milliseconds=self.cfg.stuck_after_ms))
+            rows = self.db.call(sql.RESYNC_TAKE, sync_id=sync_id, owner=self.resync_owner,
+                                max_schedules=self.cfg.resync_batch,
+                                lease=timedelta(milliseconds=self.cfg.stuck_after_ms))
             if self.index.count > 1:
                 # every shard of this sync id, not only those this executor found lost: a batch
                 # it acknowledges is not handed out again (the id's shards are fixed before its
@@ -751,7 +752,7 @@ class Executor:
                     for k, exc in failed.items():
                         self._shard_down(k, exc)
                 RESYNCED.inc(len(rows))
-            elif not self.db.call_one(sql.RESYNC_PROGRESS, p_sync_id=sync_id)["complete"]:
+            elif not self.db.call_one(sql.RESYNC_PROGRESS, sync_id=sync_id)["complete"]:
                 self._next_resync = now + self.cfg.poll_ms / 1000  # other takers' batches are still out
             else:
                 for k in shards:
@@ -1064,27 +1065,27 @@ class Recorder:
         occs = [occ for _, occ, _ in batch]
         tokens = [o.token for o in occs] if occs[0].token is not None else None
         if group == "reindex":
-            function, binary, args = sql.INDEX_ENTRIES, False, {"p_ids": [o.id for o in occs]}
+            function, binary, args = sql.INDEX_ENTRIES, False, {"ids": [o.id for o in occs]}
         elif group == "stop":
             function, binary = sql.STOP_SCHEDULES, False
-            args = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs],
-                    "p_outcomes": [k for k, _, _ in batch], "p_errors": [e for _, _, e in batch]}
+            args = {"ids": [o.id for o in occs], "expected": [from_ms(o.expected_ms) for o in occs],
+                    "outcomes": [k for k, _, _ in batch], "errors": [e for _, _, e in batch]}
         elif group == "task":
             function, binary = sql.FIRE_TASK_SCHEDULES, False
-            args = {"p_ids": [o.id for o in occs], "p_expected": [from_ms(o.expected_ms) for o in occs]}
+            args = {"ids": [o.id for o in occs], "expected": [from_ms(o.expected_ms) for o in occs]}
             if tokens:
-                args["p_tokens"] = tokens
+                args["tokens"] = tokens
         else:
             # binary arrays packed in one go (arrays.py): a text array of 2,000 timestamps
             # cost the executor (datetimes, quoting) and the server (parsing) more
             errors = [e for _, _, e in batch]
             function, binary = sql.RECORD_EXECUTIONS, True
-            args = {"p_ids": Int8Array(o.id for o in occs), "p_expected": EpochMsArray(o.expected_ms for o in occs),
-                    "p_outcomes": [k for k, _, _ in batch],  # fired | failed | missed
-                    "p_attempts": Int4Array(o.tries for o in occs),
-                    "p_errors": errors if any(e is not None for e in errors) else None}
+            args = {"ids": Int8Array(o.id for o in occs), "expected": EpochMsArray(o.expected_ms for o in occs),
+                    "outcomes": [k for k, _, _ in batch],  # fired | failed | missed
+                    "attempts": Int4Array(o.tries for o in occs),
+                    "errors": errors if any(e is not None for e in errors) else None}
             if tokens:
-                args["p_tokens"] = tokens
+                args["tokens"] = tokens
         end = None if give_up_after is None else time.monotonic() + give_up_after
         while True:
             try:

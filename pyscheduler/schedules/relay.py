@@ -126,7 +126,7 @@ class IndexRelay:
         written = 0
         try:
             for i in range(0, len(ids), 1000):
-                rows = db.call(sql.INDEX_ENTRIES, p_ids=ids[i:i + 1000])
+                rows = db.call(sql.INDEX_ENTRIES, ids=ids[i:i + 1000])
                 written += index.mirror(mirror_entries(self._checked(rows)))
         except BaseException:
             with self.lock:  # not lost: tried again after the outage
@@ -139,7 +139,7 @@ class IndexRelay:
         """Make the index match PostgreSQL: every active schedule indexed, nothing else."""
         written, after, active = 0, 0, set()
         while True:
-            rows = db.call(sql.INDEX_PAGE, p_after=after, p_limit=self.page)
+            rows = db.call(sql.INDEX_PAGE, after=after, max_schedules=self.page)
             if not rows:
                 break
             written += index.mirror(mirror_entries(self._checked(rows)))
@@ -147,7 +147,7 @@ class IndexRelay:
             after = rows[-1]["id"]
         extra = [m for m in index.members() if m not in active]
         for i in range(0, len(extra), 1000):  # re-read: created after its page was read
-            written += index.mirror(mirror_entries(self._checked(db.call(sql.INDEX_ENTRIES, p_ids=extra[i:i + 1000]))))
+            written += index.mirror(mirror_entries(self._checked(db.call(sql.INDEX_ENTRIES, ids=extra[i:i + 1000]))))
         # the last-claimed and version entries of schedules that ended, paused or were
         # deleted: the hashes would otherwise grow with every schedule ever fired
         gone = [i for i in index.hashed_ids() if i not in active]
@@ -207,7 +207,7 @@ class Cleanup:
     def purge_once(self, db: Database) -> int:
         total = 0
         while True:
-            n = db.call_value(sql.PURGE_EXECUTIONS, p_batch=self.batch) or 0
+            n = db.call_value(sql.PURGE_EXECUTIONS, max_executions=self.batch) or 0
             total += n
             if n < self.batch:
                 break

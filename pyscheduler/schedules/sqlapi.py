@@ -28,26 +28,26 @@ EXECUTION_COUNT = Fn("execution_count", ("name", "outcome"))
 # -- the daemons (scheduler role) ----------------------------------------------------------------
 
 # the index relay, the executors' re-reads and the resync: what the Redis index should hold
-INDEX_ENTRIES = Fn("index_entries", ("p_ids",), ("id", "next_run_at", "active", "updated"))
-INDEX_PAGE = Fn("index_page", ("p_after", "p_limit"), ("id", "next_run_at", "updated"))
-RESYNC_TAKE = Fn("resync_take", ("p_sync_id", "p_owner", "p_limit", "p_lease"), ("id", "next_run_at", "updated"))
-RESYNC_PROGRESS = Fn("resync_progress", ("p_sync_id",), ("done", "total", "complete"))
+INDEX_ENTRIES = Fn("index_entries", ("ids",), ("id", "next_run_at", "active", "updated"))
+INDEX_PAGE = Fn("index_page", ("after", "max_schedules"), ("id", "next_run_at", "updated"))
+RESYNC_TAKE = Fn("resync_take", ("sync_id", "owner", "max_schedules", "lease"), ("id", "next_run_at", "updated"))
+RESYNC_PROGRESS = Fn("resync_progress", ("sync_id",), ("done", "total", "complete"))
 # what an executor fires by (targets.Details.from_row), cached by version
-FIRE_DETAILS = Fn("fire_details", ("p_ids",),
+FIRE_DETAILS = Fn("fire_details", ("ids",),
                   ("id", "name", "target_kind", "target", "payload", "retry_attempts", "retry_base_ms",
                    "retry_jitter_ms", "critical", "paused", "active", "catchup_window_ms", "version"))
 # the recorder's batches (binary arrays: arrays.py), each item answered
 _RECORDED = ("id", "expected_at", "next_run_at", "recorded")
-RECORD_EXECUTIONS = Fn("record_executions", ("p_ids", "p_expected", "p_outcomes", "p_attempts", "p_errors",
-                                             "p_tokens"), _RECORDED)
-FIRE_TASK_SCHEDULES = Fn("fire_task_schedules", ("p_ids", "p_expected", "p_tokens"), _RECORDED)
-STOP_SCHEDULES = Fn("stop_schedules", ("p_ids", "p_expected", "p_outcomes", "p_errors"), _RECORDED)
+RECORD_EXECUTIONS = Fn("record_executions", ("ids", "expected", "outcomes", "attempts", "errors", "tokens"),
+                       _RECORDED)
+FIRE_TASK_SCHEDULES = Fn("fire_task_schedules", ("ids", "expected", "tokens"), _RECORDED)
+STOP_SCHEDULES = Fn("stop_schedules", ("ids", "expected", "outcomes", "errors"), _RECORDED)
 # degraded mode: the PostgreSQL claim (call_tuples: the columns in this order)
 _CLAIMED = ("id", "expected_at", "claim_token")
-CLAIM_DUE_CRITICAL = Fn("claim_due_critical", ("p_limit", "p_hold"), _CLAIMED)
-CLAIM_DUE_CRITICAL_SHARDS = Fn("claim_due_critical_shards", ("p_shards", "p_shard_count", "p_limit", "p_hold"),
+CLAIM_DUE_CRITICAL = Fn("claim_due_critical", ("max_schedules", "hold"), _CLAIMED)
+CLAIM_DUE_CRITICAL_SHARDS = Fn("claim_due_critical_shards", ("shards", "shard_count", "max_schedules", "hold"),
                                _CLAIMED)
-PURGE_EXECUTIONS = Fn("purge_executions", ("p_batch",))
+PURGE_EXECUTIONS = Fn("purge_executions", ("max_executions",))
 
 # -- the demo --------------------------------------------------------------------------------------
 

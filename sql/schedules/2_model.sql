@@ -594,6 +594,6 @@ AS $$
 DECLARE
     v_bad timestamptz := (SELECT e FROM unnest(p_expected) e WHERE NOT _instant_ok(e) LIMIT 1);
 BEGIN
-    PERFORM _require_instant('p_expected', v_bad, 'PS314');
+    PERFORM _require_instant('expected', v_bad, 'PS314');
 END
 $$;

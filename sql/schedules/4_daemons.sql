@@ -4,13 +4,13 @@
 
 -- ---------------------------------------------------------------- daemons (scheduler role)
 
-CREATE OR REPLACE FUNCTION pyscheduler.index_entries(p_ids bigint[])
+CREATE OR REPLACE FUNCTION pyscheduler.index_entries(ids bigint[])
 RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, active boolean, updated timestamptz)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-    /* index_entries(p_ids) -> setof (id, next_run_at, critical, active, updated)
+    /* index_entries(ids) -> setof (id, next_run_at, critical, active, updated)
        What the Redis index should hold for these schedules: next_run_at is the
        due time (the earlier of the regular next run and a pending trigger;
        a paused schedule only its trigger); active = false (unknown, deleted,
@@ -22,57 +22,60 @@ AS $$
        be indexed), an updated outside it is NULL. */
     SELECT u.id, CASE WHEN pyscheduler._instant_ok(s.due_at) THEN s.due_at END, coalesce(s.critical, false),
            s.due_at IS NOT NULL, CASE WHEN pyscheduler._instant_ok(s.updated) THEN s.updated END
-      FROM unnest(p_ids) AS u(id)
+      FROM unnest(index_entries.ids) AS u(id)
       LEFT JOIN schedules s ON s.id = u.id;
 $$;
 COMMENT ON FUNCTION pyscheduler.index_entries(bigint[]) IS
     'Scheduler: index state (due time, critical, active) of the given schedule ids; inactive -> remove.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.index_page(p_after bigint DEFAULT 0, p_limit integer DEFAULT 1000)
+CREATE OR REPLACE FUNCTION pyscheduler.index_page(after bigint DEFAULT 0, max_schedules integer DEFAULT 1000)
 RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, updated timestamptz)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* index_page(p_after => 0, p_limit => 1000) -> setof (id, next_run_at, critical, updated)
-   Active schedules (with a due time) with id > p_after, by id: the periodic
+/* index_page(after => 0, max_schedules => 1000) -> setof (id, next_run_at, critical, updated)
+   Active schedules (with a due time) with id > after, by id: the periodic
    reconcile walks them page by page. As index_entries, next_run_at is NULL
    for a due time outside [1970-01-01Z, 9999-01-01Z) (not indexable) and
-   updated NULL outside it. Errors: PS312 p_limit outside 1..100000. */
+   updated NULL outside it. Errors: PS312 max_schedules outside 1..100000. */
 BEGIN
-    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
-        PERFORM _schedule_error('PS312', format('p_limit must be in 1..100000, got %s', coalesce(p_limit::text, 'NULL')));
+    IF index_page.max_schedules IS NULL OR index_page.max_schedules NOT BETWEEN 1 AND 100000 THEN
+        PERFORM _schedule_error('PS312', format('max_schedules must be in 1..100000, got %s',
+                                                coalesce(index_page.max_schedules::text, 'NULL')));
     END IF;
     RETURN QUERY
     SELECT s.id, CASE WHEN pyscheduler._instant_ok(s.due_at) THEN s.due_at END, s.critical,
            CASE WHEN pyscheduler._instant_ok(s.updated) THEN s.updated END
       FROM schedules s
-     WHERE s.id > coalesce(p_after, 0) AND s.due_at IS NOT NULL
+     WHERE s.id > coalesce(index_page.after, 0) AND s.due_at IS NOT NULL
      ORDER BY s.id
-     LIMIT p_limit;
+     LIMIT index_page.max_schedules;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.index_page(bigint, integer) IS
-    'Scheduler: a page of active schedules (id > p_after, by id) for reconciling the index.';
+    'Scheduler: a page of active schedules (id > after, by id) for reconciling the index.';
 
+-- resync_take's body names its parameters qualified (resync_take.owner): its tables have
+-- columns of the same names (sync_id, owner), which #variable_conflict use_column prefers.
 CREATE OR REPLACE FUNCTION pyscheduler.resync_take(
-    p_sync_id pyscheduler.sync_id, p_owner pyscheduler.resync_owner, p_limit integer DEFAULT 1000,
-    p_lease interval DEFAULT '30 seconds')
+    sync_id pyscheduler.sync_id, owner pyscheduler.resync_owner, max_schedules integer DEFAULT 1000,
+    lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, next_run_at timestamptz, critical boolean, updated timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* resync_take(p_sync_id, p_owner, p_limit => 1000, p_lease => '30 seconds')
+/* resync_take(sync_id, owner, max_schedules => 1000, lease => '30 seconds')
        -> setof (id, next_run_at, critical, updated)
    The seed's optimistic resync after Redis lost its data: every taker (an
    executor, the resync command) that sees the new sync id calls this, writes
    the rows to Redis, and calls again, until it returns no rows and
    resync_progress says complete. Each call first acknowledges the caller's
-   previous batch (p_owner names the caller: unique per taker; calling again
-   means the batch is written), then hands out the next p_limit active
+   previous batch (owner names the caller: unique per taker; calling again
+   means the batch is written), then hands out the next max_schedules active
    schedules of this sync id, critical schedules first, then by id, leased to
-   the caller for p_lease. A lease not acknowledged in time (its taker died
+   the caller for lease. A lease not acknowledged in time (its taker died
    between the take and the write) is handed out again to the next caller,
    re-read, so no batch is lost. The version key is kept per sync id and key
    range (a cursor row locked for the hand-out, one lease row per batch)
@@ -80,8 +83,8 @@ AS $$
    row per batch, not a million. No rows while others' leases are still out:
    call again later (an expired one comes back). next_run_at and updated as
    index_page (NULL outside [1970-01-01Z, 9999-01-01Z)).
-   Errors: PS312 empty sync id or owner, p_limit outside 1..100000, p_lease
-   outside 1 ms..1 day. */
+   Errors: PS312 empty sync id or owner, max_schedules outside 1..100000,
+   lease outside 1 ms..1 day. */
 #variable_conflict use_column
 DECLARE
     r _schedule_resyncs;
@@ -91,30 +94,33 @@ DECLARE
     v_critical boolean[];
     v_updated timestamptz[];
 BEGIN
-    IF p_sync_id IS NULL OR p_sync_id = '' OR p_owner IS NULL OR p_owner = '' OR p_limit IS NULL
-       OR p_limit NOT BETWEEN 1 AND 100000 OR p_lease IS NULL
-       OR p_lease NOT BETWEEN interval '1 millisecond' AND interval '1 day' THEN
+    IF resync_take.sync_id IS NULL OR resync_take.sync_id = '' OR resync_take.owner IS NULL
+       OR resync_take.owner = '' OR resync_take.max_schedules IS NULL
+       OR resync_take.max_schedules NOT BETWEEN 1 AND 100000 OR resync_take.lease IS NULL
+       OR resync_take.lease NOT BETWEEN interval '1 millisecond' AND interval '1 day' THEN
         PERFORM _schedule_error('PS312', format(
-            'p_sync_id and p_owner must be non-empty, p_limit in 1..100000 and p_lease in 1 ms..1 day, got %s, %s, %s and %s',
-            coalesce(quote_literal(p_sync_id), 'NULL'), coalesce(quote_literal(p_owner), 'NULL'),
-            coalesce(p_limit::text, 'NULL'), coalesce(p_lease::text, 'NULL')));
+            'sync_id and owner must be non-empty, max_schedules in 1..100000 and lease in 1 ms..1 day, '
+            'got %s, %s, %s and %s',
+            coalesce(quote_literal(resync_take.sync_id), 'NULL'), coalesce(quote_literal(resync_take.owner), 'NULL'),
+            coalesce(resync_take.max_schedules::text, 'NULL'), coalesce(resync_take.lease::text, 'NULL')));
     END IF;
     INSERT INTO _schedule_resyncs (sync_id, done_critical, after_id, done, total, started)
-    SELECT p_sync_id, false, 0, 0, (SELECT count(*) FROM schedules s WHERE s.due_at IS NOT NULL), now()
-     WHERE NOT EXISTS (SELECT 1 FROM _schedule_resyncs x WHERE x.sync_id = p_sync_id)
+    SELECT resync_take.sync_id, false, 0, 0, (SELECT count(*) FROM schedules s WHERE s.due_at IS NOT NULL), now()
+     WHERE NOT EXISTS (SELECT 1 FROM _schedule_resyncs x WHERE x.sync_id = resync_take.sync_id)
     ON CONFLICT (sync_id) DO NOTHING;
     -- forget resyncs of long ago
     DELETE FROM _schedule_resync_leases x
      WHERE x.sync_id IN (SELECT y.sync_id FROM _schedule_resyncs y WHERE y.started < now() - interval '7 days');
     DELETE FROM _schedule_resyncs x WHERE x.started < now() - interval '7 days';
-    SELECT * INTO r FROM _schedule_resyncs x WHERE x.sync_id = p_sync_id FOR UPDATE;
+    SELECT * INTO r FROM _schedule_resyncs x WHERE x.sync_id = resync_take.sync_id FOR UPDATE;
     -- the caller's previous batch is in Redis: it calls again only after writing it
-    WITH acked AS (DELETE FROM _schedule_resync_leases x WHERE x.sync_id = p_sync_id AND x.owner = p_owner
+    WITH acked AS (DELETE FROM _schedule_resync_leases x
+                    WHERE x.sync_id = resync_take.sync_id AND x.owner = resync_take.owner
                    RETURNING x.n)
     UPDATE _schedule_resyncs x SET done = x.done + (SELECT coalesce(sum(a.n), 0) FROM acked a)
-     WHERE x.sync_id = p_sync_id;
+     WHERE x.sync_id = resync_take.sync_id;
     -- a range whose taker did not acknowledge it in time: taken again, as it is now
-    SELECT * INTO l FROM _schedule_resync_leases x WHERE x.sync_id = p_sync_id AND x.until < now()
+    SELECT * INTO l FROM _schedule_resync_leases x WHERE x.sync_id = resync_take.sync_id AND x.until < now()
      ORDER BY x.critical DESC, x.after_id LIMIT 1;
     IF FOUND THEN
         SELECT coalesce(array_agg(s.id ORDER BY s.id), '{}'), array_agg(s.due_at ORDER BY s.id),
@@ -122,8 +128,9 @@ BEGIN
           INTO v_ids, v_due, v_critical, v_updated
           FROM schedules s
          WHERE s.critical = l.critical AND s.id > l.after_id AND s.id <= l.last_id AND s.due_at IS NOT NULL;
-        UPDATE _schedule_resync_leases x SET owner = p_owner, until = now() + p_lease, n = cardinality(v_ids)
-         WHERE x.sync_id = p_sync_id AND x.critical = l.critical AND x.after_id = l.after_id;
+        UPDATE _schedule_resync_leases x
+           SET owner = resync_take.owner, until = now() + resync_take.lease, n = cardinality(v_ids)
+         WHERE x.sync_id = resync_take.sync_id AND x.critical = l.critical AND x.after_id = l.after_id;
         RETURN QUERY SELECT u.id, CASE WHEN pyscheduler._instant_ok(u.due) THEN u.due END, u.critical,
                             CASE WHEN pyscheduler._instant_ok(u.upd) THEN u.upd END
                        FROM unnest(v_ids, v_due, v_critical, v_updated) AS u(id, due, critical, upd);
@@ -138,30 +145,31 @@ BEGIN
               INTO v_ids, v_due, v_critical, v_updated
               FROM (SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
                      WHERE s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
-                     ORDER BY s.id LIMIT p_limit) x;
+                     ORDER BY s.id LIMIT resync_take.max_schedules) x;
         ELSE
             SELECT coalesce(array_agg(x.id ORDER BY x.id), '{}'), array_agg(x.due_at ORDER BY x.id),
                    array_agg(x.critical ORDER BY x.id), array_agg(x.updated ORDER BY x.id)
               INTO v_ids, v_due, v_critical, v_updated
               FROM (SELECT s.id, s.due_at, s.critical, s.updated FROM schedules s
                      WHERE NOT s.critical AND s.id > r.after_id AND s.due_at IS NOT NULL
-                     ORDER BY s.id LIMIT p_limit) x;
+                     ORDER BY s.id LIMIT resync_take.max_schedules) x;
         END IF;
         IF cardinality(v_ids) > 0 THEN
             INSERT INTO _schedule_resync_leases (sync_id, critical, after_id, last_id, n, owner, until)
-            VALUES (p_sync_id, NOT r.done_critical, r.after_id, v_ids[cardinality(v_ids)], cardinality(v_ids), p_owner,
-                    now() + p_lease);
-            UPDATE _schedule_resyncs x SET after_id = v_ids[cardinality(v_ids)] WHERE x.sync_id = p_sync_id;
+            VALUES (resync_take.sync_id, NOT r.done_critical, r.after_id, v_ids[cardinality(v_ids)],
+                    cardinality(v_ids), resync_take.owner, now() + resync_take.lease);
+            UPDATE _schedule_resyncs x SET after_id = v_ids[cardinality(v_ids)] WHERE x.sync_id = resync_take.sync_id;
             RETURN QUERY SELECT u.id, CASE WHEN pyscheduler._instant_ok(u.due) THEN u.due END, u.critical,
                                 CASE WHEN pyscheduler._instant_ok(u.upd) THEN u.upd END
                            FROM unnest(v_ids, v_due, v_critical, v_updated) AS u(id, due, critical, upd);
             RETURN;
         END IF;
         IF r.done_critical THEN
-            UPDATE _schedule_resyncs x SET exhausted = true WHERE x.sync_id = p_sync_id;
+            UPDATE _schedule_resyncs x SET exhausted = true WHERE x.sync_id = resync_take.sync_id;
             r.exhausted := true;
         ELSE
-            UPDATE _schedule_resyncs x SET done_critical = true, after_id = 0 WHERE x.sync_id = p_sync_id;
+            UPDATE _schedule_resyncs x SET done_critical = true, after_id = 0
+             WHERE x.sync_id = resync_take.sync_id;
             r.done_critical := true;
             r.after_id := 0;
         END IF;
@@ -171,21 +179,21 @@ $$;
 COMMENT ON FUNCTION pyscheduler.resync_take(pyscheduler.sync_id, pyscheduler.resync_owner, integer, interval) IS
     'Scheduler: acknowledge the caller''s last batch, lease it the next batch of schedules to re-add to a lost Redis index (critical first).';
 
-CREATE OR REPLACE FUNCTION pyscheduler.resync_progress(p_sync_id pyscheduler.sync_id)
+CREATE OR REPLACE FUNCTION pyscheduler.resync_progress(sync_id pyscheduler.sync_id)
 RETURNS TABLE (done bigint, total bigint, complete boolean)
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-    /* resync_progress(p_sync_id) -> (done, total, complete)
+    /* resync_progress(sync_id) -> (done, total, complete)
        Schedules written to Redis so far for this sync id (acknowledged
        batches), the active schedules there were when it began ((0, active
        now) before the first take), and whether every batch was handed out and
        acknowledged: only then may a taker mark the index complete. */
     SELECT coalesce(x.done, 0), coalesce(x.total, (SELECT count(*) FROM schedules s WHERE s.due_at IS NOT NULL)),
            coalesce(x.exhausted, false)
-           AND NOT EXISTS (SELECT 1 FROM _schedule_resync_leases l WHERE l.sync_id = p_sync_id)
-      FROM (SELECT 1) one LEFT JOIN _schedule_resyncs x ON x.sync_id = p_sync_id;
+           AND NOT EXISTS (SELECT 1 FROM _schedule_resync_leases l WHERE l.sync_id = resync_progress.sync_id)
+      FROM (SELECT 1) one LEFT JOIN _schedule_resyncs x ON x.sync_id = resync_progress.sync_id;
 $$;
 COMMENT ON FUNCTION pyscheduler.resync_progress(pyscheduler.sync_id) IS
     'Progress of a resync: schedules written so far, the total to do, and whether it is complete.';
@@ -198,7 +206,7 @@ AS $$
     SELECT CASE WHEN p_iv IS NOT NULL THEN greatest(0, least(date_part('epoch', p_iv) * 1000, 1e15))::bigint END;
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.fire_details(p_ids bigint[])
+CREATE OR REPLACE FUNCTION pyscheduler.fire_details(ids bigint[])
 RETURNS TABLE (id bigint, name text, target_kind text, target text, priority bigint, payload text,
                retry_attempts integer, retry_base_ms bigint, retry_jitter_ms bigint, critical boolean,
                paused boolean, active boolean, catchup_window_ms bigint, overlap text, version bigint)
@@ -206,7 +214,7 @@ LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-    /* fire_details(p_ids) -> setof (id, name, target_kind, target, priority,
+    /* fire_details(ids) -> setof (id, name, target_kind, target, priority,
            payload, retry_attempts, retry_base_ms, retry_jitter_ms, critical,
            paused, active, catchup_window_ms, overlap, version)
        What an executor needs to fire these schedules, in the forms it uses
@@ -227,7 +235,7 @@ BEGIN
            s.critical, s.paused, coalesce(s.due_at IS NOT NULL, false), _fire_ms(s.catchup_window), s.overlap,
            CASE WHEN _instant_ok(s.updated)  -- float8: numeric extract() costs 3 times as much
                 THEN round(date_part('epoch', s.updated) * 1000)::bigint END
-      FROM unnest(p_ids) AS u(id)
+      FROM unnest(fire_details.ids) AS u(id)
       LEFT JOIN schedules s ON s.id = u.id;
 END
 $$;
@@ -410,15 +418,15 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.record_executions(
-    p_ids bigint[], p_expected timestamptz[], p_outcomes pyscheduler.schedule_outcome[], p_attempts integer[],
-    p_errors pyscheduler.execution_error[] DEFAULT NULL, p_tokens uuid[] DEFAULT NULL)
+    ids bigint[], expected timestamptz[], outcomes pyscheduler.schedule_outcome[], attempts integer[],
+    errors pyscheduler.execution_error[] DEFAULT NULL, tokens uuid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* record_executions(p_ids, p_expected, p_outcomes, p_attempts, p_errors => NULL,
-       p_tokens => NULL) -> setof (id, expected_at, next_run_at, recorded)
+/* record_executions(ids, expected, outcomes, attempts, errors => NULL,
+       tokens => NULL) -> setof (id, expected_at, next_run_at, recorded)
    Record a batch of executions (parallel arrays): outcome fired | failed |
    skipped_overlap | missed (too late to fire: joins the catch-up summary).
    Each (id, expected) is recorded once: a repeat returns recorded = false
@@ -428,7 +436,7 @@ AS $$
    - catchup_window become one 'missed' row with their count) and end_at /
    max_runs (NULL = ended); when it is the pending trigger, the trigger is
    cleared; otherwise (a stale occurrence) nothing moves. Returns the due
-   time to write as the score (NULL -> remove the member). p_tokens: from
+   time to write as the score (NULL -> remove the member). tokens: from
    claim_due_critical; a row whose token is not the schedule's current claim
    is not recorded (recorded = false). Deleted schedule -> recorded = false,
    next NULL. A pending trigger on the regular occurrence's millisecond is
@@ -440,7 +448,9 @@ AS $$
    Errors: PS312 arrays of different lengths or unknown outcome, PS314 an
    expected time outside [1970-01-01Z, 9999-01-01Z). */
 BEGIN
-    RETURN QUERY SELECT * FROM _record_executions(p_ids, p_expected, p_outcomes, p_attempts, p_errors, p_tokens, now());
+    RETURN QUERY SELECT * FROM _record_executions(record_executions.ids, record_executions.expected,
+                                                  record_executions.outcomes, record_executions.attempts,
+                                                  record_executions.errors, record_executions.tokens, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.record_executions(bigint[], timestamptz[], pyscheduler.schedule_outcome[],
@@ -537,13 +547,13 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.fire_task_schedules(
-    p_ids bigint[], p_expected timestamptz[], p_tokens uuid[] DEFAULT NULL)
+    ids bigint[], expected timestamptz[], tokens uuid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* fire_task_schedules(p_ids, p_expected, p_tokens => NULL)
+/* fire_task_schedules(ids, expected, tokens => NULL)
        -> setof (id, expected_at, next_run_at, recorded)
    Fire task-target schedules in the database: for each (id, expected), in
    one transaction, submit the task (spec = payload + {"pyscheduler":
@@ -554,7 +564,7 @@ AS $$
    may wait behind the running one). An occurrence older than the catch-up
    window is recorded 'missed', not submitted. A repeat of (id, expected)
    submits nothing (recorded = false). A submit that fails is recorded as
-   'failed' with the error. p_tokens as record_executions. Each item is
+   'failed' with the error. tokens as record_executions. Each item is
    answered on its own: one that is not a task target (any more) or is stale
    (neither the regular next run nor the pending trigger: the schedule changed
    since it was claimed) submits nothing and gets recorded = false with the
@@ -563,7 +573,8 @@ AS $$
    Errors: PS312 array lengths, PS314 an expected time outside
    [1970-01-01Z, 9999-01-01Z). */
 BEGIN
-    RETURN QUERY SELECT * FROM _fire_task_schedules(p_ids, p_expected, p_tokens, now());
+    RETURN QUERY SELECT * FROM _fire_task_schedules(fire_task_schedules.ids, fire_task_schedules.expected,
+                                                    fire_task_schedules.tokens, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.fire_task_schedules(bigint[], timestamptz[], uuid[]) IS
@@ -597,14 +608,14 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.stop_schedules(
-    p_ids bigint[], p_expected timestamptz[], p_outcomes pyscheduler.schedule_outcome[],
-    p_errors pyscheduler.execution_error[])
+    ids bigint[], expected timestamptz[], outcomes pyscheduler.schedule_outcome[],
+    errors pyscheduler.execution_error[])
 RETURNS TABLE (id bigint, expected_at timestamptz, next_run_at timestamptz, recorded boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* stop_schedules(p_ids, p_expected, p_outcomes, p_errors)
+/* stop_schedules(ids, expected, outcomes, errors)
        -> setof (id, expected_at, next_run_at, recorded)
    The daemons' end for an occurrence they could not fire or record although
    PostgreSQL answered (record_executions or fire_details failed for it alone
@@ -618,7 +629,8 @@ AS $$
    Errors: PS312 array lengths, an unknown outcome, a NULL expected time or
    error, PS314 an expected time outside [1970-01-01Z, 9999-01-01Z). */
 BEGIN
-    RETURN QUERY SELECT * FROM _stop_schedules(p_ids, p_expected, p_outcomes, p_errors, now());
+    RETURN QUERY SELECT * FROM _stop_schedules(stop_schedules.ids, stop_schedules.expected, stop_schedules.outcomes,
+                                               stop_schedules.errors, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.stop_schedules(bigint[], timestamptz[], pyscheduler.schedule_outcome[],
@@ -646,14 +658,14 @@ SET enable_hashjoin = off SET enable_mergejoin = off SET enable_indexscan = on S
 AS $$
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 OR p_hold IS NULL OR p_hold <= interval '0' THEN
-        PERFORM _schedule_error('PS312', format('p_limit must be in 1..100000 and p_hold > 0, got %s and %s',
+        PERFORM _schedule_error('PS312', format('max_schedules must be in 1..100000 and hold > 0, got %s and %s',
                                                 coalesce(p_limit::text, 'NULL'), coalesce(p_hold::text, 'NULL')));
     END IF;
     IF p_shard_count IS NULL OR p_shard_count NOT BETWEEN 1 AND 16384 OR p_shards IS NULL
        OR cardinality(p_shards) = 0
        OR EXISTS (SELECT 1 FROM unnest(p_shards) k WHERE k IS NULL OR k NOT BETWEEN 0 AND p_shard_count - 1) THEN
         PERFORM _schedule_error('PS312', format(
-            'p_shard_count must be in 1..16384 and p_shards a non-empty array of shards in 0..p_shard_count - 1, '
+            'shard_count must be in 1..16384 and shards a non-empty array of shards in 0..shard_count - 1, '
             'got %s and %s', coalesce(p_shard_count::text, 'NULL'), coalesce(p_shards::text, 'NULL')));
     END IF;
     RETURN QUERY
@@ -671,46 +683,50 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.claim_due_critical(p_limit integer DEFAULT 100, p_hold interval DEFAULT '30 seconds')
+CREATE OR REPLACE FUNCTION pyscheduler.claim_due_critical(max_schedules integer DEFAULT 100,
+                                                          hold interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, expected_at timestamptz, claim_token uuid)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* claim_due_critical(p_limit => 100, p_hold => '30 seconds')
+/* claim_due_critical(max_schedules => 100, hold => '30 seconds')
        -> setof (id, expected_at, claim_token)
-   Degraded mode (Redis unreachable): claim up to p_limit due critical
+   Degraded mode (Redis unreachable): claim up to max_schedules due critical
    schedules (oldest due first, FOR UPDATE SKIP LOCKED, so concurrent
-   executors never get the same one) for p_hold. Fire each, then record with
-   record_executions(..., p_tokens) (task targets: fire_task_schedules with
-   p_tokens); a claim not recorded within p_hold can be claimed again.
-   Errors: PS312 p_limit outside 1..100000 or p_hold <= 0. */
+   executors never get the same one) for hold. Fire each, then record with
+   record_executions(..., tokens) (task targets: fire_task_schedules with
+   tokens); a claim not recorded within hold can be claimed again.
+   Errors: PS312 max_schedules outside 1..100000 or hold <= 0. */
 BEGIN
-    RETURN QUERY SELECT * FROM _claim_due_critical(p_limit, p_hold, now());
+    RETURN QUERY SELECT * FROM _claim_due_critical(claim_due_critical.max_schedules, claim_due_critical.hold, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.claim_due_critical(integer, interval) IS
     'Scheduler, degraded mode: claim due critical schedules (SKIP LOCKED, batched) with a token for recording.';
 
-CREATE OR REPLACE FUNCTION pyscheduler.claim_due_critical_shards(p_shards integer[], p_shard_count integer,
-                                                                 p_limit integer DEFAULT 100,
-                                                                 p_hold interval DEFAULT '30 seconds')
+CREATE OR REPLACE FUNCTION pyscheduler.claim_due_critical_shards(shards integer[], shard_count integer,
+                                                                 max_schedules integer DEFAULT 100,
+                                                                 hold interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, expected_at timestamptz, claim_token uuid)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* claim_due_critical_shards(p_shards, p_shard_count, p_limit => 100, p_hold => '30 seconds')
+/* claim_due_critical_shards(shards, shard_count, max_schedules => 100, hold => '30 seconds')
        -> setof (id, expected_at, claim_token)
    Degraded mode of some shards of a sharded index (Redis Cluster: a master
    down and no replica promoted yet): as claim_due_critical, only the due
-   critical schedules whose shard (id mod p_shard_count) is in p_shards; the
+   critical schedules whose shard (id mod shard_count) is in shards; the
    other shards go on firing from Redis. Record as claim_due_critical's claims
-   (record_executions(..., p_tokens)).
-   Errors: PS312 p_shard_count outside 1..16384, p_shards empty or a shard
-   outside 0..p_shard_count - 1, p_limit outside 1..100000 or p_hold <= 0. */
+   (record_executions(..., tokens)).
+   Errors: PS312 shard_count outside 1..16384, shards empty or a shard
+   outside 0..shard_count - 1, max_schedules outside 1..100000 or hold <= 0. */
 BEGIN
-    RETURN QUERY SELECT * FROM _claim_due_critical(p_limit, p_hold, now(), p_shards, p_shard_count);
+    RETURN QUERY SELECT * FROM _claim_due_critical(claim_due_critical_shards.max_schedules,
+                                                   claim_due_critical_shards.hold, now(),
+                                                   claim_due_critical_shards.shards,
+                                                   claim_due_critical_shards.shard_count);
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.claim_due_critical_shards(integer[], integer, integer, interval) IS
@@ -725,7 +741,8 @@ DECLARE
     v_n bigint;
 BEGIN
     IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 1000000 THEN
-        PERFORM _schedule_error('PS312', format('p_batch must be in 1..1000000, got %s', coalesce(p_batch::text, 'NULL')));
+        PERFORM _schedule_error('PS312', format('max_executions must be in 1..1000000, got %s',
+                                                coalesce(p_batch::text, 'NULL')));
     END IF;
     DELETE FROM schedule_executions e
      WHERE e.ctid = ANY (ARRAY(
@@ -737,19 +754,20 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pyscheduler.purge_executions(p_batch integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION pyscheduler.purge_executions(max_executions integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-/* purge_executions(p_batch => 10000) -> bigint
-   Delete up to p_batch executions recorded before now minus the retention
-   setting (schedules_execution_retention, default 30 days); returns how
-   many. The cleanup daemon calls it while it returns p_batch. Counts in the
-   schedule rows are kept. Errors: PS312 p_batch outside 1..1000000. */
+/* purge_executions(max_executions => 10000) -> bigint
+   Delete up to max_executions executions recorded before now minus the
+   retention setting (schedules_execution_retention, default 30 days);
+   returns how many. The cleanup daemon calls it while it returns
+   max_executions. Counts in the schedule rows are kept.
+   Errors: PS312 max_executions outside 1..1000000. */
 BEGIN
-    RETURN _purge_executions(p_batch, now());
+    RETURN _purge_executions(purge_executions.max_executions, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.purge_executions(integer) IS
