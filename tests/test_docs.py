@@ -108,6 +108,16 @@ def test_every_documented_signature_has_the_catalogs_parameters(conn):
     assert documented == {f: catalog.get(f, []) for f in documented}  # (no parameters: no row in catalog)
 
 
+def test_no_public_function_names_a_parameter_with_the_private_prefix(conn):
+    """Public functions name their parameters bare (named notation: ``ids => ...``); ``p_`` is
+    the private helpers' prefix (issue 28: the schedules daemons' functions had it)."""
+    prefixed = [f"{r['proname']}({r['name']})" for r in conn.execute(
+        "SELECT p.proname, a.name FROM pg_proc p, unnest(p.proargnames) AS a(name)"
+        " WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname !~ '^_' AND a.name ~ '^p_'"
+        " ORDER BY 1, 2").fetchall()]
+    assert prefixed == []
+
+
 def test_every_sqlstate_raised_in_sql_is_listed_and_mapped():
     from pyscheduler.errors import CODES
 
