@@ -681,3 +681,37 @@ def test_the_bench_clones_every_insertable_column_of_a_schedule(conn):
         "AND table_name = 'schedules' AND is_generated = 'NEVER' AND identity_generation IS NULL "
         "AND column_name <> 'name' ORDER BY ordinal_position").fetchall()]
     assert sorted(columns) == sorted(CLONED_COLUMNS)
+
+
+@pytest.mark.parametrize("flag, beyond", [("--shards", lambda sql: sql.MAX_SHARDS + 1),
+                                          ("--lease", lambda sql: sql.MAX_RESYNC_LEASE_S + 0.001),
+                                          ("--lease", lambda sql: sql.MIN_RESYNC_LEASE_S - 0.0001)])
+def test_the_cli_refuses_one_step_beyond_the_limits_before_the_round_trip(flag, beyond):
+    """The schedules CLI checks sqlapi's limits itself (a usage error, no database asked)."""
+    from click.testing import CliRunner
+
+    from pyscheduler.cli import main
+    from pyscheduler.schedules import sqlapi as sql
+
+    result = CliRunner().invoke(main, ["schedules", "resync", flag, str(beyond(sql)), "--redis-url",
+                                       "redis://127.0.0.1:1/0", "--dsn", "host=127.0.0.1 port=1"])
+    assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
+
+
+def test_sql_refuses_one_step_beyond_each_limit_python_checks(db):
+    """sqlapi's limits block holds the bounds Python checks before the round trip; at each one
+    SQL accepts the bound and refuses one step beyond it with PS312 when Python's check is
+    bypassed, so the two cannot drift."""
+    from pyscheduler.schedules import sqlapi as sql
+
+    us = timedelta(microseconds=1)
+    assert db.call(sql.CLAIM_DUE_CRITICAL_SHARDS, shards=[0], shard_count=sql.MAX_SHARDS) == []
+    lease_min, lease_max = timedelta(seconds=sql.MIN_RESYNC_LEASE_S), timedelta(seconds=sql.MAX_RESYNC_LEASE_S)
+    db.call(sql.RESYNC_TAKE, sync_id="limits", owner="at-min", lease=lease_min)
+    db.call(sql.RESYNC_TAKE, sync_id="limits", owner="at-max", lease=lease_max)
+    for fn, args in ((sql.CLAIM_DUE_CRITICAL_SHARDS, dict(shards=[0], shard_count=sql.MAX_SHARDS + 1)),
+                     (sql.RESYNC_TAKE, dict(sync_id="limits", owner="below", lease=lease_min - us)),
+                     (sql.RESYNC_TAKE, dict(sync_id="limits", owner="above", lease=lease_max + us))):
+        with pytest.raises(errors.InvalidSchedule) as info:
+            db.call(fn, **args)
+        assert code(info) == "PS312", (fn, args)

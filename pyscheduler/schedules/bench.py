@@ -327,7 +327,7 @@ def _report(echo, what: str, res: dict, target: float | None = None) -> None:
 @click.option("--batch", type=click.IntRange(1, 2000), default=1000, show_default=True)
 @click.option("--stored", type=click.IntRange(1), default=1_000_000, show_default=True)
 @click.option("--due-per-s", type=click.IntRange(1), default=1000, show_default=True)
-@click.option("--shards", type=click.IntRange(0, 16384), default=0, show_default=True,
+@click.option("--shards", type=click.IntRange(0, sql.MAX_SHARDS), default=0, show_default=True,
               help="Index shards (0: 1 on a single node, 16 on redis+cluster://).")
 def bench(dsn, redis_url, kafka_bootstrap, scenario, n, seconds, executors, batch, stored, due_per_s,
           shards) -> None:

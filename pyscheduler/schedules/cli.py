@@ -64,8 +64,8 @@ def _env(name: str) -> str:
 
 def run_options(f):
     for name, (default, text) in reversed(RUN_FLAGS.items()):
-        kind = click.IntRange(min=0 if name in ("relay", "shards") else 1, max=16384 if name == "shards" else None) \
-            if isinstance(default, int) else str
+        kind = click.IntRange(min=0 if name in ("relay", "shards") else 1,
+                              max=sql.MAX_SHARDS if name == "shards" else None) if isinstance(default, int) else str
         f = option("--" + name.replace("_", "-"), name, envvar=_env(name), type=kind, default=default,
                    show_default=True, help=text)(f)
     return f
@@ -380,10 +380,11 @@ def next_cmd(dsn, name, count) -> None:
 @dsn_option
 @redis_option
 @option("--prefix", envvar=_env("prefix"), default=DEFAULT_PREFIX, show_default=True)
-@option("--shards", envvar=_env("shards"), type=click.IntRange(0, 16384), default=0, show_default=True,
+@option("--shards", envvar=_env("shards"), type=click.IntRange(0, sql.MAX_SHARDS), default=0, show_default=True,
         help=RUN_FLAGS["shards"][1])
 @click.option("--batch", type=click.IntRange(1), default=1000, show_default=True)
-@click.option("--lease", type=click.FloatRange(0.001, 86400), default=30.0, show_default=True,
+@click.option("--lease", type=click.FloatRange(sql.MIN_RESYNC_LEASE_S, sql.MAX_RESYNC_LEASE_S), default=30.0,
+              show_default=True,
               help="Seconds a batch stays leased to its taker (a taker that dies before writing it: "
                    "another takes it again after this).")
 def resync_cmd(dsn, redis_url, prefix, shards, batch, lease) -> None:

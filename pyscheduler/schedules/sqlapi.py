@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from ..sqlapi import Fn, Query, View
 
+# -- limits Python checks before the round trip: the SQL functions refuse one more with PS312 ---
+
+MAX_SHARDS = 16384  # claim_due_critical_shards' shard_count (--shards of schedules run, resync, bench)
+MIN_RESYNC_LEASE_S = 0.001  # resync_take's lease, 1 ms..1 day (schedules resync --lease)
+MAX_RESYNC_LEASE_S = 86400.0
+
 # -- the client (ScheduleClient, AsyncScheduleClient; the CLI and the demo through it or alike) --
 
 _FIELDS = ("target", "every", "cron", "tz", "target_kind", "payload", "priority", "retry_attempts", "retry_base",
