@@ -181,7 +181,7 @@ def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
     """The executor's isolation (fire details, recorder), against real
     errors: one the server raises (22012) and one psycopg raises loading a value (a year-10000
     timestamp, no SQLSTATE); any other error is raised, not isolated."""
-    from pyscheduler.schedules.executor import isolate
+    from pyscheduler.schedules.recorder import isolate
 
     calls = []
 
@@ -205,7 +205,8 @@ def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sq
     record_executions ends a poison item (recorded with its outcome and the error, its
     schedule paused with the error in last_error), its neighbour is recorded and moves on,
     and the index drops the stopped one."""
-    from pyscheduler.schedules.executor import Recorder, mirror_entries
+    from pyscheduler.schedules.recorder import Recorder
+    from pyscheduler.schedules.relay import mirror_entries
     from pyscheduler.schedules.targets import Occurrence
 
     for name in ("ok", "bad"):
@@ -254,7 +255,7 @@ def test_a_schedule_changed_between_its_record_and_its_settle_fires_nothing_of_t
     a trigger) and the relay writes the change while the member is still claimed, then the
     recorder settles. The index must hold the due time after the change, never the next run
     of the old cadence that the record computed."""
-    from pyscheduler.schedules.executor import Recorder
+    from pyscheduler.schedules.recorder import Recorder
     from pyscheduler.schedules.targets import Occurrence
 
     create(db, "cadence", every=3600, soon=True, target_kind="kafka", target="t")

@@ -118,7 +118,7 @@ def test_prune_forgets_last_and_version_of_inactive_members_only(redis_url):
 def test_lateness_observed_per_batch_equals_one_observation_each():
     from prometheus_client import CollectorRegistry, Histogram
 
-    from pyscheduler.schedules.executor import LATENESS, observe_ms
+    from pyscheduler.schedules.series import LATENESS, observe_ms
 
     values = [-5, 0, 4, 5, 10, 26, 99.5, 100, 2400, 61000, 10**7]
     samples = []

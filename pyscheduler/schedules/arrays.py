@@ -1,16 +1,9 @@
-"""Batch arguments sent to PostgreSQL as ready-made binary arrays (``Database.call_binary``).
-
-psycopg dumps a list element by element in Python (and a timestamp needs a datetime
-object first); a recorder batch of 2,000 occurrences cost ~2 us per element that way.
-These list subclasses are packed with one ``struct`` call per array instead:
-
-* ``Int8Array``: Python ints -> ``bigint[]``
-* ``Int4Array``: Python ints -> ``integer[]``
-* ``EpochMsArray``: epoch milliseconds -> ``timestamptz[]`` (PostgreSQL's binary form:
-  microseconds since 2000-01-01 UTC)
-
-No element may be None. Registered globally (``psycopg.adapters``) at import, before
-any connection is made, for these classes only.
+"""Batch arguments sent to PostgreSQL as ready-made binary arrays (``Database.call_binary``),
+packed with one ``struct`` call per array instead of element by element by psycopg:
+``Int8Array`` (ints -> ``bigint[]``), ``Int4Array`` (ints -> ``integer[]``), ``EpochMsArray``
+(epoch milliseconds -> ``timestamptz[]``). No element may be None. Registered globally
+(``psycopg.adapters``) at import, before any connection is made, for these classes only.
+The recorder's cost with and without them: docs/benchmarks.md, "Recurring schedules".
 """
 
 from __future__ import annotations

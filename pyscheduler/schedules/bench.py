@@ -1,21 +1,12 @@
 """``pyscheduler bench schedules``: firings/s and lateness of recurring schedules.
 
-Scenarios (``--scenario``, all by default), each on its own schedules (deleted
-afterwards) and its own Redis key prefix:
-
-* ``claim``: the Redis Lua claim alone: N members due, claimed ``--batch`` at a
-  time until none is left (members/s), then claim + settle.
-* ``redis``: N schedules (every 1 s, Kafka target) all due at once; ``--executors``
-  executor processes (``python -m pyscheduler.schedules run``) fire them for
-  ``--seconds``; firings/s counted end to end on the Kafka topic (a fresh read),
-  lateness = message time minus the expected time in its header.
-* ``postgres``: the same with critical schedules and Redis unreachable: the
-  executors' degraded mode (``claim_due_critical``), PostgreSQL only.
-* ``steady``: ``--stored`` schedules stored, ``--due-per-s`` due each second
-  (every stored/due_per_s seconds, spread evenly); lateness percentiles.
-
-The schedules are armed by writing next_run_at (SQL) and the index scores
-(Redis) directly, so the measurement starts with everything in place.
+Scenarios (``--scenario``, all by default), each on schedules of its own (deleted afterwards)
+and a Redis key prefix of its own: ``claim`` (the Lua claim alone, then claim + settle),
+``redis`` (N schedules due at once, fired by ``--executors`` executor processes for
+``--seconds``, counted end to end on the Kafka topic), ``postgres`` (the same, critical and
+with Redis unreachable: degraded mode), ``steady`` (``--stored`` schedules, ``--due-per-s``
+due each second). The schedules are armed by writing their due times in PostgreSQL and the
+index directly. How to read the figures: docs/benchmarks.md, "Recurring schedules".
 """
 
 from __future__ import annotations

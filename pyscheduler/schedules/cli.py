@@ -31,9 +31,9 @@ from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from . import sqlapi as sql
 from .client import UNBOUNDED, RunOutcome, ScheduleClient
-from .executor import Executor, ExecutorConfig, mirror_entries
+from .executor import Executor, ExecutorConfig
 from .index import DEFAULT_PREFIX, Shards
-from .relay import Cleanup, IndexRelay
+from .relay import Cleanup, IndexRelay, mirror_entries
 
 log = logging.getLogger("pyscheduler.schedules")
 

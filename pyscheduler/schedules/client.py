@@ -4,11 +4,9 @@ get, list, runs, next (docs/sql-api.md, "Recurring schedules").
 ``ScheduleClient(db)`` runs on pyscheduler's pool; ``ScheduleClient(conn)`` on the
 application's own psycopg connection or cursor, inside its transaction (a schedule
 created there exists only if the application commits; ``AsyncScheduleClient(conn)``
-for asyncio). Results are :class:`Schedule` and :class:`ScheduleRun` objects.
-
-A schedule belongs to the role that created it: another role sees it without its
-``target``, ``payload`` and ``last_error`` (None), and its runs without ``error`` and
-``task_rn``.
+for asyncio). Results are :class:`Schedule` and :class:`ScheduleRun` objects. A schedule
+belongs to the role that created it: another role sees it without its ``target``,
+``payload`` and ``last_error`` (None), and its runs without ``error`` and ``task_rn``.
 """
 
 from __future__ import annotations

@@ -1,49 +1,15 @@
-"""Schedule executors: claim due occurrences from Redis, fire, record, move the score.
-
-One ``Executor`` is a daemon with a main loop and a recorder thread:
-
-* main loop: the seed's global next-check (stuck claims older than ``stuck_after``
-  are reset), one resync batch while the index is incomplete (marker key absent:
-  Redis lost its data), one atomic Lua claim of up to ``batch`` due members, fire
-  them (Kafka, HTTP; task targets go to the recorder), serve delivery reports,
-  while a backlog lasts the prefetch thread claims the next batch and loads its
-  fire details (``fire_details``, cached by version) as this one is fired,
-  schedule retries (base * 2^n + random(0, jitter); a try the egress policy
-  refused is not retried: every try would be), sleep until the next due
-  score or the next retry;
-* recorder: records outcomes in batches (``record_executions``,
-  ``fire_task_schedules``), then sets each score to the next run the database
-  computed from the expected time (or removes the member when the schedule ended).
-
-A stored value never stops an executor (docs/sql-api.md, convention A): only an
-outage is retried. The SQL side ends a poison item itself (record_executions and
-fire_task_schedules answer each item, fire_details returns only values the executor
-loads); should a call still fail with a data error (``errors.rejects_arguments``: a
-value psycopg cannot load, a row PostgreSQL refuses), the batch is split until the
-poison occurrence is alone (``isolate``) and that one is ended the same way
-(``stop_schedules``: recorded with its outcome and the error, its schedule paused;
-logged, counted in ``pyscheduler_schedules_poison``); its neighbours go on. Any
-other error crashes the executor (``run_daemons`` restarts it with ``fresh()``).
-
-Redis unreachable -> degraded mode: critical schedules are claimed from
-PostgreSQL (``claim_due_critical``) and fired until Redis answers again; then the
-index is resynced. One log line per transition, gauge ``pyscheduler_schedules_degraded``.
-
-A sharded index (index.Shards: N shards, e.g. on a Redis Cluster) is served shard by
-shard, round-robin from a random start per executor, one claim per shard per round
-(a full claim makes the round go on at once; else the executor sleeps until the
-earliest due score of the round, at most ``poll_ms``). Every shard has its own marker,
-resync, stuck-claim check and outage: a shard whose master is unreachable is "down"
-(its critical schedules are claimed from PostgreSQL with ``claim_due_critical_shards``
-once per round, the other shards go on from Redis); when it answers again, only it is
-resynced. Shards whose data was lost together share one resync (one pass over
-PostgreSQL, each row written to its own shard). All shards down is the degraded mode
-above.
-"""
+# Over 600 lines: one class, whose claim rounds, firing, degraded mode and resync share one loop's state.
+"""Schedule executors (``Executor``: one daemon each, several per index): claim due members of
+the Redis index with one Lua call per shard, round-robin (while Redis or a shard is down: the
+due critical schedules from PostgreSQL), fire them (Kafka, HTTP; task targets in SQL), retry
+per the schedule's policy, and hand each outcome to the recorder thread (recorder.py), which
+records it and moves the score. A prefetch thread claims and loads the next batch while one is
+fired; the main loop also resets stuck claims and resyncs a lost index. Only an outage is
+retried; any other error crashes the executor (``run_daemons`` restarts it with ``fresh()``).
+How and why: docs/operations.md, "Recurring schedules" and "How an executor works"."""
 
 from __future__ import annotations
 
-import bisect
 import collections
 import dataclasses
 import heapq
@@ -57,43 +23,24 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
-
-import redis
-from prometheus_client import Histogram
 
 from .. import egress
-from ..sqlapi import HTTP_ALLOW
+from ..calls import MAX_INSTANT
 from ..db import Database, Outage, Wakeup
-from ..errors import RETRYABLE, rejects_arguments
+from ..errors import RETRYABLE
 from ..masking import mask_url
-from ..metrics import counter, gauge, histogram
 from ..redisconn import UNREACHABLE
+from ..sqlapi import HTTP_ALLOW
 from . import sqlapi as sql
-from .arrays import EpochMsArray, Int4Array, Int8Array
+from .arrays import Int8Array
 from .index import DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
+from .recorder import Recorder, isolate
+from .relay import mirror_entries
+from .series import (CLAIMED, DEGRADED, FAILED, FIRED, LATENESS, POISON, RECOVERED, RESYNCED, RETRIES, SERIES,
+                     SHARDS_DOWN, observe_ms)
 from .targets import Details, Firer, Occurrence, retry_delay
 
 log = logging.getLogger("pyscheduler.schedules")
-
-CLAIMED = counter("pyscheduler_schedules_claimed", "Occurrences claimed (Redis and Postgres-only)", ["source"])
-FIRED = counter("pyscheduler_schedules_fired", "Occurrences delivered to their target", ["target"])
-FAILED = counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts")
-RETRIES = counter("pyscheduler_schedules_retries", "Retries of failed tries")
-RECORDED = counter("pyscheduler_schedules_recorded", "Executions recorded in PostgreSQL", ["outcome"])
-DUPLICATES = counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
-RECOVERED = counter("pyscheduler_schedules_recovered", "Stuck claims reset by the next-check")
-RESYNCED = counter("pyscheduler_schedules_resynced", "Index members written by a resync")
-DEGRADED = gauge("pyscheduler_schedules_degraded", "1 while Redis (or a shard of the index) is unreachable "
-                                                   "(critical schedules fire from PostgreSQL)")
-SHARDS_DOWN = gauge("pyscheduler_schedules_shards_down", "Index shards unreachable (their critical schedules fire "
-                    "from PostgreSQL)")
-POISON = counter("pyscheduler_schedules_poison", "Occurrences stopped, or schedules left out of the index, because a "
-                 "value could not be loaded or a row was refused (logged with the schedule id)", ["where"])
-LATENESS = histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus expected time",
-                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
-SERIES = (CLAIMED, FIRED, FAILED, RETRIES, RECORDED, DUPLICATES, RECOVERED, RESYNCED, DEGRADED, SHARDS_DOWN, POISON,
-          LATENESS)
 
 
 @dataclass
@@ -841,290 +788,6 @@ class Executor:
         return 0.0 if len(occs) >= limit else cfg.poll_ms / 1000
 
 
-def observe_ms(hist: Histogram, values_ms: list[float]) -> None:
-    """Observe many durations (ms, negative = 0) in a seconds histogram: one increment per
-    bucket touched instead of a locked increment per value and bucket."""
-    bounds = getattr(hist, "_upper_bounds", None)
-    buckets = getattr(hist, "_buckets", None)
-    if bounds is None or buckets is None or len(bounds) != len(buckets):  # another prometheus_client
-        for v in values_ms:
-            hist.observe(max(0.0, v / 1000))
-        return
-    counts = [0] * len(bounds)
-    total = 0.0
-    for v in values_ms:
-        v = max(0.0, v / 1000)
-        total += v
-        counts[bisect.bisect_left(bounds, v)] += 1  # the first bound >= v (the last is +Inf)
-    hist._sum.inc(total)
-    for bucket, n in zip(buckets, counts):
-        if n:
-            bucket.inc(n)
-
-
-def mirror_entries(rows: list[dict]) -> list[tuple[int, int | None, int | None]]:
-    """(id, score or None, version) for Index.mirror from index_entries / index_page / resync_take rows."""
-    out = []
-    for r in rows:
-        active = r.get("active", True)
-        nxt = r["next_run_at"] if active else None
-        upd = r.get("updated")
-        out.append((r["id"], None if nxt is None else to_ms(nxt), None if upd is None else to_ms(upd)))
-    return out
-
-
-class Recorder:
-    """The executor's recorder thread: outcomes -> PostgreSQL in batches -> Redis scores."""
-
-    def __init__(self, ex: Executor):
-        self.ex = ex
-        self.stop = threading.Event()
-        self.unsettled: list[tuple[int, int, int | None]] = []
-        self.changed: list[tuple[int, int]] = []  # (id, expected) still claimed: due time to read again
-        self.outage = Outage("schedules recorder: PostgreSQL", log)
-        self.redis_outage = Outage("schedules recorder: Redis", log)
-        self.shard_retry: dict[int, float] = {}  # sharded index: shard -> when to try its settle again
-        self.shard_tries: dict[int, int] = {}
-
-    def run(self) -> None:
-        """The thread: a crash (neither an outage nor a data error) stops the executor, whose
-        main loop raises it (run_daemons restarts the executor)."""
-        try:
-            self._run()
-        except BaseException as exc:
-            log.exception("schedules recorder crashed")
-            self.ex.crashed = exc
-            self.ex.wakeup.poke()
-
-    def _run(self) -> None:
-        q = self.ex.to_record
-        limit = self.ex.cfg.record_batch
-        while True:
-            items: list = []
-            try:
-                first = q.get(timeout=0.5)
-            except queue.Empty:
-                first = []
-            if first is None:
-                break
-            items += first
-            deadline = time.monotonic() + 0.002
-            while items and len(items) < limit:
-                try:
-                    nxt = q.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    q.put(None)
-                    break
-                items += nxt
-            if items:
-                self.record(items)
-            self.settle()
-        rest: list = []  # stop: what is queued still gets recorded
-        while True:
-            try:
-                item = q.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:  # another recorder's stop signal
-                q.put(None)
-                break
-            rest += item
-        if rest:
-            self.record(rest, give_up_after=10.0)
-        self.settle()
-
-    def record(self, items: list, give_up_after: float | None = None) -> None:
-        groups: dict[tuple[str, bool], list] = collections.defaultdict(list)
-        for kind, occ, error in items:
-            group = kind if kind in ("task", "reindex", "poison") else "record"
-            groups[(group, occ.token is not None)].append((kind, occ, error))
-        for (group, tokens), batch in groups.items():
-            if group == "poison":  # from the main loop: fire details that cannot be loaded
-                self._stop([("failed", occ, error) for _, occ, error in batch], tokens, "details", give_up_after)
-                continue
-            rows, poison = isolate(batch, lambda part: self._call(give_up_after, group, part))
-            if poison:
-                bad = {id(occ) for (_, occ, _), _ in poison}
-                batch = [item for item in batch if id(item[1]) not in bad]
-                self._stop([(kind if group == "record" else "failed", occ,
-                             f"PostgreSQL refused to record it or returned a value that cannot be loaded: {exc}")
-                            for (kind, occ, _), exc in poison], tokens, "record", give_up_after)
-            self._recorded(group, tokens, [occ for _, occ, _ in batch], rows)
-
-    def _stop(self, items: list[tuple[str, Occurrence, str]], tokens: bool, where: str,
-              give_up_after: float | None) -> None:
-        """End (outcome, occurrence, error) items as record_executions ends a poison item of
-        its own (stop_schedules: recorded with the outcome and the error, the schedule paused
-        with a note); logged and counted. stop_schedules reads nothing from the schedule's row
-        that could be poison, so a data error here is a bug: raised, not isolated."""
-        for _, occ, why in items:
-            POISON.labels(where).inc()
-            self.ex.counts["poison"] += 1
-            log.error("schedule %s occurrence %s stopped: %s; its schedule is paused (last_error says why: fix it "
-                      "with update_schedule, then resume it)", occ.id, from_ms(occ.expected_ms).isoformat(), why)
-        occs = [occ for _, occ, _ in items]
-        self._recorded("stop", tokens, occs, self._call(give_up_after, "stop", items))
-
-    def _recorded(self, group: str, tokens: bool, occs: list[Occurrence], rows: list[dict] | None) -> None:
-        """Count what a call recorded and queue the next runs it answered for the settle."""
-        if not occs:
-            return
-        if rows is None:  # not recorded: the claims stay and the stuck-claim recovery retries them
-            self._settled(occs, [])
-            return
-        if group == "reindex":
-            by_id = {r["id"]: r for r in rows}
-            self._settled(occs, [(o.id, o.expected_ms,
-                                  _next_ms(by_id.get(o.id)) if by_id.get(o.id, {}).get("active") else None)
-                                 for o in occs])
-            return
-        self._count(rows, group)
-        if tokens:
-            self._settled(occs, [])
-            return
-        entries = []
-        if len({o.id for o in occs}) == len(occs):  # one row per occurrence: matched by schedule id
-            nexts = {r["id"]: r["next_run_at"] for r in rows}
-            for o in occs:
-                nxt = nexts.get(o.id)
-                entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
-        else:
-            by_key = {(r["id"], to_ms(r["expected_at"])): r["next_run_at"] for r in rows}
-            for o in occs:
-                nxt = by_key.get((o.id, o.expected_ms))
-                entries.append((o.id, o.expected_ms, None if nxt is None else to_ms(nxt)))
-        self._settled(occs, entries)
-
-    def _count(self, rows: list[dict], group: str) -> None:
-        recorded = sum(1 for r in rows if r["recorded"])
-        counts = self.ex.counts
-        if recorded:
-            RECORDED.labels(group).inc(recorded)
-            counts["recorded"] += recorded
-        if len(rows) > recorded:
-            DUPLICATES.inc(len(rows) - recorded)
-            counts["duplicates"] += len(rows) - recorded
-
-    def _settled(self, occs: list[Occurrence], entries: list) -> None:
-        with self.ex.held_lock:
-            for o in occs:
-                self.ex.held.pop((o.id, o.expected_ms), None)
-        self.unsettled.extend(entries)
-
-    def settle(self, rounds: int = 3) -> None:
-        """Write the next runs recorded to Redis. A member the relay met while it was claimed
-        (its schedule changed: update_schedule, pause, trigger, delete) is not given the next
-        run recorded, which may be the old cadence's: its due time is read again
-        (index_entries) and settled, in up to ``rounds`` rounds here, the rest in the next call."""
-        for _ in range(rounds):
-            if self.changed:
-                changed, self.changed = self.changed, []
-                self.record([("reindex", Occurrence(i, e), None) for i, e in changed])
-            if not self.unsettled:
-                return
-            index = self.ex.index
-            if index.count == 1:
-                try:
-                    self.changed = index.shards[0].settle(self.unsettled)
-                    self.unsettled = []
-                    self.redis_outage.ok()
-                except UNREACHABLE as exc:  # kept until Redis answers (a resync follows an outage anyway)
-                    self.stop.wait(self.redis_outage.failed(exc))
-                    return
-            else:
-                # shard by shard: an unreachable shard keeps its entries (tried again after a
-                # backoff of its own) and does not hold up the others
-                now = time.monotonic()
-                waiting = {k for k, at in self.shard_retry.items() if at > now}
-                ready = [e for e in self.unsettled if index.of(e[0]) not in waiting]
-                results, failed = index.each(ready, lambda ix, part: ix.settle(part))
-                self.changed = [x for part in results for x in part]
-                for k, exc in failed.items():
-                    tries = self.shard_tries.get(k, 0) + 1
-                    self.shard_tries[k] = tries
-                    self.shard_retry[k] = now + min(5.0, 0.1 * 2 ** tries)
-                    if tries == 1:
-                        log.warning("schedules recorder: Redis unreachable for shard %d (%s): its next runs are "
-                                    "kept until it answers", k, str(exc).splitlines()[0] if str(exc) else exc)
-                for k in {index.of(e[0]) for e in ready} - set(failed):
-                    if self.shard_tries.pop(k, 0):
-                        log.info("schedules recorder: shard %d answers again", k)
-                    self.shard_retry.pop(k, None)
-                keep = waiting | set(failed)
-                self.unsettled = [e for e in self.unsettled if index.of(e[0]) in keep]
-            if not self.changed:
-                return
-
-    def _call(self, give_up_after: float | None, group: str, batch: list) -> list[dict] | None:
-        """Record (re-read, for "reindex"; stop, for "stop") a batch in one transaction; an
-        outage is retried with backoff (None: given up at stop), a data error is raised
-        (``isolate`` splits the batch). The transaction makes a batch whose answer cannot be
-        loaded leave nothing behind: its parts are recorded as if it had never been tried."""
-        occs = [occ for _, occ, _ in batch]
-        tokens = [o.token for o in occs] if occs[0].token is not None else None
-        if group == "reindex":
-            function, binary, args = sql.INDEX_ENTRIES, False, {"ids": [o.id for o in occs]}
-        elif group == "stop":
-            function, binary = sql.STOP_SCHEDULES, False
-            args = {"ids": [o.id for o in occs], "expected": [from_ms(o.expected_ms) for o in occs],
-                    "outcomes": [k for k, _, _ in batch], "errors": [e for _, _, e in batch]}
-        elif group == "task":
-            function, binary = sql.FIRE_TASK_SCHEDULES, False
-            args = {"ids": [o.id for o in occs], "expected": [from_ms(o.expected_ms) for o in occs]}
-            if tokens:
-                args["tokens"] = tokens
-        else:
-            # binary arrays packed in one go (arrays.py): a text array of 2,000 timestamps
-            # cost the executor (datetimes, quoting) and the server (parsing) more
-            errors = [e for _, _, e in batch]
-            function, binary = sql.RECORD_EXECUTIONS, True
-            args = {"ids": Int8Array(o.id for o in occs), "expected": EpochMsArray(o.expected_ms for o in occs),
-                    "outcomes": [k for k, _, _ in batch],  # fired | failed | missed
-                    "attempts": Int4Array(o.tries for o in occs),
-                    "errors": errors if any(e is not None for e in errors) else None}
-            if tokens:
-                args["tokens"] = tokens
-        end = None if give_up_after is None else time.monotonic() + give_up_after
-        while True:
-            try:
-                with self.ex.db.session() as session, session.conn.transaction():
-                    rows = (session.call_binary if binary else session.call)(function, **args)
-                self.outage.ok()
-                return rows
-            except RETRYABLE as exc:
-                pause = self.outage.failed(exc)
-                if end is None and self.stop.is_set():
-                    end = time.monotonic() + 10.0
-                if end is not None and time.monotonic() + pause > end:
-                    log.warning("giving up recording %d occurrence(s) at stop: their claims are recovered "
-                                "by another executor and fired again with the same idempotency keys", len(occs))
-                    return None
-                self.stop.wait(pause) if end is None else time.sleep(pause)
-
-
-T = TypeVar("T")
-
-
-def isolate(items: list[T], call) -> tuple[list | None, list[tuple[T, BaseException]]]:
-    """``call(items)`` -> rows; when it fails with a data error (``rejects_arguments``: a value
-    that cannot be loaded, a row the database refuses), split the batch in halves until
-    each poison item is alone: (rows of the other items, [(poison item, error)]). Rows are
-    None when ``call`` returned None for a part (it gave up). Any other error is raised."""
-    try:
-        return call(items), []
-    except Exception as exc:
-        if not rejects_arguments(exc):
-            raise
-        if len(items) == 1:
-            return [], [(items[0], exc)]
-    mid = len(items) // 2
-    rows1, poison1 = isolate(items[:mid], call)
-    rows2, poison2 = isolate(items[mid:], call)
-    return (None if rows1 is None or rows2 is None else rows1 + rows2), poison1 + poison2
-
-
 def parse_ms(text: str | None) -> int | None:
     """Epoch ms of a timestamptz in PostgreSQL's ISO text form, or None when it cannot be
     loaded or is outside [1970-01-01Z, 9999-01-01Z) (infinity, year 10000, BC)."""
@@ -1135,13 +798,7 @@ def parse_ms(text: str | None) -> int | None:
     return ms if 0 <= ms < _MAX_MS else None
 
 
-_MAX_MS = 253_370_764_800_000  # 9999-01-01T00:00:00Z
+_MAX_MS = to_ms(MAX_INSTANT)  # 9999-01-01T00:00:00Z, the instants every client loads
 
 
-def _next_ms(row: dict | None) -> int | None:
-    if row is None or row.get("next_run_at") is None:
-        return None
-    return to_ms(row["next_run_at"])
-
-
-__all__ = ["Executor", "ExecutorConfig", "mirror_entries", "redis"]
+__all__ = ["Executor", "ExecutorConfig"]

@@ -15,7 +15,8 @@ def profiled_executor(out: str) -> None:
     import threading
 
     from .cli import group
-    from .executor import Executor, Recorder
+    from .executor import Executor
+    from .recorder import Recorder
 
     def profiled(run, path):
         def wrapper(*args):

@@ -1,25 +1,12 @@
 """The index relay and the cleanup loop of recurring schedules.
 
-``IndexRelay`` mirrors enabled schedules from PostgreSQL into the Redis sorted
-set: it follows NOTIFY ``pyscheduler_schedules`` (payload = schedule id) and
-writes each changed schedule's ``index_entries`` row at once, and every
-``reconcile_interval`` it pages through ``index_page`` (adding what is missing,
-fixing scores) and removes members PostgreSQL no longer has active, and the
-``last``/``ver`` hash entries of such schedules once their last claim is older
-than ``prune_after`` (the hashes would grow with every schedule ever fired). Its writes
-never touch a claimed member (they mark it ``changed``: its executor settles it with
-the due time read again) and never bring back an occurrence already claimed
-(Index.mirror). Replicas are safe (writes are idempotent).
-
-A stored value never stops it: an outage (PostgreSQL or Redis) is retried with
-backoff, and the functions it reads (index_entries, index_page) return only values
-every client loads (a schedule whose due time is outside [1970, 9999), stored
-before create_schedule checked it, comes back without one: it is left out of the
-index and logged once). Anything else crashes it (``run_daemons`` restarts it with
-``fresh()``).
-
-``Cleanup`` deletes executions past the retention setting with
-``purge_executions`` in batches, every ``interval``.
+``IndexRelay`` mirrors enabled schedules from PostgreSQL into the Redis index: it follows
+NOTIFY ``pyscheduler_schedules`` (``index_entries`` of each changed id) and reconciles the
+whole index every ``reconcile_interval`` (``index_page``), pruning the ``last``/``ver``
+entries of schedules no longer active; ``mirror_entries`` turns those rows into index
+entries. ``Cleanup`` deletes executions past retention (``purge_executions``) in batches.
+Only an outage is retried; a schedule whose due time cannot be indexed is left out and
+logged once (docs/operations.md, "Recurring schedules").
 """
 
 from __future__ import annotations
@@ -28,20 +15,30 @@ import logging
 import threading
 import time
 
-
 from ..db import Database, Listener, Outage, Wakeup
 from ..errors import RETRYABLE
 from ..metrics import counter
 from ..redisconn import UNREACHABLE
 from . import sqlapi as sql
-from .executor import POISON, mirror_entries
-from .index import DEFAULT_PREFIX, Index, Shards
+from .index import DEFAULT_PREFIX, Index, Shards, to_ms
+from .series import POISON
 
 log = logging.getLogger("pyscheduler.schedules")
 
 CHANNEL = "pyscheduler_schedules"
 MIRRORED = counter("pyscheduler_schedules_mirrored", "Index members written by the relay (NOTIFY and reconcile)")
 PURGED = counter("pyscheduler_schedules_purged", "Executions deleted past retention")
+
+
+def mirror_entries(rows: list[dict]) -> list[tuple[int, int | None, int | None]]:
+    """(id, score or None, version) for Index.mirror from index_entries / index_page / resync_take rows."""
+    out = []
+    for r in rows:
+        active = r.get("active", True)
+        nxt = r["next_run_at"] if active else None
+        upd = r.get("updated")
+        out.append((r["id"], None if nxt is None else to_ms(nxt), None if upd is None else to_ms(upd)))
+    return out
 
 
 class IndexRelay:

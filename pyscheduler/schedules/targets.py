@@ -1,32 +1,12 @@
 """Firing one occurrence: Kafka, HTTP (task targets are fired in SQL, fire_task_schedules).
 
-Every try of an occurrence carries the same idempotency key
-``<schedule id>:<expected epoch ms>`` (Kafka header ``pyscheduler-idempotency-key``,
-HTTP header ``Idempotency-Key``), so a receiver can drop the duplicate that a
-retry after a timeout or a crash recovery may cause.
-
-A try ends with a report (``done``), never with an exception in the executor: a
-value a client library refuses (a topic name, a URL, a header) is a failed try
-with its error. HTTP goes through the egress policy (``pyscheduler.egress.post``:
-the resolved address is checked against the allow-list before every request,
-redirects are not followed; a refused try marks the occurrence ``refused``: it
-fails without retries) with at most ``http_per_host`` requests in flight per
-host and a bounded queue per host, so a target that never answers delays only its
-own schedules. The Kafka producer is replaced after a fatal error (reported by a
-delivery, the error callback, or raised by poll/flush/produce) and when it delivered
-nothing for a whole delivery timeout while its messages time out (a broker that
-restarted without the producer's state leaves an idempotent producer retrying
-forever).
-
-A target topic that does not exist, on a broker that does not create topics on
-first use (docker-compose.yml's Kafka), fails a try within
-``topic.metadata.propagation.max.ms`` (1 s here; librdkafka's 30 s outlasted the
-delivery timeout, so the try timed out without naming the topic and, when nothing
-else was delivered meanwhile, the producer was replaced) with an error naming the
-topic; its retries follow the schedule's policy (a retry after
-the topic was created delivers), then the occurrence is recorded failed and the
-schedule goes on. A broker that does create topics (tansu, the embedded one)
-creates it on the first try.
+``Firer`` sends each try with the occurrence's idempotency key (``<schedule id>:<expected
+epoch ms>``: Kafka header ``pyscheduler-idempotency-key``, HTTP ``Idempotency-Key``) and
+ends it with a report (``done``), never an exception: a value a client library refuses is a
+failed try. HTTP goes through the egress policy (``pyscheduler.egress.post``) with a
+bounded number of requests per host; the Kafka producer is replaced after a fatal error or
+a delivery timeout without deliveries. ``Details`` is what fires a schedule (``fire_details``),
+``Occurrence`` one claimed occurrence. Why: docs/operations.md, "Schedule daemons".
 """
 
 from __future__ import annotations
