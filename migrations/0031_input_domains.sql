@@ -136,9 +136,9 @@ CREATE DOMAIN pyscheduler.time_zone AS text
     CHECK (VALUE IS NULL OR pyscheduler._label_ok(VALUE, 100) OR pyscheduler._refuse_label(VALUE, 'tz', 100, 'PS303'));
 CREATE DOMAIN pyscheduler.sync_id AS text
     CHECK (VALUE IS NULL OR pyscheduler._label_ok(VALUE, 200)
-           OR pyscheduler._refuse_label(VALUE, 'p_sync_id', 200, 'PS312'));
+           OR pyscheduler._refuse_label(VALUE, 'sync_id', 200, 'PS312'));
 CREATE DOMAIN pyscheduler.resync_owner AS text
-    CHECK (VALUE IS NULL OR pyscheduler._label_ok(VALUE, 200) OR pyscheduler._refuse_label(VALUE, 'p_owner', 200, 'PS312'));
+    CHECK (VALUE IS NULL OR pyscheduler._label_ok(VALUE, 200) OR pyscheduler._refuse_label(VALUE, 'owner', 200, 'PS312'));
 CREATE DOMAIN pyscheduler.entity_name AS text
     CHECK (VALUE IS NULL OR pyscheduler._label_ok(VALUE, 100)
            OR pyscheduler._refuse_label(VALUE, 'entity_name', 100, 'PS401'));
