@@ -67,6 +67,7 @@ def problems(conn, module: str, attr: str, decl: object) -> list[str]:
     try:
         with conn.transaction(force_rollback=True):
             conn.execute(f"PREPARE sqlapi_check AS {re.sub(r'%s', lambda _: f'${next(n)}', str(decl))}")
+            conn.execute("DEALLOCATE sqlapi_check")  # a prepared statement outlives the rollback
     except psycopg.Error as exc:
         return [f"{where}: {exc}"]
     return []
