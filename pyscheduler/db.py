@@ -101,9 +101,10 @@ class ConnectionSettings:
                                      f"THEN set_config('statement_timeout', '{timeout}', false) END" if timeout else ""))
 
 
-# The session settings every pyscheduler connection pins (ConnectionSettings.apply; design.md).
-SESSION_PINS = ("SELECT set_config('TimeZone', 'UTC', false), set_config('DateStyle', 'ISO, MDY', false), "
-                "set_config('IntervalStyle', 'postgres', false)")
+# The session settings every pyscheduler connection pins (ConnectionSettings.apply; design.md);
+# SQL's one owner of them, sql/common.sql's _after_user_code(), pins the same (a test links them).
+PINNED = {"TimeZone": "UTC", "DateStyle": "ISO, MDY", "IntervalStyle": "postgres"}
+SESSION_PINS = "SELECT " + ", ".join(f"set_config('{name}', '{value}', false)" for name, value in PINNED.items())
 
 _settings: ConnectionSettings | None = None
 
