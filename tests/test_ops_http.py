@@ -31,7 +31,8 @@ from pyscheduler.checks.runner import OUTCOMES, CheckRunner
 from pyscheduler.db import Jsonb
 from pyscheduler.http_server import MAX_CONNECTIONS, MAX_HEAD, WORKERS, BoundedServer
 from pyscheduler.metrics_http import Endpoint, Health
-from pyscheduler.tasks.worker import Abort, Worker, wait_for
+from pyscheduler.tasks import Abort, Worker
+from support import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -59,17 +59,17 @@ def _leased_into_queue(db, worker: Worker, queue: str, n: int, until: float) -> 
     db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(n)]))
     with db.session() as s:  # the rows as the lease thread gets them (rn, token, spec as text)
         rows = s.call_tuples("lease_tasks_lean", as_text=("uuid", "jsonb"), queue=queue, worker="w-test", n=n)
-    worker._enqueue(rows, until)
+    worker.local.put(rows, until)
     return [r[0] for r in rows]
 
 
 def test_a_queued_task_whose_lease_could_have_expired_is_not_started(db, dsn):
     worker = Worker(dsn, "exp", lambda ctx: None)
     [old] = _leased_into_queue(db, worker, "exp", 1, until=time.monotonic() - 0.001)
-    assert worker.held and worker._take(None, block=False) is None  # dropped, not started
+    assert worker.held and worker.local.take(None, block=False) is None  # dropped, not started
     assert not worker.held
     [fresh] = _leased_into_queue(db, worker, "exp2", 1, until=time.monotonic() + 60)
-    ctx = worker._take(None, block=False)
+    ctx = worker.local.take(None, block=False)
     assert ctx is not None and ctx.rn == fresh and ctx.started
 
 
@@ -89,7 +89,7 @@ def test_a_cancelled_queued_task_is_dropped_by_the_next_heartbeat_and_never_star
         wait_for(lambda: started == [blocker])
         queued = _leased_into_queue(db, worker, "cq", 2, until=time.monotonic() + 30)
         client.cancel(queued[0])
-        worker._beat_wake.poke()  # (the cancel NOTIFY goes to the lease's owner label, w-test)
+        worker.heartbeats.wake.poke()  # (the cancel NOTIFY goes to the lease's owner label, w-test)
         wait_for(lambda: queued[0] not in worker.held)
         release.set()
         wait_for(lambda: worker.completed == 2)
