@@ -141,3 +141,25 @@ def test_prefetch_and_lookahead_are_checked(dsn):
         with pytest.raises(errors.InvalidArgument, match="lookahead"):
             kind("dsn", "q", lambda ctx: None, lookahead=-0.1)
     assert Worker(dsn, "q", lambda ctx: None, prefetch=0).prefetch == 0  # lease only for free handlers
+
+
+def test_handlers_wait_for_a_recorder_that_is_behind_then_go_on(dsn, db, monkeypatch):
+    """Back-pressure: with at most 5 completions waiting for the recorder, the handlers wait
+    while it records (a round trip, thousands of no-op tasks long) and go on once it took them;
+    every task completes once."""
+    from pyscheduler.tasks import AsyncWorker
+    from pyscheduler.tasks.worker import recorder
+
+    async def nothing(ctx: TaskContext) -> None:
+        return None
+
+    monkeypatch.setattr(recorder, "MAX_UNRECORDED", 5)
+    for queue, worker in (("bp", Worker(dsn, "bp", lambda ctx: None, capacity=4)),
+                          ("bp-async", AsyncWorker(dsn, "bp-async", nothing, capacity=4))):
+        db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(300)]))
+        running = worker.start()
+        try:
+            wait_for(lambda: running.worker.completed == 300, timeout=60)
+        finally:
+            running.stop()
+        assert {t["status"] for t in TaskClient(db).list(queue, limit=300)} == {"completed"}

@@ -52,12 +52,12 @@ class Recorder:
     def queue_completion(self, ctx: TaskContext, block: bool) -> bool:
         """(Under the lock.) Queue the completion of ``ctx`` for the next batch; False, queuing
         nothing, when MAX_UNRECORDED wait and not ``block`` (``block`` waits instead)."""
-        completions = self.completions
-        while len(completions) >= MAX_UNRECORDED:
+        while len(self.completions) >= MAX_UNRECORDED:
             if not block:
                 return False
-            self.room.wait()
+            self.room.wait()  # the recorder takes the list and leaves a new one
         ctx.finishing = True
+        completions = self.completions
         completions.append(ctx)
         if len(completions) == 1:
             self.recordable.notify()
