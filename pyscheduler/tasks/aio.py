@@ -149,7 +149,7 @@ class AsyncWorker(Worker):
         while ctx is not None:
             began = clock() if counted is not None else 0.0
             try:
-                function, args = returned(ctx, await self.handler(ctx), counted)  # type: ignore[misc]
+                function, args = returned(ctx, await self.handler(ctx), counted)
             except asyncio.CancelledError as exc:
                 if _being_cancelled():
                     if ctx.reason is None:
