@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -139,3 +139,16 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
             log.error("daemon %s did not stop within %.0fs", t.name, join_timeout)
             failed = True
     return 1 if failed else 0
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``condition`` until it is truthy; its value, or TimeoutError after ``timeout`` seconds.
+    For demos, benches and tests, which watch what other threads and processes change."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(interval)

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.db import Jsonb
 from pyscheduler.metrics import process_registry
-from pyscheduler.tasks.worker import wait_for
+from support import wait_for
 
 # the runner's series, as a process that runs one exports them (pyscheduler.metrics)
 REGISTRY = process_registry([CheckRunner], registry=CollectorRegistry())

@@ -28,7 +28,7 @@ from pyscheduler import errors
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.checks.handlers import run_handler
 from pyscheduler.db import Database, Jsonb
-from pyscheduler.tasks.worker import wait_for
+from support import wait_for
 
 UTC = timezone.utc
 

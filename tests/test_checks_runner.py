@@ -15,7 +15,8 @@ from checks_support import Counting, add_many, history, running, scrape, slots, 
 from pyscheduler.checks import Check, CheckRunner, task_handler
 from pyscheduler.cli import main
 from pyscheduler.db import Jsonb
-from pyscheduler.tasks.worker import Worker, wait_for
+from pyscheduler.tasks import Worker
+from support import wait_for
 
 
 SLEEPY_SQL = """

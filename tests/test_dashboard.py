@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from pyscheduler.dashboard import make_app, mask_json, mask_url
-from pyscheduler.tasks.worker import wait_for
+from support import wait_for
 
 from dashboard_support import SECRET, populate, served
 

@@ -275,14 +275,18 @@ def test_counts_stay_right_with_concurrent_writers_and_folds(dsn, conn):
 
 def test_migrate_counts_tasks_stored_before_the_tallies(dsn, conn):
     """A database from before migration 0027: the post-apply step counts its tasks once, under a
-    lock, in the transaction that loads the functions that keep the tallies."""
+    lock, in the transaction that loads the functions that keep the tallies; migration 0032
+    drops the estimates' functions of those days."""
     fill(conn, 40, "old", "completed")
     fill(conn, 7, "old", "ready")
     conn.execute("DELETE FROM pyscheduler._task_tallies")
     conn.execute("DELETE FROM pyscheduler.settings WHERE name = 'tasks_counted'")
+    conn.execute("CREATE FUNCTION pyscheduler._task_count_cap() RETURNS int LANGUAGE sql AS 'SELECT 1000'")
+    conn.execute("DELETE FROM pyscheduler._yoyo_migration WHERE migration_id = '0032_tasks_current_code'")
     assert shown(conn) == []
-    migrate.migrate(dsn)
+    assert migrate.migrate(dsn).applied == ["0032_tasks_current_code"]
     assert shown(conn) == real(conn) == [("old", "ready", 7), ("old", "completed", 40)]
+    assert conn.execute("SELECT to_regproc('pyscheduler._task_count_cap') AS f").fetchone()["f"] is None
     submit(conn, "old")
     migrate.migrate(dsn)  # counted once: a second migrate does not count again
     assert shown(conn) == real(conn) == [("old", "ready", 8), ("old", "completed", 40)]

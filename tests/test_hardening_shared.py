@@ -6,6 +6,7 @@ restarted instead of stopping their siblings, the SQL helpers every capability u
 from __future__ import annotations
 
 import http.server
+import re
 import socket
 import threading
 
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pyscheduler import egress
+from pyscheduler import db as dbmod, egress
 from pyscheduler.daemon import run_daemons
 from pyscheduler.db import Database
 from pyscheduler.errors import ConfigError, is_retryable, rejects_arguments
@@ -223,6 +224,22 @@ def test_after_user_code_undoes_what_a_job_left_in_the_session(conn):
     assert got == {"sp": "pyscheduler, pg_temp", "tz": "UTC", "ds": "ISO, MDY", "st": "postgres"}
     err = _error(conn, "SET TRANSACTION READ ONLY; SELECT pyscheduler._after_user_code()")
     assert err.sqlstate == "PS003"
+
+
+def test_python_and_sql_pin_the_same_session_settings(conn):
+    """One owner a side: db.PINNED (every connection Python opens) and _after_user_code() (after
+    a job's SQL changed the session) set the same settings to the same values."""
+    source = conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'pyscheduler._after_user_code'::regproc"
+                          ).fetchone()["prosrc"]
+    assert set(re.findall(r"set_config\('(\w+)'", source)) == set(dbmod.PINNED) | {"search_path"}
+
+    def pinned(statement: str) -> dict:
+        conn.execute("SET TimeZone = 'Asia/Tokyo'; SET DateStyle = 'German, DMY'; SET IntervalStyle = 'sql_standard'")
+        conn.execute(statement)
+        return {name: conn.execute("SELECT current_setting(%s) AS v", (name,)).fetchone()["v"]
+                for name in dbmod.PINNED}
+
+    assert pinned(dbmod.SESSION_PINS) == pinned("SELECT pyscheduler._after_user_code()") == dbmod.PINNED
 
 
 # -- D: one egress policy -----------------------------------------------------------------------

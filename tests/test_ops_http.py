@@ -29,9 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyscheduler import embedded, migrate
 from pyscheduler.checks.runner import OUTCOMES, CheckRunner
 from pyscheduler.db import Jsonb
-from pyscheduler.tasks.worker import Abort, Worker, wait_for
+from pyscheduler.tasks import Abort, Worker
 from pyscheduler.web.endpoint import Endpoint, Health
 from pyscheduler.web.server import MAX_CONNECTIONS, MAX_HEAD, WORKERS, BoundedServer
+from support import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ import psycopg
 from pyscheduler.db import MAX_JSON_DEPTH, TOO_DEEP, Jsonb
 from pyscheduler.tasks import AsyncTaskClient, TaskClient, TaskContext, Worker
 from pyscheduler.tasks.monitor import Monitor
-from pyscheduler.tasks.worker import wait_for
+from support import wait_for
 
 from dashboard_support import served
 from test_dashboard import Client, text_of

@@ -15,7 +15,7 @@ import pytest
 from pyscheduler import errors
 from pyscheduler.tasks import (AsyncTaskClient, AsyncWorker, Snooze, TaskClient, TaskContext, TaskFailed, Worker,
                                Workflow)
-from pyscheduler.tasks.worker import wait_for
+from support import wait_for
 
 
 @pytest.fixture

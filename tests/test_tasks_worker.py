@@ -17,8 +17,9 @@ from pyscheduler.db import Jsonb
 from pyscheduler.metrics import process_registry
 from pyscheduler.daemon import RunContext
 from pyscheduler.tasks import Abort, Monitor, TaskClient, TaskContext, Worker
+from pyscheduler.tasks.worker.heartbeats import Heartbeats
 from pyscheduler.tasks.cli import WorkerProcess, daemons
-from pyscheduler.tasks.worker import wait_for as _wait_for
+from support import wait_for as _wait_for
 
 
 def wait_for(condition, timeout: float = 30.0):
@@ -514,16 +515,17 @@ def test_completions_still_failing_when_the_worker_stops_are_given_up_loudly(dsn
         running.stop()
 
 
-class _DyingHeartbeats(Worker):
-    """A worker whose heartbeat thread dies (as from a bug): it must not run on wedged."""
+class _DyingHeartbeats(Heartbeats):
+    """Heartbeats whose thread dies (as from a bug): the worker must not run on wedged."""
 
-    def _heartbeats(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event) -> None:
         wait_for(lambda: self.held or stop.is_set())  # once it holds a task
         raise SystemExit("heartbeat thread killed")
 
 
 def test_a_worker_whose_heartbeat_thread_dies_stops_loudly_and_yields(dsn, client, monitor, caplog):
-    worker = _DyingHeartbeats(dsn, "dh", lambda ctx: ctx.stopping.wait(30), timeout=60)
+    worker = Worker(dsn, "dh", lambda ctx: ctx.stopping.wait(30), timeout=60)
+    worker.heartbeats = _DyingHeartbeats(worker)
     outcome: list[BaseException | None] = []
     stop = threading.Event()
 

@@ -9,9 +9,9 @@ import uuid
 
 import pytest
 
-from pyscheduler.db import load_json
+from pyscheduler.db import UuidArray, load_json
 from pyscheduler.tasks import TaskClient, TaskContext, Worker
-from pyscheduler.tasks.worker import UuidArray, wait_for
+from support import wait_for
 
 SPECS = [
     {"big": 2**70, "small": -(2**63) - 1, "f": 1.5e300, "neg": -0.0, "s": "é😀\n\"", "nested": [{"a": None}, True]},

@@ -59,17 +59,17 @@ def _leased_into_queue(db, worker: Worker, queue: str, n: int, until: float) -> 
     db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(n)]))
     with db.session() as s:  # the rows as the lease thread gets them (rn, token, spec as text)
         rows = s.call_tuples("lease_tasks_lean", as_text=("uuid", "jsonb"), queue=queue, worker="w-test", n=n)
-    worker._enqueue(rows, until)
+    worker.local.put(rows, until)
     return [r[0] for r in rows]
 
 
 def test_a_queued_task_whose_lease_could_have_expired_is_not_started(db, dsn):
     worker = Worker(dsn, "exp", lambda ctx: None)
     [old] = _leased_into_queue(db, worker, "exp", 1, until=time.monotonic() - 0.001)
-    assert worker.held and worker._take(None, block=False) is None  # dropped, not started
+    assert worker.held and worker.local.take(None, block=False) is None  # dropped, not started
     assert not worker.held
     [fresh] = _leased_into_queue(db, worker, "exp2", 1, until=time.monotonic() + 60)
-    ctx = worker._take(None, block=False)
+    ctx = worker.local.take(None, block=False)
     assert ctx is not None and ctx.rn == fresh and ctx.started
 
 
@@ -89,7 +89,7 @@ def test_a_cancelled_queued_task_is_dropped_by_the_next_heartbeat_and_never_star
         wait_for(lambda: started == [blocker])
         queued = _leased_into_queue(db, worker, "cq", 2, until=time.monotonic() + 30)
         client.cancel(queued[0])
-        worker._beat_wake.poke()  # (the cancel NOTIFY goes to the lease's owner label, w-test)
+        worker.heartbeats.wake.poke()  # (the cancel NOTIFY goes to the lease's owner label, w-test)
         wait_for(lambda: queued[0] not in worker.held)
         release.set()
         wait_for(lambda: worker.completed == 2)
@@ -141,3 +141,25 @@ def test_prefetch_and_lookahead_are_checked(dsn):
         with pytest.raises(errors.InvalidArgument, match="lookahead"):
             kind("dsn", "q", lambda ctx: None, lookahead=-0.1)
     assert Worker(dsn, "q", lambda ctx: None, prefetch=0).prefetch == 0  # lease only for free handlers
+
+
+def test_handlers_wait_for_a_recorder_that_is_behind_then_go_on(dsn, db, monkeypatch):
+    """Back-pressure: with at most 5 completions waiting for the recorder, the handlers wait
+    while it records (a round trip, thousands of no-op tasks long) and go on once it took them;
+    every task completes once."""
+    from pyscheduler.tasks import AsyncWorker
+    from pyscheduler.tasks.worker import recorder
+
+    async def nothing(ctx: TaskContext) -> None:
+        return None
+
+    monkeypatch.setattr(recorder, "MAX_UNRECORDED", 5)
+    for queue, worker in (("bp", Worker(dsn, "bp", lambda ctx: None, capacity=4)),
+                          ("bp-async", AsyncWorker(dsn, "bp-async", nothing, capacity=4))):
+        db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(300)]))
+        running = worker.start()
+        try:
+            wait_for(lambda: running.worker.completed == 300, timeout=60)
+        finally:
+            running.stop()
+        assert {t["status"] for t in TaskClient(db).list(queue, limit=300)} == {"completed"}

@@ -1,46 +1,13 @@
-"""One system's run in ``pyscheduler bench peers``: the protocol every runner follows,
-and the runners of pyscheduler itself.
+"""One system's run in ``pyscheduler bench peers``: the protocol every runner follows (given an
+EMPTY database and the run's parameters, measure enqueue-to-start latency, enqueue JOBS jobs of the
+scenario, time their durable completion, print one line of JSON; docs/benchmarks.md, "Side by
+side with peers"), and the runners of pyscheduler itself.
 
-A runner is a process given an EMPTY database it may fill (each system, each
-round gets a fresh one) and the run's parameters:
+Python runners use :class:`Args`, :class:`Counter`, :func:`finish` and :func:`report` below
+(bench/peers/procrastinate_peer.py too); the Node.js ones (bench/peers/*.js) share
+bench/peers/common.js, which does the same.
 
-    RUNNER DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS [SCENARIO]
-
-SCENARIO (default ``noop``) says what the JOBS jobs do:
-
-* ``noop``: nothing.
-* ``fail``: every tenth job (i % 10 == 0) fails its first attempt and is retried
-  after ``RETRY_SECONDS`` (e s: graphile-worker's fixed first backoff,
-  exp(1) s; pyscheduler's handler raises ``Retry(in_=e s)``), then succeeds;
-  all jobs are submitted with ``max_attempts`` ``MAX_ATTEMPTS``.
-* ``delay``: every other job (i % 2 == 1) is submitted with ``run_at`` =
-  its enqueue time + ``DELAY_SECONDS`` (1 s).
-
-It then, in this order (the same for every system, Python or Node.js):
-
-1. starts its workers on the empty queue and measures enqueue-to-start
-   latency with idle workers: SAMPLES jobs (after 3 warm-up jobs), each
-   enqueued alone carrying the enqueue time (a monotonic clock of this
-   process), the next one GAP_MS after the handler of the previous started;
-   stops the workers;
-2. enqueues JOBS no-op jobs with the system's batch API (timed), then runs
-   ``ANALYZE`` (every system alike; pg-boss's completion UPDATE needs it);
-3. starts the workers and times them from their start until all JOBS are
-   durably completed, or MAX_SECONDS pass. Completion is counted cheaply: a
-   counter the handlers bump tells when every job has run; only then does one
-   count query per 20 ms ask the database what is durably done (at the cap:
-   one count).
-
-Completed means durably completed: a job that failed counts once its retry
-completed. It prints one line of JSON: ``system``, ``version``, ``settings``,
-``jobs``, ``completed``, ``enqueue_s``, ``work_s``, ``latency_ms`` (the samples).
-
-Python runners use :class:`Args`, :class:`Counter`, :func:`finish` and
-:func:`report` below (bench/peers/procrastinate_peer.py too); the Node.js
-ones (bench/peers/*.js) share bench/peers/common.js, which does the same.
-
-    python -m pyscheduler.benchpeers.runner worker|batch|worker-async DSN JOBS ...
-"""
+    python -m pyscheduler.benchpeers.runner worker|batch|worker-async DSN JOBS ..."""
 
 from __future__ import annotations
 
@@ -173,9 +140,10 @@ def _prepare(a: Args, connections: int = 2):
 
 
 def _durable(db) -> Callable[[], int]:
+    from ..tasks import sqlapi as sql
+
     def count() -> int:
-        return db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'",
-                        (QUEUE,))[0]["n"]
+        return db.query(sql.COMPLETED_IN_QUEUE, (QUEUE,))[0]["n"]
     return count
 
 
@@ -183,20 +151,21 @@ def _enqueue(db, jobs: int, scenario: str = "noop", chunk: int = 5000) -> float:
     """JOBS jobs of the scenario, ``chunk`` per submit_tasks call (a delayed half in a call of
     its own: one run_at per call); seconds taken, then ANALYZE."""
     from ..db import Jsonb
+    from ..tasks import sqlapi as sql
 
     started = time.perf_counter()
     for first in range(0, jobs, chunk):
         ids = range(first, min(first + chunk, jobs))
         if scenario == "fail":
-            db.call("submit_tasks", queue=QUEUE, max_attempts=MAX_ATTEMPTS,
+            db.call(sql.SUBMIT_TASKS, queue=QUEUE, max_attempts=MAX_ATTEMPTS,
                     specs=Jsonb([{"i": i, "f": True} if i % FAIL_EVERY == 0 else {"i": i} for i in ids]))
         elif scenario == "delay":
-            db.call("submit_tasks", queue=QUEUE, specs=Jsonb([{"i": i} for i in ids if i % DELAY_EVERY != 1]))
+            db.call(sql.SUBMIT_TASKS, queue=QUEUE, specs=Jsonb([{"i": i} for i in ids if i % DELAY_EVERY != 1]))
             later = datetime.now(timezone.utc) + timedelta(seconds=DELAY_SECONDS)
-            db.call("submit_tasks", queue=QUEUE, run_at=later,
+            db.call(sql.SUBMIT_TASKS, queue=QUEUE, run_at=later,
                     specs=Jsonb([{"i": i} for i in ids if i % DELAY_EVERY == 1]))
         else:
-            db.call("submit_tasks", queue=QUEUE, specs=Jsonb([{"i": i} for i in ids]))
+            db.call(sql.SUBMIT_TASKS, queue=QUEUE, specs=Jsonb([{"i": i} for i in ids]))
     secs = time.perf_counter() - started
     with db.connection() as conn:
         conn.execute("ANALYZE")
@@ -220,8 +189,9 @@ class FailOnce:
 
 def _submit_one(db) -> Callable[[dict], object]:
     from ..db import Jsonb
+    from ..tasks import sqlapi as sql
 
-    return lambda spec: db.call("submit_task", queue=QUEUE, spec=Jsonb(spec))
+    return lambda spec: db.call(sql.SUBMIT_TASK, queue=QUEUE, spec=Jsonb(spec))
 
 
 def worker_system(a: Args, flavour: str = "sync") -> dict:
@@ -273,8 +243,8 @@ def batch_system(a: Args) -> dict:
     (and fail_tasks for the failures), woken by the queue's NOTIFY when idle, sleeping at most
     until next_task_due."""
     from ..db import Listener, Wakeup
+    from ..tasks import sqlapi as sql
     from ..tasks.bench import lease_and_complete
-    from ..tasks.worker import task_channel
 
     counter = Counter()
     db = _prepare(a, BATCH_CONNECTIONS + 2)
@@ -299,12 +269,12 @@ def batch_system(a: Args) -> dict:
                 if n:
                     wake.poke()  # the other connection: there may be more
                 else:
-                    due = s.call_value("next_task_due", queue=QUEUE)
+                    due = s.call_value(sql.NEXT_TASK_DUE, queue=QUEUE)
                     wake.wait(0.5 if due is None else min(0.5, due.total_seconds() + 0.001), jitter=0)
 
     def start(ready: bool) -> tuple[threading.Event, list[threading.Thread], Listener]:
         stop = threading.Event()
-        listener = Listener(a.dsn, [task_channel(QUEUE)], wake.poke).start()
+        listener = Listener(a.dsn, [sql.task_channel(QUEUE)], wake.poke).start()
         if ready:
             listener.ready.wait(30)
         threads = [threading.Thread(target=loop, args=(k, stop), daemon=True) for k in range(BATCH_CONNECTIONS)]

@@ -231,7 +231,7 @@ $$;
 
 def demo(ctx: RunContext, echo) -> None:
     """The seed's order example on 1-second slots: alert after 2 s, escalate after 4 s."""
-    from ..tasks.worker import wait_for
+    from ..daemon import wait_for
 
     with Database(ctx.dsn, max_size=2) as db:
         with db.connection() as conn:

@@ -1,20 +1,12 @@
-"""Leased tasks (seeds/scylla.md): queues, priorities, leases, heartbeats,
-cancel, yield, and a monitor that resets expired leases.
+"""Leased tasks (seeds/scylla.md): queues, priorities, leases, heartbeats, cancel, yield, and a
+monitor that resets expired leases. The SQL API (sql/tasks/, docs/sql-api.md) is the product;
+this package calls it, naming it only in ``sqlapi.py``.
 
-* ``TaskClient``: submit, get, list, cancel, on pyscheduler's pool or on the
-  application's connection in its transaction (``AsyncTaskClient`` for asyncio);
-  results are ``Task`` objects.
-* ``Worker``: register, lease woken by NOTIFY into a local queue (prefetch),
-  handler threads, batched heartbeats, completions and failures (retried with
-  backoff; ``Abort`` aborts, ``Retry`` picks the delay, ``Snooze`` puts it
-  back for later without using an attempt; a return value is the result), cancellation
-  delivered to the handler, yield on stop.
-* ``AsyncWorker`` (``pyscheduler.tasks.aio``): the same for ``async def`` handlers.
-* ``Monitor``: the daemon that resets expired leases and cleans up.
-
-The SQL API (sql/tasks/, docs/sql-api.md) is the product; this package
-only calls it.
-"""
+* ``TaskClient`` (``AsyncTaskClient``): submit, get, list, cancel, requeue, pause; ``Task`` results.
+* ``Worker`` (``worker/``; ``AsyncWorker`` in ``aio.py``): the worker library. A handler's return
+  completes its task (the value its result), ``Abort`` aborts it, ``Retry`` and any other
+  exception fail the attempt, ``Snooze`` puts it back for later without using an attempt.
+* ``Monitor``: the daemon that resets expired leases and cleans up."""
 
 from .client import TaskClient
 from .aio import AsyncTaskContext, AsyncWorker

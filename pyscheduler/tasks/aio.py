@@ -1,26 +1,7 @@
-"""The asyncio flavour of the worker library: handlers written with ``async def``.
-
-``AsyncWorker`` has the same semantics as ``Worker`` (leases, the local queue
-with prefetch, batched heartbeats and completions, cancellation, yield on stop,
-history, tokens): the database side runs in the same threads as ``Worker``'s;
-only the handlers run as coroutines, at most ``capacity`` at once, in an event
-loop: yours (``await worker.run_async(stop)``) or one of its own (``run(stop)``,
-the daemon contract, e.g. in ``pyscheduler run``).
-
-    async def handle(ctx: AsyncTaskContext) -> None:
-        for i, item in enumerate(ctx.spec["items"]):
-            if ctx.stopping.is_set():
-                return                       # unfinished: yielded (see Worker)
-            await process(item)
-            ctx.progress((i + 1) / len(ctx.spec["items"]))
-
-    await AsyncWorker(dsn, "orders", handle, capacity=100).run_async(stop_event)
-
-``ctx.cancelled`` and ``ctx.stopping`` are set from the worker's threads and
-can be awaited: ``await ctx.stopping.wait()`` (or ``wait(timeout)``, True
-when set). A handler that blocks the event loop blocks every other handler
-of the worker: run blocking work with ``asyncio.to_thread``.
-"""
+"""The asyncio flavour of the worker library: ``AsyncWorker`` runs ``async def`` handlers, at most
+``capacity`` at once, in an event loop: yours (``await worker.run_async(stop)``) or one of its own
+(``run(stop)``, the daemon contract). Leasing, heartbeats and recording run in ``Worker``'s
+threads; ``ctx.cancelled`` and ``ctx.stopping`` can be awaited (docs/python-api.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..calls import json_value
-from ..db import AsyncSession
-from .worker import _FULL, _SLOW, TaskContext, Worker, poke_on
+from ..db import AsyncSession, poke_on
+from . import sqlapi as sql
+from .worker import TaskContext, Worker
+from .worker.localqueue import Taken
+from .worker.outcomes import raised, returned
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +72,7 @@ class AsyncTaskContext(TaskContext):
         application rolls back; the worker records nothing more for the task."""
         self.completed = True
         await AsyncSession.borrow(conn).call_binary(
-            "complete_task", rn=uuid.UUID(self.rn), token=uuid.UUID(str(self.token)),
+            sql.COMPLETE_TASK, rn=uuid.UUID(self.rn), token=uuid.UUID(str(self.token)),
             result=None if result is None else json_value("result", result))
         self.completed_outside = True
 
@@ -135,7 +119,7 @@ class AsyncWorker(Worker):
             raise
         if not begun:
             return
-        poke_on(self._halt, _LoopSetter(loop, halted))
+        poke_on(self._halt, lambda: loop.call_soon_threadsafe(halted.set))
         try:
             consumers = [asyncio.ensure_future(self._consume()) for _ in range(self.capacity)]
             try:
@@ -153,7 +137,7 @@ class AsyncWorker(Worker):
         finally:
             await asyncio.to_thread(self._end)
 
-    def _queued(self) -> None:
+    def on_queued(self) -> None:
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
             loop.call_soon_threadsafe(wake.set)
@@ -161,30 +145,30 @@ class AsyncWorker(Worker):
     async def _consume(self) -> None:
         """One handler slot: run tasks from the local queue until it closes."""
         ctx = await self._next(None)
-        counted, clock = self._counted, time.perf_counter
+        take, recorder, counted, clock = self.local.take, self.recorder, self._counted, time.perf_counter
         while ctx is not None:
             began = clock() if counted is not None else 0.0
             try:
-                function, args = self._returned(ctx, await self.handler(ctx))  # type: ignore[misc]
+                function, args = returned(ctx, await self.handler(ctx), counted)
             except asyncio.CancelledError as exc:
                 if _being_cancelled():
                     if ctx.reason is None:
                         raise  # this slot is cancelled (the worker stops): not the handler's outcome
-                    function, args = "complete_task", {}  # cancelled after being told to stop: settled below
+                    function, args = sql.COMPLETE_TASK, {}  # cancelled after being told to stop: settled below
                 else:  # the handler's own CancelledError (a future it awaited was cancelled): a failure
-                    function, args = self._failed(ctx, exc)
+                    function, args = raised(ctx, exc, counted)
             except BaseException as exc:  # noqa: BLE001 - any exception a handler raises is its failure
-                function, args = self._failed(ctx, exc)
+                function, args = raised(ctx, exc, counted)
             if counted is not None:
                 counted.took.append(clock() - began)
             if function is None:  # completed in the application's transaction: nothing to record
-                self._release(ctx)
+                recorder.release(ctx)
                 ctx = await self._next(ctx)
                 continue
-            if function == "complete_task":
-                while (following := self._take(ctx, block=False, complete=True)) is _FULL:
-                    await asyncio.sleep(0.005)  # back-pressure: the completer is behind
-                if following is not _SLOW:
+            if function is sql.COMPLETE_TASK:
+                while (following := take(ctx, False, True)) is Taken.FULL:
+                    await asyncio.sleep(0.005)  # back-pressure: the recorder is behind
+                if following is not Taken.SETTLE:
                     ctx = following if following is not None else await self._next(None)
                     continue
             await self._outcome_async(ctx, function, args)
@@ -193,34 +177,35 @@ class AsyncWorker(Worker):
     async def _next(self, finished: TaskContext | None) -> TaskContext | None:
         """The next task to start; None once the local queue is closed."""
         assert self._wake is not None
-        ctx = self._take(finished, block=False)
-        while ctx is None and not self._closed:
+        local = self.local
+        ctx = local.take(finished, False)
+        while ctx is None and not local.closed:
             self._wake.clear()
-            ctx = self._take(None, block=False)  # pushed before the clear: not missed
-            if ctx is None and not self._closed:
+            ctx = local.take(None, False)  # pushed before the clear: not missed
+            if ctx is None and not local.closed:
                 await self._wake.wait()
-                ctx = self._take(None, block=False)
+                ctx = local.take(None, False)
         return ctx
 
     async def _outcome_async(self, ctx: TaskContext, function: str, args: dict[str, Any]) -> None:
-        """Worker._outcome without blocking the event loop."""
-        queued = False
+        """Recorder.outcome without blocking the event loop."""
+        recorder, queued = self.recorder, False
         try:
-            settled = self._settle(ctx, function)
-            if settled in ("complete_task", "fail_task"):
+            settled = recorder.settle(ctx, function)
+            if settled is sql.COMPLETE_TASK or settled is sql.FAIL_TASK:
                 while True:
                     with self._lock:
-                        queued = self._batch(ctx, settled, args, block=False)
+                        queued = recorder.queue(ctx, settled, args, block=False)
                     if queued:
                         break
-                    await asyncio.sleep(0.005)  # back-pressure: the completer is behind
+                    await asyncio.sleep(0.005)  # back-pressure: the recorder is behind
             elif settled is not None:
-                await asyncio.to_thread(self._record, ctx, settled, args)
+                await asyncio.to_thread(recorder.record, ctx, settled, args)
         except Exception:  # never silently, and never kill the slot
             log.exception("task %s: recording the outcome failed", ctx.rn)
         finally:
             if not queued:
-                self._release(ctx)
+                recorder.release(ctx)
 
 
 def _being_cancelled() -> bool:
@@ -228,13 +213,3 @@ def _being_cancelled() -> bool:
     CancelledError raised inside it by something it awaited."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-class _LoopSetter:
-    """Sets an asyncio event from a thread when poked (poke_on)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event):
-        self.loop, self.event = loop, event
-
-    def poke(self) -> None:
-        self.loop.call_soon_threadsafe(self.event.set)

@@ -1,20 +1,11 @@
-"""``pyscheduler bench tasks``: throughput and latency of leased tasks.
+"""``pyscheduler bench tasks``: throughput and latency of leased tasks, each measured on a queue of
+its own (removed afterwards, so it is safe on a database with real tasks), through the SQL API:
 
-Three measurements, each on its own queue (removed afterwards, so it is safe
-on a database with real tasks), all through the SQL API via pyscheduler.db:
-
-1. batch lease+complete: N tasks submitted with submit_tasks, then W
-   connections loop lease_tasks_lean(n => batch) + complete_tasks(rns) until none
-   is left; tasks/s = N / elapsed.
-2. single lease+complete: W connections loop lease_task + complete_task (two
-   transactions per task), and W connections loop complete_and_lease (one
-   transaction per task: complete the held task, lease the next). Both are one
-   task per lease, each completed on its own.
-3. the worker library: one Worker, then one AsyncWorker, with a no-op handler.
-4. submit-to-lease latency with idle workers: Worker instances (the library,
-   woken by NOTIFY) wait on a queue; tasks are submitted one at a time and the
-   time from the submit call to the handler starting is recorded.
-"""
+1. batch lease+complete: lease_tasks_lean(n => batch) + complete_tasks on W connections;
+2. single lease+complete: lease_task + complete_task, and complete_and_lease (one task a
+   transaction), on W connections;
+3. the worker library: one Worker, then one AsyncWorker, with a no-op handler;
+4. submit-to-lease latency: idle Workers woken by NOTIFY, tasks submitted one at a time."""
 
 from __future__ import annotations
 
@@ -29,8 +20,10 @@ from pathlib import Path
 import click
 
 from ..config import dsn_option
+from ..daemon import wait_for
 from ..db import Database, Jsonb, Session
-from .worker import TaskContext, Worker, wait_for
+from . import sqlapi as sql
+from .worker import TaskContext, Worker
 
 TARGETS = {"batch": 25_000, "single": 2_500, "p99_ms": 20.0}
 
@@ -43,7 +36,7 @@ def _percentile(values: list[float], q: float) -> float:
 def _drop_queue(db: Database, queue: str) -> None:
     # The bench's own rows only; nothing else in the database is touched.
     with db.connection() as conn:
-        conn.execute("DELETE FROM pyscheduler.tasks WHERE queue = %s", (queue,))
+        conn.execute(sql.DELETE_QUEUE, (queue,))
 
 
 def _vacuum(db: Database) -> None:
@@ -58,7 +51,7 @@ def submit_bulk(db: Database, queue: str, total: int, chunk: int = 5000) -> floa
     left = total
     while left:
         n = min(chunk, left)
-        db.call("submit_tasks", queue=queue, specs=Jsonb([{"i": i} for i in range(n)]))
+        db.call(sql.SUBMIT_TASKS, queue=queue, specs=Jsonb([{"i": i} for i in range(n)]))
         left -= n
     return time.perf_counter() - started
 
@@ -82,16 +75,16 @@ def lease_and_complete(s: Session, queue: str, worker: str, n: int, timeout: tim
     tokens as binary uuid arrays (one durable commit); the tasks for which ``on_task`` returned
     True failed instead: one fail_tasks call retries them after ``retry_in`` (None: the
     backoff). The number of tasks leased."""
-    rows = s.call("lease_tasks_lean", queue=queue, worker=worker, n=n, timeout=timeout)
+    rows = s.call(sql.LEASE_TASKS_LEAN, queue=queue, worker=worker, n=n, timeout=timeout)
     if rows:
         outcomes = [on_task(r) is True for r in rows] if on_task is not None else [False] * len(rows)
         failed = [r for r, f in zip(rows, outcomes) if f]
         done = [r for r, f in zip(rows, outcomes) if not f] if failed else rows
         if done:
-            refused = s.call_binary("complete_tasks", rns=[r["rn"] for r in done], tokens=[r["token"] for r in done])
+            refused = s.call_binary(sql.COMPLETE_TASKS, rns=[r["rn"] for r in done], tokens=[r["token"] for r in done])
             assert not refused, refused
         if failed:
-            refused = s.call_binary("fail_tasks", rns=[r["rn"] for r in failed], tokens=[r["token"] for r in failed],
+            refused = s.call_binary(sql.FAIL_TASKS, rns=[r["rn"] for r in failed], tokens=[r["token"] for r in failed],
                                     errors=Jsonb([{"code": "bench"}] * len(failed)),
                                     retry_in=[retry_in] * len(failed) if retry_in is not None else None)
             assert not refused, refused
@@ -107,9 +100,9 @@ def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
 
     def cycle(s, worker: str) -> int:
         if batch is None:
-            task = s.call_value("lease_task", queue=queue, worker=worker, timeout=lease)
+            task = s.call_value(sql.LEASE_TASK, queue=queue, worker=worker, timeout=lease)
             if task is not None:
-                s.call("complete_task", rn=task["rn"], token=task["token"])
+                s.call(sql.COMPLETE_TASK, rn=task["rn"], token=task["token"])
             return task is not None
         return lease_and_complete(s, queue, worker, batch, lease)
 
@@ -137,13 +130,13 @@ def lease_complete_chained(db: Database, queue: str, workers: int,
         with db.session() as s:
             barrier.wait()
             until = time.perf_counter() + seconds
-            task = s.call_value("complete_and_lease", worker=worker, queue=queue, timeout=lease)
+            task = s.call_value(sql.COMPLETE_AND_LEASE, worker=worker, queue=queue, timeout=lease)
             while task is not None:
                 if time.perf_counter() >= until:
-                    s.call("complete_task", rn=task["rn"], token=task["token"])
+                    s.call(sql.COMPLETE_TASK, rn=task["rn"], token=task["token"])
                     done[k] += 1
                     break
-                task = s.call_value("complete_and_lease", worker=worker, queue=queue, rn=task["rn"],
+                task = s.call_value(sql.COMPLETE_AND_LEASE, worker=worker, queue=queue, rn=task["rn"],
                                     token=task["token"], timeout=lease)
                 done[k] += 1
 
@@ -175,9 +168,8 @@ def library_throughput(dsn: str, db: Database, queue: str, total: int, capacity:
     finally:
         running.stop()
     # counted in the table itself (the bench owns it)
-    rows = db.query("SELECT count(*) AS tasks FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'",
-                    (queue,))
-    assert rows and rows[0]["tasks"] == total, f"{rows} completed, expected {total}"
+    rows = db.query(sql.COMPLETED_IN_QUEUE, (queue,))
+    assert rows and rows[0]["n"] == total, f"{rows} completed, expected {total}"
     return total, elapsed
 
 
@@ -197,7 +189,7 @@ def submit_to_lease_latency(dsn: str, db: Database, queue: str, samples: int, wo
             r.wait_idle(timeout=30)
         for _ in range(samples):
             got.clear()
-            db.call("submit_task", queue=queue, spec=Jsonb({"t": time.perf_counter()}))
+            db.call(sql.SUBMIT_TASK, queue=queue, spec=Jsonb({"t": time.perf_counter()}))
             got.wait(10)
             time.sleep(gap)
     finally:

@@ -21,11 +21,12 @@ from ..calls import jsonable
 from ..clihints import HintedGroup
 from ..config import (DURATION, INSTANT, POSITIVE_DURATION, dsn_option, env, http_options,
                       option, require_dsn, require_text, wait_for_database)
-from ..daemon import RunContext, install_signal_handlers
+from ..daemon import RunContext, install_signal_handlers, wait_for
 from ..db import Database, Jsonb
+from . import sqlapi as sql
 from .client import STATUSES, Task, TaskClient
 from .monitor import Monitor
-from .worker import TaskContext, Worker, wait_for
+from .worker import TaskContext, Worker
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ class _Tasks(HintedGroup):
         "PS211": "Only aborted or cancelled tasks can be requeued; `pyscheduler tasks get RN` shows its status.",
         "PS214": "A live task of the queue holds its unique key: `pyscheduler tasks list --queue QUEUE` shows it; "
                  "requeue this one once that one finished.",
-        "PS216": "A limit is 1..1000000 (`none` removes it); to lease nothing, `pyscheduler tasks pause QUEUE`.",
+        "PS216": f"A limit is 1..{sql.MAX_QUEUE_LIMIT} (`none` removes it); to lease nothing, "
+                 "`pyscheduler tasks pause QUEUE`.",
         "42501": "It belongs to another role: run the command with that role's --dsn, or an admin's.",
     }
 
@@ -103,14 +105,14 @@ def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch, http_po
 @dsn_option
 @click.argument("queue")
 @click.argument("spec")
-@click.option("--priority", type=click.IntRange(0, 4_294_967_295), default=50, show_default=True)
+@click.option("--priority", type=click.IntRange(0, sql.MAX_PRIORITY), default=50, show_default=True)
 @click.option("--run-at", type=INSTANT, default=None,
               help="Not leased before this time (ISO 8601; UTC without an offset).")
 @click.option("--delay", type=DURATION, default=None,
               help="Not leased before this long from now, by the database clock (e.g. 30s, 5m).")
 @click.option("--unique-key", default=None,
               help="At most one live task of QUEUE with this key: a second submit answers the first task.")
-@click.option("--max-attempts", type=click.IntRange(1, 1000), default=None,
+@click.option("--max-attempts", type=click.IntRange(1, sql.MAX_ATTEMPTS), default=None,
               help="Attempts before a failing task is aborted  [default: the setting task_max_attempts]")
 def submit_cmd(dsn, queue, spec, priority, run_at, delay, unique_key, max_attempts) -> None:
     """Submit a task: QUEUE and SPEC (a JSON object); later with --run-at or --delay."""
@@ -162,7 +164,7 @@ def cancel_cmd(dsn, rn) -> None:
 @click.option("--queue", default=None, help="Requeue tasks of this queue instead of one task.")
 @click.option("--status", type=click.Choice(["aborted", "cancelled"]), default="aborted", show_default=True,
               help="With --queue: which tasks.")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True,
+@click.option("--limit", type=click.IntRange(1, sql.MAX_REQUEUE), default=100, show_default=True,
               help="With --queue: at most this many, finished longest ago first.")
 def retry_cmd(dsn, rn, queue, status, limit) -> None:
     """Requeue an aborted or cancelled task RN of your role (or, with --queue, up to --limit of
@@ -193,7 +195,7 @@ def abort_cmd(dsn, rn, token, code, description) -> None:
     require_text(description, "--description")
     errors = [{"code": code, "args": {}, "description": description}]
     _echo_json(_with_client(dsn, lambda client: client.db.call_value(
-        "abort_task", rn=_uuid(rn), token=_uuid(token, "--token"), errors=Jsonb(errors))))
+        sql.ABORT_TASK, rn=_uuid(rn), token=_uuid(token, "--token"), errors=Jsonb(errors))))
 
 
 @group.command("pause")
@@ -220,7 +222,7 @@ def resume_cmd(dsn, queue) -> None:
 @dsn_option
 def queues_cmd(dsn) -> None:
     """Per queue: tasks ready, delayed and running, paused or not, the oldest ready task's wait."""
-    rows = _with_client(dsn, lambda client: client.db.query("SELECT * FROM pyscheduler.queue_status ORDER BY queue"))
+    rows = _with_client(dsn, lambda client: client.db.query(sql.QUEUE_STATUS.select("ORDER BY queue")))
     for q in rows:
         age = f"{q['oldest_ready_age'].total_seconds():.1f}s" if q["oldest_ready_age"] is not None else "-"
         paused = f" PAUSED by {q['paused_by']}" + (f": {q['note']}" if q["note"] else "") if q["paused"] else ""
@@ -229,7 +231,7 @@ def queues_cmd(dsn) -> None:
 
 
 def _limit(value: str | None, what: str) -> int | None | bool:
-    """A limit option: None (not given: keep), False (`none`: remove), or an int in 1..1000000."""
+    """A limit option: None (not given: keep), False (`none`: remove), or an int in 1..MAX_QUEUE_LIMIT."""
     if value is None:
         return None
     if value.strip().lower() == "none":
@@ -238,8 +240,8 @@ def _limit(value: str | None, what: str) -> int | None | bool:
         n = int(value)
     except ValueError:
         raise click.BadParameter(f"a number of tasks or 'none', got {value!r}", param_hint=what) from None
-    if not 1 <= n <= 1_000_000:
-        raise click.BadParameter(f"must be in 1..1000000 (to lease nothing, pause the queue), got {n}",
+    if not 1 <= n <= sql.MAX_QUEUE_LIMIT:
+        raise click.BadParameter(f"must be in 1..{sql.MAX_QUEUE_LIMIT} (to lease nothing, pause the queue), got {n}",
                                  param_hint=what)
     return n
 
@@ -401,7 +403,7 @@ class WorkerProcess:
 
 def worker_command(dsn: str, queue: str, lease_timeout: str = "2s", capacity: int = 1) -> list[str]:
     """argv of a sample worker process (``pyscheduler tasks work``)."""
-    return [sys.executable, "-c", "from pyscheduler.cli import main; main()", "tasks", "work", "--dsn", dsn,
+    return [sys.executable, "-m", "pyscheduler", "tasks", "work", "--dsn", dsn,
             "--queue", queue, "--lease-timeout", lease_timeout, "--capacity", str(capacity)]
 
 
@@ -441,8 +443,7 @@ def demo(ctx: RunContext, echo) -> None:
         for h in done["history"]:
             extra = f" progress={h['progress']:.2f}" if "progress" in h else ""
             echo(f"  {h['_typ']:<15} {h['worker']:<10} {h['time']}{extra}")
-        counts = db.query("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = %s ORDER BY status",
-                          (queue,))
+        counts = db.query(sql.TASK_COUNTS.select("WHERE queue = %s ORDER BY status", "status, tasks"), (queue,))
         echo("task_counts: " + ", ".join(f"{r['status']}={r['tasks']}" for r in counts))
     for p in procs:
         p.stop()

@@ -1,16 +1,12 @@
-"""The client side of leased tasks (seeds/scylla.md, and the job queue's
-extensions): submit (now, later, once per unique key), view, cancel, requeue,
-pause and resume a queue; and the flow control of issue 20: concurrency keys, queue and
-rate limits, dependencies (``after``, :class:`Workflow`), and a handle that waits for a
-task's result (``submit(...).result(timeout)``, by LISTEN, not by polling).
+"""The client side of leased tasks: submit (now, later, once per unique key, after other tasks,
+as a workflow), view, cancel, requeue, pause and resume a queue, set its concurrency and rate
+limits, and a handle that waits for a task's result (``submit(...).result(timeout)``, by LISTEN).
 
-``TaskClient(db)`` runs on pyscheduler's pool; ``TaskClient(conn)`` on the
-application's own psycopg connection or cursor, inside its transaction: a task
-submitted there exists only if the application commits (``AsyncTaskClient(conn)``
-for asyncio). Results are :class:`Task` objects. A task belongs to the role that
-submitted it: any client may view it; cancel and requeue are for that role (or
-a member of it) and admin.
-"""
+``TaskClient(db)`` runs on pyscheduler's pool; ``TaskClient(conn)`` on the application's own
+psycopg connection or cursor, inside its transaction: a task submitted there exists only if the
+application commits (``AsyncTaskClient(conn)`` for asyncio). Results are :class:`Task` objects.
+A task belongs to the role that submitted it: any client may view it; cancel and requeue are for
+that role (or a member of it) and admin."""
 
 from __future__ import annotations
 
@@ -29,11 +25,12 @@ from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice,
                      interval, json_object, required_instant, sync, text, value)
 from ..db import AsyncSession, Database, Jsonb, Session, connect, settings
 from ..errors import InvalidArgument, SchedulerError
+from . import sqlapi as sql
+from .sqlapi import MAX_PRIORITY
 
 __all__ = ["MAX_PRIORITY", "STATUSES", "AsyncTaskClient", "AsyncTaskHandle", "HistoryEntry", "QueueLimits",
            "QueueState", "Task", "TaskClient", "TaskError", "TaskFailed", "TaskHandle", "TaskStatus", "Workflow"]
 
-MAX_PRIORITY = 4_294_967_295
 TaskStatus = Literal["waiting", "scheduled", "ready", "running", "completed", "aborted", "cancelled"]
 STATUSES: tuple[TaskStatus, ...] = get_args(TaskStatus)
 
@@ -199,10 +196,6 @@ class TaskFailed(SchedulerError):
 FINISHED = ("completed", "aborted", "cancelled")
 
 
-def _channel(rn: UUID) -> str:
-    return f"pyscheduler_task:{rn}"
-
-
 def _dsn_of(db: Any) -> str:
     """A DSN for a connection of our own next to ``db`` (a pool, a session, or the
     application's connection): the handle listens on it, outside any transaction."""
@@ -247,16 +240,16 @@ class TaskHandle(Task):
         """The task once it finished (completed, aborted or cancelled)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with connect(_dsn_of(self.client.db)) as conn:
-            conn.execute(f'LISTEN "{_channel(self.rn)}"')
+            conn.execute(f'LISTEN "{sql.watch_channel(self.rn)}"')
             session = Session(conn)
-            done = _finished(session.call_value("watch_task", rn=self.rn))
+            done = _finished(session.call_value(sql.WATCH_TASK, rn=self.rn))
             while done is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"task {self.rn} has not finished in {timeout} s")
                 for _ in conn.notifies(timeout=left, stop_after=1):
                     pass
-                done = _finished(session.call_value("get_task", rn=self.rn))
+                done = _finished(session.call_value(sql.GET_TASK, rn=self.rn))
             return done
 
     def result(self, timeout: float | None = None) -> Any:
@@ -284,16 +277,16 @@ class AsyncTaskHandle(Task):
         deadline = None if timeout is None else time.monotonic() + timeout
         dsn = _dsn_of(self.client.db)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True, **settings().kwargs(dsn)) as conn:
-            await conn.execute(f'LISTEN "{_channel(self.rn)}"')
+            await conn.execute(f'LISTEN "{sql.watch_channel(self.rn)}"')
             session = AsyncSession(conn)
-            done = _finished(await session.call_value("watch_task", rn=self.rn))
+            done = _finished(await session.call_value(sql.WATCH_TASK, rn=self.rn))
             while done is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"task {self.rn} has not finished in {timeout} s")
                 async for _ in conn.notifies(timeout=left, stop_after=1):
                     pass
-                done = _finished(await session.call_value("get_task", rn=self.rn))
+                done = _finished(await session.call_value(sql.GET_TASK, rn=self.rn))
             return done
 
     async def result(self, timeout: float | None = None) -> Any:
@@ -367,7 +360,7 @@ def _when(run_at: datetime | timedelta | None) -> dict[str, Any]:
 
 
 def _max_attempts(max_attempts: int | None) -> int | None:
-    return None if max_attempts is None else int(integer("max_attempts", max_attempts, 1, 1000))
+    return None if max_attempts is None else int(integer("max_attempts", max_attempts, 1, sql.MAX_ATTEMPTS))
 
 
 def _after(after: Iterable[str | UUID] | None) -> list[UUID] | None:
@@ -387,7 +380,7 @@ def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: 
     ``after``: task ids (of this role): the task is ``waiting`` until they all finished;
     ``on_parent_failure``: ``cancel`` it (default) or ``run`` it anyway when one of them is
     aborted or cancelled."""
-    return Call("submit_task", {"queue": _queue(queue), "spec": json_object("spec", spec),
+    return Call(sql.SUBMIT_TASK, {"queue": _queue(queue), "spec": json_object("spec", spec),
                                 "priority": _priority(priority), **_when(run_at),
                                 "unique_key": text("unique_key", unique_key, optional=True),
                                 "max_attempts": _max_attempts(max_attempts),
@@ -415,7 +408,7 @@ def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int =
                                                    for i, k in enumerate(concurrency_keys)]
     if ckeys is not None and len(ckeys) != len(objects):
         raise InvalidArgument(f"concurrency_keys must have one key per spec: {len(ckeys)} keys for {len(objects)} specs")
-    return Call("submit_tasks", {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority),
+    return Call(sql.SUBMIT_TASKS, {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority),
                                  **_when(run_at), "unique_keys": keys, "max_attempts": _max_attempts(max_attempts),
                                  "concurrency_keys": ckeys, "after": _after(after),
                                  "on_parent_failure": choice("on_parent_failure", on_parent_failure,
@@ -426,7 +419,7 @@ def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int =
 def _submit_workflow_call(workflow: Workflow) -> Call[dict[str, Task]]:
     if not isinstance(workflow, Workflow):
         raise InvalidArgument(f"workflow must be a Workflow, got {type(workflow).__name__}")
-    return Call("submit_workflow", {"workflow": Jsonb(workflow.nodes)},
+    return Call(sql.SUBMIT_WORKFLOW, {"workflow": Jsonb(workflow.nodes)},
                 value(lambda raw: {name: Task.from_json(t) for name, t in raw.items()}))
 
 
@@ -435,10 +428,10 @@ def _set_queue_limits(queue: str, *, running_per_key: int | None = None,
     """At most ``running_per_key`` tasks of one concurrency key and ``running_total`` of the
     queue run at once, across every worker (None: no limit; both None: none). The limits
     belong to this role."""
-    return Call("set_queue_limits", {"queue": _queue(queue),
-                                     "running_per_key": integer("running_per_key", running_per_key, 1, 1_000_000,
+    return Call(sql.SET_QUEUE_LIMITS, {"queue": _queue(queue),
+                                     "running_per_key": integer("running_per_key", running_per_key, 1, sql.MAX_QUEUE_LIMIT,
                                                                 optional=True),
-                                     "running_total": integer("running_total", running_total, 1, 1_000_000,
+                                     "running_total": integer("running_total", running_total, 1, sql.MAX_QUEUE_LIMIT,
                                                               optional=True)},
                 value(QueueLimits.from_json))
 
@@ -447,15 +440,15 @@ def _set_rate_limit(queue: str, starts: int | None, per: timedelta = timedelta(s
                     by_key: bool = False) -> Call[QueueLimits]:
     """At most ``starts`` leases begin per ``per`` (a token bucket: bursts up to ``starts``), for
     the queue or each concurrency key (``by_key``); ``starts`` None removes the rate limit."""
-    return Call("set_rate_limit", {"queue": _queue(queue),
-                                   "starts": integer("starts", starts, 1, 1_000_000, optional=True),
+    return Call(sql.SET_RATE_LIMIT, {"queue": _queue(queue),
+                                   "starts": integer("starts", starts, 1, sql.MAX_QUEUE_LIMIT, optional=True),
                                    "per": duration("per", per), "by_key": bool(by_key)},
                 value(QueueLimits.from_json))
 
 
 def _get(rn: str | UUID) -> Call[Task]:
     """The task; TaskNotFound (PS200) when there is none."""
-    return Call("get_task", {"rn": task_id(rn)}, value(Task.from_json))
+    return Call(sql.GET_TASK, {"rn": task_id(rn)}, value(Task.from_json))
 
 
 def _list(queue: str | None = None, status: TaskStatus | None = None, owner: str | None = None,
@@ -464,7 +457,7 @@ def _list(queue: str | None = None, status: TaskStatus | None = None, owner: str
     page: ``before`` = the last ``rn`` of this one (keyset)."""
     if status is not None and status not in STATUSES:
         raise InvalidArgument(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
-    return Call("list_tasks", {"queue": text("queue", queue, optional=True), "status": status,
+    return Call(sql.LIST_TASKS, {"queue": text("queue", queue, optional=True), "status": status,
                                "owner": text("owner", owner, optional=True),
                                "max_tasks": integer("limit", limit, 1, 2**31 - 1),
                                "before_rn": None if before is None else task_id(before)},
@@ -474,7 +467,7 @@ def _list(queue: str | None = None, status: TaskStatus | None = None, owner: str
 def _cancel(rn: str | UUID) -> Call[Task]:
     """Cancel a scheduled, ready or running task; its worker is told at once. TaskFinished
     (PS209) when it is already completed or aborted."""
-    return Call("cancel_task", {"rn": task_id(rn)}, value(Task.from_json))
+    return Call(sql.CANCEL_TASK, {"rn": task_id(rn)}, value(Task.from_json))
 
 
 def _retry(rn: str | UUID) -> Call[Task]:
@@ -482,26 +475,26 @@ def _retry(rn: str | UUID) -> Call[Task]:
     kept (waiting, with parents not all finished, for the live ones). TaskNotRequeueable (PS211)
     for any other status or when a parent is aborted or cancelled; UniqueKeyTaken (PS214) when
     another live task holds its unique key."""
-    return Call("retry_task", {"rn": task_id(rn)}, value(Task.from_json))
+    return Call(sql.RETRY_TASK, {"rn": task_id(rn)}, value(Task.from_json))
 
 
 def _retry_many(queue: str, status: Literal["aborted", "cancelled"] = "aborted", limit: int = 100) -> Call[list[Task]]:
     """Requeue up to ``limit`` (1..10000) tasks of ``queue`` in ``status`` that this role may act
     on, those finished longest ago first; call again while it returns ``limit`` tasks."""
-    return Call("retry_tasks", {"queue": _queue(queue), "status": choice("status", status, ("aborted", "cancelled")),
-                                "max_tasks": integer("limit", limit, 1, 10_000)}, each(Task.from_json, "task"))
+    return Call(sql.RETRY_TASKS, {"queue": _queue(queue), "status": choice("status", status, ("aborted", "cancelled")),
+                                "max_tasks": integer("limit", limit, 1, sql.MAX_REQUEUE)}, each(Task.from_json, "task"))
 
 
 def _pause_queue(queue: str, note: str | None = None) -> Call[QueueState]:
     """Pause ``queue``: its workers lease nothing from their next lease on (running tasks
     finish; submits go on). The pause belongs to this role."""
-    return Call("pause_queue", {"queue": _queue(queue), "note": text("note", note, optional=True)},
+    return Call(sql.PAUSE_QUEUE, {"queue": _queue(queue), "note": text("note", note, optional=True)},
                 value(QueueState.from_json))
 
 
 def _resume_queue(queue: str) -> Call[QueueState]:
     """Resume ``queue`` (paused by this role, or as admin) and wake its workers."""
-    return Call("resume_queue", {"queue": _queue(queue)}, value(QueueState.from_json))
+    return Call(sql.RESUME_QUEUE, {"queue": _queue(queue)}, value(QueueState.from_json))
 
 
 class TaskClient(SyncClient):
@@ -536,7 +529,7 @@ class TaskClient(SyncClient):
 
     def queue_limits(self) -> list[QueueLimits]:
         """Every queue with limits (the view queue_limits)."""
-        query = "SELECT * FROM pyscheduler.queue_limits ORDER BY queue"
+        query = sql.QUEUE_LIMITS.select("ORDER BY queue")
         if isinstance(self.db, Database):
             rows = self.db.query(query)
         else:

@@ -15,14 +15,12 @@ import threading
 import time
 from datetime import timedelta
 
-from ..db import Database, Listener, Outage, Wakeup
+from ..db import Database, Listener, Outage, Wakeup, poke_on
 from ..errors import RETRYABLE
 from ..metrics import counter
-from .worker import poke_on
+from . import sqlapi as sql
 
 log = logging.getLogger(__name__)
-
-MONITOR_CHANNEL = "pyscheduler_tasks_monitor"
 
 RESET = counter("pyscheduler_tasks_reset", "Running tasks the monitor made ready again (reason: lease_expired, "
                                            "yielded)", ["queue", "reason"])
@@ -53,8 +51,8 @@ class Monitor:
 
     def run(self, stop: threading.Event) -> None:
         wakeup = Wakeup()
-        poke_on(stop, wakeup)
-        listener = Listener(self.dsn, [MONITOR_CHANNEL], wakeup.poke, on_reconnect=wakeup.poke, logger=log).start()
+        poke_on(stop, wakeup.poke)
+        listener = Listener(self.dsn, [sql.MONITOR_CHANNEL], wakeup.poke, on_reconnect=wakeup.poke, logger=log).start()
         outage = Outage("tasks monitor", log)
         next_cleanup = 0.0
         db = Database.for_daemon(self.dsn, name="pyscheduler-tasks-monitor", max_size=1)
@@ -78,7 +76,7 @@ class Monitor:
         """Reset every expired lease now; how many."""
         total = 0
         while True:
-            rows = db.call("reset_expired_tasks", max_tasks=self.batch)
+            rows = db.call(sql.RESET_EXPIRED_TASKS, max_tasks=self.batch)
             counts: dict[tuple[str, str], int] = {}
             for row in rows:
                 task = row["task"]
@@ -104,7 +102,7 @@ class Monitor:
         """Delete every terminal task past retention now; how many."""
         total = 0
         while True:
-            n = db.call_value("cleanup_tasks", retention=self.retention, max_tasks=self.batch * 10)
+            n = db.call_value(sql.CLEANUP_TASKS, retention=self.retention, max_tasks=self.batch * 10)
             total += n
             if n < self.batch * 10:
                 break

@@ -81,7 +81,7 @@
 -- call in 50 folds the rows no other transaction is folding into one per pair
 -- (_task_fold_tallies). The Worker's lease and completion add one small INSERT per batch.
 -- Rows written by hand (INSERT/UPDATE/DELETE outside these functions) are not counted: call
--- pyscheduler._task_count_all() (as the migration did once) to count the table again.
+-- pyscheduler._task_count_all() to count the table again.
 
 -- _task_fold_tallies(): replace the tally rows no other transaction is folding by their sums.
 -- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
@@ -149,9 +149,8 @@ BEGIN
 END
 $$;
 
--- _task_count_all(): the tallies from the table itself (once by the migration that added them;
--- again after rows were written by hand). Writers wait while it counts (SHARE lock), so none
--- is missed.
+-- _task_count_all(): the tallies from the table itself (after rows were written by hand).
+-- Writers wait while it counts (SHARE lock), so none is missed.
 CREATE OR REPLACE FUNCTION pyscheduler._task_count_all()
 RETURNS void
 LANGUAGE plpgsql
@@ -180,8 +179,8 @@ END
 $$;
 CREATE OR REPLACE TRIGGER tasks_truncated AFTER TRUNCATE ON pyscheduler.tasks
     FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler._tasks_truncated();
--- in the transaction that loads these functions (the post-apply step of migrate): the tallies of
--- a database from before migration 0027
+-- in the transaction that loads these functions (the post-apply step of migrate): not in a
+-- migration, which commits before them (what is written in between would go uncounted)
 DO $count$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pyscheduler.settings WHERE name = 'tasks_counted') THEN

@@ -4,18 +4,9 @@
 --
 -- Counts come from _task_tallies (1_model.sql, "Counts"): exact, kept by every statement that
 -- submits, moves or deletes tasks, summed here from a few hundred rows however many tasks are
--- stored (migration 0027; before it they were counted through the indexes up to 1,000 and
--- estimated above). Every other read is pinned to the indexes (enable_seqscan and
--- enable_bitmapscan off), whatever the statistics say; the views call these SECURITY DEFINER
--- functions (granted as the views).
-
--- The estimates of before migration 0027
-DROP FUNCTION IF EXISTS pyscheduler._task_running(bigint, jsonb);
-DROP FUNCTION IF EXISTS pyscheduler._task_live(text, pyscheduler.task_status, bigint, jsonb);
-DROP FUNCTION IF EXISTS pyscheduler._task_counted(text, pyscheduler.task_status, bigint);
-DROP FUNCTION IF EXISTS pyscheduler._task_estimated();
-DROP FUNCTION IF EXISTS pyscheduler._task_estimates();
-DROP FUNCTION IF EXISTS pyscheduler._task_count_cap();
+-- stored. Every other read is pinned to the indexes (enable_seqscan and enable_bitmapscan off),
+-- whatever the statistics say; the views call these SECURITY DEFINER functions (granted as the
+-- views).
 
 -- ---------------------------------------------------------------- counts
 

@@ -1,0 +1,99 @@
+"""What the leased tasks' Python asks of SQL (sql/tasks/, docs/sql-api.md): every function, view,
+statement and NOTIFY channel it uses, and the bounds it checks before the round trip.
+
+``tests/test_sqlapi.py`` checks each declaration against the migrated catalog;
+``tests/test_tasks_limits.py`` has SQL refuse each bound + 1 with its SQLSTATE.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import UUID
+
+from ..sqlapi import Fn, Query, View
+
+# -- clients (TaskClient, AsyncTaskClient, the CLI) ------------------------------------------------
+
+_SUBMIT = ("queue", "priority", "run_at", "run_in", "max_attempts", "after", "on_parent_failure")
+SUBMIT_TASK = Fn("submit_task", ("spec", "unique_key", "concurrency_key") + _SUBMIT)
+SUBMIT_TASKS = Fn("submit_tasks", ("specs", "unique_keys", "concurrency_keys") + _SUBMIT, ("task",))
+SUBMIT_WORKFLOW = Fn("submit_workflow", ("workflow",))
+GET_TASK = Fn("get_task", ("rn",))
+LIST_TASKS = Fn("list_tasks", ("queue", "status", "owner", "max_tasks", "before_rn"), ("task",))
+CANCEL_TASK = Fn("cancel_task", ("rn",))
+RETRY_TASK = Fn("retry_task", ("rn",))
+RETRY_TASKS = Fn("retry_tasks", ("queue", "status", "max_tasks"), ("task",))
+PAUSE_QUEUE = Fn("pause_queue", ("queue", "note"))
+RESUME_QUEUE = Fn("resume_queue", ("queue",))
+SET_QUEUE_LIMITS = Fn("set_queue_limits", ("queue", "running_per_key", "running_total"))
+SET_RATE_LIMIT = Fn("set_rate_limit", ("queue", "starts", "per", "by_key"))
+WATCH_TASK = Fn("watch_task", ("rn",))  # a handle's wait: the task, and NOTIFY watch_channel(rn) when it ends
+QUEUE_LIMITS = View("queue_limits", ("queue", "running_per_key", "running_total", "rate_starts", "rate_per",
+                                     "rate_by_key", "limits_by", "limits_updated"))
+QUEUE_STATUS = View("queue_status", ("queue", "ready", "delayed", "running", "paused", "paused_by", "note",
+                                     "oldest_ready_age", "next_due"))
+TASK_COUNTS = View("task_counts", ("queue", "status", "tasks"))
+
+# -- the Worker: lease, heartbeats, outcomes -------------------------------------------------------
+
+REGISTER_WORKER = Fn("register_worker")
+# rows (rn, token, spec, priority, seq, attempt), read as tuples in this order
+LEASE_TASKS_LEAN = Fn("lease_tasks_lean", ("queue", "worker", "n", "timeout", "aging_rate", "aging_cap"),
+                      ("rn", "token", "spec", "priority", "seq", "attempt"))
+NEXT_TASK_DUE = Fn("next_task_due", ("queue",))
+# the batch writes answer only the leases they refused: (rn, sqlstate)
+HEARTBEAT_TASKS = Fn("heartbeat_tasks", ("rns", "tokens", "progress", "timeout"), ("rn", "sqlstate"))
+COMPLETE_TASKS = Fn("complete_tasks", ("rns", "tokens", "results"), ("rn", "sqlstate"))
+FAIL_TASKS = Fn("fail_tasks", ("rns", "tokens", "errors", "retry_in"), ("rn", "sqlstate"))
+YIELD_TASKS = Fn("yield_tasks", ("rns", "tokens"), ("rn", "sqlstate"))
+# one lease at a time: a write the batch refused as data, the application's own transaction
+HEARTBEAT_TASK = Fn("heartbeat_task", ("rn", "token", "progress", "timeout"))
+COMPLETE_TASK = Fn("complete_task", ("rn", "token", "result"))
+FAIL_TASK = Fn("fail_task", ("rn", "token", "error", "retry_in"))
+ABORT_TASK = Fn("abort_task", ("rn", "token", "errors"))
+YIELD_TASK = Fn("yield_task", ("rn", "token", "run_in"))
+PARENT_RESULTS = Fn("parent_results", ("rn", "token"))
+
+# -- the monitor -----------------------------------------------------------------------------------
+
+RESET_EXPIRED_TASKS = Fn("reset_expired_tasks", ("max_tasks",), ("task",))
+CLEANUP_TASKS = Fn("cleanup_tasks", ("retention", "max_tasks"))
+
+# -- benches (pyscheduler bench tasks, bench peers): one task per lease, and their own queues ------
+
+LEASE_TASK = Fn("lease_task", ("queue", "worker", "timeout"))
+COMPLETE_AND_LEASE = Fn("complete_and_lease", ("worker", "queue", "rn", "token", "timeout"))
+COMPLETED_IN_QUEUE = Query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'")
+DELETE_QUEUE = Query("DELETE FROM pyscheduler.tasks WHERE queue = %s")  # a bench's own rows, nothing else
+
+# -- NOTIFY channels (sql/tasks/1_model.sql, "Notifications") --------------------------------------
+
+MONITOR_CHANNEL = "pyscheduler_tasks_monitor"  # a task was yielded: the monitor may reset it now
+
+
+def task_channel(queue: str) -> str:
+    """``queue`` may have work (_task_channel)."""
+    return f"pyscheduler_tasks:{queue}"
+
+
+def cancel_channel(worker: str) -> str:
+    """A task ``worker`` holds was cancelled."""
+    return f"pyscheduler_cancel:{worker}"
+
+
+def watch_channel(rn: UUID) -> str:
+    """Watched task ``rn`` (watch_task) finished."""
+    return f"pyscheduler_task:{rn}"
+
+
+# -- bounds the SQL functions enforce and Python checks first, so a mistake is an InvalidArgument
+# naming the argument before any round trip (SQLSTATE of SQL's refusal of bound + 1 in brackets)
+
+MAX_PRIORITY = 4_294_967_295  # priority 0..MAX_PRIORITY (PS204); a Worker's aging_cap defaults to it
+MAX_ATTEMPTS = 1000  # a task's max_attempts 1..MAX_ATTEMPTS (PS208)
+MAX_QUEUE_BYTES = 40  # a queue's name, 1..MAX_QUEUE_BYTES bytes of UTF-8 (PS208)
+MAX_LEASE = timedelta(days=1)  # a lease's timeout, more than 0 (PS208)
+MAX_RETRY_IN = timedelta(days=365)  # a delay, 0..MAX_RETRY_IN: Retry's retry_in, Snooze's and submit's run_in (PS212)
+MAX_PROGRESS = 1.0  # a heartbeat's progress 0..MAX_PROGRESS (PS205)
+MAX_QUEUE_LIMIT = 1_000_000  # running_per_key, running_total, rate starts: 1..MAX_QUEUE_LIMIT (PS216)
+MAX_REQUEUE = 10_000  # tasks one retry_tasks call requeues, 1..MAX_REQUEUE (PS208)
