@@ -1,6 +1,7 @@
 """The layers of pyscheduler's Python (docs/contributing.md, "Layout"): a shared module imports
 only shared modules, a capability imports no module above the capabilities, and no import
-runs in a cycle. Every import counts, those inside functions too."""
+runs in a cycle. Every import counts, those inside functions too; only those under
+``if TYPE_CHECKING:`` do not, as they never run (an annotation naming its caller)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,13 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
         if name:
             out.add(name)
 
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for guard in ast.walk(tree) if isinstance(guard, ast.If)
+                   and ast.unparse(guard.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                   for stmt in guard.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
@@ -119,8 +126,11 @@ def test_the_layout_test_sees_an_upward_import_and_a_cycle(tmp_path):
     (package / "web" / "endpoint.py").write_text(
         "def check():\n    from ..schedules.index import connect\n    from .. import redisconn\n")
     (package / "schedules" / "__init__.py").write_text("from .index import Shards\n")
-    (package / "schedules" / "index.py").write_text("import pyscheduler.web.endpoint\n")
+    (package / "schedules" / "index.py").write_text("import pyscheduler.web.endpoint\nfrom . import hint\n")
+    (package / "schedules" / "hint.py").write_text(  # an annotation's import never runs
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .index import Shards\n")
     edges = graph(package)
+    assert edges["pyscheduler.schedules.hint"] == set()
     assert edges["pyscheduler.web.endpoint"] == {"pyscheduler.schedules.index", "pyscheduler.redisconn"}
     assert upward(edges) == ["pyscheduler.web.endpoint (shared) imports pyscheduler.schedules.index (capability)"]
     assert cycles(edges) == [["pyscheduler.schedules.index", "pyscheduler.web.endpoint"]]
