@@ -244,11 +244,21 @@ def _register_capabilities() -> None:
         if module is None:
             continue
         main.add_command(module.group, name)
-        if getattr(module, "bench", None) is not None:
-            bench_group.add_command(module.bench, name)
 
 
 _register_capabilities()
+
+
+def _register_benches() -> None:
+    """``pyscheduler bench <capability|flatness|peers>``: pyscheduler/bench/."""
+    from .bench import checks, delay, flatness, schedules, tasks
+    from .bench.peers import cli as peers
+
+    for module in (delay, tasks, schedules, checks, flatness, peers):
+        bench_group.add_command(module.bench)
+
+
+_register_benches()
 
 
 def _register_dashboard() -> None:
@@ -257,12 +267,4 @@ def _register_dashboard() -> None:
     main.add_command(dashboard_cmd, "dashboard")
 
 
-def _register_peers() -> None:
-    from .benchpeers.cli import bench as peers
-
-    bench_group.add_command(peers, "peers")
-
-
-_register_peers()
-bench_group.add_command(importlib.import_module("pyscheduler.flatness").bench, "flatness")
 _register_dashboard()

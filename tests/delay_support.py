@@ -17,7 +17,8 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from pyscheduler.delay.bench import OutputReader, fresh_read, relay_command, send_warm_up
+from pyscheduler.bench.delay import relay_command
+from pyscheduler.delay.output import OutputReader, fresh_read, send_warm_up
 from pyscheduler.delay.relay import Relay, RelayConfig
 
 # tansu: a consumer-group join takes about half the session timeout

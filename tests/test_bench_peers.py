@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from pyscheduler.benchpeers import report
-from pyscheduler.benchpeers.tasks import SCENARIOS, SYSTEMS
+from pyscheduler.bench.peers import report
+from pyscheduler.bench.peers.tasks import SCENARIOS, SYSTEMS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PEERS = ["procrastinate", "graphile-worker", "pg-boss"]

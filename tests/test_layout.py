@@ -11,14 +11,19 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "pyscheduler"
 CAPABILITIES = ("tasks", "delay", "schedules", "checks")
 # what assembles the capabilities: the root CLI, the dashboard (and its documented import
-# path), the peers' benchmark
-ABOVE = ("cli", "__main__", "dashboard", "web.dashboard", "benchpeers")
+# path), the benches (each imports the capability it measures)
+ABOVE = ("cli", "__main__", "dashboard", "web.dashboard", "bench")
+# ... but the benches' measures (percentiles), which import nothing of the package and which
+# the capabilities' demos print too
+SHARED = ("bench.stats",)
 LAYERS = ("shared", "capability", "above")
 
 
 def layer(module: str) -> int:
-    """0 shared (pyscheduler/*.py, web/), 1 a capability, 2 above them."""
+    """0 shared (pyscheduler/*.py, web/, bench/stats.py), 1 a capability, 2 above them."""
     name = module.partition(".")[2]
+    if name in SHARED:
+        return 0
     if any(name == a or name.startswith(a + ".") for a in ABOVE):
         return 2
     return 1 if name.partition(".")[0] in CAPABILITIES else 0

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from pyscheduler import embedded
 from pyscheduler.cli import main
-from pyscheduler.delay.bench import OutputReader
+from pyscheduler.delay.output import OutputReader
 from prometheus_client import CollectorRegistry
 from pyscheduler.metrics import process_registry
 from pyscheduler.schedules.executor import Executor

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from pyscheduler import embedded
 from pyscheduler.cli import main
-from pyscheduler.delay.bench import fresh_read
+from pyscheduler.delay.output import fresh_read
 from pyscheduler.schedules.index import Index, Shards, idempotency_key, to_ms
 from pyscheduler.schedules.targets import KAFKA_KEY_HEADER, schedule_header
 

@@ -1,5 +1,5 @@
 // The runner protocol of `pyscheduler bench peers` for the Node.js peers: the same
-// steps as pyscheduler/benchpeers/runner.py (read its docstring), in JavaScript.
+// steps as pyscheduler/bench/peers/runner.py (read its docstring), in JavaScript.
 //   node bench/peers/<peer>.js DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS [SCENARIO]
 // DSN names an EMPTY database the runner may fill. Prints one line of JSON. SCENARIO
 // (noop, fail, delay) and its constants are those of runner.py.

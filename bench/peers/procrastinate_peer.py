@@ -1,6 +1,6 @@
 """Peer runner of ``pyscheduler bench peers``: procrastinate (PyPI), no-op jobs.
 
-Follows the runner protocol of pyscheduler/benchpeers/runner.py (its helpers
+Follows the runner protocol of pyscheduler/bench/peers/runner.py (its helpers
 are imported from there; procrastinate is in the ``bench`` extra):
 
     python bench/peers/procrastinate_peer.py DSN JOBS CONCURRENCY SAMPLES GAP_MS MAX_SECONDS
@@ -18,7 +18,7 @@ import threading
 
 import procrastinate
 
-from pyscheduler.benchpeers.runner import Args, Counter, report, run_phases
+from pyscheduler.bench.peers.runner import Args, Counter, report, run_phases
 
 
 def main(a: Args) -> None:

@@ -19,9 +19,10 @@ import click
 
 from ..config import dsn_option, require_dsn
 from ..db import Database
-from ..tasks.bench import _percentile, _run_threads
-from . import sqlapi as sql
-from .runner import CheckRunner
+from ..checks import sqlapi as sql
+from ..checks.runner import CheckRunner
+from .stats import percentile
+from .tasks import run_threads
 
 ENTITY = "pyscheduler-bench"
 TARGETS = {"sql_s": 60.0, "python_s": 120.0, "slot_ratio": 1.2}
@@ -63,7 +64,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
             barrier.wait()
             workers[k].run_slot(own, slot)
 
-    elapsed = _run_threads(runners, work)
+    elapsed = run_threads(runners, work)
     ended = db.query(sql.BENCH_DONE, (ENTITY,))[0]["n"]
     times = [t for w in workers for t in w.batch_seconds]
     phases: dict[str, float] = {}
@@ -72,7 +73,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
             phases[k] = phases.get(k, 0.0) + v
     _clean(db)
     return {"phases": phases, "n": n, "done": ended, "seconds": elapsed, "rate": n / elapsed,
-            "batch_p50_ms": 1000 * _percentile(times, 50), "batch_p99_ms": 1000 * _percentile(times, 99)}
+            "batch_p50_ms": 1000 * percentile(times, 50), "batch_p99_ms": 1000 * percentile(times, 99)}
 
 
 def slot_selection(db: Database, sizes: list[int], slot_size: int, repeat: int, echo) -> list[dict]:
@@ -97,7 +98,7 @@ def slot_selection(db: Database, sizes: list[int], slot_size: int, repeat: int, 
                 if i >= 20:
                     times.append(next(iter(plan.values()))[0]["Execution Time"] / 1000)
         out.append({"rows": size, "median_ms": 1000 * statistics.median(times),
-                    "p10_ms": 1000 * _percentile(times, 10), "p99_ms": 1000 * _percentile(times, 99)})
+                    "p10_ms": 1000 * percentile(times, 10), "p99_ms": 1000 * percentile(times, 99)})
         echo(f"  {size:>12,} rows: due_checks of {slot_size:,} checks (server time) p10 {out[-1]['p10_ms']:.2f} ms, "
              f"median {out[-1]['median_ms']:.2f} ms, p99 {out[-1]['p99_ms']:.2f} ms")
     _clean(db)

@@ -12,15 +12,17 @@ each page over HTTP (wall time per request, p50/p95/max)."""
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
+import re
 import time
 import urllib.request
 from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from .. import migrate
+from ..dashboard import make_app
+from ..web.server import BoundedServer
+from .stats import percentile
 
 
 def fill(dsn: str, tasks: int, schedules: int, checks: int) -> None:
@@ -80,15 +82,11 @@ def main() -> None:
                     help="with --dsn: skip the fill when the database holds tasks already (a run before filled it)")
     args = ap.parse_args()
 
-    from pyscheduler import migrate
-    from pyscheduler.dashboard import make_app
-    from dashboard_support import served
-
     pg, tmp = None, None
     dsn = args.dsn
     if dsn is None:
         import tempfile
-        from pyscheduler.embedded import Postgres
+        from ..embedded import Postgres
         tmp = tempfile.TemporaryDirectory(prefix="dashboard-bench-")
         pg = Postgres(Path(tmp.name) / "postgres").start()
         dsn = pg.dsn()
@@ -106,10 +104,10 @@ def main() -> None:
              "/tasks?status=aborted&queue=q3", "/tasks?status=completed", "/delay", "/schedules",
              "/schedules?name_like=s-00999%25", "/schedule?name=s-0000010", "/checks",
              "/checks?entity_name=order&entity_key=4242"]
-    with served(app) as base:
-        rn = None
+    server = BoundedServer("127.0.0.1", 0, app).start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
         with urllib.request.urlopen(base + "/tasks?status=aborted") as r:
-            import re
             rn = re.search(r'href="/tasks/([0-9a-f-]{36})"', r.read().decode()).group(1)
         pages.append(f"/tasks/{rn}")
         print(f"{'page':45} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
@@ -120,9 +118,10 @@ def main() -> None:
                 with urllib.request.urlopen(base + page) as r:
                     r.read()
                 times.append((time.perf_counter() - t0) * 1000)
-            times.sort()
-            p95 = times[min(len(times) - 1, int(round(0.95 * len(times))) - 1)]
-            print(f"{page:45} {statistics.median(times):8.1f} {p95:8.1f} {times[-1]:8.1f}", flush=True)
+            print(f"{page:45} {percentile(times, 50):8.1f} {percentile(times, 95):8.1f} {max(times):8.1f}",
+                  flush=True)
+    finally:
+        server.close()
     app.close()
     if pg is not None:
         pg.stop()

@@ -24,82 +24,9 @@ from pathlib import Path
 import click
 
 from ..config import bootstrap_option, dsn_option, kafka_settings_option
-from .message import delayed_headers
-
-
-class OutputReader:
-    """Reads a topic from the beginning without a consumer group (assign)."""
-
-    def __init__(self, bootstrap: str, topic: str, settings: dict | None = None):
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False, "fetch.wait.max.ms": 50, **(settings or {})})
-        meta = self.consumer.list_topics(topic, timeout=10).topics[topic]
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
-
-    def messages(self, count: int, timeout: float) -> list:
-        """Up to ``count`` raw messages, waiting at most ``timeout`` seconds."""
-        got: list = []
-        end = time.monotonic() + timeout
-        while len(got) < count and time.monotonic() < end:
-            got += [m for m in self.consumer.consume(min(10000, count - len(got)), 0.2) if m.error() is None]
-        return got
-
-    def read(self, count: int, timeout: float) -> list[tuple[float, bytes]]:
-        """(fire time in epoch seconds, value) of up to ``count`` messages."""
-        return [(m.timestamp()[1] / 1000.0, m.value()) for m in self.messages(count, timeout)]
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-def fresh_read(bootstrap: str, topic: str, count: int, idle: float = 0.5, timeout: float = 20,
-               settings: dict | None = None) -> list:
-    """Every message of ``topic`` read again from the start by a new consumer (assign, no
-    group): at least ``count``, then until none came for ``idle`` seconds (or ``timeout``).
-
-    Counts of delivered messages use this, not a consumer that tailed the topic while
-    producers wrote it: the embedded broker can skip acknowledged messages for such a
-    consumer (docs/operations.md), which would fake a loss or hide one."""
-    reader = OutputReader(bootstrap, topic, settings)
-    try:
-        got: list = []
-        end = time.monotonic() + timeout
-        last = time.monotonic()
-        while time.monotonic() < end:
-            batch = [m for m in reader.consumer.consume(10000, 0.1) if m.error() is None]
-            if batch:
-                got += batch
-                last = time.monotonic()
-            elif len(got) >= count and time.monotonic() - last >= idle:
-                break
-        return got
-    finally:
-        reader.close()
-
-
-def percentiles(values: list[float], points=(50, 99, 99.9)) -> dict[str, float]:
-    """Nearest-rank percentiles plus max, in the values' unit."""
-    if not values:
-        return {}
-    ordered = sorted(values)
-    out = {f"p{p:g}": ordered[min(len(ordered) - 1, max(0, int(round(p / 100 * len(ordered))) - 1))]
-           for p in points}
-    out["max"] = ordered[-1]
-    return out
-
-
-def send_warm_up(producer, topic: str, partitions: int) -> list[bytes]:
-    """One due message per input partition; once all came out, every relay has joined the group.
-    Returns their values."""
-    tag = uuid.uuid4().hex[:8]
-    values = [f"warmup-{tag}-{p}".encode() for p in range(partitions)]
-    for p, value in enumerate(values):
-        producer.produce(topic, value=value, partition=p,
-                         headers=delayed_headers(value.decode(), datetime.now(timezone.utc)))
-    producer.flush(10)
-    return values
+from ..delay.message import delayed_headers
+from ..delay.output import OutputReader, fresh_read, send_warm_up
+from .stats import percentiles
 
 
 def relay_command(dsn: str, bootstrap: str, input_topic: str, output_topic: str, *extra: str) -> list[str]:
@@ -169,7 +96,7 @@ def stop_processes(procs: list[subprocess.Popen], timeout: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def _servers(dsn: str | None, bootstrap: str | None):
+def servers(dsn: str | None, bootstrap: str | None):
     from .. import embedded
 
     started: list = []
@@ -209,7 +136,7 @@ def bench(dsn, kafka_bootstrap, kafka_settings, rate, duration, min_delay, max_d
     from .. import migrate
     from ..embedded import create_topics
 
-    with _servers(dsn, kafka_bootstrap) as (dsn, bootstrap):
+    with servers(dsn, kafka_bootstrap) as (dsn, bootstrap):
         migrate.migrate(dsn)
         run = uuid.uuid4().hex[:6]
         input_topic, output_topic = f"bench.delay.in.{run}", f"bench.delay.out.{run}"

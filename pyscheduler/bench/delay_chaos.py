@@ -34,12 +34,13 @@ import click
 import psycopg
 from confluent_kafka import Producer
 
-from pyscheduler import migrate
-from pyscheduler.config import bootstrap_option, dsn_option
-from pyscheduler.delay.bench import (OutputReader, _servers, fresh_read, relay_command, send_warm_up,
-                                     stop_processes)
-from pyscheduler.delay.message import delayed_headers
-from pyscheduler.embedded import create_topics
+from .. import migrate
+from ..config import bootstrap_option, dsn_option
+from ..delay.message import delayed_headers
+from ..delay.output import OutputReader, fresh_read, send_warm_up
+from ..embedded import create_topics
+from .delay import relay_command, servers, stop_processes
+from .stats import percentiles
 
 AUDIT = """
 CREATE TABLE IF NOT EXISTS public.delay_audit (
@@ -163,12 +164,12 @@ def main(dsn, kafka_bootstrap, duration, rate, nodes, partitions, kill_every, ho
         early = sorted(mid for mid, times in copies.items() if min(times) < deadlines[mid] - 0.050 - 0.001)
         duplicates = sum(len(t) - 1 for t in copies.values())
         tail_missed = sorted(set(copies) - tail_ids)
-        lags = sorted((min(t) - deadlines[mid]) * 1000 for mid, t in copies.items())
+        lags = [(min(t) - deadlines[mid]) * 1000 for mid, t in copies.items()]
         click.echo(f"fresh read: {len(copies)} of {total} ids, lost {len(lost)}, early {len(early)}, "
                    f"duplicates {duplicates}; the tailing reader missed {len(tail_missed)} that the fresh read found")
         if lags:
-            click.echo("first copy - deadline (ms): p50 %.0f, p99 %.0f, max %.0f" % (
-                lags[len(lags) // 2], lags[int(len(lags) * 0.99)], lags[-1]))
+            click.echo("first copy - deadline (ms): " + ", ".join(f"{k} {v:.0f}" for k, v in
+                                                                   percentiles(lags, (50, 99)).items()))
         if audit and (lost or tail_missed):
             with psycopg.connect(dsn) as c:
                 for mid in (lost + tail_missed)[:10]:

@@ -20,31 +20,25 @@ import uuid
 
 import psycopg
 
-CLK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process pid."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK
+from .stats import TICK, process_cpu, require_local
 
 
 def run(dsn: str, n: int, value_bytes: int) -> tuple[float, float]:
     """(enqueue, claim + fire) backend CPU in us per message."""
     with psycopg.connect(dsn, autocommit=True) as c:
         pid, tag = c.info.backend_pid, uuid.uuid4().hex[:8]
-        before = cpu(pid)
+        before = process_cpu(pid)
         for k in range(0, n, 1000):
             c.execute("SELECT count(*) FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
                       "array_fill(clock_timestamp(), ARRAY[1000]), vals => array_fill(%s::bytea, ARRAY[1000]), "
                       "store_late => true)", ([f"cost-{tag}-{k + i}" for i in range(1000)], b"v" * value_bytes))
-        enqueued, node, fired = cpu(pid), uuid.uuid4(), 0
+        enqueued, node, fired = process_cpu(pid), uuid.uuid4(), 0
         while rows := c.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 1000)",
                                 (node,)).fetchall():
             c.execute("SELECT count(*) FROM pyscheduler.delete_fired(ids => %s, node => %s)",
                       ([r[0] for r in rows], node))
             fired += len(rows)
-        done = cpu(pid)
+        done = process_cpu(pid)
     return (enqueued - before) / n * 1e6, (done - enqueued) / max(fired, 1) * 1e6
 
 
@@ -55,6 +49,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--value-bytes", type=int, default=1, help="each message's value (the flatness bench: 1)")
     a = parser.parse_args()
+    for dsn in a.dsns:
+        require_local(dsn)
     order = a.dsns if len(a.dsns) == 1 else a.dsns + a.dsns[::-1]
     runs: dict[str, list[tuple[float, float]]] = {d: [] for d in a.dsns}
     started = time.monotonic()
@@ -68,7 +64,7 @@ def main() -> None:
               f"({', '.join(f'{x:.1f}' for x in enq)}), claim + fire {statistics.median(fire):.1f} us/msg "
               f"({', '.join(f'{x:.1f}' for x in fire)})")
     print(f"{a.messages:,} messages of {a.value_bytes} bytes a run, {len(order) * a.rounds} runs in {time.monotonic() - started:.0f} s; "
-          f"load average {os.getloadavg()[0]:.2f} (CPU in {1e6 / CLK / a.messages:.1f} us steps)")
+          f"load average {os.getloadavg()[0]:.2f} (CPU in {1e6 / TICK / a.messages:.1f} us steps)")
 
 
 if __name__ == "__main__":

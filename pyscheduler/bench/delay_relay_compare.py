@@ -24,39 +24,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
+from .. import embedded
+from .stats import children, command_line, process_cpu, tree
 
-from pyscheduler import embedded  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def tree(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        seen.append(p)
-        todo += children(p)
-    return seen
+HERE = Path(__file__).resolve().parents[2]  # this checkout
 
 
 class Sampler(threading.Thread):
@@ -73,15 +44,11 @@ class Sampler(threading.Thread):
 
     def sample(self) -> None:
         for pid in children(self.bench_pid):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except FileNotFoundError:
-                continue
-            if b"pyscheduler.delay" in cmd:
-                self.relay[pid] = max(self.relay.get(pid, 0.0), cpu_seconds(pid))
+            if "pyscheduler.delay" in (command_line(pid) or ()):
+                self.relay[pid] = max(self.relay.get(pid, 0.0), process_cpu(pid))
         for name, root in self.servers.items():
             for pid in tree(root):
-                self.server[name][pid] = max(self.server[name].get(pid, 0.0), cpu_seconds(pid))
+                self.server[name][pid] = max(self.server[name].get(pid, 0.0), process_cpu(pid))
         if self.start_server is None:
             self.start_server = {n: dict(d) for n, d in self.server.items()}
 

@@ -52,10 +52,10 @@ from pathlib import Path
 
 import psycopg
 
-from pyscheduler import embedded, migrate
-from pyscheduler.db import Database
-from pyscheduler.delay.bench import fresh_read
-from pyscheduler.tasks import TaskClient, TaskContext, Worker
+from .. import embedded, migrate
+from ..db import Database
+from ..delay.output import fresh_read
+from ..tasks import TaskClient, TaskContext, Worker
 
 INPUT, OUTPUT, SCHEDULE_TOPIC = "pyscheduler.delay.input", "pyscheduler.delay.output", "fo.schedules"
 JOB = """
@@ -113,7 +113,7 @@ def producer_loop(bootstrap: str, stop: threading.Event, acked: Acked, every: fl
                 acked.errors += 1
         return report
 
-    from pyscheduler.delay.message import delayed_headers
+    from ..delay.message import delayed_headers
 
     i = 0
     while not stop.is_set():

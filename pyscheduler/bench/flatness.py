@@ -36,7 +36,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-from .config import dsn_option
+from ..config import dsn_option
+from .stats import precise_cpu
 
 SMALL = {"delay": 10_000, "schedules": 10_000, "checks": 10_000, "tasks": 10_000}
 LARGE = {"delay": 10_000_000, "schedules": 5_000_000, "checks": 10_000_000, "tasks": 10_000_000}
@@ -54,13 +55,9 @@ class Backend:
         self.pid = self.conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
 
     def cpu(self) -> float | None:
-        """From /proc/PID/schedstat (nanoseconds on a CPU): /proc/PID/stat counts in ticks of
-        10 ms, more than most read paths take."""
-        try:
-            with open(f"/proc/{self.pid}/schedstat") as f:
-                return int(f.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            return None
+        """From /proc/PID/schedstat (precise_cpu): /proc/PID/stat counts in ticks of 10 ms,
+        more than most read paths take."""
+        return precise_cpu(self.pid)
 
     def q(self, sql: str, params=()) -> list[dict]:
         """The rows of one statement (always with parameters: a literal % is written %%)."""
@@ -568,7 +565,7 @@ def _ensure_database(echo, server_dsn: str, name: str, sizes: dict[str, int], se
                      migrate_it: bool) -> tuple[str, bool]:
     """The database for one size: reused when its build marker says it holds these sizes, else
     made anew. Returns its DSN and whether it must be built."""
-    from . import migrate
+    from .. import migrate
 
     dsn = make_conninfo(server_dsn, dbname=name)
     with psycopg.connect(_admin_dsn(server_dsn), autocommit=True) as admin:
@@ -639,7 +636,7 @@ def _fmt(seconds: float | None, kind: str) -> str:
               help="Use the functions the databases have (e.g. migrated by another version); hot paths only.")
 def bench(dsn, scale, sections, sizes, rounds, only, keep, no_migrate) -> None:
     """The cost of each hot path and read path at a small and a large stored size, and the ratios."""
-    from .embedded import Postgres
+    from ..embedded import Postgres
 
     echo = click.echo
     names = [s.strip() for s in sections.split(",") if s.strip()]

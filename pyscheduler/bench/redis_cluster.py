@@ -18,7 +18,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from pyscheduler.embedded import RedisCluster
+from ..embedded import RedisCluster
 
 
 def main() -> None:

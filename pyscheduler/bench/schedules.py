@@ -26,11 +26,12 @@ import redis
 
 from ..config import bootstrap_option, dsn_option, redis_option
 from ..db import Database
-from ..delay.bench import OutputReader, percentiles
+from ..delay.output import OutputReader
 from ..redisconn import connect, is_cluster_url
-from . import sqlapi as sql
-from .index import Shards
-from .targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
+from ..schedules import sqlapi as sql
+from ..schedules.index import Shards
+from ..schedules.targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
+from .stats import children, command_line, find, parent, percentiles, process_cpu
 
 TARGETS = {"redis": 25_000, "postgres": 5_000, "steady_p99_ms": 50.0}
 
@@ -82,7 +83,7 @@ def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n:
     for k in range(n):
         out = open(os.path.join(logdir, f"executor-{k}.log"), "wb")
         profile = os.environ.get("PYSCHEDULER_BENCH_PROFILE")  # a directory: cProfile each executor there
-        main = ["-m", "pyscheduler.schedules.profile", os.path.join(profile, f"executor-{k}.prof")] if profile \
+        main = ["-m", "pyscheduler.bench.schedules_profile", os.path.join(profile, f"executor-{k}.prof")] if profile \
             else ["-m", "pyscheduler.schedules"]
         procs.append(subprocess.Popen(
             [sys.executable, *main, "run", "--dsn", dsn, "--redis-url", redis_url,
@@ -116,49 +117,6 @@ def read_fires(bootstrap: str, topic: str, timeout: float) -> list[tuple[float, 
     return out
 
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _proc_cpu(pid: int, children: bool = False) -> float:
-    """CPU seconds (user + system, all threads; with children: also the reaped ones) of a
-    process from /proc (Linux); 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
-    return ticks / _TICK
-
-
-def _children(ppid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == ppid:
-                        out.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
-def _find(*words: str) -> list[int]:
-    """Pids whose command line contains every word (the broker serving this bootstrap)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if all(w in cmd for w in words):
-                out.append(int(entry))
-    return out
-
-
 class CpuMeter:
     """CPU seconds per component over the firing window, robust to a shared machine's load
     (CPU time, not wall time): the executor processes; PostgreSQL: the backends and
@@ -171,8 +129,7 @@ class CpuMeter:
     def __init__(self, db: Database, redis_url: str, bootstrap: str, executors: list[int]):
         me = db.query(sql.BACKEND)[0]
         backend, self.database = me["pid"], me["db"]
-        with open(f"/proc/{backend}/stat") as f:
-            self.postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
+        self.postmaster = parent(backend)
         # every node of a cluster (masters and replicas: replication is part of the cost)
         if is_cluster_url(redis_url):
             cluster = connect(redis_url)
@@ -180,26 +137,25 @@ class CpuMeter:
             cluster.close()
         else:
             self.redis = [redis.Redis.from_url(redis_url)]
-        self.broker = [p for p in _find(bootstrap) if p not in executors and p != os.getpid()]
+        self.broker = [p for p in find(bootstrap) if p not in executors and p != os.getpid()]
         self.executors = executors
 
     def sample(self) -> dict[str, float]:
         infos = [r.info("cpu") for r in self.redis]
         mine = shared = 0.0
-        for p in _children(self.postmaster):
-            try:
-                with open(f"/proc/{p}/cmdline", "rb") as f:
-                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
+        for p in children(self.postmaster):
+            args = command_line(p)
+            if args is None:
                 continue
+            title = " ".join(args).strip()
             if re.search(rf"(^|\s){re.escape(self.database)}(\s|$)", title):
-                mine += _proc_cpu(p)
+                mine += process_cpu(p)
             elif not ("autovacuum worker " in title or "(" in title or "[local]" in title):
-                shared += _proc_cpu(p)  # checkpointer, WAL writer, ... (not other databases' sessions)
-        return {"executors": sum(_proc_cpu(p) for p in self.executors), "postgres": mine,
+                shared += process_cpu(p)  # checkpointer, WAL writer, ... (not other databases' sessions)
+        return {"executors": sum(process_cpu(p) for p in self.executors), "postgres": mine,
                 "postgres shared": shared,
                 "redis": sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in infos),
-                "kafka": sum(_proc_cpu(p) for p in self.broker)}
+                "kafka": sum(process_cpu(p) for p in self.broker)}
 
 
 def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: int, every_s: float,

@@ -16,7 +16,7 @@ import time
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from pyscheduler import migrate
+from .. import migrate
 
 READS = ["SELECT * FROM pyscheduler.schedules_late LIMIT 100", "SELECT pyscheduler.schedules_late_count()",
          "SELECT * FROM pyscheduler.schedules_due_soon LIMIT 100"]

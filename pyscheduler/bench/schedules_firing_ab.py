@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from pyscheduler.flatness import Backend, Result, Schedules, _time
+from .flatness import Backend, Result, Schedules, _time
 
 
 def main() -> None:

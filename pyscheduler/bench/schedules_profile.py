@@ -1,7 +1,6 @@
-"""``python -m pyscheduler.schedules.profile OUT run ...``: ``pyscheduler schedules run``
-with each Executor's main loop under cProfile (stats written to OUT at stop). Bench only
-(``PYSCHEDULER_BENCH_PROFILE`` in ``pyscheduler bench schedules``); its own module, so the
-bench does not import the CLI that imports it."""
+"""``python -m pyscheduler.bench.schedules_profile OUT run ...``: ``pyscheduler schedules run``
+with each Executor's main loop under cProfile (stats written to OUT at stop), for
+``PYSCHEDULER_BENCH_PROFILE`` in ``pyscheduler bench schedules``."""
 
 from __future__ import annotations
 
@@ -14,9 +13,9 @@ def profiled_executor(out: str) -> None:
     import logging
     import threading
 
-    from .cli import group
-    from .executor import Executor
-    from .recorder import Recorder
+    from ..schedules.cli import group
+    from ..schedules.executor import Executor
+    from ..schedules.recorder import Recorder
 
     def profiled(run, path):
         def wrapper(*args):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import psycopg
 
-warnings.filterwarnings("ignore", module="platformdirs")
+from .. import embedded, migrate
 
-from pyscheduler import embedded, migrate  # noqa: E402
+warnings.filterwarnings("ignore", module="platformdirs")
 
 
 def timed(fn):

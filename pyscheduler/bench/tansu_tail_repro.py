@@ -22,8 +22,8 @@ from pathlib import Path
 import click
 from confluent_kafka import Producer
 
-from pyscheduler import embedded
-from pyscheduler.delay.bench import OutputReader, fresh_read
+from .. import embedded
+from ..delay.output import OutputReader, fresh_read
 
 
 def one_run(bootstrap: str, producers: int, partitions: int, rate: int, duration: float) -> tuple[int, int, int]:

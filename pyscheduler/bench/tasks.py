@@ -22,15 +22,11 @@ import click
 from ..config import dsn_option
 from ..daemon import wait_for
 from ..db import Database, Jsonb, Session
-from . import sqlapi as sql
-from .worker import TaskContext, Worker
+from ..tasks import sqlapi as sql
+from ..tasks.worker import TaskContext, Worker
+from .stats import percentile
 
 TARGETS = {"batch": 25_000, "single": 2_500, "p99_ms": 20.0}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
 def _drop_queue(db: Database, queue: str) -> None:
@@ -56,7 +52,7 @@ def submit_bulk(db: Database, queue: str, total: int, chunk: int = 5000) -> floa
     return time.perf_counter() - started
 
 
-def _run_threads(workers: int, target) -> float:
+def run_threads(workers: int, target) -> float:
     barrier = threading.Barrier(workers + 1)
     threads = [threading.Thread(target=target, args=(k, barrier)) for k in range(workers)]
     for t in threads:
@@ -113,7 +109,7 @@ def lease_complete(db: Database, queue: str, workers: int, batch: int | None,
             while time.perf_counter() < until and (n := cycle(s, f"bench-{k}")):
                 done[k] += n
 
-    elapsed = _run_threads(workers, work)
+    elapsed = run_threads(workers, work)
     return sum(done), elapsed
 
 
@@ -140,7 +136,7 @@ def lease_complete_chained(db: Database, queue: str, workers: int,
                                     token=task["token"], timeout=lease)
                 done[k] += 1
 
-    elapsed = _run_threads(workers, work)
+    elapsed = run_threads(workers, work)
     return sum(done), elapsed
 
 
@@ -151,7 +147,7 @@ def library_throughput(dsn: str, db: Database, queue: str, total: int, capacity:
     start to the last durable completion. Completions are counted by the worker itself
     (``Worker.completed``, after each complete_tasks commit), checked once at the end (a count
     of the table: polling it every 10 ms cost milliseconds of server CPU per poll at 20,000 rows)."""
-    from .aio import AsyncWorker
+    from ..tasks.aio import AsyncWorker
 
     async def nothing(ctx: TaskContext) -> None:
         return None
@@ -287,7 +283,7 @@ def bench(dsn, total, batch, workers, single_seconds, samples, gap, capacity, li
 
                 q = f"{tag}-latency"
                 lat = submit_to_lease_latency(dsn, db, q, samples, workers, gap)
-                p50, p99 = _percentile(lat, 50), _percentile(lat, 99)
+                p50, p99 = percentile(lat, 50), percentile(lat, 99)
                 click.echo(f"submit-to-lease latency ({len(lat)} samples, {workers} idle workers, NOTIFY): "
                            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {max(lat):.2f} ms, "
                            f"mean {statistics.mean(lat):.2f} ms ({_verdict(p99, TARGETS['p99_ms'], False)})")

@@ -29,30 +29,13 @@ import time
 
 import psycopg
 
-CLK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process pid."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK
+from . import stats
+from .stats import process_cpu
 
 
 def server_cpu(backend_pid: int) -> float:
-    """CPU seconds of the whole server: the postmaster, its children, and the children it reaped."""
-    status = open(f"/proc/{backend_pid}/status").read()
-    postmaster = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
-    fields = open(f"/proc/{postmaster}/stat").read().rsplit(")", 1)[1].split()
-    total = sum(int(f) for f in fields[11:15]) / CLK  # utime, stime, cutime, cstime
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[1]) == postmaster:
-                total += (int(stat[11]) + int(stat[12])) / CLK
-    return total
+    """CPU seconds of the whole server of a backend (its postmaster's stats.server_cpu)."""
+    return stats.server_cpu(stats.parent(backend_pid))
 
 
 def finish_ahead(dsn: str, n: int) -> None:
@@ -103,14 +86,14 @@ def sql_cost(dsn: str, mode: str, tasks: int, batch: int, finished: int = 0) -> 
         lease_cpu = complete_cpu = 0.0
         done, started, server0 = 0, time.perf_counter(), server_cpu(a.info.backend_pid)
         while True:
-            before = cpu(a.info.backend_pid)
+            before = process_cpu(a.info.backend_pid)
             rows = a.execute(lease, {"b": batch}).fetchall()
-            lease_cpu += cpu(a.info.backend_pid) - before
+            lease_cpu += process_cpu(a.info.backend_pid) - before
             if not rows:
                 break
-            before = cpu(c.info.backend_pid)
+            before = process_cpu(c.info.backend_pid)
             c.execute(complete, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
-            complete_cpu += cpu(c.info.backend_pid) - before
+            complete_cpu += process_cpu(c.info.backend_pid) - before
             done += len(rows)
         wall, server = time.perf_counter() - started, server_cpu(a.info.backend_pid) - server0
     return (f"{mode}: {done:,} tasks in batches of {batch}: backend CPU lease {lease_cpu / done * 1e6:.1f} us/task,"
@@ -126,12 +109,12 @@ def single_cost(dsn: str, tasks: int, finished: int = 0) -> str:
         c.execute("VACUUM ANALYZE")
         pid, lease_cpu, complete_cpu = c.info.backend_pid, 0.0, 0.0
         for _ in range(tasks):
-            before = cpu(pid)
+            before = process_cpu(pid)
             task = c.execute("SELECT pyscheduler.lease_task(queue => 'cost', worker => 'cost-1')").fetchone()[0]
-            lease_cpu += cpu(pid) - before
-            before = cpu(pid)
+            lease_cpu += process_cpu(pid) - before
+            before = process_cpu(pid)
             c.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (task["rn"], task["token"]))
-            complete_cpu += cpu(pid) - before
+            complete_cpu += process_cpu(pid) - before
     return (f"single: {tasks:,} tasks: backend CPU lease_task {lease_cpu / tasks * 1e6:.0f} us,"
             f" complete_task {complete_cpu / tasks * 1e6:.0f} us per call")
 
@@ -144,10 +127,10 @@ def delayed_cost(dsn: str, tasks: int, batch: int) -> str:
                   "jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, %s) i), run_in => '1 hour')")
         c.execute(submit, (1,))  # plans cached before the measure
         pid = c.info.backend_pid
-        before = cpu(pid)
+        before = process_cpu(pid)
         for _ in range(tasks // batch):
             c.execute(submit, (batch,))
-        spent = cpu(pid) - before
+        spent = process_cpu(pid) - before
     return f"delayed: {tasks // batch * batch:,} tasks in batches of {batch}: backend CPU submit {spent / tasks * 1e6:.1f} us/task"
 
 
@@ -158,16 +141,16 @@ def submit_cost(dsn: str, tasks: int) -> str:
         c.execute("SELECT pyscheduler.submit_task(queue => 'cost-submit', spec => '{}')")  # plans cached
         pid = c.info.backend_pid
         single = min(tasks, 3000)
-        before = cpu(pid)
+        before = process_cpu(pid)
         for i in range(single):
             c.execute("SELECT pyscheduler.submit_task(queue => 'cost-submit', spec => %s::jsonb)", (f'{{"i": {i}}}',))
-        one = (cpu(pid) - before) / single
+        one = (process_cpu(pid) - before) / single
         specs = "[" + ",".join(f'{{"i": {i}}}' for i in range(1000)) + "]"
-        before = cpu(pid)
+        before = process_cpu(pid)
         for _ in range(tasks // 1000):
             c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'cost-submit', specs => %s::jsonb)",
                       (specs,))
-        many = (cpu(pid) - before) / (tasks // 1000 * 1000)
+        many = (process_cpu(pid) - before) / (tasks // 1000 * 1000)
         c.execute("DELETE FROM pyscheduler.tasks WHERE queue = 'cost-submit'")
         c.execute("SELECT pyscheduler._task_count_all()")
     return (f"submit: backend CPU submit_task {one * 1e6:.1f} us/call ({single:,} calls), submit_tasks of 1,000 "
@@ -186,16 +169,16 @@ def vacuum_cost(dsn: str, finished: int) -> str:
             rows = c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost',"
                              " worker => 'cost-1', n => 2000)").fetchall()
             c.execute(complete, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
-            before = cpu(c.info.backend_pid)
+            before = process_cpu(c.info.backend_pid)
             c.execute("VACUUM pyscheduler.tasks")
-            passes.append(f"{(cpu(c.info.backend_pid) - before) * 1000:.0f} ms")
+            passes.append(f"{(process_cpu(c.info.backend_pid) - before) * 1000:.0f} ms")
     return f"vacuum: VACUUM pyscheduler.tasks after 2,000 tasks, {finished:,} finished kept: {', '.join(passes)} CPU"
 
 
 def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
-    from pyscheduler.db import Database
-    from pyscheduler.tasks import Worker
-    from pyscheduler.tasks.bench import submit_bulk
+    from ..db import Database
+    from ..tasks import Worker
+    from .tasks import submit_bulk
 
     finish_ahead(dsn, finished)
     with Database(dsn) as db:  # closed before the run: its backends are not counted
@@ -219,7 +202,7 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
     with psycopg.connect(dsn, autocommit=True) as c:  # the worker's backends, still connected
         pids = [r[0] for r in c.execute("SELECT pid FROM pg_stat_activity"
                                         " WHERE datname = current_database() AND pid <> pg_backend_pid()")]
-        backends = sum(cpu(pid) for pid in pids)
+        backends = sum(process_cpu(pid) for pid in pids)
         server = server_cpu(c.info.backend_pid) - server0
     running.stop()
     return (f"worker: {count[0]:,} tasks, {count[0] / wall:,.0f} tasks/s; CPU per task: Python {py / tasks * 1e6:.1f} us,"
@@ -234,6 +217,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--finished", type=int, default=0)
     a = parser.parse_args()
+    stats.require_local(a.dsn)
     if a.mode == "worker":
         line = worker_cost(a.dsn, a.tasks, a.finished)
     elif a.mode == "single":

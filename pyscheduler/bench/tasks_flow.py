@@ -29,14 +29,11 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from pyscheduler.db import Jsonb  # noqa: E402
-from pyscheduler.tasks import Worker  # noqa: E402
+from ..db import Jsonb
+from ..tasks import Worker
 
 
 def submit(dsn: str, queue: str, n: int, keys: int | None) -> None:

@@ -1,5 +1,5 @@
-"""``pyscheduler checks ...``: the runner, add/delete/list/history, the demo and the
-benchmark (the capability contract of pyscheduler/daemon.py)."""
+"""``pyscheduler checks ...``: the runner, add/delete/list/history and the demo (the
+capability contract of pyscheduler/daemon.py)."""
 
 from __future__ import annotations
 
@@ -283,6 +283,3 @@ def demo(ctx: RunContext, echo) -> None:
             if thread.is_alive():
                 thread.join(10)
             db.call(sql.SET_CHECK_SETTINGS, resolution=old)
-
-
-from .bench import bench  # noqa: E402  (the ``pyscheduler bench checks`` command)

@@ -24,9 +24,10 @@ from ..config import (bootstrap_option, dsn_option, env, http_options, kafka_set
 from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from ..errors import ConfigError
-from .bench import OutputReader, bench, fresh_read, percentiles, send_warm_up  # noqa: F401  (bench: `bench delay`)
+from ..bench.stats import percentiles
 from . import sqlapi as sql
 from .message import delayed_headers
+from .output import OutputReader, fresh_read, send_warm_up
 from .relay import MIN_HOLD_MS, Relay, RelayConfig
 
 log = logging.getLogger("pyscheduler.delay")
@@ -138,7 +139,7 @@ def daemons(ctx: RunContext) -> list:
     return [Relay(cfg)]
 
 
-# -- demo and bench -----------------------------------------------------------
+# -- demo -----------------------------------------------------------------------
 
 def demo(ctx: RunContext, echo) -> None:
     """Publish delayed messages through a relay, print throughput and jitter from the output topic."""

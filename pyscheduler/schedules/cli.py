@@ -1,4 +1,4 @@
-"""``pyscheduler schedules ...``: the schedule daemons, admin commands, demo and bench
+"""``pyscheduler schedules ...``: the schedule daemons, admin commands and demo
 (the capability contract of pyscheduler/daemon.py).
 
 ``schedules run`` runs the index relay, ``--executors`` executors and the cleanup
@@ -438,6 +438,5 @@ def daemons(ctx: RunContext) -> list:
 
 
 from .demo import demo  # noqa: E402,F401  (the capability's demo)
-from .bench import bench  # noqa: E402,F401  (``pyscheduler bench schedules``)
 
-__all__ = ["group", "daemons", "demo", "bench"]
+__all__ = ["group", "daemons", "demo"]

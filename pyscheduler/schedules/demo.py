@@ -77,7 +77,7 @@ def demo(ctx: RunContext, echo) -> None:
     if not ctx.redis_url:
         echo("no Redis configured: schedules demo skipped")
         return
-    from ..delay.bench import OutputReader
+    from ..delay.output import OutputReader
     from ..embedded import create_topics
 
     suffix = uuid.uuid4().hex[:6]

@@ -1,5 +1,5 @@
-"""``pyscheduler tasks ...``: the monitor daemon, admin commands, a sample worker,
-the demo and the benchmark (the capability contract of pyscheduler/daemon.py)."""
+"""``pyscheduler tasks ...``: the monitor daemon, admin commands, a sample worker and
+the demo (the capability contract of pyscheduler/daemon.py)."""
 
 from __future__ import annotations
 
@@ -449,6 +449,3 @@ def demo(ctx: RunContext, echo) -> None:
         p.stop()
     stop.set()
     mon_thread.join(10)
-
-
-from .bench import bench  # noqa: E402  (the ``pyscheduler bench tasks`` command)

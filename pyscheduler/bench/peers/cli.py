@@ -19,12 +19,12 @@ from pathlib import Path
 
 import click
 
-from ..config import bootstrap_option, dsn_option
+from ...config import bootstrap_option, dsn_option
 from . import delay as delay_part
 from . import report
 from . import tasks as tasks_part
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FULL = {"jobs": 100_000, "rounds": 3, "samples": 30, "max_work_seconds": 20.0, "loads": "1000,10000",
         "delay_duration": 6.0, "min_delay": 1.0, "max_delay": 5.0}
 QUICK = {"jobs": 2000, "rounds": 1, "samples": 10, "max_work_seconds": 20.0, "loads": "500",
@@ -33,7 +33,7 @@ QUICK = {"jobs": 2000, "rounds": 1, "samples": 10, "max_work_seconds": 20.0, "lo
 
 @contextlib.contextmanager
 def _servers(dsn: str | None, bootstrap: str | None, need_broker: bool, echo):
-    from .. import embedded
+    from ... import embedded
 
     with tempfile.TemporaryDirectory(prefix="pyscheduler-peers-") as tmp, contextlib.ExitStack() as stack:
         what = "the PostgreSQL at --dsn"
@@ -157,7 +157,7 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
                   f"each, {o['rounds']} round{'s' if o['rounds'] != 1 else ''} (which relay goes first alternates), delays uniform {o['min_delay']:g}–{o['max_delay']:g} s, {delay_part.PARTITIONS} input "
                   "partitions, one relay process each: the pyscheduler relay (`pyscheduler delay run`, defaults: "
                   "50 ms timing advance, batches of 2,000) and the naive baseline "
-                  "(`python -m pyscheduler.benchpeers.naive_relay`). Jitter = output timestamp - deadline; "
+                  "(`python -m pyscheduler.bench.peers.naive_relay`). Jitter = output timestamp - deadline; "
                   "delivered counted by a fresh read of the output topic." if delays else "Not run.")
     noop_systems = [s for s in systems if s.key in results]
     section = report.markdown(command=_command(ctx), context=context, systems=noop_systems, skipped=skipped,

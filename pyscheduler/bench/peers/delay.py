@@ -24,7 +24,9 @@ from pathlib import Path
 
 import click
 
-from ..delay.bench import OutputReader, percentiles, produce, relay_command, send_warm_up, summarize
+from ...delay.output import OutputReader, send_warm_up
+from ..delay import produce, relay_command, summarize
+from ..stats import percentiles
 from .tasks import scratch_database
 
 SLA_RATE = 1000  # seeds/chronos.md: 1,000 msg/s ...
@@ -47,14 +49,14 @@ class Load:
 def _relay(relay: str, dsn: str, bootstrap: str, input_topic: str, output_topic: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if relay == "pyscheduler":
-            from .. import migrate
+            from ... import migrate
 
             uri = stack.enter_context(scratch_database(dsn, f"pyscheduler_peers_delay_{os.getpid()}"))
             migrate.migrate(uri)
             argv = relay_command(uri, bootstrap, input_topic, output_topic, "--group-id", f"g-{input_topic}",
                                  *[f"-X{k}={v}" for k, v in GROUP.items()])
         else:
-            argv = [sys.executable, "-m", "pyscheduler.benchpeers.naive_relay", bootstrap, input_topic, output_topic]
+            argv = [sys.executable, "-m", "pyscheduler.bench.peers.naive_relay", bootstrap, input_topic, output_topic]
         log = stack.enter_context(open(LOG_DIR / f"peers-{relay}-relay-{input_topic}.log", "wb"))
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -92,7 +94,7 @@ def run_delay(dsn: str, bootstrap: str, relay: str, load: Load) -> dict:
     """One run of one relay at one offered load: throughput, jitter percentiles, lost and duplicates."""
     from confluent_kafka import Producer
 
-    from ..embedded import create_topics
+    from ...embedded import create_topics
 
     run = uuid.uuid4().hex[:6]
     input_topic, output_topic = f"peers.delay.in.{run}", f"peers.delay.out.{run}"

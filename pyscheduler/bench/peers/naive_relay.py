@@ -10,7 +10,7 @@ message read after it: with random delays, those come out late. It reads all par
 of the input topic from the beginning with ``assign()`` (no consumer group to
 join), and fires early by nothing.
 
-    python -m pyscheduler.benchpeers.naive_relay BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC
+    python -m pyscheduler.bench.peers.naive_relay BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC
 
 Runs until SIGTERM or SIGINT.
 """
@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 
-from ..daemon import install_signal_handlers
-from ..delay.message import HEADER_DEADLINE, HEADER_ID, parse_deadline
+from ...daemon import install_signal_handlers
+from ...delay.message import HEADER_DEADLINE, HEADER_ID, parse_deadline
 
 
 def run(bootstrap: str, input_topic: str, output_topic: str, stop: threading.Event) -> None:

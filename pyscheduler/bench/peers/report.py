@@ -8,7 +8,7 @@ import re
 import statistics
 from pathlib import Path
 
-from ..delay.bench import percentiles
+from ..stats import percentiles
 from .delay import SLA_P999_MS, SLA_RATE, by_relay_and_load
 from .runner import DELAY_SECONDS, FAIL_EVERY, MAX_ATTEMPTS, RETRY_SECONDS
 from .tasks import SCENARIOS, SYSTEMS, System

@@ -7,7 +7,7 @@ Python runners use :class:`Args`, :class:`Counter`, :func:`finish` and :func:`re
 (bench/peers/procrastinate_peer.py too); the Node.js ones (bench/peers/*.js) share
 bench/peers/common.js, which does the same.
 
-    python -m pyscheduler.benchpeers.runner worker|batch|worker-async DSN JOBS ..."""
+    python -m pyscheduler.bench.peers.runner worker|batch|worker-async DSN JOBS ..."""
 
 from __future__ import annotations
 
@@ -125,22 +125,22 @@ def report(**fields) -> None:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ... import __version__
 
     return __version__
 
 
 def _prepare(a: Args, connections: int = 2):
     """Migrate the empty database; a Database (not open yet) on it."""
-    from .. import migrate
-    from ..db import Database
+    from ... import migrate
+    from ...db import Database
 
     migrate.migrate(a.dsn)
     return Database(a.dsn, min_size=1, max_size=connections)
 
 
 def _durable(db) -> Callable[[], int]:
-    from ..tasks import sqlapi as sql
+    from ...tasks import sqlapi as sql
 
     def count() -> int:
         return db.query(sql.COMPLETED_IN_QUEUE, (QUEUE,))[0]["n"]
@@ -150,8 +150,8 @@ def _durable(db) -> Callable[[], int]:
 def _enqueue(db, jobs: int, scenario: str = "noop", chunk: int = 5000) -> float:
     """JOBS jobs of the scenario, ``chunk`` per submit_tasks call (a delayed half in a call of
     its own: one run_at per call); seconds taken, then ANALYZE."""
-    from ..db import Jsonb
-    from ..tasks import sqlapi as sql
+    from ...db import Jsonb
+    from ...tasks import sqlapi as sql
 
     started = time.perf_counter()
     for first in range(0, jobs, chunk):
@@ -188,8 +188,8 @@ class FailOnce:
 
 
 def _submit_one(db) -> Callable[[dict], object]:
-    from ..db import Jsonb
-    from ..tasks import sqlapi as sql
+    from ...db import Jsonb
+    from ...tasks import sqlapi as sql
 
     return lambda spec: db.call(sql.SUBMIT_TASK, queue=QUEUE, spec=Jsonb(spec))
 
@@ -197,7 +197,7 @@ def _submit_one(db) -> Callable[[dict], object]:
 def worker_system(a: Args, flavour: str = "sync") -> dict:
     """The ``Worker`` library (threads), or its asyncio flavour ``AsyncWorker`` (``async def``
     handlers, issue 10 item 2); capacity = concurrency."""
-    from ..tasks import AsyncWorker, Retry, Worker
+    from ...tasks import AsyncWorker, Retry, Worker
 
     counter = Counter()
     fail = FailOnce(a.scenario)
@@ -242,9 +242,9 @@ def batch_system(a: Args) -> dict:
     """The SQL alone: BATCH_CONNECTIONS connections loop lease_tasks_lean(n => 500) + complete_tasks
     (and fail_tasks for the failures), woken by the queue's NOTIFY when idle, sleeping at most
     until next_task_due."""
-    from ..db import Listener, Wakeup
-    from ..tasks import sqlapi as sql
-    from ..tasks.bench import lease_and_complete
+    from ...db import Listener, Wakeup
+    from ...tasks import sqlapi as sql
+    from ..tasks import lease_and_complete
 
     counter = Counter()
     db = _prepare(a, BATCH_CONNECTIONS + 2)

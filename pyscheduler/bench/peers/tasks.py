@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import click
 
-PEERS_DIR = Path(__file__).resolve().parents[2] / "bench" / "peers"
+PEERS_DIR = Path(__file__).resolve().parents[3] / "bench" / "peers"
 
 
 # The runs of the job-queue part (runner.py's SCENARIOS): what the jobs do.
@@ -42,11 +42,11 @@ class System:
 
 
 def _ours(key: str) -> Callable[[], list[str]]:
-    return lambda: [sys.executable, "-m", "pyscheduler.benchpeers.runner", key]
+    return lambda: [sys.executable, "-m", "pyscheduler.bench.peers.runner", key]
 
 
 def _async_worker_missing() -> str | None:
-    from .. import tasks
+    from ... import tasks
 
     return None if hasattr(tasks, "AsyncWorker") else "not built yet (issue 10, item 2)"
 
