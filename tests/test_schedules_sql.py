@@ -674,7 +674,7 @@ def test_the_bench_clones_every_insertable_column_of_a_schedule(conn):
     """pyscheduler bench schedules clones its schedules from the first one with
     sqlapi.CLONE_SCHEDULES: a column added to the table is in its list, or the clones would
     differ from the schedule they copy."""
-    from pyscheduler.schedules.sqlapi import CLONED_COLUMNS
+    from pyscheduler.bench.sqlapi import CLONED_COLUMNS
 
     columns = [r["column_name"] for r in conn.execute(
         "SELECT column_name FROM information_schema.columns WHERE table_schema = 'pyscheduler' "

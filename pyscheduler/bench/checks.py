@@ -20,6 +20,7 @@ import click
 from ..config import dsn_option, require_dsn
 from ..db import Database
 from ..checks import sqlapi as sql
+from . import sqlapi as bench_sql
 from ..checks.runner import CheckRunner
 from .stats import percentile
 from .tasks import run_threads
@@ -27,17 +28,10 @@ from .tasks import run_threads
 ENTITY = "pyscheduler-bench"
 TARGETS = {"sql_s": 60.0, "python_s": 120.0, "slot_ratio": 1.2}
 
-SETUP = """
-CREATE SCHEMA IF NOT EXISTS pyscheduler_bench;
-CREATE OR REPLACE FUNCTION pyscheduler_bench.noop(c pyscheduler.future_check) RETURNS timestamptz
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 'SELECT NULL::timestamptz';
-"""
-
-
 def _clean(db: Database) -> None:
     with db.connection() as conn:
-        conn.execute(sql.BENCH_CLEAN_CHECKS, (ENTITY,))
-        conn.execute(sql.BENCH_CLEAN_HISTORY, (ENTITY,))
+        conn.execute(bench_sql.CHECKS_CLEAN, (ENTITY,))
+        conn.execute(bench_sql.CHECKS_CLEAN_HISTORY, (ENTITY,))
         conn.execute("VACUUM (ANALYZE) pyscheduler.checks")
         conn.execute("VACUUM (ANALYZE) pyscheduler.check_history")
 
@@ -47,7 +41,7 @@ def _fill(db: Database, first: int, last: int, slot: datetime, job: str, kind: s
     res = db.call_one(sql.CHECK_SLOTS)["resolution"]
     with db.connection() as conn:
         for lo in range(first, last + 1, chunk):
-            conn.execute(sql.BENCH_FILL, (ENTITY, job, kind, lo, min(last, lo + chunk - 1), slot, spread, res))
+            conn.execute(bench_sql.CHECKS_FILL, (ENTITY, job, kind, lo, min(last, lo + chunk - 1), slot, spread, res))
         conn.execute(f"VACUUM ({'FREEZE, ' if freeze else ''}ANALYZE) pyscheduler.checks")
 
 
@@ -65,7 +59,7 @@ def run_one_slot(dsn: str, db: Database, n: int, job: str, kind: str, runners: i
             workers[k].run_slot(own, slot)
 
     elapsed = run_threads(runners, work)
-    ended = db.query(sql.BENCH_DONE, (ENTITY,))[0]["n"]
+    ended = db.query(bench_sql.CHECKS_DONE, (ENTITY,))[0]["n"]
     times = [t for w in workers for t in w.batch_seconds]
     phases: dict[str, float] = {}
     for w in workers:
@@ -93,7 +87,7 @@ def slot_selection(db: Database, sizes: list[int], slot_size: int, repeat: int, 
         with db.connection() as conn:
             for i in range(repeat + 20):  # the first 20: warm-up, not counted
                 with conn.transaction(force_rollback=True):
-                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.BENCH_DUE,
+                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + bench_sql.CHECKS_DUE,
                                         (slot, slot_size)).fetchone()
                 if i >= 20:
                     times.append(next(iter(plan.values()))[0]["Execution Time"] / 1000)
@@ -127,7 +121,7 @@ def bench(dsn, n, runners, batch, sizes, slot_size, repeat, skip) -> None:
     dsn = require_dsn(dsn)
     with Database(dsn, max_size=2) as db:
         with db.connection() as conn:
-            conn.execute(SETUP)
+            conn.execute(bench_sql.NOOP_CHECK_JOB)
         click.echo(f"future checks: {n:,} checks in one slot, {runners} runner(s), batch {batch}")
         if "sql" not in skip:
             r = run_one_slot(dsn, db, n, "pyscheduler_bench.noop", "sql", runners, batch, {})

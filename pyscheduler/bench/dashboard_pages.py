@@ -22,6 +22,7 @@ import psycopg
 from .. import migrate
 from ..dashboard import make_app
 from ..web.server import BoundedServer
+from . import sqlapi as sql
 from .stats import percentile
 
 
@@ -29,44 +30,17 @@ def fill(dsn: str, tasks: int, schedules: int, checks: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         t0 = time.monotonic()
         c.execute("SET synchronous_commit = off")
-        c.execute("""
-            INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated, errors,
-                                           owner, deadline, history, attempts, run_at, submitted_by)
-            SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(now() - (i %% 86400) * interval '1 second'), i),
-                   'q' || (i %% 20), jsonb_build_object('i', i), 50,
-                   s::pyscheduler.task_status, CASE s WHEN 'running' THEN 0.5 ELSE 0 END,
-                   now() - (i %% 86400) * interval '1 second', now() - (i %% 86400) * interval '1 second',
-                   CASE s WHEN 'aborted' THEN '[{"code": "boom", "args": {}, "description": "failed"}]'::jsonb
-                          ELSE '[]'::jsonb END,
-                   CASE s WHEN 'running' THEN 'worker-1' END,
-                   CASE s WHEN 'running' THEN now() + interval '1 hour' END, '[]'::jsonb,
-                   CASE WHEN s IN ('running', 'completed', 'aborted') THEN 1 ELSE 0 END,
-                   CASE s WHEN 'scheduled' THEN now() + interval '1 hour' END, 'pyscheduler_client'
-              FROM (SELECT i, CASE WHEN i %% 100 = 0 THEN 'ready' WHEN i %% 100 = 1 THEN 'scheduled'
-                                   WHEN i %% 1000 = 2 THEN 'running' WHEN i %% 50 = 3 THEN 'aborted'
-                                   ELSE 'completed' END AS s
-                      FROM generate_series(1, %s) i) x""", (tasks,))
-        c.execute("SELECT pyscheduler._task_count_all()")  # rows written by hand are counted again
+        c.execute(sql.PAGES_TASKS, (tasks,))
+        c.execute(sql.TASK_COUNT_ALL)  # rows written by hand are counted again
         print(f"tasks: {tasks} in {time.monotonic() - t0:.0f}s", flush=True)
         t0 = time.monotonic()
         for start in range(0, schedules, 10000):
-            c.execute("SELECT pyscheduler.create_schedule(name => 's-' || lpad(i::text, 7, '0'), "
-                      "every => ((i %% 60) + 1) * interval '1 minute', target => 'ticks', retry_attempts => 0) "
-                      "FROM generate_series(%s::int, %s::int) i", (start + 1, min(start + 10000, schedules)))
-        c.execute("""
-            INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts,
-                                                         fired_at, lateness)
-            SELECT s.id, date_trunc('minute', now()) - k * interval '1 minute',
-                   CASE WHEN k % 50 = 0 THEN 'failed' ELSE 'fired' END, false, 1,
-                   date_trunc('minute', now()) - k * interval '1 minute' + interval '20 milliseconds',
-                   interval '20 milliseconds'
-              FROM pyscheduler.schedules s, generate_series(1, 10) k WHERE s.id % 10 = 0""")
+            c.execute(sql.PAGES_SCHEDULES, (start + 1, min(start + 10000, schedules)))
+        c.execute(sql.PAGES_EXECUTIONS, ())
         print(f"schedules: {schedules} in {time.monotonic() - t0:.0f}s", flush=True)
         t0 = time.monotonic()
         for start in range(0, checks, 100000):
-            c.execute("SELECT pyscheduler.add_check(entity_name => 'order', entity_key => i::text, job => 'sms', "
-                      "kind => 'python', check_after => (i %% 2592000) * interval '1 second') "
-                      "FROM generate_series(%s::int, %s::int) i", (start + 1, min(start + 100000, checks)))
+            c.execute(sql.PAGES_CHECKS, (start + 1, min(start + 100000, checks)))
         print(f"checks: {checks} in {time.monotonic() - t0:.0f}s", flush=True)
         c.execute("VACUUM ANALYZE")
 
@@ -92,7 +66,7 @@ def main() -> None:
         dsn = pg.dsn()
     migrate.migrate(dsn)
     with psycopg.connect(dsn) as c:
-        filled = c.execute("SELECT EXISTS (SELECT 1 FROM pyscheduler.tasks)").fetchone()[0]
+        filled = c.execute(sql.ANY_TASK).fetchone()[0]
     if not (args.reuse and filled):
         fill(dsn, args.tasks, args.schedules, args.checks)
     with psycopg.connect(dsn, autocommit=True) as c:

@@ -77,7 +77,7 @@ CREATE TRIGGER delay_audit AFTER INSERT OR UPDATE OR DELETE ON pyscheduler.delay
 @click.option("--hold-ms", type=click.IntRange(min=1000), default=3000, show_default=True)
 @click.option("--audit", is_flag=True, help="Record inserts, claims, resets and deletes of the table.")
 def main(dsn, kafka_bootstrap, duration, rate, nodes, partitions, kill_every, hold_ms, audit) -> None:
-    with _servers(dsn, kafka_bootstrap) as (dsn, bootstrap):
+    with servers(dsn, kafka_bootstrap) as (dsn, bootstrap):
         migrate.migrate(dsn)
         if audit:
             with psycopg.connect(dsn, autocommit=True) as c:

@@ -20,6 +20,7 @@ import uuid
 
 import psycopg
 
+from . import sqlapi as sql
 from .stats import TICK, process_cpu, require_local
 
 
@@ -29,14 +30,10 @@ def run(dsn: str, n: int, value_bytes: int) -> tuple[float, float]:
         pid, tag = c.info.backend_pid, uuid.uuid4().hex[:8]
         before = process_cpu(pid)
         for k in range(0, n, 1000):
-            c.execute("SELECT count(*) FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
-                      "array_fill(clock_timestamp(), ARRAY[1000]), vals => array_fill(%s::bytea, ARRAY[1000]), "
-                      "store_late => true)", ([f"cost-{tag}-{k + i}" for i in range(1000)], b"v" * value_bytes))
+            c.execute(sql.ENQUEUE_DUE_NOW, ([f"cost-{tag}-{k + i}" for i in range(1000)], b"v" * value_bytes))
         enqueued, node, fired = process_cpu(pid), uuid.uuid4(), 0
-        while rows := c.execute("SELECT id FROM pyscheduler.ready_and_claim(node => %s, max_count => 1000)",
-                                (node,)).fetchall():
-            c.execute("SELECT count(*) FROM pyscheduler.delete_fired(ids => %s, node => %s)",
-                      ([r[0] for r in rows], node))
+        while rows := c.execute(sql.CLAIM_READY, (node, None)).fetchall():
+            c.execute(sql.DELETE_FIRED, ([r[0] for r in rows], node))
             fired += len(rows)
         done = process_cpu(pid)
     return (enqueued - before) / n * 1e6, (done - enqueued) / max(fired, 1) * 1e6

@@ -53,9 +53,12 @@ from pathlib import Path
 import psycopg
 
 from .. import embedded, migrate
+from ..checks import sqlapi as checks_sql
 from ..db import Database
 from ..delay.output import fresh_read
+from ..schedules import sqlapi as schedules_sql
 from ..tasks import TaskClient, TaskContext, Worker
+from . import sqlapi as sql
 
 INPUT, OUTPUT, SCHEDULE_TOPIC = "pyscheduler.delay.input", "pyscheduler.delay.output", "fo.schedules"
 JOB = """
@@ -131,11 +134,8 @@ def progress(dsn: str) -> dict[str, int] | None:
     """Counters that grow while each capability works; None while no primary answers."""
     try:
         with psycopg.connect(dsn, connect_timeout=1) as c:
-            row = c.execute(
-                "SELECT (SELECT count(*) FROM pyscheduler.tasks WHERE queue = 'fo' AND status = 'completed'), "
-                "       (SELECT count(*) FROM pyscheduler.schedule_executions WHERE outcome = 'fired'), "
-                "       (SELECT count(*) FROM public.fo_runs), "
-                "       (SELECT fired FROM pyscheduler.fo_delay_fired)").fetchone()
+            row = c.execute(sql.FAILOVER_PROGRESS).fetchone() + c.execute(
+                "SELECT (SELECT count(*) FROM public.fo_runs), (SELECT fired FROM public.fo_delay_fired)").fetchone()
     except psycopg.Error:
         return None
     return dict(zip(("tasks", "schedules", "checks", "delay"), row))
@@ -164,21 +164,21 @@ def one_round(workdir: Path, synchronous: bool, before: float, after: float) -> 
         embedded.create_topics(kafka.bootstrap, [INPUT, OUTPUT, SCHEDULE_TOPIC])
         with Database(primary.dsn(), max_size=1) as db:
             for name, kind, target in (("fo-kafka", "kafka", SCHEDULE_TOPIC), ("fo-task", "task", "fo-sched")):
-                db.call("create_schedule", name=name, every=timedelta(seconds=1), target_kind=kind, target=target,
+                db.call(schedules_sql.CREATE_SCHEDULE, name=name, every=timedelta(seconds=1), target_kind=kind, target=target,
                         retry_attempts=0, start_at=datetime.now(timezone.utc) + timedelta(seconds=0.5))
             with db.connection() as c:
                 c.execute(JOB)
                 # the delay relay deletes what it fired: count firings with a statement trigger's twin,
                 # a counter the test reads (the relay's own code is untouched)
-                c.execute("CREATE TABLE pyscheduler.fo_delay_fired (fired bigint NOT NULL)")
-                c.execute("INSERT INTO pyscheduler.fo_delay_fired VALUES (0)")
-                c.execute("""CREATE FUNCTION pyscheduler.fo_count() RETURNS trigger LANGUAGE plpgsql AS $$
-                             BEGIN UPDATE pyscheduler.fo_delay_fired SET fired = fired + (SELECT count(*) FROM gone);
+                c.execute("CREATE TABLE public.fo_delay_fired (fired bigint NOT NULL)")
+                c.execute("INSERT INTO public.fo_delay_fired VALUES (0)")
+                c.execute("""CREATE FUNCTION public.fo_count() RETURNS trigger LANGUAGE plpgsql AS $$
+                             BEGIN UPDATE public.fo_delay_fired SET fired = fired + (SELECT count(*) FROM gone);
                                    RETURN NULL; END $$""")
                 c.execute("CREATE TRIGGER fo_count AFTER DELETE ON pyscheduler.delay_messages "
-                          "REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION pyscheduler.fo_count()")
-            db.call("set_check_settings", resolution=timedelta(seconds=1))
-            db.call("add_check", entity_name="fo", entity_key="1", job="public.fo_job",
+                          "REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION public.fo_count()")
+            db.call(checks_sql.SET_CHECK_SETTINGS, resolution=timedelta(seconds=1))
+            db.call(checks_sql.ADD_CHECK, entity_name="fo", entity_key="1", job="public.fo_job",
                     check_after=timedelta(seconds=1), max_checks=1_000_000, horizon=timedelta(days=1))
         standby = embedded.Standby(workdir / "standby", primary).start()
         with psycopg.connect(primary.dsn(), autocommit=True) as c:
@@ -239,8 +239,7 @@ def one_round(workdir: Path, synchronous: bool, before: float, after: float) -> 
         with Database(dsn, max_size=1) as db:
             def tasks_done():
                 rns = list(tasks_acked.items)
-                rows = db.query("SELECT status::text AS status, count(*) AS n FROM pyscheduler.tasks "
-                                "WHERE rn = ANY(%s::uuid[]) GROUP BY 1", (rns,))
+                rows = db.query(sql.TASK_STATUSES, (rns,))
                 counts = {r["status"]: r["n"] for r in rows}
                 return counts if sum(counts.values()) == len(rns) and counts.get("completed") == len(rns) or \
                     time.time() - recovered > after + 60 else None
@@ -254,19 +253,12 @@ def one_round(workdir: Path, synchronous: bool, before: float, after: float) -> 
             checks = {}
             for name in ("fo-kafka", "fo-task"):
                 fired, rows, first, last, slots = db.query(
-                    "SELECT s.fired_count AS fired, count(e.*) AS rows, min(e.expected_at) AS first, "
-                    "max(e.expected_at) AS last, count(DISTINCT e.expected_at) AS slots "
-                    "FROM pyscheduler.schedules s LEFT JOIN pyscheduler.schedule_executions e "
-                    "ON e.schedule_id = s.id AND e.outcome = 'fired' AND e.expected_at >= %s "
-                    "WHERE s.name = %s GROUP BY s.fired_count",
-                    (datetime.fromtimestamp(recovered + 2, timezone.utc), name))[0].values()
-                all_fired = db.query("SELECT count(*) AS n FROM pyscheduler.schedule_executions e JOIN "
-                                     "pyscheduler.schedules s ON s.id = e.schedule_id WHERE s.name = %s "
-                                     "AND e.outcome = 'fired'", (name,))[0]["n"]
+                    sql.FAILOVER_FIRINGS, (datetime.fromtimestamp(recovered + 2, timezone.utc), name))[0].values()
+                all_fired = db.query(sql.FAILOVER_FIRED, (name,))[0]["n"]
                 span = round((last - first).total_seconds()) + 1 if first else 0
                 checks[name] = {"fired_count": fired, "rows": all_fired, "after_recovery": rows,
                                 "missing_seconds": span - slots}
-            sched_tasks = db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'fo-sched'")[0]["n"]
+            sched_tasks = db.query(sql.TASKS_IN_QUEUE, ("fo-sched",))[0]["n"]
             twice = db.query("SELECT count(*) AS n FROM (SELECT slot FROM public.fo_runs GROUP BY slot "
                              "HAVING count(*) > 1) d")[0]["n"]
             check_span = db.query("SELECT min(slot) AS a, max(slot) AS b, count(DISTINCT slot) AS n FROM "

@@ -28,7 +28,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Callable
 
 import click
@@ -36,7 +36,14 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
+from ..checks import sqlapi as checks_sql
 from ..config import dsn_option
+from ..db import Session
+from ..delay import sqlapi as delay_sql
+from ..schedules import sqlapi as schedules_sql
+from ..sqlapi import Fn, View
+from ..tasks import sqlapi as tasks_sql
+from . import sqlapi as sql
 from .stats import precise_cpu
 
 SMALL = {"delay": 10_000, "schedules": 10_000, "checks": 10_000, "tasks": 10_000}
@@ -52,7 +59,8 @@ class Backend:
     def __init__(self, dsn: str):
         self.conn = psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
         self.conn.execute("SET TimeZone = 'UTC'")
-        self.pid = self.conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
+        self.pid = self.conn.execute(sql.BACKEND).fetchone()["pid"]
+        self.session = Session(self.conn)
 
     def cpu(self) -> float | None:
         """From /proc/PID/schedstat (precise_cpu): /proc/PID/stat counts in ticks of 10 ms,
@@ -66,6 +74,10 @@ class Backend:
 
     def one(self, sql: str, params=()) -> dict:
         return self.conn.execute(sql, params).fetchone()
+
+    def call(self, fn: Fn, **args) -> list[dict]:
+        """``SELECT * FROM pyscheduler.fn(name => value, ...)``, as the clients call."""
+        return self.session.call(fn, **args)
 
     def close(self) -> None:
         self.conn.close()
@@ -118,17 +130,24 @@ def _chunks(n: int):
         yield lo, min(n, lo + CHUNK - 1)
 
 
-def _call(sql: str, params=()) -> Callable[[Backend], int]:
-    """A read path: one call (a page), whatever it returns."""
+def _read(what: Fn | View, tail: str = "", **args) -> Callable[[Backend], int]:
+    """A read path: one call of a function with ``args``, or one read of a view with ``tail``
+    (a page), whatever it returns. An argument that is a callable is given the backend."""
     def run(b: Backend) -> int:
-        b.q(sql, params)
+        if isinstance(what, View):
+            b.q(what.select(tail))
+        else:
+            b.call(what, **{k: v(b) if callable(v) else v for k, v in args.items()})
         return 1
     return run
 
 
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 def _has_function(b: Backend, name: str) -> bool:
-    return bool(b.one("SELECT count(*) AS n FROM pg_proc WHERE pronamespace = 'pyscheduler'::regnamespace "
-                      "AND proname = %s", (name,))["n"])
+    return bool(b.one(sql.HAS_FUNCTION, (name,))["n"])
 
 
 # ---------------------------------------------------------------- delay queue
@@ -147,15 +166,11 @@ class Delay(Section):
 
     def build(self, b: Backend, echo) -> None:
         for lo, hi in _chunks(self.n):
-            b.q("INSERT INTO pyscheduler.delay_messages (id, deadline, value) "
-                "SELECT 'cold-' || i, now() + interval '1 hour' + (i %% 2592000) * interval '1 second', "
-                "convert_to(repeat('v', 200), 'UTF8') FROM generate_series(%s::bigint, %s::bigint) i", (lo, hi))
+            b.q(sql.FLAT_DELAY_MESSAGES, (lo, hi))
         nodes = [uuid.uuid4() for _ in range(4)]
-        b.q("UPDATE pyscheduler.delay_messages SET readied_at = now(), readied_by = (%s::uuid[])[1 + i %% 4] "
-            "FROM generate_series(1, 1000) i WHERE id = 'cold-' || (i * %s)",
-            (nodes, max(1, self.n // 1000)))
+        b.q(sql.FLAT_DELAY_READIED, (nodes, max(1, self.n // 1000)))
         if _has_function(b, "_delay_count_all"):
-            b.q("SELECT pyscheduler._delay_count_all()")
+            b.q(sql.DELAY_COUNT_ALL)
 
     def measures(self) -> list[Measure]:
         state: dict = {}
@@ -165,9 +180,7 @@ class Delay(Section):
             state["ids"] = []
             for k in range(0, self.HOT, 1000):
                 ids = [f"hot-{tag}-{k + i}" for i in range(1000)]
-                b.q("SELECT count(*) FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
-                    "array_fill(clock_timestamp(), ARRAY[1000]), vals => array_fill(%s::bytea, ARRAY[1000]), "
-                    "store_late => true)", (ids, b"v" * 200))
+                b.q(sql.ENQUEUE_DUE_NOW, (ids, b"v" * 200))
             return self.HOT
 
         def fire(b: Backend) -> int:
@@ -178,8 +191,7 @@ class Delay(Section):
                     after = mark - timedelta(seconds=1)  # the relay's MARK_SLACK
                 else:
                     rescan_at = time.monotonic() + 2.0  # the relay's RESCAN_S
-                rows = b.q("SELECT id, deadline FROM pyscheduler.ready_and_claim(node => %s, max_count => 1000, "
-                           "after => %s)", (node, after))
+                rows = b.q(sql.CLAIM_READY, (node, after))
                 if not rows:
                     if after is None:
                         return fired
@@ -187,16 +199,15 @@ class Delay(Section):
                     continue
                 top = max(r["deadline"] for r in rows)
                 mark = top if mark is None or top > mark else mark
-                b.q("SELECT count(*) FROM pyscheduler.delete_fired(ids => %s, node => %s)",
-                    ([r["id"] for r in rows], node))
+                b.q(sql.DELETE_FIRED, ([r["id"] for r in rows], node))
                 fired += len(rows)
 
         return [
             Measure("enqueue_messages (per message)", "hot", enqueue, reps=3),
             Measure("ready_and_claim + delete_fired (per message)", "hot", fire, setup=enqueue, reps=3),
-            Measure("delay_queue", "read", _call("SELECT * FROM pyscheduler.delay_queue")),
-            Measure("delay_ready_by_node", "read", _call("SELECT * FROM pyscheduler.delay_ready_by_node")),
-            Measure("next_deadline()", "read", _call("SELECT pyscheduler.next_deadline()")),
+            Measure("delay_queue", "read", _read(delay_sql.DELAY_QUEUE)),
+            Measure("delay_ready_by_node", "read", _read(delay_sql.DELAY_READY_BY_NODE)),
+            Measure("next_deadline()", "read", _read(delay_sql.NEXT_DEADLINE)),
         ]
 
 
@@ -215,56 +226,23 @@ class Schedules(Section):
 
     name = "schedules"
     HOT = 10_000
+    PROBE = "cold-00002002"  # the schedule with many executions
 
     def build(self, b: Backend, echo) -> None:
-        first = b.one("SELECT (pyscheduler.create_schedule(name => 'template', every => '1 second', "
-                      "target_kind => 'kafka', target => 'flat.bench', retry_attempts => 0) ->> 'id')::bigint AS id"
-                      )["id"]
-        cols = ("every, cron, cron_spec, tz, start_at, end_at, max_runs, priority, retry_attempts, retry_base, "
-                "retry_jitter, catchup_window, overlap, created, updated, owner")
-        clone = (f"INSERT INTO pyscheduler.schedules (name, {cols}, target_kind, target, payload, critical, paused, "
-                 "paused_note, next_run_at, consecutive_failures, failed_count, last_error, last_outcome) "
-                 f"SELECT %(prefix)s || lpad(i::text, 8, '0'), {', '.join('t.' + c.strip() for c in cols.split(','))}, "
-                 "{kind}, {target}, t.payload, {critical}, {paused}, {note}, {next}, {fails}, {fails}, {error}, "
-                 "{outcome} FROM pyscheduler.schedules t, generate_series(%(lo)s::bigint, %(hi)s::bigint) i "
-                 "WHERE t.id = %(first)s")
-        cold = clone.format(
-            kind="CASE k.cat WHEN 'http' THEN 'http' WHEN 'task' THEN 'task' ELSE 'kafka' END",
-            target="CASE k.cat WHEN 'http' THEN 'https://example.com/hook' WHEN 'task' THEN 'flat-q' ELSE t.target END",
-            critical="k.cat = 'plain' AND i % 10 = 5", paused="k.cat = 'paused'",
-            note="CASE WHEN k.cat = 'paused' THEN 'bench' END",
-            next="CASE k.cat WHEN 'late' THEN now() - interval '1 hour' + (i % 600) * interval '1 second' "
-                 "WHEN 'soon' THEN now() + (i % 300) * interval '1 second' "
-                 "ELSE now() + interval '1 hour' + (i % 2592000) * interval '1 second' END",
-            fails="CASE WHEN k.cat = 'failing' THEN 1 + i % 5 ELSE 0 END",
-            error="CASE WHEN k.cat = 'failing' THEN 'bench: target down' END",
-            outcome="CASE WHEN k.cat = 'failing' THEN 'failed' END")
-        # 200 of each kind of row the views show in the first 1,200, then a share of the rest
-        cold = cold.replace("WHERE t.id", ", LATERAL (SELECT CASE WHEN i <= 1200 THEN (ARRAY['paused', 'failing', "
-                            "'late', 'soon', 'http', 'task'])[1 + (i - 1) / 200] WHEN i % 100 = 1 THEN 'paused' "
-                            "WHEN i % 200 = 9 THEN 'failing' WHEN i % 1000 = 3 THEN 'late' WHEN i % 1000 = 4 "
-                            "THEN 'soon' WHEN i % 50 = 7 THEN 'http' WHEN i % 50 = 8 THEN 'task' ELSE 'plain' END "
-                            "AS cat) k WHERE t.id").replace("%", "%%").replace("%%(", "%(")
+        first = b.call(schedules_sql.CREATE_SCHEDULE, name="template", every=timedelta(seconds=1), target_kind="kafka",
+                       target="flat.bench", retry_attempts=0)[0]["create_schedule"]["id"]
         for lo, hi in _chunks(self.n):
-            b.q(cold, {"prefix": "cold-", "lo": lo, "hi": hi, "first": first})
-        hot = clone.format(kind="'kafka'", target="t.target", critical="%(critical)s", paused="false", note="NULL",
-                           next="now() + interval '1 day'", fails="0", error="NULL", outcome="NULL")
-        b.q(hot, {"prefix": "hot-r-", "lo": 1, "hi": self.HOT, "first": first, "critical": False})
-        b.q(hot, {"prefix": "hot-c-", "lo": 1, "hi": self.HOT, "first": first, "critical": True})
-        b.q("DELETE FROM pyscheduler.schedules WHERE id = %s", (first,))
-        probe = b.one("SELECT id FROM pyscheduler.schedules WHERE name = 'cold-00002002'")["id"]
+            b.q(sql.FLAT_SCHEDULES_COLD, {"prefix": "cold-", "lo": lo, "hi": hi, "first": first})
+        for prefix, critical in (("hot-r-", False), ("hot-c-", True)):
+            b.q(sql.FLAT_SCHEDULES_HOT, {"prefix": prefix, "lo": 1, "hi": self.HOT, "first": first,
+                                         "critical": critical})
+        b.q(sql.DELETE_SCHEDULE_ROW, (first,))
+        probe = b.one(sql.SCHEDULE_ID, (self.PROBE,))["id"]
         per_probe = min(100_000, max(10_000, self.n // 5))
-        b.q("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, "
-            "fired_at, lateness, error) SELECT %s, now() - i * interval '1 second', "
-            "CASE WHEN i % 100 = 0 THEN 'failed' ELSE 'fired' END, false, 1, now() - i * interval '1 second', "
-            "interval '5 milliseconds', CASE WHEN i % 100 = 0 THEN 'bench' END "
-            "FROM generate_series(1, %s) i".replace("%", "%%").replace("%%s", "%s"), (probe, per_probe))
-        lo_id = b.one("SELECT min(id) AS m FROM pyscheduler.schedules WHERE name LIKE 'cold-%%'")["m"]
+        b.q(sql.FLAT_EXECUTIONS_PROBE, (probe, per_probe))
+        lo_id = b.one(sql.FLAT_FIRST_COLD)["m"]
         for lo, hi in _chunks(self.n - per_probe):
-            b.q("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, "
-                "attempts, fired_at, lateness) SELECT %s + i %% %s, now() - interval '1 day' - i * interval "
-                "'1 millisecond', 'fired', false, 1, now() - interval '1 day', interval '5 milliseconds' "
-                "FROM generate_series(%s::bigint, %s::bigint) i", (lo_id, self.n, lo, hi))
+            b.q(sql.FLAT_EXECUTIONS, (lo_id, self.n, lo, hi))
 
     def prepare(self, b: Backend) -> None:
         self._due_now(b)
@@ -272,34 +250,31 @@ class Schedules(Section):
     @staticmethod
     def _due_now(b: Backend) -> None:
         """The hot schedules due now, the statistics left as they were (a day away)."""
-        b.q("UPDATE pyscheduler.schedules SET next_run_at = date_trunc('second', now()) - interval '1 second', "
-            "claim_token = NULL, claimed_until = NULL WHERE name LIKE 'hot-%%'")
+        b.q(sql.FLAT_HOT_DUE_NOW)
 
     def measures(self) -> list[Measure]:
         mid = f"cold-{self.n // 2:08d}"
 
         def redis_path(b: Backend) -> int:
-            hot = b.q("SELECT id, next_run_at FROM pyscheduler.schedules WHERE name LIKE 'hot-r-%%' ORDER BY id")
+            hot = b.q(sql.FLAT_HOT_REDIS)
             for k in range(0, len(hot), 1000):
                 part = hot[k:k + 1000]
                 ids = [r["id"] for r in part]
-                b.q("SELECT count(*) FROM pyscheduler.fire_details(%s)", (ids,))
-                b.q("SELECT count(*) FROM pyscheduler.record_executions(%s, %s, %s, %s)",
-                    (ids, [r["next_run_at"] for r in part], ["fired"] * len(ids), [1] * len(ids)))
+                b.q(sql.FIRE_DETAILS_COUNT, (ids,))
+                b.q(sql.RECORD_EXECUTIONS_COUNT, (ids, [r["next_run_at"] for r in part], ["fired"] * len(ids),
+                                                  [1] * len(ids)))
             return len(hot)
 
         def degraded(b: Backend) -> int:
             fired = 0
             while fired < self.HOT:
-                rows = b.q("SELECT id, expected_at, claim_token FROM pyscheduler.claim_due_critical("
-                           "max_schedules => 1000, hold => '30 seconds')")
+                rows = b.q(sql.CLAIM_DUE_CRITICAL_1000)
                 if not rows:
                     break
                 ids = [r["id"] for r in rows]
-                b.q("SELECT count(*) FROM pyscheduler.fire_details(%s)", (ids,))
-                b.q("SELECT count(*) FROM pyscheduler.record_executions(%s, %s, %s, %s, NULL, %s)",
-                    (ids, [r["expected_at"] for r in rows], ["fired"] * len(ids), [1] * len(ids),
-                     [r["claim_token"] for r in rows]))
+                b.q(sql.FIRE_DETAILS_COUNT, (ids,))
+                b.q(sql.RECORD_CLAIMED_COUNT, (ids, [r["expected_at"] for r in rows], ["fired"] * len(ids),
+                                               [1] * len(ids), [r["claim_token"] for r in rows]))
                 fired += len(rows)
             return fired
 
@@ -308,45 +283,28 @@ class Schedules(Section):
                     setup=self._due_now, reps=3),
             Measure("degraded: claim_due_critical + fire_details + record_executions (per firing)", "hot",
                     degraded, setup=self._due_now, reps=3),
-            Measure("list_schedules()", "read", _call("SELECT * FROM pyscheduler.list_schedules()")),
-            Measure("list_schedules(after_name => middle)", "read",
-                    _call("SELECT * FROM pyscheduler.list_schedules(after_name => %s)", (mid,))),
-            Measure("list_schedules(paused => true)", "read",
-                    _call("SELECT * FROM pyscheduler.list_schedules(paused => true)")),
-            Measure("list_schedules(critical => true)", "read",
-                    _call("SELECT * FROM pyscheduler.list_schedules(critical => true)")),
+            Measure("list_schedules()", "read", _read(schedules_sql.LIST_SCHEDULES)),
+            Measure("list_schedules(after_name => middle)", "read", _read(schedules_sql.LIST_SCHEDULES, after_name=mid)),
+            Measure("list_schedules(paused => true)", "read", _read(schedules_sql.LIST_SCHEDULES, paused=True)),
+            Measure("list_schedules(critical => true)", "read", _read(schedules_sql.LIST_SCHEDULES, critical=True)),
             Measure("list_schedules(target_kind => 'http')", "read",
-                    _call("SELECT * FROM pyscheduler.list_schedules(target_kind => 'http')")),
-            Measure("get_schedule", "read", _call("SELECT pyscheduler.get_schedule(name => %s)", (mid,))),
-            Measure("schedule_runs(name)", "read",
-                    _call("SELECT * FROM pyscheduler.schedule_runs(name => 'cold-00002002')")),
+                    _read(schedules_sql.LIST_SCHEDULES, target_kind="http")),
+            Measure("get_schedule", "read", _read(schedules_sql.GET_SCHEDULE, name=mid)),
+            Measure("schedule_runs(name)", "read", _read(schedules_sql.SCHEDULE_RUNS, name=self.PROBE)),
             Measure("schedule_runs(name, before => 30 minutes ago)", "read",
-                    _call("SELECT * FROM pyscheduler.schedule_runs(name => 'cold-00002002', "
-                         "before => now() - interval '30 minutes')")),
+                    _read(schedules_sql.SCHEDULE_RUNS, name=self.PROBE, before=lambda b: _now() - timedelta(minutes=30))),
             Measure("schedule_runs(name, with_outcome => 'failed')", "read",
-                    _call("SELECT * FROM pyscheduler.schedule_runs(name => 'cold-00002002', with_outcome => 'failed')")),
-            Measure("execution_count", "read",
-                    _call("SELECT pyscheduler.execution_count(name => 'cold-00002002')")),
-            Measure("upcoming_runs(name, n => 10)", "read",
-                    _call("SELECT * FROM pyscheduler.upcoming_runs(name => %s, n => 10)", (mid,))),
-            Measure("schedules_due_soon LIMIT 100", "read",
-                    _call("SELECT * FROM pyscheduler.schedules_due_soon LIMIT 100")),
-            Measure("schedules_late LIMIT 100", "read", _call("SELECT * FROM pyscheduler.schedules_late LIMIT 100")),
-            Measure("schedules_paused LIMIT 100", "read",
-                    _call("SELECT * FROM pyscheduler.schedules_paused LIMIT 100")),
-            Measure("schedules_failing LIMIT 100", "read",
-                    _call("SELECT * FROM pyscheduler.schedules_failing LIMIT 100")),
+                    _read(schedules_sql.SCHEDULE_RUNS, name=self.PROBE, with_outcome="failed")),
+            Measure("execution_count", "read", _read(schedules_sql.EXECUTION_COUNT, name=self.PROBE)),
+            Measure("upcoming_runs(name, n => 10)", "read", _read(schedules_sql.UPCOMING_RUNS, name=mid, n=10)),
+            Measure("schedules_due_soon LIMIT 100", "read", _read(schedules_sql.SCHEDULES_DUE_SOON, "LIMIT 100")),
+            Measure("schedules_late LIMIT 100", "read", _read(schedules_sql.SCHEDULES_LATE, "LIMIT 100")),
+            Measure("schedules_paused LIMIT 100", "read", _read(schedules_sql.SCHEDULES_PAUSED, "LIMIT 100")),
+            Measure("schedules_failing LIMIT 100", "read", _read(schedules_sql.SCHEDULES_FAILING, "LIMIT 100")),
         ]
 
 
 # ---------------------------------------------------------------- checks
-
-NOOP = """
-CREATE SCHEMA IF NOT EXISTS pyscheduler_bench;
-CREATE OR REPLACE FUNCTION pyscheduler_bench.noop(c pyscheduler.future_check) RETURNS timestamptz
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 'SELECT NULL::timestamptz';
-"""
-
 
 class Checks(Section):
     """Stored: n pending checks of entity 'order' in the 2,880 slots of the next 30 days (15-minute
@@ -359,28 +317,10 @@ class Checks(Section):
     HOT = 20_000
 
     def build(self, b: Backend, echo) -> None:
-        b.q(NOOP)
+        b.q(sql.NOOP_CHECK_JOB)
         for lo, hi in _chunks(self.n):
-            b.q("INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at, "
-                "max_checks, horizon, created, owner, claim, claim_until) "
-                "SELECT 'order', i::text, CASE i %% 20 WHEN 0 THEN 'flat-q' WHEN 1 THEN 'flat_handler' "
-                "ELSE 'pyscheduler_bench.noop' END, CASE i %% 20 WHEN 0 THEN 'task' WHEN 1 THEN 'python' ELSE 'sql' END, "
-                "s, s, 5, '30 days', now(), current_user, CASE WHEN handed THEN gen_random_uuid() END, "
-                "CASE WHEN handed THEN now() + interval '1 hour' END "
-                "FROM generate_series(%s::bigint, %s::bigint) i, pyscheduler._current_check_slot cur, "
-                "LATERAL (SELECT i <= 200 OR i %% 10000 = 9 AS missed, i BETWEEN 201 AND 400 OR i %% 1000 = 7 "
-                "                AS handed) k, "
-                "LATERAL (SELECT cur.slot + CASE WHEN k.missed THEN -(1 + i %% 4) WHEN k.handed THEN 0 "
-                "                                ELSE 1 + i %% 2880 END * interval '15 minutes' AS s) x", (lo, hi))
-            b.q("INSERT INTO pyscheduler.check_history (id, entity_name, entity_key, job, kind, first_check_at, "
-                "last_check_at, check_count, outcome, error, last_took, total_took, created, ended, owner) "
-                "SELECT -i, 'order', i::text, CASE WHEN i %% 3 = 0 THEN 'flat_handler' ELSE 'pyscheduler_bench.noop' END, "
-                "CASE WHEN i %% 3 = 0 THEN 'python' ELSE 'sql' END, e - interval '1 hour', e, 1 + i %% 5, "
-                "(ARRAY['done', 'done', 'done', 'max_checks', 'error', 'deleted'])[1 + i %% 6], "
-                "CASE WHEN i %% 6 = 4 THEN 'bench' END, (i %% 1000) * interval '1 millisecond', "
-                "(i %% 5000) * interval '1 millisecond', e - interval '1 hour', e, current_user "
-                "FROM generate_series(%s::bigint, %s::bigint) i, "
-                "LATERAL (SELECT now() - (i::float8 / %s) * interval '30 days' AS e) x", (lo, hi, self.n))
+            b.q(sql.FLAT_CHECKS, (lo, hi))
+            b.q(sql.FLAT_CHECK_HISTORY, (lo, hi, self.n))
 
     def measures(self) -> list[Measure]:
         state = {"k": 0}
@@ -389,18 +329,13 @@ class Checks(Section):
             """HOT checks in a slot of their own (one long past: a runner's next slot holds no entries
             its earlier slots left), so no take reads what an earlier repetition left."""
             state["k"] += 1
-            state["slot"] = b.one("SELECT cur.slot - %s * interval '15 minutes' AS s "
-                                  "FROM pyscheduler._current_check_slot cur", (200 + state["k"],))["s"]
-            b.q("INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at, "
-                "max_checks, horizon, created, owner) SELECT 'hot', %s || '-' || i, 'pyscheduler_bench.noop', 'sql', "
-                "%s, %s, 5, '30 days', now(), current_user FROM generate_series(1, %s) i",
-                (uuid.uuid4().hex[:8], state["slot"], state["slot"], self.HOT))
+            state["slot"] = b.one(sql.FLAT_PAST_SLOT, (200 + state["k"],))["s"]
+            b.q(sql.FLAT_HOT_CHECKS, (uuid.uuid4().hex[:8], state["slot"], state["slot"], self.HOT))
 
         def run(b: Backend) -> int:
             taken, after = 0, None
             while True:
-                r = b.one("SELECT taken, last_id FROM pyscheduler.run_due_checks(slot => %s, max => 1000, "
-                          "after => %s)", (state["slot"], after))
+                r = b.one(sql.RUN_DUE_CHECKS_1000, (state["slot"], after))
                 if not r["taken"]:
                     if after is None:
                         return taken
@@ -411,30 +346,28 @@ class Checks(Section):
 
         def take(b: Backend) -> int:
             with b.conn.transaction(force_rollback=True):
-                return len(b.q("SELECT id FROM pyscheduler.due_checks(slot => %s, max => 1000)", (state["slot"],)))
+                return len(b.q(sql.DUE_CHECKS_1000, (state["slot"],)))
 
         def clean(b: Backend) -> None:
-            b.q("DELETE FROM pyscheduler.checks WHERE entity_name = 'hot'")
+            b.q(sql.CHECKS_CLEAN, ("hot",))
 
         return [
             Measure("run_due_checks: take, run, record (per check)", "hot", run, setup=fill, reps=3),
             Measure("due_checks: the take alone (per check)", "hot", take, setup=lambda b: (clean(b), fill(b)),
                     reps=5),
-            Measure("list_checks()", "read", _call("SELECT * FROM pyscheduler.list_checks()")),
+            Measure("list_checks()", "read", _read(checks_sql.LIST_CHECKS)),
             Measure("list_checks(after => 15 days ahead)", "read",
-                    _call("SELECT * FROM pyscheduler.list_checks(after_at => now() + interval '15 days', "
-                         "after_id => 0)")),
+                    _read(checks_sql.LIST_CHECKS, after_at=lambda b: _now() + timedelta(days=15), after_id=0)),
             Measure("list_checks(entity_name, entity_key)", "read",
-                    _call("SELECT * FROM pyscheduler.list_checks(entity_name => 'order', entity_key => '4242')")),
-            Measure("check_history()", "read", _call("SELECT * FROM pyscheduler.check_history()")),
+                    _read(checks_sql.LIST_CHECKS, entity_name="order", entity_key="4242")),
+            Measure("check_history()", "read", _read(checks_sql.CHECK_HISTORY)),
             Measure("check_history(before => 15 days ago)", "read",
-                    _call("SELECT * FROM pyscheduler.check_history(before_at => now() - interval '15 days', "
-                         "before_id => 0)")),
+                    _read(checks_sql.CHECK_HISTORY, before_at=lambda b: _now() - timedelta(days=15), before_id=0)),
             Measure("check_history(entity_name, entity_key)", "read",
-                    _call("SELECT * FROM pyscheduler.check_history(entity_name => 'order', entity_key => '4242')")),
-            Measure("checks_per_slot LIMIT 100", "read", _call("SELECT * FROM pyscheduler.checks_per_slot LIMIT 100")),
-            Measure("overdue_checks LIMIT 100", "read", _call("SELECT * FROM pyscheduler.overdue_checks LIMIT 100")),
-            Measure("check_outcomes", "read", _call("SELECT * FROM pyscheduler.check_outcomes")),
+                    _read(checks_sql.CHECK_HISTORY, entity_name="order", entity_key="4242")),
+            Measure("checks_per_slot LIMIT 100", "read", _read(checks_sql.CHECKS_PER_SLOT, "LIMIT 100")),
+            Measure("overdue_checks LIMIT 100", "read", _read(checks_sql.OVERDUE_CHECKS, "LIMIT 100")),
+            Measure("check_outcomes", "read", _read(checks_sql.CHECK_OUTCOMES)),
         ]
 
 
@@ -461,94 +394,61 @@ class Tasks(Section):
 
     def build(self, b: Backend, echo: Callable[[str], None]) -> None:
         for lo, hi in _chunks(self.n):
-            b.q("INSERT INTO pyscheduler.tasks (rn, seq, queue, spec, priority, status, progress, created, updated, "
-                "errors, owner, deadline, history, attempts, run_at, submitted_by, waiting_on) "
-                "SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), i), i, "
-                f"CASE WHEN i %% {max(50, self.n // self.QUIET)} = 31 THEN 'quiet' "
-                "ELSE 'q' || lpad((i %% 20)::text, 2, '0') END, "
-                "jsonb_build_object('i', i), CASE WHEN i %% 7 = 0 THEN 90 ELSE 50 END, s::pyscheduler.task_status, "
-                "CASE s WHEN 'completed' THEN 1 ELSE 0 END, c, "
-                "CASE WHEN s IN ('completed', 'aborted', 'cancelled', 'running') THEN c + interval '1 second' ELSE c END, "
-                "CASE s WHEN 'aborted' THEN '[{\"code\": \"boom\", \"args\": {}, \"description\": \"failed\"}]'::jsonb "
-                "ELSE '[]'::jsonb END, CASE s WHEN 'running' THEN 'worker-' || (i %% 8) END, "
-                "CASE s WHEN 'running' THEN now() + interval '1 hour' END, '[]'::jsonb, "
-                "CASE WHEN s IN ('running', 'completed', 'aborted') THEN 1 ELSE 0 END, "
-                "CASE s WHEN 'scheduled' THEN now() + (i %% 86400) * interval '1 second' END, current_user, "
-                "CASE s WHEN 'waiting' THEN 1 ELSE 0 END "
-                "FROM generate_series(%s::bigint, %s::bigint) i, "
-                "LATERAL (SELECT now() - interval '7 days' + (i::float8 / %s) * interval '7 days' AS c, "
-                "CASE WHEN i %% 100 = 11 THEN 'ready' WHEN i %% 200 = 13 THEN 'scheduled' "
-                f"     WHEN i %% {max(50, self.n // self.RUNNING)} = 17 THEN 'running' WHEN i %% 1000 = 19 THEN 'waiting' "
-                "     WHEN i %% 100 = 23 THEN 'aborted' WHEN i %% 1000 = 29 THEN 'cancelled' "
-                "     ELSE 'completed' END AS s) x", (lo, hi, self.n))
-        b.q("SELECT setval('pyscheduler.task_seq', greatest(%s, (SELECT last_value FROM pyscheduler.task_seq)))",
-            (self.n + 1,))
+            b.q(sql.FLAT_TASKS, {"lo": lo, "hi": hi, "n": self.n, "quiet_every": max(50, self.n // self.QUIET),
+                                 "running_every": max(50, self.n // self.RUNNING)})
+        b.q(sql.FLAT_TASK_SEQ, (self.n + 1,))
         if _has_function(b, "_task_count_all"):  # rows written by hand are counted again
-            b.q("SELECT pyscheduler._task_count_all()")
+            b.q(sql.TASK_COUNT_ALL)
 
     def measures(self) -> list[Measure]:
-        state: dict[str, str] = {}
+        state: dict[str, uuid.UUID] = {}
+        hot = {"queue": "flat-hot", "worker": "flat-1", "b": 500, "n": self.HOT}
 
         def clean(b: Backend) -> None:
             """The hot path's tasks go (so the reads see the stored tasks only, at either size)."""
-            b.q("DELETE FROM pyscheduler.tasks WHERE queue = 'flat-hot'")
+            b.q(sql.DELETE_QUEUE, (hot["queue"],))
 
         def submit(b: Backend) -> None:
             clean(b)
-            b.q("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'flat-hot', specs => (SELECT jsonb_agg("
-                "jsonb_build_object('i', i)) FROM generate_series(1, %s) i))", (self.HOT,))
+            b.q(sql.SUBMIT_SERIES, hot)
 
         def work(b: Backend) -> int:
             done = 0
-            while rows := b.q("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'flat-hot', "
-                              "worker => 'flat-1', n => 500)"):
-                b.q("SELECT count(*) FROM pyscheduler.complete_tasks(rns => %s, tokens => %s)",
-                    ([r["rn"] for r in rows], [r["token"] for r in rows]))
+            while rows := b.q(sql.LEASE_LEAN, hot):
+                b.q(sql.COMPLETE_LEASED, ([r["rn"] for r in rows], [r["token"] for r in rows]))
                 done += len(rows)
             return done
 
-        def middle(b: Backend) -> str:
+        def middle(b: Backend) -> uuid.UUID:
+            """A task id of 3.5 days ago: a page in the middle of the list."""
             if "middle" not in state:
-                state["middle"] = str(b.one("SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(now() - interval "
-                                        "'3 days 12 hours'), 0) AS rn")["rn"])
+                state["middle"] = b.one(sql.TASK_RN_AGO, (timedelta(days=3, hours=12),))["rn"]
             return state["middle"]
 
-        def page(sql: str) -> Callable[[Backend], int]:
-            def run(b: Backend) -> int:
-                b.q(sql, {"middle": middle(b)})
-                return 1
-            return run
+        def tasks(**args) -> Callable[[Backend], int]:
+            return _read(tasks_sql.LIST_TASKS, **args)
 
         return [
             Measure("Worker: lease_tasks_lean + complete_tasks (per task)", "hot", work, setup=submit, reps=3),
-            Measure("list_tasks()", "read", _call("SELECT * FROM pyscheduler.list_tasks()"), setup=clean),
-            Measure("list_tasks(before_rn => 3.5 days ago)", "read",
-                    page("SELECT * FROM pyscheduler.list_tasks(before_rn => %(middle)s)")),
+            Measure("list_tasks()", "read", tasks(), setup=clean),
+            Measure("list_tasks(before_rn => 3.5 days ago)", "read", tasks(before_rn=middle)),
             Measure("list_tasks(status => 'completed', before_rn => 3.5 days ago)", "read",
-                    page("SELECT * FROM pyscheduler.list_tasks(status => 'completed', before_rn => %(middle)s)")),
-            Measure("list_tasks(status => 'ready')", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(status => 'ready')")),
-            Measure("list_tasks(queue => 'q03', status => 'ready')", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q03', status => 'ready')")),
-            Measure("list_tasks(status => 'aborted')", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(status => 'aborted')")),
-            Measure("list_tasks(status => 'running')", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(status => 'running')")),
-            Measure("list_tasks(queue => 'q03')", "read", _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q03')")),
-            Measure("list_tasks(queue => 'q11') (its ready backlog)", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q11')")),
-            Measure("list_tasks(queue => 'q11', status => 'ready')", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q11', status => 'ready')")),
-            Measure("list_tasks(queue => 'q13') (its scheduled backlog)", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'q13')")),
-            Measure("list_tasks(queue => 'quiet')", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'quiet')")),
+                    tasks(status="completed", before_rn=middle)),
+            Measure("list_tasks(status => 'ready')", "read", tasks(status="ready")),
+            Measure("list_tasks(queue => 'q03', status => 'ready')", "read", tasks(queue="q03", status="ready")),
+            Measure("list_tasks(status => 'aborted')", "read", tasks(status="aborted")),
+            Measure("list_tasks(status => 'running')", "read", tasks(status="running")),
+            Measure("list_tasks(queue => 'q03')", "read", tasks(queue="q03")),
+            Measure("list_tasks(queue => 'q11') (its ready backlog)", "read", tasks(queue="q11")),
+            Measure("list_tasks(queue => 'q11', status => 'ready')", "read", tasks(queue="q11", status="ready")),
+            Measure("list_tasks(queue => 'q13') (its scheduled backlog)", "read", tasks(queue="q13")),
+            Measure("list_tasks(queue => 'quiet')", "read", tasks(queue="quiet")),
             Measure("list_tasks(queue => 'quiet', status => 'completed')", "read",
-                    _call("SELECT * FROM pyscheduler.list_tasks(queue => 'quiet', status => 'completed')")),
-            Measure("task_counts", "read", _call("SELECT * FROM pyscheduler.task_counts")),
-            Measure("queue_status", "read", _call("SELECT * FROM pyscheduler.queue_status")),
-            Measure("oldest_ready_tasks", "read", _call("SELECT * FROM pyscheduler.oldest_ready_tasks")),
-            Measure("expired_leases LIMIT 100", "read", _call("SELECT * FROM pyscheduler.expired_leases LIMIT 100")),
+                    tasks(queue="quiet", status="completed")),
+            Measure("task_counts", "read", _read(tasks_sql.TASK_COUNTS)),
+            Measure("queue_status", "read", _read(tasks_sql.QUEUE_STATUS)),
+            Measure("oldest_ready_tasks", "read", _read(tasks_sql.OLDEST_READY_TASKS)),
+            Measure("expired_leases LIMIT 100", "read", _read(tasks_sql.EXPIRED_LEASES, "LIMIT 100")),
         ]
 
 

@@ -29,6 +29,7 @@ from ..db import Database
 from ..delay.output import OutputReader
 from ..redisconn import connect, is_cluster_url
 from ..schedules import sqlapi as sql
+from . import sqlapi as bench_sql
 from ..schedules.index import Shards
 from ..schedules.targets import KAFKA_EXPECTED_HEADER, KAFKA_KEY_HEADER
 from .stats import children, command_line, find, parent, percentiles, process_cpu
@@ -39,14 +40,14 @@ TARGETS = {"redis": 25_000, "postgres": 5_000, "steady_p99_ms": 50.0}
 def create_bulk(db: Database, prefix: str, n: int, every_s: float, topic: str, critical: bool,
                 chunk: int = 100_000) -> list[int]:
     """n Kafka schedules: the first through create_schedule (validated), the rest cloned
-    from its row with one INSERT ... SELECT per chunk (sqlapi.CLONE_SCHEDULES). Their ids."""
+    from its row with one INSERT ... SELECT per chunk (bench.sqlapi.CLONE_SCHEDULES). Their ids."""
     first = db.call_value(sql.CREATE_SCHEDULE, name=f"{prefix}0", every=timedelta(seconds=every_s),
                           target_kind="kafka", target=topic, critical=critical, retry_attempts=0,
                           start_at=datetime.now(timezone.utc) + timedelta(days=1))
     ids = [first["id"]]
     with db.connection() as conn:
         for start in range(1, n, chunk):
-            rows = conn.execute(sql.CLONE_SCHEDULES, (prefix, start, min(n, start + chunk) - 1, first["id"])).fetchall()
+            rows = conn.execute(bench_sql.CLONE_SCHEDULES, (prefix, start, min(n, start + chunk) - 1, first["id"])).fetchall()
             ids += [r["id"] for r in rows]
         conn.execute("ANALYZE pyscheduler.schedules")  # a utility statement: not a Query (no PREPARE)
     return ids
@@ -57,8 +58,8 @@ def arm(db: Database, index: Shards | None, ids: list[int], first_ms: int | None
     (first_ms None: index the next runs PostgreSQL has)."""
     with db.connection() as conn:
         if first_ms is not None:
-            conn.execute(sql.ARM_SCHEDULES, (first_ms, len(ids), spread_s, len(ids), ids))
-        rows = conn.execute(sql.SCHEDULE_DUE, (ids,)).fetchall()
+            conn.execute(bench_sql.ARM_SCHEDULES, (first_ms, len(ids), spread_s, len(ids), ids))
+        rows = conn.execute(bench_sql.SCHEDULE_DUE, (ids,)).fetchall()
     if index is not None:
         for k, part in index.split(rows, key=lambda r: r["id"]).items():
             shard = index.shards[k]
@@ -73,8 +74,8 @@ def arm(db: Database, index: Shards | None, ids: list[int], first_ms: int | None
 def drop(db: Database, prefix: str) -> None:
     with db.connection() as conn:
         # executions first: they have no foreign key (delete_schedule deletes them one schedule at a time)
-        conn.execute(sql.DROP_EXECUTIONS, (prefix + "%",))
-        conn.execute(sql.DROP_SCHEDULES, (prefix + "%",))
+        conn.execute(bench_sql.DROP_EXECUTIONS, (prefix + "%",))
+        conn.execute(bench_sql.DROP_SCHEDULES, (prefix + "%",))
 
 
 def executor_processes(dsn: str, redis_url: str, bootstrap: str, prefix: str, n: int, logdir: str,
@@ -127,7 +128,7 @@ class CpuMeter:
     address)."""
 
     def __init__(self, db: Database, redis_url: str, bootstrap: str, executors: list[int]):
-        me = db.query(sql.BACKEND)[0]
+        me = db.query(bench_sql.BACKEND)[0]
         backend, self.database = me["pid"], me["db"]
         self.postmaster = parent(backend)
         # every node of a cluster (masters and replicas: replication is part of the cost)

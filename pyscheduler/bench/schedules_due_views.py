@@ -12,14 +12,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from datetime import timedelta
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 
 from .. import migrate
+from ..db import Session
+from ..schedules import sqlapi as schedules_sql
+from . import sqlapi as sql
 
-READS = ["SELECT * FROM pyscheduler.schedules_late LIMIT 100", "SELECT pyscheduler.schedules_late_count()",
-         "SELECT * FROM pyscheduler.schedules_due_soon LIMIT 100"]
+READS = {"schedules_late LIMIT 100": lambda c: c.execute(schedules_sql.SCHEDULES_LATE.select("LIMIT 100")).fetchall(),
+         "schedules_late_count()": lambda c: Session.borrow(c).call(schedules_sql.SCHEDULES_LATE_COUNT),
+         "schedules_due_soon LIMIT 100": lambda c: c.execute(
+             schedules_sql.SCHEDULES_DUE_SOON.select("LIMIT 100")).fetchall()}
 
 
 def main() -> None:
@@ -34,26 +40,18 @@ def main() -> None:
     try:
         migrate.migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as c:
-            first = c.execute("SELECT (pyscheduler.create_schedule(name => 't', every => '1 minute', target_kind => "
-                              "'kafka', target => 'x') ->> 'id')::bigint").fetchone()[0]
-            cols = [r[0] for r in c.execute(
-                "SELECT attname FROM pg_attribute WHERE attrelid = 'pyscheduler.schedules'::regclass AND attnum > 0 "
-                "AND NOT attisdropped AND attgenerated = '' AND attidentity = '' "
-                "AND attname NOT IN ('name', 'next_run_at')").fetchall()]
-            c.execute(f"INSERT INTO pyscheduler.schedules (name, next_run_at, {', '.join(cols)}) "
-                      f"SELECT 'f-' || i, now() + interval '15 seconds' + (i %% 45) * interval '1 second', "
-                      f"{', '.join('t.' + x for x in cols)} FROM pyscheduler.schedules t, "
-                      "generate_series(1, %s) i WHERE t.id = %s", (a.n, first))
-            c.execute("DELETE FROM pyscheduler.schedules WHERE id = %s", (first,))
+            first = Session.borrow(c).call_value(schedules_sql.CREATE_SCHEDULE, name="t", every=timedelta(minutes=1),
+                                                 target_kind="kafka", target="x")["id"]
+            c.execute(sql.DUE_VIEWS_CLONE, (a.n, first))
+            c.execute(sql.DELETE_SCHEDULE_ROW, (first,))
             c.execute("VACUUM ANALYZE pyscheduler.schedules")
-            for q in READS:
+            for q, read in READS.items():
                 took = []
                 for _ in range(5):
                     t0 = time.perf_counter()
-                    c.execute(q).fetchall()
+                    read(c)
                     took.append(time.perf_counter() - t0)
-                late = c.execute("SELECT count(*) FROM pyscheduler.schedules "
-                                 "WHERE due_at < now() - interval '10 seconds'").fetchone()[0]
+                late = c.execute(sql.SCHEDULES_LATE_BY_10S).fetchone()[0]
                 print(f"{a.n:,} schedules every minute, {late} late: {q}: median {statistics.median(took) * 1e3:.2f} ms")
     finally:
         with psycopg.connect(make_conninfo(a.server_dsn, dbname="postgres"), autocommit=True) as admin:

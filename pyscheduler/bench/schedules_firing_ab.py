@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from . import sqlapi as sql
 from .flatness import Backend, Result, Schedules, _time
 
 
@@ -25,7 +26,7 @@ def main() -> None:
     a = ap.parse_args()
     backends = {"A": Backend(a.dsn_a), "B": Backend(a.dsn_b)}
     for b in backends.values():
-        if not b.one("SELECT count(*) AS n FROM pyscheduler.schedules")["n"]:
+        if not b.one(sql.COUNT_SCHEDULES)["n"]:
             Schedules(a.n).build(b, print)
             b.q("VACUUM ANALYZE")
     m = next(x for x in Schedules(a.n).measures() if x.name.startswith("via Redis"))

@@ -23,6 +23,7 @@ from ..config import dsn_option
 from ..daemon import wait_for
 from ..db import Database, Jsonb, Session
 from ..tasks import sqlapi as sql
+from . import sqlapi as bench_sql
 from ..tasks.worker import TaskContext, Worker
 from .stats import percentile
 
@@ -32,7 +33,7 @@ TARGETS = {"batch": 25_000, "single": 2_500, "p99_ms": 20.0}
 def _drop_queue(db: Database, queue: str) -> None:
     # The bench's own rows only; nothing else in the database is touched.
     with db.connection() as conn:
-        conn.execute(sql.DELETE_QUEUE, (queue,))
+        conn.execute(bench_sql.DELETE_QUEUE, (queue,))
 
 
 def _vacuum(db: Database) -> None:
@@ -164,7 +165,7 @@ def library_throughput(dsn: str, db: Database, queue: str, total: int, capacity:
     finally:
         running.stop()
     # counted in the table itself (the bench owns it)
-    rows = db.query(sql.COMPLETED_IN_QUEUE, (queue,))
+    rows = db.query(bench_sql.COMPLETED_IN_QUEUE, (queue,))
     assert rows and rows[0]["n"] == total, f"{rows} completed, expected {total}"
     return total, elapsed
 

@@ -29,8 +29,10 @@ import time
 
 import psycopg
 
-from . import stats
+from . import sqlapi as sql, stats
 from .stats import process_cpu
+
+COST = {"queue": "cost", "worker": "cost-1"}  # the measured runs' queue and worker
 
 
 def server_cpu(backend_pid: int) -> float:
@@ -43,10 +45,10 @@ def finish_ahead(dsn: str, n: int) -> None:
     if not n:
         return
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(STATEMENTS["sql"][0].replace("'cost'", "'cost-done'"), {"n": n})
-        while rows := c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost-done',"
-                                " worker => 'cost-0', n => 5000)").fetchall():
-            c.execute(STATEMENTS["sql"][2], {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
+        done = {"queue": "cost-done", "worker": "cost-0"}
+        c.execute(sql.SUBMIT_SERIES, {"n": n, **done})
+        while rows := c.execute(sql.LEASE_LEAN, {"b": 5000, **done}).fetchall():
+            c.execute(sql.COMPLETE_LEASED_BINARY, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
         c.execute("VACUUM ANALYZE")
 
 
@@ -59,10 +61,7 @@ CREATE TABLE cost_gjobs (id bigserial PRIMARY KEY, queue text NOT NULL, payload 
 CREATE INDEX ON cost_gjobs (priority, run_at) INCLUDE (id, queue) WHERE is_available"""
 
 STATEMENTS = {
-    "sql": ("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'cost', specs => (SELECT jsonb_agg("
-            "jsonb_build_object('i', i)) FROM generate_series(1, %(n)s) i))",
-            "SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost', worker => 'cost-1', n => %(b)s)",
-            "SELECT count(*) FROM pyscheduler.complete_tasks(rns => %(rns)b, tokens => %(tokens)b)"),
+    "sql": (sql.SUBMIT_SERIES, sql.LEASE_LEAN, sql.COMPLETE_LEASED_BINARY),  # with COST
     "graphile": ("INSERT INTO cost_gjobs (queue, payload) SELECT 'cost', jsonb_build_object('i', i)"
                  " FROM generate_series(1, %(n)s) i",
                  "UPDATE cost_gjobs SET attempts = cost_gjobs.attempts + 1, locked_by = 'cost-1', locked_at = now()"
@@ -81,13 +80,13 @@ def sql_cost(dsn: str, mode: str, tasks: int, batch: int, finished: int = 0) -> 
             conn.execute("SET synchronous_commit = off")  # backend CPU, not the WAL flush wait
         if mode == "graphile":
             a.execute(GJOBS)
-        a.execute(fill, {"n": tasks})
+        a.execute(fill, {"n": tasks, **COST})
         a.execute("VACUUM ANALYZE")
         lease_cpu = complete_cpu = 0.0
         done, started, server0 = 0, time.perf_counter(), server_cpu(a.info.backend_pid)
         while True:
             before = process_cpu(a.info.backend_pid)
-            rows = a.execute(lease, {"b": batch}).fetchall()
+            rows = a.execute(lease, {"b": batch, **COST}).fetchall()
             lease_cpu += process_cpu(a.info.backend_pid) - before
             if not rows:
                 break
@@ -105,15 +104,15 @@ def single_cost(dsn: str, tasks: int, finished: int = 0) -> str:
     """The single-task path: lease_task, then complete_task, one call each, one connection."""
     finish_ahead(dsn, finished)
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(STATEMENTS["sql"][0], {"n": tasks})
+        c.execute(sql.SUBMIT_SERIES, {"n": tasks, **COST})
         c.execute("VACUUM ANALYZE")
         pid, lease_cpu, complete_cpu = c.info.backend_pid, 0.0, 0.0
         for _ in range(tasks):
             before = process_cpu(pid)
-            task = c.execute("SELECT pyscheduler.lease_task(queue => 'cost', worker => 'cost-1')").fetchone()[0]
+            task = c.execute(sql.LEASE_ONE, (COST["queue"], COST["worker"])).fetchone()[0]
             lease_cpu += process_cpu(pid) - before
             before = process_cpu(pid)
-            c.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (task["rn"], task["token"]))
+            c.execute(sql.COMPLETE_ONE, (task["rn"], task["token"]))
             complete_cpu += process_cpu(pid) - before
     return (f"single: {tasks:,} tasks: backend CPU lease_task {lease_cpu / tasks * 1e6:.0f} us,"
             f" complete_task {complete_cpu / tasks * 1e6:.0f} us per call")
@@ -123,13 +122,11 @@ def delayed_cost(dsn: str, tasks: int, batch: int) -> str:
     """Submitting tasks for later: submit_tasks(run_in => 1 hour) in batches, one connection (the
     index entries a scheduled task writes)."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        submit = ("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'cost-delayed', specs => (SELECT "
-                  "jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, %s) i), run_in => '1 hour')")
-        c.execute(submit, (1,))  # plans cached before the measure
+        c.execute(sql.SUBMIT_LATER, ("cost-delayed", 1))  # plans cached before the measure
         pid = c.info.backend_pid
         before = process_cpu(pid)
         for _ in range(tasks // batch):
-            c.execute(submit, (batch,))
+            c.execute(sql.SUBMIT_LATER, ("cost-delayed", batch))
         spent = process_cpu(pid) - before
     return f"delayed: {tasks // batch * batch:,} tasks in batches of {batch}: backend CPU submit {spent / tasks * 1e6:.1f} us/task"
 
@@ -138,21 +135,20 @@ def submit_cost(dsn: str, tasks: int) -> str:
     """Submitting: one submit_task a call (3,000 at most), then submit_tasks of 1,000 specs built
     in Python, one connection, the queue emptied after."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("SELECT pyscheduler.submit_task(queue => 'cost-submit', spec => '{}')")  # plans cached
+        c.execute(sql.SUBMIT_ONE, ("cost-submit", "{}"))  # plans cached
         pid = c.info.backend_pid
         single = min(tasks, 3000)
         before = process_cpu(pid)
         for i in range(single):
-            c.execute("SELECT pyscheduler.submit_task(queue => 'cost-submit', spec => %s::jsonb)", (f'{{"i": {i}}}',))
+            c.execute(sql.SUBMIT_ONE, ("cost-submit", f'{{"i": {i}}}'))
         one = (process_cpu(pid) - before) / single
         specs = "[" + ",".join(f'{{"i": {i}}}' for i in range(1000)) + "]"
         before = process_cpu(pid)
         for _ in range(tasks // 1000):
-            c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => 'cost-submit', specs => %s::jsonb)",
-                      (specs,))
+            c.execute(sql.SUBMIT_MANY, ("cost-submit", specs))
         many = (process_cpu(pid) - before) / (tasks // 1000 * 1000)
-        c.execute("DELETE FROM pyscheduler.tasks WHERE queue = 'cost-submit'")
-        c.execute("SELECT pyscheduler._task_count_all()")
+        c.execute(sql.DELETE_QUEUE, ("cost-submit",))
+        c.execute(sql.TASK_COUNT_ALL)
     return (f"submit: backend CPU submit_task {one * 1e6:.1f} us/call ({single:,} calls), submit_tasks of 1,000 "
             f"{many * 1e6:.1f} us/task ({tasks // 1000 * 1000:,} tasks)")
 
@@ -161,13 +157,12 @@ def vacuum_cost(dsn: str, finished: int) -> str:
     """What a VACUUM of the tasks table costs after 2,000 leases and completions (autovacuum's
     threshold), with a retention period's finished tasks kept (--finished), three times."""
     finish_ahead(dsn, finished)
-    fill, _, complete = STATEMENTS["sql"]
+    fill, lease, complete = STATEMENTS["sql"]
     passes = []
     with psycopg.connect(dsn, autocommit=True) as c:
         for _ in range(3):
-            c.execute(fill, {"n": 2000})
-            rows = c.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'cost',"
-                             " worker => 'cost-1', n => 2000)").fetchall()
+            c.execute(fill, {"n": 2000, **COST})
+            rows = c.execute(lease, {"b": 2000, **COST}).fetchall()
             c.execute(complete, {"rns": [r[0] for r in rows], "tokens": [r[1] for r in rows]})
             before = process_cpu(c.info.backend_pid)
             c.execute("VACUUM pyscheduler.tasks")

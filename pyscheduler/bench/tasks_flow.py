@@ -29,26 +29,27 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from datetime import timedelta
+from uuid import UUID
 
 import psycopg
 
-from ..db import Jsonb
-from ..tasks import Worker
+from ..db import Jsonb, Session
+from ..tasks import Worker, sqlapi as tasks_sql
+from . import sqlapi as sql
 
 
 def submit(dsn: str, queue: str, n: int, keys: int | None) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         for start in range(0, n, 10_000):
             count = min(10_000, n - start)
-            c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(%s, %s, concurrency_keys => %s)",
-                      (queue, Jsonb([{"i": start + i} for i in range(count)]),
+            c.execute(sql.FLOW_SUBMIT, (queue, Jsonb([{"i": start + i} for i in range(count)]),
                        None if keys is None else [f"k{(start + i) % keys}" for i in range(count)]))
 
 
 def done(dsn: str, queue: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
-        return c.execute("SELECT count(*) FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'",
-                         (queue,)).fetchone()[0]
+        return c.execute(sql.COMPLETED_IN_QUEUE, (queue,)).fetchone()[0]
 
 
 PREFETCH: int | None = None  # the Worker's default
@@ -86,7 +87,7 @@ def run_workers(dsn: str, queue: str, n: int, workers: int, record: bool) -> tup
 
 def keys_mode(dsn: str, tasks: int, keys: int, workers: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("SELECT pyscheduler.set_queue_limits('flow-keys', running_per_key => 1)")
+        Session.borrow(c).call(tasks_sql.SET_QUEUE_LIMITS, queue="flow-keys", running_per_key=1)
     submit(dsn, "flow-keys", tasks, keys)
     limited, intervals = run_workers(dsn, "flow-keys", tasks, workers, record=True)
     # the sweep: per key, the handlers' intervals never overlap (spec i -> key i % keys)
@@ -115,7 +116,7 @@ def _node(dsn: str, queue: str, workers: int, seconds: float) -> None:
 
 def rate_mode(dsn: str, rate: int, seconds: float) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("SELECT pyscheduler.set_rate_limit('flow-rate', %s, '1 second')", (rate,))
+        Session.borrow(c).call(tasks_sql.SET_RATE_LIMIT, queue="flow-rate", starts=rate, per=timedelta(seconds=1))
     submit(dsn, "flow-rate", int(rate * (seconds + 15)), None)
     nodes = [multiprocessing.Process(target=_node, args=(dsn, "flow-rate", 2, seconds + 5)) for _ in range(2)]
     for p in nodes:
@@ -123,13 +124,9 @@ def rate_mode(dsn: str, rate: int, seconds: float) -> None:
     for p in nodes:
         p.join()
     with psycopg.connect(dsn, autocommit=True) as c:
-        first = c.execute("SELECT min(leased_at) FROM pyscheduler.tasks WHERE queue = 'flow-rate'").fetchone()[0]
-        total = c.execute("SELECT count(*) FROM pyscheduler.tasks WHERE queue = 'flow-rate' AND leased_at >= %s "
-                          "AND leased_at < %s + make_interval(secs => %s)", (first, first, seconds)).fetchone()[0]
-        windows = c.execute(
-            "SELECT floor(extract(epoch FROM leased_at - %s) / 10) AS w, count(*) FROM pyscheduler.tasks "
-            "WHERE queue = 'flow-rate' AND leased_at >= %s AND leased_at < %s + make_interval(secs => %s) "
-            "GROUP BY 1 ORDER BY 1", (first, first, first, seconds)).fetchall()
+        first = c.execute(sql.FLOW_FIRST_LEASE, ("flow-rate",)).fetchone()[0]
+        total = c.execute(sql.FLOW_LEASES, ("flow-rate", first, first, seconds)).fetchone()[0]
+        windows = c.execute(sql.FLOW_LEASES_PER_10S, (first, "flow-rate", first, first, seconds)).fetchall()
     per = total / seconds
     print(f"rate: limit {rate}/s (a bucket of {rate}), 4 workers in 2 processes, {seconds:.0f} s: {total:,} leases, "
           f"{per:,.1f}/s ({(per / rate - 1) * 100:+.1f} %); per 10 s: "
@@ -138,10 +135,11 @@ def rate_mode(dsn: str, rate: int, seconds: float) -> None:
 
 def join_mode(dsn: str, children: int, workers: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
-        rns = [r[0] for r in c.execute("SELECT (task ->> 'rn')::uuid FROM pyscheduler.submit_tasks('flow-join', %s)",
-                                       (Jsonb([{"i": i} for i in range(children)]),)).fetchall()]
-        join = c.execute("SELECT (pyscheduler.submit_task('flow-join', '{\"join\": true}', after => %s) ->> 'rn')::uuid",
-                         (rns,)).fetchone()[0]
+        session = Session.borrow(c)
+        rns = [UUID(r["task"]["rn"]) for r in session.call(tasks_sql.SUBMIT_TASKS, queue="flow-join",
+                                                           specs=Jsonb([{"i": i} for i in range(children)]))]
+        join = UUID(session.call_value(tasks_sql.SUBMIT_TASK, queue="flow-join", spec=Jsonb({"join": True}),
+                                       after=rns)["rn"])
     seen = threading.Event()
 
     def handler(ctx):
@@ -156,9 +154,7 @@ def join_mode(dsn: str, children: int, workers: int) -> None:
         for r in running:
             r.stop()
     with psycopg.connect(dsn, autocommit=True) as c:
-        last, leased = c.execute(
-            "SELECT (SELECT max(updated) FROM pyscheduler.tasks WHERE rn = ANY (%s)), "
-            "(SELECT leased_at FROM pyscheduler.tasks WHERE rn = %s)", (rns, join)).fetchone()
+        last, leased = c.execute(sql.FLOW_JOIN_TIMES, (rns, join)).fetchone()
     print(f"join: {children:,} children, {workers} workers: the join was leased {(leased - last).total_seconds() * 1000:.1f} ms "
           f"after the last child's completion")
 
@@ -168,15 +164,13 @@ def workflow_mode(dsn: str, sizes: list[int], rounds: int) -> None:
     of that many nodes, one call each, timed at the client twice: the call with its answer
     received and parsed, and the call alone (the answer reduced to a count or a size in the
     server: the backend's time)."""
-    calls = {"submit_tasks": ("SELECT pyscheduler.submit_tasks('flow-wf', %s)",
-                              "SELECT count(*) FROM pyscheduler.submit_tasks('flow-wf', %s)"),
-             "workflow": ("SELECT pyscheduler.submit_workflow(%s)",
-                          "SELECT pg_column_size(pyscheduler.submit_workflow(%s))")}
+    calls = {"submit_tasks": (sql.FLOW_SUBMIT_TASKS, sql.FLOW_SUBMIT_TASKS_COUNT),
+             "workflow": (sql.FLOW_SUBMIT_WORKFLOW, sql.FLOW_SUBMIT_WORKFLOW_SIZE)}
     shapes = {"chain": lambda i: [f"n{i - 1}"] if i else [], "fan-out": lambda i: ["n0"] if i else []}
 
-    def timed(c: psycopg.Connection, sql: str, arg: Jsonb) -> float:
+    def timed(c: psycopg.Connection, statement: str, *params: object) -> float:
         started = time.perf_counter()
-        c.execute(sql, (arg,)).fetchall()
+        c.execute(statement, params).fetchall()
         return time.perf_counter() - started
 
     print(f"workflow: one call each, median of {rounds}; x = submit_workflow / submit_tasks of as many specs")
@@ -185,7 +179,7 @@ def workflow_mode(dsn: str, sizes: list[int], rounds: int) -> None:
             times: dict[tuple[str, int], list[float]] = defaultdict(list)
             for _ in range(rounds):
                 for k in (0, 1):  # answer received, backend only
-                    times["submit_tasks", k].append(timed(c, calls["submit_tasks"][k],
+                    times["submit_tasks", k].append(timed(c, calls["submit_tasks"][k], "flow-wf",
                                                           Jsonb([{"i": i} for i in range(n)])))
                     for shape, after in shapes.items():
                         nodes = [{"name": f"n{i}", "queue": "flow-wf", "spec": {"i": i}, "after": after(i)}

@@ -1,9 +1,9 @@
-"""What the future checks' Python asks of sql/checks/: every function it uses, the statements of
-its bench, and the limits it keeps to before a round trip (pyscheduler/sqlapi.py)."""
+"""What the future checks' Python asks of sql/checks/: every function and view it uses, and the
+limits it keeps to before a round trip (pyscheduler/sqlapi.py)."""
 
 from __future__ import annotations
 
-from ..sqlapi import Fn, Query
+from ..sqlapi import Fn, Query, View
 
 # a pending check (the type future_check): what due_checks, catch_up_checks and list_checks return
 _CHECK = ("id", "entity_name", "entity_key", "job", "kind", "payload", "first_check_at", "next_check_at",
@@ -18,6 +18,14 @@ LIST_CHECKS = Fn("list_checks", ("entity_name", "entity_key", "job", "max", "aft
 CHECK_HISTORY = Fn("check_history", ("entity_name", "entity_key", "job", "max", "before_at", "before_id"),
                    ("id", "entity_name", "entity_key", "job", "kind", "payload", "first_check_at", "last_check_at",
                     "check_count", "outcome", "error", "last_took", "total_took", "created", "ended", "owner"))
+
+# -- views (the dashboard) -------------------------------------------------------------------------
+
+CHECKS_PER_SLOT = View("checks_per_slot", ("slot", "checks", "sql_jobs", "python_jobs", "task_jobs"))
+# oldest first: a LIMIT stops its index walk
+OVERDUE_CHECKS = View("overdue_checks", ("entity_name", "entity_key", "job", "kind", "next_check_at", "overdue",
+                                         "why"))
+CHECK_OUTCOMES = View("check_outcomes", ("job", "outcome", "checks", "avg_last_took", "max_last_took"))
 
 # -- the runner ------------------------------------------------------------------------------------
 
@@ -40,21 +48,6 @@ TERMINATE_BACKEND = Query("SELECT pg_terminate_backend(%s)")
 
 FINISH_CHECK = Fn("finish_check", ("id", "next_check_at", "error", "took", "claim"), ("outcome",))
 SET_CHECK_SETTINGS = Fn("set_check_settings", ("resolution",), ("resolution",))
-
-# -- the bench (pyscheduler bench checks): checks inserted straight into the table -----------------
-
-BENCH_FILL = Query("""
-INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at,
-                                max_checks, horizon, created, owner)
-SELECT %s, i::text, %s, %s, s, s, 5, '30 days', now(), current_user
-  FROM generate_series(%s::bigint, %s::bigint) i,
-       LATERAL (SELECT %s::timestamptz + CASE WHEN %s THEN (1 + mod(i, 2880)) * %s::interval
-                                              ELSE interval '0' END AS s) x
-""")  # (entity, job, kind, first id, last id, slot, spread over the next slots?, resolution)
-BENCH_CLEAN_CHECKS = Query("DELETE FROM pyscheduler.checks WHERE entity_name = %s")
-BENCH_CLEAN_HISTORY = Query("DELETE FROM pyscheduler.check_history WHERE entity_name = %s")
-BENCH_DONE = Query("SELECT count(*) AS n FROM pyscheduler.check_history WHERE entity_name = %s AND outcome = 'done'")
-BENCH_DUE = Query("SELECT count(*) FROM pyscheduler.due_checks(slot => %s, max => %s)")  # under EXPLAIN ANALYZE
 
 # -- limits: SQL's, kept to in Python first. tests/test_checks_limits.py holds each to SQL. ----------
 

@@ -1,10 +1,10 @@
 """What the recurring schedules' Python asks of SQL: every function, view and statement it
-uses (the client, the daemons, the CLI, the demo and the bench), and the limits it checks
-before the round trip. ``tests/test_sqlapi.py`` checks each entry against the catalog."""
+uses (the client, the daemons, the CLI and the demo), and the limits it checks before the
+round trip. ``tests/test_sqlapi.py`` checks each entry against the catalog."""
 
 from __future__ import annotations
 
-from ..sqlapi import Fn, Query, View
+from ..sqlapi import Fn, View
 
 # -- limits Python checks before the round trip: the SQL functions refuse one more with PS312 ---
 
@@ -30,6 +30,14 @@ SCHEDULE_RUNS = Fn("schedule_runs", ("name", "with_outcome", "since", "max_runs"
                     "error", "task_rn"))
 UPCOMING_RUNS = Fn("upcoming_runs", ("name", "n"), ("run_at",))
 EXECUTION_COUNT = Fn("execution_count", ("name", "outcome"))
+
+# -- views (the dashboard): schedules_due_soon lists the late ones first, by due time ---------------
+
+SCHEDULES_DUE_SOON = View("schedules_due_soon", ("name", "due_at", "due_in", "triggered", "critical"))
+SCHEDULES_LATE_COUNT = Fn("schedules_late_count", ("up_to",))  # the rows of schedules_late, up to up_to
+SCHEDULES_FAILING = View("schedules_failing", ("name", "consecutive_failures", "last_error"))
+SCHEDULES_PAUSED = View("schedules_paused", ("name", "paused_since", "paused_note"))
+SCHEDULES_LATE = View("schedules_late", ())  # read whole by the benches
 
 # -- the daemons (scheduler role) ----------------------------------------------------------------
 
@@ -59,32 +67,3 @@ PURGE_EXECUTIONS = Fn("purge_executions", ("max_executions",))
 
 # the tasks' view: what the demo's task target left on its queue
 TASK_COUNTS = View("task_counts", ("queue", "status", "tasks"))
-
-# -- the bench (pyscheduler bench schedules): setup and cleanup behind the functions' back ---------
-
-# the columns a bench schedule is cloned with from the first one (all but id, name and the
-# generated ones; tests/test_schedules_sql.py checks it is every one): 1M create_schedule calls
-# would take ~15 minutes, and the setup is not what is measured
-CLONED_COLUMNS = (
-    "every", "cron", "cron_spec", "tz", "start_at", "end_at", "max_runs", "target_kind", "target", "priority",
-    "payload", "retry_attempts", "retry_base", "retry_jitter", "critical", "catchup_window", "overlap", "paused",
-    "paused_note", "next_run_at", "trigger_at", "runs_count", "fired_count", "failed_count", "skipped_count",
-    "missed_count", "consecutive_failures", "last_expected_at", "last_outcome", "last_error", "task_rns",
-    "claim_token", "claimed_until", "created", "updated", "owner", "ended_note")
-# (name prefix, first i, last i, id of the schedule cloned) -> id of each clone, named prefix || i
-CLONE_SCHEDULES = Query(
-    f"INSERT INTO pyscheduler.schedules (name, {', '.join(CLONED_COLUMNS)}) "
-    f"SELECT %s || i, {', '.join('s.' + c for c in CLONED_COLUMNS)} FROM pyscheduler.schedules s, "
-    "generate_series(%s::int, %s::int) i WHERE s.id = %s RETURNING id")
-# (first due ms, n, spread s, n, ids): schedule k of ids due at first + (k mod n) * spread / n
-ARM_SCHEDULES = Query(
-    "UPDATE pyscheduler.schedules s SET next_run_at = timestamptz 'epoch' + "
-    "(%s + ((a.o - 1) %% %s) * 1000 * %s::numeric / %s)::bigint * interval '1 millisecond' "
-    "FROM unnest(%s::bigint[]) WITH ORDINALITY a(id, o) WHERE s.id = a.id")
-SCHEDULE_DUE = Query("SELECT id, next_run_at FROM pyscheduler.schedules WHERE id = ANY(%s)")
-# (name LIKE pattern) twice: executions first (no foreign key), then the schedules
-DROP_EXECUTIONS = Query("DELETE FROM pyscheduler.schedule_executions WHERE schedule_id IN "
-                        "(SELECT id FROM pyscheduler.schedules WHERE name LIKE %s)")
-DROP_SCHEDULES = Query("DELETE FROM pyscheduler.schedules WHERE name LIKE %s")
-# the bench's own backend and database: the CPU meter tells its processes from the server's
-BACKEND = Query("SELECT pg_backend_pid() AS pid, current_database() AS db")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from uuid import UUID
 
-from ..sqlapi import Fn, Query, View
+from ..sqlapi import Fn, View
 
 # -- clients (TaskClient, AsyncTaskClient, the CLI) ------------------------------------------------
 
@@ -33,6 +33,8 @@ QUEUE_LIMITS = View("queue_limits", ("queue", "running_per_key", "running_total"
 QUEUE_STATUS = View("queue_status", ("queue", "ready", "delayed", "running", "paused", "paused_by", "note",
                                      "oldest_ready_age", "next_due"))
 TASK_COUNTS = View("task_counts", ("queue", "status", "tasks"))
+EXPIRED_LEASES = View("expired_leases", ("rn", "queue", "owner", "deadline", "overdue", "progress"))
+OLDEST_READY_TASKS = View("oldest_ready_tasks", ())  # read whole by pyscheduler bench flatness
 
 # -- the Worker: lease, heartbeats, outcomes -------------------------------------------------------
 
@@ -59,12 +61,10 @@ PARENT_RESULTS = Fn("parent_results", ("rn", "token"))
 RESET_EXPIRED_TASKS = Fn("reset_expired_tasks", ("max_tasks",), ("task",))
 CLEANUP_TASKS = Fn("cleanup_tasks", ("retention", "max_tasks"))
 
-# -- benches (pyscheduler bench tasks, bench peers): one task per lease, and their own queues ------
+# -- one task per lease (pyscheduler bench tasks; the Worker leases in batches) ---------------------
 
 LEASE_TASK = Fn("lease_task", ("queue", "worker", "timeout"))
 COMPLETE_AND_LEASE = Fn("complete_and_lease", ("worker", "queue", "rn", "token", "timeout"))
-COMPLETED_IN_QUEUE = Query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'")
-DELETE_QUEUE = Query("DELETE FROM pyscheduler.tasks WHERE queue = %s")  # a bench's own rows, nothing else
 
 # -- NOTIFY channels (sql/tasks/1_model.sql, "Notifications") --------------------------------------
 

@@ -140,10 +140,10 @@ def _prepare(a: Args, connections: int = 2):
 
 
 def _durable(db) -> Callable[[], int]:
-    from ...tasks import sqlapi as sql
+    from ..sqlapi import COMPLETED_IN_QUEUE
 
     def count() -> int:
-        return db.query(sql.COMPLETED_IN_QUEUE, (QUEUE,))[0]["n"]
+        return db.query(COMPLETED_IN_QUEUE, (QUEUE,))[0]["n"]
     return count
 
 
