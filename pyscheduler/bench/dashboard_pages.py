@@ -1,13 +1,12 @@
-"""Page times of the dashboard (issue 17: <= 200 ms p95 with 1,000,000 tasks, 100,000
-schedules and 1,000,000 checks stored).
+"""Page times of the dashboard with much stored work (docs/benchmarks.md, "Dashboard page times").
 
-    python bench/dashboard_pages.py [--tasks 1000000 --schedules 100000 --checks 1000000] [--requests 30]
+    python -m pyscheduler.bench.dashboard_pages [--tasks 1000000 --schedules 100000 --checks 1000000] [--requests 30]
 
-Starts an embedded PostgreSQL (or uses --dsn: a database it may fill), migrates, stores
-the work with set-based SQL (tasks: 1 % ready, 1 % scheduled, 0.1 % running, 2 % aborted,
-the rest completed over the last day, ids time-ordered as submit_task makes them; checks pending over the next 30 days; schedules
-with executions), VACUUM ANALYZE, then serves the dashboard on a monitor login and times
-each page over HTTP (wall time per request, p50/p95/max)."""
+Starts an embedded PostgreSQL (or uses --dsn: a database it may fill), stores the work with
+set-based SQL (fill: tasks over the last day, time-ordered ids, a few ready, scheduled,
+running and aborted; schedules with executions; checks over the next 30 days), then serves
+the dashboard on a monitor login and times each page over HTTP (p50/p95/max per page).
+"""
 
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
-"""Chaos run of the delay queue: relays SIGKILLed and restarted while messages flow.
+"""Chaos run of the delay queue: relays SIGKILLed and restarted while messages flow, then a
+fresh read of the output topic counts the messages lost, early (before deadline - timing
+advance) and duplicated; exit code 1 when any was lost or early (docs/operations.md).
 
-    python bench/delay_chaos.py [--audit] [--duration 60] [--rate 2000] [--nodes 3]
+    python -m pyscheduler.bench.delay_chaos [--audit] [--duration 60] [--rate 2000] [--nodes 3]
 
-Three relay processes (one consumer group) on a 6-partition input topic, 2,000
-msg/s for 60 s, deadlines 1-4 s ahead, hold time 3 s, session.timeout.ms 6000;
-every 6 s one random relay is SIGKILLed and restarted. A reader tails the
-output topic (assign) as an application would. At the end the output topic is
-read again from the start by a fresh consumer, and that read is what counts:
-
-    lost        ids produced (and acknowledged) but not on the output topic
-    early       copies published before deadline - timing advance
-    duplicates  extra copies (allowed: at-least-once; counted)
-
---audit installs a trigger that records every INSERT, claim, reset and DELETE
-of pyscheduler.delay_messages with the node and the time, and prints the trail
-of any id the fresh read misses or the tailing reader missed. Uses
---dsn/--bootstrap-servers, else an embedded PostgreSQL and broker. Exit code 1
-when anything was lost or early.
+--audit records every insert, claim, reset and delete of pyscheduler.delay_messages (a
+trigger into public.delay_audit) and prints the trail of any id a reader missed. Uses
+--dsn/--bootstrap-servers, else an embedded PostgreSQL and broker.
 """
 
 from __future__ import annotations

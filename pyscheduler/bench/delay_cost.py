@@ -1,13 +1,12 @@
 """What a delay message costs the database on the relay's path: backend CPU per message of
 enqueue_messages, then ready_and_claim + delete_fired, read from /proc (so the figures hold on a
-loaded machine where rates do not). Run on the database server's machine, on migrated scratch
-databases; with two or more, the runs alternate A/B/B/A (docs/benchmarks.md, "Kept counts and
-live-status pages"):
+loaded machine where rates do not).
 
-    python bench/delay_cost.py "$DSN_A" "$DSN_B" --messages 20000 --rounds 4
+    python -m pyscheduler.bench.delay_cost "$DSN_A" "$DSN_B" --messages 20000 --rounds 4
 
-Each run enqueues its messages due now (batches of 1,000, store_late), then claims and fires
-them in batches of 1,000 with a node of its own; they are gone at the end.
+On the database server's machine, on migrated scratch databases; with two or more the runs
+alternate A/B/B/A. A run enqueues its messages due now (batches of 1,000, store_late), then
+claims and fires them in batches of 1,000 with a node of its own; none is left.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""Compare the delay relay of two checkouts, interleaved, on the same servers (issue 10 item 3).
+"""Compare the delay relay of two checkouts, interleaved, on the same servers.
 
-    python bench/delay_relay_compare.py --base /tmp/relay-base --rates 1000,10000,20000 --rounds 2
+    python -m pyscheduler.bench.delay_relay_compare --base /tmp/relay-base --rates 1000,10000,20000 --rounds 2
 
-Starts one embedded PostgreSQL and one tansu broker, creates a database per checkout,
-then for each round and rate runs ``python -m pyscheduler bench delay`` of each
-checkout in turn (order alternating per round; PYTHONPATH selects the checkout, so
-each side uses its own relay, SQL and bench) against those servers, and samples the
-CPU time (utime + stime from /proc) of the relay processes the bench starts, of the
-PostgreSQL server's processes and of the broker, from the start of producing (after
-the relays started and passed the warm-up message) until the relays stop. Prints one line per run: steady
-msg/s, jitter percentiles, lost / duplicates, relay CPU seconds and microseconds per
-message, PostgreSQL and broker CPU per message, and the load average.
+One embedded PostgreSQL and broker, a database per checkout; for each round and rate, each
+checkout's ``pyscheduler bench delay`` in turn (PYTHONPATH selects it), while a Sampler reads
+the CPU of its relays, of the server's processes and of the broker from /proc. One line per
+run: steady msg/s, jitter percentiles, lost / duplicates, CPU per message, load average.
 """
 
 from __future__ import annotations

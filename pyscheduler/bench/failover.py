@@ -1,38 +1,12 @@
-"""PostgreSQL failover under load, nothing acknowledged lost (issue 18, section 2).
+"""PostgreSQL failover under load, nothing acknowledged lost (docs/operations.md, "PostgreSQL
+failover"). A primary and a synchronous standby, all four capabilities running on the multi-host
+DSN (``pyscheduler run``, a Worker, a submitter, a DelayProducer, schedules and a check); the
+primary SIGKILLed and the standby promoted; then ``verdict`` checks every acknowledged task,
+message, firing and check slot on the new primary, and each capability's gap is timed.
+``--async-replication`` counts what an asynchronous standby loses; exit status 1 when a
+synchronous round lost anything or a check failed:
 
-A primary and a streaming-replication standby from the pgserver wheel's binaries
-(``pg_basebackup -R``), synchronous replication on (``synchronous_standby_names``),
-and pyscheduler running all four capabilities against the multi-host DSN
-``postgresql://...@primary,standby/...?target_session_attrs=read-write``:
-
-* ``pyscheduler run`` (a separate process): the delay relay, the tasks monitor, the
-  schedules' index relay and executors (Redis), the checks runner;
-* here: a ``Worker`` on queue ``fo``, a submitter (``TaskClient.submit`` every few ms),
-  a ``DelayProducer`` (messages due 1-3 s later), each remembering what was
-  acknowledged (the submit returned; the broker confirmed the message);
-* schedules every second with a Kafka and a task target, and a future check whose
-  SQL job runs every second.
-
-Then the primary is SIGKILLed and the standby promoted (``pg_promote()``), and nothing
-else is pointed anywhere by hand. Afterwards, on the new primary:
-
-* every task whose submit returned exists and is completed (the Scylla contract:
-  at least once; a lease lost in the crash runs again);
-* every delayed message the input topic acknowledged reached the output topic at
-  least once (a fresh read of the topic);
-* every schedule occurrence from the recovery on fired and is recorded once (each
-  schedule's fired_count equals its execution rows, the task target made one task
-  per firing, and no expected second is missing);
-* the check ran for every second from the recovery on, and no slot ran twice;
-* per capability, the gap: seconds from the kill until it made progress again.
-
-``--async-replication`` runs the same with ``synchronous_standby_names`` empty and
-counts what was lost (acknowledged by the old primary, never replicated)::
-
-    python bench/failover.py --rounds 5
-    python bench/failover.py --rounds 5 --async-replication
-
-Exit status 1 when a synchronous round lost anything or a check failed.
+    python -m pyscheduler.bench.failover --rounds 5 [--async-replication]
 """
 
 from __future__ import annotations

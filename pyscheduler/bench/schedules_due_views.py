@@ -1,8 +1,8 @@
-"""The schedules' due views with many schedules that fire more often than hourly (issue 21,
-migration 0023): N schedules every minute, all due within the next minute and none late (a
-healthy deployment of the seed's workload), then the median of 5 calls of each view.
+"""The schedules' due views with many schedules that fire more often than hourly: N schedules
+every minute, all due within the next minute and none late, then the median of 5 calls of
+each view (docs/benchmarks.md, "The due views' index").
 
-    python bench/schedules_due_views.py SERVER_DSN [--n 200000]
+    python -m pyscheduler.bench.schedules_due_views SERVER_DSN [--n 200000]
 
 A database ``due_views`` is made anew on that server and migrated by the pyscheduler on
 PYTHONPATH (run it from two checkouts to compare); it is dropped at the end.

@@ -1,13 +1,10 @@
-"""A/B: what the Redis firing path costs the database in two versions of the schema, e.g. before
-and after a migration that changes the schedules' indexes (issue 21: the due_at index of
-migration 0023, which makes a firing a non-HOT update, against the due_hour column of 0021).
-The path is ``pyscheduler bench flatness``'s: fire_details + record_executions of 10,000
-non-critical schedules every 1 s. Two databases, A and B, migrated by the two versions (run
-``pyscheduler migrate`` from each checkout), each filled with the flatness bench's schedules
-when empty; interleaved A, B, B, A, four times; medians of wall time and backend CPU per firing,
-and the indexes each database keeps on schedules.
+"""A/B: what the Redis firing path costs the database in two versions of the schema (e.g. before
+and after a migration that changes the schedules' indexes): ``pyscheduler bench flatness``'s
+path, fire_details + record_executions of 10,000 schedules, on databases A and B migrated by
+the two versions and filled with the flatness bench's schedules when empty; A, B, B, A four
+times; medians of wall time and backend CPU per firing, and each database's indexes.
 
-    python bench/schedules_firing_ab.py DSN_A DSN_B [--n 10000]
+    python -m pyscheduler.bench.schedules_firing_ab DSN_A DSN_B [--n 10000]
 """
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import argparse
 import statistics
 
 from . import sqlapi as sql
-from .flatness import Backend, Result, Schedules, _time
+from .flatness_sections import Backend, Result, Schedules, time_measure
 
 
 def main() -> None:
@@ -35,7 +32,7 @@ def main() -> None:
     for k in ["A", "B", "B", "A"] * 4:
         b = backends[k]
         b.q("VACUUM pyscheduler.schedules")
-        _time(b, m, res[k])
+        time_measure(b, m, res[k])
     for k, r in res.items():
         indexes = [x["i"] for x in backends[k].q(
             "SELECT pg_get_indexdef(indexrelid) AS i FROM pg_index WHERE indrelid = 'pyscheduler.schedules'::regclass "

@@ -1,8 +1,7 @@
-"""Start-up costs: embedded servers and migrate (fresh install, step by step, up to date).
+"""Start-up costs: embedded servers and migrate (fresh install, step by step, up to date); the
+median of each over the rounds.
 
-    python bench/startup.py [--rounds 5]
-
-Prints the median of each over the rounds.
+    python -m pyscheduler.bench.startup [--rounds 5]
 """
 
 import argparse
@@ -26,7 +25,7 @@ def timed(fn):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     rounds = parser.parse_args().rounds
     starts: dict[str, list[float]] = {}

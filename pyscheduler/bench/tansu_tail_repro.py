@@ -1,14 +1,11 @@
-"""Minimal reproduction: a consumer tailing the embedded broker (tansu) can skip
-acknowledged messages while several producers write the same partitions.
+"""Minimal reproduction: a consumer tailing the embedded broker (tansu) can skip acknowledged
+messages while several producers write the same partitions (docs/operations.md).
 
-    python bench/tansu_tail_repro.py [--runs 4] [--producers 3] [--partitions 6] [--rate 6000] [--duration 30]
+    python -m pyscheduler.bench.tansu_tail_repro [--runs 4] [--producers 3] [--partitions 6] [--rate 6000]
 
-No pyscheduler code is involved: N producers (each its own client) write
---rate msg/s in total round-robin over the partitions and wait for every
-acknowledgement; one consumer tails the topic with assign() from the start
-while they write. Afterwards a fresh consumer reads the topic from the start.
-Per run it prints how many acknowledged messages the tailing consumer never
-saw although the fresh read finds them. See docs/operations.md.
+No pyscheduler code involved: producers write round-robin and wait for every acknowledgement
+while one consumer tails the topic (assign); per run, how many acknowledged messages the tail
+never saw although a fresh read finds them.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
-"""What a task costs the database: per-task CPU of the server backends (and of the worker's
-Python), read from /proc, so the figures hold on a loaded machine where rates do not.
-Run on the database server's machine (it reads the backends' /proc/<pid>/stat), as a user
-allowed to read them, on a migrated scratch database (docs/benchmarks.md, "What a task
-costs the database"):
+"""What a task costs the database: per-task CPU of the server's backends (and of the worker's
+Python), from /proc, so the figures hold on a loaded machine where rates do not.
 
-    python bench/tasks_cost.py sql "$DSN"        # lease_tasks_lean n=500 + complete_tasks, two connections
-    python bench/tasks_cost.py graphile "$DSN"   # the same work in graphile-worker's shape (its own table)
-    python bench/tasks_cost.py worker "$DSN"     # one Worker, capacity 10, no-op handler
-    python bench/tasks_cost.py single "$DSN"     # lease_task + complete_task, one call each (3,000 tasks)
-    python bench/tasks_cost.py delayed "$DSN" --tasks 20000   # submit_tasks(run_in => 1 hour), batches of 1,000
-    python bench/tasks_cost.py submit "$DSN" --tasks 20000    # submit_task one a call, then submit_tasks of 1,000
-    python bench/tasks_cost.py vacuum "$DSN" --finished 500000   # VACUUM of the tasks table per 2,000 tasks
+    python -m pyscheduler.bench.tasks_cost MODE "$DSN" [--tasks 50000] [--batch 500] [--finished 0]
 
-Options: --tasks (50,000), --batch (500), --finished (0): first submit, lease and complete that
-many tasks of queue 'cost-done' unmeasured, the finished tasks a deployment keeps for its
-retention period (the sql and worker modes). Each run adds its tasks to queue 'cost' (the sql
-and worker modes) or to table cost_gjobs (graphile, dropped first). Besides the backends of the
-run, it reports the CPU of the whole server per task (every PostgreSQL process: autovacuum and
-the other background processes included), so run it on a server of its own.
-"""
+On the database server's machine, a migrated scratch database of a server of its own (the
+whole server's CPU is reported too). The modes (MODES) add their tasks to queue 'cost' (graphile:
+table cost_gjobs). docs/benchmarks.md, "What a task costs the database"."""
 
 from __future__ import annotations
 
@@ -204,13 +191,27 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
             f" its {len(pids)} backends {backends / tasks * 1e6:.1f} us, server {server / tasks * 1e6:.1f} us")
 
 
+MODES = {
+    "sql": "lease_tasks_lean n=--batch + complete_tasks, two connections",
+    "graphile": "the same work in graphile-worker's shape (its own table)",
+    "worker": "one Worker, capacity 10, no-op handler",
+    "single": "lease_task + complete_task, one call each (3,000 tasks at most)",
+    "delayed": "submit_tasks(run_in => 1 hour), batches of 1,000",
+    "submit": "submit_task one a call, then submit_tasks of 1,000",
+    "vacuum": "VACUUM of the tasks table per 2,000 tasks (with --finished kept)",
+}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "delayed", "submit", "vacuum"])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="modes: " + "; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    parser.add_argument("mode", choices=list(MODES))
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--finished", type=int, default=0)
+    parser.add_argument("--finished", type=int, default=0,
+                        help="first submit, lease and complete that many tasks of queue 'cost-done', unmeasured "
+                             "(the sql, worker, single and vacuum modes)")
     a = parser.parse_args()
     stats.require_local(a.dsn)
     if a.mode == "worker":

@@ -1,24 +1,10 @@
-"""Flow control for tasks (issue 20): what limits, rate limits and dependencies cost, and
-whether they hold. Run on a migrated scratch database (docs/benchmarks.md, "Flow control"):
+"""Flow control for tasks: what limits, rate limits and dependencies cost, and whether they
+hold, on a migrated scratch database (docs/benchmarks.md, "Flow control").
 
-    python bench/tasks_flow.py keys "$DSN"      # 100,000 tasks over 1,000 keys, running_per_key 1, 10 workers,
-                                                 # then the same tasks without limits (the baseline)
-    python bench/tasks_flow.py rate "$DSN"      # 500 starts/s for 60 s, 4 workers in 2 processes ("nodes")
-    python bench/tasks_flow.py join "$DSN"      # 10,000 children, then one join after them all
-    python bench/tasks_flow.py workflow "$DSN"  # submit_workflow of 1k/2k/4k/10k nodes against submit_tasks
+    python -m pyscheduler.bench.tasks_flow keys|rate|join|workflow "$DSN"
 
-keys: the workers are threads of this process; each handler records when it began and ended
-(after its lease committed, before its completion committed), and a sweep of those intervals
-per key checks that no key ever had more than one task running; the run fails otherwise.
-rate: every lease's time is its task's TaskAssignment (leased_at); the rate is the leases
-begun from the first lease on, per second, over 60 s, and per 10 s window.
-join: the time from the last child's completion (its commit) to the join's lease.
-workflow: per size, one submit_tasks of that many specs, then one submit_workflow of a chain
-(each node after the one before) and of a fan-out (one root, every other node after it), each a
-single call, median of --rounds, timed with its answer received and parsed and again with the
-answer reduced in the server (the backend's time); the ratio is workflow / submit_tasks.
-Options: --tasks, --keys, --workers, --seconds, --rate, --sizes, --rounds.
-"""
+The modes (MODES, each its function's docstring): keys_mode fails the run when a key ever had
+two tasks running; rate_mode, join_mode and workflow_mode print what they measured."""
 
 from __future__ import annotations
 
@@ -86,6 +72,10 @@ def run_workers(dsn: str, queue: str, n: int, workers: int, record: bool) -> tup
 
 
 def keys_mode(dsn: str, tasks: int, keys: int, workers: int) -> None:
+    """``tasks`` tasks over ``keys`` keys, running_per_key 1, ``workers`` Workers (threads of this
+    process), then the same tasks without limits (the baseline). Each handler records when it
+    began and ended (after its lease committed, before its completion committed), and a sweep of
+    those intervals per key checks that no key ever had more than one task running."""
     with psycopg.connect(dsn, autocommit=True) as c:
         Session.borrow(c).call(tasks_sql.SET_QUEUE_LIMITS, queue="flow-keys", running_per_key=1)
     submit(dsn, "flow-keys", tasks, keys)
@@ -115,6 +105,8 @@ def _node(dsn: str, queue: str, workers: int, seconds: float) -> None:
 
 
 def rate_mode(dsn: str, rate: int, seconds: float) -> None:
+    """``rate`` starts/s for ``seconds``, 4 workers in 2 processes ("nodes"): the leases begun
+    from the first lease on (each task's leased_at), per second over the run and per 10 s."""
     with psycopg.connect(dsn, autocommit=True) as c:
         Session.borrow(c).call(tasks_sql.SET_RATE_LIMIT, queue="flow-rate", starts=rate, per=timedelta(seconds=1))
     submit(dsn, "flow-rate", int(rate * (seconds + 15)), None)
@@ -134,6 +126,8 @@ def rate_mode(dsn: str, rate: int, seconds: float) -> None:
 
 
 def join_mode(dsn: str, children: int, workers: int) -> None:
+    """``children`` tasks, then one join after them all: the time from the last child's
+    completion (its commit) to the join's lease."""
     with psycopg.connect(dsn, autocommit=True) as c:
         session = Session.borrow(c)
         rns = [UUID(r["task"]["rn"]) for r in session.call(tasks_sql.SUBMIT_TASKS, queue="flow-join",
@@ -160,10 +154,11 @@ def join_mode(dsn: str, children: int, workers: int) -> None:
 
 
 def workflow_mode(dsn: str, sizes: list[int], rounds: int) -> None:
-    """Per size: submit_tasks of that many specs, and submit_workflow of a chain and of a fan-out
-    of that many nodes, one call each, timed at the client twice: the call with its answer
+    """Per size: submit_tasks of that many specs, and submit_workflow of a chain (each node after
+    the one before) and of a fan-out (one root, every other node after it) of that many nodes,
+    one call each, median of ``rounds``, timed at the client twice: the call with its answer
     received and parsed, and the call alone (the answer reduced to a count or a size in the
-    server: the backend's time)."""
+    server: the backend's time). The ratio is workflow / submit_tasks."""
     calls = {"submit_tasks": (sql.FLOW_SUBMIT_TASKS, sql.FLOW_SUBMIT_TASKS_COUNT),
              "workflow": (sql.FLOW_SUBMIT_WORKFLOW, sql.FLOW_SUBMIT_WORKFLOW_SIZE)}
     shapes = {"chain": lambda i: [f"n{i - 1}"] if i else [], "fan-out": lambda i: ["n0"] if i else []}
@@ -193,9 +188,18 @@ def workflow_mode(dsn: str, sizes: list[int], rounds: int) -> None:
                       flush=True)
 
 
+MODES = {
+    "keys": "--tasks tasks over --keys keys, running_per_key 1, --workers workers, then without limits",
+    "rate": "--rate starts/s for --seconds, 4 workers in 2 processes",
+    "join": "10,000 children, then one join after them all, 4 workers",
+    "workflow": "submit_workflow of --sizes nodes against submit_tasks, --rounds calls each",
+}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("keys", "rate", "join", "workflow"))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="modes: " + "; ".join(f"{k}: {v}" for k, v in MODES.items()))
+    parser.add_argument("mode", choices=list(MODES))
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=1_000)

@@ -1,18 +1,9 @@
-"""The naive delay relay, the baseline of ``pyscheduler bench peers``: consume, sleep until
-due, publish.
-
-What a team writes first when it needs "a Kafka topic that adds a delay" without a
-database: read the input topic in order, and for each message sleep until its
-``chronosDeadline``, then publish it (key, value, other headers) to the output topic.
-It keeps nothing durable (it commits no offsets: a restart starts over), and one
-thread sleeps for every message in turn, so a message due later blocks every
-message read after it: with random delays, those come out late. It reads all partitions
-of the input topic from the beginning with ``assign()`` (no consumer group to
-join), and fires early by nothing.
+"""The naive delay relay, the baseline of ``pyscheduler bench peers``: consume the input topic
+in order (all partitions from the start, ``assign()``), sleep until each message's deadline,
+publish it; nothing durable, one thread for every message (docs/benchmarks.md, "Side by side
+with peers"). Runs until SIGTERM or SIGINT:
 
     python -m pyscheduler.bench.peers.naive_relay BOOTSTRAP INPUT_TOPIC OUTPUT_TOPIC
-
-Runs until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
