@@ -3,7 +3,7 @@ its bench, and the limits it keeps to before a round trip (pyscheduler/sqlapi.py
 
 from __future__ import annotations
 
-from ..sqlapi import Fn, Query
+from ..sqlapi import Fn, Query, View
 
 # a pending check (the type future_check): what due_checks, catch_up_checks and list_checks return
 _CHECK = ("id", "entity_name", "entity_key", "job", "kind", "payload", "first_check_at", "next_check_at",
@@ -19,9 +19,17 @@ CHECK_HISTORY = Fn("check_history", ("entity_name", "entity_key", "job", "max", 
                    ("id", "entity_name", "entity_key", "job", "kind", "payload", "first_check_at", "last_check_at",
                     "check_count", "outcome", "error", "last_took", "total_took", "created", "ended", "owner"))
 
+# -- views (the dashboard) -------------------------------------------------------------------------
+
+CHECKS_PER_SLOT = View("checks_per_slot", ("slot", "checks", "sql_jobs", "python_jobs", "task_jobs"))
+# oldest first: a LIMIT stops its index walk
+OVERDUE_CHECKS = View("overdue_checks", ("entity_name", "entity_key", "job", "kind", "next_check_at", "overdue",
+                                         "why"))
+CHECK_OUTCOMES = View("check_outcomes", ("job", "outcome", "checks", "avg_last_took", "max_last_took"))
+
 # -- the runner ------------------------------------------------------------------------------------
 
-CHECK_SLOTS = Fn("check_slots", (), ("slot", "resolution", "clock"))
+CHECK_SLOTS = Fn("check_slots", (), ("slot", "next_slot", "resolution", "clock"))
 # one batch in one statement; outcomes: from a database before job_outcomes (migration 0022)
 RUN_DUE_CHECKS = Fn("run_due_checks", ("slot", "shard", "shards", "max", "after"),
                     ("taken", "last_id", "outcomes", "job_outcomes", "checks"))

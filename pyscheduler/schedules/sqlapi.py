@@ -31,6 +31,13 @@ SCHEDULE_RUNS = Fn("schedule_runs", ("name", "with_outcome", "since", "max_runs"
 UPCOMING_RUNS = Fn("upcoming_runs", ("name", "n"), ("run_at",))
 EXECUTION_COUNT = Fn("execution_count", ("name", "outcome"))
 
+# -- views (the dashboard): schedules_due_soon lists the late ones first, by due time ---------------
+
+SCHEDULES_DUE_SOON = View("schedules_due_soon", ("name", "due_at", "due_in", "triggered", "critical"))
+SCHEDULES_LATE_COUNT = Fn("schedules_late_count", ("up_to",))  # the rows of schedules_late, up to up_to
+SCHEDULES_FAILING = View("schedules_failing", ("name", "consecutive_failures", "last_error"))
+SCHEDULES_PAUSED = View("schedules_paused", ("name", "paused_since", "paused_note"))
+
 # -- the daemons (scheduler role) ----------------------------------------------------------------
 
 # the index relay, the executors' re-reads and the resync: what the Redis index should hold

@@ -33,6 +33,7 @@ QUEUE_LIMITS = View("queue_limits", ("queue", "running_per_key", "running_total"
 QUEUE_STATUS = View("queue_status", ("queue", "ready", "delayed", "running", "paused", "paused_by", "note",
                                      "oldest_ready_age", "next_due"))
 TASK_COUNTS = View("task_counts", ("queue", "status", "tasks"))
+EXPIRED_LEASES = View("expired_leases", ("rn", "queue", "owner", "deadline", "overdue", "progress"))
 
 # -- the Worker: lease, heartbeats, outcomes -------------------------------------------------------
 
