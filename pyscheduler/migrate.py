@@ -1,17 +1,11 @@
 """Schema migrations (yoyo, forward-only) and the function loader.
 
-``migrate()`` serialises concurrent callers with an advisory lock, then:
-
-1. on an empty database, installs the current schema in one step from
-   ``sql/schema/*.sql`` and marks every migration applied (the fresh install);
-   otherwise applies the pending ``migrations/`` in order;
-2. records the configured role names in ``pyscheduler.settings``;
-3. runs yoyo's post-apply step, which reloads every function file
-   (``common.sql``, ``roles.sql``, then the capabilities in name order, a
-   capability's folder file by file: ``function_files()``) so the
-   functions always match the code, even when no migration was pending.
-
-A test builds one database each way and compares their catalog dumps.
+``migrate()`` serialises concurrent callers with an advisory lock; installs an empty database
+in one step from ``sql/schema/*.sql`` (every migration marked applied), else applies the pending
+``migrations/``; records the configured role names in ``pyscheduler.settings``; and in yoyo's
+post-apply step reloads every function file (``function_files()``), so the functions always
+match the code. For operators: docs/operations.md, "Installing and upgrading the schema"; for
+a schema change: docs/contributing.md, "Changing the schema".
 """
 
 from __future__ import annotations

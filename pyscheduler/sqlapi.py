@@ -53,6 +53,7 @@ class Query(str):
 # -- what every capability shares ------------------------------------------------------------
 
 VERSION = Fn("version", columns=("code_version", "migrations"))
+NOW = Query("SELECT now() AS now")  # the database clock
 ACTIVITY = Fn("activity", ("since", "bucket", "max_rows"),
               ("capability", "outcome", "bucket_start", "n", "worst", "complete"))
 HTTP_ALLOW = Fn("http_allow")

@@ -1,7 +1,9 @@
 """The layers of pyscheduler's Python (docs/contributing.md, "Layout"): a shared module imports
 only shared modules, a capability imports no module above the capabilities, and no import
 runs in a cycle. Every import counts, those inside functions too; only those under
-``if TYPE_CHECKING:`` do not, as they never run (an annotation naming its caller)."""
+``if TYPE_CHECKING:`` do not, as they never run (an annotation naming its caller). And the
+words: a module's docstring says what it is and owns in at most 10 lines, and a module over
+600 lines says why at its top (docs/contributing.md, "Layout")."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ ABOVE = ("cli", "__main__", "dashboard", "web.dashboard", "bench")
 # the capabilities' demos print too
 SHARED = ("bench.stats",)
 LAYERS = ("shared", "capability", "above")
+MAX_DOCSTRING = 10  # lines of a module's docstring
+MAX_LINES = 600  # lines of a module that does not say why it is longer
+REASON = "Over 600 lines"  # ... which it says in its first lines: a comment, or its docstring
 
 
 def layer(module: str) -> int:
@@ -139,3 +144,39 @@ def test_the_layout_test_sees_an_upward_import_and_a_cycle(tmp_path):
     assert edges["pyscheduler.web.endpoint"] == {"pyscheduler.schedules.index", "pyscheduler.redisconn"}
     assert upward(edges) == ["pyscheduler.web.endpoint (shared) imports pyscheduler.schedules.index (capability)"]
     assert cycles(edges) == [["pyscheduler.schedules.index", "pyscheduler.web.endpoint"]]
+
+
+def wordy(package: Path = PACKAGE) -> list[str]:
+    """Every module of ``package`` whose docstring runs over MAX_DOCSTRING lines, or that runs
+    over MAX_LINES lines without REASON in its first lines (a comment, then its docstring)."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        where = path.relative_to(package.parent).as_posix()
+        doc = ast.get_docstring(ast.parse(text), clean=False) or ""
+        if len(doc.splitlines()) > MAX_DOCSTRING:
+            out.append(f"{where}: a docstring of {len(doc.splitlines())} lines (at most {MAX_DOCSTRING}: "
+                       "what it is and owns; the why to docs/, measurements to docs/benchmarks.md)")
+        lines = text.splitlines()
+        top = " ".join(" ".join(line.lstrip("#") for line in lines[:MAX_DOCSTRING + 2]).split())
+        if len(lines) > MAX_LINES and REASON not in top:
+            out.append(f"{where}: {len(lines)} lines, and no {REASON!r} at its top saying why")
+    return out
+
+
+def test_module_docstrings_are_short_and_long_modules_say_why():
+    wrong = wordy()
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_words_test_sees_a_long_docstring_and_a_long_module(tmp_path):
+    package = tmp_path / "pyscheduler"
+    (package / "tasks").mkdir(parents=True)
+    body = "x = 1\n" * MAX_LINES
+    (package / "short.py").write_text('"""' + "a\n" * MAX_DOCSTRING + '"""\n' + body)
+    (package / "tasks" / "long.py").write_text('"""' + "a\n" * (MAX_DOCSTRING + 1) + '"""\n')
+    (package / "why.py").write_text("# Over 600\n# lines: one job.\n" + body)
+    assert wordy(package) == [
+        "pyscheduler/short.py: 611 lines, and no 'Over 600 lines' at its top saying why",
+        "pyscheduler/tasks/long.py: a docstring of 11 lines (at most 10: what it is and owns; the why to "
+        "docs/, measurements to docs/benchmarks.md)"]

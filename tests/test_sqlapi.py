@@ -18,11 +18,6 @@ from pyscheduler.sqlapi import Fn, Query, View
 PACKAGE = Path(__file__).resolve().parent.parent / "pyscheduler"
 MODULES = ["pyscheduler.sqlapi"] + [f"pyscheduler.{p.parent.name}.sqlapi" for p in sorted(PACKAGE.glob("*/sqlapi.py"))]
 ALLOWED = {"sqlapi.py", "db.py", "migrate.py"}  # where SQL may be written (sqlapi: by name)
-# Modules that still write their SQL themselves, to move behind their capability's sqlapi
-# (issue 28): the list only shrinks.
-NOT_YET = {
-    "web/dashboard/pages.py", "web/dashboard/data.py",
-}
 
 
 def declarations() -> list[tuple[str, str, object]]:
@@ -133,13 +128,8 @@ def crossings(path: Path) -> list[str]:
 
 
 def test_only_the_sqlapi_modules_name_sql():
-    modules = {p.relative_to(PACKAGE).as_posix(): p for p in PACKAGE.rglob("*.py")}
-    assert NOT_YET <= set(modules), NOT_YET - set(modules)
-    crossed = [c for rel, p in sorted(modules.items())
-               if p.name not in ALLOWED and rel not in NOT_YET for c in crossings(p)]
+    crossed = [c for p in sorted(PACKAGE.rglob("*.py")) if p.name not in ALLOWED for c in crossings(p)]
     assert not crossed, "name SQL in the capability's sqlapi.py:\n" + "\n".join(crossed)
-    done = [rel for rel in sorted(NOT_YET) if not crossings(modules[rel])]
-    assert not done, f"no SQL left in {done}: take them off NOT_YET"
 
 
 def test_the_boundary_test_sees_a_literal_function_name(tmp_path):

@@ -29,7 +29,7 @@ CHECK_OUTCOMES = View("check_outcomes", ("job", "outcome", "checks", "avg_last_t
 
 # -- the runner ------------------------------------------------------------------------------------
 
-CHECK_SLOTS = Fn("check_slots", (), ("slot", "resolution", "clock"))
+CHECK_SLOTS = Fn("check_slots", (), ("slot", "next_slot", "resolution", "clock"))
 # one batch in one statement; outcomes: from a database before job_outcomes (migration 0022)
 RUN_DUE_CHECKS = Fn("run_due_checks", ("slot", "shard", "shards", "max", "after"),
                     ("taken", "last_id", "outcomes", "job_outcomes", "checks"))

@@ -1,5 +1,5 @@
-"""Every query of the dashboard, in one place: ``Reader`` (reads through the monitor role's
-views and functions only, docs/sql-api.md, "Roles"; nothing here reads a table) and
+"""Every query of the dashboard, in one place: ``Reader`` (the monitor role's views and
+functions only, docs/sql-api.md "Roles", as the capabilities' ``sqlapi`` declare them) and
 ``Actions`` (the write side: the typed clients' calls, on their own login). Lists page by
 keyset through the SQL functions' cursors: a page asks for ``size + 1`` rows, the extra one
 says whether there is a next page (docs/operations.md, "Dashboard").
@@ -14,15 +14,23 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, get_args
 
+from ... import sqlapi
+from ...checks import sqlapi as checks_sql
 from ...checks.client import CheckOutcome
 from ...db import Database
+from ...delay import sqlapi as delay_sql
+from ...schedules import sqlapi as schedules_sql
 from ...schedules.client import RunOutcome
+from ...sqlapi import View
+from ...tasks import sqlapi as tasks_sql
 from ...tasks.client import TaskStatus
 
 PAGE = 50  # rows per page
+UP_TO = 1000  # the overview counts up to this many ("1000+"): a LIMIT stops each read
+LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 CHECK_OUTCOMES: tuple[str, ...] = get_args(CheckOutcome)
 RUN_OUTCOMES: tuple[str, ...] = get_args(RunOutcome)
@@ -60,19 +68,30 @@ class Reader:
     # -- overview -------------------------------------------------------------------
 
     def clock(self) -> datetime:
-        return self.db.query("SELECT now() AS now")[0]["now"]
+        return self.db.query(sqlapi.NOW)[0]["now"]
 
     def activity(self) -> list[dict[str, Any]]:
         """Ended in the last hour, per capability, outcome and 5-minute bucket."""
-        return self.db.call("activity", since="1 hour", bucket="5 minutes")
+        return self.db.call(sqlapi.ACTIVITY, since="1 hour", bucket="5 minutes")
+
+    def counts(self) -> dict[str, int]:
+        """The overview's counts of what needs a look, each up to ``UP_TO``."""
+        return {"expired": self._count(tasks_sql.EXPIRED_LEASES),
+                "late": self.db.call_value(schedules_sql.SCHEDULES_LATE_COUNT, up_to=UP_TO),
+                "failing": self._count(schedules_sql.SCHEDULES_FAILING),
+                "paused": self._count(schedules_sql.SCHEDULES_PAUSED),
+                "overdue": self._count(checks_sql.OVERDUE_CHECKS)}
+
+    def _count(self, view: View) -> int:
+        return self.db.query(f"SELECT count(*) AS n FROM ({view.select('LIMIT %s', '1')}) x", (UP_TO,))[0]["n"]
 
     # -- tasks ----------------------------------------------------------------------
 
     def queues(self) -> list[dict[str, Any]]:
-        return self.db.query("SELECT * FROM pyscheduler.queue_status ORDER BY queue")
+        return self.db.query(tasks_sql.QUEUE_STATUS.select("ORDER BY queue"))
 
     def expired_leases(self, limit: int = 20) -> list[dict[str, Any]]:
-        return self.db.query("SELECT * FROM pyscheduler.expired_leases ORDER BY deadline LIMIT %s", (limit,))
+        return self.db.query(tasks_sql.EXPIRED_LEASES.select("ORDER BY deadline LIMIT %s"), (limit,))
 
     def tasks(self, *, queue: str | None, status: str | None, owner: str | None, cursor: str | None,
               size: int = PAGE) -> Page:
@@ -81,23 +100,24 @@ class Reader:
             before = str(uuid.UUID(before)) if before is not None else None
         except (ValueError, TypeError, AttributeError):
             before = None  # not a cursor of this page: the first page
-        rows = [r["task"] for r in self.db.call("list_tasks", queue=queue, status=status, owner=owner,
-                                                 max_tasks=size + 1, before_rn=before)]
+        rows = [r["task"] for r in self.db.call(tasks_sql.LIST_TASKS, queue=queue, status=status, owner=owner,
+                                                max_tasks=size + 1, before_rn=before)]
         nxt = encode_cursor({"before": rows[size - 1]["rn"]}) if len(rows) > size else None
         return Page(rows[:size], nxt)
 
     def task(self, rn: str) -> dict[str, Any] | None:
-        rows = self.db.query(
-            "SELECT pyscheduler.get_task(rn => t.rn) AS task FROM (SELECT %s::uuid AS rn) t", (rn,))
-        return rows[0]["task"] if rows else None
+        try:
+            return self.db.call_value(tasks_sql.GET_TASK, rn=uuid.UUID(rn))
+        except ValueError:
+            return None  # not a task id: no such task
 
     # -- delay queue ----------------------------------------------------------------
 
     def delay(self) -> dict[str, Any]:
         with self.db.session() as s:
-            row = s._cursor().execute("SELECT *, now() AS now FROM pyscheduler.delay_queue").fetchone()
+            row = s._cursor().execute(delay_sql.DELAY_QUEUE.select(columns="*, now() AS now")).fetchone()
             nodes = s._cursor().execute(
-                "SELECT * FROM pyscheduler.delay_ready_by_node ORDER BY oldest_readied_at LIMIT 100").fetchall()
+                delay_sql.DELAY_READY_BY_NODE.select("ORDER BY oldest_readied_at LIMIT 100")).fetchall()
         self._sample_delay(row)
         return {"queue": row, "nodes": nodes}
 
@@ -117,48 +137,57 @@ class Reader:
                   critical: bool | None, cursor: str | None) -> Page:
         args = dict(name_like=name_like, target_kind=target_kind, paused=paused, critical=critical)
         after = decode_cursor(cursor).get("after")
-        rows = [r["schedule"] for r in self.db.call("list_schedules", **args, max_schedules=PAGE + 1,
-                                                     after_name=after)]
+        rows = [r["schedule"] for r in self.db.call(schedules_sql.LIST_SCHEDULES, **args, max_schedules=PAGE + 1,
+                                                    after_name=after)]
         nxt = encode_cursor({"after": rows[PAGE - 1]["name"]}) if len(rows) > PAGE else None
         return Page(rows[:PAGE], nxt)
 
-    def schedule_view(self, view: str, limit: int = 20) -> list[dict[str, Any]]:
-        if view not in ("schedules_late", "schedules_failing", "schedules_paused", "schedules_due_soon"):
-            raise ValueError(f"not a schedules view: {view!r}")
-        return self.db.query(f"SELECT * FROM pyscheduler.{view} LIMIT %s", (limit,))
+    def due_soon(self, limit: int = 20) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(late, due soon): one read for both, as schedules_due_soon lists the late schedules
+        first, in the order of schedules_late (both by due time), so its first ``limit`` rows hold
+        the first ``limit`` late ones; a late one gets ``late_by``."""
+        soon = self.db.query(schedules_sql.SCHEDULES_DUE_SOON.select("LIMIT %s"), (limit,))
+        return [dict(s, late_by=-s["due_in"]) for s in soon if s["due_in"] < -LATE_AFTER], soon
+
+    def failing_schedules(self, limit: int = 20) -> list[dict[str, Any]]:
+        return self.db.query(schedules_sql.SCHEDULES_FAILING.select("LIMIT %s"), (limit,))
+
+    def paused_schedules(self, limit: int = 20) -> list[dict[str, Any]]:
+        return self.db.query(schedules_sql.SCHEDULES_PAUSED.select("LIMIT %s"), (limit,))
 
     def schedule(self, name: str) -> dict[str, Any]:
-        return self.db.call_value("get_schedule", name=name)
+        return self.db.call_value(schedules_sql.GET_SCHEDULE, name=name)
 
     def upcoming(self, name: str, n: int = 5) -> list[Any]:
-        return [r["run_at"] for r in self.db.call("upcoming_runs", name=name, n=n)]
+        return [r["run_at"] for r in self.db.call(schedules_sql.UPCOMING_RUNS, name=name, n=n)]
 
     def runs(self, name: str, *, outcome: str | None, cursor: str | None) -> Page:
         before = decode_cursor(cursor).get("before")
-        rows = self.db.call("schedule_runs", name=name, with_outcome=outcome, max_runs=PAGE + 1, before=before)
+        rows = self.db.call(schedules_sql.SCHEDULE_RUNS, name=name, with_outcome=outcome, max_runs=PAGE + 1,
+                            before=before)
         nxt = encode_cursor({"before": rows[PAGE - 1]["expected_at"].isoformat()}) if len(rows) > PAGE else None
         return Page(rows[:PAGE], nxt)
 
     # -- checks ---------------------------------------------------------------------
 
     def check_slots(self) -> dict[str, Any]:
-        return self.db.call("check_slots")[0]
+        return self.db.call(checks_sql.CHECK_SLOTS)[0]
 
     def checks_per_slot(self, limit: int = 12) -> list[dict[str, Any]]:
-        return self.db.query("SELECT * FROM pyscheduler.checks_per_slot ORDER BY slot LIMIT %s", (limit,))
+        return self.db.query(checks_sql.CHECKS_PER_SLOT.select("ORDER BY slot LIMIT %s"), (limit,))
 
     def overdue_checks(self, limit: int = 20) -> list[dict[str, Any]]:
-        # The view's own order (oldest slot first) lets a LIMIT stop its index scan (i21).
-        return self.db.query("SELECT * FROM pyscheduler.overdue_checks LIMIT %s", (limit,))
+        # the view's own order (oldest slot first) lets a LIMIT stop its index scan
+        return self.db.query(checks_sql.OVERDUE_CHECKS.select("LIMIT %s"), (limit,))
 
     def check_outcomes(self) -> list[dict[str, Any]]:
-        return self.db.query("SELECT * FROM pyscheduler.check_outcomes ORDER BY job, outcome")
+        return self.db.query(checks_sql.CHECK_OUTCOMES.select("ORDER BY job, outcome"))
 
     def checks(self, *, entity_name: str | None, entity_key: str | None, job: str | None,
                cursor: str | None) -> Page:
         args = dict(entity_name=entity_name, entity_key=entity_key, job=job)
         c = decode_cursor(cursor)
-        rows = self.db.call("list_checks", **args, max=PAGE + 1, after_at=c.get("at"), after_id=c.get("id"))
+        rows = self.db.call(checks_sql.LIST_CHECKS, **args, max=PAGE + 1, after_at=c.get("at"), after_id=c.get("id"))
         last = rows[PAGE - 1] if len(rows) > PAGE else None
         nxt = encode_cursor({"at": last["next_check_at"].isoformat(), "id": last["id"]}) if last else None
         return Page(rows[:PAGE], nxt)
@@ -169,7 +198,8 @@ class Reader:
         args = dict(entity_name=entity_name, entity_key=entity_key, job=job)
         keep = (lambda rows: [r for r in rows if r["outcome"] == outcome]) if outcome else (lambda rows: rows)
         c = decode_cursor(cursor)
-        rows = self.db.call("check_history", **args, max=PAGE + 1, before_at=c.get("at"), before_id=c.get("id"))
+        rows = self.db.call(checks_sql.CHECK_HISTORY, **args, max=PAGE + 1, before_at=c.get("at"),
+                            before_id=c.get("id"))
         last = rows[PAGE - 1] if len(rows) > PAGE else None
         nxt = encode_cursor({"at": last["ended"].isoformat(), "id": last["id"]}) if last else None
         return Page(keep(rows[:PAGE]), nxt)

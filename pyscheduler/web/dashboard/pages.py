@@ -15,7 +15,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from markupsafe import Markup
@@ -30,7 +30,6 @@ from .http import HTTPError, Request, Site
 log = logging.getLogger("pyscheduler.dashboard")
 
 REFRESH_S = 10
-LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
 
 
 class Dashboard(Site):
@@ -148,13 +147,6 @@ class Dashboard(Site):
         queues = r.queues()
         activity = r.activity()
         delay = r.delay()
-        late = r.db.query("SELECT pyscheduler.schedules_late_count(up_to => 1000) AS n")[0]["n"]
-        failing = r.db.query(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM pyscheduler.schedules_failing LIMIT 1000) x")[0]["n"]
-        paused = r.db.query(
-            "SELECT count(*) AS n FROM (SELECT 1 FROM pyscheduler.schedules_paused LIMIT 1000) x")[0]["n"]
-        overdue = r.db.query("SELECT count(*) AS n FROM (SELECT 1 FROM pyscheduler.overdue_checks LIMIT 1000) x")[0]["n"]
-        expired = len(r.expired_leases(1000))
         slots = r.check_slots()
         per_slot = r.checks_per_slot(4)
         hour = charts.summarise(activity, now)
@@ -163,8 +155,8 @@ class Dashboard(Site):
             tasks_total={k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
             paused_queues=sum(1 for q in queues if q["paused"]),
             oldest_ready=max((q["oldest_ready_age"] for q in queues if q["oldest_ready_age"]), default=None),
-            expired=expired, delay=delay, late=late, failing=failing, paused=paused, overdue=overdue,
-            slots=slots, per_slot=per_slot, hour=hour, redis=self.redis_state(),
+            **r.counts(),
+            delay=delay, slots=slots, per_slot=per_slot, hour=hour, redis=self.redis_state(),
             charts={cap: Markup(charts.bars(hour[cap]["buckets"], hour["edges"])) for cap in ("tasks", "schedules",
                                                                                            "checks")},
             delay_chart=Markup(charts.samples([(t, s) for _, t, s in r.delay_samples], now)))
@@ -205,14 +197,10 @@ class Dashboard(Site):
             raise HTTPError("400 Bad Request", f"unknown target kind {kind!r}")
         flags = {k: {"yes": True, "no": False}.get(req.arg(k) or "") for k in ("paused", "critical")}
         page = r.schedules(name_like=req.arg("name_like"), target_kind=kind, cursor=req.arg("cursor"), **flags)
-        # One read for both cards: schedules_due_soon lists the late schedules first, in the order of
-        # schedules_late (both by due time), so its first 20 rows hold the first 20 late ones.
-        soon = r.schedule_view("schedules_due_soon", 20)
-        late = [dict(s, late_by=-s["due_in"]) for s in soon if s["due_in"] < -LATE_AFTER]
+        late, soon = r.due_soon(20)
         return self._render(req, "schedules.html", title="schedules", now=r.clock(), page=page,
-                            late=late, failing=r.schedule_view("schedules_failing"),
-                            paused=r.schedule_view("schedules_paused"), redis=self.redis_state(),
-                            due_soon=soon[:10])
+                            late=late, failing=r.failing_schedules(), paused=r.paused_schedules(),
+                            redis=self.redis_state(), due_soon=soon[:10])
 
     def schedule_page(self, req: Request) -> str:
         r = self._open()
