@@ -3,7 +3,7 @@
 One run of ``--quick`` against the test servers checks every system and every
 column of the markdown it writes (the no-op runs, the failure and delay runs),
 the two charts, and that a rerun replaces the section in place instead of
-adding another.
+adding another. The percentiles of its tables are every bench's (bench/stats.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,22 @@ import pytest
 
 from pyscheduler.bench.peers import report
 from pyscheduler.bench.peers.tasks import SCENARIOS, SYSTEMS
+from pyscheduler.bench.stats import percentile, percentiles
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PEERS = ["procrastinate", "graphile-worker", "pg-boss"]
 OURS = ["pyscheduler Worker", "pyscheduler Worker (async)", "pyscheduler batch SQL"]
 RELAYS = ["pyscheduler relay", "naive relay (consume, sleep, publish)"]
+
+
+def test_percentiles_are_nearest_rank():
+    """The smallest value that p % of the values are at or below: a value measured, never
+    between two; p99.9 of 1..1000 is 999 (99.9 % of 1,000 is 999 exactly, not 999.0000001)."""
+    assert percentile([4, 1, 3, 2], 50) == 2
+    assert percentile([4, 1, 3, 2], 51) == 3
+    assert percentile([5.0], 99) == 5.0
+    assert percentiles(range(1, 1001)) == {"p50": 500, "p99": 990, "p99.9": 999, "max": 1000}
+    assert percentiles([]) == {}
 
 
 def _tables(section: str) -> list[list[list[str]]]:
