@@ -38,6 +38,7 @@ class TaskApp:
     ``close()`` it, or use ``with``) or ``TaskApp(db)`` on a ``Database``."""
 
     def __init__(self, db: str | Database):
+        self._db: Database | None
         if isinstance(db, Database):
             self.dsn, self._db, self._own_db = db.dsn, db, False
         elif isinstance(db, str):
@@ -82,7 +83,7 @@ class TaskApp:
     def task(self, fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
 
     @overload
-    def task(self, *, name: str | None = None, queue: str = "default", priority: int = 50,
+    def task(self, fn: None = None, /, *, name: str | None = None, queue: str = "default", priority: int = 50,
              max_attempts: int | None = None, unique_key: KeyOption = None,
              concurrency_key: KeyOption = None) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
@@ -128,9 +129,9 @@ class TaskApp:
 
     def sync_schedules(self) -> SyncReport:
         """Create or update the declared periodic tasks' schedules (a second run changes
-        nothing) and report them; schedules of this app no longer declared are reported
+        nothing) and report them; schedules of task functions no longer declared are reported
         (``removed``), never deleted."""
-        return sync(ScheduleClient(self.db), self.periodics.values(), set(self.functions), set(self.queues))
+        return sync(ScheduleClient(self.db), self.periodics.values())
 
     # -- running
 

@@ -151,7 +151,7 @@ class TaskFunction(Generic[P, R]):
         datetime, or a timedelta from now), ``unique_key``, ``concurrency_key`` (a text, or a
         function of the arguments), ``after`` (tasks or their ids), ``conn`` (the application's
         psycopg connection or cursor: submit in its transaction)."""
-        changes = {k: v for k, v in (("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
+        changes: dict[str, Any] = {k: v for k, v in (("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
                                      ("unique_key", unique_key), ("concurrency_key", concurrency_key),
                                      ("run_at", run_at), ("on_parent_failure", on_parent_failure),
                                      ("conn", conn)) if v is not None}
@@ -167,7 +167,7 @@ class TaskFunction(Generic[P, R]):
         ``wait()``, ``result(timeout)``). ``conn=`` (not typed: ``options(conn=...)`` is):
         inside the application's transaction. Nothing is written when an argument is missing,
         unknown or not JSON (InvalidArgument naming it)."""
-        conn = kwargs.pop("conn", None)
+        conn: Any = kwargs.pop("conn", None)
         me = self if conn is None else self.options(conn=conn)
         given = me.arguments(args, kwargs)
         if me.app.inline:

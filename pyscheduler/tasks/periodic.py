@@ -55,9 +55,10 @@ def declare(function: TaskFunction[Any, Any], *, name: str | None, cron: str | N
 @dataclass(frozen=True, slots=True)
 class SyncReport:
     """What ``TaskApp.sync_schedules()`` did, by schedule name: ``created``, ``updated``,
-    ``unchanged``; ``removed``: schedules that submit this app's tasks (a task of it, or into
-    one of its queues) that no declaration names any more, left as they are (delete them with
-    ``ScheduleClient.delete`` or ``pyscheduler schedules delete``)."""
+    ``unchanged``; ``removed``: schedules of task functions (a task target whose payload names
+    a ``task``) of the app's role (an admin role sees every role's) that no declaration of
+    the app names, left as they are (``ScheduleClient.delete``, ``pyscheduler schedules
+    delete``)."""
 
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
@@ -69,9 +70,9 @@ class SyncReport:
         return bool(self.created or self.updated)
 
 
-def sync(client: ScheduleClient, declared: Iterable[Periodic], tasks: set[str], queues: set[str]) -> SyncReport:
+def sync(client: ScheduleClient, declared: Iterable[Periodic]) -> SyncReport:
     """Create or update each declared schedule (idempotent: a second run changes nothing), then
-    find the removed ones (see SyncReport). ``tasks``, ``queues``: the app's."""
+    find the removed ones (see SyncReport)."""
     report = SyncReport()
     names = set()
     for p in declared:
@@ -81,8 +82,8 @@ def sync(client: ScheduleClient, declared: Iterable[Periodic], tasks: set[str], 
     while True:
         page = client.list(target_kind="task", limit=500, after_name=after)
         for s in page:
-            if (s.name not in names and isinstance(s.payload, dict) and isinstance(s.payload.get("task"), str)
-                    and (s.payload["task"] in tasks or s.target in queues)):
+            # another role's schedule shows no payload
+            if s.name not in names and isinstance(s.payload, dict) and isinstance(s.payload.get("task"), str):
                 report.removed.append(s.name)
         if len(page) < 500:
             break
