@@ -7,6 +7,8 @@ costs the database"):
     python bench/tasks_cost.py sql "$DSN"        # lease_tasks_lean n=500 + complete_tasks, two connections
     python bench/tasks_cost.py graphile "$DSN"   # the same work in graphile-worker's shape (its own table)
     python bench/tasks_cost.py worker "$DSN"     # one Worker, capacity 10, no-op handler
+    python bench/tasks_cost.py spec "$DSN"       # the same, the handler reading its spec (ctx.spec["i"])
+    python bench/tasks_cost.py app "$DSN"        # the same through a task function: app.worker(capacity=10)
     python bench/tasks_cost.py single "$DSN"     # lease_task + complete_task, one call each (3,000 tasks)
     python bench/tasks_cost.py delayed "$DSN" --tasks 20000   # submit_tasks(run_in => 1 hour), batches of 1,000
     python bench/tasks_cost.py submit "$DSN" --tasks 20000    # submit_task one a call, then submit_tasks of 1,000
@@ -192,16 +194,15 @@ def vacuum_cost(dsn: str, finished: int) -> str:
     return f"vacuum: VACUUM pyscheduler.tasks after 2,000 tasks, {finished:,} finished kept: {', '.join(passes)} CPU"
 
 
-def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
+def worker_cost(dsn: str, tasks: int, finished: int = 0, mode: str = "worker") -> str:
+    """One Worker, capacity 10, on a no-op handler; ``spec``: the handler reads its spec, as a
+    handler unpacking its arguments does; ``app``: the same Worker through a task function
+    (TaskApp.worker dispatching the spec {"task", "args"} by name)."""
     from pyscheduler.db import Database
-    from pyscheduler.tasks import Worker
+    from pyscheduler.tasks import TaskApp, Worker
     from pyscheduler.tasks.bench import submit_bulk
 
     finish_ahead(dsn, finished)
-    with Database(dsn) as db:  # closed before the run: its backends are not counted
-        submit_bulk(db, "cost", tasks)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("VACUUM ANALYZE pyscheduler.tasks")
     lock, finished, count = threading.Lock(), threading.Event(), [0]
 
     def handle(ctx) -> None:
@@ -210,10 +211,31 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
             if count[0] == tasks:
                 finished.set()
 
+    def reading(ctx) -> None:
+        ctx.spec["i"]
+        handle(ctx)
+
+    task_app = TaskApp(dsn)
+
+    @task_app.task(queue="cost", name="cost.noop")
+    def noop(i: int) -> None:
+        handle(None)
+
+    with Database(dsn) as db:  # closed before the run: its backends are not counted
+        if mode == "app":
+            for start in range(0, tasks, 5000):
+                noop.options(conn=db).submit_many([{"i": i} for i in range(start, min(tasks, start + 5000))])
+        else:
+            submit_bulk(db, "cost", tasks)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE pyscheduler.tasks")
     with psycopg.connect(dsn) as c:
         server0 = server_cpu(c.info.backend_pid)
     started, py0 = time.perf_counter(), time.process_time()
-    running = Worker(dsn, "cost", handle, capacity=10, poll_interval=0.5).start()
+    if mode == "app":
+        running = task_app.worker(["cost"], capacity=10, poll_interval=0.5).start()
+    else:
+        running = Worker(dsn, "cost", reading if mode == "spec" else handle, capacity=10, poll_interval=0.5).start()
     finished.wait(600)
     wall, py = time.perf_counter() - started, time.process_time() - py0
     with psycopg.connect(dsn, autocommit=True) as c:  # the worker's backends, still connected
@@ -222,20 +244,22 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
         backends = sum(cpu(pid) for pid in pids)
         server = server_cpu(c.info.backend_pid) - server0
     running.stop()
-    return (f"worker: {count[0]:,} tasks, {count[0] / wall:,.0f} tasks/s; CPU per task: Python {py / tasks * 1e6:.1f} us,"
-            f" its {len(pids)} backends {backends / tasks * 1e6:.1f} us, server {server / tasks * 1e6:.1f} us")
+    return (f"{mode}: {count[0]:,} tasks, {count[0] / wall:,.0f} tasks/s; CPU per task: "
+            f"Python {py / tasks * 1e6:.1f} us, its {len(pids)} backends {backends / tasks * 1e6:.1f} us, "
+            f"server {server / tasks * 1e6:.1f} us")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["sql", "graphile", "worker", "single", "delayed", "submit", "vacuum"])
+    parser.add_argument("mode", choices=["sql", "graphile", "worker", "spec", "app", "single", "delayed", "submit",
+                                         "vacuum"])
     parser.add_argument("dsn")
     parser.add_argument("--tasks", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--finished", type=int, default=0)
     a = parser.parse_args()
-    if a.mode == "worker":
-        line = worker_cost(a.dsn, a.tasks, a.finished)
+    if a.mode in ("worker", "spec", "app"):
+        line = worker_cost(a.dsn, a.tasks, a.finished, a.mode)
     elif a.mode == "single":
         line = single_cost(a.dsn, min(a.tasks, 3000), a.finished)
     elif a.mode == "delayed":

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
+NO_ARGS: dict[str, Any] = {}  # a spec without "args" (never changed: only ever passed as **)
 DRAIN_LEASE = 300.0  # s: a drained task's lease (no heartbeats while it runs in the caller's thread)
 
 
@@ -194,10 +195,11 @@ class Dispatcher:
         self._unknown: set[str] = set()
 
     def function(self, ctx: TaskContext) -> tuple[TaskFunction[Any, Any], Any]:
+        """The task function of ``ctx``'s spec and its arguments (else the refusal, raised)."""
         spec = ctx.spec
         try:
-            return self.functions[spec["task"]], spec.get("args", {})
-        except (KeyError, TypeError, AttributeError):
+            return self.functions[spec["task"]], spec.get("args", NO_ARGS)
+        except (KeyError, TypeError):  # after spec["task"] worked, spec is a dict
             raise self._refusal(spec) from None
 
     def _refusal(self, spec: Any) -> Exception:
@@ -212,8 +214,12 @@ class Dispatcher:
                      code="UnknownTask", args={"task": name})
 
     def __call__(self, ctx: TaskContext) -> Any:
-        function, args = self.function(ctx)
-        result = call_in(ctx, function, args)
+        spec = ctx.spec  # function(), inlined: this is the Worker's per-task path
+        try:
+            function = self.functions[spec["task"]]
+        except (KeyError, TypeError):
+            raise self._refusal(spec) from None
+        result = call_in(ctx, function, spec.get("args", NO_ARGS))
         if function.is_async:
             return asyncio.run(awaited(ctx, result))
         return result
