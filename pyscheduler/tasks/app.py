@@ -17,6 +17,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, overload
 from ..db import Database, Outage, poke_on
 from ..errors import InvalidArgument, is_retryable
 from ..schedules.client import Overlap, ScheduleClient
+from . import tracing
 from .aio import AsyncTaskContext, AsyncWorker
 from .functions import KeyOption, Options, TaskFunction, awaited, call_in
 from .periodic import Periodic, SyncReport, declare, sync
@@ -36,9 +37,10 @@ DRAIN_LEASE = 300.0  # s: a drained task's lease (no heartbeats while it runs in
 
 class TaskApp:
     """Task functions on one database: ``TaskApp(dsn)`` (a pool of its own, opened on first use;
-    ``close()`` it, or use ``with``) or ``TaskApp(db)`` on a ``Database``."""
+    ``close()`` it, or use ``with``) or ``TaskApp(db)`` on a ``Database``. ``tracer_provider``:
+    an OpenTelemetry tracer provider for its spans (default: the global one, once set)."""
 
-    def __init__(self, db: str | Database):
+    def __init__(self, db: str | Database, *, tracer_provider: Any = None):
         self._db: Database | None
         if isinstance(db, Database):
             self.dsn, self._db, self._own_db = db.dsn, db, False
@@ -50,6 +52,12 @@ class TaskApp:
         self.periodics: dict[str, Periodic] = {}  # schedule name -> declaration
         self.inline = False  # testing("inline"): submit runs the function at once, here
         self._lock = threading.Lock()
+        self._tracer = tracing.tracer(tracer_provider) if tracer_provider is not None else None
+
+    @property
+    def tracer(self) -> Any:
+        """The OpenTelemetry tracer of submits and runs (tracing.py); None: no spans."""
+        return self._tracer if self._tracer is not None else tracing.tracer()
 
     @property
     def db(self) -> Database:
@@ -191,7 +199,7 @@ class Dispatcher:
     shape ``{"task": name, "args": {...}}`` aborts the task (``InvalidSpec``)."""
 
     def __init__(self, app: TaskApp, queue: str):
-        self.functions, self.queue = app.functions, queue
+        self.app, self.functions, self.queue = app, app.functions, queue
         self._unknown: set[str] = set()
 
     def function(self, ctx: TaskContext) -> tuple[TaskFunction[Any, Any], Any]:
@@ -219,16 +227,25 @@ class Dispatcher:
             function = self.functions[spec["task"]]
         except (KeyError, TypeError):
             raise self._refusal(spec) from None
-        result = call_in(ctx, function, spec.get("args", NO_ARGS))
-        if function.is_async:
-            return asyncio.run(awaited(ctx, result))
-        return result
+        tracer = self.app.tracer
+        if tracer is not None:
+            with tracing.running(tracer, ctx, function.name):
+                return _run(ctx, function, spec.get("args", NO_ARGS))
+        return _run(ctx, function, spec.get("args", NO_ARGS))
 
     async def run_async(self, ctx: AsyncTaskContext) -> Any:
         function, args = self.function(ctx)
-        if function.is_async:
-            return await awaited(ctx, call_in(ctx, function, args))
-        return await asyncio.to_thread(call_in, ctx, function, args)
+        tracer = self.app.tracer
+        with tracing.running(tracer, ctx, function.name) if tracer is not None else contextlib.nullcontext():
+            if function.is_async:
+                return await awaited(ctx, call_in(ctx, function, args))
+            return await asyncio.to_thread(call_in, ctx, function, args)
+
+
+def _run(ctx: TaskContext, function: TaskFunction[Any, Any], args: Any) -> Any:
+    """Run ``function`` for ``ctx`` in this thread (an ``async def`` one in an event loop of its own)."""
+    result = call_in(ctx, function, args)
+    return asyncio.run(awaited(ctx, result)) if function.is_async else result
 
 
 class TaskAppWorker:

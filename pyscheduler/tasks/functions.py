@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 from ..calls import Connectable, json_problem
 from ..db import load_json
 from ..errors import InvalidArgument
+from . import tracing
 from .client import Task, TaskClient, TaskHandle, _handle
 from .worker import Abort, TaskContext
 
@@ -173,11 +174,15 @@ class TaskFunction(Generic[P, R]):
         if me.app.inline:
             return me._inline(given)
         o = me._options
-        return me._client().submit(o.queue, {"task": me.name, "args": given}, o.priority, run_at=o.run_at,
-                                   unique_key=me._key(o.unique_key, "unique_key", given),
-                                   max_attempts=o.max_attempts,
-                                   concurrency_key=me._key(o.concurrency_key, "concurrency_key", given),
-                                   after=o.after, on_parent_failure=o.on_parent_failure)
+        spec = {"task": me.name, "args": given}
+        with tracing.submitting(me.app.tracer, me.name, o.queue, [spec]) as span:
+            handle = me._client().submit(o.queue, spec, o.priority, run_at=o.run_at,
+                                         unique_key=me._key(o.unique_key, "unique_key", given),
+                                         max_attempts=o.max_attempts,
+                                         concurrency_key=me._key(o.concurrency_key, "concurrency_key", given),
+                                         after=o.after, on_parent_failure=o.on_parent_failure)
+            tracing.submitted(span, [handle.rn])
+        return handle
 
     def submit_many(self, calls: Iterable[Mapping[str, Any]]) -> list[TaskHandle]:
         """Submit one task per mapping of arguments (by name), in one statement; every mapping is
@@ -187,13 +192,15 @@ class TaskFunction(Generic[P, R]):
             return [self._inline(g) for g in given]
         o = self._options
         client = self._client()
-        tasks = client.submit_many(o.queue, [{"task": self.name, "args": g} for g in given], o.priority,
-                                   run_at=o.run_at, unique_keys=[self._key(o.unique_key, "unique_key", g)
-                                                                 for g in given],
-                                   max_attempts=o.max_attempts,
-                                   concurrency_keys=[self._key(o.concurrency_key, "concurrency_key", g)
-                                                     for g in given],
-                                   after=o.after, on_parent_failure=o.on_parent_failure)
+        specs = [{"task": self.name, "args": g} for g in given]
+        with tracing.submitting(self.app.tracer, self.name, o.queue, specs) as span:
+            tasks = client.submit_many(o.queue, specs, o.priority, run_at=o.run_at,
+                                       unique_keys=[self._key(o.unique_key, "unique_key", g) for g in given],
+                                       max_attempts=o.max_attempts,
+                                       concurrency_keys=[self._key(o.concurrency_key, "concurrency_key", g)
+                                                         for g in given],
+                                       after=o.after, on_parent_failure=o.on_parent_failure)
+            tracing.submitted(span, [t.rn for t in tasks])
         return [_handle(t, client) for t in tasks]
 
     def _client(self) -> TaskClient:

@@ -15,7 +15,7 @@ import pytest
 
 from pyscheduler.db import Database
 from pyscheduler.errors import InvalidArgument
-from pyscheduler.tasks import Abort, TaskApp, TaskClient, TaskFailed, Worker, current_context
+from pyscheduler.tasks import Abort, TaskApp, TaskClient, TaskFailed, Worker, Workflow, current_context
 from pyscheduler.tasks.aio import AsyncWorker
 
 
@@ -117,6 +117,13 @@ def test_options_reach_every_argument_of_submit_task(dsn, conn):
         assert [(h.spec["args"], h.concurrency_key, h.max_attempts) for h in many] == [
             ({"customer": 4}, "c:4", 1), ({"customer": 5, "full": True}, "c:5", 1)]
         assert sync_customer.queue == "sync"  # options() made copies
+        flow = Workflow().add("first", sync_customer.queue, sync_customer.spec(7))
+        flow.add("then", sync_customer.queue, sync_customer.spec(customer=8, full=True), after=["first"])
+        nodes = TaskClient(app.db).submit_workflow(flow)
+        assert (nodes["then"].status, nodes["then"].spec) == ("waiting", {"task": sync_customer.name,
+                                                                         "args": {"customer": 8, "full": True}})
+        with pytest.raises(InvalidArgument, match="unexpected keyword argument 'partial'"):
+            sync_customer.spec(customer=9, partial=True)
         with pytest.raises(InvalidArgument, match="concurrency_key must answer a str or None, got int"):
             sync_customer.options(concurrency_key=lambda customer, **_: customer).submit(customer=6)
 
