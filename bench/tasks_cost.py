@@ -199,7 +199,7 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0, mode: str = "worker") -
     handler unpacking its arguments does; ``app``: the same Worker through a task function
     (TaskApp.worker dispatching the spec {"task", "args"} by name)."""
     from pyscheduler.db import Database
-    from pyscheduler.tasks import TaskApp, Worker
+    from pyscheduler.tasks import Worker
     from pyscheduler.tasks.bench import submit_bulk
 
     finish_ahead(dsn, finished)
@@ -215,11 +215,14 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0, mode: str = "worker") -
         ctx.spec["i"]
         handle(ctx)
 
-    task_app = TaskApp(dsn)
+    if mode == "app":
+        from pyscheduler.tasks import TaskApp
 
-    @task_app.task(queue="cost", name="cost.noop")
-    def noop(i: int) -> None:
-        handle(None)
+        task_app = TaskApp(dsn)
+
+        @task_app.task(queue="cost", name="cost.noop")
+        def noop(i: int) -> None:
+            handle(None)
 
     with Database(dsn) as db:  # closed before the run: its backends are not counted
         if mode == "app":

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
@@ -19,7 +18,7 @@ from ..errors import InvalidArgument, is_retryable
 from ..schedules.client import Overlap, ScheduleClient
 from . import tracing
 from .aio import AsyncTaskContext, AsyncWorker
-from .functions import KeyOption, Options, TaskFunction, awaited, call_in
+from .functions import KeyOption, Options, TaskFunction, run, run_async
 from .periodic import Periodic, SyncReport, declare, sync
 from .worker import Abort, Retry, RunningWorker, TaskContext, Worker
 from .worker.drain import Drained, drain
@@ -199,7 +198,8 @@ class Dispatcher:
     shape ``{"task": name, "args": {...}}`` aborts the task (``InvalidSpec``)."""
 
     def __init__(self, app: TaskApp, queue: str):
-        self.app, self.functions, self.queue = app, app.functions, queue
+        self.functions, self.queue = app.functions, queue
+        self.tracer = app.tracer  # the global tracer provider as set when the worker is built
         self._unknown: set[str] = set()
 
     def function(self, ctx: TaskContext) -> tuple[TaskFunction[Any, Any], Any]:
@@ -227,25 +227,16 @@ class Dispatcher:
             function = self.functions[spec["task"]]
         except (KeyError, TypeError):
             raise self._refusal(spec) from None
-        tracer = self.app.tracer
-        if tracer is not None:
-            with tracing.running(tracer, ctx, function.name):
-                return _run(ctx, function, spec.get("args", NO_ARGS))
-        return _run(ctx, function, spec.get("args", NO_ARGS))
+        if self.tracer is not None:
+            with tracing.running(self.tracer, ctx, function.name):
+                return run(ctx, function, spec.get("args", NO_ARGS))
+        return run(ctx, function, spec.get("args", NO_ARGS))
 
     async def run_async(self, ctx: AsyncTaskContext) -> Any:
         function, args = self.function(ctx)
-        tracer = self.app.tracer
+        tracer = self.tracer
         with tracing.running(tracer, ctx, function.name) if tracer is not None else contextlib.nullcontext():
-            if function.is_async:
-                return await awaited(ctx, call_in(ctx, function, args))
-            return await asyncio.to_thread(call_in, ctx, function, args)
-
-
-def _run(ctx: TaskContext, function: TaskFunction[Any, Any], args: Any) -> Any:
-    """Run ``function`` for ``ctx`` in this thread (an ``async def`` one in an event loop of its own)."""
-    result = call_in(ctx, function, args)
-    return asyncio.run(awaited(ctx, result)) if function.is_async else result
+            return await run_async(ctx, function, args)
 
 
 class TaskAppWorker:

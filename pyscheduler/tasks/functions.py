@@ -7,6 +7,7 @@ with per-call options; ``current_context()`` is the running task's ``TaskContext
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import inspect
@@ -214,11 +215,7 @@ class TaskFunction(Generic[P, R]):
         rn = uuid.uuid4()
         ctx = TaskContext({"rn": str(rn), "token": None, "spec": spec, "priority": self.priority,
                            "queue": self.queue, "attempt": 1})
-        result = call_in(ctx, self, args)
-        if inspect.iscoroutine(result):
-            import asyncio
-
-            result = asyncio.run(awaited(ctx, result))
+        result = run(ctx, self, args)
         why = json_problem(result, "the result")
         if why:
             raise InvalidArgument(f"task {self.name}: {why}")
@@ -229,29 +226,40 @@ class TaskFunction(Generic[P, R]):
                              output=load_json(json.dumps(result)))
 
 
-def call_in(ctx: TaskContext, function: TaskFunction[Any, Any], args: Any) -> Any:
-    """``function.fn(**args)`` with ``ctx`` as current_context() (for an ``async def`` function
-    the coroutine: await it with ``awaited``). Arguments that cannot be passed (a spec written
-    elsewhere, by psql say) abort the task: ``Abort("InvalidArguments")``, never retried."""
+def run(ctx: TaskContext, function: TaskFunction[Any, Any], args: Any) -> Any:
+    """``function.fn(**args)`` in this thread with ``ctx`` as current_context() (an ``async def``
+    one to its end, in an event loop of its own). Arguments that cannot be passed (a spec
+    written elsewhere, by psql say) abort the task: ``Abort("InvalidArguments")``, never retried."""
     token = _current.set(ctx)
     try:
-        return function.fn(**args)
+        result = function.fn(**args)
+        return asyncio.run(result) if function.is_async else result
     except TypeError:
-        why = function.problem(args)  # None: the function's own TypeError
-        if why is None:
-            raise
-        raise Abort("InvalidArguments", why, {"task": function.name}) from None
+        _refuse(function, args)
+        raise
     finally:
         _current.reset(token)
 
 
-async def awaited(ctx: TaskContext, coroutine: Any) -> Any:
-    """Await a task function's coroutine with ``ctx`` as current_context()."""
+async def run_async(ctx: TaskContext, function: TaskFunction[Any, Any], args: Any) -> Any:
+    """``run`` in an event loop: an ``async def`` function awaited, another in a thread."""
     token = _current.set(ctx)
     try:
-        return await coroutine
+        if function.is_async:
+            return await function.fn(**args)
+        return await asyncio.to_thread(function.fn, **args)  # the thread gets a copy of the context
+    except TypeError:
+        _refuse(function, args)
+        raise
     finally:
         _current.reset(token)
+
+
+def _refuse(function: TaskFunction[Any, Any], args: Any) -> None:
+    """After a TypeError: Abort when ``args`` do not bind (else it was the function's own)."""
+    why = function.problem(args)
+    if why is not None:
+        raise Abort("InvalidArguments", why, {"task": function.name}) from None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
