@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from pyscheduler.tasks import TaskApp, TaskClient
+from pyscheduler.tasks import TaskApp
 
 
 @pytest.fixture
