@@ -167,7 +167,8 @@ def load_json(data: str | bytes) -> Any:
     that holds it is listed, shown and handled like the others instead of stopping its
     reader with a RecursionError."""
     raw = data.encode() if isinstance(data, str) else data
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _maybe_too_deep(raw):
+    # deeper than MAX_JSON_DEPTH takes more brackets than that: a shorter text is not counted
+    if len(raw) > MAX_JSON_DEPTH and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _maybe_too_deep(raw):
         raw = _cut_deep(raw)
     if _LONG_NUMBER not in raw.translate(_ZERO_DIGITS):
         try:

@@ -157,16 +157,15 @@ def vacuum_cost(dsn: str, finished: int) -> str:
     return f"vacuum: VACUUM pyscheduler.tasks after 2,000 tasks, {finished:,} finished kept: {', '.join(passes)} CPU"
 
 
-def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
+def worker_cost(dsn: str, tasks: int, finished: int = 0, mode: str = "worker") -> str:
+    """One Worker, capacity 10, on a no-op handler; ``spec``: the handler reads its spec, as a
+    handler unpacking its arguments does; ``app``: the same Worker through a task function
+    (TaskApp.worker dispatching the spec {"task", "args"} by name)."""
     from ..db import Database
     from ..tasks import Worker
     from .tasks import submit_bulk
 
     finish_ahead(dsn, finished)
-    with Database(dsn) as db:  # closed before the run: its backends are not counted
-        submit_bulk(db, "cost", tasks)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("VACUUM ANALYZE pyscheduler.tasks")
     lock, finished, count = threading.Lock(), threading.Event(), [0]
 
     def handle(ctx) -> None:
@@ -175,10 +174,34 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
             if count[0] == tasks:
                 finished.set()
 
+    def reading(ctx) -> None:
+        ctx.spec["i"]
+        handle(ctx)
+
+    if mode == "app":
+        from ..tasks import TaskApp
+
+        task_app = TaskApp(dsn)
+
+        @task_app.task(queue="cost", name="cost.noop")
+        def noop(i: int) -> None:
+            handle(None)
+
+    with Database(dsn) as db:  # closed before the run: its backends are not counted
+        if mode == "app":
+            for start in range(0, tasks, 5000):
+                noop.options(conn=db).submit_many([{"i": i} for i in range(start, min(tasks, start + 5000))])
+        else:
+            submit_bulk(db, "cost", tasks)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("VACUUM ANALYZE pyscheduler.tasks")
     with psycopg.connect(dsn) as c:
         server0 = server_cpu(c.info.backend_pid)
     started, py0 = time.perf_counter(), time.process_time()
-    running = Worker(dsn, "cost", handle, capacity=10, poll_interval=0.5).start()
+    if mode == "app":
+        running = task_app.worker(["cost"], capacity=10, poll_interval=0.5).start()
+    else:
+        running = Worker(dsn, "cost", reading if mode == "spec" else handle, capacity=10, poll_interval=0.5).start()
     finished.wait(600)
     wall, py = time.perf_counter() - started, time.process_time() - py0
     with psycopg.connect(dsn, autocommit=True) as c:  # the worker's backends, still connected
@@ -187,14 +210,17 @@ def worker_cost(dsn: str, tasks: int, finished: int = 0) -> str:
         backends = sum(process_cpu(pid) for pid in pids)
         server = server_cpu(c.info.backend_pid) - server0
     running.stop()
-    return (f"worker: {count[0]:,} tasks, {count[0] / wall:,.0f} tasks/s; CPU per task: Python {py / tasks * 1e6:.1f} us,"
-            f" its {len(pids)} backends {backends / tasks * 1e6:.1f} us, server {server / tasks * 1e6:.1f} us")
+    return (f"{mode}: {count[0]:,} tasks, {count[0] / wall:,.0f} tasks/s; CPU per task: "
+            f"Python {py / tasks * 1e6:.1f} us, its {len(pids)} backends {backends / tasks * 1e6:.1f} us, "
+            f"server {server / tasks * 1e6:.1f} us")
 
 
 MODES = {
     "sql": "lease_tasks_lean n=--batch + complete_tasks, two connections",
     "graphile": "the same work in graphile-worker's shape (its own table)",
     "worker": "one Worker, capacity 10, no-op handler",
+    "spec": "the same, the handler reading its spec (ctx.spec['i'])",
+    "app": "the same through a task function: app.worker(capacity=10)",
     "single": "lease_task + complete_task, one call each (3,000 tasks at most)",
     "delayed": "submit_tasks(run_in => 1 hour), batches of 1,000",
     "submit": "submit_task one a call, then submit_tasks of 1,000",
@@ -214,8 +240,8 @@ def main() -> None:
                              "(the sql, worker, single and vacuum modes)")
     a = parser.parse_args()
     stats.require_local(a.dsn)
-    if a.mode == "worker":
-        line = worker_cost(a.dsn, a.tasks, a.finished)
+    if a.mode in ("worker", "spec", "app"):
+        line = worker_cost(a.dsn, a.tasks, a.finished, a.mode)
     elif a.mode == "single":
         line = single_cost(a.dsn, min(a.tasks, 3000), a.finished)
     elif a.mode == "delayed":

@@ -2,6 +2,7 @@
 monitor that resets expired leases. The SQL API (sql/tasks/, docs/sql-api.md) is the product;
 this package calls it, naming it only in ``sqlapi.py``.
 
+* ``TaskApp`` (``app.py``): task functions (``@app.task``), periodic tasks, their workers, tests.
 * ``TaskClient`` (``AsyncTaskClient``): submit, get, list, cancel, requeue, pause; ``Task`` results.
 * ``Worker`` (``worker/``; ``AsyncWorker`` in ``aio.py``): the worker library. A handler's return
   completes its task (the value its result), ``Abort`` aborts it, ``Retry`` and any other
@@ -12,9 +13,11 @@ from .client import TaskClient
 from .aio import AsyncTaskContext, AsyncWorker
 from .monitor import Monitor
 from .worker import Abort, Retry, RunningWorker, Snooze, TaskContext, Worker
+from .app import TaskApp
+from .functions import TaskFunction, current_context
 
 __all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "Retry", "RunningWorker", "Snooze", "TaskClient",
-           "TaskContext", "Worker"]
+           "TaskApp", "TaskContext", "TaskFunction", "Worker", "current_context"]
 
 from .client import (AsyncTaskClient, AsyncTaskHandle, QueueLimits, Task, TaskFailed, TaskHandle,  # noqa: E402
                      Workflow)

@@ -3,6 +3,7 @@ the demo (the capability contract of pyscheduler/daemon.py)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from ..config import (DURATION, INSTANT, POSITIVE_DURATION, dsn_option, env, htt
 from ..daemon import RunContext, install_signal_handlers, wait_for
 from ..db import Database, Jsonb
 from . import sqlapi as sql
+from .app import TaskApp
 from .client import STATUSES, Task, TaskClient
 from .monitor import Monitor
 from .worker import TaskContext, Worker
@@ -354,6 +356,35 @@ def work_cmd(dsn, queue, capacity, lease_timeout, http_port, http_host) -> None:
     worker = Worker(dsn, queue, sleep_handler, capacity=capacity, timeout=lease_timeout.total_seconds(),
                     poll_interval=0.5, registry=registry)
     sys.exit(run_serving([worker], stop, http_host, http_port, dsn=dsn, registry=registry))
+
+
+def load_app(path: str) -> TaskApp:
+    """The TaskApp at ``module:attribute`` (the module found from the current directory too)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"expected MODULE:ATTRIBUTE, got {path!r}", param_hint="APP")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        app = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"cannot load {path}: {exc}", param_hint="APP") from None
+    if not isinstance(app, TaskApp):
+        raise click.BadParameter(f"{path} is a {type(app).__name__}, not a TaskApp", param_hint="APP")
+    return app
+
+
+@group.command("sync-schedules")
+@click.argument("app", metavar="APP")
+def sync_schedules_cmd(app) -> None:
+    """Create or update the schedules of APP's periodic tasks (APP: MODULE:ATTRIBUTE, a TaskApp,
+    on its own database) and print what changed; schedules no longer declared are listed under
+    "removed" and left in place."""
+    task_app = load_app(app)
+    try:
+        _echo_json(task_app.sync_schedules())
+    finally:
+        task_app.close()
 
 
 def daemons(ctx: RunContext) -> list:

@@ -13,7 +13,11 @@ from pyscheduler.db import Database
 from pyscheduler.delay import DelayProducer, DeliveryFailed
 from pyscheduler.errors import SchedulerError, TaskNotFound
 from pyscheduler.schedules import UNBOUNDED, AsyncScheduleClient, Schedule, ScheduleClient, ScheduleRun
-from pyscheduler.tasks import AsyncTaskClient, QueueLimits, Task, TaskClient, TaskHandle, Workflow
+from pyscheduler.tasks import (AsyncTaskClient, QueueLimits, Task, TaskApp, TaskClient, TaskHandle, Workflow,
+                               current_context)
+from pyscheduler.tasks.app import TaskAppWorker
+from pyscheduler.tasks.periodic import SyncReport
+from pyscheduler.tasks.worker.drain import Drained
 from pyscheduler.tasks.client import HistoryEntry, TaskError, TaskStatus
 
 
@@ -107,3 +111,34 @@ def flow(db: Database) -> None:
     handles: dict[str, TaskHandle] = client.submit_workflow(flow_)
     limits: QueueLimits = client.set_queue_limits("q", running_per_key=1)
     print(task, value, handles, limits)
+
+
+def task_functions(db: Database, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Issue 29: task functions keep their signature; submit is typed from it (ParamSpec)."""
+    app = TaskApp(db)
+
+    @app.task(queue="emails", max_attempts=5, unique_key=lambda to, **_: f"mail:{to}")
+    def send_email(to: str, template: str = "welcome") -> dict[str, bool]:
+        return {"sent": True}
+
+    @app.task
+    async def fetch(url: str) -> int:
+        return len(url)
+
+    @app.periodic(every=timedelta(minutes=5), args={"kind": "daily"})
+    @app.task(queue="digests", name="digest")
+    def digest(kind: str) -> None:
+        pass
+
+    handle: TaskHandle = send_email.submit(to="a@example.com")
+    positional: TaskHandle = send_email.submit("a@example.com", "news")
+    many: list[TaskHandle] = send_email.submit_many([{"to": "b@example.com"}])
+    later: TaskHandle = send_email.options(run_at=timedelta(minutes=5), after=[handle], conn=conn).submit(to="c")
+    here: dict[str, bool] = send_email("d@example.com")
+    pending: TaskHandle = fetch.submit(url="/")
+    report: SyncReport = app.sync_schedules()
+    worker: TaskAppWorker = app.worker(queues=["emails"], capacity=4, timeout=30.0)
+    drained: list[Drained] = app.drain(max_tasks=10)
+    with app.testing("inline"):
+        result: object = send_email.submit(to="e").result()
+    print(positional, many, later, here, pending, report, worker, drained, result, digest, current_context)
