@@ -44,9 +44,9 @@ def main() -> None:
                     conn.execute(f"CREATE DATABASE fresh{i}")
                     conn.execute(f"CREATE DATABASE stepped{i}")
             for i in range(rounds):
-                fresh.append(timed(lambda: migrate.migrate(pg.dsn(f"fresh{i}")))[0])
-                stepped.append(timed(lambda: migrate.migrate(pg.dsn(f"stepped{i}"), step_by_step=True))[0])
-                noop.append(timed(lambda: migrate.migrate(pg.dsn(f"fresh{i}")))[0])
+                fresh.append(timed(lambda i=i: migrate.migrate(pg.dsn(f"fresh{i}")))[0])
+                stepped.append(timed(lambda i=i: migrate.migrate(pg.dsn(f"stepped{i}"), step_by_step=True))[0])
+                noop.append(timed(lambda i=i: migrate.migrate(pg.dsn(f"fresh{i}")))[0])
         finally:
             for server in servers:
                 server.stop()

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -348,7 +349,7 @@ class CheckRunner:
                 break
             try:
                 with conn.transaction():
-                    rows = self._watched(conn, lambda: session.call(sql.RUN_CHECK_JOBS, ids=[check_id]))
+                    rows = self._watched(conn, partial(session.call, sql.RUN_CHECK_JOBS, ids=[check_id]))
             except psycopg.errors.QueryCanceled:
                 results[check_id] = Result(timed_out=True, took=self.timeout,
                                            error=f"the job exceeded its statement timeout of {self.timeout:g} s")

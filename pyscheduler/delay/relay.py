@@ -472,7 +472,7 @@ class Relay:
         while out:
             rounds: list[tuple[Outgoing, KafkaError]] = []
             missed = publisher.publish(out, give_up, until=time.monotonic() + self.cfg.hold_ms / 2000.0,
-                                       on_refused=lambda item, err: rounds.append((item, err)))
+                                       on_refused=lambda item, err, rounds=rounds: rounds.append((item, err)))
             undelivered += missed
             _count_dead_letters(out, missed, [item for item, _ in rounds])
             out = []
@@ -589,7 +589,7 @@ class Relay:
             while not self.stop.is_set():
                 limit = PIPELINE if full else 1
                 with done:
-                    if not done.wait_for(lambda: self._in_flight < limit, timeout=poll):
+                    if not done.wait_for(lambda limit=limit: self._in_flight < limit, timeout=poll):
                         continue  # still delivering
                 claimed_at, started = time.time(), time.monotonic()
                 after = None

@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from ..db import Database, Outage, Wakeup
@@ -110,7 +111,7 @@ class Recorder:
             if group == "poison":  # from the main loop: fire details that cannot be loaded
                 self._stop([("failed", occ, error) for _, occ, error in batch], tokens, "details", give_up_after)
                 continue
-            rows, poison = isolate(batch, lambda part: self._call(give_up_after, group, part))
+            rows, poison = isolate(batch, partial(self._call, give_up_after, group))
             if poison:
                 bad = {id(occ) for (_, occ, _), _ in poison}
                 batch = [item for item in batch if id(item[1]) not in bad]
