@@ -520,7 +520,7 @@ def create_topics(bootstrap: str, topics: list[str], partitions: int = 1, settin
     new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
     if not new:
         return
-    for topic, future in admin.create_topics(new).items():
+    for future in admin.create_topics(new).values():
         try:
             future.result(10)
         except Exception as exc:  # already exists when racing another creator

@@ -180,7 +180,7 @@ def broker_message_limit(admin: AdminClient, topic: str) -> int:
         resources = [ConfigResource(ConfigResource.Type.TOPIC, topic)]
         if brokers:
             resources.append(ConfigResource(ConfigResource.Type.BROKER, str(brokers[0])))
-        for resource, future in admin.describe_configs(resources).items():
+        for future in admin.describe_configs(resources).values():
             config = future.result(timeout=10)
             for name in ("max.message.bytes", "message.max.bytes"):
                 entry = config.get(name)

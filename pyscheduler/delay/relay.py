@@ -368,7 +368,7 @@ class Relay:
         if outcomes is None:
             return  # stopping during an outage: nothing committed, the batch is read again
         out: list[Outgoing] = []
-        for (msg, d), outcome in zip(good, outcomes):
+        for (_msg, d), outcome in zip(good, outcomes):
             if outcome == "late":
                 out.append(Outgoing(self.cfg.output_topic, d.key, d.value, d.headers, d))
         for msg, reason, headers in bad:
@@ -543,10 +543,10 @@ class Relay:
 
     @staticmethod
     def _count(outcomes: list[str]) -> None:
-        for name, counter in (("enqueued", ENQUEUED), ("duplicate", DUPLICATES), ("late", LATE)):
+        for name, metric in (("enqueued", ENQUEUED), ("duplicate", DUPLICATES), ("late", LATE)):
             n = outcomes.count(name)
             if n:
-                counter.inc(n)
+                metric.inc(n)
 
     # -- 2. ready and fire ------------------------------------------------------
 

@@ -130,7 +130,7 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
     try:
         load_rates = [int(x) for x in str(o["loads"]).split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"not a comma-separated list of msg/s: {o['loads']!r}", param_hint="--loads")
+        raise click.BadParameter(f"not a comma-separated list of msg/s: {o['loads']!r}", param_hint="--loads") from None
     if not 0 <= o["min_delay"] <= o["max_delay"]:
         raise click.BadParameter("need 0 <= --min-delay <= --max-delay", param_hint="--min-delay")
 
