@@ -39,9 +39,11 @@ CREATE TABLE IF NOT EXISTS public.delay_audit (
 CREATE OR REPLACE FUNCTION public.delay_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO public.delay_audit (op, id, readied_by, deadline) VALUES ('insert', NEW.id, NEW.readied_by, NEW.deadline);
+        INSERT INTO public.delay_audit (op, id, readied_by, deadline)
+        VALUES ('insert', NEW.id, NEW.readied_by, NEW.deadline);
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO public.delay_audit (op, id, readied_by, deadline) VALUES ('delete', OLD.id, OLD.readied_by, OLD.deadline);
+        INSERT INTO public.delay_audit (op, id, readied_by, deadline)
+        VALUES ('delete', OLD.id, OLD.readied_by, OLD.deadline);
     ELSIF NEW.readied_at IS DISTINCT FROM OLD.readied_at THEN
         INSERT INTO public.delay_audit (op, id, readied_by, deadline)
         VALUES (CASE WHEN NEW.readied_at IS NULL THEN 'reset' ELSE 'claim' END, NEW.id,

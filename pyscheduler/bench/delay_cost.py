@@ -59,8 +59,9 @@ def main() -> None:
         print(f"{chr(65 + i)} {dsn.rsplit('/', 1)[-1]}: enqueue {statistics.median(enq):.1f} us/msg "
               f"({', '.join(f'{x:.1f}' for x in enq)}), claim + fire {statistics.median(fire):.1f} us/msg "
               f"({', '.join(f'{x:.1f}' for x in fire)})")
-    print(f"{a.messages:,} messages of {a.value_bytes} bytes a run, {len(order) * a.rounds} runs in {time.monotonic() - started:.0f} s; "
-          f"load average {os.getloadavg()[0]:.2f} (CPU in {1e6 / TICK / a.messages:.1f} us steps)")
+    print(f"{a.messages:,} messages of {a.value_bytes} bytes a run, {len(order) * a.rounds} runs "
+          f"in {time.monotonic() - started:.0f} s; load average {os.getloadavg()[0]:.2f} "
+          f"(CPU in {1e6 / TICK / a.messages:.1f} us steps)")
 
 
 if __name__ == "__main__":

@@ -138,8 +138,9 @@ def one_round(workdir: Path, synchronous: bool, before: float, after: float) -> 
         embedded.create_topics(kafka.bootstrap, [INPUT, OUTPUT, SCHEDULE_TOPIC])
         with Database(primary.dsn(), max_size=1) as db:
             for name, kind, target in (("fo-kafka", "kafka", SCHEDULE_TOPIC), ("fo-task", "task", "fo-sched")):
-                db.call(schedules_sql.CREATE_SCHEDULE, name=name, every=timedelta(seconds=1), target_kind=kind, target=target,
-                        retry_attempts=0, start_at=datetime.now(timezone.utc) + timedelta(seconds=0.5))
+                db.call(schedules_sql.CREATE_SCHEDULE, name=name, every=timedelta(seconds=1), target_kind=kind,
+                        target=target, retry_attempts=0,
+                        start_at=datetime.now(timezone.utc) + timedelta(seconds=0.5))
             with db.connection() as c:
                 c.execute(JOB)
                 # the delay relay deletes what it fired: count firings with a statement trigger's twin,

@@ -47,7 +47,8 @@ def create_bulk(db: Database, prefix: str, n: int, every_s: float, topic: str, c
     ids = [first["id"]]
     with db.connection() as conn:
         for start in range(1, n, chunk):
-            rows = conn.execute(bench_sql.CLONE_SCHEDULES, (prefix, start, min(n, start + chunk) - 1, first["id"])).fetchall()
+            last = min(n, start + chunk) - 1
+            rows = conn.execute(bench_sql.CLONE_SCHEDULES, (prefix, start, last, first["id"])).fetchall()
             ids += [r["id"] for r in rows]
         conn.execute("ANALYZE pyscheduler.schedules")  # a utility statement: not a Query (no PREPARE)
     return ids
@@ -205,7 +206,8 @@ def fire_run(echo, db: Database, dsn: str, redis_url: str, bootstrap: str, n: in
     late = [t - e for t, e in window if e >= start_ms] or [t - e for t, e in window]  # not the arming backlog
     distinct = len({k for _, _, k in fires})
     cpu_us = {k: (cpu1[k] - cpu0[k]) * 1e6 / len(window) for k in cpu0}
-    return {"fired": len(window), "cpu_us": cpu_us, "load": load, "per_s": len(window) / max(1e-3, (end_ms - start_ms) / 1000),
+    return {"fired": len(window), "cpu_us": cpu_us, "load": load,
+            "per_s": len(window) / max(1e-3, (end_ms - start_ms) / 1000),
             "first_ms": first_t - first_ms, "last_ms": last_t - first_ms, "messages": len(fires),
             "distinct": distinct, "lateness": percentiles(late)}
 

@@ -52,7 +52,8 @@ def main() -> None:
                     read(c)
                     took.append(time.perf_counter() - t0)
                 late = c.execute(sql.SCHEDULES_LATE_BY_10S).fetchone()[0]
-                print(f"{a.n:,} schedules every minute, {late} late: {q}: median {statistics.median(took) * 1e3:.2f} ms")
+                print(f"{a.n:,} schedules every minute, {late} late: {q}: "
+                      f"median {statistics.median(took) * 1e3:.2f} ms")
     finally:
         with psycopg.connect(make_conninfo(a.server_dsn, dbname="postgres"), autocommit=True) as admin:
             admin.execute("DROP DATABASE IF EXISTS due_views WITH (FORCE)")

@@ -115,7 +115,8 @@ def delayed_cost(dsn: str, tasks: int, batch: int) -> str:
         for _ in range(tasks // batch):
             c.execute(sql.SUBMIT_LATER, ("cost-delayed", batch))
         spent = process_cpu(pid) - before
-    return f"delayed: {tasks // batch * batch:,} tasks in batches of {batch}: backend CPU submit {spent / tasks * 1e6:.1f} us/task"
+    return (f"delayed: {tasks // batch * batch:,} tasks in batches of {batch}: "
+            f"backend CPU submit {spent / tasks * 1e6:.1f} us/task")
 
 
 def submit_cost(dsn: str, tasks: int) -> str:

@@ -149,8 +149,8 @@ def join_mode(dsn: str, children: int, workers: int) -> None:
             r.stop()
     with psycopg.connect(dsn, autocommit=True) as c:
         last, leased = c.execute(sql.FLOW_JOIN_TIMES, (rns, join)).fetchone()
-    print(f"join: {children:,} children, {workers} workers: the join was leased {(leased - last).total_seconds() * 1000:.1f} ms "
-          f"after the last child's completion")
+    print(f"join: {children:,} children, {workers} workers: the join was leased "
+          f"{(leased - last).total_seconds() * 1000:.1f} ms after the last child's completion")
 
 
 def workflow_mode(dsn: str, sizes: list[int], rounds: int) -> None:
@@ -208,7 +208,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500)
     parser.add_argument("--sizes", default="1000,2000,4000,10000", help="workflow mode: node counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=3, help="workflow mode: calls per size and shape (the median)")
-    parser.add_argument("--prefetch", type=int, default=None, help="each Worker's prefetch (keys mode; default the Worker's)")
+    parser.add_argument("--prefetch", type=int, default=None,
+                        help="each Worker's prefetch (keys mode; default the Worker's)")
     args = parser.parse_args()
     global PREFETCH
     PREFETCH = args.prefetch

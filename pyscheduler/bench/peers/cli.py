@@ -88,11 +88,13 @@ def _command(ctx: click.Context) -> str:
 @click.option("--quick", is_flag=True,
               help=f"A check that runs in under 2 minutes: {QUICK['jobs']:,} jobs, 1 round, "
                    f"one load of {QUICK['loads']} msg/s for {QUICK['delay_duration']:g} s (explicit options win).")
-@click.option("--jobs", type=click.IntRange(1), default=None, help=f"No-op jobs per system and round  [default: {FULL['jobs']:,}]")
+@click.option("--jobs", type=click.IntRange(1), default=None,
+              help=f"No-op jobs per system and round  [default: {FULL['jobs']:,}]")
 @click.option("--concurrency", type=click.IntRange(1), default=10, show_default=True,
               help="Jobs in flight per system (Worker capacity, graphile-worker and procrastinate concurrency, "
                    "pg-boss pollers).")
-@click.option("--rounds", type=click.IntRange(1), default=None, help=f"Rounds; systems alternate  [default: {FULL['rounds']}]")
+@click.option("--rounds", type=click.IntRange(1), default=None,
+              help=f"Rounds; systems alternate  [default: {FULL['rounds']}]")
 @click.option("--samples", type=click.IntRange(1), default=None,
               help=f"Enqueue-to-start latency samples per system and round  [default: {FULL['samples']}]")
 @click.option("--gap-ms", type=click.FloatRange(0), default=20.0, show_default=True,
@@ -104,11 +106,14 @@ def _command(ctx: click.Context) -> str:
 @click.option("--scenario", "scenarios", multiple=True, type=click.Choice(list(tasks_part.SCENARIOS)),
               help="Job-queue runs (repeatable): noop (every system), fail (10 % of jobs fail once and retry) "
                    "and delay (50 % delayed 1 s), these two for pyscheduler and graphile-worker. Default: all.")
-@click.option("--loads", default=None, help=f"Delay part: offered loads in msg/s, comma-separated  [default: {FULL['loads']}]")
+@click.option("--loads", default=None,
+              help=f"Delay part: offered loads in msg/s, comma-separated  [default: {FULL['loads']}]")
 @click.option("--delay-duration", type=click.FloatRange(1), default=None,
               help=f"Delay part: seconds of producing per run  [default: {FULL['delay_duration']:g}]")
-@click.option("--min-delay", type=float, default=None, help=f"Shortest delay, seconds  [default: {FULL['min_delay']:g}]")
-@click.option("--max-delay", type=float, default=None, help=f"Longest delay, seconds  [default: {FULL['max_delay']:g}]")
+@click.option("--min-delay", type=float, default=None,
+              help=f"Shortest delay, seconds  [default: {FULL['min_delay']:g}]")
+@click.option("--max-delay", type=float, default=None,
+              help=f"Longest delay, seconds  [default: {FULL['max_delay']:g}]")
 @click.option("--delay/--no-delay", "with_delay", default=True, show_default=True, help="Run the delay part.")
 @click.option("--tasks/--no-tasks", "with_tasks", default=True, show_default=True, help="Run the job-queue part.")
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), default=ROOT / "docs" / "benchmarks.md",
@@ -154,7 +159,8 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
                      for rate in load_rates] if with_delay else []
         delays = delay_part.run_loads(dsn, bootstrap, loads_run, o["rounds"], echo)
     delay_note = (f"Offered loads {', '.join(f'{r:,}' for r in load_rates)} msg/s for {o['delay_duration']:g} s "
-                  f"each, {o['rounds']} round{'s' if o['rounds'] != 1 else ''} (which relay goes first alternates), delays uniform {o['min_delay']:g}–{o['max_delay']:g} s, {delay_part.PARTITIONS} input "
+                  f"each, {o['rounds']} round{'s' if o['rounds'] != 1 else ''} (which relay goes first alternates), "
+                  f"delays uniform {o['min_delay']:g}–{o['max_delay']:g} s, {delay_part.PARTITIONS} input "
                   "partitions, one relay process each: the pyscheduler relay (`pyscheduler delay run`, defaults: "
                   "50 ms timing advance, batches of 2,000) and the naive baseline "
                   "(`python -m pyscheduler.bench.peers.naive_relay`). Jitter = output timestamp - deadline; "

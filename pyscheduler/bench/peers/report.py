@@ -13,7 +13,8 @@ from .delay import SLA_P999_MS, SLA_RATE, by_relay_and_load
 from .runner import DELAY_SECONDS, FAIL_EVERY, MAX_ATTEMPTS, RETRY_SECONDS
 from .tasks import SCENARIOS, SYSTEMS, System
 
-BEGIN = "<!-- bench-peers:begin (written by `pyscheduler bench peers`; a rerun replaces everything down to the end marker) -->"
+BEGIN = ("<!-- bench-peers:begin (written by `pyscheduler bench peers`; "
+         "a rerun replaces everything down to the end marker) -->")
 END = "<!-- bench-peers:end -->"
 TASKS_CHART = "peers-tasks.png"
 JITTER_CHART = "peers-delay-jitter.png"
@@ -117,7 +118,8 @@ def markdown(*, command: str, context: str, systems: list[System], skipped: dict
     out = [BEGIN, "", f"`{command}` — {context}", "",
            f"**Job queues.** {jobs:,} no-op jobs per system and round (procrastinate a twentieth: it completes a few "
            f"hundred a second), the same concurrency ({concurrency}), a fresh database per system per round, "
-           f"{rounds} round{'s' if rounds != 1 else ''}, systems in a rotating order. Medians over the rounds, min–max in brackets; "
+           f"{rounds} round{'s' if rounds != 1 else ''}, systems in a rotating order. "
+           "Medians over the rounds, min–max in brackets; "
            f"the work is capped at {max_seconds:g} s (a capped run counts what was done by then). "
            f"Enqueue-to-start latency: {samples} jobs per round enqueued one at a time to idle workers, "
            "percentiles over all rounds' samples.", ""]
