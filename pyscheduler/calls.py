@@ -198,7 +198,8 @@ def interval(raw: Any) -> timedelta | None:
         for number, unit in _UNIT.findall(body):
             unit = unit.rstrip("s")
             amount = float(number)
-            total += timedelta(days=amount * _DAYS[unit]) if unit in _DAYS else timedelta(seconds=amount * _SECONDS[unit])
+            total += (timedelta(days=amount * _DAYS[unit]) if unit in _DAYS
+                      else timedelta(seconds=amount * _SECONDS[unit]))
         rest = _UNIT.sub("", body)
         for sign, h, mi, s in _TIME.findall(rest):
             part = timedelta(hours=int(h), minutes=int(mi), seconds=float(s))

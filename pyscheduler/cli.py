@@ -115,7 +115,8 @@ def _dashboard(stack):
     env = os.environ.get
     refresh = env("PYSCHEDULER_DASHBOARD_REFRESH") or "10"
     if not refresh.isdigit() or not 1 <= int(refresh) <= 3600:
-        raise click.BadParameter(f"expected 1..3600 seconds, got {refresh!r}", param_hint="PYSCHEDULER_DASHBOARD_REFRESH")
+        raise click.BadParameter(f"expected 1..3600 seconds, got {refresh!r}",
+                                 param_hint="PYSCHEDULER_DASHBOARD_REFRESH")
     allow = (env("PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS") or "").strip().lower() in ("1", "true", "yes", "on")
     try:
         hosts = parse_hosts(env("PYSCHEDULER_DASHBOARD_ALLOWED_HOSTS"))

@@ -95,7 +95,8 @@ class ConnectionSettings:
         database already set one (a DBA's setting wins)."""
         timeout = int(self.statement_timeout)
         conn.execute(SESSION_PINS + (f", CASE WHEN current_setting('statement_timeout') = '0' "
-                                     f"THEN set_config('statement_timeout', '{timeout}', false) END" if timeout else ""))
+                                     f"THEN set_config('statement_timeout', '{timeout}', false) END"
+                                     if timeout else ""))
 
 
 # The session settings every pyscheduler connection pins (ConnectionSettings.apply; design.md);

@@ -246,7 +246,8 @@ OUTAGE_CODES = ("40000", "40001", "40003", "40P01",  # serialization failure, de
 
 RETRYABLE: tuple[type[BaseException], ...] = (DatabaseUnavailable,) + tuple(dict.fromkeys(
     psycopg.errors.lookup(code) for code in (
-        *OUTAGE_CODES, "08000", "08001", "08003", "08004", "08006", "08007", "08P01", "53000", "53100", "53200", "53300", "53400", "58000", "58030")))
+        *OUTAGE_CODES, "08000", "08001", "08003", "08004", "08006", "08007", "08P01",
+        "53000", "53100", "53200", "53300", "53400", "58000", "58030")))
 
 
 def is_retryable(exc: BaseException) -> bool:

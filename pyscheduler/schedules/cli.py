@@ -179,7 +179,8 @@ def _schedule_options(update: bool):
                 "; replaces --cron." if update else ".")),
             click.option("--cron", default=None, help="Cron expression, 5 fields or 6 with seconds" + (
                 "; replaces --every." if update else ".")),
-            click.option("--tz", default=None, help="IANA time zone of the cron expression" + (then or " (default UTC).")),
+            click.option("--tz", default=None,
+                         help="IANA time zone of the cron expression" + (then or " (default UTC).")),
             click.option("--kafka", "kafka_topic", default=None, metavar="TOPIC", help="Target: a Kafka topic."),
             click.option("--http", "http_url", default=None, metavar="URL", help="Target: an HTTP URL (POST)."),
             click.option("--task", "task_queue", default=None, metavar="QUEUE", help="Target: a leased-task queue."),

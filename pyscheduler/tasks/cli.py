@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 def _monitor_options(f):
     f = option("--batch", type=click.IntRange(1), default=1000, show_default=True, envvar=env("tasks_batch"),
                help="Tasks reset per statement.")(f)
-    f = option("--cleanup-interval", type=POSITIVE_DURATION, default="60s", show_default=True, envvar=env("tasks_cleanup_interval"),
-               help="How often terminal tasks past retention are deleted.")(f)
+    f = option("--cleanup-interval", type=POSITIVE_DURATION, default="60s", show_default=True,
+               envvar=env("tasks_cleanup_interval"), help="How often terminal tasks past retention are deleted.")(f)
     f = option("--retention", type=DURATION, default="7d", show_default=True, envvar=env("tasks_retention"),
                help="How long completed, aborted and cancelled tasks are kept.")(f)
-    f = option("--reset-interval", type=POSITIVE_DURATION, default="1s", show_default=True, envvar=env("tasks_reset_interval"),
+    f = option("--reset-interval", type=POSITIVE_DURATION, default="1s", show_default=True,
+               envvar=env("tasks_reset_interval"),
                help="How often expired leases are looked for (a yield wakes the monitor at once).")(f)
     return f
 
@@ -58,7 +59,8 @@ class _Tasks(HintedGroup):
         "PS200": "The task never existed or was cleaned up after its retention period; "
                  "`pyscheduler tasks list` shows the tasks kept.",
         "PS201": "Another lease holds the task now: this token's lease expired; `pyscheduler tasks get RN` shows it.",
-        "PS202": "The task is not running under a lease (reset, failed or finished); `pyscheduler tasks get RN` shows it.",
+        "PS202": "The task is not running under a lease (reset, failed or finished); "
+                 "`pyscheduler tasks get RN` shows it.",
         "PS203": "The task was cancelled and stays cancelled; `pyscheduler tasks retry RN` requeues it.",
         "PS209": "Only scheduled, ready or running tasks can be cancelled; `pyscheduler tasks retry RN` requeues an "
                  "aborted one.",

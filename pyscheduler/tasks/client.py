@@ -54,8 +54,9 @@ class TaskError:
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """An entry of a task's ``history``: ``type`` is the seed's ``_typ`` (``TaskAssignment``,
-    ``TaskTimeout``, ``TaskYield``, ``TaskRetry``, ``TaskRequeued``, ...), ``worker`` the lease's worker, ``time`` when it happened,
-    ``progress`` the progress reported before a timeout or a yield."""
+    ``TaskTimeout``, ``TaskYield``, ``TaskRetry``, ``TaskRequeued``, ...), ``worker`` the lease's
+    worker, ``time`` when it happened, ``progress`` the progress reported before a timeout or a
+    yield."""
 
     type: str
     time: datetime
@@ -151,7 +152,8 @@ class QueueState:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> QueueState:
-        return cls(obj["queue"], bool(obj["paused"]), obj.get("note"), obj.get("paused_by"), instant(obj.get("updated")))
+        return cls(obj["queue"], bool(obj["paused"]), obj.get("note"), obj.get("paused_by"),
+                   instant(obj.get("updated")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,11 +405,13 @@ def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int =
     keys = None if unique_keys is None else [text(f"unique_keys[{i}]", k, optional=True)
                                              for i, k in enumerate(unique_keys)]
     if keys is not None and len(keys) != len(objects):
-        raise InvalidArgument(f"unique_keys must have one key per spec: {len(keys)} keys for {len(objects)} specs")
+        raise InvalidArgument(f"unique_keys must have one key per spec: "
+                              f"{len(keys)} keys for {len(objects)} specs")
     ckeys = None if concurrency_keys is None else [text(f"concurrency_keys[{i}]", k, optional=True)
                                                    for i, k in enumerate(concurrency_keys)]
     if ckeys is not None and len(ckeys) != len(objects):
-        raise InvalidArgument(f"concurrency_keys must have one key per spec: {len(ckeys)} keys for {len(objects)} specs")
+        raise InvalidArgument(f"concurrency_keys must have one key per spec: "
+                              f"{len(ckeys)} keys for {len(objects)} specs")
     return Call(sql.SUBMIT_TASKS, {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority),
                                  **_when(run_at), "unique_keys": keys, "max_attempts": _max_attempts(max_attempts),
                                  "concurrency_keys": ckeys, "after": _after(after),
@@ -428,11 +432,10 @@ def _set_queue_limits(queue: str, *, running_per_key: int | None = None,
     """At most ``running_per_key`` tasks of one concurrency key and ``running_total`` of the
     queue run at once, across every worker (None: no limit; both None: none). The limits
     belong to this role."""
-    return Call(sql.SET_QUEUE_LIMITS, {"queue": _queue(queue),
-                                     "running_per_key": integer("running_per_key", running_per_key, 1, sql.MAX_QUEUE_LIMIT,
-                                                                optional=True),
-                                     "running_total": integer("running_total", running_total, 1, sql.MAX_QUEUE_LIMIT,
-                                                              optional=True)},
+    return Call(sql.SET_QUEUE_LIMITS,
+                {"queue": _queue(queue),
+                 "running_per_key": integer("running_per_key", running_per_key, 1, sql.MAX_QUEUE_LIMIT, optional=True),
+                 "running_total": integer("running_total", running_total, 1, sql.MAX_QUEUE_LIMIT, optional=True)},
                 value(QueueLimits.from_json))
 
 
@@ -498,10 +501,10 @@ def _resume_queue(queue: str) -> Call[QueueState]:
 
 
 class TaskClient(SyncClient):
-    """Submit, view, cancel and requeue tasks, pause and resume queues (role pyscheduler_client): ``TaskClient(db)`` on a
-    ``Database``, or ``TaskClient(conn)`` on the application's psycopg connection or cursor,
-    in its transaction (the task exists only if the application commits). ``submit`` answers a
-    :class:`TaskHandle`: the task, and ``result(timeout)`` to wait for its end."""
+    """Submit, view, cancel and requeue tasks, pause and resume queues (role pyscheduler_client):
+    ``TaskClient(db)`` on a ``Database``, or ``TaskClient(conn)`` on the application's psycopg
+    connection or cursor, in its transaction (the task exists only if the application commits).
+    ``submit`` answers a :class:`TaskHandle`: the task, and ``result(timeout)`` to wait for its end."""
 
     def submit(self, queue: str, spec: Mapping[str, Any], priority: int = 50, *,
                run_at: datetime | timedelta | None = None, unique_key: str | None = None,

@@ -153,10 +153,10 @@ class TaskFunction(Generic[P, R]):
         datetime, or a timedelta from now), ``unique_key``, ``concurrency_key`` (a text, or a
         function of the arguments), ``after`` (tasks or their ids), ``conn`` (the application's
         psycopg connection or cursor: submit in its transaction)."""
-        changes: dict[str, Any] = {k: v for k, v in (("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
-                                     ("unique_key", unique_key), ("concurrency_key", concurrency_key),
-                                     ("run_at", run_at), ("on_parent_failure", on_parent_failure),
-                                     ("conn", conn)) if v is not None}
+        given = (("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
+                 ("unique_key", unique_key), ("concurrency_key", concurrency_key),
+                 ("run_at", run_at), ("on_parent_failure", on_parent_failure), ("conn", conn))
+        changes: dict[str, Any] = {k: v for k, v in given if v is not None}
         if after is not None:
             changes["after"] = tuple(a.rn if isinstance(a, Task) else a for a in after)
         copy: TaskFunction[P, R] = object.__new__(TaskFunction)

@@ -9,8 +9,9 @@ from ... import metrics
 # Series of Worker(..., registry=R): registered in R, counted per batch where there is one.
 LEASED = metrics.counter("pyscheduler_worker_leased", "Tasks leased by Worker", ["queue"])
 COMPLETED = metrics.counter("pyscheduler_worker_completed", "Completions recorded by Worker", ["queue"])
-FAILED = metrics.counter("pyscheduler_worker_failed", "Failed attempts recorded by Worker (a handler raised: retried "
-                                                      "after a backoff unless it was the task's last attempt)", ["queue"])
+FAILED = metrics.counter("pyscheduler_worker_failed",
+                         "Failed attempts recorded by Worker (a handler raised: retried after a backoff unless it "
+                         "was the task's last attempt)", ["queue"])
 RETRIED = metrics.counter("pyscheduler_worker_retried", "Attempts whose handler raised Retry (retried after the delay "
                                                         "it chose)", ["queue"])
 ABORTED = metrics.counter("pyscheduler_worker_aborted", "Tasks whose handler raised Abort", ["queue"])

@@ -21,7 +21,8 @@ def _hosts(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 @redis_option
 @option("--host", envvar="PYSCHEDULER_DASHBOARD_HOST", default="127.0.0.1", show_default=True,
         help="Address to listen on (loopback by default: put a reverse proxy with TLS in front to expose it).")
-@option("--port", envvar="PYSCHEDULER_DASHBOARD_PORT", default=8080, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
+@option("--port", envvar="PYSCHEDULER_DASHBOARD_PORT", default=8080, show_default=True, type=click.IntRange(0, 65535),
+        help="Port (0: any free port).")
 @option("--allow-actions", envvar="PYSCHEDULER_DASHBOARD_ALLOW_ACTIONS", is_flag=True, default=False,
         help="Offer actions (cancel, retry, pause, resume, trigger, delete), each behind a confirmation.")
 @option("--action-dsn", envvar="PYSCHEDULER_DASHBOARD_ACTION_DSN", default=None, metavar="DSN",
@@ -32,8 +33,8 @@ def _hosts(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
         metavar="NAME[:PORT]", callback=_hosts,
         help="Also answer requests to this Host (repeatable; the variable: comma-separated), e.g. the name a "
              "reverse proxy serves it as. Loopback names with the port are always allowed; any other Host gets 421.")
-@option("--refresh", "refresh_s", envvar="PYSCHEDULER_DASHBOARD_REFRESH", default=10, show_default=True, type=click.IntRange(1, 3600),
-        help="Seconds between page refreshes in the browser.")
+@option("--refresh", "refresh_s", envvar="PYSCHEDULER_DASHBOARD_REFRESH", default=10, show_default=True,
+        type=click.IntRange(1, 3600), help="Seconds between page refreshes in the browser.")
 def dashboard_cmd(dsn, redis_url, host, port, allow_actions, action_dsn, token, allowed_hosts, refresh_s) -> None:
     """Serve the web dashboard: tasks, delay queue, schedules and checks.
 

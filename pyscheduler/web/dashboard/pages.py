@@ -302,6 +302,7 @@ def make_app(dsn: str, allow_actions: bool = False, token: str | None = None, ac
              **options: Any) -> Dashboard:
     """The dashboard as a WSGI callable. ``dsn``: a login in pyscheduler_monitor, the pages'
     when actions are off; ``action_dsn``: the login the pages and actions use when they are on
-    (default ``dsn``; an admin login sees and acts on every role's work); options: ``redis_url``, ``redis_prefix``, ``refresh_s``,
-    ``allowed_hosts`` (names it answers to besides loopback: ``parse_hosts``)."""
+    (default ``dsn``; an admin login sees and acts on every role's work); options: ``redis_url``,
+    ``redis_prefix``, ``refresh_s``, ``allowed_hosts`` (names it answers to besides loopback:
+    ``parse_hosts``)."""
     return Dashboard(dsn, allow_actions=allow_actions, token=token, action_dsn=action_dsn, **options)
