@@ -120,7 +120,7 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
             if fresh is not None:
                 try:
                     d = fresh()
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - a failed rebuild runs the old instance again
                     log.exception("daemon %s could not be rebuilt; running the old instance again", d.name)
             log.warning("daemon %s restarting", d.name)
 

@@ -693,7 +693,7 @@ class Listener:
         listener goes on (it used to end the thread, leaving only the polling fallback)."""
         try:
             self.callback(channel, payload)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - any payload may come: logged, the listener goes on
             self.log.exception("notification on %s with payload %r not handled", channel, payload[:100])
 
     def _run(self) -> None:

@@ -31,6 +31,7 @@ from ..daemon import RunContext, install_signal_handlers
 from ..db import Database
 from . import sqlapi as sql
 from .client import UNBOUNDED, RunOutcome, ScheduleClient
+from .demo import demo  # the capability's demo (`pyscheduler demo` calls it)
 from .executor import Executor, ExecutorConfig
 from .index import DEFAULT_PREFIX, Shards
 from .relay import Cleanup, IndexRelay, mirror_entries
@@ -437,7 +438,5 @@ def daemons(ctx: RunContext) -> list:
         log.info("schedules: no Redis configured, executors run in degraded mode (critical schedules only)")
     return build_daemons(ctx.dsn, ctx.redis_url, ctx.kafka_bootstrap, ctx.kafka_settings, **flags)
 
-
-from .demo import demo  # noqa: E402,F401  (the capability's demo)
 
 __all__ = ["group", "daemons", "demo"]

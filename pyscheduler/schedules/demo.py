@@ -30,7 +30,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's method name
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if outer.delay:
                     time.sleep(outer.delay)

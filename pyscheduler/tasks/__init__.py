@@ -9,17 +9,13 @@ this package calls it, naming it only in ``sqlapi.py``.
   exception fail the attempt, ``Snooze`` puts it back for later without using an attempt.
 * ``Monitor``: the daemon that resets expired leases and cleans up."""
 
-from .client import TaskClient
+from .client import AsyncTaskClient, AsyncTaskHandle, QueueLimits, Task, TaskClient, TaskFailed, TaskHandle, Workflow
 from .aio import AsyncTaskContext, AsyncWorker
 from .monitor import Monitor
 from .worker import Abort, Retry, RunningWorker, Snooze, TaskContext, Worker
 from .app import TaskApp
 from .functions import TaskFunction, current_context
 
-__all__ = ["Abort", "AsyncTaskContext", "AsyncWorker", "Monitor", "Retry", "RunningWorker", "Snooze", "TaskClient",
-           "TaskApp", "TaskContext", "TaskFunction", "Worker", "current_context"]
-
-from .client import (AsyncTaskClient, AsyncTaskHandle, QueueLimits, Task, TaskFailed, TaskHandle,  # noqa: E402
-                     Workflow)
-
-__all__ += ["AsyncTaskClient", "AsyncTaskHandle", "QueueLimits", "Task", "TaskFailed", "TaskHandle", "Workflow"]
+__all__ = ["Abort", "AsyncTaskClient", "AsyncTaskContext", "AsyncTaskHandle", "AsyncWorker", "Monitor", "QueueLimits",
+           "Retry", "RunningWorker", "Snooze", "Task", "TaskApp", "TaskClient", "TaskContext", "TaskFailed",
+           "TaskFunction", "TaskHandle", "Worker", "Workflow", "current_context"]

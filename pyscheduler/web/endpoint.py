@@ -74,7 +74,7 @@ class PostgresProbe(Probe):
         if self.conn is not None:
             try:
                 self.conn.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing a broken client: nothing left to do
                 pass
             self.conn = None
 
@@ -124,7 +124,7 @@ class RedisProbe(Probe):
         if self.client is not None:
             try:
                 self.client.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing a broken client: nothing left to do
                 pass
             self.client = None
 

@@ -195,7 +195,7 @@ class Site:
         except InvalidArgument as exc:  # a filter the database refuses (a name that is not a label)
             status, body, extra = "400 Bad Request", self._render(
                 req, "error.html", title="400 Bad Request", message=str(exc)), []
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - any other failure is a logged 500
             log.exception("dashboard: %s %s", req.method, req.path)
             status, body, extra = "500 Internal Server Error", self._render(
                 req, "error.html", title="error", message="internal error (see the dashboard's log)"), []
