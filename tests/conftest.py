@@ -204,5 +204,3 @@ def redis_url(redis_server: str) -> str:
     client.close()
     return redis_server
 
-
-REPO = Path(__file__).resolve().parent.parent

@@ -56,6 +56,6 @@ BENCH_CLEAN_HISTORY = Query("DELETE FROM pyscheduler.check_history WHERE entity_
 BENCH_DONE = Query("SELECT count(*) AS n FROM pyscheduler.check_history WHERE entity_name = %s AND outcome = 'done'")
 BENCH_DUE = Query("SELECT count(*) FROM pyscheduler.due_checks(slot => %s, max => %s)")  # under EXPLAIN ANALYZE
 
-# -- limits: SQL's, kept to in Python first. tests/test_checks_limits.py holds each to SQL. ----------
+# -- limits: SQL's, kept to in Python first. tests/checks/test_limits.py holds each to SQL. ----------
 
 ERROR_CHARS = 2000  # the characters of an error check_history keeps (finish_checks cuts the rest)

@@ -1,6 +1,6 @@
 """What the recurring schedules' Python asks of SQL: every function, view and statement it
 uses (the client, the daemons, the CLI, the demo and the bench), and the limits it checks
-before the round trip. ``tests/test_sqlapi.py`` checks each entry against the catalog."""
+before the round trip. ``tests/shared/test_sqlapi.py`` checks each entry against the catalog."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ TASK_COUNTS = View("task_counts", ("queue", "status", "tasks"))
 # -- the bench (pyscheduler bench schedules): setup and cleanup behind the functions' back ---------
 
 # the columns a bench schedule is cloned with from the first one (all but id, name and the
-# generated ones; tests/test_schedules_sql.py checks it is every one): 1M create_schedule calls
+# generated ones; tests/schedules/test_sql.py checks it is every one): 1M create_schedule calls
 # would take ~15 minutes, and the setup is not what is measured
 CLONED_COLUMNS = (
     "every", "cron", "cron_spec", "tz", "start_at", "end_at", "max_runs", "target_kind", "target", "priority",

@@ -23,12 +23,12 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from checks_support import Counting, Running, add_many, history, running, scrape, slots, wait_history  # noqa: F401
+from tests.support.checks import Counting, Running, add_many, history, running, scrape, slots, wait_history  # noqa: F401
 from pyscheduler import errors
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.checks.handlers import run_handler
 from pyscheduler.db import Database, Jsonb
-from support import wait_for
+from tests.support import wait_for
 
 UTC = timezone.utc
 

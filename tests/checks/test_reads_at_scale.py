@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from flat_reads_support import reads
+from tests.support.reads import reads
 
 UTC = timezone.utc
 JOB = "app.probe"

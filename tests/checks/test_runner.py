@@ -7,16 +7,15 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 from click.testing import CliRunner
 
-from checks_support import Counting, add_many, history, running, scrape, slots, wait_history  # noqa: F401 (fixtures)
+from tests.support.checks import Counting, add_many, history, running, scrape, slots, wait_history  # noqa: F401 (fixtures)
 from pyscheduler.checks import Check, CheckRunner, task_handler
 from pyscheduler.cli import main
 from pyscheduler.db import Jsonb
 from pyscheduler.tasks import Worker
-from support import wait_for
+from tests.support import REPO, wait_for
 
 
 SLEEPY_SQL = """
@@ -180,9 +179,9 @@ def test_a_runner_killed_mid_batch_loses_nothing(slots, running, dsn, conn):
     """SIGKILL while a batch is half run: its locks die with its connection, the checks stay at
     their slot, another runner takes them; every check ends in the history exactly once."""
     ids = add_many(slots, 20, "slow", "python", after=0.5)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", "checks", "run", "--dsn", dsn, "--batch", "5",
-                             "--handlers", "checks_handlers"], env=env, stdout=subprocess.DEVNULL,
+                             "--handlers", "tests.support.checks_handlers"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
         before = wait_for(lambda: len(h := history(slots)) >= 5 and h, timeout=30, interval=0.02)

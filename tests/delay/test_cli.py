@@ -7,7 +7,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from delay_support import Output, RelayProcess, Sender, Topics, wait_for, warm_up
+from tests.support import wait_for
+from tests.support.delay import Output, RelayProcess, Sender, Topics, warm_up
 from pyscheduler.daemon import RunContext
 from pyscheduler.delay import cli
 from pyscheduler.delay.relay import Relay
@@ -58,7 +59,7 @@ def test_a_hold_time_that_would_refire_everything_is_refused(dsn, kafka):
 def test_every_entry_point_gives_the_same_one_line_error_when_postgresql_refuses(pg):
     """``python -m pyscheduler.delay run`` printed a traceback where ``pyscheduler delay run``
     printed one line; every entry point now runs under the same root (pyscheduler.cliroot).
-    (A PostgreSQL that does not answer is waited for: tests/test_ops_cli.py.)"""
+    (A PostgreSQL that does not answer is waited for: tests/ops/test_cli.py.)"""
     down = pg.dsn("no_such_database")  # the server refuses: it does not exist
     delay = ["delay", "run", "--dsn", down, "--bootstrap-servers", "127.0.0.1:1"]
     schedules = ["schedules", "run", "--dsn", down, "--redis-url", "redis://127.0.0.1:1"]

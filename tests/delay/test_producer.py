@@ -9,7 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from delay_support import InProcessRelay, Output, Sender, Topics, fire_time, utcnow, wait_for, warm_up
+from tests.support import wait_for
+from tests.support.delay import InProcessRelay, Output, Sender, Topics, fire_time, utcnow, warm_up
 from pyscheduler.delay import DelayProducer, DeliveryFailed
 from pyscheduler.errors import InvalidArgument
 

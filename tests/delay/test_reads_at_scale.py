@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 from psycopg.rows import dict_row
 
-from flat_reads_support import concurrently, reads
+from tests.support.reads import concurrently, reads
 from pyscheduler import migrate
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)

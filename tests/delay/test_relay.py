@@ -11,7 +11,8 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from delay_support import InProcessRelay, Output, Sender, Topics, fire_time, utcnow, wait_for, warm_up
+from tests.support import wait_for
+from tests.support.delay import InProcessRelay, Output, Sender, Topics, fire_time, utcnow, warm_up
 from pyscheduler.delay.message import Malformed, parse_deadline
 from pyscheduler.delay.publisher import KAFKA_MESSAGE_MAX_BYTES
 from pyscheduler.delay.relay import DEAD_LETTERED, DROPPED, RelayConfig

@@ -9,8 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, freeze, private_broker,
-                           utcnow, wait_for, warm_up)
+from tests.support import wait_for
+from tests.support.delay import (InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, freeze,
+                                 private_broker, utcnow, warm_up)
 
 
 @pytest.fixture

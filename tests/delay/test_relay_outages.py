@@ -14,8 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from psycopg import sql
 
-from delay_support import (InProcessRelay, Output, RelayProcess, Sender, Topics, freeze, private_broker, utcnow,
-                           wait_for, warm_up)
+from tests.support import wait_for
+from tests.support.delay import (InProcessRelay, Output, RelayProcess, Sender, Topics, freeze, private_broker, utcnow,
+                                 warm_up)
 from pyscheduler.delay.relay import Relay
 from pyscheduler.errors import InvalidMessage, rejects_arguments
 from pyscheduler.metrics import process_registry

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from pyscheduler import embedded
 from pyscheduler.cli import main
 
-from test_embedded import Output, clean_env
+from tests.support.ops import Output, clean_env
 
 DAEMONS = [["run"], ["delay", "run", "--bootstrap-servers", "127.0.0.1:1"], ["schedules", "run"], ["checks", "run"],
            ["tasks", "monitor"], ["tasks", "work", "--queue", "q"], ["migrate"], ["tasks", "list"],
@@ -119,7 +119,7 @@ def test_a_daemon_command_waits_for_a_postgresql_down_at_start_and_readyz_names_
     """PostgreSQL down when a daemon command starts is an outage, not a crash (issue 27, C): the
     command waits for it, /readyz answers 503 naming postgresql meanwhile, and the daemons start
     once it answers (before: exit 1 within 5 s). A refusal (a database that does not exist)
-    stays one line and exit 1 (tests/test_delay_cli.py)."""
+    stays one line and exit 1 (tests/delay/test_cli.py)."""
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     forward = Forward((given.get("host") or "127.0.0.1", int(given.get("port") or 5432)))
     http = embedded.free_port()

@@ -5,8 +5,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import psycopg
 import pytest
@@ -14,43 +12,7 @@ import redis
 from confluent_kafka.admin import AdminClient
 
 from pyscheduler import embedded
-
-
-def clean_env():
-    """The environment of a new user: no pyscheduler configuration."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PYSCHEDULER_")}
-
-
-class Output:
-    """A child's stdout, read in a thread, that a test can wait on line by line."""
-
-    def __init__(self, proc):
-        self.proc, self.lines, self.done = proc, [], threading.Event()
-        self.changed = threading.Condition()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            with self.changed:
-                self.lines.append(line)
-                self.changed.notify_all()
-        with self.changed:
-            self.done.set()
-            self.changed.notify_all()
-
-    def wait_for(self, pattern, timeout=120.0) -> str:
-        deadline = time.monotonic() + timeout
-        with self.changed:
-            while not any(re.search(pattern, line) for line in self.lines):
-                left = deadline - time.monotonic()
-                if self.done.is_set() or left <= 0:
-                    self.proc.kill()
-                    raise AssertionError(f"{pattern!r} not seen:\n{self.text()}\n{self.proc.stderr.read()}")
-                self.changed.wait(left)
-            return self.text()
-
-    def text(self) -> str:
-        return "".join(self.lines)
+from tests.support.ops import Output, clean_env
 
 
 def test_stack_starts_each_server_on_a_free_loopback_port_and_stops_it_by_pid(tmp_path):

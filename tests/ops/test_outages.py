@@ -32,15 +32,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 from psycopg.conninfo import make_conninfo
 
-from delay_support import GROUP_SETTINGS, Output, Sender, wait_for
+from tests.support import wait_for
+from tests.support.delay import GROUP_SETTINGS, Output, Sender
 from pyscheduler import embedded, migrate
 from pyscheduler.cli import CAPABILITIES, capability
 from pyscheduler.daemon import RunContext, run_daemons
 from pyscheduler.db import Database
 from pyscheduler.web.endpoint import serve
-from schedules_support import create
-from test_ops_http import Process, get
-from test_restart_walk import JOB
+from tests.support.schedules import create
+from tests.support.ops import WALK_JOB, Process, get
 
 SECRET = "S3cretPassw0rd"
 BOUND = 30  # s: the longest a daemon may take to do its job again once its server answers
@@ -152,7 +152,7 @@ class Work:
             if topic:
                 create(db, "o-kafka", every=0.5, soon=True, target_kind="kafka", target=topic)
             with db.connection() as c:
-                c.execute(JOB)
+                c.execute(WALK_JOB)
             db.call("set_check_settings", resolution=timedelta(seconds=1))
             db.call("add_check", entity_name="outage", entity_key="1", job="public.walk_job",
                     check_after=timedelta(seconds=1), max_checks=1_000_000, horizon=timedelta(days=1))
@@ -211,7 +211,7 @@ def relayed(kafka: str, fast: str, what: str) -> None:
         sender.send(value.decode(), datetime.now(timezone.utc) + timedelta(seconds=0.5), value=value)
         sender.flush()
         output.wait_values([value], BOUND)
-    except AssertionError as exc:
+    except TimeoutError as exc:
         raise AssertionError(f"{exc} (a delayed message {what})") from None
     finally:
         output.close()

@@ -21,25 +21,13 @@ import pytest
 from pyscheduler import embedded, migrate
 from pyscheduler.db import Database
 
-from schedules_support import Receiver, create, wait_for
+from tests.support import wait_for
+from tests.support.ops import WALK_JOB
+from tests.support.schedules import Receiver, create
 
 TOPICS = ["walk.schedules", "pyscheduler.delay.input", "pyscheduler.delay.output"]
 SCHEDULES = ("walk-kafka", "walk-http", "walk-task")
 BOUND = 60  # s: each kind fires again within this after a restart
-
-JOB = """
-CREATE TABLE public.walk_runs (slot timestamptz NOT NULL, ran timestamptz NOT NULL DEFAULT clock_timestamp());
-CREATE FUNCTION public.walk_job(c pyscheduler.future_check) RETURNS timestamptz
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-BEGIN
-    INSERT INTO public.walk_runs (slot) VALUES (c.next_check_at);
-    -- the next second; a run late by more than a second (a catch-up after a restart on a
-    -- loaded machine) goes on from now: a time already past would end the check ('past')
-    RETURN CASE WHEN c.next_check_at + interval '1 second' > now() THEN c.next_check_at + interval '1 second'
-                ELSE now() + interval '1 second' END;
-END $$;
-"""
-
 
 def progress(dsn: str) -> dict[str, int] | None:
     """Fired executions per schedule, tasks submitted, check runs; None while PostgreSQL is away."""
@@ -86,7 +74,7 @@ def test_pyscheduler_run_survives_kafka_then_redis_then_postgres_restarting(serv
         create(db, "walk-http", every=1, target_kind="http", target=receiver.url, soon=True)
         create(db, "walk-task", every=1, target_kind="task", target="walk-queue", soon=True)
         with db.connection() as c:
-            c.execute(JOB)
+            c.execute(WALK_JOB)
         db.call("set_check_settings", resolution=timedelta(seconds=1))
         db.call("add_check", entity_name="walk", entity_key="1", job="public.walk_job",
                 check_after=timedelta(seconds=1), max_checks=1_000_000, horizon=timedelta(days=1))
@@ -117,7 +105,7 @@ def test_pyscheduler_run_survives_kafka_then_redis_then_postgres_restarting(serv
             try:
                 wait_for(running(lambda: advanced(dsn, before, by=5)), BOUND,
                          f"every schedule and the check to fire again after {server.name} restarted")
-            except AssertionError as exc:
+            except TimeoutError as exc:
                 raise AssertionError(f"{exc}: {before} -> {progress(dsn)}\n{log.read_text()[-6000:]}") from None
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from pyscheduler.schedules.arrays import EpochMsArray, Int4Array, Int8Array
 from pyscheduler.schedules.index import from_ms, to_ms
 
-from schedules_support import create
+from tests.support.schedules import create
 
 
 def test_binary_arrays_read_back_as_the_values_they_stand_for(conn):

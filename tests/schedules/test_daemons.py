@@ -23,8 +23,9 @@ from pyscheduler.schedules.index import Index, idempotency_key, to_ms
 from pyscheduler.schedules.targets import KAFKA_KEY_HEADER
 from pyscheduler.tasks.worker import Worker
 
-from schedules_support import (Receiver, Running, allow_loopback, count, create, executions, executor, executor_process,
-                               relay, wait_for)
+from tests.support import wait_for
+from tests.support.schedules import (Receiver, Running, allow_loopback, count, create, executions, executor,
+                                     executor_process, relay)
 
 PREFIX = "t:schedules"
 
@@ -103,7 +104,7 @@ def test_executor_killed_after_claiming_fires_after_recovery_counted_once(db, ds
         try:
             try:
                 wait_for(hold.is_set, 40, "the executor to claim and fire")
-            except AssertionError:
+            except TimeoutError:
                 raise AssertionError((tmp_path / "ex.log").read_text()[-3000:]) from None
             proc.kill()  # SIGKILL: no settle, no record; its claim stays in Redis
             proc.wait(10)

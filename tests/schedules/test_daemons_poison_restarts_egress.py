@@ -26,8 +26,9 @@ from pyscheduler.delay.bench import fresh_read
 from pyscheduler.schedules.index import Index, Shards, idempotency_key, to_ms
 from pyscheduler.schedules.targets import KAFKA_KEY_HEADER, schedule_header
 
-from schedules_support import (Blackhole, Probe, Receiver, Running, allow_loopback, count, create, executions,
-                               executor, relay, wait_for)
+from tests.support import wait_for
+from tests.support.schedules import (Blackhole, Probe, Receiver, Running, allow_loopback, count, create, executions,
+                                     executor, relay)
 
 PREFIX = "t:schedules"
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -18,9 +17,10 @@ from psycopg.rows import dict_row
 
 from pyscheduler import errors, migrate
 from pyscheduler.db import Database, Jsonb
+from tests.support import REPO
 
 UTC = timezone.utc
-DOCS = Path(__file__).parent.parent / "docs"
+DOCS = REPO / "docs"
 
 
 def create(db, name="s", **kw):

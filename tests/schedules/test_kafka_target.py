@@ -20,7 +20,8 @@ from confluent_kafka.admin import AdminClient
 from pyscheduler import embedded
 from pyscheduler.cli import main
 
-from schedules_support import Running, count, create, executions, executor, relay, wait_for
+from tests.support import wait_for
+from tests.support.schedules import Running, count, create, executions, executor, relay
 
 
 def topics(kafka: str) -> set[str]:

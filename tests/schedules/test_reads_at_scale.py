@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 from psycopg.rows import dict_row
 
-from flat_reads_support import reads
+from tests.support.reads import reads
 from pyscheduler.db import Database
 
 UTC = timezone.utc

@@ -22,7 +22,8 @@ import redis
 from pyscheduler import embedded
 from pyscheduler.redisconn import connect
 from pyscheduler.schedules.index import Shards, to_ms
-from schedules_support import Running, create, executor, relay, wait_for
+from tests.support import wait_for
+from tests.support.schedules import Running, create, executor, relay
 
 SHARDS = 6
 EVERY_MS = 500

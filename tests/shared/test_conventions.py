@@ -363,7 +363,7 @@ def test_a_check_job_acts_as_its_functions_owner_not_as_the_runner_that_runs_it(
     """The runner's login is often an admin: a client's SQL job that calls another
     capability's functions (pause bob's schedule) must meet the ownership rule as the
     client, whatever role runs the check."""
-    from schedules_support import wait_for
+    from tests.support import wait_for
 
     alice, alice_dsn = login("pyscheduler_client")
     bob, bob_dsn = login("pyscheduler_client")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pyscheduler"
+PACKAGE = Path(__file__).resolve().parents[2] / "pyscheduler"
 CAPABILITIES = ("tasks", "delay", "schedules", "checks")
 # what assembles the capabilities: the root CLI, the dashboard (and its documented import
 # path), the peers' benchmark

@@ -1,7 +1,7 @@
 """Secrets (issue 27, D; design.md "Guarantees by construction"): every URL or DSN a log line,
 an error message, /readyz or the CLI prints goes through one masking helper,
 ``pyscheduler.masking.mask_url``. Its rules here; the code walk below finds a call that prints
-one without it (tests/test_outages.py runs the daemons with passwords in their DSN and Redis
+one without it (tests/ops/test_outages.py runs the daemons with passwords in their DSN and Redis
 URL and checks their logs and /readyz)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from pyscheduler.masking import mask_url
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pyscheduler"
+PACKAGE = Path(__file__).resolve().parents[2] / "pyscheduler"
 
 
 @pytest.mark.parametrize("given, shown", [

@@ -17,10 +17,9 @@ import psycopg
 from pyscheduler.db import MAX_JSON_DEPTH, TOO_DEEP, Jsonb
 from pyscheduler.tasks import AsyncTaskClient, TaskClient, TaskContext, Worker
 from pyscheduler.tasks.monitor import Monitor
-from support import wait_for
+from tests.support import wait_for
 
-from dashboard_support import served
-from test_dashboard import Client, text_of
+from tests.support.dashboard import Client, served, text_of
 
 DEEP = 3000  # levels: json.loads stops at about 1,000
 DEEP_OBJECT = '{"a": ' * DEEP + "1" + "}" * DEEP
@@ -213,7 +212,7 @@ def _poison_tasks(db, conn) -> dict[str, str]:
 
 def _poison_schedules(db) -> list[str]:
     """A neighbour firing every second (a task target) and poison ones; -> their names."""
-    from schedules_support import create
+    from tests.support.schedules import create
 
     create(db, "nb-sched", every=1, target_kind="task", target="nb-sched", soon=True)
     names = []
@@ -305,9 +304,9 @@ def test_daemon_poison_walk_every_daemon_and_page_goes_on(db, conn, dsn, login, 
     under every daemon of ``pyscheduler run`` (delay relay, tasks monitor, schedules relay
     and executor, checks runner), a Worker, and every dashboard page: each neighbour is
     handled, no daemon crashes (so none restarts), no page answers 500."""
-    from delay_support import Output, Sender, utcnow
+    from tests.support.delay import Output, Sender, utcnow
     from pyscheduler.dashboard import make_app
-    from test_ops_http import Process, samples
+    from tests.support.ops import Process, samples
 
     tasks = _poison_tasks(db, conn)
     schedules = _poison_schedules(db)

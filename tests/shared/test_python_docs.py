@@ -7,7 +7,7 @@ import re
 import psycopg
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 from pyscheduler import embedded
 
 PAGE = REPO / "docs" / "python-api.md"

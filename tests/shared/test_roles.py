@@ -1,13 +1,13 @@
 """Roles: client, worker, admin; PUBLIC gets nothing; API functions follow the house rules."""
 
 import uuid
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from pyscheduler import errors, migrate
 from pyscheduler.db import Database
+from tests.support import REPO
 
 
 def call(dsn, function, **args):
@@ -182,7 +182,7 @@ CELLS = {"-", "own", "meta", "lease", "all"}
 
 def documented_matrix() -> dict[str, dict[str, str]]:
     """docs/sql-api.md's matrix: name -> audience -> cell."""
-    text = (Path(__file__).parent.parent / "docs" / "sql-api.md").read_text()
+    text = (REPO / "docs" / "sql-api.md").read_text()
     section = text.split("\n## Roles\n", 1)[1].split("\n## ", 1)[0]
     lines = [line for line in section.splitlines() if line.startswith("| name | kind |")]
     assert len(lines) == 1, "the matrix's header row: | name | kind | client | worker | ..."
@@ -286,7 +286,7 @@ def walk_statement(conn, obj: dict, values: dict) -> str:
         key = (obj["name"], name, typ) if (obj["name"], name, typ) in values else (name, typ)
         assert key in values or not required, (
             f"{obj['name']}: give the ownership walk a value for parameter {name} {typ} "
-            "(owned_work in tests/test_roles.py)")
+            "(owned_work in tests/shared/test_roles.py)")
         if key in values:
             args.append(f"{name} => {values[key]}")
     return f"SELECT * FROM pyscheduler.{obj['name']}({', '.join(args)})"

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 import yaml
 
-from conftest import REPO
+from tests.support import REPO
 
 SQL_API = REPO / "docs" / "sql-api.md"
 FENCE = re.compile(r"^```sql(?:[ \t]+error=(?P<code>\w{5}))?[ \t]*\n(?P<body>.*?)^```", re.S | re.M)

@@ -1,5 +1,5 @@
 """The public API is typed: mypy --strict passes on the clients and on an application's use of
-them (tests/typing/usage.py), and reports the mistakes in tests/typing/misuse.py."""
+them (tests/shared/typing/usage.py), and reports the mistakes in tests/shared/typing/misuse.py."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from conftest import REPO
+from tests.support import REPO
 
-TYPING = REPO / "tests" / "typing"
+TYPING = REPO / "tests" / "shared" / "typing"
 
 
 def test_mypy_strict_passes_on_the_public_api_and_catches_misuse():

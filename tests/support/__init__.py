@@ -1,3 +1,8 @@
-"""What the suite's tests share (more helpers live in the *_support.py modules by capability)."""
+"""What the suite's tests share; the helpers of one capability or concern are in this package's
+modules (tests.support.delay, .schedules, .checks, .tasks, .dashboard, .ops, .reads)."""
 
-from pyscheduler.daemon import wait_for  # noqa: F401  (poll until truthy; TimeoutError)
+from pathlib import Path
+
+from pyscheduler.daemon import wait_for  # noqa: F401  (the one poll-until helper: TimeoutError naming what)
+
+REPO = Path(__file__).resolve().parents[2]

@@ -9,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.db import Jsonb
 from pyscheduler.metrics import process_registry
-from support import wait_for
+from tests.support import wait_for
+from tests.support.ops import samples
 
 # the runner's series, as a process that runs one exports them (pyscheduler.metrics)
 REGISTRY = process_registry([CheckRunner], registry=CollectorRegistry())
@@ -22,12 +22,7 @@ REGISTRY = process_registry([CheckRunner], registry=CollectorRegistry())
 
 def scrape() -> dict[str, float]:
     """The registry as /metrics serves it: 'name{label="v",...}' -> value."""
-    out = {}
-    for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
+    return samples(generate_latest(REGISTRY).decode())
 
 
 @pytest.fixture

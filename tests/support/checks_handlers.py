@@ -1,4 +1,4 @@
-"""Python check handlers for tests that run ``pyscheduler checks run --handlers checks_handlers``."""
+"""Python check handlers for tests that run ``pyscheduler checks run --handlers tests.support.checks_handlers``."""
 
 import time
 

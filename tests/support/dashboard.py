@@ -4,7 +4,12 @@ dashboard served on a free loopback port."""
 from __future__ import annotations
 
 import contextlib
+import html
+import re
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,3 +102,39 @@ def served(app: Any) -> Iterator[str]:
     finally:
         stop.set()
         thread.join(10)
+
+
+class Client:
+    """A cookie-keeping HTTP client that follows no redirects."""
+
+    def __init__(self, base: str):
+        self.base = base
+        self.cookies: dict[str, str] = {}
+
+    def request(self, path: str, data: dict | None = None, headers: dict | None = None) -> tuple[int, dict, str]:
+        body = urllib.parse.urlencode(data).encode() if data is not None else None
+        req = urllib.request.Request(self.base + path, data=body, headers=dict(headers or {}))
+        if self.cookies:
+            req.add_header("Cookie", "; ".join(f"{k}={v}" for k, v in self.cookies.items()))
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *a, **k):
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            resp = opener.open(req, timeout=30)
+            status, hdrs, text = resp.status, resp.headers, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            status, hdrs, text = exc.code, exc.headers, exc.read().decode()
+        for cookie in hdrs.get_all("Set-Cookie") or []:
+            name, _, rest = cookie.partition("=")
+            self.cookies[name] = rest.split(";")[0]
+        return status, dict(hdrs), text
+
+    def get(self, path: str, **kw) -> tuple[int, dict, str]:
+        return self.request(path, **kw)
+
+
+def text_of(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))

@@ -19,6 +19,7 @@ from confluent_kafka import Producer
 
 from pyscheduler.delay.bench import OutputReader, fresh_read, relay_command, send_warm_up
 from pyscheduler.delay.relay import Relay, RelayConfig
+from tests.support import wait_for
 
 # tansu: a consumer-group join takes about half the session timeout
 GROUP_SETTINGS = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
@@ -27,18 +28,6 @@ FAST = dict(hold_ms=1500, poll_ms=50, detect_ms=100)
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
-    """Poll ``condition`` until it returns something truthy; fail naming ``what``."""
-    end = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass

@@ -9,7 +9,6 @@ import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from delay_support import wait_for  # noqa: F401  (one poll-until helper for the suite)
 from pyscheduler.db import Database, Jsonb
 from pyscheduler.schedules.demo import Receiver  # noqa: F401  (the local HTTP target)
 from pyscheduler.schedules.executor import Executor, ExecutorConfig

@@ -5,18 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
 
 from pyscheduler.db import Jsonb
-from pyscheduler.tasks import Abort, TaskClient
+from pyscheduler.tasks import Abort
 from pyscheduler.tasks.aio import AsyncTaskContext, AsyncWorker
 
-from test_tasks_worker import monitor, status, types, wait_for  # noqa: F401 - monitor: a fixture
-
-
-@pytest.fixture
-def client(db):
-    return TaskClient(db)
+from tests.support import wait_for
+from tests.support.tasks import status, types_of
 
 
 def test_async_handlers_complete_tasks_report_progress_and_respect_capacity(dsn, client):
@@ -86,7 +81,7 @@ def test_async_abort_aborts_and_other_exceptions_fail_the_attempt(dsn, db, clien
         running.stop()
 
 
-def test_async_stop_yields_held_tasks_and_another_worker_takes_them(dsn, client, monitor):  # noqa: F811
+def test_async_stop_yields_held_tasks_and_another_worker_takes_them(dsn, client, monitor):
     async def block(ctx: AsyncTaskContext) -> None:
         await ctx.stopping.wait(30)
 
@@ -102,7 +97,7 @@ def test_async_stop_yields_held_tasks_and_another_worker_takes_them(dsn, client,
     second = AsyncWorker(dsn, "ay", done).start()
     try:
         wait_for(lambda: status(client, rn) == "completed")
-        assert types(client.get(rn)) == ["TaskAssignment", "TaskYield", "TaskAssignment"]
+        assert types_of(client.get(rn)) == ["TaskAssignment", "TaskYield", "TaskAssignment"]
     finally:
         second.stop()
 

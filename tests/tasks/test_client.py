@@ -17,7 +17,7 @@ from pyscheduler.db import Jsonb, Session
 from pyscheduler.errors import InvalidArgument, TaskFinished, TaskNotFound, TaskNotRequeueable
 from pyscheduler.tasks import AsyncTaskClient, Task, TaskClient, TaskContext, Worker
 from pyscheduler.tasks.client import HistoryEntry, QueueState, TaskError
-from support import wait_for
+from tests.support import wait_for
 
 # A session as unlike pyscheduler's as PostgreSQL allows: psycopg's text loaders cannot
 # read these DateStyle and IntervalStyle values, and the TimeZone has daylight saving.

@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from pyscheduler import errors
 from pyscheduler.db import Database, Jsonb
 
-from test_tasks_sql import T0, at, call, held, lease, submit, value
+from tests.support.tasks import T0, at, call, held, lease, submit, types_of, value
 
 ERROR = {"code": "upstream", "args": {"status": 503}, "description": "upstream 503"}
 
@@ -29,10 +29,6 @@ def fail(db, h, now=None, error=None, **kw):
 
 def get(db, rn):
     return db.call_value("get_task", rn=rn)
-
-
-def types_of(task):
-    return [h["_typ"] for h in task["history"]]
 
 
 def code(fn) -> str | None:

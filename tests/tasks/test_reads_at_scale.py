@@ -12,7 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from flat_reads_support import concurrently, reads
+from tests.support.reads import concurrently, reads
 from pyscheduler import migrate
 
 

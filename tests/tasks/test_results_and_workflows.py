@@ -13,14 +13,9 @@ import psycopg
 import pytest
 
 from pyscheduler import errors
-from pyscheduler.tasks import (AsyncTaskClient, AsyncWorker, Snooze, TaskClient, TaskContext, TaskFailed, Worker,
+from pyscheduler.tasks import (AsyncTaskClient, AsyncWorker, Snooze, TaskContext, TaskFailed, Worker,
                                Workflow)
-from support import wait_for
-
-
-@pytest.fixture
-def client(db):
-    return TaskClient(db)
+from tests.support import wait_for
 
 
 def test_a_handlers_return_value_is_the_result_that_submit_waits_for(dsn, client):

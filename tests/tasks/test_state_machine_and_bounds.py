@@ -9,11 +9,11 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 from pyscheduler import errors
 from pyscheduler.db import Jsonb
 
-from test_tasks_sql import at, call, code_of, held, lease, submit, types_of, value
+from tests.support.tasks import at, call, code_of, held, lease, submit, types_of, value
 
 PUBLIC_TASK_FUNCTIONS = ("submit_task", "submit_tasks", "cancel_task", "lease_task", "lease_tasks",
                          "heartbeat_task", "complete_task", "complete_tasks", "complete_and_lease", "abort_task",

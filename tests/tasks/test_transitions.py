@@ -13,43 +13,7 @@ from psycopg.rows import dict_row
 
 from pyscheduler import errors
 from pyscheduler.db import Jsonb, Listener
-
-T0 = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
-
-
-def at(seconds: float) -> datetime:
-    return T0 + timedelta(seconds=seconds)
-
-
-def call(db, fn, now=None, **kw):
-    """A tasks function; with ``now``, its private twin ``_fn(..., p_now)``: public
-    functions take no clock, the private ones are granted to no role (tests only)."""
-    if now is not None:
-        return db.call(f"_{fn}", p_now=now, **kw)
-    return db.call(fn, **kw)
-
-
-def value(db, fn, now=None, **kw):
-    rows = call(db, fn, now, **kw)
-    return next(iter(rows[0].values())) if rows else None
-
-
-def submit(db, queue="q", spec=None, now=None, **kw):
-    return value(db, "submit_task", now, queue=queue, spec=Jsonb(spec or {"n": 1}), **kw)
-
-
-def lease(db, queue="q", worker="w1", now=None, **kw):
-    return value(db, "lease_task", now, queue=queue, worker=worker, **kw)
-
-
-def held(task):
-    """rn and token of a leased task: what the lease holder's writes need."""
-    return {"rn": task["rn"], "token": task["token"]}
-
-
-def code_of(exc_info) -> str:
-    return exc_info.value.sqlstate
-
+from tests.support.tasks import T0, at, call, code_of, held, lease, submit, types_of, value
 
 # ------------------------------------------------------------------ submit / get / list
 
@@ -690,10 +654,6 @@ def test_interleaving_completion_racing_the_monitor_wins_once(dsn, db):
     assert call(db, "reset_expired_tasks", at(12)) == []
     task = db.call_value("get_task", rn=rn)
     assert task["status"] == "completed" and types_of(task) == ["TaskAssignment"]
-
-
-def types_of(task):
-    return [h["_typ"] for h in task["history"]]
 
 
 def test_concurrent_workers_never_hold_the_same_task(dsn, db):

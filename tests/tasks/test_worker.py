@@ -16,41 +16,11 @@ from pyscheduler.cli import main
 from pyscheduler.db import Jsonb
 from pyscheduler.metrics import process_registry
 from pyscheduler.daemon import RunContext
-from pyscheduler.tasks import Abort, Monitor, TaskClient, TaskContext, Worker
+from pyscheduler.tasks import Abort, Monitor, TaskContext, Worker
 from pyscheduler.tasks.worker.heartbeats import Heartbeats
 from pyscheduler.tasks.cli import WorkerProcess, daemons
-from support import wait_for as _wait_for
-
-
-def wait_for(condition, timeout: float = 30.0):
-    """Poll an observable condition; generous deadline, the 2-core machine may be busy."""
-    return _wait_for(condition, timeout=timeout)
-
-
-@pytest.fixture
-def client(db):
-    return TaskClient(db)
-
-
-@pytest.fixture
-def monitor(dsn):
-    """A monitor daemon in a thread, resetting expired leases every 0.2 s."""
-    stop = threading.Event()
-    mon = Monitor(dsn, reset_interval=0.2)
-    thread = threading.Thread(target=mon.run, args=(stop,), daemon=True)
-    thread.start()
-    yield mon
-    stop.set()
-    thread.join(10)
-    assert not thread.is_alive()
-
-
-def status(client, rn):
-    return client.get(rn)["status"]
-
-
-def types(task):
-    return [h["_typ"] for h in task["history"]]
+from tests.support import wait_for
+from tests.support.tasks import logged, status, types_of
 
 
 def test_worker_completes_tasks_and_reports_progress(dsn, client):
@@ -192,7 +162,7 @@ def test_stop_yields_held_tasks_and_another_worker_takes_them(dsn, client, monit
     try:
         wait_for(lambda: status(client, rn) == "completed")
         task = client.get(rn)
-        assert types(task) == ["TaskAssignment", "TaskYield", "TaskAssignment"]
+        assert types_of(task) == ["TaskAssignment", "TaskYield", "TaskAssignment"]
         assert task["owner"] == second.worker.worker_id != first.worker.worker_id
     finally:
         second.stop()
@@ -220,7 +190,7 @@ def test_monitor_resets_expired_leases_and_cleans_up(dsn, db, client):
     thread.start()
     try:
         wait_for(lambda: status(client, rn) == "ready")
-        assert types(client.get(rn)) == ["TaskAssignment", "TaskTimeout"]
+        assert types_of(client.get(rn)) == ["TaskAssignment", "TaskTimeout"]
         wait_for(lambda: mon.deleted == 1)
         with pytest.raises(errors.TaskNotFound):
             client.get(done)
@@ -254,7 +224,7 @@ def test_worker_killed_with_sigkill_loses_its_leases_to_another_worker(dsn, clie
         for rn in rns:
             wait_for(lambda: status(client, rn) == "completed")
             task = client.get(rn)
-            assert types(task) == ["TaskAssignment", "TaskTimeout", "TaskAssignment"]
+            assert types_of(task) == ["TaskAssignment", "TaskTimeout", "TaskAssignment"]
             assert task["owner"] == rescuer.worker.worker_id
     finally:
         rescuer.stop()
@@ -270,7 +240,7 @@ def test_worker_process_yields_on_sigterm(dsn, client, monitor):
     finally:
         proc.stop()
     wait_for(lambda: status(client, rn) == "ready")  # long before the 60 s lease would expire
-    assert types(client.get(rn)) == ["TaskAssignment", "TaskYield"]
+    assert types_of(client.get(rn)) == ["TaskAssignment", "TaskYield"]
 
 
 # ------------------------------------------------------------------ client and CLI
@@ -344,7 +314,7 @@ def test_many_short_tasks_each_run_once_with_batched_completions(dsn, db, client
             w.stop()
     assert sorted(ran) == sorted(rns)  # each exactly once
     tasks = client.list("many", limit=1000)
-    assert all(t["progress"] == 1 and types(t) == ["TaskAssignment"] for t in tasks)
+    assert all(t["progress"] == 1 and types_of(t) == ["TaskAssignment"] for t in tasks)
 
 
 # ------------------------------------------------------------------ database trouble, stale leases, stopping
@@ -361,10 +331,6 @@ def read_only(conn, on: bool) -> None:
     conn.execute(sql.SQL("ALTER DATABASE {} ").format(sql.Identifier(name)) + setting)
     conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                  "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-
-
-def logged(caplog, text: str) -> bool:
-    return any(text in r.getMessage() for r in list(caplog.records))
 
 
 def test_heartbeats_and_completions_survive_a_read_only_database(dsn, conn, client, caplog):
@@ -393,7 +359,7 @@ def test_heartbeats_and_completions_survive_a_read_only_database(dsn, conn, clie
         finally:
             read_only(conn, False)
         wait_for(lambda: status(client, first) == "completed")
-        assert types(client.get(first)) == ["TaskAssignment"]
+        assert types_of(client.get(first)) == ["TaskAssignment"]
         # not wedged: it leases again, and heartbeats carry the new task's progress
         second = client.submit("ro", {"n": 2})["rn"]
         wait_for(lambda: client.get(second)["progress"] == 0.25)
@@ -401,7 +367,7 @@ def test_heartbeats_and_completions_survive_a_read_only_database(dsn, conn, clie
         assert running.thread.is_alive() and running.worker.fatal is None
     finally:
         running.stop()
-    assert types(client.get(second)) == ["TaskAssignment", "TaskYield"]
+    assert types_of(client.get(second)) == ["TaskAssignment", "TaskYield"]
 
 
 def test_abort_is_recorded_through_a_read_only_database(dsn, conn, client, caplog):
@@ -425,7 +391,7 @@ def test_abort_is_recorded_through_a_read_only_database(dsn, conn, client, caplo
         wait_for(lambda: status(client, rn) == "aborted")  # long before the 60 s lease would end
         task = client.get(rn)
         assert task["errors"] == [{"code": "bad", "args": {}, "description": "bad input"}]
-        assert types(task) == ["TaskAssignment"]
+        assert types_of(task) == ["TaskAssignment"]
     finally:
         running.stop()
 
@@ -455,7 +421,7 @@ def test_a_stale_execution_does_not_finish_a_newer_lease_of_the_same_task(dsn, c
         assert running.worker.held.get(rn) is executions[1]
         release.set()
         wait_for(lambda: status(client, rn) == "completed")
-        assert types(client.get(rn)) == ["TaskAssignment", "TaskTimeout", "TaskAssignment"]
+        assert types_of(client.get(rn)) == ["TaskAssignment", "TaskTimeout", "TaskAssignment"]
     finally:
         release.set()
         running.stop()
@@ -486,7 +452,7 @@ def test_without_yield_on_stop_a_handler_that_returns_when_told_to_stop_is_not_c
     assert not running.thread.is_alive()
     task = client.get(rn)
     assert task["status"] != "completed" and processed[rn] == 3
-    assert types(task) == ["TaskAssignment", "TaskYield"]
+    assert types_of(task) == ["TaskAssignment", "TaskYield"]
 
     running = Worker(dsn, "ns2", finisher, timeout=30, yield_on_stop=False).start()
     done = client.submit("ns2", {})["rn"]
@@ -547,7 +513,7 @@ def test_a_worker_whose_heartbeat_thread_dies_stops_loudly_and_yields(dsn, clien
     assert isinstance(outcome[0], RuntimeError) and "heartbeat" in str(outcome[0])
     assert worker.fatal and logged(caplog, "stopping the worker")
     wait_for(lambda: status(client, rn) == "ready")  # yielded, long before the 60 s lease would end
-    assert types(client.get(rn)) == ["TaskAssignment", "TaskYield"]
+    assert types_of(client.get(rn)) == ["TaskAssignment", "TaskYield"]
 
 
 # ------------------------------------------------------------------ hardening (issue 11)
@@ -598,7 +564,7 @@ def test_an_abort_the_database_refuses_is_recorded_short_or_yielded(dsn, conn, c
         assert not running.worker.held
         conn.execute("UPDATE pyscheduler.settings SET value = '10' WHERE name = 'task_max_errors_bytes'")
         again = client.submit("ab6", {})["rn"]  # not even a short error fits: yielded, not stuck
-        wait_for(lambda: "TaskYield" in types(client.get(again)))
+        wait_for(lambda: "TaskYield" in types_of(client.get(again)))
         # the yielded lease's slot is free (the monitor may already have let it lease the task again)
         yielded = next(c for c in executions if c.rn == again)
         wait_for(lambda: all(c is not yielded for c in list(running.worker.held.values())))

@@ -11,7 +11,7 @@ import pytest
 from pyscheduler import errors
 from pyscheduler.db import Jsonb
 
-from test_tasks_sql import held, lease, submit, types_of
+from tests.support.tasks import held, lease, submit, types_of
 
 
 def lean(db, queue="q", n=10, **kw):

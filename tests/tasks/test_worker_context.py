@@ -11,7 +11,7 @@ import pytest
 
 from pyscheduler.db import UuidArray, load_json
 from pyscheduler.tasks import TaskClient, TaskContext, Worker
-from support import wait_for
+from tests.support import wait_for
 
 SPECS = [
     {"big": 2**70, "small": -(2**63) - 1, "f": 1.5e300, "neg": -0.0, "s": "é😀\n\"", "nested": [{"a": None}, True]},

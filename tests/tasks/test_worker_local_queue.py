@@ -8,7 +8,8 @@ import time
 from pyscheduler.db import Jsonb
 from pyscheduler.tasks import TaskClient, TaskContext, Worker
 
-from test_tasks_worker import logged, monitor, status, types, wait_for  # noqa: F401 - monitor: a fixture
+from tests.support import wait_for
+from tests.support.tasks import logged, status, types_of
 
 
 def test_fast_tasks_are_leased_ahead_but_never_run_beyond_capacity(dsn, db):
@@ -100,7 +101,7 @@ def test_a_cancelled_queued_task_is_dropped_by_the_next_heartbeat_and_never_star
         running.stop()
 
 
-def test_on_stop_queued_tasks_go_back_in_one_call_and_run_elsewhere(dsn, db, monitor, caplog):  # noqa: F811
+def test_on_stop_queued_tasks_go_back_in_one_call_and_run_elsewhere(dsn, db, monitor, caplog):
     client = TaskClient(db)
     gate = threading.Event()
     first: list[str] = []
@@ -118,11 +119,11 @@ def test_on_stop_queued_tasks_go_back_in_one_call_and_run_elsewhere(dsn, db, mon
     assert not running.thread.is_alive() and not worker.held
     assert logged(caplog, "handed back 5 queued tasks")
     for rn in queued + [blocker]:
-        assert "TaskYield" in types(client.get(rn))
+        assert "TaskYield" in types_of(client.get(rn))
     second = Worker(dsn, "back", lambda ctx: gate.set()).start()
     try:
         wait_for(lambda: all(status(client, rn) == "completed" for rn in queued + [blocker]))
-        assert all(types(client.get(rn)) == ["TaskAssignment", "TaskYield", "TaskAssignment"]
+        assert all(types_of(client.get(rn)) == ["TaskAssignment", "TaskYield", "TaskAssignment"]
                    for rn in queued)
         assert first == [blocker]  # the queued ones never started on the stopped worker
     finally:

@@ -13,15 +13,11 @@ from datetime import datetime, timedelta
 import pytest
 
 from pyscheduler.db import Jsonb
-from pyscheduler.tasks import Retry, TaskClient, TaskContext, Worker
+from pyscheduler.tasks import Retry, TaskContext, Worker
 from pyscheduler.tasks.aio import AsyncTaskContext, AsyncWorker
 
-from test_tasks_worker import status, types, wait_for
-
-
-@pytest.fixture
-def client(db):
-    return TaskClient(db)
+from tests.support import wait_for
+from tests.support.tasks import status, types_of
 
 
 @pytest.fixture
@@ -56,7 +52,7 @@ def test_a_handler_failing_twice_then_succeeding_completes_with_3_attempts_and_2
         task = client.get(rn)
         assert task["attempts"] == 3 and calls[rn] == 3 and seen_attempts == [1, 2, 3]
         assert task["errors"] == [{"code": "ConnectionError", "args": {}, "description": "upstream 503"}] * 2
-        assert types(task) == ["TaskAssignment", "TaskRetry", "TaskAssignment", "TaskRetry", "TaskAssignment"]
+        assert types_of(task) == ["TaskAssignment", "TaskRetry", "TaskAssignment", "TaskRetry", "TaskAssignment"]
         for attempt, entry in enumerate(retries(task), 1):
             delay = (ts(entry["run_at"]) - ts(entry["time"])).total_seconds()
             base = 0.05 * 2 ** attempt

@@ -1,7 +1,7 @@
 """The dashboard over HTTP (issue 17, section 2): every page against real work made
 through the SQL API, read by a login that is only in pyscheduler_monitor; actions only
 when allowed, behind a confirmation, refused cross-site and without the CSRF token or
-the access token; no secrets shown. The browser test is tests/test_dashboard_browser.py."""
+the access token; no secrets shown. The browser test is tests/web/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
@@ -18,45 +18,8 @@ import urllib.request
 import pytest
 
 from pyscheduler.dashboard import make_app, mask_json, mask_url
-from support import wait_for
-
-from dashboard_support import SECRET, populate, served
-
-
-class Client:
-    """A cookie-keeping HTTP client that follows no redirects."""
-
-    def __init__(self, base: str):
-        self.base = base
-        self.cookies: dict[str, str] = {}
-
-    def request(self, path: str, data: dict | None = None, headers: dict | None = None) -> tuple[int, dict, str]:
-        body = urllib.parse.urlencode(data).encode() if data is not None else None
-        req = urllib.request.Request(self.base + path, data=body, headers=dict(headers or {}))
-        if self.cookies:
-            req.add_header("Cookie", "; ".join(f"{k}={v}" for k, v in self.cookies.items()))
-
-        class NoRedirect(urllib.request.HTTPRedirectHandler):
-            def redirect_request(self, *a, **k):
-                return None
-
-        opener = urllib.request.build_opener(NoRedirect)
-        try:
-            resp = opener.open(req, timeout=30)
-            status, hdrs, text = resp.status, resp.headers, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            status, hdrs, text = exc.code, exc.headers, exc.read().decode()
-        for cookie in hdrs.get_all("Set-Cookie") or []:
-            name, _, rest = cookie.partition("=")
-            self.cookies[name] = rest.split(";")[0]
-        return status, dict(hdrs), text
-
-    def get(self, path: str, **kw) -> tuple[int, dict, str]:
-        return self.request(path, **kw)
-
-
-def text_of(page: str) -> str:
-    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+from tests.support import wait_for
+from tests.support.dashboard import SECRET, Client, populate, served, text_of
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from pyscheduler.dashboard import make_app
 
-from dashboard_support import SECRET, populate, served
+from tests.support.dashboard import SECRET, populate, served
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

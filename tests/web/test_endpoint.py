@@ -7,12 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pyscheduler import embedded, migrate
 from pyscheduler.checks.runner import OUTCOMES, CheckRunner
@@ -32,64 +27,8 @@ from pyscheduler.db import Jsonb
 from pyscheduler.tasks import Abort, Worker
 from pyscheduler.web.endpoint import Endpoint, Health
 from pyscheduler.web.server import MAX_CONNECTIONS, MAX_HEAD, WORKERS, BoundedServer
-from support import wait_for
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def samples(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{label="v",...}': value}."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
-
-
-class Process:
-    """A pyscheduler command with --http-port 0; its log in a file; the port it serves on."""
-
-    def __init__(self, log: Path, *args: str, env: dict | None = None, max_files: int | None = None):
-        self.log = log
-
-        def limit_files() -> None:  # in the child: RLIMIT_NOFILE, soft and hard
-            resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
-
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", *args, "--http-port", "0"],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                         preexec_fn=limit_files if max_files else None)
-        self.url = wait_for(self._url, timeout=60, interval=0.05)
-
-    def _url(self) -> str | None:
-        assert self.proc.poll() is None, f"exited:\n{self.text()[-3000:]}"
-        m = re.search(r"HTTP on (http://\S+?)/ ", self.text())
-        return m.group(1) if m else None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def get(self, path: str) -> tuple[int, str]:
-        return get(self.url + path)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
+from tests.support import wait_for
+from tests.support.ops import Process, get, samples
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Mistakes mypy --strict must catch in code using the clients: each line marked ``# error``
-must be reported (tests/test_typing.py), proving the API is typed, not Any."""
+must be reported (tests/shared/test_typing.py), proving the API is typed, not Any."""
 
 from __future__ import annotations
 

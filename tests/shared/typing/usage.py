@@ -1,4 +1,4 @@
-"""How an application uses the clients, type-checked with mypy --strict (tests/test_typing.py).
+"""How an application uses the clients, type-checked with mypy --strict (tests/shared/test_typing.py).
 Never run: it only has to type-check."""
 
 from __future__ import annotations
