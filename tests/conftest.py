@@ -7,11 +7,19 @@ Redis: tests flush it).
 
 Databases: one template is migrated per session; each test that asks for
 ``dsn`` or ``db`` gets its own database cloned from it (pytest-postgresql's
-DatabaseJanitor with a template), dropped afterwards.
+DatabaseJanitor with a template), dropped afterwards. A pure-SQL test asks for
+``tx`` instead: a connection to one migrated database per session (per
+pytest-xdist worker), inside a transaction rolled back at the end, with each
+call in a savepoint (a refused call leaves the transaction usable, as in
+autocommit). No database to clone, so no commit either: nothing it does is seen
+by another connection (no second session, no LISTEN/NOTIFY, no login of a role
+it creates, no daemon), and now() is the transaction's start (a fixed clock: use
+the private ``_fn(..., p_now)`` twins, or clock_timestamp(), to see time move).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -28,8 +36,8 @@ from pytest_postgresql.janitor import DatabaseJanitor
 
 warnings.filterwarnings("ignore", module="platformdirs")
 
-from pyscheduler import embedded, migrate  # noqa: E402
-from pyscheduler.db import Database  # noqa: E402
+from pyscheduler import db as pyscheduler_db, embedded, migrate  # noqa: E402
+from pyscheduler.db import Database, Session  # noqa: E402
 
 
 @dataclass
@@ -62,7 +70,10 @@ def pg() -> PgServer:
     # and every new pytest session on the machine makes pytest-of-<user> private
     # again (chmod go-rwx), which cut a running server off from its data directory.
     workdir = Path(tempfile.mkdtemp(prefix="pyscheduler-test-pg-"))
-    server = embedded.Postgres(workdir).start()
+    # fsync off: the tests stop and kill processes, never the machine (a server killed with -9
+    # loses nothing the kernel has); each commit and each database cloned from the template
+    # would wait for the disk otherwise
+    server = embedded.Postgres(workdir, settings={"fsync": "off"}).start()
     try:
         yield PgServer(server.dsn(), server)
     finally:
@@ -145,6 +156,58 @@ def db(dsn: str) -> Database:
     """A pool on this test's database; call SQL as db.call('fn', arg=...)."""
     with Database(dsn, max_size=4) as database:
         yield database
+
+
+@pytest.fixture(scope="session")
+def shared_dsn(pg: PgServer, template_db: str) -> str:
+    """A migrated database for this session's ``tx`` tests, each in a transaction rolled back."""
+    name = f"s{os.getpid()}"
+    janitor = pg.janitor(name, template=template_db)
+    janitor.init()
+    yield pg.dsn(name)
+    janitor.drop()
+
+
+class Tx(Session):
+    """``db`` and ``conn`` of a pure-SQL test in one: ``call``, ``call_value``, ..., ``query`` and
+    ``connection()`` as on a Database, ``execute`` as on a connection (dict rows), each in a
+    savepoint; the rest (``transaction()``, ``cursor()``, ``info``) is the connection's."""
+
+    def call(self, function: str, /, **args):
+        with self.conn.transaction():
+            return super().call(function, **args)
+
+    def call_binary(self, function: str, /, **args):
+        with self.conn.transaction():
+            return super().call_binary(function, **args)
+
+    def call_tuples(self, function: str, /, **args):
+        with self.conn.transaction():
+            return super().call_tuples(function, **args)
+
+    def execute(self, query, params=None, **kwargs):
+        with self.conn.transaction():
+            return self.conn.execute(query, params, **kwargs)
+
+    @contextlib.contextmanager
+    def connection(self):
+        with self.conn.transaction():
+            yield self.conn
+
+    def query(self, query, params=None):
+        with pyscheduler_db.translating():
+            return self.execute(query, params).fetchall()
+
+    def __getattr__(self, name: str):
+        return getattr(self.conn, name)
+
+
+@pytest.fixture
+def tx(shared_dsn: str) -> Tx:
+    """A pure-SQL test's connection to the session's shared database, in a transaction rolled
+    back at its end (see above for what such a test cannot do)."""
+    with pyscheduler_db.connect(shared_dsn) as c, c.transaction(force_rollback=True):
+        yield Tx(c)
 
 
 @pytest.fixture
