@@ -88,8 +88,8 @@ def test_a_check_added_in_a_rolled_back_transaction_does_not_exist(dsn, db):
     assert CheckClient(db).list() == [] and CheckClient(db).history() == []
 
 
-def test_bad_arguments_are_refused_naming_the_field(db):
-    client = CheckClient(db)
+def test_bad_arguments_are_refused_naming_the_field(tx):
+    client = CheckClient(tx)
     for call, field in (
             (lambda: client.add("o", "1", "j", check_at=datetime(2030, 1, 1)), "check_at"),
             (lambda: client.add("o", "1", "j", check_at=datetime(1969, 12, 31, tzinfo=timezone.utc)), "check_at"),

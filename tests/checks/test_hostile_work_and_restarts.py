@@ -668,7 +668,7 @@ def test_item12_the_history_is_purged_after_its_retention(slots, conn, running, 
         slots.call("purge_check_history", batch=0)
 
 
-def test_item13_values_that_gave_raw_errors_get_documented_codes(conn):
+def test_item13_values_that_gave_raw_errors_get_documented_codes(tx):
     cases = [
         ("SELECT * FROM pyscheduler.add_check(entity_name => 'o', entity_key => '1', job => 'j', kind => 'python', "
          "check_at => 'infinity')", "PS403"),
@@ -684,9 +684,9 @@ def test_item13_values_that_gave_raw_errors_get_documented_codes(conn):
         ("SELECT pyscheduler.slot_round(ts => '-infinity')", "PS403"),
         ("SELECT * FROM pyscheduler.due_checks(slot => 'infinity')", "PS405"),
     ]
-    assert {query: sqlstate(conn, query) for query, _ in cases} == dict(cases)
+    assert {query: sqlstate(tx, query) for query, _ in cases} == dict(cases)
     # the refused settings changed nothing: adding still works
-    assert conn.execute("SELECT added FROM pyscheduler.add_check(entity_name => 'o', entity_key => '1', job => 'j', "
+    assert tx.execute("SELECT added FROM pyscheduler.add_check(entity_name => 'o', entity_key => '1', job => 'j', "
                         "kind => 'python', check_after => '1 hour')").fetchone()["added"]
 
 

@@ -58,27 +58,27 @@ def set_resolution(conn, resolution: str) -> None:
 
 # --- slots -------------------------------------------------------------------------------------
 
-def test_slot_round_rounds_up_and_keeps_boundaries(conn):
-    assert slot_round(conn, "2024-05-01 10:05+00") == at("2024-05-01 10:15+00:00")
-    assert slot_round(conn, "2024-05-01 10:15+00") == at("2024-05-01 10:15+00:00")
-    assert slot_round(conn, "2024-05-01 10:15:00.000001+00") == at("2024-05-01 10:30+00:00")
+def test_slot_round_rounds_up_and_keeps_boundaries(tx):
+    assert slot_round(tx, "2024-05-01 10:05+00") == at("2024-05-01 10:15+00:00")
+    assert slot_round(tx, "2024-05-01 10:15+00") == at("2024-05-01 10:15+00:00")
+    assert slot_round(tx, "2024-05-01 10:15:00.000001+00") == at("2024-05-01 10:30+00:00")
     # the seed: placed at 10:05, checked after 3 hours, 15-minute slots -> 13:15
-    assert one(conn, "SELECT pyscheduler.slot_round(ts => '2024-05-01 10:05+00'::timestamptz + interval '3 hours')"
+    assert one(tx, "SELECT pyscheduler.slot_round(ts => '2024-05-01 10:05+00'::timestamptz + interval '3 hours')"
                      " AS s")["s"] == at("2024-05-01 13:15+00:00")
-    assert slot_round(conn, "2024-05-01 10:05+00", "1 hour") == at("2024-05-01 11:00+00:00")
-    assert slot_round(conn, "2024-05-01 10:05:01+00", "1 second") == at("2024-05-01 10:05:01+00:00")
+    assert slot_round(tx, "2024-05-01 10:05+00", "1 hour") == at("2024-05-01 11:00+00:00")
+    assert slot_round(tx, "2024-05-01 10:05:01+00", "1 second") == at("2024-05-01 10:05:01+00:00")
 
 
-def test_slot_round_across_midnight(conn):
-    assert slot_round(conn, "2024-12-31 23:50+00") == at("2025-01-01 00:00+00:00")
-    assert slot_round(conn, "2024-12-31 23:59:59+00", "1 day") == at("2025-01-01 00:00+00:00")
+def test_slot_round_across_midnight(tx):
+    assert slot_round(tx, "2024-12-31 23:50+00") == at("2025-01-01 00:00+00:00")
+    assert slot_round(tx, "2024-12-31 23:59:59+00", "1 day") == at("2025-01-01 00:00+00:00")
 
 
-def test_slots_are_utc_aligned_across_a_dst_change_in_a_local_session(conn):
+def test_slots_are_utc_aligned_across_a_dst_change_in_a_local_session(tx):
     # Europe/Berlin springs forward at 02:00 local (01:00 UTC) on 2024-03-31
-    assert slot_round(conn, "2024-03-31 01:50:00+01", tz="Europe/Berlin") == at("2024-03-31 01:00+00:00")
-    conn.execute("SET TIME ZONE 'Europe/Berlin'")
-    rows = conn.execute(
+    assert slot_round(tx, "2024-03-31 01:50:00+01", tz="Europe/Berlin") == at("2024-03-31 01:00+00:00")
+    tx.execute("SET TIME ZONE 'Europe/Berlin'")
+    rows = tx.execute(
         "SELECT pyscheduler.slot_round(ts => t) AS s FROM generate_series("
         "'2024-03-31 01:31+01'::timestamptz, '2024-03-31 03:31+02'::timestamptz, interval '15 minutes') t"
     ).fetchall()
@@ -86,19 +86,19 @@ def test_slots_are_utc_aligned_across_a_dst_change_in_a_local_session(conn):
     assert all(b - a == timedelta(minutes=15) for a, b in zip(slots, slots[1:])), slots  # none moved or merged
     assert all(s.astimezone(UTC).minute % 15 == 0 and s.second == 0 for s in slots)
     # and back in autumn (03:00 -> 02:00 local on 2024-10-27): the repeated hour keeps four distinct slots
-    rows = conn.execute(
+    rows = tx.execute(
         "SELECT DISTINCT pyscheduler.slot_round(ts => t) AS s FROM generate_series("
         "'2024-10-27 01:59+02'::timestamptz, '2024-10-27 02:59+01'::timestamptz, interval '1 minute') t"
     ).fetchall()
     autumn = sorted(r["s"].astimezone(UTC) for r in rows)  # 2 hours of real time: 8 slots + the closing one
     assert len(autumn) == 9 and all(b - a == timedelta(minutes=15) for a, b in zip(autumn, autumn[1:]))
     # a +05:30 zone: 1-hour slots are UTC hours, so they fall on :30 local
-    assert slot_round(conn, "2024-01-01 10:05+05:30", "1 hour", tz="Asia/Kolkata") == at("2024-01-01 10:30+05:30")
+    assert slot_round(tx, "2024-01-01 10:05+05:30", "1 hour", tz="Asia/Kolkata") == at("2024-01-01 10:30+05:30")
 
 
-def test_a_resolution_that_does_not_divide_a_day_is_refused(conn):
+def test_a_resolution_that_does_not_divide_a_day_is_refused(tx):
     for resolution in ["7 minutes", "1 month", "0 seconds", "-15 minutes", "25 hours", "0.3 microseconds"]:
-        assert sqlstate(conn, "SELECT pyscheduler.slot_round(ts => now(), resolution => %s::interval)",
+        assert sqlstate(tx, "SELECT pyscheduler.slot_round(ts => now(), resolution => %s::interval)",
                         (resolution,)) == "PS400", resolution
 
 

@@ -54,7 +54,7 @@ def claim(conn, node, now, n, after=None):
                         "after => %s)", (node, n, now, after)).fetchall()
 
 
-def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
+def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(tx):
     rnd = random.Random(21)
     nodes = [uuid.uuid4() for _ in range(3)]
     ids = [f"m{i}" for i in range(400)]
@@ -65,30 +65,30 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
         if op == "enqueue":  # duplicates, late ones (not stored), stored late ones, repeats within a batch
             batch = rnd.sample(ids, 20) + rnd.sample(ids, 3)
             deadlines = [now + S * rnd.uniform(-2, 30) for _ in batch]
-            enqueue(conn, batch, deadlines, now, store_late=rnd.random() < 0.3)
+            enqueue(tx, batch, deadlines, now, store_late=rnd.random() < 0.3)
         elif op == "claim":
-            claim(conn, rnd.choice(nodes), now, rnd.randint(1, 40), after=now - 5 * S if rnd.random() < 0.3 else None)
+            claim(tx, rnd.choice(nodes), now, rnd.randint(1, 40), after=now - 5 * S if rnd.random() < 0.3 else None)
         elif op == "fire":  # some by another node: not deleted
-            ready = conn.execute("SELECT id, readied_by FROM pyscheduler.delay_messages WHERE readied_at IS NOT NULL"
+            ready = tx.execute("SELECT id, readied_by FROM pyscheduler.delay_messages WHERE readied_at IS NOT NULL"
                                  ).fetchall()
             pick = rnd.sample(ready, min(len(ready), rnd.randint(0, 30)))
-            conn.execute("SELECT * FROM pyscheduler.delete_fired(ids => %s, node => %s)",
+            tx.execute("SELECT * FROM pyscheduler.delete_fired(ids => %s, node => %s)",
                          ([r["id"] for r in pick] + ["absent"], rnd.choice(nodes + [None])))
         elif op == "reset":
-            conn.execute("SELECT * FROM pyscheduler._reset_stuck(hold => '2 seconds', max_count => 50, p_now => %s)",
+            tx.execute("SELECT * FROM pyscheduler._reset_stuck(hold => '2 seconds', max_count => 50, p_now => %s)",
                          (now,))
         elif op == "cancel":
-            conn.execute("SELECT pyscheduler.cancel_message(id => %s)", (rnd.choice(ids),))
+            tx.execute("SELECT pyscheduler.cancel_message(id => %s)", (rnd.choice(ids),))
         else:
-            conn.execute("SELECT pyscheduler._delay_fold_counts()")
+            tx.execute("SELECT pyscheduler._delay_fold_counts()")
         if step % 25 == 0:
-            assert shown(conn) == real(conn), (step, op)
-            most_nodes = max(most_nodes, len(real(conn)["by_node"]))
-    assert shown(conn) == real(conn)
+            assert shown(tx) == real(tx), (step, op)
+            most_nodes = max(most_nodes, len(real(tx)["by_node"]))
+    assert shown(tx) == real(tx)
     assert most_nodes > 1  # ready messages of several nodes were compared
-    conn.execute("TRUNCATE pyscheduler.delay_messages")
-    assert counts(shown(conn)) == counts(real(conn)) == {"waiting": 0, "ready": 0}
-    assert shown(conn)["by_node"] == {}
+    tx.execute("TRUNCATE pyscheduler.delay_messages")
+    assert counts(shown(tx)) == counts(real(tx)) == {"waiting": 0, "ready": 0}
+    assert shown(tx)["by_node"] == {}
 
 
 def test_counts_stay_right_with_concurrent_writers_and_folds(dsn, conn):
@@ -134,12 +134,12 @@ def test_the_views_read_the_counts_and_the_index_heads_not_the_table(conn):
     assert r.seq_scans("delay_messages") == 0 and sum(r.returned.values()) == 0
 
 
-def test_overdue_is_counted_up_to_ten_thousand(conn):
+def test_overdue_is_counted_up_to_ten_thousand(tx):
     past = datetime.now(timezone.utc) - timedelta(hours=1)
-    enqueue(conn, [f"o{i}" for i in range(50)], [past] * 50, past - S)
-    assert conn.execute("SELECT overdue FROM pyscheduler.delay_queue").fetchone()["overdue"] == 50
-    enqueue(conn, [f"p{i}" for i in range(10_100)], [past] * 10_100, past - S)
-    rows, r = reads(conn, "SELECT * FROM pyscheduler.delay_queue", tables=("delay_messages",))
+    enqueue(tx, [f"o{i}" for i in range(50)], [past] * 50, past - S)
+    assert tx.execute("SELECT overdue FROM pyscheduler.delay_queue").fetchone()["overdue"] == 50
+    enqueue(tx, [f"p{i}" for i in range(10_100)], [past] * 10_100, past - S)
+    rows, r = reads(tx, "SELECT * FROM pyscheduler.delay_queue", tables=("delay_messages",))
     assert rows[0]["overdue"] == 10_000 and rows[0]["waiting"] == 10_150
     assert r.seq_scans("delay_messages") == 0 and r.entries("delay_messages_waiting_idx") <= 10_001 + 1
 
@@ -175,20 +175,20 @@ def test_the_claim_keeps_its_plan_whatever_the_session_prefers(conn):
     assert r.entries("delay_messages_waiting_idx") <= 110
 
 
-def test_a_claim_keeps_each_message_on_its_page(conn):
+def test_a_claim_keeps_each_message_on_its_page(tx):
     """delay_messages keeps a tenth of each page free (fillfactor 90), so a claim's new version of
     a message (readied_at, readied_by) is written on the page of the old one when the claim takes
     a few messages of a page (deadlines fire in another order than they were stored): no other
     page is dirtied, and no one-row hole is left elsewhere for enqueues to fill."""
     ids = [f"m{i:05d}" for i in range(3000)]
-    conn.execute("SELECT count(*) FROM pyscheduler._enqueue_messages(ids => %s, deadlines => %s, "
+    tx.execute("SELECT count(*) FROM pyscheduler._enqueue_messages(ids => %s, deadlines => %s, "
                  "vals => array_fill(convert_to(repeat('v', 200), 'UTF8'), ARRAY[3000]), p_now => %s)",
                  (ids, [T0 if i % 15 == 0 else T0 + timedelta(days=1) for i in range(3000)], T0 - 60 * S))
     page = "SELECT id, (ctid::text::point)[0]::int AS page FROM pyscheduler.delay_messages"
-    before = {r["id"]: r["page"] for r in conn.execute(page).fetchall()}
+    before = {r["id"]: r["page"] for r in tx.execute(page).fetchall()}
     assert len(set(before.values())) > 80  # about 27 messages a page
-    claimed = sorted(r["id"] for r in claim(conn, uuid.uuid4(), T0 + 10 * S, 3000))
+    claimed = sorted(r["id"] for r in claim(tx, uuid.uuid4(), T0 + 10 * S, 3000))
     assert claimed == ids[::15]
-    after = {r["id"]: r["page"] for r in conn.execute(page).fetchall()}
+    after = {r["id"]: r["page"] for r in tx.execute(page).fetchall()}
     moved = [i for i in claimed if after[i] != before[i]]
     assert not moved, f"{len(moved)} of {len(claimed)} claimed messages moved to another page"

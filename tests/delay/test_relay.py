@@ -99,19 +99,19 @@ def test_deadline_formats_of_the_seed_are_accepted():
 @pytest.mark.parametrize("raw", ["2030-01-01T06:50:00z", "2030-01-01t06:50:00.25z", "2016-12-31T23:59:60Z",
                                  "2016-12-31T23:59:60.000Z", "20161231T235960Z", "2030-06-30T12:34:60+02:00",
                                  "2016-12-31 23:59:60"])
-def test_a_lowercase_z_and_a_leap_second_are_read_as_postgresql_reads_them(conn, raw):
+def test_a_lowercase_z_and_a_leap_second_are_read_as_postgresql_reads_them(tx, raw):
     """RFC 3339 allows ``z``; a leap second counts as the next second (PostgreSQL's reading).
     Both were dead-lettered as not ISO-8601 (datetime.fromisoformat refuses them)."""
-    conn.execute("SET TIME ZONE 'UTC'")  # no offset means UTC, to the relay and to this session
-    assert parse_deadline(raw.encode()) == conn.execute("SELECT %s::timestamptz AS t", (raw,)).fetchone()["t"]
+    tx.execute("SET TIME ZONE 'UTC'")  # no offset means UTC, to the relay and to this session
+    assert parse_deadline(raw.encode()) == tx.execute("SELECT %s::timestamptz AS t", (raw,)).fetchone()["t"]
 
 
 @pytest.mark.parametrize("raw", ["2016-12-31T23:59:60.5Z", "2016-12-31T23:59:61Z", "2016-12-31T23:60:00Z"])
-def test_a_leap_second_with_a_fraction_or_a_61st_second_is_malformed_as_postgresql_refuses_it(conn, raw):
+def test_a_leap_second_with_a_fraction_or_a_61st_second_is_malformed_as_postgresql_refuses_it(tx, raw):
     with pytest.raises(Malformed, match="not an ISO-8601"):
         parse_deadline(raw.encode())
     with pytest.raises(psycopg.Error) as info:
-        conn.execute("SELECT %s::timestamptz", (raw,))
+        tx.execute("SELECT %s::timestamptz", (raw,))
     assert info.value.sqlstate == "22008"
 
 

@@ -75,13 +75,13 @@ def test_deliberate_and_transient_database_errors_are_told_apart(conn):
     assert info.value.sqlstate == "25006" and not rejects_arguments(info.value)
 
 
-def test_a_value_psycopg_cannot_load_is_bad_data_not_an_outage(conn):
+def test_a_value_psycopg_cannot_load_is_bad_data_not_an_outage(tx):
     """A BC or year-10000 timestamp fails in psycopg (no SQLSTATE): never retried as an outage."""
     from pyscheduler.errors import is_retryable
 
     for value in ("0001-01-01 BC", "10000-01-01"):
         with pytest.raises(psycopg.DataError) as info:
-            conn.execute("SELECT %s::timestamptz AS t", (value,)).fetchone()
+            tx.execute("SELECT %s::timestamptz AS t", (value,)).fetchone()
         assert not is_retryable(info.value) and rejects_arguments(info.value), value
 
 

@@ -34,64 +34,64 @@ def rows(conn):
 
 # -- enqueue ------------------------------------------------------------------
 
-def test_enqueue_stores_the_message_and_is_idempotent_on_id(db, conn):
+def test_enqueue_stores_the_message_and_is_idempotent_on_id(tx):
     headers = [{"trace": "abc"}, {"trace": "def"}, {"bin": {"base64": "AP8="}}]
-    assert enqueue(db, "m1", T0 + 5 * S, key=b"k", value=b"\x00\xffnot json", headers=Jsonb(headers)) == "enqueued"
-    assert enqueue(db, "m1", T0 + 9 * S, value=b"other") == "duplicate"
-    row = conn.execute("SELECT * FROM pyscheduler.delay_messages").fetchone()
+    assert enqueue(tx, "m1", T0 + 5 * S, key=b"k", value=b"\x00\xffnot json", headers=Jsonb(headers)) == "enqueued"
+    assert enqueue(tx, "m1", T0 + 9 * S, value=b"other") == "duplicate"
+    row = tx.execute("SELECT * FROM pyscheduler.delay_messages").fetchone()
     assert (row["id"], row["deadline"], row["key"], row["value"], row["headers"]) == (
         "m1", T0 + 5 * S, b"k", b"\x00\xffnot json", headers)
     assert row["readied_at"] is None and row["readied_by"] is None
 
 
-def test_enqueue_late_message_is_not_stored_unless_already_present(db, conn):
+def test_enqueue_late_message_is_not_stored_unless_already_present(tx):
     # within the timing advance: late, the caller publishes it now
-    assert enqueue(db, "late", T0 + 40 * MS, advance=timedelta(milliseconds=50)) == "late"
-    assert enqueue(db, "past", T0 - 3 * S) == "late"
-    assert rows(conn) == []
+    assert enqueue(tx, "late", T0 + 40 * MS, advance=timedelta(milliseconds=50)) == "late"
+    assert enqueue(tx, "past", T0 - 3 * S) == "late"
+    assert rows(tx) == []
     # just outside the advance: stored
-    assert enqueue(db, "ok", T0 + 60 * MS, advance=timedelta(milliseconds=50)) == "enqueued"
+    assert enqueue(tx, "ok", T0 + 60 * MS, advance=timedelta(milliseconds=50)) == "enqueued"
     # an id already waiting is a duplicate even when the new copy is late
-    assert enqueue(db, "ok", T0 - S) == "duplicate"
-    assert [r["id"] for r in rows(conn)] == ["ok"]
+    assert enqueue(tx, "ok", T0 - S) == "duplicate"
+    assert [r["id"] for r in rows(tx)] == ["ok"]
 
 
-def test_enqueue_messages_reports_each_message_in_input_order(db, conn):
-    enqueue(db, "old", T0 + 10 * S)
-    out = db.call("_enqueue_messages", ids=["a", "b", "a", "old", "c"],
+def test_enqueue_messages_reports_each_message_in_input_order(tx):
+    enqueue(tx, "old", T0 + 10 * S)
+    out = tx.call("_enqueue_messages", ids=["a", "b", "a", "old", "c"],
                   deadlines=[T0 + S, T0 - S, T0 + 2 * S, T0 + S, T0 + 3 * S],
                   keys=[b"ka", None, b"ka2", None, b"kc"], vals=[b"va", b"vb", b"va2", b"vo", None],
                   header_lists=[Jsonb([{"h": "1"}]), None, None, None, Jsonb([])], p_now=T0)
     assert [(r["ord"], r["id"], r["outcome"]) for r in out] == [
         (1, "a", "enqueued"), (2, "b", "late"), (3, "a", "duplicate"), (4, "old", "duplicate"), (5, "c", "enqueued")]
-    stored = {r["id"]: r for r in conn.execute("SELECT * FROM pyscheduler.delay_messages").fetchall()}
+    stored = {r["id"]: r for r in tx.execute("SELECT * FROM pyscheduler.delay_messages").fetchall()}
     assert sorted(stored) == ["a", "c", "old"]
     assert (stored["a"]["key"], stored["a"]["value"], stored["a"]["headers"]) == (b"ka", b"va", [{"h": "1"}])
     assert stored["c"]["value"] is None and stored["c"]["headers"] == []
 
 
-def test_enqueue_messages_can_store_late_messages(db, conn):
-    out = db.call("_enqueue_messages", ids=["late", "later"], deadlines=[T0 - S, T0 + S], p_now=T0, store_late=True)
+def test_enqueue_messages_can_store_late_messages(tx):
+    out = tx.call("_enqueue_messages", ids=["late", "later"], deadlines=[T0 - S, T0 + S], p_now=T0, store_late=True)
     assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
-    assert [r["id"] for r in claim(db, uuid.uuid4(), now=T0)] == ["late"]
+    assert [r["id"] for r in claim(tx, uuid.uuid4(), now=T0)] == ["late"]
 
 
-def test_store_late_null_is_refused_not_a_dropped_duplicate(db, conn):
+def test_store_late_null_is_refused_not_a_dropped_duplicate(tx):
     """store_late => NULL answered a late message 'duplicate' without storing it: a direct SQL
     caller dropped it. Refused instead, naming the argument; nothing stored."""
     for deadline in (T0 - S, T0 + S):  # late or not: NULL is no answer
         with pytest.raises(errors.InvalidArgument, match="store_late") as info:
-            db.call("_enqueue_messages", ids=["m"], deadlines=[deadline], p_now=T0, store_late=None)
+            tx.call("_enqueue_messages", ids=["m"], deadlines=[deadline], p_now=T0, store_late=None)
         assert info.value.sqlstate == "PS105"
     with pytest.raises(errors.InvalidArgument, match="store_late"):
-        db.call("enqueue_messages", ids=["m"], deadlines=[T0], store_late=None)
-    assert rows(conn) == []
+        tx.call("enqueue_messages", ids=["m"], deadlines=[T0], store_late=None)
+    assert rows(tx) == []
 
 
-def test_enqueue_messages_with_only_ids_and_deadlines(db):
-    out = db.call("_enqueue_messages", ids=["x", "y"], deadlines=[T0 + S, T0 + S], p_now=T0)
+def test_enqueue_messages_with_only_ids_and_deadlines(tx):
+    out = tx.call("_enqueue_messages", ids=["x", "y"], deadlines=[T0 + S, T0 + S], p_now=T0)
     assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
-    assert db.call("_enqueue_messages", ids=[], deadlines=[], p_now=T0) == []
+    assert tx.call("_enqueue_messages", ids=[], deadlines=[], p_now=T0) == []
 
 
 @pytest.mark.parametrize("args, code", [
@@ -104,57 +104,57 @@ def test_enqueue_messages_with_only_ids_and_deadlines(db):
     (dict(id="x", deadline=T0, headers=Jsonb(["a"])), "PS104"),
     (dict(id="x", deadline=T0, advance=timedelta(seconds=-1)), "PS105"),
 ])
-def test_enqueue_rejects_bad_arguments_with_their_code(db, args, code):
+def test_enqueue_rejects_bad_arguments_with_their_code(tx, args, code):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call_value("enqueue_message", **args)
+        tx.call_value("enqueue_message", **args)
     assert info.value.sqlstate == code
 
 
-def test_enqueue_accepts_an_id_of_128_characters(db):
-    assert enqueue(db, "x" * 128, T0 + S) == "enqueued"
+def test_enqueue_accepts_an_id_of_128_characters(tx):
+    assert enqueue(tx, "x" * 128, T0 + S) == "enqueued"
 
 
-def test_enqueue_messages_rejects_arrays_of_different_lengths(db, conn):
+def test_enqueue_messages_rejects_arrays_of_different_lengths(tx):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("_enqueue_messages", ids=["a", "b"], deadlines=[T0 + S], p_now=T0)
+        tx.call("_enqueue_messages", ids=["a", "b"], deadlines=[T0 + S], p_now=T0)
     assert info.value.sqlstate == "PS103"
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("_enqueue_messages", ids=["a"], deadlines=[T0 + S], keys=[b"1", b"2"], p_now=T0)
+        tx.call("_enqueue_messages", ids=["a"], deadlines=[T0 + S], keys=[b"1", b"2"], p_now=T0)
     assert info.value.sqlstate == "PS103"
-    assert rows(conn) == []
+    assert rows(tx) == []
 
 
 # -- claim ---------------------------------------------------------------------
 
-def test_ready_and_claim_takes_due_messages_earliest_first_in_batches(db, conn):
+def test_ready_and_claim_takes_due_messages_earliest_first_in_batches(tx):
     node = uuid.uuid4()
     for i, offset in enumerate([3, 1, 2, 60]):
-        enqueue(db, f"m{i}", T0 + offset * S)
+        enqueue(tx, f"m{i}", T0 + offset * S)
     # nothing due yet: deadline minus advance is later than now
-    assert claim(db, node, now=T0 + 900 * MS) == []
-    assert [r["id"] for r in claim(db, node, now=T0 + 960 * MS)] == ["m1"]  # 1 s - 50 ms advance
-    got = claim(db, node, now=T0 + 10 * S, max_count=1)
+    assert claim(tx, node, now=T0 + 900 * MS) == []
+    assert [r["id"] for r in claim(tx, node, now=T0 + 960 * MS)] == ["m1"]  # 1 s - 50 ms advance
+    got = claim(tx, node, now=T0 + 10 * S, max_count=1)
     assert [r["id"] for r in got] == ["m2"]
-    got = claim(db, node, now=T0 + 10 * S)
+    got = claim(tx, node, now=T0 + 10 * S)
     assert [r["id"] for r in got] == ["m0"]
     assert got[0]["readied_at"] == T0 + 10 * S
-    by = {r["id"]: r for r in rows(conn)}
+    by = {r["id"]: r for r in rows(tx)}
     assert by["m0"]["readied_by"] == node and by["m3"]["readied_at"] is None
     # claimed rows are not claimed again
-    assert claim(db, uuid.uuid4(), now=T0 + 10 * S) == []
+    assert claim(tx, uuid.uuid4(), now=T0 + 10 * S) == []
 
 
-def test_ready_and_claim_returns_what_to_publish(db):
-    enqueue(db, "m", T0 + S, key=b"key", value=b"\x01\x02", headers=Jsonb([{"a": "1"}]))
-    (row,) = claim(db, uuid.uuid4(), now=T0 + 2 * S)
+def test_ready_and_claim_returns_what_to_publish(tx):
+    enqueue(tx, "m", T0 + S, key=b"key", value=b"\x01\x02", headers=Jsonb([{"a": "1"}]))
+    (row,) = claim(tx, uuid.uuid4(), now=T0 + 2 * S)
     assert (row["id"], row["deadline"], row["key"], row["value"], row["headers"]) == (
         "m", T0 + S, b"key", b"\x01\x02", [{"a": "1"}])
 
 
 @pytest.mark.parametrize("args", [dict(node=None), dict(max_count=0), dict(advance=timedelta(seconds=-1))])
-def test_ready_and_claim_rejects_bad_arguments(db, args):
+def test_ready_and_claim_rejects_bad_arguments(tx, args):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("ready_and_claim", **{"node": uuid.uuid4(), **args})
+        tx.call("ready_and_claim", **{"node": uuid.uuid4(), **args})
     assert info.value.sqlstate == "PS105"
 
 
@@ -196,19 +196,19 @@ def test_two_connections_claiming_at_once_never_get_the_same_row(dsn, db):
     assert not set(everything) & {r[0] for r in second}
 
 
-def test_ready_and_claim_after_takes_only_deadlines_from_the_bound_on(db, conn):
+def test_ready_and_claim_after_takes_only_deadlines_from_the_bound_on(tx):
     node = uuid.uuid4()
     for i in range(4):
-        enqueue(db, f"m{i}", T0 + (i + 1) * S)
+        enqueue(tx, f"m{i}", T0 + (i + 1) * S)
     # all four are due at T0 + 10 s; from T0 + 3 s on only m2 and m3
-    got = claim(db, node, now=T0 + 10 * S, after=T0 + 3 * S)
+    got = claim(tx, node, now=T0 + 10 * S, after=T0 + 3 * S)
     assert sorted(r["id"] for r in got) == ["m2", "m3"]
-    assert db.call_value("next_deadline", after=T0 + 3 * S) is None
-    assert db.call_value("next_deadline", after=T0 + 2 * S) == T0 + 2 * S
-    assert db.call_value("next_deadline") == T0 + S
+    assert tx.call_value("next_deadline", after=T0 + 3 * S) is None
+    assert tx.call_value("next_deadline", after=T0 + 2 * S) == T0 + 2 * S
+    assert tx.call_value("next_deadline") == T0 + S
     # the rest is not lost: a claim without the bound takes it
-    assert [r["id"] for r in claim(db, node, now=T0 + 10 * S)] == ["m0", "m1"]
-    assert {r["id"] for r in rows(conn) if r["readied_at"] is None} == set()
+    assert [r["id"] for r in claim(tx, node, now=T0 + 10 * S)] == ["m0", "m1"]
+    assert {r["id"] for r in rows(tx) if r["readied_at"] is None} == set()
 
 
 def test_a_claim_with_after_skips_the_index_entries_fired_messages_left(db, conn):
@@ -236,61 +236,61 @@ def test_a_claim_with_after_skips_the_index_entries_fired_messages_left(db, conn
     assert bounded <= 5 < from_start, (bounded, from_start)
 
 
-def test_claim_uses_the_partial_index_on_waiting_rows(conn):
-    conn.execute("SET enable_seqscan = off")
-    plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+def test_claim_uses_the_partial_index_on_waiting_rows(tx):
+    tx.execute("SET enable_seqscan = off")
+    plan = "\n".join(r["QUERY PLAN"] for r in tx.execute(
         "EXPLAIN SELECT id FROM pyscheduler.delay_messages WHERE readied_at IS NULL AND deadline <= now() "
         "ORDER BY deadline LIMIT 10 FOR UPDATE SKIP LOCKED").fetchall())
     assert "delay_messages_waiting_idx" in plan
-    indexdef = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'delay_messages_waiting_idx'"
+    indexdef = tx.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'delay_messages_waiting_idx'"
                             ).fetchone()["indexdef"]
     assert "WHERE (readied_at IS NULL)" in indexdef
 
 
 # -- delete --------------------------------------------------------------------
 
-def test_delete_fired_deletes_and_reports_what_was_already_gone(db, conn):
+def test_delete_fired_deletes_and_reports_what_was_already_gone(tx):
     node, peer = uuid.uuid4(), uuid.uuid4()
     for i in range(3):
-        enqueue(db, f"m{i}", T0 + S)
-    claim(db, node, now=T0 + 2 * S)
-    gone = db.call("delete_fired", ids=["m0", "m1", "nope"], node=node)
+        enqueue(tx, f"m{i}", T0 + S)
+    claim(tx, node, now=T0 + 2 * S)
+    gone = tx.call("delete_fired", ids=["m0", "m1", "nope"], node=node)
     assert [r["id"] for r in gone] == ["nope"]
-    assert [r["id"] for r in rows(conn)] == ["m2"]
+    assert [r["id"] for r in rows(tx)] == ["m2"]
     # a peer's delete leaves this node's ready row alone and reports it
-    assert [r["id"] for r in db.call("delete_fired", ids=["m2"], node=peer)] == ["m2"]
-    assert [r["id"] for r in db.call("delete_fired", ids=["m2"])] == []
-    assert rows(conn) == []
+    assert [r["id"] for r in tx.call("delete_fired", ids=["m2"], node=peer)] == ["m2"]
+    assert [r["id"] for r in tx.call("delete_fired", ids=["m2"])] == []
+    assert rows(tx) == []
 
 
-def test_delete_fired_never_deletes_a_waiting_message(db, conn):
+def test_delete_fired_never_deletes_a_waiting_message(tx):
     # fired, forgotten, and enqueued again with the same id: a late delete must not lose it
     node = uuid.uuid4()
-    enqueue(db, "m", T0 + S)
-    claim(db, node, now=T0 + 2 * S)
-    assert db.call("delete_fired", ids=["m"], node=node) == []
-    assert enqueue(db, "m", T0 + 10 * S, now=T0 + 2 * S) == "enqueued"
-    assert [r["id"] for r in db.call("delete_fired", ids=["m"], node=node)] == ["m"]
-    assert [r["id"] for r in rows(conn)] == ["m"]
+    enqueue(tx, "m", T0 + S)
+    claim(tx, node, now=T0 + 2 * S)
+    assert tx.call("delete_fired", ids=["m"], node=node) == []
+    assert enqueue(tx, "m", T0 + 10 * S, now=T0 + 2 * S) == "enqueued"
+    assert [r["id"] for r in tx.call("delete_fired", ids=["m"], node=node)] == ["m"]
+    assert [r["id"] for r in rows(tx)] == ["m"]
 
 
 # -- reset ---------------------------------------------------------------------
 
-def test_reset_stuck_resets_only_rows_held_longer_than_the_hold_time(db, conn):
+def test_reset_stuck_resets_only_rows_held_longer_than_the_hold_time(tx):
     stale, fresh = uuid.uuid4(), uuid.uuid4()
-    enqueue(db, "old", T0 + S)
-    enqueue(db, "new", T0 + 3 * S)
-    claim(db, stale, now=T0 + 2 * S)            # readied at T0+2s
-    claim(db, fresh, now=T0 + 6 * S)            # readied at T0+6s
+    enqueue(tx, "old", T0 + S)
+    enqueue(tx, "new", T0 + 3 * S)
+    claim(tx, stale, now=T0 + 2 * S)            # readied at T0+2s
+    claim(tx, fresh, now=T0 + 6 * S)            # readied at T0+6s
     hold = timedelta(seconds=5)
-    assert db.call("_reset_stuck", hold=hold, p_now=T0 + 7 * S) == []
-    out = db.call("_reset_stuck", hold=hold, p_now=T0 + 7500 * MS)
+    assert tx.call("_reset_stuck", hold=hold, p_now=T0 + 7 * S) == []
+    out = tx.call("_reset_stuck", hold=hold, p_now=T0 + 7500 * MS)
     assert [(r["id"], r["suspected_node"], r["readied_at"]) for r in out] == [("old", stale, T0 + 2 * S)]
-    by = {r["id"]: r for r in rows(conn)}
+    by = {r["id"]: r for r in rows(tx)}
     assert by["old"]["readied_at"] is None and by["old"]["readied_by"] is None
     assert by["new"]["readied_by"] == fresh
     # the reset message is claimable again, by another node
-    assert [r["id"] for r in claim(db, fresh, now=T0 + 8 * S)] == ["old"]
+    assert [r["id"] for r in claim(tx, fresh, now=T0 + 8 * S)] == ["old"]
 
 
 def test_reset_stuck_skips_a_row_whose_owner_is_busy_with_it(dsn, db, conn):
@@ -304,25 +304,25 @@ def test_reset_stuck_skips_a_row_whose_owner_is_busy_with_it(dsn, db, conn):
     assert rows(conn) == []
 
 
-def test_reset_stuck_rejects_a_non_positive_hold(db):
+def test_reset_stuck_rejects_a_non_positive_hold(tx):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("reset_stuck", hold=timedelta(0))
+        tx.call("reset_stuck", hold=timedelta(0))
     assert info.value.sqlstate == "PS105"
 
 
 @pytest.mark.parametrize("hold", ["1000000 years", "294276 years", "101 years"])
-def test_reset_stuck_refuses_a_hold_past_100_years_with_ps105_not_22008(conn, hold):
+def test_reset_stuck_refuses_a_hold_past_100_years_with_ps105_not_22008(tx, hold):
     """now - hold past the first timestamp gave a raw 'timestamp out of range' (22008)."""
     with pytest.raises(psycopg.Error) as info:
-        conn.execute("SELECT * FROM pyscheduler.reset_stuck(hold => %s::interval)", (hold,))
+        tx.execute("SELECT * FROM pyscheduler.reset_stuck(hold => %s::interval)", (hold,))
     assert info.value.sqlstate == "PS105" and "hold" in str(info.value)
 
 
-def test_reset_stuck_takes_a_hold_of_100_years(db):
+def test_reset_stuck_takes_a_hold_of_100_years(tx):
     node = uuid.uuid4()
-    enqueue(db, "m", T0 + S)
-    claim(db, node, now=T0 + 2 * S)
-    assert db.call("reset_stuck", hold="100 years") == []
+    enqueue(tx, "m", T0 + S)
+    claim(tx, node, now=T0 + 2 * S)
+    assert tx.call("reset_stuck", hold="100 years") == []
 
 
 # -- wake-ups, cancel, views, roles ---------------------------------------------
@@ -348,42 +348,42 @@ def test_enqueue_notifies_when_a_message_is_due_before_what_sleepers_expect(dsn,
         assert notes() == []
 
 
-def test_next_deadline_is_the_earliest_waiting_one(db):
-    assert db.call_value("next_deadline") is None
-    enqueue(db, "a", T0 + 5 * S)
-    enqueue(db, "b", T0 + 3 * S)
-    assert db.call_value("next_deadline") == T0 + 3 * S
-    claim(db, uuid.uuid4(), now=T0 + 4 * S)
-    assert db.call_value("next_deadline") == T0 + 5 * S
+def test_next_deadline_is_the_earliest_waiting_one(tx):
+    assert tx.call_value("next_deadline") is None
+    enqueue(tx, "a", T0 + 5 * S)
+    enqueue(tx, "b", T0 + 3 * S)
+    assert tx.call_value("next_deadline") == T0 + 3 * S
+    claim(tx, uuid.uuid4(), now=T0 + 4 * S)
+    assert tx.call_value("next_deadline") == T0 + 5 * S
 
 
-def test_cancel_message_removes_only_waiting_messages(db):
-    enqueue(db, "a", T0 + S)
-    enqueue(db, "b", T0 + 9 * S)
-    claim(db, uuid.uuid4(), now=T0 + 2 * S)
-    assert db.call_value("cancel_message", id="b") is True
-    assert db.call_value("cancel_message", id="a") is False  # being fired
-    assert db.call_value("cancel_message", id="zz") is False
+def test_cancel_message_removes_only_waiting_messages(tx):
+    enqueue(tx, "a", T0 + S)
+    enqueue(tx, "b", T0 + 9 * S)
+    claim(tx, uuid.uuid4(), now=T0 + 2 * S)
+    assert tx.call_value("cancel_message", id="b") is True
+    assert tx.call_value("cancel_message", id="a") is False  # being fired
+    assert tx.call_value("cancel_message", id="zz") is False
 
 
-def test_views_show_counts_next_deadline_and_ready_per_node(db):
+def test_views_show_counts_next_deadline_and_ready_per_node(tx):
     now = datetime.now(timezone.utc)
     node = uuid.uuid4()
-    db.call("_enqueue_messages", ids=["a", "b", "c", "d"],
+    tx.call("_enqueue_messages", ids=["a", "b", "c", "d"],
             deadlines=[now + timedelta(minutes=1), now + timedelta(minutes=2), now + timedelta(minutes=3),
                        now + timedelta(hours=1)], p_now=now - timedelta(hours=1))
-    db.call("_ready_and_claim", node=node, max_count=2, p_now=now + timedelta(minutes=2, seconds=30))
-    stats = db.query("SELECT * FROM pyscheduler.delay_queue")[0]
+    tx.call("_ready_and_claim", node=node, max_count=2, p_now=now + timedelta(minutes=2, seconds=30))
+    stats = tx.query("SELECT * FROM pyscheduler.delay_queue")[0]
     assert (stats["waiting"], stats["ready"], stats["overdue"]) == (2, 2, 0)
     assert stats["next_deadline"] == now + timedelta(minutes=3)
     assert stats["oldest_ready_age"] < timedelta(0)  # readied "in the future" by the test clock
-    (per_node,) = db.query("SELECT * FROM pyscheduler.delay_ready_by_node")
+    (per_node,) = tx.query("SELECT * FROM pyscheduler.delay_ready_by_node")
     assert (per_node["node"], per_node["ready"]) == (node, 2)
 
 
-def test_relay_and_client_roles_get_their_functions_and_task_workers_none(conn):
+def test_relay_and_client_roles_get_their_functions_and_task_workers_none(tx):
     def can(role: str, fn: str) -> bool:
-        return conn.execute("SELECT has_function_privilege(%s, p.oid, 'EXECUTE') AS ok FROM pg_proc p "
+        return tx.execute("SELECT has_function_privilege(%s, p.oid, 'EXECUTE') AS ok FROM pg_proc p "
                             "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = %s",
                             (role, fn)).fetchone()["ok"]
 
@@ -393,7 +393,7 @@ def test_relay_and_client_roles_get_their_functions_and_task_workers_none(conn):
     assert can("pyscheduler_client", "cancel_message") and can("pyscheduler_client", "next_deadline")
     assert not can("pyscheduler_client", "ready_and_claim") and not can("pyscheduler_client", "enqueue_messages")
     assert not can("public", "enqueue_message")
-    assert conn.execute("SELECT has_table_privilege('pyscheduler_client', 'pyscheduler.delay_queue', 'SELECT') AS ok"
+    assert tx.execute("SELECT has_table_privilege('pyscheduler_client', 'pyscheduler.delay_queue', 'SELECT') AS ok"
                         ).fetchone()["ok"]
 
 
@@ -415,8 +415,8 @@ def as_role(conn, audience: str, statement: str, params=()):
             return exc
 
 
-def test_no_public_delay_function_takes_a_clock_and_the_clocked_ones_are_granted_to_no_role(conn):
-    args = conn.execute(
+def test_no_public_delay_function_takes_a_clock_and_the_clocked_ones_are_granted_to_no_role(tx):
+    args = tx.execute(
         "SELECT p.proname, coalesce(p.proargnames, '{}') AS names FROM pg_proc p "
         "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = ANY(%s)", (list(DELAY_FUNCTIONS),)
     ).fetchall()
@@ -425,28 +425,28 @@ def test_no_public_delay_function_takes_a_clock_and_the_clocked_ones_are_granted
         assert not {"now", "p_now"} & set(a["names"]), a
     for private in ("_enqueue_messages", "_ready_and_claim", "_reset_stuck"):
         for audience in AUDIENCES:
-            assert not conn.execute(
+            assert not tx.execute(
                 "SELECT bool_or(has_function_privilege(%s, p.oid, 'EXECUTE')) AS ok FROM pg_proc p "
                 "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = %s",
                 (f"pyscheduler_{audience}", private)).fetchone()["ok"], (private, audience)
     # the relay's old way of parking a message forever no longer exists ...
-    err = as_role(conn, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
+    err = as_role(tx, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
                                  "now => 'infinity')")
     assert isinstance(err, psycopg.errors.UndefinedFunction)
-    err = as_role(conn, "relay", "SELECT * FROM pyscheduler._ready_and_claim(node => gen_random_uuid(), "
+    err = as_role(tx, "relay", "SELECT * FROM pyscheduler._ready_and_claim(node => gen_random_uuid(), "
                                  "p_now => 'infinity')")
     assert isinstance(err, psycopg.errors.InsufficientPrivilege)
 
 
-def test_the_relay_cannot_claim_future_messages_through_a_huge_timing_advance(db, conn):
-    db.call_value("enqueue_message", id="next-year", deadline=datetime.now(timezone.utc) + timedelta(days=365))
-    err = as_role(conn, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
+def test_the_relay_cannot_claim_future_messages_through_a_huge_timing_advance(tx):
+    tx.call_value("enqueue_message", id="next-year", deadline=datetime.now(timezone.utc) + timedelta(days=365))
+    err = as_role(tx, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
                                  "advance => '400 days')")
     assert isinstance(err, psycopg.Error) and err.sqlstate == "PS105"
-    err = as_role(conn, "relay", "SELECT * FROM pyscheduler.enqueue_message(id => 'x', deadline => now(), "
+    err = as_role(tx, "relay", "SELECT * FROM pyscheduler.enqueue_message(id => 'x', deadline => now(), "
                                  "advance => '2 minutes')")
     assert isinstance(err, psycopg.Error) and err.sqlstate == "PS105"
-    assert as_role(conn, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
+    assert as_role(tx, "relay", "SELECT * FROM pyscheduler.ready_and_claim(node => gen_random_uuid(), "
                                   "advance => '1 minute')") == []
 
 
@@ -455,49 +455,49 @@ def test_the_relay_cannot_claim_future_messages_through_a_huge_timing_advance(db
     "9999-12-31T23:59:59.999999-05:00",    # year 10000 in UTC: no client library loads it
     "1969-12-31T23:59:59Z", "infinity", "-infinity",
 ])
-def test_deadlines_outside_the_supported_range_are_refused_with_ps106(db, conn, deadline):
+def test_deadlines_outside_the_supported_range_are_refused_with_ps106(tx, deadline):
     for store_late in (False, True):
         with pytest.raises(errors.InvalidMessage) as info:
-            db.call("enqueue_messages", ids=["ok", "bad"], deadlines=[T0.isoformat(), deadline], store_late=store_late)
+            tx.call("enqueue_messages", ids=["ok", "bad"], deadlines=[T0.isoformat(), deadline], store_late=store_late)
         assert info.value.sqlstate == "PS106" and "bad" in str(info.value)
         assert errors.rejects_arguments(info.value)  # bad data, never an outage
     with pytest.raises(psycopg.errors.CheckViolation):  # the table's CHECK, whoever writes
-        conn.execute("INSERT INTO pyscheduler.delay_messages (id, deadline) VALUES ('direct', %s)", (deadline,))
-    assert rows(conn) == []
+        tx.execute("INSERT INTO pyscheduler.delay_messages (id, deadline) VALUES ('direct', %s)", (deadline,))
+    assert rows(tx) == []
 
 
-def test_deadlines_at_the_ends_of_the_range_are_stored_and_load(db):
-    out = db.call("enqueue_messages", ids=["first", "last"],
+def test_deadlines_at_the_ends_of_the_range_are_stored_and_load(tx):
+    out = tx.call("enqueue_messages", ids=["first", "last"],
                   deadlines=["1970-01-01T00:00:00Z", "9998-12-31T23:59:59.999999Z"], store_late=True)
     assert [r["outcome"] for r in out] == ["enqueued", "enqueued"]
-    assert db.call_value("next_deadline") == datetime(1970, 1, 1, tzinfo=timezone.utc)
-    assert db.call("_ready_and_claim", node=uuid.uuid4(), p_now=datetime(9999, 1, 1, tzinfo=timezone.utc))[-1][
+    assert tx.call_value("next_deadline") == datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert tx.call("_ready_and_claim", node=uuid.uuid4(), p_now=datetime(9999, 1, 1, tzinfo=timezone.utc))[-1][
         "deadline"] == datetime(9998, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
 
 
 @pytest.mark.parametrize("sequence", [("late", "future"), ("future", "late"), ("late", "late"),
                                       ("future", "future"), ("late", "future", "late", "future")])
-def test_the_outcome_of_repeated_ids_does_not_depend_on_batch_boundaries(db, sequence):
+def test_the_outcome_of_repeated_ids_does_not_depend_on_batch_boundaries(tx, sequence):
     """The rule: in input order, an id waiting or ready is a duplicate; a late one is fired
     and forgotten, so the next occurrence is judged afresh."""
     deadline = {"late": T0 - S, "future": T0 + 10 * S}
     tag = "-".join(sequence)
-    one_batch = [r["outcome"] for r in db.call("_enqueue_messages", ids=[f"one-{tag}"] * len(sequence),
+    one_batch = [r["outcome"] for r in tx.call("_enqueue_messages", ids=[f"one-{tag}"] * len(sequence),
                                                deadlines=[deadline[k] for k in sequence], p_now=T0)]
-    separate = [enqueue(db, f"sep-{tag}", deadline[k]) for k in sequence]
+    separate = [enqueue(tx, f"sep-{tag}", deadline[k]) for k in sequence]
     assert one_batch == separate
     first_future = sequence.index("future") if "future" in sequence else len(sequence)
     assert one_batch == ["late"] * first_future + ["enqueued"] * (first_future < len(sequence)) + [
         "duplicate"] * (len(sequence) - first_future - 1)
 
 
-def test_any_client_may_cancel_any_waiting_message_and_no_daemon_role_may(db, conn):
+def test_any_client_may_cancel_any_waiting_message_and_no_daemon_role_may(tx):
     """Decision (docs/sql-api.md, Delay queue): cancelling is the application's, by id."""
-    enqueue(db, "someone-elses", T0 + 9 * S)
+    enqueue(tx, "someone-elses", T0 + 9 * S)
     for audience in ("worker", "relay", "scheduler", "checker", "monitor"):
-        err = as_role(conn, audience, "SELECT pyscheduler.cancel_message(id => 'someone-elses')")
+        err = as_role(tx, audience, "SELECT pyscheduler.cancel_message(id => 'someone-elses')")
         assert isinstance(err, psycopg.errors.InsufficientPrivilege), audience
-    assert as_role(conn, "client", "SELECT pyscheduler.cancel_message(id => 'someone-elses') AS ok") == [
+    assert as_role(tx, "client", "SELECT pyscheduler.cancel_message(id => 'someone-elses') AS ok") == [
         {"ok": True}]
 
 

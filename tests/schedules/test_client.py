@@ -71,8 +71,8 @@ def test_every_field_round_trips_in_any_interval_style(dsn, db, style):
     assert {f.name for f in dataclasses.fields(Schedule)} == set(raw), "Schedule misses or adds a field"
 
 
-def test_update_removes_bounds_and_changes_only_what_is_given(db):
-    client = ScheduleClient(db)
+def test_update_removes_bounds_and_changes_only_what_is_given(tx):
+    client = ScheduleClient(tx)
     client.create("bounded", "t", every=timedelta(minutes=5), start_at=datetime(2030, 1, 1, tzinfo=timezone.utc),
                   end_at=datetime(2031, 1, 1, tzinfo=timezone.utc), max_runs=3, payload={"a": 1})
     s = client.update("bounded", start_at=UNBOUNDED, end_at=UNBOUNDED, max_runs=UNBOUNDED)
@@ -85,8 +85,8 @@ def test_update_removes_bounds_and_changes_only_what_is_given(db):
     assert [at.hour for at in client.next("bounded", 2)] == [3, 3]
 
 
-def test_pause_resume_trigger_delete_list_runs_and_counts(db):
-    client = ScheduleClient(db)
+def test_pause_resume_trigger_delete_list_runs_and_counts(tx):
+    client = ScheduleClient(tx)
     client.create("ticks", "ticks", every=timedelta(minutes=1), retry_attempts=0)
     client.create("exports", "exports", target_kind="task", cron="0 2 * * *", payload={"export": "all"})
     assert client.pause("ticks", note="maintenance").paused_note == "maintenance"
@@ -98,10 +98,10 @@ def test_pause_resume_trigger_delete_list_runs_and_counts(db):
     resumed = client.resume("ticks")
     assert not resumed.paused and resumed.next_run_at is not None
     # a failed occurrence recorded as the executors do, and a task target fired once
-    db.call("record_executions", ids=[resumed.id], expected=[resumed.due_at], outcomes=["failed"],
+    tx.call("record_executions", ids=[resumed.id], expected=[resumed.due_at], outcomes=["failed"],
             attempts=[3], errors=["HTTP 503"])
     triggered = client.trigger("exports")
-    db.call("fire_task_schedules", ids=[triggered.id], expected=[triggered.due_at])
+    tx.call("fire_task_schedules", ids=[triggered.id], expected=[triggered.due_at])
     [failed] = client.runs("ticks")
     assert failed == ScheduleRun(expected_at=resumed.due_at, outcome="failed", triggered=False, attempts=3,
                                  fired_at=failed.fired_at, lateness=failed.fired_at - resumed.due_at,
@@ -141,8 +141,8 @@ def test_a_schedule_created_in_a_rolled_back_transaction_does_not_exist(dsn, db)
         ScheduleClient(db).get("tx")
 
 
-def test_bad_arguments_are_refused_naming_the_field(db):
-    client = ScheduleClient(db)
+def test_bad_arguments_are_refused_naming_the_field(tx):
+    client = ScheduleClient(tx)
     naive = datetime(2030, 1, 1)
     for call, field in ((lambda: client.create("x", "t", every=timedelta(minutes=1), start_at=naive), "start_at"),
                         (lambda: client.create("x", "t", every=timedelta(minutes=1),

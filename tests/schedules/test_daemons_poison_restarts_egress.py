@@ -178,7 +178,7 @@ def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever
         receiver.close()
 
 
-def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
+def test_isolate_splits_a_batch_until_each_poison_item_is_alone(tx):
     """The executor's isolation (fire details, recorder), against real
     errors: one the server raises (22012) and one psycopg raises loading a value (a year-10000
     timestamp, no SQLSTATE); any other error is raised, not isolated."""
@@ -188,7 +188,7 @@ def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
 
     def call(part):
         calls.append(list(part))
-        return db.query("SELECT x, 1 / (x - 3) AS q, CASE WHEN x = 6 THEN timestamptz '10000-01-01' END AS t "
+        return tx.query("SELECT x, 1 / (x - 3) AS q, CASE WHEN x = 6 THEN timestamptz '10000-01-01' END AS t "
                         "FROM unnest(%s::int[]) x", (part,))
 
     rows, poison = isolate(list(range(1, 9)), call)
@@ -196,7 +196,7 @@ def test_isolate_splits_a_batch_until_each_poison_item_is_alone(db):
     assert [(item, type(exc).__name__) for item, exc in poison] == [(3, "DivisionByZero"), (6, "DataError")]
     assert len(calls) <= 2 * 8  # a split per level, not a retry loop
     with pytest.raises(psycopg.errors.UndefinedFunction):  # 42883: a bug, not a poison item
-        isolate([1, 2], lambda part: db.query("SELECT pyscheduler.no_such_function(%s::int[])", (part,)))
+        isolate([1, 2], lambda part: tx.query("SELECT pyscheduler.no_such_function(%s::int[])", (part,)))
 
 
 def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sql_side_does(db, dsn, redis_url):

@@ -72,43 +72,43 @@ def due(conn, schedule_id):
     ("PS309", dict(retry_jitter="100000000 years")),
     ("PS312", dict(catchup_window="367 days")),
 ])
-def test_instants_and_intervals_the_daemons_cannot_load_are_refused(db, sqlstate, kw):
-    refused(db, "create_schedule", sqlstate, name="s", target="t", **{"every": "1 minute", **kw})
-    assert db.call("list_schedules") == []
+def test_instants_and_intervals_the_daemons_cannot_load_are_refused(tx, sqlstate, kw):
+    refused(tx, "create_schedule", sqlstate, name="s", target="t", **{"every": "1 minute", **kw})
+    assert tx.call("list_schedules") == []
 
 
-def test_a_first_run_after_9999_is_refused_and_infinite_bounds_mean_none(db):
+def test_a_first_run_after_9999_is_refused_and_infinite_bounds_mean_none(tx):
     # the first occurrence of 0 0 1 1 * after 9998-06-01 is 9999-01-01: out of range
-    refused(db, "create_schedule", "PS314", name="s", target="t", cron="0 0 1 1 *", start_at="9998-06-01T00:00:00Z")
-    s = create(db, end_at="infinity", start_at="-infinity")
+    refused(tx, "create_schedule", "PS314", name="s", target="t", cron="0 0 1 1 *", start_at="9998-06-01T00:00:00Z")
+    s = create(tx, end_at="infinity", start_at="-infinity")
     assert s["end_at"] is None and s["start_at"] is None
-    refused(db, "update_schedule", "PS314", name="s", start_at="infinity")
-    refused(db, "next_cron_time", "PS314", expr="* * * * *", after="infinity")
-    refused(db, "next_cron_time", "PS314", expr="* * * * *", after="-infinity")
-    refused(db, "upcoming_runs", "PS314", every="1 minute", start_at="infinity")
+    refused(tx, "update_schedule", "PS314", name="s", start_at="infinity")
+    refused(tx, "next_cron_time", "PS314", expr="* * * * *", after="infinity")
+    refused(tx, "next_cron_time", "PS314", expr="* * * * *", after="-infinity")
+    refused(tx, "upcoming_runs", "PS314", every="1 minute", start_at="infinity")
     # a computation that would pass 9999 answers NULL / stops, it never returns year 10000
-    assert db.call_value("next_cron_time", expr="0 0 1 1 *", after="9998-06-01T00:00:00Z") is None
-    assert [r["run_at"] for r in db.call("upcoming_runs", every="1 day", start_at="9998-12-29T00:00:00Z", n=10)] == [
+    assert tx.call_value("next_cron_time", expr="0 0 1 1 *", after="9998-06-01T00:00:00Z") is None
+    assert [r["run_at"] for r in tx.call("upcoming_runs", every="1 day", start_at="9998-12-29T00:00:00Z", n=10)] == [
         datetime(9998, 12, d, tzinfo=UTC) for d in (29, 30, 31)]
 
 
-def test_a_schedule_whose_next_occurrence_would_pass_9999_ends_and_says_why(db, conn):
-    s = create(db, every="400 days", start_at="9998-12-31T00:00:00Z", catchup_window="1 day")
-    c = create(db, "c", cron="0 0 1 12 *", start_at="9998-06-01T00:00:00Z", catchup_window="1 day")
+def test_a_schedule_whose_next_occurrence_would_pass_9999_ends_and_says_why(tx):
+    s = create(tx, every="400 days", start_at="9998-12-31T00:00:00Z", catchup_window="1 day")
+    c = create(tx, "c", cron="0 0 1 12 *", start_at="9998-06-01T00:00:00Z", catchup_window="1 day")
     t, tc = datetime(9998, 12, 31, tzinfo=UTC), datetime(9998, 12, 1, tzinfo=UTC)
-    rows = record(conn, [s["id"], c["id"]], [t, tc], t)  # loaded by psycopg: no year 10000 in it
+    rows = record(tx, [s["id"], c["id"]], [t, tc], t)  # loaded by psycopg: no year 10000 in it
     assert {r["id"]: (r["recorded"], r["next_run_at"]) for r in rows} == {s["id"]: (True, None), c["id"]: (True, None)}
     for name in ("s", "c"):
-        got = db.call_value("get_schedule", name=name)
+        got = tx.call_value("get_schedule", name=name)
         assert got["next_run_at"] is None and "9999-01-01" in got["ended_note"], got
-        assert not due(conn, got["id"])["active"]
-    assert db.call("upcoming_runs", name="s") == []
+        assert not due(tx, got["id"])["active"]
+    assert tx.call("upcoming_runs", name="s") == []
     # end_at and max_runs say so too
-    m = create(db, "m", max_runs=1)
+    m = create(tx, "m", max_runs=1)
     tm = datetime.fromisoformat(m["next_run_at"])
-    record(conn, [m["id"]], [tm], tm)
-    assert db.call_value("get_schedule", name="m")["ended_note"] == "ended: max_runs reached"
-    assert db.call_value("update_schedule", name="m", max_runs=0)["ended_note"] is None  # lifted: running again
+    record(tx, [m["id"]], [tm], tm)
+    assert tx.call_value("get_schedule", name="m")["ended_note"] == "ended: max_runs reached"
+    assert tx.call_value("update_schedule", name="m", max_runs=0)["ended_note"] is None  # lifted: running again
 
 
 # ------------------------------------------------------------------ A, 23: a poison item ends alone
@@ -119,26 +119,26 @@ def poison(conn, schedule_id):
     conn.execute("UPDATE pyscheduler.schedules SET every = interval '100000000 years' WHERE id = %s", (schedule_id,))
 
 
-def test_record_executions_ends_a_poison_item_alone(db, conn):
-    a, b, c = (create(db, n) for n in "abc")
-    poison(conn, b["id"])
+def test_record_executions_ends_a_poison_item_alone(tx):
+    a, b, c = (create(tx, n) for n in "abc")
+    poison(tx, b["id"])
     t = {x["id"]: datetime.fromisoformat(x["next_run_at"]) for x in (a, b, c)}
     now = max(t.values()) + timedelta(milliseconds=20)
-    rows = record(conn, list(t), list(t.values()), now)
+    rows = record(tx, list(t), list(t.values()), now)
     got = {r["id"]: (r["recorded"], r["next_run_at"]) for r in rows}
     ten = timedelta(seconds=10)
     assert got == {a["id"]: (True, t[a["id"]] + ten), b["id"]: (True, None), c["id"]: (True, t[c["id"]] + ten)}
-    stopped = db.call_value("get_schedule", name="b")
+    stopped = tx.call_value("get_schedule", name="b")
     assert stopped["paused"] and "could not be recorded" in stopped["paused_note"]
     assert "22003" in stopped["last_error"] and stopped["due_at"] is None
-    [run] = db.call("schedule_runs", name="b")
+    [run] = tx.call("schedule_runs", name="b")
     assert run["outcome"] == "fired" and "22003" in run["error"]
-    assert [db.call_value("execution_count", name=n) for n in "abc"] == [1, 1, 1]
+    assert [tx.call_value("execution_count", name=n) for n in "abc"] == [1, 1, 1]
     # the next batch is not blocked by it either
-    assert record(conn, [a["id"]], [t[a["id"]] + ten], now + ten)[0]["recorded"]
+    assert record(tx, [a["id"]], [t[a["id"]] + ten], now + ten)[0]["recorded"]
     # an unknown outcome is the caller's error: the whole batch, as before
     with pytest.raises(psycopg.Error) as info:
-        record(conn, [a["id"], c["id"]], [t[a["id"]] + 2 * ten, t[c["id"]] + ten], now, ["fired", "exploded"])
+        record(tx, [a["id"], c["id"]], [t[a["id"]] + 2 * ten, t[c["id"]] + ten], now, ["fired", "exploded"])
     assert info.value.sqlstate == "PS312"
 
 
@@ -151,110 +151,110 @@ def fire_tasks(conn, ids, expected, now):
                                              (ids, expected, now)).fetchall()}
 
 
-def test_fire_task_schedules_answers_each_item_alone(db, conn):
+def test_fire_task_schedules_answers_each_item_alone(tx):
     """Item 23: one schedule changed (no longer a task target) and one poison row in a batch:
     the others are submitted and recorded; the changed one gets its due time back (the
     executor fires it by its new kind), the poison one is stopped with its error."""
-    a, changed, bad, d = (task_schedule(db, n) for n in ("a", "changed", "bad", "d"))
+    a, changed, bad, d = (task_schedule(tx, n) for n in ("a", "changed", "bad", "d"))
     t = {x["id"]: datetime.fromisoformat(x["next_run_at"]) for x in (a, changed, bad, d)}
-    db.call("update_schedule", name="changed", target_kind="kafka", target="topic-a")  # after the claim
-    poison(conn, bad["id"])
+    tx.call("update_schedule", name="changed", target_kind="kafka", target="topic-a")  # after the claim
+    poison(tx, bad["id"])
     now = max(t.values()) + timedelta(milliseconds=5)
-    got = fire_tasks(conn, list(t), list(t.values()), now)
+    got = fire_tasks(tx, list(t), list(t.values()), now)
     assert got[a["id"]]["recorded"] and got[d["id"]]["recorded"]
     assert got[a["id"]]["next_run_at"] == t[a["id"]] + timedelta(seconds=10)
     assert not got[changed["id"]]["recorded"] and got[changed["id"]]["next_run_at"] == t[changed["id"]]
     assert got[bad["id"]]["next_run_at"] is None
-    assert [len(db.call("list_tasks", queue=f"q-{n}")) for n in ("a", "changed", "bad", "d")] == [1, 0, 0, 1]
-    stopped = db.call_value("get_schedule", name="bad")
+    assert [len(tx.call("list_tasks", queue=f"q-{n}")) for n in ("a", "changed", "bad", "d")] == [1, 0, 0, 1]
+    stopped = tx.call_value("get_schedule", name="bad")
     assert stopped["paused"] and "22003" in stopped["last_error"]
-    assert [r["outcome"] for r in db.call("schedule_runs", name="bad")] == ["failed"]
+    assert [r["outcome"] for r in tx.call("schedule_runs", name="bad")] == ["failed"]
 
 
-def test_a_stale_task_occurrence_is_not_submitted(db, conn):
+def test_a_stale_task_occurrence_is_not_submitted(tx):
     """Item 21 (task targets): the recurrence changed after the occurrence was claimed;
     firing the old cadence's occurrence submits nothing and answers the new due time.
     The two cadences never meet (the hour's :00 against its :30), whatever the clock."""
-    s = task_schedule(db, "t", every="1 hour")
+    s = task_schedule(tx, "t", every="1 hour")
     old = datetime.fromisoformat(s["next_run_at"])
     assert old.minute == 0
-    new = db.call_value("update_schedule", name="t", cron="30 * * * *")
-    got = fire_tasks(conn, [s["id"]], [old], old)[s["id"]]
+    new = tx.call_value("update_schedule", name="t", cron="30 * * * *")
+    got = fire_tasks(tx, [s["id"]], [old], old)[s["id"]]
     assert not got["recorded"] and got["next_run_at"] == datetime.fromisoformat(new["next_run_at"]) != old
-    assert db.call("list_tasks", queue="q-t") == [] and db.call("schedule_runs", name="t") == []
+    assert tx.call("list_tasks", queue="q-t") == [] and tx.call("schedule_runs", name="t") == []
 
 
 # ------------------------------------------------------------------ 22: a trigger on the regular millisecond
 
 
-def test_a_trigger_never_shares_the_regular_runs_millisecond(db, conn):
-    s = create(db, every="1 hour")
+def test_a_trigger_never_shares_the_regular_runs_millisecond(tx):
+    s = create(tx, every="1 hour")
     t = datetime.fromisoformat(s["next_run_at"])
-    trig = conn.execute("SELECT pyscheduler._trigger_schedule('s', %s) AS s", (t,)).fetchone()["s"]
+    trig = tx.execute("SELECT pyscheduler._trigger_schedule('s', %s) AS s", (t,)).fetchone()["s"]
     assert datetime.fromisoformat(trig["trigger_at"]) == t + timedelta(milliseconds=1)
-    first = record(conn, [s["id"]], [t], t)[0]  # the regular run: the trigger is still due, on its own
+    first = record(tx, [s["id"]], [t], t)[0]  # the regular run: the trigger is still due, on its own
     assert first["recorded"] and first["next_run_at"] == t + timedelta(milliseconds=1)
-    second = record(conn, [s["id"]], [first["next_run_at"]], t)[0]
+    second = record(tx, [s["id"]], [first["next_run_at"]], t)[0]
     assert second["recorded"] and second["next_run_at"] == t + timedelta(hours=1)
-    assert sorted((r["expected_at"], r["triggered"]) for r in db.call("schedule_runs", name="s")) == [
+    assert sorted((r["expected_at"], r["triggered"]) for r in tx.call("schedule_runs", name="s")) == [
         (t, False), (t + timedelta(milliseconds=1), True)]
 
 
-def test_a_pending_trigger_met_by_the_regular_run_fires_once_and_is_cleared(db, conn):
+def test_a_pending_trigger_met_by_the_regular_run_fires_once_and_is_cleared(tx):
     """A pending trigger that a regular occurrence lands on (e.g. an update moved the run
     there) is cleared with it on the set-based path too: it does not fire again."""
-    s = create(db, every="1 hour")
+    s = create(tx, every="1 hour")
     t = datetime.fromisoformat(s["next_run_at"])
-    conn.execute("UPDATE pyscheduler.schedules SET trigger_at = next_run_at WHERE id = %s", (s["id"],))
-    [r] = record(conn, [s["id"]], [t], t)
+    tx.execute("UPDATE pyscheduler.schedules SET trigger_at = next_run_at WHERE id = %s", (s["id"],))
+    [r] = record(tx, [s["id"]], [t], t)
     assert r["recorded"] and r["next_run_at"] == t + timedelta(hours=1)
-    assert row(conn, s["id"])["trigger_at"] is None
-    assert db.call_value("execution_count", name="s") == 1
+    assert row(tx, s["id"])["trigger_at"] is None
+    assert tx.call_value("execution_count", name="s") == 1
 
 
 # ------------------------------------------------------------------ 20: catch-up window
 
 
-def test_the_catchup_window_is_at_least_a_second(db, conn):
+def test_the_catchup_window_is_at_least_a_second(tx):
     for window in ("0", "999 milliseconds"):
-        refused(db, "create_schedule", "PS312", name="s", target="t", every="1 minute", catchup_window=window)
-    s = create(db, catchup_window="1 second")
-    refused(db, "update_schedule", "PS312", name="s", catchup_window="0")
+        refused(tx, "create_schedule", "PS312", name="s", target="t", every="1 minute", catchup_window=window)
+    s = create(tx, catchup_window="1 second")
+    refused(tx, "update_schedule", "PS312", name="s", catchup_window="0")
     # an executor that claims the occurrence a few hundred ms late still fires it
     t = datetime.fromisoformat(s["next_run_at"])
-    details = conn.execute("SELECT * FROM pyscheduler.fire_details(%s)", ([s["id"]],)).fetchone()
+    details = tx.execute("SELECT * FROM pyscheduler.fire_details(%s)", ([s["id"]],)).fetchone()
     assert details["catchup_window_ms"] == 1000
-    [r] = record(conn, [s["id"]], [t], t + timedelta(milliseconds=400))
-    assert r["recorded"] and db.call_value("execution_count", name="s", outcome="missed") == 0
+    [r] = record(tx, [s["id"]], [t], t + timedelta(milliseconds=400))
+    assert r["recorded"] and tx.call_value("execution_count", name="s", outcome="missed") == 0
 
 
 # ------------------------------------------------------------------ 25: time zones
 
 
-def test_time_zones_are_exactly_iana_names_in_any_case(db):
+def test_time_zones_are_exactly_iana_names_in_any_case(tx):
     for tz in ("ABC-3/x", "XYZ+3", "PST", "Mars/Olympus_Mons", "Europe/Berlin ", "posixrules", "", "a" * 10_000_000):
-        refused(db, "create_schedule", "PS303", name="s", target="t", cron="0 12 * * *", tz=tz)
-        refused(db, "next_cron_time", "PS303", expr="0 12 * * *", tz=tz)
-    assert create(db, "u", tz="utc")["tz"] == "UTC"
-    b = create(db, "b", cron="0 12 * * *", tz="europe/berlin", start_at="2031-01-01T00:00:00Z")
+        refused(tx, "create_schedule", "PS303", name="s", target="t", cron="0 12 * * *", tz=tz)
+        refused(tx, "next_cron_time", "PS303", expr="0 12 * * *", tz=tz)
+    assert create(tx, "u", tz="utc")["tz"] == "UTC"
+    b = create(tx, "b", cron="0 12 * * *", tz="europe/berlin", start_at="2031-01-01T00:00:00Z")
     assert b["tz"] == "Europe/Berlin" and b["next_run_at"] == "2031-01-01T11:00:00+00:00"
-    assert create(db, "ny", tz="America/New_York")["tz"] == "America/New_York"
-    assert db.call_value("next_cron_time", expr="0 12 * * *", after="2031-07-01T00:00:00Z", tz="EUROPE/BERLIN") == \
+    assert create(tx, "ny", tz="America/New_York")["tz"] == "America/New_York"
+    assert tx.call_value("next_cron_time", expr="0 12 * * *", after="2031-07-01T00:00:00Z", tz="EUROPE/BERLIN") == \
         datetime(2031, 7, 1, 10, tzinfo=UTC)
-    refused(db, "update_schedule", "PS303", name="b", tz="ABC-3/x")
+    refused(tx, "update_schedule", "PS303", name="b", tz="ABC-3/x")
 
 
 # ------------------------------------------------------------------ 26: cron with white space
 
 
-def test_cron_with_a_newline_or_control_character_is_refused_and_tabs_separate_fields(db):
+def test_cron_with_a_newline_or_control_character_is_refused_and_tabs_separate_fields(tx):
     for expr in ("0 3 1 1\n", "* * * * *\n", "0 3\n* * *", "0 3 * * *\r", "1,,2 * * * *", ",1 * * * *",
                  "0 3 * * \u202eMON", "0 3 * * *" + " " * 2000):
-        refused(db, "next_cron_time", "PS301", expr=expr)
-        refused(db, "create_schedule", "PS301", name="s", target="t", cron=expr)
+        refused(tx, "next_cron_time", "PS301", expr=expr)
+        refused(tx, "create_schedule", "PS301", name="s", target="t", cron=expr)
     after = datetime(2031, 1, 1, tzinfo=UTC)
-    assert db.call_value("next_cron_time", expr="0\t3 * *\t* ", after=after) == datetime(2031, 1, 1, 3, tzinfo=UTC)
-    assert create(db, cron=" 0\t3 * * *\t")["cron"] == "0\t3 * * *"
+    assert tx.call_value("next_cron_time", expr="0\t3 * *\t* ", after=after) == datetime(2031, 1, 1, 3, tzinfo=UTC)
+    assert create(tx, cron=" 0\t3 * * *\t")["cron"] == "0\t3 * * *"
 
 
 # ------------------------------------------------------------------ 29: daylight saving, as documented
@@ -268,34 +268,34 @@ def walk(db, expr, tz, start, n):
     return out
 
 
-def test_daylight_saving_in_a_30_minute_zone_follows_the_documented_rule(db):
+def test_daylight_saving_in_a_30_minute_zone_follows_the_documented_rule(tx):
     """Australia/Lord_Howe moves its clocks by 30 minutes (2024-10-06 02:00 -> 02:30,
     2024-04-07 02:00 -> 01:30). A wildcard-hour job follows the wall clock: skipped wall
     times do not happen, repeated ones happen twice, so 0 * * * * has a 90-minute gap in
     both directions (only whole-hour shifts keep its elapsed-time rhythm); a fixed-time job
     fires once: at the end of a gap, in the first pass of a repeat."""
     tz = "Australia/Lord_Howe"
-    hourly = walk(db, "0 * * * *", tz, datetime(2024, 10, 5, 13, 0, tzinfo=UTC), 3)
+    hourly = walk(tx, "0 * * * *", tz, datetime(2024, 10, 5, 13, 0, tzinfo=UTC), 3)
     assert hourly == [datetime(2024, 10, 5, 13, 30, tzinfo=UTC), datetime(2024, 10, 5, 14, 30, tzinfo=UTC),
                       datetime(2024, 10, 5, 16, 0, tzinfo=UTC)]
-    back = walk(db, "0 * * * *", tz, datetime(2024, 4, 6, 13, 30, tzinfo=UTC), 2)
+    back = walk(tx, "0 * * * *", tz, datetime(2024, 4, 6, 13, 30, tzinfo=UTC), 2)
     assert back == [datetime(2024, 4, 6, 14, 0, tzinfo=UTC), datetime(2024, 4, 6, 15, 30, tzinfo=UTC)]
-    quarter = walk(db, "*/15 * * * *", tz, datetime(2024, 10, 5, 14, 0, tzinfo=UTC), 8)
+    quarter = walk(tx, "*/15 * * * *", tz, datetime(2024, 10, 5, 14, 0, tzinfo=UTC), 8)
     assert all(b - a == timedelta(minutes=15) for a, b in zip(quarter, quarter[1:]))
-    quarter = walk(db, "*/15 * * * *", tz, datetime(2024, 4, 6, 14, 0, tzinfo=UTC), 8)
+    quarter = walk(tx, "*/15 * * * *", tz, datetime(2024, 4, 6, 14, 0, tzinfo=UTC), 8)
     assert all(b - a == timedelta(minutes=15) for a, b in zip(quarter, quarter[1:]))
     zone = ZoneInfo(tz)
     # 02:15 does not exist on 2024-10-06: once, at the first instant after the gap (02:30 +11)
-    gap = walk(db, "15 2 * * *", tz, datetime(2024, 10, 5, 12, 0, tzinfo=UTC), 2)
+    gap = walk(tx, "15 2 * * *", tz, datetime(2024, 10, 5, 12, 0, tzinfo=UTC), 2)
     assert gap[0] == datetime(2024, 10, 6, 2, 30, tzinfo=zone).astimezone(UTC) == datetime(2024, 10, 5, 15, 30, tzinfo=UTC)
     assert gap[1].astimezone(zone).replace(tzinfo=None) == datetime(2024, 10, 7, 2, 15)
     # 01:45 happens twice on 2024-04-07: once, the first (+11)
-    twice = walk(db, "45 1 * * *", tz, datetime(2024, 4, 6, 12, 0, tzinfo=UTC), 2)
+    twice = walk(tx, "45 1 * * *", tz, datetime(2024, 4, 6, 12, 0, tzinfo=UTC), 2)
     assert twice[0] == datetime(2024, 4, 6, 14, 45, tzinfo=UTC)
     assert twice[1].astimezone(zone).replace(tzinfo=None) == datetime(2024, 4, 8, 1, 45)
     # unlike cronie, only the hour field makes a job wildcard: * 2 * * * is a fixed-time job,
     # its 02:00-02:29 fire once at 02:30 (which is one of its own minutes too)
-    every_minute = walk(db, "* 2 * * *", tz, datetime(2024, 10, 5, 12, 0, tzinfo=UTC), 3)
+    every_minute = walk(tx, "* 2 * * *", tz, datetime(2024, 10, 5, 12, 0, tzinfo=UTC), 3)
     assert every_minute == [datetime(2024, 10, 5, 15, m, tzinfo=UTC) for m in (30, 31, 32)]
     docs = (DOCS / "sql-api.md").read_text()
     assert "as cronie" not in docs and "Lord_Howe" in docs
@@ -304,34 +304,34 @@ def test_daylight_saving_in_a_30_minute_zone_follows_the_documented_rule(db):
 # ------------------------------------------------------------------ 30: labels and topics
 
 
-def test_names_topics_and_queues_refuse_what_would_print_as_something_else(db):
+def test_names_topics_and_queues_refuse_what_would_print_as_something_else(tx):
     for name in (" ", "", " padded", "padded\t", "a\u202eb", "a\u200bb", "a\nb", "x" * 201):
-        refused(db, "create_schedule", "PS310", name=name, target="t", every="1 minute")
+        refused(tx, "create_schedule", "PS310", name=name, target="t", every="1 minute")
     for topic in ("..", ".", "a b", "t" * 250, "topic\u200b"):
-        refused(db, "create_schedule", "PS307", name="s", target=topic, every="1 minute")
+        refused(tx, "create_schedule", "PS307", name="s", target=topic, every="1 minute")
     for queue in ("", "q\u202e", " q", "q" * 41):
-        refused(db, "create_schedule", "PS307", name="s", target_kind="task", target=queue, every="1 minute")
+        refused(tx, "create_schedule", "PS307", name="s", target_kind="task", target=queue, every="1 minute")
     for note in ("two\nlines", "a\u202eb", "n" * 1001):
-        refused(db, "create_schedule", "PS312", name="s", target="t", every="1 minute", paused=True, paused_note=note)
-    assert db.call("list_schedules") == []
-    assert create(db, "Zürich-Bericht 06:00", target="a..b")["name"] == "Zürich-Bericht 06:00"
-    refused(db, "pause_schedule", "PS312", name="Zürich-Bericht 06:00", note="\u202e")
+        refused(tx, "create_schedule", "PS312", name="s", target="t", every="1 minute", paused=True, paused_note=note)
+    assert tx.call("list_schedules") == []
+    assert create(tx, "Zürich-Bericht 06:00", target="a..b")["name"] == "Zürich-Bericht 06:00"
+    refused(tx, "pause_schedule", "PS312", name="Zürich-Bericht 06:00", note="\u202e")
 
 
 # ------------------------------------------------------------------ 19, D: http targets, egress policy
 
 
-def test_http_targets_are_checked_against_the_egress_policy_at_create_and_update(db, conn):
+def test_http_targets_are_checked_against_the_egress_policy_at_create_and_update(tx):
     for url in ("http://169.254.169.254/latest/meta-data", "http://127.0.0.1:5432/", "http://localhost:6379/",
                 "http://[::1]/", "http://10.0.0.5/hook", "http://user:pass@example.com/", "http://2130706433/",
                 "https://bücher.example/", "http://example.com/\u202e", "ftp://example.com/"):
-        refused(db, "create_schedule", "PS307", name="h", target_kind="http", target=url, every="1 minute")
-    h = create(db, "h", target_kind="http", target="https://example.com/hook")
-    refused(db, "update_schedule", "PS307", name="h", target="http://192.168.1.1/")
-    k = create(db, "k")
-    refused(db, "update_schedule", "PS307", name="k", target_kind="http", target="http://127.0.0.1/")
-    conn.execute("SELECT pyscheduler.set_http_allow(ARRAY['127.0.0.0/8']::cidr[])")
-    assert create(db, "local", target_kind="http", target="http://127.0.0.1:8080/hook")["target"].startswith("http://127")
+        refused(tx, "create_schedule", "PS307", name="h", target_kind="http", target=url, every="1 minute")
+    h = create(tx, "h", target_kind="http", target="https://example.com/hook")
+    refused(tx, "update_schedule", "PS307", name="h", target="http://192.168.1.1/")
+    k = create(tx, "k")
+    refused(tx, "update_schedule", "PS307", name="k", target_kind="http", target="http://127.0.0.1/")
+    tx.execute("SELECT pyscheduler.set_http_allow(ARRAY['127.0.0.0/8']::cidr[])")
+    assert create(tx, "local", target_kind="http", target="http://127.0.0.1:8080/hook")["target"].startswith("http://127")
     assert h["target"] == "https://example.com/hook" and k["target_kind"] == "kafka"
 
 
@@ -492,12 +492,12 @@ def assert_loadable(conn, schedule_id):
     conn.execute("SELECT * FROM pyscheduler.upcoming_runs(name => %s, n => 3)", (name,)).fetchall()
 
 
-def test_poison_catalogue_every_hostile_value_is_refused_clearly_or_stored_loadable(db, conn):
+def test_poison_catalogue_every_hostile_value_is_refused_clearly_or_stored_loadable(tx):
     """Every client-writable field of create_schedule and update_schedule gets NaN, +-infinity,
     year 1 and 10000, NUL, non-UTF-8, 10 MB, control and bidi characters: each is refused with
     a data error (class 22/23, 54000, a PS3xx code, or refused by the client library before it
     is sent), never 0A000/XX000/P0001, or stored in a form every daemon loads."""
-    neighbour = create(db, "neighbour", every="1 hour")
+    neighbour = create(tx, "neighbour", every="1 hour")
     outcomes: dict[str, set] = {}
     for function in ("create_schedule", "update_schedule"):
         for field, type_ in FIELDS.items():
@@ -508,9 +508,9 @@ def test_poison_catalogue_every_hostile_value_is_refused_clearly_or_stored_loada
                 if function == "update_schedule":
                     kind = field.partition(":")[2] or "kafka"
                     target = {"kafka": "topic-a", "http": "https://example.com/", "task": "q"}[kind]
-                    create(db, name, every="1 hour", target_kind=kind, target=target, retry_attempts=0)
+                    create(tx, name, every="1 hour", target_kind=kind, target=target, retry_attempts=0)
                 try:
-                    got = hostile_call(conn, function, name, field, value)
+                    got = hostile_call(tx, function, name, field, value)
                 except psycopg.Error as exc:
                     state = exc.sqlstate
                     label = state or "client"
@@ -519,10 +519,10 @@ def test_poison_catalogue_every_hostile_value_is_refused_clearly_or_stored_loada
                         state.startswith(("22", "23", "PS3")) or state == "54000", (function, field, exc)
                 else:
                     label = "stored"
-                    assert_loadable(conn, got["id"])
+                    assert_loadable(tx, got["id"])
                 outcomes.setdefault(field, set()).add(label)
-                conn.execute("SELECT pyscheduler.delete_schedule(%s)", (name,))
-    assert_loadable(conn, neighbour["id"])
+                tx.execute("SELECT pyscheduler.delete_schedule(%s)", (name,))
+    assert_loadable(tx, neighbour["id"])
     # every field refused something, and the obviously unusable ones with their own code
     for field in ("name", "cron", "tz", "every", "start_at", "end_at", "target:kafka", "target:http", "target:task",
                   "retry_base", "retry_jitter", "catchup_window", "overlap", "paused_note"):
@@ -532,11 +532,11 @@ def test_poison_catalogue_every_hostile_value_is_refused_clearly_or_stored_loada
     for value in HOSTILE["text"]:
         try:
             fragment = "convert_from(%s::bytea, 'UTF8')" if value is NON_UTF8 else "%s"
-            conn.execute(f"SELECT pyscheduler.pause_schedule(name => 'neighbour', note => {fragment})",
+            tx.execute(f"SELECT pyscheduler.pause_schedule(name => 'neighbour', note => {fragment})",
                          (b"\xff\xfe" if value is NON_UTF8 else value,))
         except psycopg.Error as exc:
             assert exc.sqlstate is None or exc.sqlstate.startswith(("22", "PS3")), exc
-    assert_loadable(conn, neighbour["id"])
+    assert_loadable(tx, neighbour["id"])
 
 
 # ------------------------------------------------------------------ migration 0014 on existing rows

@@ -68,17 +68,17 @@ def test_list_schedules_pages_return_every_schedule_once_while_others_are_create
     assert [n for n in page_through(db, 5, name_like="m-00%") if n.count("-") == 1] == [f"m-{i:03d}" for i in range(10)]
 
 
-def test_schedule_runs_pages_newest_first_every_execution_once(db, conn):
-    s = create(db, "r", every="1 second", retry_attempts=0, catchup_window="1 day")
+def test_schedule_runs_pages_newest_first_every_execution_once(tx):
+    s = create(tx, "r", every="1 second", retry_attempts=0, catchup_window="1 day")
     t0 = datetime.fromisoformat(s["next_run_at"])
     expected = [t0 + timedelta(seconds=i) for i in range(150)]
-    conn.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
+    tx.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
                  ([s["id"]] * 150, expected, ["failed" if i % 7 == 0 else "fired" for i in range(150)],
                   [1] * 150, t0 + timedelta(seconds=150)))
 
     def walk(**kw) -> list[datetime]:
         got, before = [], None
-        while page := db.call("schedule_runs", name="r", max_runs=40, before=before, **kw):
+        while page := tx.call("schedule_runs", name="r", max_runs=40, before=before, **kw):
             got += [r["expected_at"] for r in page]
             before = page[-1]["expected_at"]
         return got
@@ -89,14 +89,14 @@ def test_schedule_runs_pages_newest_first_every_execution_once(db, conn):
     assert walk(since=expected[100]) == sorted(expected[100:], reverse=True)
 
 
-def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(db, conn):
-    t = create(db, "t", every="1 minute")
-    clone(conn, t["id"], "c-", 3000, paused="i %% 10 = 1", failures="CASE WHEN i %% 20 = 3 THEN 1 + i %% 4 ELSE 0 END")
-    conn.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
+def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(tx):
+    t = create(tx, "t", every="1 minute")
+    clone(tx, t["id"], "c-", 3000, paused="i %% 10 = 1", failures="CASE WHEN i %% 20 = 3 THEN 1 + i %% 4 ELSE 0 END")
+    tx.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
                  ([t["id"]] * 500, [datetime.fromisoformat(t["next_run_at"]) + timedelta(minutes=i) for i in range(500)],
                   ["failed" if i % 50 == 0 else "fired" for i in range(500)], [1] * 500, datetime.now(UTC)))
-    conn.execute("ANALYZE pyscheduler.schedules")
-    conn.execute("ANALYZE pyscheduler.schedule_executions")
+    tx.execute("ANALYZE pyscheduler.schedules")
+    tx.execute("ANALYZE pyscheduler.schedule_executions")
     checks = [
         ("SELECT * FROM pyscheduler.list_schedules(max_schedules => 10)", "schedules_name_key", 10),
         ("SELECT * FROM pyscheduler.list_schedules(max_schedules => 10, after_name => 'c-1500')",
@@ -107,42 +107,42 @@ def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(db, conn)
         ("SELECT * FROM pyscheduler.schedules_failing LIMIT 10", "schedules_failing_idx", 10),
     ]
     for sql, index, n in checks:
-        rows, r = reads(conn, sql, tables=("schedules",))
+        rows, r = reads(tx, sql, tables=("schedules",))
         assert len(rows) == n, sql
         assert r.seq_scans("schedules") == 0, sql
         assert 0 < r.entries(index) <= n + 2, (sql, r.returned)
     # a pattern with a literal prefix reads the names with that prefix only (100 of 3,000 here)
-    rows, r = reads(conn, "SELECT schedule ->> 'name' AS name FROM pyscheduler.list_schedules(name_like => 'c-15%%', "
+    rows, r = reads(tx, "SELECT schedule ->> 'name' AS name FROM pyscheduler.list_schedules(name_like => 'c-15%%', "
                     "max_schedules => 10, after_name => 'c-1500')", tables=("schedules",))
     assert [x["name"] for x in rows] == [f"c-{i}" for i in range(1501, 1511)]
     assert r.seq_scans("schedules") == 0
     assert r.entries("schedules_name_key") + r.entries("schedules_name_pattern_idx") <= 100 + 2, r.returned
-    failing = [row["consecutive_failures"] for row in conn.execute("SELECT * FROM pyscheduler.schedules_failing")]
+    failing = [row["consecutive_failures"] for row in tx.execute("SELECT * FROM pyscheduler.schedules_failing")]
     assert failing == sorted(failing, reverse=True) and len(failing) == 150
     for sql, index in [("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 10)", "schedule_executions_pkey"),
                        ("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 5, with_outcome => 'failed')",
                         "schedule_executions_unfired_idx")]:
-        rows, r = reads(conn, sql, tables=("schedule_executions",))
+        rows, r = reads(tx, sql, tables=("schedule_executions",))
         assert rows and r.seq_scans("schedule_executions") == 0, sql
         assert 0 < r.entries(index) <= 12, (sql, r.returned)
 
 
-def test_claim_due_critical_keeps_its_plan_whatever_the_statistics_and_the_session(db, conn):
+def test_claim_due_critical_keeps_its_plan_whatever_the_statistics_and_the_session(tx):
     """The statistics were taken while every critical schedule was a day away (issue 21's degraded
     case); then 1,500 of them fall due. Even in a session that turns index scans off, the claim
     reads schedules_critical_due_idx in due order and stops at max_schedules (before, a bitmap scan read
     every due entry and sorted them)."""
-    t = create(db, "t", critical=True)
-    clone(conn, t["id"], "k-", 4000, critical="true")
-    conn.execute("ANALYZE pyscheduler.schedules")
-    conn.execute("UPDATE pyscheduler.schedules SET next_run_at = now() - interval '1 minute' - i * interval '1 ms' "
+    t = create(tx, "t", critical=True)
+    clone(tx, t["id"], "k-", 4000, critical="true")
+    tx.execute("ANALYZE pyscheduler.schedules")
+    tx.execute("UPDATE pyscheduler.schedules SET next_run_at = now() - interval '1 minute' - i * interval '1 ms' "
                  "FROM generate_series(1, 1500) i WHERE name = 'k-' || lpad(i::text, 4, '0')")
-    conn.execute("SET enable_indexscan = off")
-    rows, r = reads(conn, "SELECT * FROM pyscheduler.claim_due_critical(max_schedules => 100)", tables=("schedules",))
+    tx.execute("SET enable_indexscan = off")
+    rows, r = reads(tx, "SELECT * FROM pyscheduler.claim_due_critical(max_schedules => 100)", tables=("schedules",))
     assert len(rows) == 100
     due = sorted(rows, key=lambda x: x["expected_at"])
     assert due[0]["expected_at"] < due[-1]["expected_at"]  # the oldest due first: k-1500 .. k-1401
-    assert {x["id"] for x in rows} == {x["id"] for x in conn.execute(
+    assert {x["id"] for x in rows} == {x["id"] for x in tx.execute(
         "SELECT id FROM pyscheduler.schedules WHERE name >= 'k-1401' AND name <= 'k-1500'").fetchall()}
     assert r.seq_scans("schedules") == 0
     assert r.entries("schedules_critical_due_idx") <= 110, r.returned
@@ -180,12 +180,12 @@ def test_the_due_views_and_the_late_count_read_only_the_entries_they_return(db, 
     assert rows[0]["n"] == 40 and r.entries("schedules_due_idx") <= 41, r.returned
 
 
-def test_the_views_ask_who_sees_targets_once_per_query(conn):
+def test_the_views_ask_who_sees_targets_once_per_query(tx):
     """The views decide whether their reader sees a target by testing each row's owner against
     _seen_owners(), evaluated once per query (an InitPlan), not by a call per row (a call
     through a SECURITY DEFINER function cost ~65 us a row)."""
     for view in ("schedules_due_soon", "schedules_late", "schedules_paused", "schedules_failing"):
-        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(f"EXPLAIN SELECT * FROM pyscheduler.{view} LIMIT 100"))
+        plan = "\n".join(r["QUERY PLAN"] for r in tx.execute(f"EXPLAIN SELECT * FROM pyscheduler.{view} LIMIT 100"))
         assert "InitPlan" in plan and "SubPlan" not in plan, (view, plan)
-        defn = conn.execute("SELECT pg_get_viewdef(%s::regclass) AS d", (f"pyscheduler.{view}",)).fetchone()["d"]
+        defn = tx.execute("SELECT pg_get_viewdef(%s::regclass) AS d", (f"pyscheduler.{view}",)).fetchone()["d"]
         assert "_seen_owners()" in defn and "_may_act" not in defn, view

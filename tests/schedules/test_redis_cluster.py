@@ -107,26 +107,26 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def test_claim_due_critical_shards_claims_only_those_shards(conn):
+def test_claim_due_critical_shards_claims_only_those_shards(tx):
     """claim_due_critical_shards: the due critical schedules of the given shards (id mod
     count), nothing else; bad shard arguments are PS312."""
     import psycopg
     from datetime import timedelta
 
-    start = conn.execute("SELECT date_trunc('second', now()) + interval '1 hour' AS t").fetchone()["t"]
-    conn.execute("SELECT pyscheduler.create_schedule(name => 'c' || i, target => 't', every => '10 seconds', "
+    start = tx.execute("SELECT date_trunc('second', now()) + interval '1 hour' AS t").fetchone()["t"]
+    tx.execute("SELECT pyscheduler.create_schedule(name => 'c' || i, target => 't', every => '10 seconds', "
                  "start_at => %s, critical => true) FROM generate_series(1, 30) i", (start,))
-    conn.execute("SELECT pyscheduler.create_schedule(name => 'plain', target => 't', every => '10 seconds', "
+    tx.execute("SELECT pyscheduler.create_schedule(name => 'plain', target => 't', every => '10 seconds', "
                  "start_at => %s)", (start,))
     now = start + timedelta(milliseconds=1)
     claim = "SELECT * FROM pyscheduler._claim_due_critical(100, '30 seconds', %s, %s, 3)"
-    got = conn.execute(claim, (now, [0, 2])).fetchall()
+    got = tx.execute(claim, (now, [0, 2])).fetchall()
     assert len(got) == 20 and {r["id"] % 3 for r in got} == {0, 2}
-    assert {r["id"] % 3 for r in conn.execute(claim, (now, [1])).fetchall()} == {1}
-    assert conn.execute(claim, (now, [0, 1, 2])).fetchall() == []  # all claimed for 30 s
+    assert {r["id"] % 3 for r in tx.execute(claim, (now, [1])).fetchall()} == {1}
+    assert tx.execute(claim, (now, [0, 1, 2])).fetchall() == []  # all claimed for 30 s
     for shards, count in (([3], 3), ([], 3), ([None], 3), ([0], 0), (None, 3)):
         with pytest.raises(psycopg.Error) as err:
-            conn.execute("SELECT * FROM pyscheduler.claim_due_critical_shards(%s, %s)", (shards, count))
+            tx.execute("SELECT * FROM pyscheduler.claim_due_critical_shards(%s, %s)", (shards, count))
         assert err.value.sqlstate == "PS312"
 
 

@@ -51,12 +51,12 @@ def code(exc_info) -> str:
 # ------------------------------------------------------------------ validation
 
 
-def test_retry_worst_case_is_the_seeds_2900_ms(db):
-    assert db.call_value("retry_worst_case", attempts=3, base="200 milliseconds",
+def test_retry_worst_case_is_the_seeds_2900_ms(tx):
+    assert tx.call_value("retry_worst_case", attempts=3, base="200 milliseconds",
                          jitter_limit="500 milliseconds") == timedelta(milliseconds=2900)
-    assert db.call_value("retry_worst_case", attempts=0, base="1 second", jitter_limit="1 second") == timedelta(0)
+    assert tx.call_value("retry_worst_case", attempts=0, base="1 second", jitter_limit="1 second") == timedelta(0)
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call_value("retry_worst_case", attempts=-1)
+        tx.call_value("retry_worst_case", attempts=-1)
     assert code(info) == "PS309"
 
 
@@ -94,13 +94,13 @@ BAD = [
 ]
 
 
-def test_bad_input_gets_its_code_names_the_field_and_breaks_nothing(db):
-    create(db, name="good", every="1 minute")
+def test_bad_input_gets_its_code_names_the_field_and_breaks_nothing(tx):
+    create(tx, name="good", every="1 minute")
     for sqlstate, kw in BAD:  # one database for all cases: each error must leave it intact
         kw = dict(kw)
         name = kw.pop("name", "bad")
         with pytest.raises(errors.InvalidSchedule) as info:
-            create(db, name=name, **kw)
+            create(tx, name=name, **kw)
         assert code(info) == sqlstate, kw
         assert not errors.is_retryable(info.value) and errors.rejects_arguments(info.value)
         field = {"PS301": "cron", "PS302": "every", "PS303": "tz", "PS304": "end_at", "PS305": "recurrence",
@@ -108,36 +108,36 @@ def test_bad_input_gets_its_code_names_the_field_and_breaks_nothing(db):
                  "PS312": next(iter(k for k in kw if k not in ("every", "cron")), ""), "PS313": "cron"}[sqlstate]
         assert field in str(info.value), (sqlstate, str(info.value))
         # nothing half-made, the other schedule untouched
-        assert [s["schedule"]["name"] for s in db.call("list_schedules")] == ["good"]
-    assert create(db, name="good2", every="1 minute")["name"] == "good2"
+        assert [s["schedule"]["name"] for s in tx.call("list_schedules")] == ["good"]
+    assert create(tx, name="good2", every="1 minute")["name"] == "good2"
 
 
-def test_cron_errors_name_the_field(db):
+def test_cron_errors_name_the_field(tx):
     with pytest.raises(errors.InvalidSchedule, match="hour field '25'"):
-        create(db, cron="0 25 * * *")
+        create(tx, cron="0 25 * * *")
     with pytest.raises(errors.InvalidSchedule, match="day-of-week field 'funday'"):
-        create(db, cron="0 0 * * funday")
+        create(tx, cron="0 0 * * funday")
 
 
-def test_payload_limit_is_a_setting(db, conn):
-    conn.execute("UPDATE pyscheduler.settings SET value = '100' WHERE name = 'schedules_max_payload_bytes'")
+def test_payload_limit_is_a_setting(tx):
+    tx.execute("UPDATE pyscheduler.settings SET value = '100' WHERE name = 'schedules_max_payload_bytes'")
     with pytest.raises(errors.InvalidSchedule) as info:
-        create(db, payload=Jsonb({"x": "y" * 100}))
+        create(tx, payload=Jsonb({"x": "y" * 100}))
     assert code(info) == "PS308" and "limit of 100 bytes" in str(info.value)
-    assert create(db, payload=Jsonb({"x": 1}))["payload"] == {"x": 1}
+    assert create(tx, payload=Jsonb({"x": 1}))["payload"] == {"x": 1}
 
 
-def test_unknown_and_duplicate_names(db):
-    create(db, name="dup")
+def test_unknown_and_duplicate_names(tx):
+    create(tx, name="dup")
     with pytest.raises(errors.ScheduleExists) as info:
-        create(db, name="dup")
+        create(tx, name="dup")
     assert code(info) == "PS311"
     for function in ("get_schedule", "pause_schedule", "resume_schedule", "trigger_schedule", "schedule_runs",
                      "execution_count", "update_schedule"):
         with pytest.raises(errors.ScheduleNotFound) as info:
-            db.call(function, name="nope")
+            tx.call(function, name="nope")
         assert code(info) == "PS300", function
-    assert db.call_value("delete_schedule", name="nope") is False
+    assert tx.call_value("delete_schedule", name="nope") is False
 
 
 # ------------------------------------------------------------------ cron against croniter
@@ -173,7 +173,7 @@ INSTANT = st.datetimes(min_value=datetime(1995, 1, 1), max_value=datetime(2045, 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(expr=CRON, after=INSTANT)
-def test_next_cron_time_matches_croniter_in_utc(conn, expr, after):
+def test_next_cron_time_matches_croniter_in_utc(tx, expr, after):
     six = len(expr.split()) == 6
     dom, dow = expr.split()[-3], expr.split()[-1]
     expanded = croniter(expr, second_at_beginning=six).expanded
@@ -187,19 +187,19 @@ def test_next_cron_time_matches_croniter_in_utc(conn, expr, after):
     try:
         expected = [oracle.get_next(datetime) for _ in range(3)]
     except CroniterBadDateError:  # e.g. the 31st of a month with 30 days: never
-        assert conn.execute("SELECT pyscheduler.next_cron_time(expr => %s, after => %s) AS t",
+        assert tx.execute("SELECT pyscheduler.next_cron_time(expr => %s, after => %s) AS t",
                             (expr, after)).fetchone()["t"] is None
         return
     got, t = [], after
     for _ in range(3):
-        t = conn.execute("SELECT pyscheduler.next_cron_time(expr => %s, after => %s) AS t", (expr, t)).fetchone()["t"]
+        t = tx.execute("SELECT pyscheduler.next_cron_time(expr => %s, after => %s) AS t", (expr, t)).fetchone()["t"]
         got.append(t)
     assert got == expected, expr
 
 
-def test_cron_supports_names_macros_sunday_7_and_the_vixie_day_rule(db):
+def test_cron_supports_names_macros_sunday_7_and_the_vixie_day_rule(tx):
     def nxt(expr, after):
-        return db.call_value("next_cron_time", expr=expr, after=after)
+        return tx.call_value("next_cron_time", expr=expr, after=after)
 
     monday = datetime(2024, 1, 1, tzinfo=UTC)  # a Monday
     assert nxt("0 9 * * MON-FRI", datetime(2024, 1, 6, tzinfo=UTC)) == datetime(2024, 1, 8, 9, tzinfo=UTC)
@@ -213,7 +213,7 @@ def test_cron_supports_names_macros_sunday_7_and_the_vixie_day_rule(db):
     assert nxt("0 0 29 2 *", datetime(2024, 3, 1, tzinfo=UTC)) == datetime(2028, 2, 29, tzinfo=UTC)
     assert nxt("0 0 30 2 *", monday) is None  # never
     with pytest.raises(errors.InvalidSchedule) as info:
-        db.call_value("next_cron_time", expr="0 0 * * *", tz="Nowhere/City")
+        tx.call_value("next_cron_time", expr="0 0 * * *", tz="Nowhere/City")
     assert code(info) == "PS303"
 
 
@@ -233,7 +233,7 @@ def fire_times(conn, expr, tz, start, n):
     ("Europe/Berlin", datetime(2024, 3, 31), datetime(2024, 10, 27)),
     ("America/New_York", datetime(2024, 3, 10), datetime(2024, 11, 3)),
 ])
-def test_daylight_saving_rules(conn, tz, spring, fall):
+def test_daylight_saving_rules(tx, tz, spring, fall):
     zone = ZoneInfo(tz)
     gap_hour = 2  # both zones skip 02:00-03:00 in spring and repeat an hour in autumn
     repeat_hour = 2 if tz == "Europe/Berlin" else 1
@@ -243,70 +243,70 @@ def test_daylight_saving_rules(conn, tz, spring, fall):
         return day.replace(hour=hour, minute=minute, tzinfo=zone, fold=fold).astimezone(UTC)
 
     # spring forward: 02:30 does not exist -> once, at the first instant after the gap
-    times = fire_times(conn, f"30 {gap_hour} * * *", tz, local(spring - timedelta(days=1), 0), 3)
+    times = fire_times(tx, f"30 {gap_hour} * * *", tz, local(spring - timedelta(days=1), 0), 3)
     assert times[0] == local(spring - timedelta(days=1), gap_hour, 30)
     assert times[1] == local(spring, 3, 0)  # 03:00 summer time
     assert times[1].astimezone(zone).utcoffset() > times[0].astimezone(zone).utcoffset()
     assert times[2] == local(spring + timedelta(days=1), gap_hour, 30)
     # fall back: the repeated 01:30/02:30 fires once, at the first (summer time)
-    times = fire_times(conn, f"30 {repeat_hour} * * *", tz, local(fall - timedelta(days=1), 12), 2)
+    times = fire_times(tx, f"30 {repeat_hour} * * *", tz, local(fall - timedelta(days=1), 12), 2)
     assert times[0] == local(fall, repeat_hour, 30, fold=0)
     assert times[1] == local(fall + timedelta(days=1), repeat_hour, 30)
     # wildcard hour: by elapsed time, no gap and no repeat, across both transitions
     for day in (spring, fall):
-        times = fire_times(conn, "*/15 * * * *", tz, local(day, 0), 4 * 6)
+        times = fire_times(tx, "*/15 * * * *", tz, local(day, 0), 4 * 6)
         assert all(b - a == timedelta(minutes=15) for a, b in zip(times, times[1:])), times
         assert len(set(times)) == len(times)
-    hourly = fire_times(conn, "0 * * * *", tz, local(fall, 0), 4)
+    hourly = fire_times(tx, "0 * * * *", tz, local(fall, 0), 4)
     assert [b - a for a, b in zip(hourly, hourly[1:])] == [timedelta(hours=1)] * 3
 
 
 # ------------------------------------------------------------------ model: intervals, upcoming runs
 
 
-def test_interval_schedules_are_aligned_and_upcoming_runs_show_them(db, conn):
-    s = create(db, every="1 hour")
+def test_interval_schedules_are_aligned_and_upcoming_runs_show_them(tx):
+    s = create(tx, every="1 hour")
     nxt = datetime.fromisoformat(s["next_run_at"])
     assert nxt.minute == nxt.second == nxt.microsecond == 0 and nxt > datetime.now(UTC) - timedelta(seconds=5)
-    upcoming = [r["run_at"] for r in db.call("upcoming_runs", name="s", n=3)]
+    upcoming = [r["run_at"] for r in tx.call("upcoming_runs", name="s", n=3)]
     assert upcoming == [nxt + timedelta(hours=h) for h in range(3)]
     start = datetime(2031, 5, 5, 10, 7, 3, 250000, tzinfo=UTC)
-    s2 = create(db, name="anchored", every="90 seconds", start_at=start, max_runs=2)
+    s2 = create(tx, name="anchored", every="90 seconds", start_at=start, max_runs=2)
     assert datetime.fromisoformat(s2["next_run_at"]) == start
-    assert [r["run_at"] for r in db.call("upcoming_runs", name="anchored", n=5)] == [
+    assert [r["run_at"] for r in tx.call("upcoming_runs", name="anchored", n=5)] == [
         start, start + timedelta(seconds=90)]
     # an expression can be checked before creating anything
-    rows = conn.execute("SELECT run_at FROM pyscheduler._upcoming_runs(NULL, 3, '0 12 * * *', NULL, 'Europe/Berlin', "
+    rows = tx.execute("SELECT run_at FROM pyscheduler._upcoming_runs(NULL, 3, '0 12 * * *', NULL, 'Europe/Berlin', "
                         "NULL, '2031-01-01T00:00:00Z')").fetchall()
     assert [r["run_at"] for r in rows] == [datetime(2031, 1, d, 11, tzinfo=UTC) for d in (1, 2, 3)]
-    assert len(db.call("upcoming_runs", cron="*/5 * * * *", n=4)) == 4
+    assert len(tx.call("upcoming_runs", cron="*/5 * * * *", n=4)) == 4
 
 
 # ------------------------------------------------------------------ executions
 
 
-def test_an_execution_recorded_twice_counts_once(db, conn):
-    s = create(db)
+def test_an_execution_recorded_twice_counts_once(tx):
+    s = create(tx)
     t = datetime.fromisoformat(s["next_run_at"])
-    first = record(conn, s["id"], t, t + timedelta(milliseconds=30))
+    first = record(tx, s["id"], t, t + timedelta(milliseconds=30))
     assert first["recorded"] and first["next_run_at"] == t + timedelta(seconds=10)
-    again = record(conn, s["id"], t, t + timedelta(milliseconds=900))
+    again = record(tx, s["id"], t, t + timedelta(milliseconds=900))
     assert not again["recorded"] and again["next_run_at"] == t + timedelta(seconds=10)
-    assert db.call_value("execution_count", name="s") == 1
-    [run] = runs(db, "s")
+    assert tx.call_value("execution_count", name="s") == 1
+    [run] = runs(tx, "s")
     assert (run["outcome"], run["attempts"], run["lateness"]) == ("fired", 1, timedelta(milliseconds=30))
 
 
-def test_a_batch_mixing_the_set_based_and_the_row_by_row_path_records_each_occurrence_once(db, conn):
-    a, b, c, d = (create(db, name) for name in "abcd")
+def test_a_batch_mixing_the_set_based_and_the_row_by_row_path_records_each_occurrence_once(tx):
+    a, b, c, d = (create(tx, name) for name in "abcd")
     t = {x["id"]: datetime.fromisoformat(x["next_run_at"]) for x in (a, b, c, d)}
     # c's regular occurrence was recorded already (and its schedule not moved on)
-    conn.execute("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, "
+    tx.execute("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, "
                  "attempts, fired_at) VALUES (%s, %s, 'fired', false, 1, now())", (c["id"], t[c["id"]]))
     now = max(t.values()) + timedelta(milliseconds=20)
     ids = [a["id"], b["id"], b["id"], c["id"], d["id"]]  # b twice in one batch
     expected = [t[a["id"]], t[b["id"]], t[b["id"]], t[c["id"]], t[d["id"]] - timedelta(seconds=10)]  # d: stale
-    rows = conn.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
+    rows = tx.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
                         (ids, expected, ["fired", "fired", "fired", "failed", "fired"], [1] * 5, now)).fetchall()
     got = sorted((r["id"], r["expected_at"], r["recorded"], r["next_run_at"]) for r in rows)
     ten = timedelta(seconds=10)
@@ -315,174 +315,174 @@ def test_a_batch_mixing_the_set_based_and_the_row_by_row_path_records_each_occur
         (b["id"], t[b["id"]], True, t[b["id"]] + ten), (b["id"], t[b["id"]], False, t[b["id"]] + ten),
         (c["id"], t[c["id"]], False, t[c["id"]] + ten),  # moved on, counted nothing
         (d["id"], t[d["id"]] - ten, True, t[d["id"]])])  # a stale occurrence: recorded, moves nothing
-    assert [db.call_value("execution_count", name=n) for n in "abcd"] == [1, 1, 0, 1]
-    assert db.call_value("execution_count", name="c", outcome="failed") == 0
+    assert [tx.call_value("execution_count", name=n) for n in "abcd"] == [1, 1, 0, 1]
+    assert tx.call_value("execution_count", name="c", outcome="failed") == 0
 
 
-def test_critical_due_at_is_the_due_time_of_critical_schedules_only(db, conn):
+def test_critical_due_at_is_the_due_time_of_critical_schedules_only(tx):
     """critical_due_at (what the Postgres-only claim scans) is due_at for a critical schedule and
     NULL for the others, so claim_due_critical's index holds the critical ones only."""
-    crit = create(db, "crit", critical=True)
-    plain = create(db, "plain")
-    rows = {r["id"]: r for r in conn.execute(
+    crit = create(tx, "crit", critical=True)
+    plain = create(tx, "plain")
+    rows = {r["id"]: r for r in tx.execute(
         "SELECT id, critical_due_at, due_at FROM pyscheduler.schedules WHERE id IN (%s, %s)",
         (crit["id"], plain["id"])).fetchall()}
     assert rows[crit["id"]]["critical_due_at"] == rows[crit["id"]]["due_at"] is not None
     assert rows[plain["id"]]["critical_due_at"] is None and rows[plain["id"]]["due_at"] is not None
 
 
-def test_delete_schedule_deletes_its_executions(db, conn):
-    s = create(db)
+def test_delete_schedule_deletes_its_executions(tx):
+    s = create(tx)
     t = datetime.fromisoformat(s["next_run_at"])
-    record(conn, s["id"], t, t)
-    keep = create(db, "keep")
-    record(conn, keep["id"], datetime.fromisoformat(keep["next_run_at"]), t)
-    assert db.call_value("delete_schedule", name="s")
-    left = conn.execute("SELECT schedule_id FROM pyscheduler.schedule_executions").fetchall()
+    record(tx, s["id"], t, t)
+    keep = create(tx, "keep")
+    record(tx, keep["id"], datetime.fromisoformat(keep["next_run_at"]), t)
+    assert tx.call_value("delete_schedule", name="s")
+    left = tx.execute("SELECT schedule_id FROM pyscheduler.schedule_executions").fetchall()
     assert left == [{"schedule_id": keep["id"]}]
 
 
-def test_fire_details_are_in_the_executors_forms(db, conn):
-    s = create(db, payload=Jsonb({"b": [1, 2], "a": "x"}), retry_base="250 milliseconds", retry_jitter="1 second",
+def test_fire_details_are_in_the_executors_forms(tx):
+    s = create(tx, payload=Jsonb({"b": [1, 2], "a": "x"}), retry_base="250 milliseconds", retry_jitter="1 second",
                catchup_window="90 seconds")
-    d = conn.execute("SELECT * FROM pyscheduler.fire_details(ids => %s)", ([s["id"], -1],)).fetchall()
+    d = tx.execute("SELECT * FROM pyscheduler.fire_details(ids => %s)", ([s["id"], -1],)).fetchall()
     assert d[0]["payload"] == '{"a": "x", "b": [1, 2]}'  # the stored JSON text, not decoded
     assert (d[0]["retry_base_ms"], d[0]["retry_jitter_ms"], d[0]["catchup_window_ms"]) == (250, 1000, 90000)
     assert d[0]["version"] == round(datetime.fromisoformat(s["updated"]).timestamp() * 1000)
     assert d[0]["active"] and not d[1]["active"] and d[1]["name"] is None
 
 
-def test_the_next_run_is_computed_from_the_expected_time_not_from_now(db, conn):
-    s = create(db)
+def test_the_next_run_is_computed_from_the_expected_time_not_from_now(tx):
+    s = create(tx)
     t = datetime.fromisoformat(s["next_run_at"])
-    row = record(conn, s["id"], t, t + timedelta(seconds=7))  # late, within the catch-up window
+    row = record(tx, s["id"], t, t + timedelta(seconds=7))  # late, within the catch-up window
     assert row["next_run_at"] == t + timedelta(seconds=10)
 
 
-def test_catch_up_after_the_executors_were_down_three_intervals(db, conn):
-    s = create(db, catchup_window="15 seconds")
+def test_catch_up_after_the_executors_were_down_three_intervals(tx):
+    s = create(tx, catchup_window="15 seconds")
     t0 = datetime.fromisoformat(s["next_run_at"])
-    record(conn, s["id"], t0, t0)
+    record(tx, s["id"], t0, t0)
     # down from t0 to t0 + 45 s: t0+10 and t0+20 are older than the window, t0+30 and t0+40 within
     now = t0 + timedelta(seconds=45)
-    details = conn.execute("SELECT * FROM pyscheduler.fire_details(ids => %s)", ([s["id"]],)).fetchone()
+    details = tx.execute("SELECT * FROM pyscheduler.fire_details(ids => %s)", ([s["id"]],)).fetchone()
     stale = t0 + timedelta(seconds=10)
     assert details["catchup_window_ms"] == 15_000 and stale < now - timedelta(milliseconds=details["catchup_window_ms"])
-    row = record(conn, s["id"], stale, now, outcome="missed", attempts=0)
+    row = record(tx, s["id"], stale, now, outcome="missed", attempts=0)
     assert row["next_run_at"] == t0 + timedelta(seconds=30)
-    row = record(conn, s["id"], row["next_run_at"], now)  # fired, oldest first
+    row = record(tx, s["id"], row["next_run_at"], now)  # fired, oldest first
     assert row["next_run_at"] == t0 + timedelta(seconds=40)
-    row = record(conn, s["id"], row["next_run_at"], now + timedelta(milliseconds=5))
+    row = record(tx, s["id"], row["next_run_at"], now + timedelta(milliseconds=5))
     assert row["next_run_at"] == t0 + timedelta(seconds=50)
-    history = sorted(runs(db, "s"), key=lambda r: r["expected_at"])
+    history = sorted(runs(tx, "s"), key=lambda r: r["expected_at"])
     assert [(r["expected_at"] - t0, r["outcome"], r["missed_count"]) for r in history] == [
         (timedelta(0), "fired", None), (timedelta(seconds=10), "missed", 2),
         (timedelta(seconds=30), "fired", None), (timedelta(seconds=40), "fired", None)]
-    sched = db.call_value("get_schedule", name="s")
+    sched = tx.call_value("get_schedule", name="s")
     assert (sched["fired_count"], sched["missed_count"]) == (3, 2)
 
 
-def test_a_stale_occurrence_fired_anyway_and_a_very_long_outage_never_stop_a_schedule(db, conn):
-    s = create(db, catchup_window="1 minute")
+def test_a_stale_occurrence_fired_anyway_and_a_very_long_outage_never_stop_a_schedule(tx):
+    s = create(tx, catchup_window="1 minute")
     t0 = datetime.fromisoformat(s["next_run_at"])
     now = t0 + timedelta(days=30)  # 259,200 intervals
-    row = record(conn, s["id"], t0, now)
+    row = record(tx, s["id"], t0, now)
     assert row["recorded"] and now - timedelta(minutes=1) <= row["next_run_at"] <= now
     assert row["next_run_at"] == now - timedelta(minutes=1)  # the oldest occurrence within the window
-    [missed] = [r for r in runs(db, "s") if r["outcome"] == "missed"]
+    [missed] = [r for r in runs(tx, "s") if r["outcome"] == "missed"]
     # t0 + 10 s .. now - 70 s: every occurrence older than the window, in one summary row
     assert (missed["expected_at"], missed["missed_count"]) == (t0 + timedelta(seconds=10), 259_193)
-    assert db.call_value("execution_count", name="s", outcome="missed") == 259_193
+    assert tx.call_value("execution_count", name="s", outcome="missed") == 259_193
     # a cron schedule too
-    c = create(db, name="c", cron="*/10 * * * * *", catchup_window="1 minute")
+    c = create(tx, name="c", cron="*/10 * * * * *", catchup_window="1 minute")
     t = datetime.fromisoformat(c["next_run_at"])
-    row = record(conn, c["id"], t, t + timedelta(days=3))
+    row = record(tx, c["id"], t, t + timedelta(days=3))
     assert row["next_run_at"] >= t + timedelta(days=3) - timedelta(minutes=1)
 
 
-def test_end_at_and_max_runs_end_the_schedule(db, conn):
-    s = create(db, max_runs=2)
+def test_end_at_and_max_runs_end_the_schedule(tx):
+    s = create(tx, max_runs=2)
     t = datetime.fromisoformat(s["next_run_at"])
-    assert record(conn, s["id"], t, t)["next_run_at"] == t + timedelta(seconds=10)
-    assert record(conn, s["id"], t + timedelta(seconds=10), t + timedelta(seconds=10))["next_run_at"] is None
-    assert not entry(conn, s["id"])["active"]
-    assert db.call_value("execution_count", name="s", outcome="runs") == 2
+    assert record(tx, s["id"], t, t)["next_run_at"] == t + timedelta(seconds=10)
+    assert record(tx, s["id"], t + timedelta(seconds=10), t + timedelta(seconds=10))["next_run_at"] is None
+    assert not entry(tx, s["id"])["active"]
+    assert tx.call_value("execution_count", name="s", outcome="runs") == 2
 
     start = (datetime.now(UTC) + timedelta(hours=1)).replace(microsecond=0)
-    e = create(db, name="e", every="10 seconds", start_at=start, end_at=start + timedelta(seconds=15))
+    e = create(tx, name="e", every="10 seconds", start_at=start, end_at=start + timedelta(seconds=15))
     t = datetime.fromisoformat(e["next_run_at"])
     assert t == start
-    assert record(conn, e["id"], t, t)["next_run_at"] == t + timedelta(seconds=10)
-    assert record(conn, e["id"], t + timedelta(seconds=10), t + timedelta(seconds=10))["next_run_at"] is None
-    assert db.call("upcoming_runs", name="e") == []
+    assert record(tx, e["id"], t, t)["next_run_at"] == t + timedelta(seconds=10)
+    assert record(tx, e["id"], t + timedelta(seconds=10), t + timedelta(seconds=10))["next_run_at"] is None
+    assert tx.call("upcoming_runs", name="e") == []
     # lifting the limit restarts it
-    assert db.call_value("update_schedule", name="e", end_at="infinity")["next_run_at"] is not None
+    assert tx.call_value("update_schedule", name="e", end_at="infinity")["next_run_at"] is not None
 
 
-def test_pause_resume_and_trigger(db, conn):
-    s = create(db, every="1 hour")
+def test_pause_resume_and_trigger(tx):
+    s = create(tx, every="1 hour")
     regular = datetime.fromisoformat(s["next_run_at"])
-    paused = db.call_value("pause_schedule", name="s", note="maintenance")
+    paused = tx.call_value("pause_schedule", name="s", note="maintenance")
     assert paused["paused"] and paused["paused_note"] == "maintenance" and paused["due_at"] is None
-    assert not entry(conn, s["id"])["active"]
-    assert [r["name"] for r in db.query("SELECT * FROM pyscheduler.schedules_paused")] == ["s"]
+    assert not entry(tx, s["id"])["active"]
+    assert [r["name"] for r in tx.query("SELECT * FROM pyscheduler.schedules_paused")] == ["s"]
     # a trigger fires even while paused, out of band, without moving the regular run
-    trig = db.call_value("trigger_schedule", name="s")
+    trig = tx.call_value("trigger_schedule", name="s")
     due = datetime.fromisoformat(trig["due_at"])
-    assert entry(conn, s["id"])["active"] and due == datetime.fromisoformat(trig["trigger_at"])
-    row = record(conn, s["id"], due, due + timedelta(milliseconds=3))
+    assert entry(tx, s["id"])["active"] and due == datetime.fromisoformat(trig["trigger_at"])
+    row = record(tx, s["id"], due, due + timedelta(milliseconds=3))
     assert row["recorded"] and row["next_run_at"] is None  # paused again: nothing due
-    [run] = runs(db, "s")
+    [run] = runs(tx, "s")
     assert run["triggered"] and run["outcome"] == "fired"
-    resumed = db.call_value("resume_schedule", name="s")
+    resumed = tx.call_value("resume_schedule", name="s")
     assert not resumed["paused"] and datetime.fromisoformat(resumed["next_run_at"]) == regular
-    assert db.call_value("execution_count", name="s") == 1
-    assert db.call_value("execution_count", name="s", outcome="runs") == 0  # triggers do not count
+    assert tx.call_value("execution_count", name="s") == 1
+    assert tx.call_value("execution_count", name="s", outcome="runs") == 0  # triggers do not count
 
 
-def test_resume_skips_the_occurrences_of_the_pause(db, conn):
-    s = create(db)
-    db.call("pause_schedule", name="s")
+def test_resume_skips_the_occurrences_of_the_pause(tx):
+    s = create(tx)
+    tx.call("pause_schedule", name="s")
     later = datetime.now(UTC) + timedelta(hours=2)
-    resumed = conn.execute("SELECT pyscheduler._resume_schedule('s', %s) AS s", (later,)).fetchone()["s"]
+    resumed = tx.execute("SELECT pyscheduler._resume_schedule('s', %s) AS s", (later,)).fetchone()["s"]
     assert datetime.fromisoformat(resumed["next_run_at"]) >= later
-    assert db.call_value("execution_count", name="s", outcome="missed") == 0
+    assert tx.call_value("execution_count", name="s", outcome="missed") == 0
 
 
-def test_a_stale_record_moves_nothing_and_returns_the_current_due_time(db, conn):
-    s = create(db)
+def test_a_stale_record_moves_nothing_and_returns_the_current_due_time(tx):
+    s = create(tx)
     t = datetime.fromisoformat(s["next_run_at"])
-    db.call("update_schedule", name="s", every="20 seconds")
-    current = datetime.fromisoformat(db.call_value("get_schedule", name="s")["next_run_at"])
-    row = record(conn, s["id"], t - timedelta(seconds=100), t)
+    tx.call("update_schedule", name="s", every="20 seconds")
+    current = datetime.fromisoformat(tx.call_value("get_schedule", name="s")["next_run_at"])
+    row = record(tx, s["id"], t - timedelta(seconds=100), t)
     assert row["recorded"] and row["next_run_at"] == current
 
 
-def test_failures_show_in_the_failing_view_and_record_rejects_bad_outcomes(db, conn):
-    s = create(db)
+def test_failures_show_in_the_failing_view_and_record_rejects_bad_outcomes(tx):
+    s = create(tx)
     t = datetime.fromisoformat(s["next_run_at"])
-    record(conn, s["id"], t, t, outcome="failed", attempts=4, error="HTTP 503")
-    [row] = db.query("SELECT * FROM pyscheduler.schedules_failing")
+    record(tx, s["id"], t, t, outcome="failed", attempts=4, error="HTTP 503")
+    [row] = tx.query("SELECT * FROM pyscheduler.schedules_failing")
     assert (row["name"], row["consecutive_failures"], row["last_error"]) == ("s", 1, "HTTP 503")
     with pytest.raises(psycopg.Error) as info:
-        record(conn, s["id"], t + timedelta(seconds=10), t, outcome="exploded")
+        record(tx, s["id"], t + timedelta(seconds=10), t, outcome="exploded")
     assert info.value.sqlstate == "PS312"
     with pytest.raises(errors.InvalidSchedule):
-        db.call("record_executions", ids=[s["id"], s["id"]], expected=[t], outcomes=["fired"], attempts=[1])
-    assert len(runs(db, "s")) == 1
+        tx.call("record_executions", ids=[s["id"], s["id"]], expected=[t], outcomes=["fired"], attempts=[1])
+    assert len(runs(tx, "s")) == 1
 
 
-def test_purge_deletes_old_executions_in_batches_and_keeps_the_counts(db, conn):
-    s = create(db)
+def test_purge_deletes_old_executions_in_batches_and_keeps_the_counts(tx):
+    s = create(tx)
     t = datetime.fromisoformat(s["next_run_at"])
     for i in range(5):
-        record(conn, s["id"], t + timedelta(seconds=10 * i), t + timedelta(seconds=10 * i))
+        record(tx, s["id"], t + timedelta(seconds=10 * i), t + timedelta(seconds=10 * i))
     later = t + timedelta(days=31)
-    purged = [conn.execute("SELECT pyscheduler._purge_executions(2, %s) AS n", (later,)).fetchone()["n"]
+    purged = [tx.execute("SELECT pyscheduler._purge_executions(2, %s) AS n", (later,)).fetchone()["n"]
               for _ in range(4)]
     assert purged == [2, 2, 1, 0]
-    assert runs(db, "s") == [] and db.call_value("execution_count", name="s") == 5
-    assert db.call_value("purge_executions") == 0  # recent ones stay
+    assert runs(tx, "s") == [] and tx.call_value("execution_count", name="s") == 5
+    assert tx.call_value("purge_executions") == 0  # recent ones stay
 
 
 # ------------------------------------------------------------------ task targets
@@ -516,47 +516,47 @@ def finish_one(db, queue):
     ("skip", ["fired", "skipped_overlap", "skipped_overlap", "fired"]),
     ("buffer_one", ["fired", "fired", "skipped_overlap", "fired"]),
 ])
-def test_overlap_policies_with_real_tasks(db, conn, overlap, outcomes):
-    s = task_schedule(db, overlap)
+def test_overlap_policies_with_real_tasks(tx, overlap, outcomes):
+    s = task_schedule(tx, overlap)
     got = []
     for i in range(3):
-        fire_task(conn, s)
-        got.append(last_outcome(db, s["name"]))
+        fire_task(tx, s)
+        got.append(last_outcome(tx, s["name"]))
         if i == 0:  # the first task is running (leased, not finished)
-            task = db.call_value("lease_task", queue=f"q-{overlap}", worker="worker-1")
+            task = tx.call_value("lease_task", queue=f"q-{overlap}", worker="worker-1")
             assert task["spec"]["report"] == "daily" and task["priority"] == 7
             key = task["spec"]["pyscheduler"]["idempotency_key"]
             assert key.startswith(f"{s['id']}:")
-    db.call("complete_task", rn=task["rn"], token=task["token"])
+    tx.call("complete_task", rn=task["rn"], token=task["token"])
     leased = []
-    while (t := db.call_value("lease_task", queue=f"q-{overlap}", worker="worker-2")) is not None:
+    while (t := tx.call_value("lease_task", queue=f"q-{overlap}", worker="worker-2")) is not None:
         leased.append(t)  # the other tasks are taken by a worker and left running...
     for t in leased:
-        db.call("complete_task", rn=t["rn"], token=t["token"])  # ...and finished
-    fire_task(conn, s)
-    got.append(last_outcome(db, s["name"]))
+        tx.call("complete_task", rn=t["rn"], token=t["token"])  # ...and finished
+    fire_task(tx, s)
+    got.append(last_outcome(tx, s["name"]))
     assert got == outcomes
-    tasks = db.call("list_tasks", queue=f"q-{overlap}")
+    tasks = tx.call("list_tasks", queue=f"q-{overlap}")
     assert len(tasks) == outcomes.count("fired")
-    sched = db.call_value("get_schedule", name=s["name"])
+    sched = tx.call_value("get_schedule", name=s["name"])
     assert sched["skipped_count"] == outcomes.count("skipped_overlap")
 
 
-def test_firing_a_task_occurrence_twice_submits_once(db, conn):
-    s = task_schedule(db, "allow")
-    t, row = fire_task(conn, s)
+def test_firing_a_task_occurrence_twice_submits_once(tx):
+    s = task_schedule(tx, "allow")
+    t, row = fire_task(tx, s)
     assert row["recorded"]
-    again = conn.execute("SELECT * FROM pyscheduler._fire_task_schedules(%s, %s, NULL, %s)",
+    again = tx.execute("SELECT * FROM pyscheduler._fire_task_schedules(%s, %s, NULL, %s)",
                          ([s["id"]], [t], t)).fetchone()
     assert not again["recorded"]
-    assert len(db.call("list_tasks", queue="q-allow")) == 1
-    [run] = runs(db, s["name"])
+    assert len(tx.call("list_tasks", queue="q-allow")) == 1
+    [run] = runs(tx, s["name"])
     assert run["task_rn"] is not None
     # not a task target: answered alone (nothing submitted, its due time back), not an error
-    k = create(db, name="kafka-one")
-    [row] = db.call("fire_task_schedules", ids=[k["id"]], expected=[k["next_run_at"]])
+    k = create(tx, name="kafka-one")
+    [row] = tx.call("fire_task_schedules", ids=[k["id"]], expected=[k["next_run_at"]])
     assert not row["recorded"] and row["next_run_at"] == datetime.fromisoformat(k["next_run_at"])
-    assert len(db.call("list_tasks", queue="q-allow")) == 1
+    assert len(tx.call("list_tasks", queue="q-allow")) == 1
 
 
 # ------------------------------------------------------------------ degraded mode: the claim
@@ -589,14 +589,14 @@ def test_claim_due_critical_two_sessions_never_get_the_same_schedule(dsn, conn):
     assert len(again) == 50  # claims not recorded in time are taken again
 
 
-def test_claim_then_record_with_the_token_and_a_stale_token_is_refused(db, conn):
-    now = make_critical(conn, 1) + timedelta(milliseconds=1)
-    [c] = conn.execute("SELECT * FROM pyscheduler._claim_due_critical(10, '30 seconds', %s)", (now,)).fetchall()
-    stale = record(conn, c["id"], c["expected_at"], now, token=uuid.uuid4())
+def test_claim_then_record_with_the_token_and_a_stale_token_is_refused(tx):
+    now = make_critical(tx, 1) + timedelta(milliseconds=1)
+    [c] = tx.execute("SELECT * FROM pyscheduler._claim_due_critical(10, '30 seconds', %s)", (now,)).fetchall()
+    stale = record(tx, c["id"], c["expected_at"], now, token=uuid.uuid4())
     assert not stale["recorded"] and stale["next_run_at"] == c["expected_at"]
-    ok = record(conn, c["id"], c["expected_at"], now, token=c["claim_token"])
+    ok = record(tx, c["id"], c["expected_at"], now, token=c["claim_token"])
     assert ok["recorded"] and ok["next_run_at"] == c["expected_at"] + timedelta(seconds=10)
-    row = conn.execute("SELECT claim_token FROM pyscheduler.schedules WHERE id = %s", (c["id"],)).fetchone()
+    row = tx.execute("SELECT claim_token FROM pyscheduler.schedules WHERE id = %s", (c["id"],)).fetchone()
     assert row["claim_token"] is None
 
 
@@ -631,27 +631,27 @@ def test_concurrent_executors_fire_each_occurrence_once(dsn, conn):
 # ------------------------------------------------------------------ index, resync, notifications
 
 
-def test_resync_hands_out_every_active_schedule_once_critical_first(db, conn):
-    conn.execute("SELECT pyscheduler.create_schedule(name => 'n' || i, target => 't', every => '1 minute', "
+def test_resync_hands_out_every_active_schedule_once_critical_first(tx):
+    tx.execute("SELECT pyscheduler.create_schedule(name => 'n' || i, target => 't', every => '1 minute', "
                  "critical => i % 3 = 0) FROM generate_series(1, 25) i")
-    db.call("pause_schedule", name="n1")
+    tx.call("pause_schedule", name="n1")
     taken = []
     for owner in ("a", "b", "a", "b", "a", "b", "a"):
-        taken.append(db.call("resync_take", sync_id="sync-1", owner=owner, max_schedules=4))
+        taken.append(tx.call("resync_take", sync_id="sync-1", owner=owner, max_schedules=4))
     ids = [r["id"] for batch in taken for r in batch]
     assert len(ids) == len(set(ids)) == 24
     flags = [r["critical"] for batch in taken for r in batch]
     assert flags == sorted(flags, reverse=True)  # critical first
     # a taker acknowledges its batch by calling again (after writing it): b's last is still out
-    assert db.call_one("resync_progress", sync_id="sync-1") == {"done": 20, "total": 24, "complete": False}
-    assert db.call("resync_take", sync_id="sync-1", owner="b") == []
-    assert db.call_one("resync_progress", sync_id="sync-1") == {"done": 24, "total": 24, "complete": True}
-    assert db.call("resync_take", sync_id="sync-1", owner="c") == []
+    assert tx.call_one("resync_progress", sync_id="sync-1") == {"done": 20, "total": 24, "complete": False}
+    assert tx.call("resync_take", sync_id="sync-1", owner="b") == []
+    assert tx.call_one("resync_progress", sync_id="sync-1") == {"done": 24, "total": 24, "complete": True}
+    assert tx.call("resync_take", sync_id="sync-1", owner="c") == []
     second = []  # a new sync id starts over; callers loop until a call returns nothing
-    while batch := db.call("resync_take", sync_id="sync-2", owner="c", max_schedules=100):
+    while batch := tx.call("resync_take", sync_id="sync-2", owner="c", max_schedules=100):
         second += batch
     assert sorted(r["id"] for r in second) == sorted(ids)
-    page = db.call("index_page", after=0, max_schedules=10)
+    page = tx.call("index_page", after=0, max_schedules=10)
     assert [r["id"] for r in page] == sorted(r["id"] for r in page) and len(page) == 10
 
 
@@ -670,13 +670,13 @@ def test_every_change_is_notified(dsn, db):
         assert got == [str(s["id"])] * 6
 
 
-def test_the_bench_clones_every_insertable_column_of_a_schedule(conn):
+def test_the_bench_clones_every_insertable_column_of_a_schedule(tx):
     """pyscheduler bench schedules clones its schedules from the first one with
     sqlapi.CLONE_SCHEDULES: a column added to the table is in its list, or the clones would
     differ from the schedule they copy."""
     from pyscheduler.schedules.sqlapi import CLONED_COLUMNS
 
-    columns = [r["column_name"] for r in conn.execute(
+    columns = [r["column_name"] for r in tx.execute(
         "SELECT column_name FROM information_schema.columns WHERE table_schema = 'pyscheduler' "
         "AND table_name = 'schedules' AND is_generated = 'NEVER' AND identity_generation IS NULL "
         "AND column_name <> 'name' ORDER BY ordinal_position").fetchall()]
@@ -698,20 +698,20 @@ def test_the_cli_refuses_one_step_beyond_the_limits_before_the_round_trip(flag, 
     assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
 
 
-def test_sql_refuses_one_step_beyond_each_limit_python_checks(db):
+def test_sql_refuses_one_step_beyond_each_limit_python_checks(tx):
     """sqlapi's limits block holds the bounds Python checks before the round trip; at each one
     SQL accepts the bound and refuses one step beyond it with PS312 when Python's check is
     bypassed, so the two cannot drift."""
     from pyscheduler.schedules import sqlapi as sql
 
     us = timedelta(microseconds=1)
-    assert db.call(sql.CLAIM_DUE_CRITICAL_SHARDS, shards=[0], shard_count=sql.MAX_SHARDS) == []
+    assert tx.call(sql.CLAIM_DUE_CRITICAL_SHARDS, shards=[0], shard_count=sql.MAX_SHARDS) == []
     lease_min, lease_max = timedelta(seconds=sql.MIN_RESYNC_LEASE_S), timedelta(seconds=sql.MAX_RESYNC_LEASE_S)
-    db.call(sql.RESYNC_TAKE, sync_id="limits", owner="at-min", lease=lease_min)
-    db.call(sql.RESYNC_TAKE, sync_id="limits", owner="at-max", lease=lease_max)
+    tx.call(sql.RESYNC_TAKE, sync_id="limits", owner="at-min", lease=lease_min)
+    tx.call(sql.RESYNC_TAKE, sync_id="limits", owner="at-max", lease=lease_max)
     for fn, args in ((sql.CLAIM_DUE_CRITICAL_SHARDS, dict(shards=[0], shard_count=sql.MAX_SHARDS + 1)),
                      (sql.RESYNC_TAKE, dict(sync_id="limits", owner="below", lease=lease_min - us)),
                      (sql.RESYNC_TAKE, dict(sync_id="limits", owner="above", lease=lease_max + us))):
         with pytest.raises(errors.InvalidSchedule) as info:
-            db.call(fn, **args)
+            tx.call(fn, **args)
         assert code(info) == "PS312", (fn, args)

@@ -193,10 +193,10 @@ def test_work_may_be_acted_on_by_its_owner_a_member_or_an_admin_only(conn, login
     ("1969-12-31 23:59:59.999999Z", False), ("1970-01-01 00:00:00Z", True),
     ("9998-12-31 23:59:59.999999Z", True), ("9999-01-01 00:00:00Z", False),
     ("infinity", False), ("-infinity", False), ("0001-01-01 BC", False), ("294276-01-01", False)])
-def test_instants_a_daemon_can_load(conn, value, ok):
-    assert conn.execute("SELECT pyscheduler._instant_ok(%s::timestamptz) AS ok", (value,)).fetchone()["ok"] is ok
+def test_instants_a_daemon_can_load(tx, value, ok):
+    assert tx.execute("SELECT pyscheduler._instant_ok(%s::timestamptz) AS ok", (value,)).fetchone()["ok"] is ok
     if not ok:
-        err = _error(conn, "SELECT pyscheduler._require_instant('start_at', %s::timestamptz, 'PS312')", (value,))
+        err = _error(tx, "SELECT pyscheduler._require_instant('start_at', %s::timestamptz, 'PS312')", (value,))
         assert err.sqlstate == "PS312" and "start_at" in str(err)
 
 
@@ -205,38 +205,38 @@ def test_instants_a_daemon_can_load(conn, value, ok):
     ("", "empty"), (" ", "white space"), ("a ", "white space"), ("\tx", "white space"),
     ("a\u202eb", "bidirectional"), ("a\u200bb", "zero-width"), ("a\u2066b", "bidirectional"),
     ("a\x07b", "control"), ("a\u0085b", "control"), ("a\ufeffb", "zero-width"), ("x" * 201, "at most 200")])
-def test_labels_refuse_what_prints_as_something_else(conn, label, why):
-    got = conn.execute("SELECT pyscheduler._label_refusal(%s, 200) AS why", (label,)).fetchone()["why"]
+def test_labels_refuse_what_prints_as_something_else(tx, label, why):
+    got = tx.execute("SELECT pyscheduler._label_refusal(%s, 200) AS why", (label,)).fetchone()["why"]
     assert got is None if why is None else why in got
 
 
-def test_after_user_code_undoes_what_a_job_left_in_the_session(conn):
-    conn.execute("CREATE SCHEMA evil; CREATE FUNCTION evil.job() RETURNS void LANGUAGE sql SECURITY DEFINER "
+def test_after_user_code_undoes_what_a_job_left_in_the_session(tx):
+    tx.execute("CREATE SCHEMA evil; CREATE FUNCTION evil.job() RETURNS void LANGUAGE sql SECURITY DEFINER "
                  "SET search_path = pg_catalog AS $$ SELECT set_config('search_path', 'evil, pg_catalog', false), "
                  "set_config('DateStyle', 'German', false), set_config('TimeZone', 'Asia/Tokyo', false), "
                  "set_config('IntervalStyle', 'sql_standard', false) $$")
-    with conn.transaction():
-        conn.execute("SELECT evil.job()")
-        assert conn.execute("SHOW search_path").fetchone()["search_path"].startswith("evil")
-        conn.execute("SELECT pyscheduler._after_user_code()")
-        got = conn.execute("SELECT current_setting('search_path') AS sp, current_setting('TimeZone') AS tz, "
+    with tx.transaction():
+        tx.execute("SELECT evil.job()")
+        assert tx.execute("SHOW search_path").fetchone()["search_path"].startswith("evil")
+        tx.execute("SELECT pyscheduler._after_user_code()")
+        got = tx.execute("SELECT current_setting('search_path') AS sp, current_setting('TimeZone') AS tz, "
                            "current_setting('DateStyle') AS ds, current_setting('IntervalStyle') AS st").fetchone()
     assert got == {"sp": "pyscheduler, pg_temp", "tz": "UTC", "ds": "ISO, MDY", "st": "postgres"}
-    err = _error(conn, "SET TRANSACTION READ ONLY; SELECT pyscheduler._after_user_code()")
+    err = _error(tx, "SET TRANSACTION READ ONLY; SELECT pyscheduler._after_user_code()")
     assert err.sqlstate == "PS003"
 
 
-def test_python_and_sql_pin_the_same_session_settings(conn):
-    """One owner a side: db.PINNED (every connection Python opens) and _after_user_code() (after
+def test_python_and_sql_pin_the_same_session_settings(tx):
+    """One owner a side: tx.PINNED (every connection Python opens) and _after_user_code() (after
     a job's SQL changed the session) set the same settings to the same values."""
-    source = conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'pyscheduler._after_user_code'::regproc"
+    source = tx.execute("SELECT prosrc FROM pg_proc WHERE oid = 'pyscheduler._after_user_code'::regproc"
                           ).fetchone()["prosrc"]
     assert set(re.findall(r"set_config\('(\w+)'", source)) == set(dbmod.PINNED) | {"search_path"}
 
     def pinned(statement: str) -> dict:
-        conn.execute("SET TimeZone = 'Asia/Tokyo'; SET DateStyle = 'German, DMY'; SET IntervalStyle = 'sql_standard'")
-        conn.execute(statement)
-        return {name: conn.execute("SELECT current_setting(%s) AS v", (name,)).fetchone()["v"]
+        tx.execute("SET TimeZone = 'Asia/Tokyo'; SET DateStyle = 'German, DMY'; SET IntervalStyle = 'sql_standard'")
+        tx.execute(statement)
+        return {name: tx.execute("SELECT current_setting(%s) AS v", (name,)).fetchone()["v"]
                 for name in dbmod.PINNED}
 
     assert pinned(dbmod.SESSION_PINS) == pinned("SELECT pyscheduler._after_user_code()") == dbmod.PINNED
@@ -251,13 +251,13 @@ SAMPLES = ["127.0.0.1", "127.255.0.9", "10.1.2.3", "172.16.0.1", "172.32.0.1", "
            "2a00:1450:4001:80b::200e"]
 
 
-def test_sql_and_python_apply_the_same_egress_policy(conn):
-    blocked = {r["n"] for r in conn.execute("SELECT unnest(pyscheduler._egress_blocked())::text AS n").fetchall()}
+def test_sql_and_python_apply_the_same_egress_policy(tx):
+    blocked = {r["n"] for r in tx.execute("SELECT unnest(pyscheduler._egress_blocked())::text AS n").fetchall()}
     assert set(egress.allow_list(blocked)) == set(egress.BLOCKED)
     for allow in ([], ["10.0.0.0/8", "::1/128"]):
-        conn.execute("SELECT pyscheduler.set_http_allow(%s::cidr[])", (allow,))
+        tx.execute("SELECT pyscheduler.set_http_allow(%s::cidr[])", (allow,))
         for address in SAMPLES:
-            in_sql = conn.execute("SELECT pyscheduler._egress_refusal(%s::inet) AS why", (address,)).fetchone()["why"]
+            in_sql = tx.execute("SELECT pyscheduler._egress_refusal(%s::inet) AS why", (address,)).fetchone()["why"]
             in_python = egress.address_refusal(address, egress.allow_list(allow))
             assert (in_sql is None) == (in_python is None), (address, allow)
     assert egress.address_refusal("8.8.8.8") is None and egress.address_refusal("169.254.169.254")
@@ -275,8 +275,8 @@ def test_sql_and_python_apply_the_same_egress_policy(conn):
     ("ftp://example.com/", "http:// or https://"), ("http://exämple.com/", "ASCII"),
     ("http://example.com/a b", "ASCII"), ("http://example.com:0/", "port"), ("http:///x", "host"),
     ("http://" + "a" * 2100 + ".com/", "2048")])
-def test_a_target_url_is_checked_when_it_is_named(conn, url, refused):
-    why = conn.execute("SELECT pyscheduler._http_target_refusal(%s) AS why", (url,)).fetchone()["why"]
+def test_a_target_url_is_checked_when_it_is_named(tx, url, refused):
+    why = tx.execute("SELECT pyscheduler._http_target_refusal(%s) AS why", (url,)).fetchone()["why"]
     assert why is None if refused is None else refused in why, why
 
 

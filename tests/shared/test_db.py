@@ -9,27 +9,27 @@ from pyscheduler import errors
 from pyscheduler.db import Database, Listener
 
 
-def test_call_with_named_arguments_returns_rows(db):
-    row = db.call_one("version")
+def test_call_with_named_arguments_returns_rows(tx):
+    row = tx.call_one("version")
     assert row["code_version"]
     assert row["migrations"][0] == "0001_foundation"
 
 
-def test_sqlstate_is_translated_to_the_registered_exception(db):
+def test_sqlstate_is_translated_to_the_registered_exception(tx):
     with pytest.raises(errors.SchemaError) as info:
-        db.call("_setting", p_name="no_such_setting")
+        tx.call("_setting", p_name="no_such_setting")
     assert info.value.sqlstate == "PS002"
     assert info.value.hint == "Run pyscheduler migrate."
 
 
-def test_unregistered_errors_pass_through(db):
+def test_unregistered_errors_pass_through(tx):
     with pytest.raises(psycopg.errors.UndefinedFunction):
-        db.call("no_such_function")
+        tx.call("no_such_function")
 
 
-def test_function_names_are_checked_before_reaching_sql(db):
+def test_function_names_are_checked_before_reaching_sql(tx):
     with pytest.raises(ValueError):
-        db.call("version(); drop table x; --")
+        tx.call("version(); drop table x; --")
 
 
 def test_unreachable_database_is_one_clear_error():

@@ -62,17 +62,17 @@ WORKER_CALLS = [("lease_task", {"queue": "q"}), ("lease_tasks", {"queue": "q"}),
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE_NAMES))
-def test_queue_names_and_worker_ids_refuse_what_prints_as_another_name(conn, kind):
+def test_queue_names_and_worker_ids_refuse_what_prints_as_another_name(tx, kind):
     """Reproduction 10: "q\\n", "q\\u202e...", "q\\u200b...", " q" were queues and workers of their
     own, spoofing "q" in queue_status, the metrics' labels and the dashboard."""
     name = HOSTILE_NAMES[kind]
-    conn.execute(call("submit_task", queue="q", spec="{}"), {"queue": "q", "spec": "{}"})  # something to lease
-    codes = {f"{fn}(queue)": sqlstate(conn, call(fn, queue="", **args), {"queue": name, **args})
+    tx.execute(call("submit_task", queue="q", spec="{}"), {"queue": "q", "spec": "{}"})  # something to lease
+    codes = {f"{fn}(queue)": sqlstate(tx, call(fn, queue="", **args), {"queue": name, **args})
              for fn, args in QUEUE_CALLS}
-    codes |= {f"{fn}(worker)": sqlstate(conn, call(fn, worker="", **args), {"worker": name, **args})
+    codes |= {f"{fn}(worker)": sqlstate(tx, call(fn, worker="", **args), {"worker": name, **args})
               for fn, args in WORKER_CALLS}
-    codes["list_tasks(owner)"] = sqlstate(conn, call("list_tasks", owner=""), {"owner": name})
-    codes["submit_workflow(a node's queue)"] = sqlstate(conn, call("submit_workflow", workflow=""), {
+    codes["list_tasks(owner)"] = sqlstate(tx, call("list_tasks", owner=""), {"owner": name})
+    codes["submit_workflow(a node's queue)"] = sqlstate(tx, call("submit_workflow", workflow=""), {
         "workflow": json.dumps([{"name": "a", "queue": name, "spec": {}}])})
     assert codes == dict.fromkeys(codes, "PS208")
 
@@ -92,18 +92,18 @@ def test_queue_names_and_worker_ids_refuse_what_prints_as_another_name(conn, kin
     ("enqueue_message", {"deadline": "2100-01-01T00:00:00Z"}, "id", "PS101"),
     ("cancel_message", {}, "id", "PS101"),
 ])
-def test_every_name_and_key_refuses_a_bidi_name_with_its_own_code(conn, function, args, field, code):
-    assert sqlstate(conn, call(function, **{field: ""}, **args), {field: "a\u202eb", **args}) == code
-    assert sqlstate(conn, call(function, **{field: ""}, **args), {field: "a\nb", **args}) == code
+def test_every_name_and_key_refuses_a_bidi_name_with_its_own_code(tx, function, args, field, code):
+    assert sqlstate(tx, call(function, **{field: ""}, **args), {field: "a\u202eb", **args}) == code
+    assert sqlstate(tx, call(function, **{field: ""}, **args), {field: "a\nb", **args}) == code
 
 
 @pytest.mark.parametrize("field, keys, code", [
     ("unique_keys", ["a", "b\u200b"], "PS213"), ("concurrency_keys", ["a", " b"], "PS215"),
     ("unique_keys", ["a", None], None),  # NULL: no key
 ])
-def test_a_batch_of_keys_refuses_a_bad_one(conn, field, keys, code):
+def test_a_batch_of_keys_refuses_a_bad_one(tx, field, keys, code):
     sql = f"SELECT * FROM pyscheduler.submit_tasks(queue => 'q', specs => '[{{}}, {{}}]', {field} => %s::text[])"
-    assert sqlstate(conn, sql, (keys,)) == code
+    assert sqlstate(tx, sql, (keys,)) == code
 
 
 # ---------------------------------------------------------------- reproduction 6: deep payloads
@@ -114,13 +114,13 @@ def leased(conn) -> dict:
                         ).fetchone()
 
 
-def test_a_payload_nested_3000_deep_is_refused_with_the_fields_code(conn):
+def test_a_payload_nested_3000_deep_is_refused_with_the_fields_code(tx):
     """Reproduction 6: a spec (result, error args, payload, ...) nested 3,000 deep was accepted (only its
     size was checked) and stopped every Python reader of it (json and orjson raise RecursionError)."""
     deep = deep_object(DEEP)  # an object: an array would be refused as a spec anyway
-    lease = leased(conn)
+    lease = leased(tx)
     lease = {"rn": str(lease["rn"]), "token": str(lease["token"])}
-    conn.execute(call("create_schedule", name="s", target="t", every="1 hour"),
+    tx.execute(call("create_schedule", name="s", target="t", every="1 hour"),
                  {"name": "s", "target": "t", "every": "1 hour"})
     error = f'{{"code": "boom", "args": {deep}}}'
     cases = {
@@ -144,58 +144,58 @@ def test_a_payload_nested_3000_deep_is_refused_with_the_fields_code(conn):
         "headers": ("enqueue_message", {"id": "m", "deadline": "2100-01-01T00:00:00Z",
                                         "headers": f'[{{"h": {deep}}}]'}, "PS104"),
     }
-    codes = {field: sqlstate(conn, call(fn, **args), args) for field, (fn, args, _) in cases.items()}
+    codes = {field: sqlstate(tx, call(fn, **args), args) for field, (fn, args, _) in cases.items()}
     assert codes == {field: code for field, (_, _, code) in cases.items()}
     # nothing was stored, and a message names the field
     with pytest.raises(psycopg.Error, match="spec nests more than 64 levels"):
-        conn.execute(call("submit_task", queue="q", spec=deep), {"queue": "q", "spec": deep})
-    assert conn.execute("SELECT count(*) AS n FROM pyscheduler.tasks").fetchone()["n"] == 1
-    assert conn.execute("SELECT count(*) AS n FROM pyscheduler.checks").fetchone()["n"] == 0
+        tx.execute(call("submit_task", queue="q", spec=deep), {"queue": "q", "spec": deep})
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.tasks").fetchone()["n"] == 1
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.checks").fetchone()["n"] == 0
 
 
-def test_64_levels_are_accepted_alone_and_in_a_batch_and_every_reader_loads_them(conn):
+def test_64_levels_are_accepted_alone_and_in_a_batch_and_every_reader_loads_them(tx):
     """The bound: 64 levels (the top value is level 1), one more per level of a batch's wrapping,
     so a spec accepted alone is accepted in a batch; 65 are refused. Read back through the API,
     Python's json and orjson load (and orjson dumps) what was accepted."""
     ok, too_deep = deep_array(64), deep_object(65)  # a spec is an object
     spec = f'{{"s": {deep_array(63)}}}'
-    assert sqlstate(conn, call("submit_task", queue="q", spec=""), {"queue": "q", "spec": too_deep}) == "PS206"
-    assert sqlstate(conn, call("submit_tasks", queue="q", specs=""), {"queue": "q", "specs": f"[{too_deep}]"}) == "PS206"
-    rn = conn.execute(call("submit_task", queue="q", spec=""), {"queue": "q", "spec": spec}).fetchone()["submit_task"]["rn"]
-    conn.execute(call("submit_tasks", queue="q", specs=""), {"queue": "q", "specs": f"[{spec}, {spec}]"})
-    conn.execute(call("submit_workflow", workflow=""),
+    assert sqlstate(tx, call("submit_task", queue="q", spec=""), {"queue": "q", "spec": too_deep}) == "PS206"
+    assert sqlstate(tx, call("submit_tasks", queue="q", specs=""), {"queue": "q", "specs": f"[{too_deep}]"}) == "PS206"
+    rn = tx.execute(call("submit_task", queue="q", spec=""), {"queue": "q", "spec": spec}).fetchone()["submit_task"]["rn"]
+    tx.execute(call("submit_tasks", queue="q", specs=""), {"queue": "q", "specs": f"[{spec}, {spec}]"})
+    tx.execute(call("submit_workflow", workflow=""),
                  {"workflow": f'[{{"name": "a", "queue": "q", "spec": {spec}}}]'})
-    conn.execute(call("create_schedule", name="s", target="t", every="1 hour", payload=""),
+    tx.execute(call("create_schedule", name="s", target="t", every="1 hour", payload=""),
                  {"name": "s", "target": "t", "every": "1 hour", "payload": ok})
-    assert conn.execute("SELECT count(*) AS n FROM pyscheduler.tasks").fetchone()["n"] == 4
-    task = conn.execute("SELECT pyscheduler.get_task(rn => %s)::text AS t", (rn,)).fetchone()["t"]
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.tasks").fetchone()["n"] == 4
+    task = tx.execute("SELECT pyscheduler.get_task(rn => %s)::text AS t", (rn,)).fetchone()["t"]
     assert orjson.loads(orjson.dumps(json.loads(task))) == orjson.loads(task)
-    page = conn.execute("SELECT json_agg(t)::text AS p FROM pyscheduler.list_tasks(queue => 'q') t").fetchone()["p"]
+    page = tx.execute("SELECT json_agg(t)::text AS p FROM pyscheduler.list_tasks(queue => 'q') t").fetchone()["p"]
     assert len(json.loads(page)) == 4 and orjson.dumps(orjson.loads(page))
 
 
-def test_a_compressed_deep_payload_is_walked_not_waved_through(conn):
+def test_a_compressed_deep_payload_is_walked_not_waved_through(tx):
     """A deep value compresses to far fewer bytes than its nesting costs uncompressed: passed from
     a table (TOAST-compressed), it is not taken for a small payload."""
     # the row is over TOAST's threshold (an uncompressible pad), so its jsonb is compressed
-    conn.execute("CREATE TABLE deep_specs (pad text STORAGE PLAIN, v jsonb)")
-    conn.execute("INSERT INTO deep_specs SELECT string_agg(md5(g::text), ''), %s::jsonb FROM generate_series(1, 70) g",
+    tx.execute("CREATE TABLE deep_specs (pad text STORAGE PLAIN, v jsonb)")
+    tx.execute("INSERT INTO deep_specs SELECT string_agg(md5(g::text), ''), %s::jsonb FROM generate_series(1, 70) g",
                  (f'{{"s": {deep_array(127)}}}',))
-    size = conn.execute("SELECT pg_column_size(v) AS s, pg_column_compression(v) AS c FROM deep_specs").fetchone()
+    size = tx.execute("SELECT pg_column_size(v) AS s, pg_column_compression(v) AS c FROM deep_specs").fetchone()
     assert size["c"] is not None and size["s"] < 8 * 64  # smaller than any 64-level payload uncompressed
-    assert sqlstate(conn, "SELECT pyscheduler.submit_task('q', v) FROM deep_specs") == "PS206"
+    assert sqlstate(tx, "SELECT pyscheduler.submit_task('q', v) FROM deep_specs") == "PS206"
 
 
 # ---------------------------------------------------------------- one rule, in SQL and in Python
 
-def test_the_label_rule_is_one_rule_in_sql_and_in_python(conn):
+def test_the_label_rule_is_one_rule_in_sql_and_in_python(tx):
     """_label_ok (inlined into the domains' checks), _label_refusal (their messages) and
     calls.label_refusal (the relay and DelayProducer judge message ids before SQL) agree."""
     specials = ["\t", "\n", "\r", "\x0b", "\x0c", "\x1f", "\x7f", "\x85", "\xa0", "\xad", "\u061c", "\u1680",
                 "\u180e", "\u2000", "\u200a", "\u200b", "\u200f", "\u2028", "\u202a", "\u202e", "\u202f",
                 "\u205f", "\u2066", "\u2069", "\u3000", "\u3164", "\ufeff", "\ufffa", " ", "é", "東", "-", "😀"]
     values = [""] + [v for c in specials for v in (c + "ab", "a" + c + "b", "ab" + c, c)] + ["x" * 200, "x" * 201]
-    rows = conn.execute("SELECT v, pyscheduler._label_refusal(v, 200) AS why, pyscheduler._label_ok(v, 200) AS ok "
+    rows = tx.execute("SELECT v, pyscheduler._label_refusal(v, 200) AS why, pyscheduler._label_ok(v, 200) AS ok "
                         "FROM unnest(%s::text[]) v", (values,)).fetchall()
     for row in rows:
         assert row["ok"] == (row["why"] is None), row
@@ -242,46 +242,46 @@ def bypasses(conn) -> list[tuple[str, str, str]]:
         " ORDER BY 1, 2", (list(NAME_TYPES),)).fetchall()]
 
 
-def test_work_named_before_the_rule_stays_reachable_by_its_name_and_no_new_one_is_made(conn):
+def test_work_named_before_the_rule_stays_reachable_by_its_name_and_no_new_one_is_made(tx):
     """A schedule or check whose name the rule refuses now (stored before it) is found, paused and
     deleted by that name: the functions that find work take any name of a bounded size; those
     that create it judge the name."""
     bad = "b\u202egnp.exe"
-    conn.execute("SELECT pyscheduler.create_schedule(name => 'legacy', target => 't', every => '1 hour')")
-    conn.execute("SELECT pyscheduler.add_check(entity_name => 'legacy', entity_key => 'k', job => 'q', kind => 'task', "
+    tx.execute("SELECT pyscheduler.create_schedule(name => 'legacy', target => 't', every => '1 hour')")
+    tx.execute("SELECT pyscheduler.add_check(entity_name => 'legacy', entity_key => 'k', job => 'q', kind => 'task', "
                  "check_after => '1 hour')")
-    conn.execute("UPDATE pyscheduler.schedules SET name = %s WHERE name = 'legacy'", (bad,))
-    conn.execute("UPDATE pyscheduler.checks SET entity_name = %s WHERE entity_name = 'legacy'", (bad,))
-    assert conn.execute("SELECT pyscheduler.get_schedule(name => %s) ->> 'name' AS n", (bad,)).fetchone()["n"] == bad
-    conn.execute("SELECT pyscheduler.pause_schedule(name => %s)", (bad,))
-    assert conn.execute("SELECT count(*) AS n FROM pyscheduler.list_checks(entity_name => %s)", (bad,)).fetchone()["n"] == 1
-    assert sqlstate(conn, "SELECT pyscheduler.create_schedule(name => %s, target => 't', every => '1 hour')",
+    tx.execute("UPDATE pyscheduler.schedules SET name = %s WHERE name = 'legacy'", (bad,))
+    tx.execute("UPDATE pyscheduler.checks SET entity_name = %s WHERE entity_name = 'legacy'", (bad,))
+    assert tx.execute("SELECT pyscheduler.get_schedule(name => %s) ->> 'name' AS n", (bad,)).fetchone()["n"] == bad
+    tx.execute("SELECT pyscheduler.pause_schedule(name => %s)", (bad,))
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.list_checks(entity_name => %s)", (bad,)).fetchone()["n"] == 1
+    assert sqlstate(tx, "SELECT pyscheduler.create_schedule(name => %s, target => 't', every => '1 hour')",
                     (bad + "2",)) == "PS310"
-    assert sqlstate(conn, "SELECT * FROM pyscheduler.add_check(entity_name => %s, entity_key => 'k', job => 'q', "
+    assert sqlstate(tx, "SELECT * FROM pyscheduler.add_check(entity_name => %s, entity_key => 'k', job => 'q', "
                           "kind => 'task', check_after => '1 hour')", (bad,)) == "PS401"
-    conn.execute("SELECT pyscheduler.delete_schedule(name => %s)", (bad,))
-    conn.execute("SELECT * FROM pyscheduler.delete_checks(entity_name => %s, entity_key => 'k')", (bad,))
-    assert conn.execute("SELECT count(*) AS n FROM pyscheduler.schedules").fetchone()["n"] == 0
-    assert sqlstate(conn, "SELECT pyscheduler.get_schedule(name => repeat('x', 801))") == "PS310"  # still bounded
+    tx.execute("SELECT pyscheduler.delete_schedule(name => %s)", (bad,))
+    tx.execute("SELECT * FROM pyscheduler.delete_checks(entity_name => %s, entity_key => 'k')", (bad,))
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.schedules").fetchone()["n"] == 0
+    assert sqlstate(tx, "SELECT pyscheduler.get_schedule(name => repeat('x', 801))") == "PS310"  # still bounded
 
 
-def test_no_public_function_takes_a_name_or_payload_past_the_domains(conn):
-    assert bypasses(conn) == []
+def test_no_public_function_takes_a_name_or_payload_past_the_domains(tx):
+    assert bypasses(tx) == []
 
 
-def test_a_new_public_function_with_a_plain_text_parameter_fails_the_walk(conn):
+def test_a_new_public_function_with_a_plain_text_parameter_fails_the_walk(tx):
     """The walk reads the catalog, not a list: a function added later is in it."""
-    with conn.transaction(force_rollback=True):
-        conn.execute("CREATE FUNCTION pyscheduler.throwaway(queue text, payload jsonb[], ok pyscheduler.queue_name)"
+    with tx.transaction(force_rollback=True):
+        tx.execute("CREATE FUNCTION pyscheduler.throwaway(queue text, payload jsonb[], ok pyscheduler.queue_name)"
                      " RETURNS void LANGUAGE sql AS ''")
-        assert bypasses(conn) == [("throwaway", "payload", "jsonb[]"), ("throwaway", "queue", "text")]
+        assert bypasses(tx) == [("throwaway", "payload", "jsonb[]"), ("throwaway", "queue", "text")]
 
 
-def test_no_function_call_can_be_read_as_a_cast_to_a_domain(conn):
+def test_no_function_call_can_be_read_as_a_cast_to_a_domain(tx):
     """PostgreSQL reads f(x) as a cast when f is also a type's name and no f takes x's type
     exactly: a domain named d brings the array type _d, which shadowed _tz_name(text) when
     called with a domain value. No pyscheduler function of one argument may share a type's name."""
-    assert conn.execute(
+    assert tx.execute(
         "SELECT p.proname FROM pg_proc p JOIN pg_type t ON t.typname = p.proname AND t.typnamespace = p.pronamespace"
         " WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.pronargs = 1").fetchall() == []
 
@@ -466,39 +466,39 @@ def poison_walk(conn, functions: dict[str, list[dict]], timeout: str = "10s") ->
     return failures, calls
 
 
-def test_poison_walk_every_parameter_of_every_public_function_gets_hostile_values(conn):
+def test_poison_walk_every_parameter_of_every_public_function_gets_hostile_values(tx):
     """For each public function (from the catalog) and each parameter, values hostile for its
     type (text: bidi, newline, 1 MB, empty; jsonb: 10,000 deep, 10 MB, an array, a string or a
     number for an object; instants and intervals: infinite, negative, beyond year 9999; numbers:
     negative, huge, NaN; uuids: zero, random; arrays: a NULL element, 10^6 elements, a hostile
     element), the other parameters valid: a documented error or an answer, within 10 s, and
     nothing stored that Python cannot load."""
-    functions = parameters(conn)
+    functions = parameters(tx)
     missing = sorted({(p["name"], p["base"]) for params in functions.values() for p in params
                       if not p["optional"] and (p["name"], p["base"]) not in VALID})
     assert missing == [], f"add a valid value to VALID for these required parameters: {missing}"
     started = time.monotonic()
-    failures, calls = poison_walk(conn, functions)
+    failures, calls = poison_walk(tx, functions)
     assert failures == [], "\n".join(failures)
     assert calls > 1000, calls
     print(f"poison walk: {calls} calls in {time.monotonic() - started:.1f} s")
 
 
-def test_the_poison_walk_fails_a_function_that_stores_poison_or_never_answers(conn):
+def test_the_poison_walk_fails_a_function_that_stores_poison_or_never_answers(tx):
     """The walk can fail: a public function that stores an instant or a payload readers cannot
     load, or that does not answer within the time bound, is reported."""
-    with conn.transaction(force_rollback=True):
-        conn.execute("CREATE TABLE pyscheduler.throwaway_sink (at timestamptz, j jsonb)")
-        conn.execute("CREATE FUNCTION pyscheduler.throwaway_store(at timestamptz DEFAULT now(), j jsonb DEFAULT '{}')"
+    with tx.transaction(force_rollback=True):
+        tx.execute("CREATE TABLE pyscheduler.throwaway_sink (at timestamptz, j jsonb)")
+        tx.execute("CREATE FUNCTION pyscheduler.throwaway_store(at timestamptz DEFAULT now(), j jsonb DEFAULT '{}')"
                      " RETURNS void"
                      " LANGUAGE sql SECURITY DEFINER SET search_path = pyscheduler, pg_temp"
                      " AS 'INSERT INTO pyscheduler.throwaway_sink VALUES (at, j)'")
-        conn.execute("CREATE FUNCTION pyscheduler.throwaway_sleep(seconds integer DEFAULT 0) RETURNS void"
+        tx.execute("CREATE FUNCTION pyscheduler.throwaway_sleep(seconds integer DEFAULT 0) RETURNS void"
                      " LANGUAGE sql AS 'SELECT pg_sleep(seconds)'")
-        conn.execute("GRANT EXECUTE ON FUNCTION pyscheduler.throwaway_store, pyscheduler.throwaway_sleep"
+        tx.execute("GRANT EXECUTE ON FUNCTION pyscheduler.throwaway_store, pyscheduler.throwaway_sleep"
                      " TO pyscheduler_admin")
-        walked = {f: params for f, params in parameters(conn).items() if f.startswith("throwaway")}
-        failures, _ = poison_walk(conn, walked, timeout="1s")
+        walked = {f: params for f, params in parameters(tx).items() if f.startswith("throwaway")}
+        failures, _ = poison_walk(tx, walked, timeout="1s")
     text = "\n".join(failures)
     assert "throwaway_store(at => 'infinity'::timestamptz) stored [\"throwaway_sink: timestamp too large" in text
     assert "throwaway_store(at => '0001-01-01 00:00:00+00'::timestamptz) stored ['throwaway_sink.at: 0001" in text

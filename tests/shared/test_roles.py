@@ -46,16 +46,16 @@ def test_worker_cannot_call_admin_functions(dsn, login):
         call(login("pyscheduler_worker")[1], "cleanup_tasks", retention="1 day")
 
 
-def test_admin_may_call_every_public_function(conn):
-    for fn in public_functions(conn):
-        assert conn.execute(
+def test_admin_may_call_every_public_function(tx):
+    for fn in public_functions(tx):
+        assert tx.execute(
             "SELECT bool_and(has_function_privilege('pyscheduler_admin', p.oid, 'EXECUTE')) "
             "FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = %s",
             (fn["proname"],)).fetchone()["bool_and"], fn["proname"]
 
 
-def test_public_has_no_privilege_on_any_function_or_table(conn):
-    rows = conn.execute(
+def test_public_has_no_privilege_on_any_function_or_table(tx):
+    rows = tx.execute(
         "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace "
         "AND EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a "
         "            WHERE a.grantee = 0) "
@@ -63,11 +63,11 @@ def test_public_has_no_privilege_on_any_function_or_table(conn):
         "AND EXISTS (SELECT 1 FROM aclexplode(c.relacl) a WHERE a.grantee = 0)"
     ).fetchall()
     assert rows == []
-    assert not conn.execute("SELECT has_schema_privilege('public', 'pyscheduler', 'USAGE') AS u").fetchone()["u"]
+    assert not tx.execute("SELECT has_schema_privilege('public', 'pyscheduler', 'USAGE') AS u").fetchone()["u"]
 
 
-def test_api_functions_are_security_definer_with_pinned_search_path_and_documented(conn):
-    functions = public_functions(conn)
+def test_api_functions_are_security_definer_with_pinned_search_path_and_documented(tx):
+    functions = public_functions(tx)
     assert functions
     for fn in functions:
         assert fn["prosecdef"], f"{fn['proname']} is not SECURITY DEFINER"
@@ -111,25 +111,25 @@ def role_of(conn, audience: str) -> str:
     return conn.execute("SELECT pyscheduler._role(%s) AS r", (audience,)).fetchone()["r"]
 
 
-def test_roles_table_in_docs_matches_the_catalog(conn):
+def test_roles_table_in_docs_matches_the_catalog(tx):
     catalog: dict[str, set[str]] = {}
-    for obj in public_objects(conn):
+    for obj in public_objects(tx):
         check = ("has_function_privilege(%s, %s::oid, 'EXECUTE')" if obj["kind"] == "function"
                  else "has_table_privilege(%s, %s::oid, 'SELECT')")
         allowed = {a for a in AUDIENCES
-                   if conn.execute(f"SELECT {check} AS ok", (role_of(conn, a), obj["oid"])).fetchone()["ok"]}
+                   if tx.execute(f"SELECT {check} AS ok", (role_of(tx, a), obj["oid"])).fetchone()["ok"]}
         catalog.setdefault(obj["name"], allowed)
         assert catalog[obj["name"]] == allowed, f"overloads of {obj['name']} are granted differently"
     assert documented_roles() == catalog
 
 
-def test_every_role_calls_every_public_function_or_is_refused(conn):
+def test_every_role_calls_every_public_function_or_is_refused(tx):
     """Walk every public function and view as every role: refused (42501) exactly
     where the roles table says no; anything else (a result, a PS error for the NULL
     arguments) means the role got through."""
     documented = documented_roles()
     for audience in AUDIENCES:
-        for obj in public_objects(conn):
+        for obj in public_objects(tx):
             if obj["kind"] == "function":
                 args = [f"NULL::{t}" for t in obj["argtypes"]]
                 if obj["variadic"] and args:
@@ -138,11 +138,11 @@ def test_every_role_calls_every_public_function_or_is_refused(conn):
             else:
                 sql = f"SELECT * FROM pyscheduler.{obj['name']} LIMIT 1"
             refused = False
-            with conn.transaction(force_rollback=True):
-                conn.execute(f'SET LOCAL ROLE "{role_of(conn, audience)}"')
+            with tx.transaction(force_rollback=True):
+                tx.execute(f'SET LOCAL ROLE "{role_of(tx, audience)}"')
                 try:
-                    with conn.transaction():
-                        conn.execute(sql)
+                    with tx.transaction():
+                        tx.execute(sql)
                 except psycopg.errors.InsufficientPrivilege:
                     refused = True
                 except psycopg.Error:
@@ -150,7 +150,7 @@ def test_every_role_calls_every_public_function_or_is_refused(conn):
             assert refused == (audience not in documented[obj["name"]]), (audience, obj["name"])
 
 
-def test_monitor_role_only_reads(conn):
+def test_monitor_role_only_reads(tx):
     """The monitor role gets views and get/list functions, nothing that writes."""
     documented = documented_roles()
     for name, audiences in documented.items():

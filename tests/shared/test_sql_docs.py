@@ -77,9 +77,9 @@ def test_examples_run(section, dsn):
                 assert info.value.sqlstate == code, where
 
 
-def test_every_public_function_and_view_is_documented(conn):
+def test_every_public_function_and_view_is_documented(tx):
     documented = set(re.findall(r"^### `(\w+)", SQL_API.read_text(), flags=re.M))
-    public = {r["name"] for r in conn.execute(
+    public = {r["name"] for r in tx.execute(
         "SELECT proname AS name FROM pg_proc WHERE pronamespace = 'pyscheduler'::regnamespace "
         "UNION SELECT relname FROM pg_class WHERE relnamespace = 'pyscheduler'::regnamespace AND relkind = 'v'"
     ).fetchall() if not r["name"].startswith("_")}
@@ -87,11 +87,11 @@ def test_every_public_function_and_view_is_documented(conn):
     assert documented - public == set(), "documented but not in the schema"
 
 
-def test_every_documented_signature_has_the_catalogs_parameters(conn):
+def test_every_documented_signature_has_the_catalogs_parameters(tx):
     """Each function's signature line (`pyscheduler.f(name type DEFAULT ..., ...)`) names its input
     parameters with their types as the catalog has them (a domain by its name): a changed
     parameter type (issue 27 B made them domains) cannot drift from the page."""
-    catalog = {r["proname"]: r["args"] or [] for r in conn.execute(
+    catalog = {r["proname"]: r["args"] or [] for r in tx.execute(
         "SELECT p.proname, array_agg(a.name || ' ' || replace(replace(format_type(a.t, NULL), 'pyscheduler.', ''),"
         "                                                     'timestamp with time zone', 'timestamptz')"
         "                            ORDER BY a.ord) FILTER (WHERE a.mode IN ('i', 'b', 'v')) AS args"
@@ -108,10 +108,10 @@ def test_every_documented_signature_has_the_catalogs_parameters(conn):
     assert documented == {f: catalog.get(f, []) for f in documented}  # (no parameters: no row in catalog)
 
 
-def test_no_public_function_names_a_parameter_with_the_private_prefix(conn):
+def test_no_public_function_names_a_parameter_with_the_private_prefix(tx):
     """Public functions name their parameters bare (named notation: ``ids => ...``); ``p_`` is
     the private helpers' prefix (issue 28: the schedules daemons' functions had it)."""
-    prefixed = [f"{r['proname']}({r['name']})" for r in conn.execute(
+    prefixed = [f"{r['proname']}({r['name']})" for r in tx.execute(
         "SELECT p.proname, a.name FROM pg_proc p, unnest(p.proargnames) AS a(name)"
         " WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname !~ '^_' AND a.name ~ '^p_'"
         " ORDER BY 1, 2").fetchall()]

@@ -73,16 +73,16 @@ def problems(conn, module: str, attr: str, decl: object) -> list[str]:
     return []
 
 
-def test_every_declared_function_view_and_statement_is_in_the_catalog_as_declared(conn):
+def test_every_declared_function_view_and_statement_is_in_the_catalog_as_declared(tx):
     decls = declarations()
     assert len(decls) > 3
-    wrong = [p for module, attr, decl in decls for p in problems(conn, module, attr, decl)]
+    wrong = [p for module, attr, decl in decls for p in problems(tx, module, attr, decl)]
     assert not wrong, "\n".join(wrong)
 
 
-def test_a_renamed_column_fails_the_contract_naming_the_sqlapi_entry(conn):
-    conn.execute("ALTER FUNCTION pyscheduler.activity(interval, interval, integer) RENAME TO activity_renamed")
-    wrong = [p for module, attr, decl in declarations() for p in problems(conn, module, attr, decl)]
+def test_a_renamed_column_fails_the_contract_naming_the_sqlapi_entry(tx):
+    tx.execute("ALTER FUNCTION pyscheduler.activity(interval, interval, integer) RENAME TO activity_renamed")
+    wrong = [p for module, attr, decl in declarations() for p in problems(tx, module, attr, decl)]
     assert wrong == ["pyscheduler.sqlapi.ACTIVITY: no function pyscheduler.activity"]
 
 

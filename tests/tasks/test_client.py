@@ -127,16 +127,16 @@ def test_calls_on_the_callers_connection_leave_its_settings_and_return_typed_res
         "odd", {"a": [1, 2.5, None], "b": "ü"}, 4_294_967_295, "ready", 0.0)
 
 
-def test_the_typed_task_round_trips_every_field(db, conn):
+def test_the_typed_task_round_trips_every_field(tx):
     """Every key get_task returns is a field of Task (and "deduplicated", which only a submit's
     answer has, and "redacted", which only another role's task has), loaded to its Python type."""
-    rn = TaskClient(db).submit("rt", {"k": {"nested": [1, "x"]}}, priority=7, unique_key="rt:1", max_attempts=3).rn
-    leased = db.call_value("lease_task", queue="rt", worker="w-1", timeout=timedelta(seconds=30))
-    db.call("heartbeat_task", rn=rn, token=leased["token"], progress=0.25, timeout=timedelta(seconds=30))
-    db.call("abort_task", rn=rn, token=leased["token"],
+    rn = TaskClient(tx).submit("rt", {"k": {"nested": [1, "x"]}}, priority=7, unique_key="rt:1", max_attempts=3).rn
+    leased = tx.call_value("lease_task", queue="rt", worker="w-1", timeout=timedelta(seconds=30))
+    tx.call("heartbeat_task", rn=rn, token=leased["token"], progress=0.25, timeout=timedelta(seconds=30))
+    tx.call("abort_task", rn=rn, token=leased["token"],
             errors=Jsonb([{"code": "bad", "args": {"why": 1}, "description": "no"}]))
-    task = TaskClient(db).get(rn)
-    raw = db.call_value("get_task", rn=rn)
+    task = TaskClient(tx).get(rn)
+    raw = tx.call_value("get_task", rn=rn)
     renamed = {"output": "result"}  # Task.output is the JSON's "result" (a TaskHandle's result() waits for it)
     assert {renamed.get(f.name, f.name) for f in dataclasses.fields(Task)} - {"json", "deduplicated", "redacted"} \
         == set(raw), \
@@ -145,14 +145,14 @@ def test_the_typed_task_round_trips_every_field(db, conn):
         rn, "rt", {"k": {"nested": [1, "x"]}}, 7, "aborted", 0.25, "w-1")
     assert (task.attempts, task.max_attempts, task.unique_key, task.run_at, task.deduplicated) == (
         1, 3, "rt:1", None, False)
-    assert task.submitted_by == db.query("SELECT current_user AS u")[0]["u"]
+    assert task.submitted_by == tx.query("SELECT current_user AS u")[0]["u"]
     assert task.errors == [TaskError("bad", "no", {"why": 1})]
     assert task.deadline is None and task.created <= task.updated
     assert [(h.type, h.worker) for h in task.history] == [("TaskAssignment", "w-1")]
     assert isinstance(task.history[0], HistoryEntry) and task.history[0].time.tzinfo is timezone.utc
     assert task["errors"] == raw["errors"] and task["created"].endswith("Z")  # the seed's JSON shape
     with pytest.raises(TaskFinished):
-        TaskClient(db).cancel(rn)
+        TaskClient(tx).cancel(rn)
 
 
 def test_bad_arguments_are_refused_naming_the_field_before_any_round_trip(dsn):

@@ -46,107 +46,107 @@ def lease_n(db, queue, n, worker="w1", now=None, **kw):
 # ------------------------------------------------------------------ item 1: concurrency keys
 
 
-def test_a_key_at_its_limit_waits_and_other_keys_lease(db):
-    db.call("set_queue_limits", queue="q", running_per_key=2)
-    submit_many(db, "q", 6, ["a", "a", "a", "b", None, "a"])
-    got = lease_n(db, "q", 10)
+def test_a_key_at_its_limit_waits_and_other_keys_lease(tx):
+    tx.call("set_queue_limits", queue="q", running_per_key=2)
+    submit_many(tx, "q", 6, ["a", "a", "a", "b", None, "a"])
+    got = lease_n(tx, "q", 10)
     assert [t["concurrency_key"] for t in got] == ["a", "a", "b", None]  # claim order; the third "a" waits
-    assert lease_n(db, "q", 10) == []
-    value(db, "complete_task", **held(got[0]))  # a slot of "a" is free
-    again = lease_n(db, "q", 10)
+    assert lease_n(tx, "q", 10) == []
+    value(tx, "complete_task", **held(got[0]))  # a slot of "a" is free
+    again = lease_n(tx, "q", 10)
     assert [t["concurrency_key"] for t in again] == ["a"]
     assert again[0]["spec"] == {"i": 2}  # the next "a" in claim order
 
 
-def test_no_head_of_line_blocking_ten_thousand_of_a_full_key_and_one_other(db):
-    db.call("set_queue_limits", queue="q", running_per_key=1)
-    call(db, "submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(10_001)]),
+def test_no_head_of_line_blocking_ten_thousand_of_a_full_key_and_one_other(tx):
+    tx.call("set_queue_limits", queue="q", running_per_key=1)
+    call(tx, "submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(10_001)]),
          concurrency_keys=["A"] * 10_001)
-    b = submit(db, concurrency_key="B")
-    first = lease(db)
+    b = submit(tx, concurrency_key="B")
+    first = lease(tx)
     assert first["concurrency_key"] == "A"
     started = time.monotonic()
-    second = lease(db)  # one call: past 10,000 ready tasks of the full key A
+    second = lease(tx)  # one call: past 10,000 ready tasks of the full key A
     elapsed = time.monotonic() - started
     assert second["rn"] == b["rn"]
-    assert lease(db) is None
-    assert lease_n(db, "q", 5) == []
+    assert lease(tx) is None
+    assert lease_n(tx, "q", 5) == []
     assert elapsed < 2.0, elapsed
 
 
-def test_running_total_limits_the_queue(db):
-    db.call("set_queue_limits", queue="q", running_total=3)
-    submit_many(db, "q", 5, None)
-    assert len(lease_n(db, "q", 5)) == 3
-    assert lease(db) is None
-    row = db.query("SELECT * FROM pyscheduler.queue_limits")[0]
+def test_running_total_limits_the_queue(tx):
+    tx.call("set_queue_limits", queue="q", running_total=3)
+    submit_many(tx, "q", 5, None)
+    assert len(lease_n(tx, "q", 5)) == 3
+    assert lease(tx) is None
+    row = tx.query("SELECT * FROM pyscheduler.queue_limits")[0]
     assert (row["queue"], row["running_total"], row["running"]) == ("q", 3, 3)
 
 
-def test_every_way_out_of_running_frees_the_slot(db):
+def test_every_way_out_of_running_frees_the_slot(tx):
     """completed, failed (retry), aborted, yielded, snoozed, cancelled, reset by the monitor."""
-    db.call("set_queue_limits", queue="q", running_per_key=1)
-    submit_many(db, "q", 8, ["k"] * 8)
+    tx.call("set_queue_limits", queue="q", running_per_key=1)
+    submit_many(tx, "q", 8, ["k"] * 8)
 
     def one():
-        t = lease(db, now=at(0))
-        assert t is not None and lease(db, now=at(0)) is None  # the key is full
+        t = lease(tx, now=at(0))
+        assert t is not None and lease(tx, now=at(0)) is None  # the key is full
         return t
 
-    value(db, "complete_task", **held(one()))
-    value(db, "fail_task", **held(one()), error=Jsonb(ERROR), retry_in="0 seconds")
-    value(db, "abort_task", **held(one()), errors=Jsonb([ERROR]))
-    value(db, "yield_task", **held(one()))  # handed back: running until the monitor resets it, but not counted
-    value(db, "yield_task", **held(one()), run_in="1 hour")
-    db.call("cancel_task", rn=one()["rn"])
+    value(tx, "complete_task", **held(one()))
+    value(tx, "fail_task", **held(one()), error=Jsonb(ERROR), retry_in="0 seconds")
+    value(tx, "abort_task", **held(one()), errors=Jsonb([ERROR]))
+    value(tx, "yield_task", **held(one()))  # handed back: running until the monitor resets it, but not counted
+    value(tx, "yield_task", **held(one()), run_in="1 hour")
+    tx.call("cancel_task", rn=one()["rn"])
     one()
-    call(db, "reset_expired_tasks", at(60))  # the timed-out lease (and the yielded one) are reset
-    assert lease(db, now=at(60)) is not None
+    call(tx, "reset_expired_tasks", at(60))  # the timed-out lease (and the yielded one) are reset
+    assert lease(tx, now=at(60)) is not None
 
 
-def test_limits_set_while_tasks_run_count_them(db):
-    submit_many(db, "q", 3, ["k", "k", "k"])
-    running = lease(db)
-    db.call("set_queue_limits", queue="q", running_per_key=1)
-    assert lease(db) is None
-    value(db, "complete_task", **held(running))
-    assert lease(db) is not None
+def test_limits_set_while_tasks_run_count_them(tx):
+    submit_many(tx, "q", 3, ["k", "k", "k"])
+    running = lease(tx)
+    tx.call("set_queue_limits", queue="q", running_per_key=1)
+    assert lease(tx) is None
+    value(tx, "complete_task", **held(running))
+    assert lease(tx) is not None
 
 
-def test_removing_the_limits_leases_as_before(db):
-    db.call("set_queue_limits", queue="q", running_per_key=1)
-    submit_many(db, "q", 3, ["k", "k", "k"])
-    assert len(lease_n(db, "q", 3)) == 1
-    answer = db.call_value("set_queue_limits", queue="q")
+def test_removing_the_limits_leases_as_before(tx):
+    tx.call("set_queue_limits", queue="q", running_per_key=1)
+    submit_many(tx, "q", 3, ["k", "k", "k"])
+    assert len(lease_n(tx, "q", 3)) == 1
+    answer = tx.call_value("set_queue_limits", queue="q")
     assert answer["running_per_key"] is None and answer["limits_by"] is None
-    assert len(lease_n(db, "q", 3)) == 2
-    assert db.query("SELECT * FROM pyscheduler.queue_limits") == []
+    assert len(lease_n(tx, "q", 3)) == 2
+    assert tx.query("SELECT * FROM pyscheduler.queue_limits") == []
 
 
-def test_limits_and_keys_refuse_hostile_values(db, conn):
+def test_limits_and_keys_refuse_hostile_values(tx):
     for bad in (0, -1):
-        assert code(lambda: db.call("set_queue_limits", queue="q", running_per_key=bad)) == "PS216"
-        assert code(lambda: db.call("set_queue_limits", queue="q", running_total=bad)) == "PS216"
-        assert code(lambda: db.call("set_rate_limit", queue="q", starts=bad)) == "PS216"
+        assert code(lambda: tx.call("set_queue_limits", queue="q", running_per_key=bad)) == "PS216"
+        assert code(lambda: tx.call("set_queue_limits", queue="q", running_total=bad)) == "PS216"
+        assert code(lambda: tx.call("set_rate_limit", queue="q", starts=bad)) == "PS216"
     # 10^12 does not fit the integer parameter: no such function for a bigint, out of range as text
-    assert code(lambda: db.call("set_queue_limits", queue="q", running_per_key=10**12)) == "42883"
-    assert code(lambda: conn.execute("SELECT pyscheduler.set_queue_limits('q', '1000000000000')")) == "22003"
-    assert code(lambda: conn.execute("SELECT pyscheduler.set_rate_limit('q', 1, 'NaN')")) == "22007"
-    assert code(lambda: conn.execute("SELECT pyscheduler.set_queue_limits('q', 'NaN'::float8::integer)")) == "22003"
-    assert code(lambda: conn.execute("SELECT pyscheduler.set_queue_limits('q', 'NaN')")) == "22P02"
-    assert code(lambda: db.call("set_queue_limits", queue="q", running_per_key=1_000_001)) == "PS216"
+    assert code(lambda: tx.call("set_queue_limits", queue="q", running_per_key=10**12)) == "42883"
+    assert code(lambda: tx.execute("SELECT pyscheduler.set_queue_limits('q', '1000000000000')")) == "22003"
+    assert code(lambda: tx.execute("SELECT pyscheduler.set_rate_limit('q', 1, 'NaN')")) == "22007"
+    assert code(lambda: tx.execute("SELECT pyscheduler.set_queue_limits('q', 'NaN'::float8::integer)")) == "22003"
+    assert code(lambda: tx.execute("SELECT pyscheduler.set_queue_limits('q', 'NaN')")) == "22P02"
+    assert code(lambda: tx.call("set_queue_limits", queue="q", running_per_key=1_000_001)) == "PS216"
     for per in ("0 seconds", "-1 second", "1 month", "2 days", "0.5 milliseconds"):
-        assert code(lambda: db.call("set_rate_limit", queue="q", starts=5, per=per)) == "PS216", per
-    assert code(lambda: db.call("set_queue_limits", queue="x" * 10_000_000, running_per_key=1)) == "PS208"
-    assert code(lambda: db.call("set_queue_limits", queue="a\x00b", running_per_key=1)) == "DataError"
-    assert code(lambda: conn.execute(b"SELECT pyscheduler.set_queue_limits(convert_from('\\xc3'::bytea, 'UTF8'), 1)")) \
+        assert code(lambda: tx.call("set_rate_limit", queue="q", starts=5, per=per)) == "PS216", per
+    assert code(lambda: tx.call("set_queue_limits", queue="x" * 10_000_000, running_per_key=1)) == "PS208"
+    assert code(lambda: tx.call("set_queue_limits", queue="a\x00b", running_per_key=1)) == "DataError"
+    assert code(lambda: tx.execute(b"SELECT pyscheduler.set_queue_limits(convert_from('\\xc3'::bytea, 'UTF8'), 1)")) \
         == "22021"
     for key in ("k" * 10_000_000, "", " k", "a\u200bb", "a\x01b"):
-        assert code(lambda: submit(db, concurrency_key=key)) == "PS215", repr(key[:10])
-        assert code(lambda: db.call("submit_tasks", queue="q", specs=Jsonb([{}]), concurrency_keys=[key])) == "PS215"
-    assert code(lambda: submit(db, concurrency_key="a\x00b")) == "DataError"
-    assert code(lambda: db.call("submit_tasks", queue="q", specs=Jsonb([{}, {}]), concurrency_keys=["a"])) == "PS215"
-    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+        assert code(lambda: submit(tx, concurrency_key=key)) == "PS215", repr(key[:10])
+        assert code(lambda: tx.call("submit_tasks", queue="q", specs=Jsonb([{}]), concurrency_keys=[key])) == "PS215"
+    assert code(lambda: submit(tx, concurrency_key="a\x00b")) == "DataError"
+    assert code(lambda: tx.call("submit_tasks", queue="q", specs=Jsonb([{}, {}]), concurrency_keys=["a"])) == "PS215"
+    assert tx.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
 
 
 def test_limits_belong_to_the_role_that_set_them(dsn, login):
@@ -277,35 +277,35 @@ def test_racing_workers_never_exceed_the_limits(dsn, db):
 # ------------------------------------------------------------------ item 3: results, the finish NOTIFY
 
 
-def test_complete_stores_a_result_that_get_task_shows(db, conn):
-    submit(db)
-    t = lease(db)
-    done = value(db, "complete_task", **held(t), result=Jsonb({"total": 42, "items": [1, 2]}))
+def test_complete_stores_a_result_that_get_task_shows(tx):
+    submit(tx)
+    t = lease(tx)
+    done = value(tx, "complete_task", **held(t), result=Jsonb({"total": 42, "items": [1, 2]}))
     assert done["result"] == {"total": 42, "items": [1, 2]}
-    assert get(db, t["rn"])["result"] == {"total": 42, "items": [1, 2]}
-    submit(db), submit(db)
-    a, b = lease(db), lease(db)
-    refused = db.call("complete_tasks", rns=[a["rn"], b["rn"]], tokens=[a["token"], b["token"]],
+    assert get(tx, t["rn"])["result"] == {"total": 42, "items": [1, 2]}
+    submit(tx), submit(tx)
+    a, b = lease(tx), lease(tx)
+    refused = tx.call("complete_tasks", rns=[a["rn"], b["rn"]], tokens=[a["token"], b["token"]],
                       results=Jsonb([7, None]))
     assert refused == []
-    assert (get(db, a["rn"])["result"], get(db, b["rn"])["result"]) == (7, None)
-    submit(db)
-    c = lease(db)
-    assert db.call_value("complete_and_lease", worker="w1", queue="q", rn=c["rn"], token=c["token"],
+    assert (get(tx, a["rn"])["result"], get(tx, b["rn"])["result"]) == (7, None)
+    submit(tx)
+    c = lease(tx)
+    assert tx.call_value("complete_and_lease", worker="w1", queue="q", rn=c["rn"], token=c["token"],
                          result=Jsonb("text")) is None
-    assert get(db, c["rn"])["result"] == "text"
+    assert get(tx, c["rn"])["result"] == "text"
 
 
-def test_a_result_above_the_setting_is_refused_and_the_task_stays_running(db, conn):
-    conn.execute("UPDATE pyscheduler.settings SET value = '1000' WHERE name = 'task_max_result_bytes'")
-    submit(db), submit(db)
-    t, u = lease(db), lease(db)
-    assert code(lambda: value(db, "complete_task", **held(t), result=Jsonb({"x": "y" * 5000}))) == "PS217"
-    assert code(lambda: db.call("complete_tasks", rns=[t["rn"], u["rn"]], tokens=[t["token"], u["token"]],
+def test_a_result_above_the_setting_is_refused_and_the_task_stays_running(tx):
+    tx.execute("UPDATE pyscheduler.settings SET value = '1000' WHERE name = 'task_max_result_bytes'")
+    submit(tx), submit(tx)
+    t, u = lease(tx), lease(tx)
+    assert code(lambda: value(tx, "complete_task", **held(t), result=Jsonb({"x": "y" * 5000}))) == "PS217"
+    assert code(lambda: tx.call("complete_tasks", rns=[t["rn"], u["rn"]], tokens=[t["token"], u["token"]],
                                 results=Jsonb([1, {"x": "y" * 5000}]))) == "PS217"
-    assert code(lambda: db.call("complete_tasks", rns=[t["rn"]], tokens=[t["token"]], results=Jsonb([1, 2]))) \
+    assert code(lambda: tx.call("complete_tasks", rns=[t["rn"]], tokens=[t["token"]], results=Jsonb([1, 2]))) \
         == "PS208"
-    assert get(db, t["rn"])["status"] == get(db, u["rn"])["status"] == "running"
+    assert get(tx, t["rn"])["status"] == get(tx, u["rn"])["status"] == "running"
 
 
 def test_a_watched_task_notifies_its_channel_when_it_finishes(dsn, db):
@@ -329,23 +329,23 @@ def test_a_watched_task_notifies_its_channel_when_it_finishes(dsn, db):
 # ------------------------------------------------------------------ item 5: snooze
 
 
-def test_yield_with_run_in_snoozes_without_using_an_attempt(db):
-    submit(db, max_attempts=1, now=at(0))
-    t = lease(db, now=at(0))
-    snoozed = value(db, "yield_task", at(1), **held(t), run_in="30 seconds")
+def test_yield_with_run_in_snoozes_without_using_an_attempt(tx):
+    submit(tx, max_attempts=1, now=at(0))
+    t = lease(tx, now=at(0))
+    snoozed = value(tx, "yield_task", at(1), **held(t), run_in="30 seconds")
     assert (snoozed["status"], snoozed["attempts"], snoozed["owner"]) == ("scheduled", 0, None)
     assert snoozed["run_at"].startswith("2030-01-01T00:00:31")
     assert [h["_typ"] for h in snoozed["history"]] == ["TaskAssignment", "TaskYield"]
     assert snoozed["history"][-1]["run_at"] == snoozed["run_at"]
-    assert lease(db, now=at(30)) is None
-    again = lease(db, now=at(31))
+    assert lease(tx, now=at(30)) is None
+    again = lease(tx, now=at(31))
     assert again["rn"] == t["rn"] and again["attempts"] == 1
-    assert code(lambda: value(db, "heartbeat_task", **held(t))) == "PS201"
-    zero = value(db, "yield_task", **held(again), run_in="0 seconds")
+    assert code(lambda: value(tx, "heartbeat_task", **held(t))) == "PS201"
+    zero = value(tx, "yield_task", **held(again), run_in="0 seconds")
     assert zero["status"] == "ready"
-    t3 = lease(db)
+    t3 = lease(tx)
     for bad in ("-1 second", "366 days"):
-        assert code(lambda: value(db, "yield_task", **held(t3), run_in=bad)) == "PS212"
+        assert code(lambda: value(tx, "yield_task", **held(t3), run_in=bad)) == "PS212"
 
 
 # ------------------------------------------------------------------ item 6: the application's transaction
@@ -471,25 +471,25 @@ def test_the_holders_own_yield_waits_for_the_transaction_that_holds_its_lease(ds
 # ------------------------------------------------------------------ item 2: rate limits
 
 
-def test_a_rate_limit_is_a_token_bucket_on_the_database_clock(db):
-    db.call("set_rate_limit", queue="q", starts=5, per="1 second")
-    submit_many(db, "q", 40, None, now=at(0))
-    assert len(lease_n(db, "q", 10, now=at(0))) == 5  # a full bucket: the burst
-    assert len(lease_n(db, "q", 10, now=at(0))) == 0  # over the limit: the tasks wait in ready
-    assert len(lease_n(db, "q", 10, now=at(0.5))) == 2  # 2.5 tokens
-    assert len(lease_n(db, "q", 10, now=at(1.0))) == 3  # 0.5 + 2.5
-    assert len(lease_n(db, "q", 10, now=at(11))) == 5  # never more than the burst
-    assert len(lease_n(db, "q", 1, now=at(11.2))) == 1
-    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE status = 'ready'")[0]["n"] == 40 - 16
+def test_a_rate_limit_is_a_token_bucket_on_the_database_clock(tx):
+    tx.call("set_rate_limit", queue="q", starts=5, per="1 second")
+    submit_many(tx, "q", 40, None, now=at(0))
+    assert len(lease_n(tx, "q", 10, now=at(0))) == 5  # a full bucket: the burst
+    assert len(lease_n(tx, "q", 10, now=at(0))) == 0  # over the limit: the tasks wait in ready
+    assert len(lease_n(tx, "q", 10, now=at(0.5))) == 2  # 2.5 tokens
+    assert len(lease_n(tx, "q", 10, now=at(1.0))) == 3  # 0.5 + 2.5
+    assert len(lease_n(tx, "q", 10, now=at(11))) == 5  # never more than the burst
+    assert len(lease_n(tx, "q", 1, now=at(11.2))) == 1
+    assert tx.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE status = 'ready'")[0]["n"] == 40 - 16
 
 
-def test_a_rate_limit_by_key_has_a_bucket_per_key(db):
-    db.call("set_rate_limit", queue="q", starts=2, per="1 minute", by_key=True)
-    submit_many(db, "q", 9, ["a", "a", "a", "b", "b", "b", None, None, None], now=at(0))
-    got = lease_n(db, "q", 20, now=at(0))
+def test_a_rate_limit_by_key_has_a_bucket_per_key(tx):
+    tx.call("set_rate_limit", queue="q", starts=2, per="1 minute", by_key=True)
+    submit_many(tx, "q", 9, ["a", "a", "a", "b", "b", "b", None, None, None], now=at(0))
+    got = lease_n(tx, "q", 20, now=at(0))
     assert sorted((t["concurrency_key"] or "-") for t in got) == ["-", "-", "-", "a", "a", "b", "b"]
-    assert lease_n(db, "q", 20, now=at(29)) == []
-    assert [t["concurrency_key"] for t in lease_n(db, "q", 20, now=at(30))] == ["a", "b"]
+    assert lease_n(tx, "q", 20, now=at(29)) == []
+    assert [t["concurrency_key"] for t in lease_n(tx, "q", 20, now=at(30))] == ["a", "b"]
 
 
 def test_racing_workers_hold_a_rate_on_the_real_clock(dsn, db):
@@ -543,24 +543,24 @@ def test_racing_workers_hold_a_rate_on_the_real_clock(dsn, db):
 # ------------------------------------------------------------------ item 4: dependencies
 
 
-def test_a_task_after_others_waits_for_them_and_reads_their_results(db):
-    a, b = submit(db, spec={"p": "a"}), submit(db, queue="other", spec={"p": "b"})  # any queue of the role
-    child = submit(db, spec={"c": 1}, after=[a["rn"], b["rn"]])
+def test_a_task_after_others_waits_for_them_and_reads_their_results(tx):
+    a, b = submit(tx, spec={"p": "a"}), submit(tx, queue="other", spec={"p": "b"})  # any queue of the role
+    child = submit(tx, spec={"c": 1}, after=[a["rn"], b["rn"]])
     assert (child["status"], child["after"]) == ("waiting", [a["rn"], b["rn"]])
-    assert db.query("SELECT waiting FROM pyscheduler.queue_status WHERE queue = 'q'")[0]["waiting"] == 1
-    ta = lease(db)
-    assert ta["rn"] == a["rn"] and lease(db) is None  # the child is not leased while it waits
-    value(db, "complete_task", **held(ta), result=Jsonb({"a": 1}))
-    assert get(db, child["rn"])["status"] == "waiting"
-    tb = lease(db, queue="other")
-    value(db, "complete_task", **held(tb), result=Jsonb([2]))
-    assert get(db, child["rn"])["status"] == "ready"
-    tc = lease(db)
+    assert tx.query("SELECT waiting FROM pyscheduler.queue_status WHERE queue = 'q'")[0]["waiting"] == 1
+    ta = lease(tx)
+    assert ta["rn"] == a["rn"] and lease(tx) is None  # the child is not leased while it waits
+    value(tx, "complete_task", **held(ta), result=Jsonb({"a": 1}))
+    assert get(tx, child["rn"])["status"] == "waiting"
+    tb = lease(tx, queue="other")
+    value(tx, "complete_task", **held(tb), result=Jsonb([2]))
+    assert get(tx, child["rn"])["status"] == "ready"
+    tc = lease(tx)
     assert tc["rn"] == child["rn"]
     assert tc["parents"] == [{"rn": a["rn"], "status": "completed", "result": {"a": 1}},
                              {"rn": b["rn"], "status": "completed", "result": [2]}]
-    assert value(db, "parent_results", **held(tc)) == tc["parents"]
-    assert "parents" not in lease_or_none(db, submit(db))
+    assert value(tx, "parent_results", **held(tc)) == tc["parents"]
+    assert "parents" not in lease_or_none(tx, submit(tx))
 
 
 def lease_or_none(db, task):
@@ -569,37 +569,37 @@ def lease_or_none(db, task):
     return t
 
 
-def test_a_failed_parent_cancels_its_dependents_in_turn_unless_they_run_anyway(db):
-    p = submit(db)
-    child = submit(db, after=[p["rn"]])
-    grandchild = submit(db, after=[child["rn"]])
-    anyway = submit(db, after=[p["rn"]], on_parent_failure="run")
-    value(db, "abort_task", **held(lease(db)), errors=Jsonb([ERROR]))
-    c = get(db, child["rn"])
+def test_a_failed_parent_cancels_its_dependents_in_turn_unless_they_run_anyway(tx):
+    p = submit(tx)
+    child = submit(tx, after=[p["rn"]])
+    grandchild = submit(tx, after=[child["rn"]])
+    anyway = submit(tx, after=[p["rn"]], on_parent_failure="run")
+    value(tx, "abort_task", **held(lease(tx)), errors=Jsonb([ERROR]))
+    c = get(tx, child["rn"])
     assert c["status"] == "cancelled"
     assert c["history"][-1] | {"time": None} == {"_typ": "TaskParentFailed", "parent": p["rn"], "status": "aborted",
                                                  "time": None}
-    g = get(db, grandchild["rn"])
+    g = get(tx, grandchild["rn"])
     assert (g["status"], g["history"][-1]["parent"]) == ("cancelled", child["rn"])
-    assert get(db, anyway["rn"])["status"] == "ready"
+    assert get(tx, anyway["rn"])["status"] == "ready"
     # a parent cancelled by its client: the same
-    q = submit(db)
-    d = submit(db, after=[q["rn"]])
-    db.call("cancel_task", rn=q["rn"])
-    assert get(db, d["rn"])["history"][-1]["status"] == "cancelled"
+    q = submit(tx)
+    d = submit(tx, after=[q["rn"]])
+    tx.call("cancel_task", rn=q["rn"])
+    assert get(tx, d["rn"])["history"][-1]["status"] == "cancelled"
 
 
-def test_after_a_finished_task(db):
-    done = submit(db)
-    value(db, "complete_task", **held(lease(db)))
-    assert submit(db, after=[done["rn"]])["status"] == "ready"
-    assert submit(db, after=[done["rn"]], run_in="1 hour")["status"] == "scheduled"
-    lease(db), lease(db)  # empty the queue of ready tasks
-    failed = submit(db, queue="f")
-    db.call("cancel_task", rn=failed["rn"])
-    late = submit(db, after=[failed["rn"]])
+def test_after_a_finished_task(tx):
+    done = submit(tx)
+    value(tx, "complete_task", **held(lease(tx)))
+    assert submit(tx, after=[done["rn"]])["status"] == "ready"
+    assert submit(tx, after=[done["rn"]], run_in="1 hour")["status"] == "scheduled"
+    lease(tx), lease(tx)  # empty the queue of ready tasks
+    failed = submit(tx, queue="f")
+    tx.call("cancel_task", rn=failed["rn"])
+    late = submit(tx, after=[failed["rn"]])
     assert (late["status"], late["history"][0]["_typ"]) == ("cancelled", "TaskParentFailed")
-    assert submit(db, after=[failed["rn"]], on_parent_failure="run")["status"] == "ready"
+    assert submit(tx, after=[failed["rn"]], on_parent_failure="run")["status"] == "ready"
 
 
 def test_after_refuses_missing_foreign_and_too_many_parents(db, conn, dsn, login):
@@ -622,22 +622,22 @@ def test_after_refuses_missing_foreign_and_too_many_parents(db, conn, dsn, login
     assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == before
 
 
-def test_a_join_after_ten_thousand_parents_is_released_by_a_counter(db):
-    parents = [r["task"]["rn"] for r in db.call("submit_tasks", queue="fan", specs=Jsonb([{"i": i} for i in range(10_000)]))]
-    join = submit(db, queue="join", after=parents)
+def test_a_join_after_ten_thousand_parents_is_released_by_a_counter(tx):
+    parents = [r["task"]["rn"] for r in tx.call("submit_tasks", queue="fan", specs=Jsonb([{"i": i} for i in range(10_000)]))]
+    join = submit(tx, queue="join", after=parents)
     assert join["status"] == "waiting"
     leased = []
     while True:
-        rows = lease_n(db, "fan", 1000)
+        rows = lease_n(tx, "fan", 1000)
         if not rows:
             break
         leased += rows
-        assert db.call("complete_tasks", rns=[t["rn"] for t in rows], tokens=[t["token"] for t in rows]) == []
-        left = db.query("SELECT waiting_on, status FROM pyscheduler.tasks WHERE rn = %s", [join["rn"]])[0]
+        assert tx.call("complete_tasks", rns=[t["rn"] for t in rows], tokens=[t["token"] for t in rows]) == []
+        left = tx.query("SELECT waiting_on, status FROM pyscheduler.tasks WHERE rn = %s", [join["rn"]])[0]
         assert left["waiting_on"] == 10_000 - len(leased)
     assert len(leased) == 10_000
-    assert get(db, join["rn"])["status"] == "ready"
-    assert db.query("SELECT count(*) AS n FROM pyscheduler.task_edges")[0]["n"] == 0
+    assert get(tx, join["rn"])["status"] == "ready"
+    assert tx.query("SELECT count(*) AS n FROM pyscheduler.task_edges")[0]["n"] == 0
 
 
 def test_a_parent_finishing_while_its_child_is_submitted_releases_it(dsn, db):
@@ -658,13 +658,13 @@ def test_a_parent_finishing_while_its_child_is_submitted_releases_it(dsn, db):
     assert get(db, child["rn"])["status"] == "ready"
 
 
-def test_a_waiting_task_holds_its_unique_key_and_can_be_cancelled(db):
-    p = submit(db)
-    w = submit(db, after=[p["rn"]], unique_key="once")
-    assert submit(db, unique_key="once")["deduplicated"] is True
-    assert db.call_value("cancel_task", rn=w["rn"])["status"] == "cancelled"
-    value(db, "complete_task", **held(lease(db)))
-    assert get(db, w["rn"])["status"] == "cancelled"
+def test_a_waiting_task_holds_its_unique_key_and_can_be_cancelled(tx):
+    p = submit(tx)
+    w = submit(tx, after=[p["rn"]], unique_key="once")
+    assert submit(tx, unique_key="once")["deduplicated"] is True
+    assert tx.call_value("cancel_task", rn=w["rn"])["status"] == "cancelled"
+    value(tx, "complete_task", **held(lease(tx)))
+    assert get(tx, w["rn"])["status"] == "cancelled"
 
 
 def waiting_on(db, rn) -> int:
@@ -672,60 +672,60 @@ def waiting_on(db, rn) -> int:
 
 
 @pytest.mark.parametrize("requeue", ["retry_task", "retry_tasks"])
-def test_a_requeued_dependent_waits_again_for_its_parents_that_have_not_completed(db, requeue):
+def test_a_requeued_dependent_waits_again_for_its_parents_that_have_not_completed(tx, requeue):
     """Issue 27 item 8: requeuing a cancelled dependent made it ready while its parents were
     still scheduled, ready or running; it waits for them again, counted down by their ends."""
     def again(task):
         if requeue == "retry_task":
-            return db.call_value("retry_task", rn=task["rn"])
-        rows = [r["task"] for r in db.call("retry_tasks", queue=task["queue"], status="cancelled")]
+            return tx.call_value("retry_task", rn=task["rn"])
+        rows = [r["task"] for r in tx.call("retry_tasks", queue=task["queue"], status="cancelled")]
         assert [r["rn"] for r in rows] == [task["rn"]]
         return rows[0]
 
-    later = submit(db, queue="p", run_in="1 hour")  # scheduled
-    first = submit(db, queue="p")
-    done = submit(db, queue="p")
-    value(db, "complete_task", **held(lease(db, queue="p")))  # `first` completed
-    child = submit(db, queue="c", after=[later["rn"], first["rn"], done["rn"]])
-    assert db.call_value("cancel_task", rn=child["rn"])["status"] == "cancelled"
+    later = submit(tx, queue="p", run_in="1 hour")  # scheduled
+    first = submit(tx, queue="p")
+    done = submit(tx, queue="p")
+    value(tx, "complete_task", **held(lease(tx, queue="p")))  # `first` completed
+    child = submit(tx, queue="c", after=[later["rn"], first["rn"], done["rn"]])
+    assert tx.call_value("cancel_task", rn=child["rn"])["status"] == "cancelled"
     requeued = again(child)
-    assert (requeued["status"], waiting_on(db, child["rn"])) == ("waiting", 2)  # `later` and `done`
-    assert lease(db, queue="c") is None
-    value(db, "complete_task", **held(lease(db, queue="p")))  # `done`
-    assert (get(db, child["rn"])["status"], waiting_on(db, child["rn"])) == ("waiting", 1)
-    db.call("cancel_task", rn=later["rn"])  # a parent that fails cancels it again
-    assert get(db, child["rn"])["history"][-1]["_typ"] == "TaskParentFailed"
+    assert (requeued["status"], waiting_on(tx, child["rn"])) == ("waiting", 2)  # `later` and `done`
+    assert lease(tx, queue="c") is None
+    value(tx, "complete_task", **held(lease(tx, queue="p")))  # `done`
+    assert (get(tx, child["rn"])["status"], waiting_on(tx, child["rn"])) == ("waiting", 1)
+    tx.call("cancel_task", rn=later["rn"])  # a parent that fails cancels it again
+    assert get(tx, child["rn"])["history"][-1]["_typ"] == "TaskParentFailed"
     # requeued while that parent is cancelled: refused (left as it is by retry_tasks); once the
     # parent is requeued, it waits for it (the edge its cancel deleted is made again)
     if requeue == "retry_task":
         assert code(lambda: again(child)) == "PS211"
     else:
-        assert db.call("retry_tasks", queue="c", status="cancelled") == []
-    db.call_value("retry_task", rn=later["rn"])
-    assert (again(child)["status"], waiting_on(db, child["rn"])) == ("waiting", 1)
-    value(db, "complete_task", **held(lease(db, queue="p")))
-    assert get(db, child["rn"])["status"] == "ready"
-    assert lease(db, queue="c")["rn"] == child["rn"]
-    counts = {(r["queue"], r["status"]): r["tasks"] for r in db.query("SELECT * FROM pyscheduler.task_counts")}
-    assert counts == {(r["queue"], r["status"]): r["n"] for r in db.query(
+        assert tx.call("retry_tasks", queue="c", status="cancelled") == []
+    tx.call_value("retry_task", rn=later["rn"])
+    assert (again(child)["status"], waiting_on(tx, child["rn"])) == ("waiting", 1)
+    value(tx, "complete_task", **held(lease(tx, queue="p")))
+    assert get(tx, child["rn"])["status"] == "ready"
+    assert lease(tx, queue="c")["rn"] == child["rn"]
+    counts = {(r["queue"], r["status"]): r["tasks"] for r in tx.query("SELECT * FROM pyscheduler.task_counts")}
+    assert counts == {(r["queue"], r["status"]): r["n"] for r in tx.query(
         "SELECT queue, status::text, count(*) AS n FROM pyscheduler.tasks GROUP BY 1, 2")}
 
 
 # ------------------------------------------------------------------ submit_workflow
 
 
-def test_a_workflow_is_submitted_parents_first_and_runs_in_order(db):
+def test_a_workflow_is_submitted_parents_first_and_runs_in_order(tx):
     flow = [{"name": "join", "queue": "q", "spec": {"s": "join"}, "after": ["left", "right"]},
             {"name": "left", "queue": "q", "spec": {"s": "left"}, "after": ["fetch"]},
             {"name": "right", "queue": "q", "spec": {"s": "right"}, "after": ["fetch"], "priority": 60},
             {"name": "fetch", "queue": "q", "spec": {"s": "fetch"}, "concurrency_key": "api"}]
-    tasks = db.call_value("submit_workflow", workflow=Jsonb(flow))
+    tasks = tx.call_value("submit_workflow", workflow=Jsonb(flow))
     assert set(tasks) == {"join", "left", "right", "fetch"}
     assert tasks["fetch"]["status"] == "ready" and tasks["join"]["after"] == [tasks["left"]["rn"], tasks["right"]["rn"]]
     order = []
-    while (t := lease(db)) is not None:
+    while (t := lease(tx)) is not None:
         order.append(t["spec"]["s"])
-        value(db, "complete_task", **held(t))
+        value(tx, "complete_task", **held(t))
     assert order == ["fetch", "right", "left", "join"]
 
 
@@ -740,17 +740,17 @@ def test_a_workflow_is_submitted_parents_first_and_runs_in_order(db):
     [],
     {"a": {}},
 ])
-def test_a_bad_workflow_is_refused_and_nothing_is_submitted(db, flow):
+def test_a_bad_workflow_is_refused_and_nothing_is_submitted(tx, flow):
     ok = {"name": "z", "queue": "q", "spec": {}}
     body = flow + [ok] if isinstance(flow, list) and flow else flow
-    assert code(lambda: db.call("submit_workflow", workflow=Jsonb(body))) == "PS220"
-    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+    assert code(lambda: tx.call("submit_workflow", workflow=Jsonb(body))) == "PS220"
+    assert tx.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
 
 
-def test_a_workflow_above_the_setting_is_refused(db):
+def test_a_workflow_above_the_setting_is_refused(tx):
     nodes = [{"name": f"n{i}", "queue": "q", "spec": {}} for i in range(100_000)]
-    assert code(lambda: db.call("submit_workflow", workflow=Jsonb(nodes))) == "PS220"
-    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+    assert code(lambda: tx.call("submit_workflow", workflow=Jsonb(nodes))) == "PS220"
+    assert tx.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
 
 
 def test_unique_keys_in_a_workflow_are_deduplicated_as_submit_task_does(dsn, db):
@@ -798,27 +798,27 @@ def test_unique_keys_in_a_workflow_are_deduplicated_as_submit_task_does(dsn, db)
     ("on_parent_failure", "ignore", "PS219"), ("on_parent_failure", 1, "PS219"),
     ("after", [1], "PS220"), ("after", {"a": 1}, "PS220"), ("name", 5, "PS220"),
 ])
-def test_a_node_value_of_the_wrong_type_or_out_of_bounds_names_the_node_and_its_key(db, key, bad, sqlstate):
+def test_a_node_value_of_the_wrong_type_or_out_of_bounds_names_the_node_and_its_key(tx, key, bad, sqlstate):
     """Issue 27 item 12: raw 22P02/22003 errors naming neither, or a queue {"x": 1} taken as the
     text of the object; now the key's own SQLSTATE, as submit_task's, and nothing submitted."""
     flow = [{"name": "a", "queue": "q", "spec": {}}, {"name": "b", "queue": "q", "spec": {}, key: bad}]
     with pytest.raises(errors.SchedulerError) as info:
-        db.call("submit_workflow", workflow=Jsonb(flow))
+        tx.call("submit_workflow", workflow=Jsonb(flow))
     assert info.value.sqlstate == sqlstate
     assert str(info.value).startswith("workflow[1]") and key in str(info.value)
-    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+    assert tx.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
 
 
-def test_a_node_may_leave_out_an_optional_key_with_null(db):
+def test_a_node_may_leave_out_an_optional_key_with_null(tx):
     optional = ["priority", "unique_key", "max_attempts", "concurrency_key", "run_in", "on_parent_failure"]
-    tasks = db.call_value("submit_workflow", workflow=Jsonb([{"name": "a", "queue": "q", "spec": {}, "after": [],
+    tasks = tx.call_value("submit_workflow", workflow=Jsonb([{"name": "a", "queue": "q", "spec": {}, "after": [],
                                                               **dict.fromkeys(optional)}]))
     a = tasks["a"]
     assert (a["status"], a["priority"], a["after"], a["max_attempts"], a["on_parent_failure"]) == (
         "ready", 50, None, None, "cancel")
 
 
-def test_a_node_with_a_bad_value_refuses_the_whole_workflow(db):
+def test_a_node_with_a_bad_value_refuses_the_whole_workflow(tx):
     flow = [{"name": "a", "queue": "q", "spec": {}}, {"name": "b", "queue": "q", "spec": [], "after": ["a"]}]
-    assert code(lambda: db.call("submit_workflow", workflow=Jsonb(flow))) == "PS206"
-    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0
+    assert code(lambda: tx.call("submit_workflow", workflow=Jsonb(flow))) == "PS206"
+    assert tx.query("SELECT count(*) AS n FROM pyscheduler.tasks")[0]["n"] == 0

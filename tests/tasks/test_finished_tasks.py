@@ -64,9 +64,9 @@ def every_ending(db) -> dict:
             "given_up": given_up, "running": running, "cancelled_ready": rns[5], "ready": rns[6]}
 
 
-def test_finished_tasks_read_as_before_until_cleanup_deletes_them(db):
-    t = every_ending(db)
-    seen = readers(db)
+def test_finished_tasks_read_as_before_until_cleanup_deletes_them(tx):
+    t = every_ending(tx)
+    seen = readers(tx)
     # newest first across both tables, as submitted (equal created: by submission order)
     assert [task["rn"] for task in seen["list"]] == list(reversed(t["rns"]))
     assert seen["by_status"] == {
@@ -75,43 +75,43 @@ def test_finished_tasks_read_as_before_until_cleanup_deletes_them(db):
         "cancelled": [t["cancelled_ready"], t["cancelled_running"]["rn"]]}
     assert seen["counts"] == [("f", "aborted", 2), ("f", "cancelled", 2), ("f", "completed", 1),
                               ("f", "ready", 1), ("f", "running", 1)]
-    done = db.call_value("get_task", rn=t["done"]["rn"])
+    done = tx.call_value("get_task", rn=t["done"]["rn"])
     assert (done["status"], done["progress"], done["owner"], done["deadline"]) == ("completed", 1.0, "w1", None)
     assert [e["_typ"] for e in done["history"]] == ["TaskAssignment"]
-    aborted = db.call_value("get_task", rn=t["aborted"]["rn"])
+    aborted = tx.call_value("get_task", rn=t["aborted"]["rn"])
     assert aborted["errors"] == [{"code": "bad", "args": {"x": 1}, "description": ""}]
 
     # the state machine answers for finished tasks as before: single and batch writes
     with pytest.raises(errors.TaskNotRunning):
-        db.call("complete_task", **t["done"])
+        tx.call("complete_task", **t["done"])
     with pytest.raises(errors.TaskCancelled):
-        db.call("heartbeat_task", **t["cancelled_running"])
+        tx.call("heartbeat_task", **t["cancelled_running"])
     with pytest.raises(errors.TaskNotRunning):
-        db.call("abort_task", **t["given_up"], errors=Jsonb([{"code": "x"}]))
+        tx.call("abort_task", **t["given_up"], errors=Jsonb([{"code": "x"}]))
     held = [t["done"], t["cancelled_running"], t["aborted"], t["running"]]
-    refused = db.call("_complete_tasks", rns=[h["rn"] for h in held], tokens=[h["token"] for h in held], p_now=at(8))
+    refused = tx.call("_complete_tasks", rns=[h["rn"] for h in held], tokens=[h["token"] for h in held], p_now=at(8))
     assert sorted((str(r["rn"]), r["sqlstate"]) for r in refused) == sorted(
         [(t["done"]["rn"], "PS202"), (t["cancelled_running"]["rn"], "PS203"), (t["aborted"]["rn"], "PS202")])
     with pytest.raises(errors.TaskFinished):
-        db.call("cancel_task", rn=t["done"]["rn"])
-    assert db.call_value("cancel_task", rn=t["cancelled_ready"]) == db.call_value("get_task", rn=t["cancelled_ready"])
-    seen = readers(db)  # the running task was completed by the batch: it moved too
+        tx.call("cancel_task", rn=t["done"]["rn"])
+    assert tx.call_value("cancel_task", rn=t["cancelled_ready"]) == tx.call_value("get_task", rn=t["cancelled_ready"])
+    seen = readers(tx)  # the running task was completed by the batch: it moved too
     assert seen["by_status"]["completed"] == [t["running"]["rn"], t["done"]["rn"]]
 
     # cleanup: finished tasks past retention go, in any state; live tasks stay, however old
-    private(db, "heartbeat_task", at(35), **lease(db, at(34)), timeout=timedelta(hours=1))
-    assert db.call_value("_cleanup_tasks", retention=timedelta(seconds=10), p_now=at(15.5)) == 4  # finished by 5 s
+    private(tx, "heartbeat_task", at(35), **lease(tx, at(34)), timeout=timedelta(hours=1))
+    assert tx.call_value("_cleanup_tasks", retention=timedelta(seconds=10), p_now=at(15.5)) == 4  # finished by 5 s
     gone = [t["done"]["rn"], t["aborted"]["rn"], t["cancelled_running"]["rn"], t["cancelled_ready"]]
     for rn in gone:
         with pytest.raises(errors.TaskNotFound):
-            db.call("get_task", rn=rn)
+            tx.call("get_task", rn=rn)
         with pytest.raises(errors.TaskNotFound):
-            db.call("cancel_task", rn=rn)
-    seen = readers(db)
+            tx.call("cancel_task", rn=rn)
+    seen = readers(tx)
     assert {task["rn"] for task in seen["list"]} == {t["given_up"]["rn"], t["running"]["rn"], t["ready"]}
     assert seen["counts"] == [("f", "aborted", 1), ("f", "completed", 1), ("f", "running", 1)]
-    assert db.call_value("_cleanup_tasks", retention=timedelta(0), p_now=at(3600)) == 2
-    assert [task["status"] for task in readers(db)["list"]] == ["running"]
+    assert tx.call_value("_cleanup_tasks", retention=timedelta(0), p_now=at(3600)) == 2
+    assert [task["status"] for task in readers(tx)["list"]] == ["running"]
 
 
 def test_a_task_finishing_while_a_client_cancels_it_is_refused_by_the_state_machine(db, dsn):

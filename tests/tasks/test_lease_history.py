@@ -49,71 +49,71 @@ def seen(db, rn):
     return task
 
 
-def test_history_reads_as_if_every_lease_appended_its_entry(db):
-    rn = private(db, "submit_task", at(0), queue="q", spec=Jsonb({}))["rn"]
-    h = lease(db, "w1", at(1))
+def test_history_reads_as_if_every_lease_appended_its_entry(tx):
+    rn = private(tx, "submit_task", at(0), queue="q", spec=Jsonb({}))["rn"]
+    h = lease(tx, "w1", at(1))
     expected = [entry("TaskAssignment", "w1", 1)]
-    assert seen(db, rn)["history"] == expected
-    private(db, "heartbeat_task", at(2), **h, progress=0.25)
-    assert seen(db, rn)["history"] == expected
-    reset = [r["task"] for r in db.call("_reset_expired_tasks", p_now=at(20))]
+    assert seen(tx, rn)["history"] == expected
+    private(tx, "heartbeat_task", at(2), **h, progress=0.25)
+    assert seen(tx, rn)["history"] == expected
+    reset = [r["task"] for r in tx.call("_reset_expired_tasks", p_now=at(20))]
     expected.append(entry("TaskTimeout", "w1", 20, 0.25))
-    assert [t["history"] for t in reset] == [expected] == [seen(db, rn)["history"]]
+    assert [t["history"] for t in reset] == [expected] == [seen(tx, rn)["history"]]
 
-    h = lease(db, "w2", at(21))
+    h = lease(tx, "w2", at(21))
     expected.append(entry("TaskAssignment", "w2", 21))
-    assert seen(db, rn)["history"] == expected
-    assert private(db, "yield_task", at(22), **h)["history"] == expected + [entry("TaskYield", "w2", 22, 0.0)]
+    assert seen(tx, rn)["history"] == expected
+    assert private(tx, "yield_task", at(22), **h)["history"] == expected + [entry("TaskYield", "w2", 22, 0.0)]
     expected.append(entry("TaskYield", "w2", 22, 0.0))
-    db.call("_reset_expired_tasks", p_now=at(23))  # a yielded lease: no TaskTimeout
-    assert seen(db, rn)["history"] == expected
+    tx.call("_reset_expired_tasks", p_now=at(23))  # a yielded lease: no TaskTimeout
+    assert seen(tx, rn)["history"] == expected
 
-    h = lease(db, "w3", at(24))
+    h = lease(tx, "w3", at(24))
     expected.append(entry("TaskAssignment", "w3", 24))
-    cancelled = private(db, "cancel_task", at(25), rn=rn)
-    assert cancelled["status"] == "cancelled" and cancelled["history"] == expected == seen(db, rn)["history"]
+    cancelled = private(tx, "cancel_task", at(25), rn=rn)
+    assert cancelled["status"] == "cancelled" and cancelled["history"] == expected == seen(tx, rn)["history"]
     with pytest.raises(errors.TaskCancelled):
-        db.call("complete_task", **h)
+        tx.call("complete_task", **h)
 
-    other = private(db, "submit_task", at(30), queue="q", spec=Jsonb({}))["rn"]
-    h = lease(db, "w4", at(31))
+    other = private(tx, "submit_task", at(30), queue="q", spec=Jsonb({}))["rn"]
+    h = lease(tx, "w4", at(31))
     assert h["rn"] == other
-    done = private(db, "complete_task", at(32), **h)
+    done = private(tx, "complete_task", at(32), **h)
     assert done["status"] == "completed" and done["history"] == [entry("TaskAssignment", "w4", 31)]
-    assert seen(db, other)["history"] == done["history"]
+    assert seen(tx, other)["history"] == done["history"]
 
 
-def test_batch_leases_and_yields_keep_the_history(db):
-    db.call("_submit_tasks", queue="b", specs=Jsonb([{"i": i} for i in range(5)]), p_now=at(0))
-    rows = [r["task"] for r in db.call("_lease_tasks", queue="b", worker="wb", n=5, p_now=at(1))]
+def test_batch_leases_and_yields_keep_the_history(tx):
+    tx.call("_submit_tasks", queue="b", specs=Jsonb([{"i": i} for i in range(5)]), p_now=at(0))
+    rows = [r["task"] for r in tx.call("_lease_tasks", queue="b", worker="wb", n=5, p_now=at(1))]
     assert all(t["history"] == [entry("TaskAssignment", "wb", 1)] for t in rows)
-    refused = db.call("_yield_tasks", rns=[t["rn"] for t in rows], tokens=[t["token"] for t in rows], p_now=at(2))
+    refused = tx.call("_yield_tasks", rns=[t["rn"] for t in rows], tokens=[t["token"] for t in rows], p_now=at(2))
     assert refused == []
     for t in rows:
-        assert seen(db, t["rn"])["history"] == [entry("TaskAssignment", "wb", 1), entry("TaskYield", "wb", 2, 0.0)]
-    db.call("_reset_expired_tasks", p_now=at(3))
-    lean = db.call("_lease_tasks_lean", queue="b", worker="wc", n=5, p_now=at(4))
+        assert seen(tx, t["rn"])["history"] == [entry("TaskAssignment", "wb", 1), entry("TaskYield", "wb", 2, 0.0)]
+    tx.call("_reset_expired_tasks", p_now=at(3))
+    lean = tx.call("_lease_tasks_lean", queue="b", worker="wc", n=5, p_now=at(4))
     assert len(lean) == 5
     for r in lean:
-        assert seen(db, str(r["rn"]))["history"][-1] == entry("TaskAssignment", "wc", 4)
-        assert len(seen(db, str(r["rn"]))["history"]) == 3
+        assert seen(tx, str(r["rn"]))["history"][-1] == entry("TaskAssignment", "wc", 4)
+        assert len(seen(tx, str(r["rn"]))["history"]) == 3
 
 
-def test_every_lease_gets_its_own_token(db):
-    db.call("submit_tasks", queue="t", specs=Jsonb([{"i": i} for i in range(50)]))
-    first = [r["task"] for r in db.call("_lease_tasks", queue="t", worker="w1", n=50, p_now=at(0))]
+def test_every_lease_gets_its_own_token(tx):
+    tx.call("submit_tasks", queue="t", specs=Jsonb([{"i": i} for i in range(50)]))
+    first = [r["task"] for r in tx.call("_lease_tasks", queue="t", worker="w1", n=50, p_now=at(0))]
     tokens = {t["token"] for t in first}
     assert len(tokens) == 50 and not tokens & {t["rn"] for t in first}
-    db.call("_reset_expired_tasks", p_now=at(60))
-    again = [r["task"] for r in db.call("_lease_tasks", queue="t", worker="w2", n=50, p_now=at(61))]
+    tx.call("_reset_expired_tasks", p_now=at(60))
+    again = [r["task"] for r in tx.call("_lease_tasks", queue="t", worker="w2", n=50, p_now=at(61))]
     assert len(again) == 50 and not tokens & {t["token"] for t in again}
-    refused = db.call("complete_tasks", rns=[t["rn"] for t in first], tokens=[t["token"] for t in first])
+    refused = tx.call("complete_tasks", rns=[t["rn"] for t in first], tokens=[t["token"] for t in first])
     assert {r["sqlstate"] for r in refused} == {"PS201"} and len(refused) == 50
 
 
-def test_ids_follow_submission_order(db):
-    many = [r["task"]["rn"] for r in db.call("submit_tasks", queue="o", specs=Jsonb([{"i": i} for i in range(300)]))]
-    one = db.call_value("submit_task", queue="o", spec=Jsonb({}))["rn"]
+def test_ids_follow_submission_order(tx):
+    many = [r["task"]["rn"] for r in tx.call("submit_tasks", queue="o", specs=Jsonb([{"i": i} for i in range(300)]))]
+    one = tx.call_value("submit_task", queue="o", spec=Jsonb({}))["rn"]
     ids = [uuid.UUID(rn) for rn in many + [one]]
     assert len(set(ids)) == 301 and ids == sorted(ids)  # sorted as the primary key sorts them
     assert {i.version for i in ids} == {7}

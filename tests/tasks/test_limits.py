@@ -31,20 +31,20 @@ def leased(db, queue: str = "lim") -> dict:
     return db.call_value(sql.LEASE_TASK, queue=queue, worker="w", timeout=timedelta(seconds=60))
 
 
-def test_priority(db):
-    submit = lambda p: lambda: db.call(sql.SUBMIT_TASK, queue="lim", spec=Jsonb({}), priority=p)  # noqa: E731
+def test_priority(tx):
+    submit = lambda p: lambda: tx.call(sql.SUBMIT_TASK, queue="lim", spec=Jsonb({}), priority=p)  # noqa: E731
     assert refused(submit(sql.MAX_PRIORITY)) is None
     assert refused(submit(sql.MAX_PRIORITY + 1)) == "PS204"
     with pytest.raises(InvalidArgument):
-        TaskClient(db).submit("lim", {}, sql.MAX_PRIORITY + 1)
+        TaskClient(tx).submit("lim", {}, sql.MAX_PRIORITY + 1)
 
 
-def test_attempts(db):
-    submit = lambda n: lambda: db.call(sql.SUBMIT_TASK, queue="lim", spec=Jsonb({}), max_attempts=n)  # noqa: E731
+def test_attempts(tx):
+    submit = lambda n: lambda: tx.call(sql.SUBMIT_TASK, queue="lim", spec=Jsonb({}), max_attempts=n)  # noqa: E731
     assert refused(submit(sql.MAX_ATTEMPTS)) is None
     assert refused(submit(sql.MAX_ATTEMPTS + 1)) == "PS208"
     with pytest.raises(InvalidArgument):
-        TaskClient(db).submit("lim", {}, max_attempts=sql.MAX_ATTEMPTS + 1)
+        TaskClient(tx).submit("lim", {}, max_attempts=sql.MAX_ATTEMPTS + 1)
 
 
 def test_queue_bytes(db, dsn):
@@ -63,41 +63,41 @@ def test_lease(db, dsn):
         Worker(dsn, "lim", lambda ctx: None, timeout=(sql.MAX_LEASE + US).total_seconds())
 
 
-def test_retry_in(db):
+def test_retry_in(tx):
     for bound, expected in ((sql.MAX_RETRY_IN, None), (sql.MAX_RETRY_IN + US, "PS212")):
-        task = leased(db)
-        assert refused(lambda: db.call(sql.FAIL_TASK, rn=task["rn"], token=task["token"],
+        task = leased(tx)
+        assert refused(lambda: tx.call(sql.FAIL_TASK, rn=task["rn"], token=task["token"],
                                        error=Jsonb({"code": "x"}), retry_in=bound)) == expected
-        task = leased(db)
-        assert refused(lambda: db.call(sql.YIELD_TASK, rn=task["rn"], token=task["token"], run_in=bound)) == expected
+        task = leased(tx)
+        assert refused(lambda: tx.call(sql.YIELD_TASK, rn=task["rn"], token=task["token"], run_in=bound)) == expected
     for outcome in (Retry, Snooze):
         assert outcome(sql.MAX_RETRY_IN).in_ == sql.MAX_RETRY_IN
         with pytest.raises(InvalidArgument):
             outcome(sql.MAX_RETRY_IN + US)
 
 
-def test_progress(db):
-    task = leased(db)
-    beat = lambda p: lambda: db.call(sql.HEARTBEAT_TASK, rn=task["rn"], token=task["token"], progress=p)  # noqa: E731
+def test_progress(tx):
+    task = leased(tx)
+    beat = lambda p: lambda: tx.call(sql.HEARTBEAT_TASK, rn=task["rn"], token=task["token"], progress=p)  # noqa: E731
     assert refused(beat(sql.MAX_PROGRESS)) is None
     assert refused(beat(math.nextafter(sql.MAX_PROGRESS, 2))) == "PS205"
 
 
-def test_queue_limit(db):
+def test_queue_limit(tx):
     for fn, arg in ((sql.SET_QUEUE_LIMITS, "running_per_key"), (sql.SET_QUEUE_LIMITS, "running_total"),
                     (sql.SET_RATE_LIMIT, "starts")):
-        assert refused(lambda: db.call(fn, queue="lim", **{arg: sql.MAX_QUEUE_LIMIT})) is None
-        assert refused(lambda: db.call(fn, queue="lim", **{arg: sql.MAX_QUEUE_LIMIT + 1})) == "PS216"
+        assert refused(lambda: tx.call(fn, queue="lim", **{arg: sql.MAX_QUEUE_LIMIT})) is None
+        assert refused(lambda: tx.call(fn, queue="lim", **{arg: sql.MAX_QUEUE_LIMIT + 1})) == "PS216"
         with pytest.raises(InvalidArgument):
-            getattr(TaskClient(db), str(fn))("lim", **{arg: sql.MAX_QUEUE_LIMIT + 1})
+            getattr(TaskClient(tx), str(fn))("lim", **{arg: sql.MAX_QUEUE_LIMIT + 1})
 
 
-def test_requeue(db):
-    requeue = lambda n: lambda: db.call(sql.RETRY_TASKS, queue="lim", max_tasks=n)  # noqa: E731
+def test_requeue(tx):
+    requeue = lambda n: lambda: tx.call(sql.RETRY_TASKS, queue="lim", max_tasks=n)  # noqa: E731
     assert refused(requeue(sql.MAX_REQUEUE)) is None
     assert refused(requeue(sql.MAX_REQUEUE + 1)) == "PS208"
     with pytest.raises(InvalidArgument):
-        TaskClient(db).retry_many("lim", limit=sql.MAX_REQUEUE + 1)
+        TaskClient(tx).retry_many("lim", limit=sql.MAX_REQUEUE + 1)
 
 
 def test_every_bound_has_its_test():

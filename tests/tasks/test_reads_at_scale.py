@@ -82,14 +82,14 @@ def test_list_tasks_pages_return_every_task_once_while_others_are_submitted(conn
     assert conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(max_tasks => 1)").fetchone()["rn"] == newest
 
 
-def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
+def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(tx):
     """Every function that submits, moves or deletes tasks keeps the tallies: the single and the
     batch calls, the Worker's lean lease, a limited queue's claim (q3), the lease gate that makes
     due tasks ready, dependencies, workflows, unique keys, snoozes, requeued dependents, the
     monitor's reset and cleanup."""
     rnd = random.Random(21)
     queues = ["q1", "q2", "q3"]
-    conn.execute("SELECT pyscheduler.set_queue_limits(queue => 'q3', running_per_key => 2)")
+    tx.execute("SELECT pyscheduler.set_queue_limits(queue => 'q3', running_per_key => 2)")
     held: list[dict] = []
     seen: set[str] = set()
     for step in range(400):
@@ -98,98 +98,98 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(conn):
                          "snooze", "cancel", "retry", "expire", "cleanup", "pause", "workflow", "retry_child"])
         q = rnd.choice(queues)
         if op == "submit":
-            submit(conn, q, priority=rnd.choice([10, 50]), concurrency_key=rnd.choice([None, "k1", "k2"]))
+            submit(tx, q, priority=rnd.choice([10, 50]), concurrency_key=rnd.choice([None, "k1", "k2"]))
         elif op == "batch":  # one key twice and one a live task may hold: deduplicated, not counted
-            conn.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => '[{}, {}, {}]', "
+            tx.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => '[{}, {}, {}]', "
                          "unique_keys => ARRAY['u1', 'u1', %s])", (q, f"u{step}"))
         elif op == "lean":
-            held += [{"rn": str(r["rn"]), "token": str(r["token"])} for r in conn.execute(
+            held += [{"rn": str(r["rn"]), "token": str(r["token"])} for r in tx.execute(
                 "SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => %s, worker => 'w9', n => 3)", (q,))]
         elif op == "due":  # two hours on: the delayed tasks are due, the lease gate makes them ready
-            held += [r["t"] for r in conn.execute(
+            held += [r["t"] for r in tx.execute(
                 "SELECT task AS t FROM pyscheduler._lease_tasks(%s, 'w8', 2, '10 seconds', 0, 4294967295, "
                 "now() + interval '2 hours')", (q,))]
         elif held and op == "complete_many":
             done, held[:] = held[:3], held[3:]
-            conn.execute("SELECT count(*) FROM pyscheduler.complete_tasks(rns => %s::uuid[], tokens => %s::uuid[])",
+            tx.execute("SELECT count(*) FROM pyscheduler.complete_tasks(rns => %s::uuid[], tokens => %s::uuid[])",
                          ([t["rn"] for t in done], [t["token"] for t in done]))
         elif held and op == "fail_many":
             done, held[:] = held[:2], held[2:]
-            conn.execute("SELECT count(*) FROM pyscheduler.fail_tasks(rns => %s::uuid[], tokens => %s::uuid[], "
+            tx.execute("SELECT count(*) FROM pyscheduler.fail_tasks(rns => %s::uuid[], tokens => %s::uuid[], "
                          "errors => %s)", ([t["rn"] for t in done], [t["token"] for t in done],
                                            Jsonb([{"code": "x", "args": {}, "description": "d"}] * len(done))))
         elif held and op == "complete_and_lease":
             t = held.pop()
-            nxt = conn.execute("SELECT pyscheduler.complete_and_lease(worker => 'w7', queue => %s, rn => %s, "
+            nxt = tx.execute("SELECT pyscheduler.complete_and_lease(worker => 'w7', queue => %s, rn => %s, "
                                "token => %s) AS t", (q, t["rn"], t["token"])).fetchone()["t"]
             if nxt:
                 held.append(nxt)
         elif held and op == "snooze":
             t = held.pop()
-            conn.execute("SELECT pyscheduler.yield_task(rn => %s, token => %s, run_in => %s)",
+            tx.execute("SELECT pyscheduler.yield_task(rn => %s, token => %s, run_in => %s)",
                          (t["rn"], t["token"], rnd.choice([timedelta(0), timedelta(hours=1)])))
         elif op == "delayed":
-            submit(conn, q, run_in=timedelta(hours=1))
+            submit(tx, q, run_in=timedelta(hours=1))
         elif op == "after":  # a child waiting for a parent
-            parent = submit(conn, q)
-            submit(conn, q, after=[parent["rn"]])
+            parent = submit(tx, q)
+            submit(tx, q, after=[parent["rn"]])
         elif op == "workflow":  # a graph; a unique key a live task may hold (deduplicated, not counted)
-            conn.execute("SELECT pyscheduler.submit_workflow(%s)", (Jsonb([
+            tx.execute("SELECT pyscheduler.submit_workflow(%s)", (Jsonb([
                 {"name": "a", "queue": q, "spec": {}},
                 {"name": "b", "queue": q, "spec": {}, "after": ["a"], "unique_key": "wb"},
                 {"name": "c", "queue": rnd.choice(queues), "spec": {}, "after": ["a", "b"], "run_in": "1 hour"}]),))
         elif op == "retry_child":  # a cancelled dependent requeued: waiting again while a parent is live
-            child = conn.execute("SELECT rn FROM pyscheduler.tasks WHERE status = 'cancelled' AND after IS NOT NULL "
+            child = tx.execute("SELECT rn FROM pyscheduler.tasks WHERE status = 'cancelled' AND after IS NOT NULL "
                                  "ORDER BY random() LIMIT 1").fetchone()
             if child:
                 try:
-                    conn.execute("SELECT pyscheduler.retry_task(rn => %s)", (child["rn"],))
+                    tx.execute("SELECT pyscheduler.retry_task(rn => %s)", (child["rn"],))
                 except psycopg.Error as exc:  # a parent failed, or its unique key is taken
                     assert exc.sqlstate in ("PS211", "PS214")
         elif op == "lease":
-            t = lease(conn, q, worker=f"w{rnd.randint(1, 3)}")
+            t = lease(tx, q, worker=f"w{rnd.randint(1, 3)}")
             if t:
                 held.append(t)
         elif held and op in ("complete", "fail", "abort"):
             t = held.pop(rnd.randrange(len(held)))
             if op == "complete":
-                conn.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
+                tx.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
             elif op == "fail":  # retried after the backoff (scheduled), or aborted after its last attempt
-                conn.execute("SELECT pyscheduler.fail_task(rn => %s, token => %s, error => %s, retry_in => %s)",
+                tx.execute("SELECT pyscheduler.fail_task(rn => %s, token => %s, error => %s, retry_in => %s)",
                              (t["rn"], t["token"], Jsonb({"code": "x", "args": {}, "description": "d"}),
                               rnd.choice([timedelta(0), timedelta(hours=1)])))
             else:
-                conn.execute("SELECT pyscheduler.abort_task(rn => %s, token => %s, errors => %s)",
+                tx.execute("SELECT pyscheduler.abort_task(rn => %s, token => %s, errors => %s)",
                              (t["rn"], t["token"], Jsonb([{"code": "x", "args": {}, "description": "d"}])))
         elif op == "cancel":
-            live = conn.execute("SELECT rn FROM pyscheduler.tasks WHERE status IN ('ready', 'scheduled', 'waiting') "
+            live = tx.execute("SELECT rn FROM pyscheduler.tasks WHERE status IN ('ready', 'scheduled', 'waiting') "
                                 "ORDER BY random() LIMIT 1").fetchone()
             if live:
-                conn.execute("SELECT pyscheduler.cancel_task(rn => %s)", (live["rn"],))
+                tx.execute("SELECT pyscheduler.cancel_task(rn => %s)", (live["rn"],))
         elif op == "retry":
-            conn.execute("SELECT count(*) FROM pyscheduler.retry_tasks(queue => %s, status => %s, max_tasks => 2)",
+            tx.execute("SELECT count(*) FROM pyscheduler.retry_tasks(queue => %s, status => %s, max_tasks => 2)",
                          (q, rnd.choice(["aborted", "cancelled"])))
         elif op == "expire":  # the monitor resets leases past their deadline
-            conn.execute("SELECT count(*) FROM pyscheduler._reset_expired_tasks(100, now() + interval '1 day')")
+            tx.execute("SELECT count(*) FROM pyscheduler._reset_expired_tasks(100, now() + interval '1 day')")
             held.clear()
         elif op == "cleanup":
-            conn.execute("SELECT pyscheduler.cleanup_tasks(retention => '0', max_tasks => 2)")
+            tx.execute("SELECT pyscheduler.cleanup_tasks(retention => '0', max_tasks => 2)")
         else:
-            conn.execute(f"SELECT pyscheduler.{rnd.choice(['pause_queue', 'resume_queue'])}(queue => %s)", (q,))
+            tx.execute(f"SELECT pyscheduler.{rnd.choice(['pause_queue', 'resume_queue'])}(queue => %s)", (q,))
         if step % 20 == 0 or step == 399:
-            assert shown(conn) == real(conn), (step, op)
-            seen |= {s for _, s, _ in real(conn)}
-            status = {r["queue"]: r for r in conn.execute("SELECT * FROM pyscheduler.queue_status")}
-            counts = {(q, s): n for q, s, n in real(conn)}
+            assert shown(tx) == real(tx), (step, op)
+            seen |= {s for _, s, _ in real(tx)}
+            status = {r["queue"]: r for r in tx.execute("SELECT * FROM pyscheduler.queue_status")}
+            counts = {(q, s): n for q, s, n in real(tx)}
             for q, row in status.items():
                 assert (row["ready"], row["delayed"], row["running"], row["waiting"]) == tuple(
                     counts.get((q, s), 0) for s in ("ready", "scheduled", "running", "waiting")), (step, op, q)
-                assert row["next_due"] == conn.execute(
+                assert row["next_due"] == tx.execute(
                     "SELECT min(run_at) AS m FROM pyscheduler.tasks WHERE queue = %s AND status = 'scheduled'",
                     (q,)).fetchone()["m"]
             assert set(status) >= {q for (q, s) in counts if s in ("ready", "scheduled", "running", "waiting")}
-            oldest = {r["queue"]: r["rn"] for r in conn.execute("SELECT queue, rn::text FROM pyscheduler.oldest_ready_tasks")}
-            assert oldest == {r["queue"]: r["rn"] for r in conn.execute(
+            oldest = {r["queue"]: r["rn"] for r in tx.execute("SELECT queue, rn::text FROM pyscheduler.oldest_ready_tasks")}
+            assert oldest == {r["queue"]: r["rn"] for r in tx.execute(
                 "SELECT DISTINCT ON (queue) queue, rn::text FROM pyscheduler.tasks WHERE status = 'ready' "
                 "ORDER BY queue, created, seq")}, step
     assert seen == {"ready", "running", "completed", "aborted", "cancelled", "scheduled", "waiting"}
@@ -209,35 +209,35 @@ def fill(conn, n: int, queue: str, status: str, priority: str = "50") -> None:
     conn.execute("SELECT pyscheduler._task_count_all()")
 
 
-def test_counts_read_the_tallies_not_the_tasks_and_stay_few_rows(conn):
+def test_counts_read_the_tallies_not_the_tasks_and_stay_few_rows(tx):
     """task_counts and queue_status sum the tallies: no entry of the tasks table or its indexes
     is read for a count, however many tasks there are; the writers fold the tallies, so they
     stay a few rows per (queue, status) whatever the number of writes."""
-    fill(conn, 2500, "big", "ready")
-    fill(conn, 3000, "big", "completed")
-    fill(conn, 1200, "busy", "running")
+    fill(tx, 2500, "big", "ready")
+    fill(tx, 3000, "big", "completed")
+    fill(tx, 1200, "busy", "running")
 
     def tally_rows() -> int:
-        return conn.execute("SELECT count(*) AS n FROM pyscheduler._task_tallies").fetchone()["n"]
+        return tx.execute("SELECT count(*) AS n FROM pyscheduler._task_tallies").fetchone()["n"]
 
     before, k = tally_rows(), 0
     while k < 1000:  # each call appends its rows; one call in 50 (at random) folds them all
         k += 1
-        t = lease(conn, "big")
-        conn.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
+        t = lease(tx, "big")
+        tx.execute("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
         after = tally_rows()
         if after < before:
             break
         before = after
     assert k < 1000  # folded (none in 2,000 calls: 0.98 ** 2000, 3e-18)
-    rows, r = reads(conn, "SELECT * FROM pyscheduler.task_counts", tables=("tasks",))
+    rows, r = reads(tx, "SELECT * FROM pyscheduler.task_counts", tables=("tasks",))
     assert sum(r.returned.values()) == 0 and r.seq_scans("tasks") == 0, r.returned
     assert sorted(tuple(x.values()) for x in rows) == [("big", "completed", 3000 + k), ("big", "ready", 2500 - k),
                                                       ("busy", "running", 1200)]
-    status = {x["queue"]: x for x in conn.execute("SELECT * FROM pyscheduler.queue_status")}
+    status = {x["queue"]: x for x in tx.execute("SELECT * FROM pyscheduler.queue_status")}
     assert (status["big"]["ready"], status["busy"]["running"]) == (2500 - k, 1200)
-    conn.execute("SELECT pyscheduler._task_fold_tallies()")
-    assert conn.execute("SELECT count(*) AS n FROM pyscheduler._task_tallies").fetchone()["n"] == 3
+    tx.execute("SELECT pyscheduler._task_fold_tallies()")
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler._task_tallies").fetchone()["n"] == 3
 
 
 def test_counts_stay_right_with_concurrent_writers_and_folds(dsn, conn):
@@ -292,14 +292,14 @@ def test_migrate_counts_tasks_stored_before_the_tallies(dsn, conn):
     assert shown(conn) == real(conn) == [("old", "ready", 8), ("old", "completed", 40)]
 
 
-def test_rows_written_by_hand_are_counted_again_and_truncate_empties_the_counts(conn):
-    submit(conn, "hand")
-    conn.execute("UPDATE pyscheduler.tasks SET status = 'cancelled' WHERE queue = 'hand'")  # not through a function
-    assert shown(conn) == [("hand", "ready", 1)]
-    conn.execute("SELECT pyscheduler._task_count_all()")
-    assert shown(conn) == real(conn) == [("hand", "cancelled", 1)]
-    conn.execute("TRUNCATE pyscheduler.tasks CASCADE")
-    assert shown(conn) == [] and conn.execute("SELECT count(*) AS n FROM pyscheduler.queue_status").fetchone()["n"] == 0
+def test_rows_written_by_hand_are_counted_again_and_truncate_empties_the_counts(tx):
+    submit(tx, "hand")
+    tx.execute("UPDATE pyscheduler.tasks SET status = 'cancelled' WHERE queue = 'hand'")  # not through a function
+    assert shown(tx) == [("hand", "ready", 1)]
+    tx.execute("SELECT pyscheduler._task_count_all()")
+    assert shown(tx) == real(tx) == [("hand", "cancelled", 1)]
+    tx.execute("TRUNCATE pyscheduler.tasks CASCADE")
+    assert shown(tx) == [] and tx.execute("SELECT count(*) AS n FROM pyscheduler.queue_status").fetchone()["n"] == 0
 
 
 def test_each_read_path_reads_an_index_and_stops_at_the_page(conn):
@@ -340,10 +340,10 @@ def test_each_read_path_reads_an_index_and_stops_at_the_page(conn):
         (q, 60, 20, 5) for q in ("q1", "q2", "q3")]
 
 
-def test_the_client_pages_with_before(db):
+def test_the_client_pages_with_before(tx):
     from pyscheduler.tasks import TaskClient
 
-    client = TaskClient(db)
+    client = TaskClient(tx)
     made = [client.submit("pages", {"i": i}).rn for i in range(7)]
     seen, before = [], None
     while page := client.list("pages", limit=3, before=before):
@@ -447,24 +447,24 @@ def test_a_queue_s_ready_backlog_is_paged_without_reading_it_all(conn):
     assert walk(conn, 300, queue="backlog", status="scheduled") == real("scheduled")
 
 
-def test_any_cursor_a_caller_passes_pages_correctly_and_a_bad_status_is_refused(conn):
+def test_any_cursor_a_caller_passes_pages_correctly_and_a_bad_status_is_refused(tx):
     """before_rn is the caller's: an id from another system, all zero or all ones (a time in the
     year 10889 for _ready_page's millisecond bound) pages exactly like a real ORDER BY rn DESC;
     a status that is not one is PS208, never part of the query."""
-    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'h', specs => '[{}, {}, {}]')")
-    submit(conn, "h", run_in=timedelta(hours=1))
+    tx.execute("SELECT pyscheduler.submit_tasks(queue => 'h', specs => '[{}, {}, {}]')")
+    submit(tx, "h", run_in=timedelta(hours=1))
     for before in ["ffffffff-ffff-ffff-ffff-ffffffffffff", "00000000-0000-0000-0000-000000000000",
                    "12345678-9abc-4def-8123-456789abcdef"]:
         for status in ("ready", "scheduled", "waiting", None):
-            got = [r["task"]["rn"] for r in conn.execute(
+            got = [r["task"]["rn"] for r in tx.execute(
                 "SELECT task FROM pyscheduler.list_tasks(queue => 'h', status => %s, before_rn => %s, "
                 "max_tasks => 2147483647)", (status, before))]
-            assert got == [r["rn"] for r in conn.execute(
+            assert got == [r["rn"] for r in tx.execute(
                 "SELECT rn::text FROM pyscheduler.tasks WHERE queue = 'h' AND rn < %s "
                 "AND (%s::text IS NULL OR status::text = %s) ORDER BY rn DESC", (before, status, status))]
     for bad in ["ready' OR true --", "ready\u202e", ""]:
         try:
-            conn.execute("SELECT * FROM pyscheduler.list_tasks(queue => 'h', status => %s)", (bad,))
+            tx.execute("SELECT * FROM pyscheduler.list_tasks(queue => 'h', status => %s)", (bad,))
         except psycopg.Error as exc:
             assert exc.sqlstate == "PS208", exc
         else:

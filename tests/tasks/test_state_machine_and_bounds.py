@@ -25,24 +25,24 @@ PUBLIC_TASK_FUNCTIONS = ("submit_task", "submit_tasks", "cancel_task", "lease_ta
 # ------------------------------------------------------------------ item 1: the clock
 
 
-def test_no_public_tasks_function_takes_a_clock(conn):
+def test_no_public_tasks_function_takes_a_clock(tx):
     """Item 1: every role could pass `now` (a client jumping the queue, a worker heartbeating
     to 2999). Public functions read the database clock; the private twins that take p_now
     are granted to no role."""
-    rows = conn.execute(
+    rows = tx.execute(
         "SELECT p.proname, p.proargnames, p.oid FROM pg_proc p "
         "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname = ANY(%s)",
         (list(PUBLIC_TASK_FUNCTIONS),)).fetchall()
     assert {r["proname"] for r in rows} == set(PUBLIC_TASK_FUNCTIONS)
     for r in rows:
         assert not {"now", "p_now"} & set(r["proargnames"] or []), r["proname"]
-    roles = [conn.execute("SELECT pyscheduler._role(%s) AS r", (a,)).fetchone()["r"]
+    roles = [tx.execute("SELECT pyscheduler._role(%s) AS r", (a,)).fetchone()["r"]
              for a in ("client", "worker", "relay", "scheduler", "checker", "monitor", "admin")]
     for name in PUBLIC_TASK_FUNCTIONS:
-        [private] = conn.execute("SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace "
+        [private] = tx.execute("SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace "
                                  "AND p.proname = %s", ("_" + name,)).fetchall()
         for role in roles:
-            assert not conn.execute("SELECT has_function_privilege(%s, %s::oid, 'EXECUTE') AS ok",
+            assert not tx.execute("SELECT has_function_privilege(%s, %s::oid, 'EXECUTE') AS ok",
                                     (role, private["oid"])).fetchone()["ok"], (role, name)
 
 
@@ -138,15 +138,15 @@ CALLS = {
 }
 
 
-def test_the_state_machine_table_in_the_docs_is_what_the_sql_does(db, conn):
+def test_the_state_machine_table_in_the_docs_is_what_the_sql_does(tx):
     """Item 6: the documented table (which call is valid in which state, for which lease)
     is checked cell by cell against the functions."""
     table = state_machine_table()
     assert {fn for fn, _ in table} == set(CALLS)
     for (fn, state), expected in sorted(table.items()):
-        h = put_task_in(db, conn, state)
+        h = put_task_in(tx, tx, state)
         try:
-            result = CALLS[fn](db, h)
+            result = CALLS[fn](tx, h)
             got = result[0] if result and isinstance(result[0], str) else "ok"
         except errors.SchedulerError as exc:
             got = exc.sqlstate
@@ -156,14 +156,14 @@ def test_the_state_machine_table_in_the_docs_is_what_the_sql_does(db, conn):
 # ------------------------------------------------------------------ item 8: submission order
 
 
-def test_ten_thousand_tasks_of_one_submit_tasks_call_lease_in_order(db):
+def test_ten_thousand_tasks_of_one_submit_tasks_call_lease_in_order(tx):
     """Item 8: equal priority and equal created (one statement) used to lease in random
     (uuid) order; seq is the tie-breaker."""
     n = 10_000
-    db.call("submit_tasks", queue="order", specs=Jsonb([{"i": i} for i in range(n)]))
-    got = [r["task"]["spec"]["i"] for r in db.call("lease_tasks", queue="order", worker="w", n=4000)]
-    got += [lease(db, queue="order")["spec"]["i"] for _ in range(100)]
-    got += [r["task"]["spec"]["i"] for r in db.call("lease_tasks", queue="order", worker="w", n=n)]
+    tx.call("submit_tasks", queue="order", specs=Jsonb([{"i": i} for i in range(n)]))
+    got = [r["task"]["spec"]["i"] for r in tx.call("lease_tasks", queue="order", worker="w", n=4000)]
+    got += [lease(tx, queue="order")["spec"]["i"] for _ in range(100)]
+    got += [r["task"]["spec"]["i"] for r in tx.call("lease_tasks", queue="order", worker="w", n=n)]
     assert got == list(range(n))
 
 
@@ -177,38 +177,38 @@ def test_tasks_submitted_in_one_transaction_lease_in_submission_order(dsn, db):
 # ------------------------------------------------------------------ item 9: bounds
 
 
-def test_timeouts_outside_their_bounds_are_ps208(db):
+def test_timeouts_outside_their_bounds_are_ps208(tx):
     """Item 9: '-1 month 31 days' (zero length in some months, yet "positive"), years, and
     anything over a day were accepted."""
-    submit(db)
-    submit(db)
-    h = held(lease(db))
+    submit(tx)
+    submit(tx)
+    h = held(lease(tx))
     calls = {"lease_task": {"queue": "q", "worker": "w"}, "lease_tasks": {"queue": "q", "worker": "w"},
              "heartbeat_task": h, "complete_and_lease": {"queue": "q", "worker": "w"}}
     for fn, args in calls.items():
         for timeout in ["-1 month 31 days", "1 year", "2 days", "0", "-1 second", "1 mon", "1 day 1 second"]:
             with pytest.raises(errors.InvalidArgument) as info:
-                db.call(fn, **args, timeout=timeout)
+                tx.call(fn, **args, timeout=timeout)
             assert code_of(info) == "PS208" and "timeout" in str(info.value), (fn, timeout)
-    assert len(db.call("list_tasks", status="running")) == 1
+    assert len(tx.call("list_tasks", status="running")) == 1
 
 
-def test_a_day_long_lease_is_86400_seconds_whatever_the_calendar(db):
-    submit(db)
-    task = lease(db, timeout="1 day", now=at(0))
+def test_a_day_long_lease_is_86400_seconds_whatever_the_calendar(tx):
+    submit(tx)
+    task = lease(tx, timeout="1 day", now=at(0))
     assert task["deadline"] == "2030-01-02T00:00:00.000000Z"
 
 
-def test_aging_outside_its_bounds_is_ps208(db):
+def test_aging_outside_its_bounds_is_ps208(tx):
     """Item 9: a NaN or infinite aging_rate was accepted."""
-    submit(db)
+    submit(tx)
     for fn in ("lease_task", "lease_tasks", "complete_and_lease"):
         for args in (dict(aging_rate=float("nan")), dict(aging_rate=float("inf")), dict(aging_rate=-1.0),
                      dict(aging_rate=1.0, aging_cap=-1), dict(aging_rate=1.0, aging_cap=4294967296)):
             with pytest.raises(errors.InvalidArgument) as info:
-                db.call(fn, queue="q", worker="w", **args)
+                tx.call(fn, queue="q", worker="w", **args)
             assert code_of(info) == "PS208" and "aging" in str(info.value), (fn, args)
-    assert db.call("list_tasks", status="running") == []
+    assert tx.call("list_tasks", status="running") == []
 
 
 def test_worker_rejects_a_heartbeat_interval_not_shorter_than_the_lease():
@@ -229,28 +229,28 @@ def set_limit(conn, name: str, value: int) -> None:
     conn.execute("UPDATE pyscheduler.settings SET value = %s WHERE name = %s", (str(value), name))
 
 
-def test_spec_size_is_limited(db, conn):
-    set_limit(conn, "task_max_spec_bytes", 1000)
-    submit(db, spec={"x": "y" * 500})
+def test_spec_size_is_limited(tx):
+    set_limit(tx, "task_max_spec_bytes", 1000)
+    submit(tx, spec={"x": "y" * 500})
     with pytest.raises(errors.InvalidArgument) as info:
-        submit(db, spec={"x": "y" * 2000})
+        submit(tx, spec={"x": "y" * 2000})
     assert code_of(info) == "PS206" and "task_max_spec_bytes" in str(info.value)
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("submit_tasks", queue="q", specs=Jsonb([{}, {}, {"x": "y" * 2000}]))
+        tx.call("submit_tasks", queue="q", specs=Jsonb([{}, {}, {"x": "y" * 2000}]))
     assert code_of(info) == "PS206" and "specs[2]" in str(info.value)
-    assert len(db.call("list_tasks")) == 1
+    assert len(tx.call("list_tasks")) == 1
 
 
-def test_errors_are_limited(db, conn):
-    set_limit(conn, "task_max_errors", 3)
-    set_limit(conn, "task_max_errors_bytes", 2000)
-    submit(db)
-    h = held(lease(db))
+def test_errors_are_limited(tx):
+    set_limit(tx, "task_max_errors", 3)
+    set_limit(tx, "task_max_errors_bytes", 2000)
+    submit(tx)
+    h = held(lease(tx))
     for errs in ([{"code": "x"}] * 4, [{"code": "x", "description": "d" * 3000}]):
         with pytest.raises(errors.InvalidArgument) as info:
-            db.call("abort_task", **h, errors=Jsonb(errs))
+            tx.call("abort_task", **h, errors=Jsonb(errs))
         assert code_of(info) == "PS207"
-    assert db.call_value("abort_task", **h, errors=Jsonb([{"code": "x"}] * 3))["status"] == "aborted"
+    assert tx.call_value("abort_task", **h, errors=Jsonb([{"code": "x"}] * 3))["status"] == "aborted"
 
 
 def crash_loop(db, times: int, start: int = 0) -> list[dict]:
@@ -262,45 +262,45 @@ def crash_loop(db, times: int, start: int = 0) -> list[dict]:
     return out
 
 
-def test_a_task_that_keeps_timing_out_is_aborted_with_task_max_attempts(db, conn):
+def test_a_task_that_keeps_timing_out_is_aborted_with_task_max_attempts(tx):
     """Item 10: the crash-loop guard. A task whose leases all time out is aborted after
     task_max_attempts leases instead of being retried forever."""
-    set_limit(conn, "task_max_attempts", 3)
-    rn = submit(db)["rn"]
-    resets = crash_loop(db, 3)
+    set_limit(tx, "task_max_attempts", 3)
+    rn = submit(tx)["rn"]
+    resets = crash_loop(tx, 3)
     assert [t["status"] for t in resets] == ["ready", "ready", "aborted"]
-    task = db.call_value("get_task", rn=rn)
+    task = tx.call_value("get_task", rn=rn)
     assert task["status"] == "aborted" and task["owner"] == "w1" and task["deadline"] is None
     assert task["errors"] == [{"code": "TaskMaxAttempts", "args": {"attempts": 3, "max_attempts": 3},
                                "description": "attempt 3 of 3: the lease timed out"}]
     assert types_of(task)[-1] == "TaskTimeout"
-    assert lease(db, now=at(1000)) is None
+    assert lease(tx, now=at(1000)) is None
 
 
-def test_yields_do_not_count_as_attempts_and_history_is_bounded(db, conn):
-    set_limit(conn, "task_max_attempts", 3)
-    set_limit(conn, "task_max_history", 5)
-    rn = submit(db)["rn"]
+def test_yields_do_not_count_as_attempts_and_history_is_bounded(tx):
+    set_limit(tx, "task_max_attempts", 3)
+    set_limit(tx, "task_max_history", 5)
+    rn = submit(tx)["rn"]
     for k in range(10):  # a graceful worker yields each time (rebalancing): never aborted
-        h = held(lease(db, now=at(100 * k)))
-        call(db, "yield_task", at(100 * k + 1), **h)
-        call(db, "reset_expired_tasks", at(100 * k + 2))
-    assert [t["status"] for t in crash_loop(db, 2, start=10)] == ["ready", "ready"]
-    task = db.call_value("get_task", rn=rn)
+        h = held(lease(tx, now=at(100 * k)))
+        call(tx, "yield_task", at(100 * k + 1), **h)
+        call(tx, "reset_expired_tasks", at(100 * k + 2))
+    assert [t["status"] for t in crash_loop(tx, 2, start=10)] == ["ready", "ready"]
+    task = tx.call_value("get_task", rn=rn)
     assert task["status"] == "ready" and len(task["history"]) == 5
     assert types_of(task) == ["TaskYield", "TaskAssignment", "TaskTimeout", "TaskAssignment", "TaskTimeout"]
     assert task["history"][-1]["time"] == task["updated"]
-    assert [t["status"] for t in crash_loop(db, 1, start=12)] == ["aborted"]
+    assert [t["status"] for t in crash_loop(tx, 1, start=12)] == ["aborted"]
 
 
 # ------------------------------------------------------------------ item 12: the NOTIFY throttle
 
 
-def test_the_notify_throttle_stays_bounded_however_many_queues(db, conn):
+def test_the_notify_throttle_stays_bounded_however_many_queues(tx):
     """Item 12: the throttle table used to keep one row per queue name ever used."""
-    db.call("submit_task", queue="first", spec=Jsonb({}))
-    conn.execute("SELECT count(pyscheduler._notify_throttled('pyscheduler_tasks:q' || i)) FROM generate_series(1, 3000) i")
-    assert conn.execute("SELECT count(*) AS n FROM pyscheduler._notify_throttle").fetchone()["n"] <= 1024
+    tx.call("submit_task", queue="first", spec=Jsonb({}))
+    tx.execute("SELECT count(pyscheduler._notify_throttled('pyscheduler_tasks:q' || i)) FROM generate_series(1, 3000) i")
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler._notify_throttle").fetchone()["n"] <= 1024
 
 
 def test_channels_sharing_a_throttle_slot_both_notify(dsn, db, conn):

@@ -18,8 +18,8 @@ from tests.support.tasks import T0, at, call, code_of, held, lease, submit, type
 # ------------------------------------------------------------------ submit / get / list
 
 
-def test_submit_returns_a_ready_task_in_the_seed_shape(db):
-    task = submit(db, spec={"orderId": "233"}, now=T0)
+def test_submit_returns_a_ready_task_in_the_seed_shape(tx):
+    task = submit(tx, spec={"orderId": "233"}, now=T0)
     seed = {"rn", "spec", "queue", "priority", "status", "progress", "created", "updated", "errors", "owner",
             "deadline", "history"}
     extensions = {"run_at", "attempts", "max_attempts", "unique_key", "submitted_by"}  # issue 16, documented
@@ -32,70 +32,70 @@ def test_submit_returns_a_ready_task_in_the_seed_shape(db):
     assert datetime.fromisoformat(task["created"]) == T0 == datetime.fromisoformat(task["updated"])
     assert task["created"] == "2030-01-01T00:00:00.000000Z"  # UTC, ending in Z as in the seed
     assert (task["errors"], task["owner"], task["deadline"], task["history"]) == ([], None, None, [])
-    assert db.call_value("get_task", rn=task["rn"]) == task
-    assert "token" not in db.call_value("get_task", rn=task["rn"])
+    assert tx.call_value("get_task", rn=task["rn"]) == task
+    assert "token" not in tx.call_value("get_task", rn=task["rn"])
 
 
-def test_times_come_from_the_database_clock(db):
-    task = submit(db)
-    db_now = db.query("SELECT now() AS n")[0]["n"]
+def test_times_come_from_the_database_clock(tx):
+    task = submit(tx)
+    db_now = tx.query("SELECT now() AS n")[0]["n"]
     assert abs((db_now - datetime.fromisoformat(task["created"])).total_seconds()) < 5
 
 
-def test_submit_tasks_batch(db):
-    tasks = [r["task"] for r in db.call("submit_tasks", queue="b", specs=Jsonb([{"i": i} for i in range(5)]),
+def test_submit_tasks_batch(tx):
+    tasks = [r["task"] for r in tx.call("submit_tasks", queue="b", specs=Jsonb([{"i": i} for i in range(5)]),
                                         priority=7)]
     assert sorted(t["spec"]["i"] for t in tasks) == list(range(5))
     assert {t["priority"] for t in tasks} == {7} and len({t["rn"] for t in tasks}) == 5
 
 
 @pytest.mark.parametrize("priority", [-1, 4294967296])
-def test_priority_out_of_range_is_ps204(db, priority):
+def test_priority_out_of_range_is_ps204(tx, priority):
     with pytest.raises(errors.InvalidArgument) as info:
-        submit(db, priority=priority)
+        submit(tx, priority=priority)
     assert code_of(info) == "PS204" and "priority" in str(info.value)
 
 
-def test_priority_bounds_are_accepted(db):
-    assert submit(db, priority=0)["priority"] == 0
-    assert submit(db, priority=4294967295)["priority"] == 4294967295
+def test_priority_bounds_are_accepted(tx):
+    assert submit(tx, priority=0)["priority"] == 0
+    assert submit(tx, priority=4294967295)["priority"] == 4294967295
 
 
 @pytest.mark.parametrize("spec", [[1, 2], "text", 3, None])
-def test_spec_must_be_a_json_object_ps206(db, spec):
+def test_spec_must_be_a_json_object_ps206(tx, spec):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("submit_task", queue="q", spec=Jsonb(spec) if spec is not None else None)
+        tx.call("submit_task", queue="q", spec=Jsonb(spec) if spec is not None else None)
     assert code_of(info) == "PS206"
 
 
 @pytest.mark.parametrize("specs", [{"a": 1}, [{"a": 1}, 2]])
-def test_batch_specs_must_be_an_array_of_objects_ps206(db, specs):
+def test_batch_specs_must_be_an_array_of_objects_ps206(tx, specs):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("submit_tasks", queue="q", specs=Jsonb(specs))
+        tx.call("submit_tasks", queue="q", specs=Jsonb(specs))
     assert code_of(info) == "PS206"
-    assert db.call("list_tasks") == []
+    assert tx.call("list_tasks") == []
 
 
 @pytest.mark.parametrize("queue", ["", "x" * 41, None])
-def test_bad_queue_is_ps208(db, queue):
+def test_bad_queue_is_ps208(tx, queue):
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("submit_task", queue=queue, spec=Jsonb({}))
+        tx.call("submit_task", queue=queue, spec=Jsonb({}))
     assert code_of(info) == "PS208" and "queue" in str(info.value)
 
 
-def test_get_unknown_task_is_ps200(db):
+def test_get_unknown_task_is_ps200(tx):
     with pytest.raises(errors.TaskNotFound) as info:
-        db.call_value("get_task", rn=uuid.uuid4())
+        tx.call_value("get_task", rn=uuid.uuid4())
     assert code_of(info) == "PS200"
 
 
-def test_list_tasks_filters_and_limit(db):
-    a = submit(db, queue="a", now=at(1))
-    b = submit(db, queue="b", now=at(2))
-    a2 = submit(db, queue="a", now=at(3))
-    leased = lease(db, queue="a", worker="w9")
+def test_list_tasks_filters_and_limit(tx):
+    a = submit(tx, queue="a", now=at(1))
+    b = submit(tx, queue="b", now=at(2))
+    a2 = submit(tx, queue="a", now=at(3))
+    leased = lease(tx, queue="a", worker="w9")
     assert leased["rn"] == a["rn"]
-    rns = lambda **kw: [r["task"]["rn"] for r in db.call("list_tasks", **kw)]  # noqa: E731
+    rns = lambda **kw: [r["task"]["rn"] for r in tx.call("list_tasks", **kw)]  # noqa: E731
     assert len(rns()) == 3
     assert rns(queue="a") == [a2["rn"], a["rn"]]  # newest first
     assert rns(queue="b") == [b["rn"]]
@@ -104,196 +104,196 @@ def test_list_tasks_filters_and_limit(db):
     assert rns(queue="a", status="ready", owner="w9") == []
     assert len(rns(max_tasks=2)) == 2
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("list_tasks", status="done")
+        tx.call("list_tasks", status="done")
     assert code_of(info) == "PS208"
     with pytest.raises(errors.InvalidArgument):
-        db.call("list_tasks", max_tasks=0)
+        tx.call("list_tasks", max_tasks=0)
 
 
 # ------------------------------------------------------------------ workers and leasing
 
 
-def test_register_worker_gives_unique_ids_from_a_sequence(db):
-    ids = [db.call_value("register_worker") for _ in range(3)]
+def test_register_worker_gives_unique_ids_from_a_sequence(tx):
+    ids = [tx.call_value("register_worker") for _ in range(3)]
     nums = [int(i.removeprefix("worker-")) for i in ids]
     assert all(i.startswith("worker-") for i in ids) and nums == sorted(set(nums))
 
 
-def test_lease_makes_the_task_running_with_owner_deadline_and_history(db):
-    rn = submit(db, now=at(0))["rn"]
-    task = lease(db, worker="worker-27", timeout=timedelta(seconds=30), now=at(5))
+def test_lease_makes_the_task_running_with_owner_deadline_and_history(tx):
+    rn = submit(tx, now=at(0))["rn"]
+    task = lease(tx, worker="worker-27", timeout=timedelta(seconds=30), now=at(5))
     assert task["rn"] == rn and task["status"] == "running" and task["owner"] == "worker-27"
     assert uuid.UUID(task["token"])  # the lease's secret, in the lease answer only
-    assert "token" not in db.call_value("get_task", rn=rn)
+    assert "token" not in tx.call_value("get_task", rn=rn)
     assert datetime.fromisoformat(task["deadline"]) == at(35)
     assert datetime.fromisoformat(task["updated"]) == at(5)
     assert task["history"] == [{"_typ": "TaskAssignment", "worker": "worker-27", "time": task["updated"]}]
-    assert lease(db, worker="worker-28") is None  # nothing else is ready
+    assert lease(tx, worker="worker-28") is None  # nothing else is ready
 
 
-def test_default_timeout_is_ten_seconds(db):
-    submit(db)
-    task = lease(db, now=at(0))
+def test_default_timeout_is_ten_seconds(tx):
+    submit(tx)
+    task = lease(tx, now=at(0))
     assert datetime.fromisoformat(task["deadline"]) == at(10)
 
 
-def test_priority_is_numeric_10_beats_9_beats_2(db):
+def test_priority_is_numeric_10_beats_9_beats_2(tx):
     for p in (2, 9, 10):
-        submit(db, priority=p, spec={"p": p})
-    assert [lease(db)["priority"] for _ in range(3)] == [10, 9, 2]
+        submit(tx, priority=p, spec={"p": p})
+    assert [lease(tx)["priority"] for _ in range(3)] == [10, 9, 2]
 
 
-def test_equal_priority_oldest_first_and_queues_are_separate(db):
-    submit(db, spec={"i": "new"}, now=at(20))
-    submit(db, spec={"i": "old"}, now=at(10))
-    submit(db, queue="other", spec={"i": "other"}, now=at(0))
-    assert [lease(db)["spec"]["i"] for _ in range(2)] == ["old", "new"]
-    assert lease(db) is None
+def test_equal_priority_oldest_first_and_queues_are_separate(tx):
+    submit(tx, spec={"i": "new"}, now=at(20))
+    submit(tx, spec={"i": "old"}, now=at(10))
+    submit(tx, queue="other", spec={"i": "other"}, now=at(0))
+    assert [lease(tx)["spec"]["i"] for _ in range(2)] == ["old", "new"]
+    assert lease(tx) is None
 
 
-def test_lease_tasks_takes_n_in_claim_order(db):
-    db.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(5)]), priority=1)
-    top = submit(db, priority=3)
-    got = [r["task"] for r in db.call("lease_tasks", queue="q", worker="w", n=3)]
+def test_lease_tasks_takes_n_in_claim_order(tx):
+    tx.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(5)]), priority=1)
+    top = submit(tx, priority=3)
+    got = [r["task"] for r in tx.call("lease_tasks", queue="q", worker="w", n=3)]
     assert len({t["token"] for t in got}) == 3
     assert len(got) == 3 and top["rn"] in {t["rn"] for t in got}
-    assert len(db.call("lease_tasks", queue="q", worker="w", n=10)) == 3
+    assert len(tx.call("lease_tasks", queue="q", worker="w", n=10)) == 3
 
 
 @pytest.mark.parametrize("args", [dict(n=0), dict(timeout=timedelta(0)), dict(worker=""),
                                   dict(worker=None), dict(queue=""), dict(aging_rate=-1)])
-def test_bad_lease_arguments_are_ps208(db, args):
+def test_bad_lease_arguments_are_ps208(tx, args):
     call = dict(queue="q", worker="w", n=1) | args
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("lease_tasks", **call)
+        tx.call("lease_tasks", **call)
     assert code_of(info) == "PS208"
 
 
 # ------------------------------------------------------------------ heartbeat
 
 
-def test_heartbeat_extends_the_deadline_and_reports_progress(db):
-    submit(db)
-    h = held(lease(db, now=at(0)))
-    beat = value(db, "heartbeat_task", at(8), **h, progress=0.25, timeout=timedelta(seconds=60))
+def test_heartbeat_extends_the_deadline_and_reports_progress(tx):
+    submit(tx)
+    h = held(lease(tx, now=at(0)))
+    beat = value(tx, "heartbeat_task", at(8), **h, progress=0.25, timeout=timedelta(seconds=60))
     assert datetime.fromisoformat(beat["deadline"]) == at(68) and beat["progress"] == 0.25
-    beat = value(db, "heartbeat_task", at(9), **h)
+    beat = value(tx, "heartbeat_task", at(9), **h)
     assert beat["progress"] == 0.25 and datetime.fromisoformat(beat["deadline"]) == at(19)
-    task = db.call_value("get_task", rn=h["rn"])
+    task = tx.call_value("get_task", rn=h["rn"])
     assert task["status"] == "running" and len(task["history"]) == 1 and task["deadline"] == beat["deadline"]
 
 
-def test_heartbeat_answer_is_small(db):
+def test_heartbeat_answer_is_small(tx):
     """Item 10: a beat answers rn, status, progress and deadline, not the whole task."""
-    submit(db, spec={"big": "x" * 10000})
-    h = held(lease(db))
-    beat = db.call_value("heartbeat_task", **h, progress=0.5)
+    submit(tx, spec={"big": "x" * 10000})
+    h = held(lease(tx))
+    beat = tx.call_value("heartbeat_task", **h, progress=0.5)
     assert set(beat) == {"rn", "status", "progress", "deadline"}
     assert (beat["rn"], beat["status"], beat["progress"]) == (h["rn"], "running", 0.5)
     assert len(str(beat)) < 200
 
 
 @pytest.mark.parametrize("progress", [-0.1, 1.5, float("nan")])
-def test_heartbeat_progress_outside_0_1_is_ps205(db, progress):
-    submit(db)
-    h = held(lease(db))
+def test_heartbeat_progress_outside_0_1_is_ps205(tx, progress):
+    submit(tx)
+    h = held(lease(tx))
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("heartbeat_task", **h, progress=progress)
+        tx.call("heartbeat_task", **h, progress=progress)
     assert code_of(info) == "PS205"
 
 
-def test_heartbeat_error_codes(db):
-    submit(db)
-    h = held(lease(db, worker="w1"))
+def test_heartbeat_error_codes(tx):
+    submit(tx)
+    h = held(lease(tx, worker="w1"))
     with pytest.raises(errors.TaskNotFound) as info:
-        db.call("heartbeat_task", rn=uuid.uuid4(), token=h["token"])
+        tx.call("heartbeat_task", rn=uuid.uuid4(), token=h["token"])
     assert code_of(info) == "PS200"
     with pytest.raises(errors.TaskNotOwned) as info:
-        db.call("heartbeat_task", rn=h["rn"], token=uuid.uuid4())
+        tx.call("heartbeat_task", rn=h["rn"], token=uuid.uuid4())
     assert code_of(info) == "PS201"
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("heartbeat_task", **h, timeout=timedelta(seconds=-1))
+        tx.call("heartbeat_task", **h, timeout=timedelta(seconds=-1))
     assert code_of(info) == "PS208"
-    db.call("complete_task", **h)
+    tx.call("complete_task", **h)
     with pytest.raises(errors.TaskNotRunning) as info:
-        db.call("heartbeat_task", **h)
+        tx.call("heartbeat_task", **h)
     assert code_of(info) == "PS202"
 
 
-def test_heartbeat_after_timeout_and_release_is_not_the_owner(db):
-    submit(db)
-    h = held(lease(db, worker="w1", now=at(0)))
-    call(db, "reset_expired_tasks", at(11))
+def test_heartbeat_after_timeout_and_release_is_not_the_owner(tx):
+    submit(tx)
+    h = held(lease(tx, worker="w1", now=at(0)))
+    call(tx, "reset_expired_tasks", at(11))
     with pytest.raises(errors.TaskNotRunning):
-        call(db, "heartbeat_task", at(12), **h)
-    assert lease(db, worker="w2", now=at(13))["rn"] == h["rn"]
+        call(tx, "heartbeat_task", at(12), **h)
+    assert lease(tx, worker="w2", now=at(13))["rn"] == h["rn"]
     with pytest.raises(errors.TaskNotOwned):
-        call(db, "heartbeat_task", at(14), **h)
+        call(tx, "heartbeat_task", at(14), **h)
 
 
-def test_only_the_token_of_the_current_lease_proves_ownership(db):
+def test_only_the_token_of_the_current_lease_proves_ownership(tx):
     """Item 2: the worker id is a label anyone can pass; the token is the proof. The same
     worker leasing the task again gets a new token, so its earlier execution's late
     completion cannot finish the new lease (the race of a completion sent as the task is
     re-leased)."""
-    submit(db)
-    first = lease(db, worker="w1", now=at(0))
-    call(db, "reset_expired_tasks", at(11))
-    second = lease(db, worker="w1", now=at(12))  # the same worker, a new lease
+    submit(tx)
+    first = lease(tx, worker="w1", now=at(0))
+    call(tx, "reset_expired_tasks", at(11))
+    second = lease(tx, worker="w1", now=at(12))  # the same worker, a new lease
     assert second["rn"] == first["rn"] and second["token"] != first["token"]
     for fn, args in [("complete_task", {}), ("heartbeat_task", {}), ("yield_task", {}),
                      ("abort_task", {"errors": Jsonb([{"code": "stale"}])})]:
         with pytest.raises(errors.TaskNotOwned) as info:
-            db.call(fn, **held(first), **args)
+            tx.call(fn, **held(first), **args)
         assert code_of(info) == "PS201", fn
-    assert db.call("complete_tasks", rns=[first["rn"]], tokens=[first["token"]]) == [
+    assert tx.call("complete_tasks", rns=[first["rn"]], tokens=[first["token"]]) == [
         {"rn": uuid.UUID(first["rn"]), "sqlstate": "PS201"}]
     with pytest.raises(errors.TaskNotOwned):
-        db.call("complete_and_lease", worker="w1", queue="q", **held(first))
-    assert db.call_value("get_task", rn=first["rn"])["status"] == "running"
-    assert db.call_value("complete_task", **held(second))["status"] == "completed"
+        tx.call("complete_and_lease", worker="w1", queue="q", **held(first))
+    assert tx.call_value("get_task", rn=first["rn"])["status"] == "running"
+    assert tx.call_value("complete_task", **held(second))["status"] == "completed"
 
 
 # ------------------------------------------------------------------ complete / abort / yield
 
 
-def test_complete_sets_progress_one(db):
-    submit(db)
-    h = held(lease(db))
-    db.call("heartbeat_task", **h, progress=0.4)
-    task = value(db, "complete_task", at(100), **h)
+def test_complete_sets_progress_one(tx):
+    submit(tx)
+    h = held(lease(tx))
+    tx.call("heartbeat_task", **h, progress=0.4)
+    task = value(tx, "complete_task", at(100), **h)
     assert (task["status"], task["progress"], task["owner"], task["deadline"]) == ("completed", 1, "w1", None)
     assert datetime.fromisoformat(task["updated"]) == at(100)
     with pytest.raises(errors.TaskNotRunning) as info:
-        db.call("complete_task", **h)
+        tx.call("complete_task", **h)
     assert code_of(info) == "PS202"
 
 
-def test_complete_with_a_wrong_token_or_unknown_task(db):
-    submit(db)
-    h = held(lease(db))
+def test_complete_with_a_wrong_token_or_unknown_task(tx):
+    submit(tx)
+    h = held(lease(tx))
     with pytest.raises(errors.TaskNotOwned):
-        db.call("complete_task", rn=h["rn"], token=uuid.uuid4())
+        tx.call("complete_task", rn=h["rn"], token=uuid.uuid4())
     with pytest.raises(errors.TaskNotFound):
-        db.call("complete_task", rn=uuid.uuid4(), token=h["token"])
-    assert db.call_value("get_task", rn=h["rn"])["status"] == "running"
+        tx.call("complete_task", rn=uuid.uuid4(), token=h["token"])
+    assert tx.call_value("get_task", rn=h["rn"])["status"] == "running"
 
 
-def test_complete_tasks_batch_reports_what_it_did_not_complete(db):
-    db.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(4)]))
-    mine = [r["task"] for r in db.call("lease_tasks", queue="q", worker="w1", n=3)]
-    theirs = lease(db, worker="w2")
-    db.call("cancel_task", rn=mine[2]["rn"])
+def test_complete_tasks_batch_reports_what_it_did_not_complete(tx):
+    tx.call("submit_tasks", queue="q", specs=Jsonb([{"i": i} for i in range(4)]))
+    mine = [r["task"] for r in tx.call("lease_tasks", queue="q", worker="w1", n=3)]
+    theirs = lease(tx, worker="w2")
+    tx.call("cancel_task", rn=mine[2]["rn"])
     unknown = str(uuid.uuid4())
     rns = [t["rn"] for t in mine] + [theirs["rn"], unknown]
     tokens = [t["token"] for t in mine] + [mine[0]["token"], mine[0]["token"]]
-    failed = {str(r["rn"]): r["sqlstate"] for r in db.call("complete_tasks", rns=rns, tokens=tokens)}
+    failed = {str(r["rn"]): r["sqlstate"] for r in tx.call("complete_tasks", rns=rns, tokens=tokens)}
     assert failed == {mine[2]["rn"]: "PS203", theirs["rn"]: "PS201", unknown: "PS200"}
-    assert [db.call_value("get_task", rn=t["rn"])["status"] for t in mine] == ["completed", "completed", "cancelled"]
-    again = db.call("complete_tasks", rns=[mine[0]["rn"]], tokens=[mine[0]["token"]])
+    assert [tx.call_value("get_task", rn=t["rn"])["status"] for t in mine] == ["completed", "completed", "cancelled"]
+    again = tx.call("complete_tasks", rns=[mine[0]["rn"]], tokens=[mine[0]["token"]])
     assert [r["sqlstate"] for r in again] == ["PS202"]
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("complete_tasks", rns=rns, tokens=tokens[:1])
+        tx.call("complete_tasks", rns=rns, tokens=tokens[:1])
     assert code_of(info) == "PS208"
 
 
@@ -303,49 +303,49 @@ def cal(db, task, queue="q", worker="w1", now=None, **kw):
                  **(held(task) if task else {}), **kw)
 
 
-def test_complete_and_lease_completes_the_held_task_and_leases_the_next(db):
-    first = submit(db, priority=9, now=at(0))["rn"]
-    second = submit(db, priority=1, now=at(0))["rn"]
-    got = cal(db, None, timeout=timedelta(seconds=30), now=at(1))  # nothing held: lease only
+def test_complete_and_lease_completes_the_held_task_and_leases_the_next(tx):
+    first = submit(tx, priority=9, now=at(0))["rn"]
+    second = submit(tx, priority=1, now=at(0))["rn"]
+    got = cal(tx, None, timeout=timedelta(seconds=30), now=at(1))  # nothing held: lease only
     assert got["rn"] == first and got["status"] == "running" and got["owner"] == "w1"
     assert datetime.fromisoformat(got["deadline"]) == at(31) and types_of(got) == ["TaskAssignment"]
-    db.call("heartbeat_task", **held(got), progress=0.3)
-    nxt = cal(db, got, timeout=timedelta(seconds=30), now=at(5))
+    tx.call("heartbeat_task", **held(got), progress=0.3)
+    nxt = cal(tx, got, timeout=timedelta(seconds=30), now=at(5))
     assert nxt["rn"] == second and nxt["status"] == "running" and nxt["owner"] == "w1"
     assert datetime.fromisoformat(nxt["deadline"]) == at(35) and nxt["token"] != got["token"]
     assert nxt["history"] == [{"_typ": "TaskAssignment", "worker": "w1", "time": nxt["updated"]}]
-    done = db.call_value("get_task", rn=first)
+    done = tx.call_value("get_task", rn=first)
     assert (done["status"], done["progress"], done["owner"], done["deadline"]) == ("completed", 1, "w1", None)
     assert datetime.fromisoformat(done["updated"]) == at(5) and types_of(done) == ["TaskAssignment"]
-    assert cal(db, nxt) is None  # completed; nothing left to lease
-    assert db.call_value("get_task", rn=second)["status"] == "completed"
-    assert cal(db, None) is None
+    assert cal(tx, nxt) is None  # completed; nothing left to lease
+    assert tx.call_value("get_task", rn=second)["status"] == "completed"
+    assert cal(tx, None) is None
 
 
-def test_complete_and_lease_refused_completion_leases_nothing(db):
-    first = submit(db, priority=9)["rn"]
-    waiting = submit(db, priority=1)["rn"]
-    got = cal(db, None)
+def test_complete_and_lease_refused_completion_leases_nothing(tx):
+    first = submit(tx, priority=9)["rn"]
+    waiting = submit(tx, priority=1)["rn"]
+    got = cal(tx, None)
     assert got["rn"] == first
-    db.call("cancel_task", rn=first)
+    tx.call("cancel_task", rn=first)
     with pytest.raises(errors.TaskCancelled) as info:
-        cal(db, got)
+        cal(tx, got)
     assert code_of(info) == "PS203"
-    assert db.call_value("get_task", rn=first)["status"] == "cancelled"  # stays cancelled
-    assert db.call_value("get_task", rn=waiting)["status"] == "ready"  # and nothing was leased
+    assert tx.call_value("get_task", rn=first)["status"] == "cancelled"  # stays cancelled
+    assert tx.call_value("get_task", rn=waiting)["status"] == "ready"  # and nothing was leased
     with pytest.raises(errors.TaskNotFound):
-        cal(db, {"rn": str(uuid.uuid4()), "token": got["token"]})
-    mine = cal(db, None)
+        cal(tx, {"rn": str(uuid.uuid4()), "token": got["token"]})
+    mine = cal(tx, None)
     assert mine["rn"] == waiting
     with pytest.raises(errors.TaskNotOwned):
-        cal(db, {"rn": mine["rn"], "token": str(uuid.uuid4())}, worker="w2")
+        cal(tx, {"rn": mine["rn"], "token": str(uuid.uuid4())}, worker="w2")
     with pytest.raises(errors.InvalidArgument) as info:  # a bad lease argument undoes the completion too
-        cal(db, mine, queue="")
+        cal(tx, mine, queue="")
     assert code_of(info) == "PS208"
-    assert db.call_value("get_task", rn=mine["rn"])["status"] == "running"
-    assert cal(db, mine) is None
+    assert tx.call_value("get_task", rn=mine["rn"])["status"] == "running"
+    assert cal(tx, mine) is None
     with pytest.raises(errors.TaskNotRunning):
-        cal(db, mine)
+        cal(tx, mine)
 
 
 def sync_commit(c) -> str:
@@ -418,162 +418,162 @@ def test_a_lease_call_that_is_the_whole_transaction_still_commits_asynchronously
         assert sync_commit(c) == "on"  # and only for that transaction
 
 
-def test_abort_records_errors_in_the_seed_shape(db):
-    submit(db)
-    h = held(lease(db))
-    task = db.call_value("abort_task", **h, errors=Jsonb([
+def test_abort_records_errors_in_the_seed_shape(tx):
+    submit(tx)
+    h = held(lease(tx))
+    task = tx.call_value("abort_task", **h, errors=Jsonb([
         {"code": "new task added", "args": {"id": 2}, "description": "new task superseded"},
         {"code": "bare"}]))
     assert task["status"] == "aborted" and task["deadline"] is None
     assert task["errors"] == [{"code": "new task added", "args": {"id": 2}, "description": "new task superseded"},
                               {"code": "bare", "args": {}, "description": ""}]
     with pytest.raises(errors.TaskNotRunning):
-        db.call("abort_task", **h, errors=Jsonb([{"code": "x"}]))
+        tx.call("abort_task", **h, errors=Jsonb([{"code": "x"}]))
 
 
 @pytest.mark.parametrize("errs", [[], {"code": "x"}, [{"args": {}}], [{"code": 1}], [{"code": "x", "args": []}],
                                   [{"code": "x", "description": 3}], ["x"], None])
-def test_abort_with_malformed_errors_is_ps207(db, errs):
-    submit(db)
-    h = held(lease(db))
+def test_abort_with_malformed_errors_is_ps207(tx, errs):
+    submit(tx)
+    h = held(lease(tx))
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("abort_task", **h, errors=Jsonb(errs) if errs is not None else None)
+        tx.call("abort_task", **h, errors=Jsonb(errs) if errs is not None else None)
     assert code_of(info) == "PS207"
-    assert db.call_value("get_task", rn=h["rn"])["status"] == "running"
+    assert tx.call_value("get_task", rn=h["rn"])["status"] == "running"
 
 
-def test_yield_returns_to_ready_without_a_timeout_entry(db):
-    submit(db)
-    h = held(lease(db, worker="w1", now=at(0)))
-    call(db, "heartbeat_task", at(1), **h, progress=0.1)
-    task = value(db, "yield_task", at(2), **h)
+def test_yield_returns_to_ready_without_a_timeout_entry(tx):
+    submit(tx)
+    h = held(lease(tx, worker="w1", now=at(0)))
+    call(tx, "heartbeat_task", at(1), **h, progress=0.1)
+    task = value(tx, "yield_task", at(2), **h)
     assert datetime.fromisoformat(task["deadline"]) == at(1) and task["status"] == "running"
     assert task["history"][-1] == {"_typ": "TaskYield", "worker": "w1", "progress": 0.1, "time": task["updated"]}
-    reset = [r["task"] for r in call(db, "reset_expired_tasks", at(2))]
+    reset = [r["task"] for r in call(tx, "reset_expired_tasks", at(2))]
     assert [t["rn"] for t in reset] == [h["rn"]]
     assert [h["_typ"] for h in reset[0]["history"]] == ["TaskAssignment", "TaskYield"]
     assert (reset[0]["status"], reset[0]["owner"], reset[0]["progress"]) == ("ready", None, 0)
-    assert lease(db, worker="w2", now=at(3))["rn"] == h["rn"]
+    assert lease(tx, worker="w2", now=at(3))["rn"] == h["rn"]
 
 
-def test_yield_error_codes(db):
-    submit(db)
-    h = held(lease(db))
+def test_yield_error_codes(tx):
+    submit(tx)
+    h = held(lease(tx))
     with pytest.raises(errors.TaskNotOwned):
-        db.call("yield_task", rn=h["rn"], token=uuid.uuid4())
+        tx.call("yield_task", rn=h["rn"], token=uuid.uuid4())
     with pytest.raises(errors.TaskNotFound):
-        db.call("yield_task", rn=uuid.uuid4(), token=h["token"])
-    db.call("cancel_task", rn=h["rn"])
+        tx.call("yield_task", rn=uuid.uuid4(), token=h["token"])
+    tx.call("cancel_task", rn=h["rn"])
     with pytest.raises(errors.TaskCancelled):
-        db.call("yield_task", **h)
+        tx.call("yield_task", **h)
 
 
-def test_a_yielded_lease_is_over(db):
+def test_a_yielded_lease_is_over(tx):
     """Item 6: after yield_task, the same lease's heartbeat used to be accepted (cancelling
     the yield), a second yield appended history again, and complete succeeded."""
-    submit(db)
-    h = held(lease(db, now=at(0)))
-    call(db, "yield_task", at(1), **h)
+    submit(tx)
+    h = held(lease(tx, now=at(0)))
+    call(tx, "yield_task", at(1), **h)
     for fn, args in [("heartbeat_task", {}), ("yield_task", {}), ("complete_task", {}),
                      ("abort_task", {"errors": Jsonb([{"code": "late"}])})]:
         with pytest.raises(errors.TaskYielded) as info:
-            call(db, fn, at(2), **h, **args)
+            call(tx, fn, at(2), **h, **args)
         assert code_of(info) == "PS210", fn
-    task = db.call_value("get_task", rn=h["rn"])
+    task = tx.call_value("get_task", rn=h["rn"])
     assert types_of(task) == ["TaskAssignment", "TaskYield"] and datetime.fromisoformat(task["deadline"]) == at(0)
-    assert [r["task"]["status"] for r in call(db, "reset_expired_tasks", at(3))] == ["ready"]
+    assert [r["task"]["status"] for r in call(tx, "reset_expired_tasks", at(3))] == ["ready"]
 
 
 # ------------------------------------------------------------------ cancel
 
 
-def test_cancel_ready_task_is_terminal_and_never_leased(db):
-    rn = submit(db)["rn"]
-    task = db.call_value("cancel_task", rn=rn)
+def test_cancel_ready_task_is_terminal_and_never_leased(tx):
+    rn = submit(tx)["rn"]
+    task = tx.call_value("cancel_task", rn=rn)
     assert task["status"] == "cancelled" and task["owner"] is None
-    assert lease(db) is None
-    assert db.call_value("cancel_task", rn=rn) == task  # idempotent
+    assert lease(tx) is None
+    assert tx.call_value("cancel_task", rn=rn) == task  # idempotent
 
 
-def test_cancel_running_task_the_owner_learns_on_heartbeat_and_completion_keeps_it_cancelled(db):
-    submit(db)
-    h = held(lease(db, worker="w1"))
+def test_cancel_running_task_the_owner_learns_on_heartbeat_and_completion_keeps_it_cancelled(tx):
+    submit(tx)
+    h = held(lease(tx, worker="w1"))
     rn = h["rn"]
-    task = db.call_value("cancel_task", rn=rn)
+    task = tx.call_value("cancel_task", rn=rn)
     assert (task["status"], task["owner"], task["deadline"]) == ("cancelled", "w1", None)
     with pytest.raises(errors.TaskCancelled) as info:
-        db.call("heartbeat_task", **h, progress=0.5)
+        tx.call("heartbeat_task", **h, progress=0.5)
     assert code_of(info) == "PS203"
     with pytest.raises(errors.TaskCancelled):
-        db.call("complete_task", **h)
+        tx.call("complete_task", **h)
     with pytest.raises(errors.TaskCancelled):
-        db.call("abort_task", **h, errors=Jsonb([{"code": "x"}]))
-    assert db.call_value("get_task", rn=rn)["status"] == "cancelled"
-    assert call(db, "reset_expired_tasks", at(10**6)) == []
+        tx.call("abort_task", **h, errors=Jsonb([{"code": "x"}]))
+    assert tx.call_value("get_task", rn=rn)["status"] == "cancelled"
+    assert call(tx, "reset_expired_tasks", at(10**6)) == []
 
 
-def test_cancel_finished_or_unknown_task(db):
-    submit(db)
-    h = held(lease(db))
+def test_cancel_finished_or_unknown_task(tx):
+    submit(tx)
+    h = held(lease(tx))
     rn = h["rn"]
-    db.call("complete_task", **h)
+    tx.call("complete_task", **h)
     with pytest.raises(errors.TaskFinished) as info:
-        db.call("cancel_task", rn=rn)
+        tx.call("cancel_task", rn=rn)
     assert code_of(info) == "PS209"
     with pytest.raises(errors.TaskNotFound):
-        db.call("cancel_task", rn=uuid.uuid4())
+        tx.call("cancel_task", rn=uuid.uuid4())
 
 
 # ------------------------------------------------------------------ monitor
 
 
-def test_reset_expired_only_after_the_deadline_with_task_timeout(db):
-    submit(db)
-    h = held(lease(db, worker="w1", now=at(0)))
-    call(db, "heartbeat_task", at(5), **h, progress=0.23)  # deadline 15
-    assert call(db, "reset_expired_tasks", at(14)) == []
-    [row] = call(db, "reset_expired_tasks", at(16))
+def test_reset_expired_only_after_the_deadline_with_task_timeout(tx):
+    submit(tx)
+    h = held(lease(tx, worker="w1", now=at(0)))
+    call(tx, "heartbeat_task", at(5), **h, progress=0.23)  # deadline 15
+    assert call(tx, "reset_expired_tasks", at(14)) == []
+    [row] = call(tx, "reset_expired_tasks", at(16))
     task = row["task"]
     assert (task["status"], task["owner"], task["progress"], task["deadline"]) == ("ready", None, 0, None)
     assert task["history"][-1] == {"_typ": "TaskTimeout", "worker": "w1", "progress": 0.23,
                                    "time": task["updated"]}
     assert task["updated"].endswith("Z") and all(e["time"].endswith("Z") for e in task["history"])
-    assert call(db, "reset_expired_tasks", at(100)) == []
+    assert call(tx, "reset_expired_tasks", at(100)) == []
 
 
-def test_reset_expired_tasks_in_batches(db):
-    db.call("submit_tasks", queue="q", specs=Jsonb([{}] * 5))
-    call(db, "lease_tasks", at(0), queue="q", worker="w", n=5)
-    assert len(call(db, "reset_expired_tasks", at(20), max_tasks=3)) == 3
-    assert len(call(db, "reset_expired_tasks", at(20), max_tasks=3)) == 2
+def test_reset_expired_tasks_in_batches(tx):
+    tx.call("submit_tasks", queue="q", specs=Jsonb([{}] * 5))
+    call(tx, "lease_tasks", at(0), queue="q", worker="w", n=5)
+    assert len(call(tx, "reset_expired_tasks", at(20), max_tasks=3)) == 3
+    assert len(call(tx, "reset_expired_tasks", at(20), max_tasks=3)) == 2
 
 
-def test_cleanup_keeps_tasks_within_retention_and_unfinished_ones(db):
-    old_done = submit(db, spec={"k": "old_done"}, now=at(0))["rn"]
-    recent_done = submit(db, spec={"k": "recent_done"}, now=at(0))["rn"]
-    old_ready = submit(db, spec={"k": "old_ready"}, now=at(0))["rn"]
-    call(db, "cancel_task", at(0), rn=old_done)
-    call(db, "cancel_task", at(3000), rn=recent_done)
+def test_cleanup_keeps_tasks_within_retention_and_unfinished_ones(tx):
+    old_done = submit(tx, spec={"k": "old_done"}, now=at(0))["rn"]
+    recent_done = submit(tx, spec={"k": "recent_done"}, now=at(0))["rn"]
+    old_ready = submit(tx, spec={"k": "old_ready"}, now=at(0))["rn"]
+    call(tx, "cancel_task", at(0), rn=old_done)
+    call(tx, "cancel_task", at(3000), rn=recent_done)
     hour = timedelta(hours=1)
-    assert value(db, "cleanup_tasks", at(3599), retention=hour) == 0  # not yet past retention
-    assert value(db, "cleanup_tasks", at(3700), retention=hour) == 1
-    assert {r["task"]["rn"] for r in db.call("list_tasks")} == {recent_done, old_ready}
-    assert value(db, "cleanup_tasks", at(3700), retention=hour) == 0
+    assert value(tx, "cleanup_tasks", at(3599), retention=hour) == 0  # not yet past retention
+    assert value(tx, "cleanup_tasks", at(3700), retention=hour) == 1
+    assert {r["task"]["rn"] for r in tx.call("list_tasks")} == {recent_done, old_ready}
+    assert value(tx, "cleanup_tasks", at(3700), retention=hour) == 0
     with pytest.raises(errors.InvalidArgument) as info:
-        db.call("cleanup_tasks", retention=-hour)
+        tx.call("cleanup_tasks", retention=-hour)
     assert code_of(info) == "PS208"
 
 
-def test_views_for_psql(db):
-    submit(db, queue="a", now=at(0))
-    submit(db, queue="a", now=at(1))
-    submit(db, queue="b", now=at(2))
+def test_views_for_psql(tx):
+    submit(tx, queue="a", now=at(0))
+    submit(tx, queue="a", now=at(1))
+    submit(tx, queue="b", now=at(2))
     an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)  # the views read the real clock
-    lease(db, queue="b", timeout=timedelta(seconds=1), now=an_hour_ago)
-    counts = {(r["queue"], r["status"]): r["tasks"] for r in db.query("SELECT * FROM pyscheduler.task_counts")}
+    lease(tx, queue="b", timeout=timedelta(seconds=1), now=an_hour_ago)
+    counts = {(r["queue"], r["status"]): r["tasks"] for r in tx.query("SELECT * FROM pyscheduler.task_counts")}
     assert counts == {("a", "ready"): 2, ("b", "running"): 1}
-    assert [r["queue"] for r in db.query("SELECT * FROM pyscheduler.expired_leases")] == ["b"]
-    oldest = db.query("SELECT * FROM pyscheduler.oldest_ready_tasks")
+    assert [r["queue"] for r in tx.query("SELECT * FROM pyscheduler.expired_leases")] == ["b"]
+    oldest = tx.query("SELECT * FROM pyscheduler.oldest_ready_tasks")
     assert [(r["queue"], r["created"]) for r in oldest] == [("a", at(0))]
 
 
@@ -749,13 +749,13 @@ def test_concurrent_complete_and_lease_workers_never_hold_the_same_task(dsn, db)
 # ------------------------------------------------------------------ fairness (aging)
 
 
-def test_aging_lets_an_old_low_priority_task_through_a_stream_of_high_ones(db):
+def test_aging_lets_an_old_low_priority_task_through_a_stream_of_high_ones(tx):
     def stream(queue: str, aging_rate: float) -> int | None:
         """Each second a priority-100 task arrives and one task is leased; when does low go?"""
-        low = submit(db, queue=queue, priority=1, spec={"k": "low"}, now=at(0))["rn"]
+        low = submit(tx, queue=queue, priority=1, spec={"k": "low"}, now=at(0))["rn"]
         for second in range(1, 150):
-            submit(db, queue=queue, priority=100, now=at(second))
-            task = lease(db, queue=queue, aging_rate=aging_rate, aging_cap=255, now=at(second))
+            submit(tx, queue=queue, priority=100, now=at(second))
+            task = lease(tx, queue=queue, aging_rate=aging_rate, aging_cap=255, now=at(second))
             if task["rn"] == low:
                 return second
         return None
@@ -765,10 +765,10 @@ def test_aging_lets_an_old_low_priority_task_through_a_stream_of_high_ones(db):
     assert stream("on", 1.0) == 99
 
 
-def test_aging_never_lowers_a_priority_above_the_cap(db):
-    submit(db, priority=1000, spec={"k": "high"}, now=at(10))
-    submit(db, priority=1, spec={"k": "old"}, now=at(0))
-    assert lease(db, aging_rate=100.0, aging_cap=255, now=at(20))["spec"]["k"] == "high"
+def test_aging_never_lowers_a_priority_above_the_cap(tx):
+    submit(tx, priority=1000, spec={"k": "high"}, now=at(10))
+    submit(tx, priority=1, spec={"k": "old"}, now=at(0))
+    assert lease(tx, aging_rate=100.0, aging_cap=255, now=at(20))["spec"]["k"] == "high"
 
 
 # ------------------------------------------------------------------ notifications and roles

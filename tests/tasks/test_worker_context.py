@@ -83,9 +83,8 @@ def test_a_context_class_with_its_own_init_is_made_with_the_task_dict(db, dsn):
     [str(uuid.uuid4()).upper(), uuid.uuid4().hex, "{%s}" % uuid.uuid4(), uuid.uuid4()],  # not canonical text
     [],
 ])
-def test_a_uuid_array_reaches_the_database_as_the_uuids_given(db, values):
-    with db.connection() as conn:
-        got = conn.execute("SELECT %b::text[] AS a", [UuidArray(values)]).fetchone()["a"]
+def test_a_uuid_array_reaches_the_database_as_the_uuids_given(tx, values):
+    got = tx.execute("SELECT %b::text[] AS a", [UuidArray(values)]).fetchone()["a"]
     assert got == [str(uuid.UUID(str(v))) for v in values]
 
 
