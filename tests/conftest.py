@@ -39,6 +39,13 @@ from pyscheduler import db as pyscheduler_db, embedded, migrate  # noqa: E402
 from pyscheduler.db import Database, Session  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the slow tests first: a worker takes the next test when it is free
+    (--dist loadgroup), so the long ones start early and the short ones fill in at the end."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @dataclass
 class PgServer:
     """The test PostgreSQL: a base DSN and, when embedded, the server itself."""

@@ -136,6 +136,7 @@ def poison(check: Check):
     return value
 
 
+@pytest.mark.slow
 def test_poison_catalogue_every_hostile_value_is_refused_or_a_neighbour_still_runs_on_time(app, slots, running, dsn):
     at = at_next(slots, 1.5)
     refused, stored = {}, []
@@ -255,6 +256,7 @@ LANGUAGE sql SECURITY DEFINER AS 'SELECT NULL::timestamptz';
 """
 
 
+@pytest.mark.slow
 def test_privilege_walk_a_client_cannot_make_the_runner_do_what_it_could_not_do_itself(app, conn, login, slots,
                                                                                       running, dsn):
     conn.execute(ADMIN_SQL)
@@ -324,6 +326,7 @@ def test_privilege_walk_a_client_cannot_make_the_runner_do_what_it_could_not_do_
 # The items
 # =============================================================================================
 
+@pytest.mark.slow
 def test_item01_a_job_that_puts_its_schema_first_in_search_path_cannot_run_its_functions_as_pyscheduler(
         app, conn, login, slots, running, dsn):
     alice, alice_dsn = login("pyscheduler_client")
@@ -346,6 +349,7 @@ def test_item01_a_job_that_puts_its_schema_first_in_search_path_cannot_run_its_f
     assert {h["outcome"] for h in history(slots).values()} == {"done"}
 
 
+@pytest.mark.slow
 def test_item02_a_job_the_adder_may_not_execute_is_refused_when_added_and_when_run(app, conn, login, slots, running,
                                                                                     dsn):
     conn.execute(ADMIN_SQL)
@@ -364,6 +368,7 @@ def test_item02_a_job_the_adder_may_not_execute_is_refused_when_added_and_when_r
     assert conn.execute("SELECT count(*) AS n FROM admin_s.secrets").fetchone()["n"] == 0
 
 
+@pytest.mark.slow
 def test_item03_a_task_check_its_task_cannot_carry_ends_alone_and_the_runner_goes_on(slots, conn, running, dsn):
     with pytest.raises(errors.InvalidArgument) as info:  # beyond max_payload_bytes
         add(slots, "huge", "slow-checks", "task", payload={"x": "y" * 70_000})
@@ -387,6 +392,7 @@ def test_item03_a_task_check_its_task_cannot_carry_ends_alone_and_the_runner_goe
     assert list(pending(slots)) == [small] and running.alive()
 
 
+@pytest.mark.slow
 def test_item04_a_job_returning_infinity_or_a_year_past_9999_ends_alone(app, slots, running, dsn):
     at = at_next(slots)
     bad = {ret: add(slots, ret, "app.ret", at=at, payload={"ret": ret})
@@ -418,6 +424,7 @@ END $$;
 """
 
 
+@pytest.mark.slow
 def test_item05_a_job_that_catches_the_cancel_is_ended_by_the_watchdog_and_its_neighbours_run(app, slots, dsn):
     app.execute(STUBBORN_SQL)
     at = at_next(slots)
@@ -445,6 +452,7 @@ def test_item05_a_job_that_catches_the_cancel_is_ended_by_the_watchdog_and_its_n
         run.close()
 
 
+@pytest.mark.slow
 def test_item06_a_handler_raising_a_base_exception_ends_alone_once(slots, running, dsn):
     calls: Counter = Counter()
     raised = {"cancel": asyncio.CancelledError("cancelled"), "exit": SystemExit(3), "kbd": KeyboardInterrupt(),
@@ -466,6 +474,7 @@ def test_item06_a_handler_raising_a_base_exception_ends_alone_once(slots, runnin
     assert calls == dict.fromkeys(raised, 1)  # once each: not re-run
 
 
+@pytest.mark.slow
 def test_item07_slot_arithmetic_is_utc_whatever_the_session_time_zone(slots, conn, login, running, dsn):
     # what check_slots() gives a Europe/Berlin session at the autumn change (02:59:59 CEST -> 02:00 CET):
     # the last slot was 00:45 UTC (02:45 CEST), the current one is 01:00 UTC (02:00 CET)
@@ -501,6 +510,7 @@ END $$;
 """
 
 
+@pytest.mark.slow
 def test_item08_a_job_deleting_its_entitys_checks_stops_the_rest_of_its_batch(app, slots, running, dsn):
     app.execute(DELETER_SQL)
     at = at_next(slots)
@@ -555,6 +565,7 @@ class Gate:
         return self.returns(check) if self.returns else None
 
 
+@pytest.mark.slow
 def test_item09_an_add_while_a_runner_holds_the_check_is_kept_not_lost(slots, running, dsn):
     gate = Gate()
     old = add(slots, "9", "held", "python")
@@ -571,6 +582,7 @@ def test_item09_an_add_while_a_runner_holds_the_check_is_kept_not_lost(slots, ru
     assert history(slots)[old]["outcome"] == "done"
 
 
+@pytest.mark.slow
 def test_item09_an_add_while_the_run_reschedules_the_check_changes_nothing(slots, running, dsn):
     gate = Gate(returns=lambda check: check.next_check_at + timedelta(hours=2))
     old = add(slots, "9", "held", "python")
@@ -584,6 +596,7 @@ def test_item09_an_add_while_the_run_reschedules_the_check_changes_nothing(slots
     assert slots.query("SELECT count(*) AS n FROM pyscheduler.check_requests")[0]["n"] == 0
 
 
+@pytest.mark.slow
 def test_item10_delete_checks_never_waits_for_a_runner_and_a_check_not_started_does_not_run(slots, running, dsn):
     gate = Gate(returns=lambda check: check.next_check_at + timedelta(hours=1))
     counting = Counting()
@@ -629,6 +642,7 @@ END $$;
 """
 
 
+@pytest.mark.slow
 def test_item11_the_roles_or_a_jobs_session_settings_never_stop_the_runner(app, conn, login, slots, running, dsn):
     app.execute(MESSY_SQL)
     name, runner_dsn = login("pyscheduler_checker")
@@ -649,6 +663,7 @@ def test_item11_the_roles_or_a_jobs_session_settings_never_stop_the_runner(app, 
     assert running.alive()
 
 
+@pytest.mark.slow
 def test_item12_the_history_is_purged_after_its_retention(slots, conn, running, dsn):
     ids = [add(slots, f"k{i}", "count", "python") for i in range(5)]
     assert slots.call_value("delete_checks", entity_name="order", entity_key="k0") == 1
@@ -730,6 +745,7 @@ def test_fresh_gives_a_runner_with_the_same_settings(dsn):
             again.purge_interval, again.grace) == (dsn, handlers, 1, 3, 7, 2.5, "r", 9, 4)
 
 
+@pytest.mark.slow
 def test_the_runner_survives_a_postgresql_restart(pg, slots, running, dsn):
     if pg.server is None:
         pytest.skip("needs the embedded PostgreSQL (PYSCHEDULER_TEST_DSN is set)")
@@ -845,6 +861,7 @@ class OldestIdleTransaction(threading.Thread):
         self.join(10)
 
 
+@pytest.mark.slow
 def test_hanging_handlers_hold_a_batch_one_timeout_and_a_stop_waits_for_one_handler(slots, dsn):
     """12 handlers that hang, timeout 1 s: each batch ends at the first one's deadline (recorded
     as timeout) and the rest waits at its slot; a stop during the third waits for that one only
@@ -874,6 +891,7 @@ def test_hanging_handlers_hold_a_batch_one_timeout_and_a_stop_waits_for_one_hand
     assert {i: r["check_count"] for i, r in pending(slots).items()} == dict.fromkeys(ids[3:], 0)  # at their slot
 
 
+@pytest.mark.slow
 def test_handlers_stop_starting_after_a_timeout_of_handler_time_and_the_rest_runs_next(slots,
                                                                                                   running, dsn):
     """Handlers each well inside the timeout but longer than it together: a batch starts none
@@ -889,6 +907,7 @@ def test_handlers_stop_starting_after_a_timeout_of_handler_time_and_the_rest_run
     assert oldest.longest < 2 * runner.timeout, oldest.longest  # the old runner: one batch of 1.6 s
 
 
+@pytest.mark.slow
 def test_at_max_abandoned_handlers_none_starts_until_one_returns(app, slots, running, dsn, caplog):
     """Two abandoned handler threads still running (max_abandoned => 2): the runner starts no
     more handlers, says so once (log, gauge), runs SQL jobs on; once they return, the Python
@@ -925,6 +944,7 @@ END $$;
 """
 
 
+@pytest.mark.slow
 def test_a_stop_while_a_batch_runs_its_sql_jobs_one_by_one_waits_for_one_job(app, slots, dsn):
     """15 SQL jobs of 0.4 s: their one statement times out (1 s), so the batch runs them one
     statement each; a stop then waits for the job running, not for the 14 after it."""

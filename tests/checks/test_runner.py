@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
+import pytest
 from click.testing import CliRunner
 
 from tests.support.checks import Counting, add_many, history, running, scrape, slots, wait_history  # noqa: F401 (fixtures)
@@ -16,6 +17,8 @@ from pyscheduler.cli import main
 from pyscheduler.db import Jsonb
 from pyscheduler.tasks import Worker
 from tests.support import REPO, wait_for
+
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
 
 
 SLEEPY_SQL = """

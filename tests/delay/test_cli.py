@@ -7,6 +7,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.support import wait_for
 from tests.support.delay import Output, RelayProcess, Sender, Topics, warm_up
 from pyscheduler.daemon import RunContext
@@ -90,6 +92,7 @@ def test_status_shows_deadlines_at_the_end_of_the_range(dsn, db):
     assert proc.returncode == 0 and "next_deadline=9998-12-31 23:59:59+00:00" in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_demo_prints_throughput_and_jitter_percentiles(dsn, kafka):
     lines: list[str] = []
     cli.demo(RunContext(dsn=dsn, kafka_bootstrap=kafka), lines.append)
@@ -99,6 +102,7 @@ def test_demo_prints_throughput_and_jitter_percentiles(dsn, kafka):
     assert "0 waiting, 0 ready" in text
 
 
+@pytest.mark.slow
 def test_metrics_count_what_the_relay_did(dsn, kafka, topic, tmp_path):
     topics = Topics(input=topic("in"), output=topic("out"), dlq=topic("dlq"))
     port = free_port()

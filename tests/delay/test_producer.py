@@ -32,6 +32,7 @@ def relayed(dsn, kafka, topics):
     dlq.close()
 
 
+@pytest.mark.slow
 def test_messages_arrive_at_their_deadline_with_key_value_and_headers(kafka, topics, relayed):
     output, dlq = relayed
     berlin = ZoneInfo("Europe/Berlin")
@@ -59,6 +60,7 @@ def test_messages_arrive_at_their_deadline_with_key_value_and_headers(kafka, top
     assert dlq.values() == []
 
 
+@pytest.mark.slow
 def test_the_id_and_deadline_are_stored_as_given(kafka, topics, relayed, db):
     deadline = datetime(2031, 3, 30, 1, 59, 59, 999_999, tzinfo=ZoneInfo("Europe/Berlin"))
     ident = "order-42:" + "x" * 119  # 128 characters

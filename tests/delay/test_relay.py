@@ -44,6 +44,7 @@ def wired(dsn, kafka, topics):
     dlq.close()
 
 
+@pytest.mark.slow
 def test_messages_fire_after_deadline_minus_advance_with_key_value_and_headers(wired, db):
     sender, output, _, start = wired
     start(timing_advance_ms=50)
@@ -70,6 +71,7 @@ def test_messages_fire_after_deadline_minus_advance_with_key_value_and_headers(w
                     10, "fired messages to be deleted")
 
 
+@pytest.mark.slow
 def test_a_message_stored_below_the_fire_loops_mark_is_fired_by_the_rescan(wired, db):
     """The fire loop claims from its latest claimed deadline minus MARK_SLACK on (skipping the
     index entries fired messages leave behind); a message stored with an earlier deadline
@@ -115,6 +117,7 @@ def test_a_leap_second_with_a_fraction_or_a_61st_second_is_malformed_as_postgres
     assert info.value.sqlstate == "22008"
 
 
+@pytest.mark.slow
 def test_duplicate_ids_are_ignored_while_waiting_and_accepted_again_after_firing(wired):
     sender, output, _, start = wired
     start()
@@ -134,6 +137,7 @@ def test_duplicate_ids_are_ignored_while_waiting_and_accepted_again_after_firing
     output.wait_values([b"again"])
 
 
+@pytest.mark.slow
 def test_late_messages_go_straight_through_without_being_stored(wired, db):
     sender, output, _, start = wired
     start()
@@ -147,6 +151,7 @@ def test_late_messages_go_straight_through_without_being_stored(wired, db):
     assert stored == []
 
 
+@pytest.mark.slow
 def test_malformed_messages_are_dead_lettered_while_their_neighbours_arrive(wired, kafka, topics, caplog):
     sender, output, dlq, start = wired
     relay = start()
@@ -202,6 +207,7 @@ def test_malformed_messages_are_dead_lettered_while_their_neighbours_arrive(wire
     assert relay.thread.is_alive()
 
 
+@pytest.mark.slow
 def test_two_nodes_share_one_input_and_fire_everything_once(wired, db):
     sender, output, _, start = wired
     start(hold_ms=10_000)
@@ -255,6 +261,7 @@ def test_deadlines_outside_the_supported_range_are_malformed():
     assert parse_deadline(b"9998-12-31T23:59:59.999999Z").year == 9998
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # kafka-python's importlib.resources use
 def test_a_header_name_that_is_not_utf8_is_dead_lettered_and_the_batch_goes_on(wired, kafka, topics):
     """confluent-kafka's msg.headers() raises for it; one message is malformed, never the batch."""
@@ -295,6 +302,7 @@ def counted() -> tuple[float, float]:
     return DEAD_LETTERED._value.get(), DROPPED._value.get()
 
 
+@pytest.mark.slow
 def test_a_message_the_broker_refuses_is_dead_lettered_once_and_deleted(wired, db, caplog):
     sender, output, dlq, start = wired
     before = counted()
@@ -323,6 +331,7 @@ def test_a_message_the_broker_refuses_is_dead_lettered_once_and_deleted(wired, d
     assert counted() == (before[0] + 1, before[1])
 
 
+@pytest.mark.slow
 def test_a_late_message_the_broker_refuses_is_dropped_with_one_error_and_the_input_moves_on(wired, db, caplog):
     sender, output, _, start = wired
     before = counted()
@@ -343,6 +352,7 @@ def test_a_late_message_the_broker_refuses_is_dropped_with_one_error_and_the_inp
     assert counted() == (before[0], before[1] + 1)  # counted as dropped, not as dead-lettered
 
 
+@pytest.mark.slow
 def test_the_producer_size_limit_is_the_brokers_not_librdkafkas_lower_default(wired, kafka, topics, db):
     """librdkafka's message.max.bytes (1,000,000) is below a broker's (1,048,588 by default):
     a message the broker takes on the input is delivered on the output."""
@@ -359,6 +369,7 @@ def test_the_producer_size_limit_is_the_brokers_not_librdkafkas_lower_default(wi
     assert db.query("SELECT id FROM pyscheduler.delay_messages") == []
 
 
+@pytest.mark.slow
 def test_a_relay_logged_in_with_only_the_relay_role_does_its_whole_job(wired, kafka, topics, dsn, conn, db,
                                                                         caplog):
     """Item 19: relays have their own role (task workers get nothing of the delay queue)."""
@@ -386,6 +397,7 @@ def test_a_relay_logged_in_with_only_the_relay_role_does_its_whole_job(wired, ka
     assert not [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_an_enqueue_refused_for_a_missing_function_dead_letters_nothing(wired, conn):
     """Only a data error is a message's fault (dead-lettered alone). A missing function or
     privilege is the deployment's: the node crashes with its offsets uncommitted (run_daemons

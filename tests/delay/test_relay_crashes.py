@@ -13,6 +13,8 @@ from tests.support import wait_for
 from tests.support.delay import (InProcessRelay, Output, RelayProcess, Sender, Topics, fire_time, freeze,
                                  private_broker, utcnow, warm_up)
 
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
+
 
 @pytest.fixture
 def topics(topic) -> Topics:

@@ -85,6 +85,7 @@ def test_a_value_psycopg_cannot_load_is_bad_data_not_an_outage(tx):
         assert not is_retryable(info.value) and rejects_arguments(info.value), value
 
 
+@pytest.mark.slow
 def test_statement_timeouts_on_a_locked_table_delay_messages_but_drop_none(dsn, kafka, topics, io, caplog):
     """statement_timeout=500ms and the message table locked by another session for a
     while: enqueue_messages keeps timing out (57014). That is an outage, not bad data:
@@ -120,6 +121,7 @@ def test_statement_timeouts_on_a_locked_table_delay_messages_but_drop_none(dsn, 
     assert [m for m in dlq.fresh(0) if m.value() in values] == []
 
 
+@pytest.mark.slow
 def test_a_read_only_database_delays_messages_but_drops_none(dsn, kafka, topics, io, caplog):
     """default_transaction_read_only (as on a standby after a mistaken failover): every
     write fails with 25006 until it is turned off; messages wait, none is dropped."""
@@ -161,6 +163,7 @@ def claims() -> float:
     return REGISTRY.get_sample_value("pyscheduler_delay_claims_total") or 0.0
 
 
+@pytest.mark.slow
 def test_a_due_message_row_locked_by_another_session_does_not_make_the_fire_loop_spin(dsn, kafka, db, topics):
     """ready_and_claim skips a locked row (SKIP LOCKED) while next_deadline still returns
     its past deadline: the loop must then sleep the poll interval, not 0."""
@@ -202,6 +205,7 @@ def freeze_with_a_late_message_read(dsn: str, db, sender: Sender, broker) -> Non
         locker.rollback()
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, db, tmp_path):
     """A late message is consumed, then the broker freezes (SIGSTOP) before it could be
     published, and the node gets SIGTERM. The node exits 0 in bounded time without
@@ -237,6 +241,7 @@ def test_sigterm_during_a_broker_outage_keeps_an_unpublished_late_message(dsn, d
         assert stored in ([], ["late"])
 
 
+@pytest.mark.slow
 def test_a_late_message_the_frozen_broker_does_not_take_is_stored_after_half_the_hold_time(dsn, db, tmp_path):
     """The broker freezes (SIGSTOP) between reading a late message and publishing it:
     after half the hold time the relay stores it (store_late) instead of blocking on the

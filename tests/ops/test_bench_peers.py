@@ -41,6 +41,7 @@ def _section(text: str) -> str:
     return text[start:end]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
     doc = tmp_path / "benchmarks.md"

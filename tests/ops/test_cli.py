@@ -114,6 +114,7 @@ def readyz(port: int) -> tuple[int, dict] | None:
         return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["tasks", "monitor"], ["run", "--no-migrate"]], ids=" ".join)
 def test_a_daemon_command_waits_for_a_postgresql_down_at_start_and_readyz_names_it(command, dsn, tmp_path):
     """PostgreSQL down when a daemon command starts is an outage, not a crash (issue 27, C): the
@@ -204,6 +205,7 @@ def data_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_run_data_dir_keeps_the_data_across_restarts_and_a_first_start_warns_of_nothing(data_dir):
     data = data_dir
     proc, output, dsn = start_run(data)

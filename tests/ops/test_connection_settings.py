@@ -34,6 +34,7 @@ def in_thread(fn, timeout: float):
     return out
 
 
+@pytest.mark.slow
 def test_a_server_that_accepts_but_never_answers_fails_the_connect_within_the_timeout():
     with socket.socket() as silent:  # a partitioned server: TCP accepts, nothing answers
         silent.bind(("127.0.0.1", 0))

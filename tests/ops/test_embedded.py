@@ -15,6 +15,7 @@ from pyscheduler import embedded
 from tests.support.ops import Output, clean_env
 
 
+@pytest.mark.slow
 def test_stack_starts_each_server_on_a_free_loopback_port_and_stops_it_by_pid(tmp_path):
     with embedded.Stack(workdir=tmp_path) as stack:
         pids = [s.pid for s in stack.servers]
@@ -43,6 +44,7 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path):
         taken.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_run_starts_the_embedded_stack_and_stops_cleanly(sig):
     proc = subprocess.Popen([sys.executable, "-m", "pyscheduler", "run"], stdout=subprocess.PIPE,
@@ -59,6 +61,7 @@ def test_run_starts_the_embedded_stack_and_stops_cleanly(sig):
         psycopg.connect(dsn, connect_timeout=2)
 
 
+@pytest.mark.slow
 def test_demo_runs_every_capability_and_exits_zero():
     result = subprocess.run([sys.executable, "-m", "pyscheduler", "demo"], capture_output=True, text=True,
                             env=clean_env(), timeout=300)

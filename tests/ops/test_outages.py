@@ -42,6 +42,8 @@ from pyscheduler.web.endpoint import serve
 from tests.support.schedules import create
 from tests.support.ops import WALK_JOB, Process, get
 
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
+
 SECRET = "S3cretPassw0rd"
 BOUND = 30  # s: the longest a daemon may take to do its job again once its server answers
 

@@ -25,6 +25,8 @@ from tests.support import wait_for
 from tests.support.ops import WALK_JOB
 from tests.support.schedules import Receiver, create
 
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
+
 TOPICS = ["walk.schedules", "pyscheduler.delay.input", "pyscheduler.delay.output"]
 SCHEDULES = ("walk-kafka", "walk-http", "walk-task")
 BOUND = 60  # s: each kind fires again within this after a restart

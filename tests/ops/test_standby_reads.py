@@ -16,6 +16,9 @@ import pytest
 from pyscheduler import embedded, migrate
 from pyscheduler.db import Database, Jsonb
 
+# a standby server of its own, on the real clock; the module's tests share it, so one worker runs them
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("standby")]
+
 # What each read function is called with (the rest have defaults for every argument).
 ARGS = {
     "get_task": lambda ids: {"rn": ids["task"]},

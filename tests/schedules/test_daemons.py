@@ -27,6 +27,8 @@ from tests.support import wait_for
 from tests.support.schedules import (Receiver, Running, allow_loopback, count, create, executions, executor,
                                      executor_process, relay)
 
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
+
 PREFIX = "t:schedules"
 
 

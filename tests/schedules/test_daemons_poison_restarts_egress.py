@@ -74,6 +74,7 @@ def fired_on_time(db, name: str, late_s: float = 3.0) -> list[dict]:
 # ------------------------------------------------------------------ poison catalogue
 
 
+@pytest.mark.slow
 def test_poison_catalogue_neighbours_fire_on_time_and_nothing_is_retried_forever(db, dsn, redis_url, kafka, topic,
                                                                                   caplog):
     allow_loopback(db)
@@ -199,6 +200,7 @@ def test_isolate_splits_a_batch_until_each_poison_item_is_alone(tx):
         isolate([1, 2], lambda part: tx.query("SELECT pyscheduler.no_such_function(%s::int[])", (part,)))
 
 
+@pytest.mark.slow
 def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sql_side_does(db, dsn, redis_url):
     """The executor's net under the SQL side's per-item answers, with its own recorder: a due
     time written to the table behind the functions' back after the claim (a trigger at
@@ -233,6 +235,7 @@ def test_an_answer_the_executor_cannot_load_ends_that_occurrence_alone_as_the_sq
     assert ex.counts["poison"] == 1 and ex.counts["recorded"] == 2
 
 
+@pytest.mark.slow
 def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(db, dsn, kafka, topic, caplog):
     caplog.set_level(logging.ERROR, logger="pyscheduler.schedules")
     out = topic("crit")
@@ -250,6 +253,7 @@ def test_degraded_mode_skips_a_critical_schedule_due_at_a_time_no_client_loads(d
 # ------------------------------------------------------------------ 21: a change while an occurrence is recorded
 
 
+@pytest.mark.slow
 def test_a_schedule_changed_between_its_record_and_its_settle_fires_nothing_of_the_old_cadence(db, dsn, redis_url):
     """Item 21, Kafka and HTTP targets, step by step with the executor's own recorder and the
     relay: the occurrence is claimed and recorded, then the schedule changes (a new cadence;
@@ -295,6 +299,7 @@ def test_a_schedule_changed_between_its_record_and_its_settle_fires_nothing_of_t
                                                         (ids["trigger"], members[ids["trigger"]])}
 
 
+@pytest.mark.slow
 def test_the_relay_ignores_notifications_that_are_not_schedule_ids(db, dsn, redis_url):
     """Any role may NOTIFY pyscheduler_schedules (PostgreSQL asks no privilege for it): a
     payload that is not a list of schedule ids (a non-ASCII digit, a number past bigint, a
@@ -315,6 +320,7 @@ def test_the_relay_ignores_notifications_that_are_not_schedule_ids(db, dsn, redi
 # ------------------------------------------------------------------ resync
 
 
+@pytest.mark.slow
 def test_a_resync_taker_that_dies_between_take_and_write_loses_no_batch(db, dsn, redis_url):
     for i in range(30):
         create(db, f"r-{i}", every=3600, target_kind="kafka", target="t", critical=i < 6,
@@ -344,6 +350,7 @@ def test_a_resync_taker_that_dies_between_take_and_write_loses_no_batch(db, dsn,
 # ------------------------------------------------------------------ dependency restarts
 
 
+@pytest.mark.slow
 def test_kafka_broker_restart_every_occurrence_delivered_and_recorded_once(db, dsn, redis_url, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="pyscheduler.schedules")
     broker = embedded.Kafka(tmp_path / "kafka").start()
@@ -383,6 +390,7 @@ def test_kafka_broker_restart_every_occurrence_delivered_and_recorded_once(db, d
     assert any("Kafka producer replaced" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_postgres_restart_stops_no_schedule_daemon_and_fires_nothing_twice(pg, db, dsn, redis_url, kafka, topic,
                                                                             caplog):
     if pg.server is None:
@@ -432,6 +440,7 @@ def test_every_schedule_daemon_has_fresh(dsn, redis_url):
 # ------------------------------------------------------------------ HTTP: egress, slow targets, redirects, names
 
 
+@pytest.mark.slow
 def test_fire_time_egress_check_never_connects_to_internal_addresses_and_hides_the_port_state(db, dsn, redis_url):
     listening = Probe()
     closed = Probe()
@@ -457,6 +466,7 @@ def test_fire_time_egress_check_never_connects_to_internal_addresses_and_hides_t
         listening.close()
 
 
+@pytest.mark.slow
 def test_the_egress_allow_list_is_read_again_while_the_executor_runs(db, dsn, redis_url):
     probe = Probe()
     try:
@@ -472,6 +482,7 @@ def test_the_egress_allow_list_is_read_again_while_the_executor_runs(db, dsn, re
         probe.close()
 
 
+@pytest.mark.slow
 def test_a_try_the_egress_policy_refuses_fails_the_occurrence_at_once(db, dsn, redis_url):
     """Refused now, refused on every retry until an admin changes the allow-list: the
     occurrence is recorded failed with the refusal after one try, whatever its retry policy."""
@@ -491,6 +502,7 @@ def test_a_try_the_egress_policy_refuses_fails_the_occurrence_at_once(db, dsn, r
         probe.close()
 
 
+@pytest.mark.slow
 def test_a_target_that_never_answers_does_not_delay_other_schedules(db, dsn, redis_url):
     allow_loopback(db)
     hole, victim = Blackhole(), Receiver()
@@ -509,6 +521,7 @@ def test_a_target_that_never_answers_does_not_delay_other_schedules(db, dsn, red
         victim.close()
 
 
+@pytest.mark.slow
 def test_a_redirect_is_a_failed_try_with_its_status_never_followed(db, dsn, redis_url):
     allow_loopback(db)
     probe = Probe(status=302, location="/elsewhere")
@@ -523,6 +536,7 @@ def test_a_redirect_is_a_failed_try_with_its_status_never_followed(db, dsn, redi
         probe.close()
 
 
+@pytest.mark.slow
 def test_any_schedule_name_is_sent_in_the_schedule_header(db, dsn, redis_url):
     allow_loopback(db)
     probe = Probe()

@@ -28,6 +28,7 @@ def topics(kafka: str) -> set[str]:
     return set(AdminClient({"bootstrap.servers": kafka}).list_topics(timeout=10).topics)
 
 
+@pytest.mark.slow
 def test_a_missing_target_topic_fails_fast_with_its_name_others_go_on_and_creating_it_heals(
         db, dsn, redis_url, kafka, topic):
     missing = f"never-created-{uuid.uuid4().hex[:10]}"
@@ -51,6 +52,7 @@ def test_a_missing_target_topic_fails_fast_with_its_name_others_go_on_and_creati
         wait_for(lambda: count(db, "to-missing") >= 1, 30, "to-missing to fire once its topic exists")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(os.environ.get("PYSCHEDULER_TEST_KAFKA_BOOTSTRAP")),
                     reason="asserts what the embedded broker (tansu) does; a configured broker may not create topics")
 def test_the_embedded_broker_creates_a_missing_target_topic_on_the_first_try(db, dsn, redis_url, kafka):

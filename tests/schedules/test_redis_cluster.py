@@ -25,6 +25,9 @@ from pyscheduler.schedules.index import Shards, to_ms
 from tests.support import wait_for
 from tests.support.schedules import Running, create, executor, relay
 
+# the session's Redis Cluster (six servers) is started by the worker that runs these tests: one
+pytestmark = pytest.mark.xdist_group("redis-cluster")
+
 SHARDS = 6
 EVERY_MS = 500
 
@@ -140,6 +143,7 @@ def test_cluster_url_single_node_unchanged(redis_url):
         connect("redis+cluster://127.0.0.1")
 
 
+@pytest.mark.slow
 def test_fires_from_every_shard(cluster, db, dsn):
     """Schedules spread over 6 shards (on 3 masters) all fire, every occurrence once; the
     shards' keys are one slot each, spread over the masters."""
@@ -157,6 +161,7 @@ def test_fires_from_every_shard(cluster, db, dsn):
     ix.close()
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_master_its_replica_takes_over(healthy, db, dsn, caplog):
     """SIGKILL the master of some shards: its replica is promoted (node timeout 1 s) and
     those shards' schedules go on; critical ones fired from PostgreSQL meanwhile; every
@@ -180,6 +185,7 @@ def test_sigkill_of_a_master_its_replica_takes_over(healthy, db, dsn, caplog):
     ix.close()
 
 
+@pytest.mark.slow
 def test_flushall_on_one_master_resyncs_its_shards_only(healthy, db, dsn, caplog):
     """FLUSHALL on one master: its shards lose their marker and are resynced from PostgreSQL;
     the other shards keep theirs (no resync); firing goes on, every occurrence once."""
@@ -211,6 +217,7 @@ def test_flushall_on_one_master_resyncs_its_shards_only(healthy, db, dsn, caplog
     ix.close()
 
 
+@pytest.mark.slow
 def test_resharding_while_firing_loses_nothing(healthy, db, dsn):
     """Move every shard's slot to another master while the executors fire (keys migrated a
     few at a time: clients meet ASK and TRYAGAIN): nothing lost, every occurrence once."""
@@ -238,6 +245,7 @@ def test_resharding_while_firing_loses_nothing(healthy, db, dsn):
     ix.close()
 
 
+@pytest.mark.slow
 def test_shard_down_without_replica_fires_its_critical_schedules_from_postgres(healthy, db, dsn, caplog):
     """A master and its replica both down: that master's shards are down (no failover), their
     critical schedules fire from PostgreSQL (claim_due_critical_shards), the other shards go on

@@ -13,12 +13,12 @@ import urllib.parse
 from datetime import timedelta
 
 import psycopg
+import pytest
 
 from pyscheduler.db import MAX_JSON_DEPTH, TOO_DEEP, Jsonb
 from pyscheduler.tasks import AsyncTaskClient, TaskClient, TaskContext, Worker
 from pyscheduler.tasks.monitor import Monitor
 from tests.support import wait_for
-
 from tests.support.dashboard import Client, served, text_of
 
 DEEP = 3000  # levels: json.loads stops at about 1,000
@@ -72,6 +72,7 @@ def test_a_task_whose_spec_result_or_errors_nest_too_deep_loads_cut_in_every_cli
     asyncio.run(on_async())
 
 
+@pytest.mark.slow
 def test_the_monitor_resets_every_expired_lease_one_with_a_spec_too_deep_too(db, conn):
     client = TaskClient(db)
     rns = [client.submit("poison", {"i": i}).rn for i in range(3)]
@@ -84,6 +85,7 @@ def test_the_monitor_resets_every_expired_lease_one_with_a_spec_too_deep_too(db,
     assert [client.get(rn).status for rn in rns] == ["ready"] * 3
 
 
+@pytest.mark.slow
 def test_a_child_reads_its_parents_results_one_too_deep_cut(db, conn, dsn):
     client = TaskClient(db)
     deep, plain = client.submit("parents", {"n": 1}), client.submit("parents", {"n": 2})
@@ -298,6 +300,7 @@ def _walk_pages(base: str, tasks: dict[str, str], schedules: list[str]) -> None:
         assert status == 200, (page, status, body[-2000:])
 
 
+@pytest.mark.slow
 def test_daemon_poison_walk_every_daemon_and_page_goes_on(db, conn, dsn, login, kafka, redis_url, topic, tmp_path):
     """One stored value of each kind (JSON nested 3,000 deep, 5 MB values, names with
     bidirectional, newline, zero-width and control characters, instants at 1970 and 9998)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
 
 from pyscheduler.db import Jsonb
 from pyscheduler.tasks import Abort
@@ -12,6 +13,8 @@ from pyscheduler.tasks.aio import AsyncTaskContext, AsyncWorker
 
 from tests.support import wait_for
 from tests.support.tasks import status, types_of
+
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
 
 
 def test_async_handlers_complete_tasks_report_progress_and_respect_capacity(dsn, client):

@@ -58,6 +58,7 @@ def worker(dsn):
     running.stop()
 
 
+@pytest.mark.slow
 def test_a_task_submitted_in_a_rolled_back_transaction_never_exists_and_never_runs(dsn, db, worker):
     with psycopg.connect(dsn) as conn:  # not autocommit: the submit opens the application's transaction
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
@@ -74,6 +75,7 @@ def test_a_task_submitted_in_a_rolled_back_transaction_never_exists_and_never_ru
     assert TaskClient(db).list("app", status="ready") == []
 
 
+@pytest.mark.slow
 def test_a_task_submitted_in_a_transaction_is_leased_only_once_it_commits(dsn, db, worker):
     TaskClient(db).submit("app", {"order": "before"})
     wait_for(lambda: worker.specs, timeout=30)
@@ -200,6 +202,7 @@ def test_a_session_on_an_autocommit_connection_commits_each_call_itself(dsn, db)
     assert TaskClient(db).get(rn).queue == "auto"
 
 
+@pytest.mark.slow
 def test_the_async_client_enqueues_in_the_applications_transaction(dsn, db, worker):
     async def scenario() -> tuple[Task, Task]:
         aconn = await psycopg.AsyncConnection.connect(dsn, options=ODD, row_factory=tuple_row)

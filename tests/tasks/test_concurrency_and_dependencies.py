@@ -169,6 +169,7 @@ def test_a_limited_queue_refuses_a_lease_outside_read_committed(dsn):
         assert info.value.sqlstate == "PS218"
 
 
+@pytest.mark.slow
 def test_racing_workers_never_exceed_the_limits(dsn, db):
     """8 workers lease (n 1..3), complete, fail, snooze and yield tasks of 5 keys while a monitor
     resets short leases: each worker records when a lease of a key began (after the lease's
@@ -492,6 +493,7 @@ def test_a_rate_limit_by_key_has_a_bucket_per_key(tx):
     assert [t["concurrency_key"] for t in lease_n(tx, "q", 20, now=at(30))] == ["a", "b"]
 
 
+@pytest.mark.slow
 def test_racing_workers_hold_a_rate_on_the_real_clock(dsn, db):
     """4 workers on their own connections lease a queue limited to 20 starts a second for 3 s,
     sleeping only as next_task_due says: a full bucket's burst (20) plus 20/s."""

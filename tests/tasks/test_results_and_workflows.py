@@ -18,6 +18,7 @@ from pyscheduler.tasks import (AsyncTaskClient, AsyncWorker, Snooze, TaskContext
 from tests.support import wait_for
 
 
+@pytest.mark.slow
 def test_a_handlers_return_value_is_the_result_that_submit_waits_for(dsn, client):
     handle = client.submit("results", {"x": 20})
     assert handle.status == "ready" and handle.output is None
@@ -64,6 +65,7 @@ def test_result_of_an_aborted_or_cancelled_task_raises(dsn, client):
     assert info.value.task.status == "cancelled"
 
 
+@pytest.mark.slow
 def test_a_result_that_is_not_json_fails_the_attempt(dsn, client):
     handle = client.submit("badresult", {}, max_attempts=1)
     running = Worker(dsn, "badresult", lambda ctx: {"when": object()}).start()
@@ -76,6 +78,7 @@ def test_a_result_that_is_not_json_fails_the_attempt(dsn, client):
     assert info.value.task.errors[0].code == "InvalidArgument"
 
 
+@pytest.mark.slow
 def test_a_result_above_the_setting_aborts_that_task_alone(dsn, client, conn):
     conn.execute("UPDATE pyscheduler.settings SET value = '200' WHERE name = 'task_max_result_bytes'")
     small = [client.submit("big", {"n": i}) for i in range(5)]
@@ -98,6 +101,7 @@ def test_a_result_above_the_setting_aborts_that_task_alone(dsn, client, conn):
         running.stop()
 
 
+@pytest.mark.slow
 def test_snooze_puts_the_task_back_without_using_an_attempt(dsn, client):
     handle = client.submit("snooze", {}, max_attempts=1)
     calls = []
@@ -128,6 +132,7 @@ def accounts(conn):
     return conn
 
 
+@pytest.mark.slow
 def test_ctx_complete_in_the_applications_transaction_is_exactly_once(dsn, client, accounts):
     handle = client.submit("charge", {"amount": 10})
 
@@ -146,6 +151,7 @@ def test_ctx_complete_in_the_applications_transaction_is_exactly_once(dsn, clien
     assert client.get(handle.rn).attempts == 1
 
 
+@pytest.mark.slow
 def test_ctx_complete_after_the_lease_was_lost_raises_and_the_writes_roll_back(dsn, client, accounts, db):
     handle = client.submit("lost", {})
     seen = []
@@ -175,6 +181,7 @@ def test_ctx_complete_after_the_lease_was_lost_raises_and_the_writes_roll_back(d
     assert client.get(handle.rn).owner == "w-other"
 
 
+@pytest.mark.slow
 def test_a_workflow_runs_parents_first_and_children_read_their_results(dsn, client):
     flow = Workflow()
     flow.add("a", "flow", {"n": 2}).add("b", "flow", {"n": 3})
@@ -213,6 +220,7 @@ def test_limits_and_keys_through_the_client(dsn, client):
         client.set_queue_limits("lim", running_per_key=0)
 
 
+@pytest.mark.slow
 def test_async_client_handle_is_awaited(dsn, client):
     async def handler(ctx):
         return ctx.spec["x"] + 1
@@ -230,6 +238,7 @@ def test_async_client_handle_is_awaited(dsn, client):
         running.stop()
 
 
+@pytest.mark.slow
 def test_async_ctx_complete_in_the_applications_transaction(dsn, client, accounts):
     handle = client.submit("acharge", {"amount": 7})
 

@@ -22,6 +22,8 @@ from pyscheduler.tasks.cli import WorkerProcess, daemons
 from tests.support import wait_for
 from tests.support.tasks import logged, status, types_of
 
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
+
 
 def test_worker_completes_tasks_and_reports_progress(dsn, client):
     release = threading.Event()

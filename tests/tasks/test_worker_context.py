@@ -21,6 +21,7 @@ SPECS = [
 ]
 
 
+@pytest.mark.slow
 def test_a_handler_sees_the_spec_and_task_the_database_holds(db, dsn):
     client = TaskClient(db)
     rns = [client.submit("lean", spec, priority=p)["rn"] for p, spec in enumerate(SPECS)]
@@ -57,6 +58,7 @@ def test_a_context_made_from_a_task_dict_works_as_before():
     assert ctx._progress == 0.5 and other._progress is None
 
 
+@pytest.mark.slow
 def test_a_context_class_with_its_own_init_is_made_with_the_task_dict(db, dsn):
     made: list[dict] = []
 

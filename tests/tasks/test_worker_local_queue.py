@@ -5,11 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from pyscheduler.db import Jsonb
 from pyscheduler.tasks import TaskClient, TaskContext, Worker
 
 from tests.support import wait_for
 from tests.support.tasks import logged, status, types_of
+
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
 
 
 def test_fast_tasks_are_leased_ahead_but_never_run_beyond_capacity(dsn, db):
@@ -131,8 +135,6 @@ def test_on_stop_queued_tasks_go_back_in_one_call_and_run_elsewhere(dsn, db, mon
 
 
 def test_prefetch_and_lookahead_are_checked(dsn):
-    import pytest
-
     from pyscheduler import errors
     from pyscheduler.tasks import AsyncWorker
 

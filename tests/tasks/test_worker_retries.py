@@ -19,6 +19,8 @@ from pyscheduler.tasks.aio import AsyncTaskContext, AsyncWorker
 from tests.support import wait_for
 from tests.support.tasks import status, types_of
 
+pytestmark = pytest.mark.slow  # every test here: daemons, processes or servers of its own, on the real clock
+
 
 @pytest.fixture
 def fast_backoff(conn):

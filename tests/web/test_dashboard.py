@@ -285,6 +285,7 @@ def test_the_schedules_page_shows_late_and_due_soon_from_one_read(conn, monitor_
     assert "Late (20+)" in page
 
 
+@pytest.mark.slow
 def test_the_redis_index_state_of_a_redis_cluster(monitor_dsn, tmp_path):
     """With ``--redis-url redis+cluster://...`` the dashboard reads the index through the one Redis
     connector (pyscheduler.redisconn), as the executors do: a cluster that does not answer is
@@ -394,6 +395,7 @@ def _startup_log(tmp_path, *args: str, env: dict | None = None) -> str:
     return log.read_text()
 
 
+@pytest.mark.slow
 def test_the_startup_line_names_the_url_and_the_token_and_a_warning_says_when_it_is_open_beyond_loopback(
         dsn, monitor_dsn, tmp_path):
     text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--host", "0.0.0.0", "--port", "0")

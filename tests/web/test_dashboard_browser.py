@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from pyscheduler.dashboard import make_app
-
 from tests.support.dashboard import SECRET, populate, served
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no chromium on this machine: install Debian's chromium (apt-get install chromium; "
-                             ".ci/run does) to run the browser test")
+pytestmark = [
+    pytest.mark.slow,  # a browser, on the real clock
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine: install Debian's chromium "
+                                                "(apt-get install chromium; .ci/run does) to run the browser test"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ def servers():
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_readyz_turns_503_within_5s_of_each_server_stopping_and_200_after(servers, tmp_path):
     pg, kafka, rds = servers
     migrate.migrate(pg.dsn())
@@ -94,6 +95,7 @@ def test_readyz_turns_503_within_5s_of_each_server_stopping_and_200_after(server
     assert code == 0, run.text()[-3000:]
 
 
+@pytest.mark.slow
 def test_each_process_exports_the_series_of_what_it_runs_only(dsn, kafka, redis_url, topic, tmp_path):
     topics = [topic("in"), topic("out")]
     procs = {
@@ -122,6 +124,7 @@ def test_each_process_exports_the_series_of_what_it_runs_only(dsn, kafka, redis_
     assert set(codes.values()) == {0}, {n: procs[n].text()[-2000:] for n, c in codes.items() if c}
 
 
+@pytest.mark.slow
 def test_worker_counts_leases_outcomes_and_latencies_into_its_registry(dsn, db):
     for i in range(20):
         db.call("submit_task", queue="m", spec=Jsonb({"i": i}))
@@ -154,6 +157,7 @@ def test_worker_counts_leases_outcomes_and_latencies_into_its_registry(dsn, db):
     Worker(dsn, "n", handle, registry=registry)
 
 
+@pytest.mark.slow
 def test_a_changed_check_resolution_takes_effect_at_the_runners_next_wake_up(db, dsn):
     db.call("set_check_settings", resolution=timedelta(hours=1))
     runner = CheckRunner(dsn, {"note": lambda check: None})
@@ -189,6 +193,7 @@ def _answer(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_idle_connections_under_a_low_descriptor_limit_leave_every_path_answering(dsn, tmp_path):
     """Issue 32, item 1: ``checks run`` with 256 descriptors at most, and twice as many idle
     connections to its endpoint: it keeps no thread per connection and at most
