@@ -1,5 +1,5 @@
-"""Future checks against hostile clients, poison values and dependency restarts (issue 15,
-items 1-14 of the checks, conventions A, B and C).
+"""Future checks against hostile clients, poison values and dependency restarts (design.md,
+conventions A, B and C).
 
 The two class tests are at the top: ``test_poison_catalogue_*`` (every client-writable field and
 every value a job or a handler returns, each refused with a SQLSTATE or, if stored, a running

@@ -1,4 +1,4 @@
-"""Future checks, issue 21: list_checks and check_history page by keyset (every row once, while
+"""Future checks: list_checks and check_history page by keyset (every row once, while
 others are written); checks_per_slot and check_outcomes come from counts kept by triggers, which
 equal a real count after a random mix of every change (never reading the checks or their
 history); each read path reads its index in order and stops at the page; the take keeps its plan

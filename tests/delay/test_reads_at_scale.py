@@ -1,4 +1,4 @@
-"""Delay queue, issue 21: delay_queue counts from kept deltas (never the table), which equal a real
+"""Delay queue: delay_queue counts from kept deltas (never the table), which equal a real
 count after any mix of what changes them, also from concurrent writers; the views read only the
 ready messages and the head of the waiting index; the claim keeps its plan."""
 

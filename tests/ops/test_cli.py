@@ -1,4 +1,4 @@
-"""The CLI and embedded mode as a user meets them (issue 17, section 3): a bad DSN, an
+"""The CLI and embedded mode as a user meets them: a bad DSN, an
 unreachable database, zero intervals and refused flag values are one clear line with the
 right exit code; ``run --data-dir`` keeps the data; a clean first start logs no WARNING."""
 

@@ -1,5 +1,5 @@
 """Every daemon's database connections have a connect timeout, TCP keepalives and a
-statement timeout (issue 11, item 24): a partition or a stuck lock fails a call instead
+statement timeout: a partition or a stuck lock fails a call instead
 of hanging a node."""
 
 import socket

@@ -1,4 +1,4 @@
-"""Every DSN psycopg accepts works for migrate (issue 11, item 14): a Unix-socket
+"""Every DSN psycopg accepts works for migrate: a Unix-socket
 directory, a password with URL-special characters, several hosts."""
 
 import os

@@ -1,4 +1,4 @@
-"""The one outage rule (issue 27, C; docs/operations.md, "Outages"): every daemon
+"""The one outage rule (docs/operations.md, "Outages"): every daemon
 ``pyscheduler run`` builds (delay relay, tasks monitor, schedules relay, executor and
 cleanup, checks runner), with a server it uses down when it starts, lost while it runs and
 back, lives (no crash, no restart), says on /readyz which server is down (and that the
@@ -12,7 +12,7 @@ which starts only later (nothing listens there before); the other servers are th
 session's. The daemons' logs are captured: none crashed or restarted, and no password of
 a DSN or URL shows (one masking helper, pyscheduler/masking.py).
 
-The reproduction of issue 27's first defect (``schedules run`` with a Redis Cluster down at
+A defect's reproduction (``schedules run`` with a Redis Cluster down at
 start crash-looped and never fired a critical schedule) runs the command itself."""
 
 from __future__ import annotations

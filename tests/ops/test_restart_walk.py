@@ -1,4 +1,4 @@
-"""The restart walk of issue 15 (convention E): ``pyscheduler run`` with schedules of every
+"""The restart walk (design.md, convention E): ``pyscheduler run`` with schedules of every
 target kind (Kafka, HTTP, task) and a future check firing every second, while Kafka, then
 Redis, then PostgreSQL restart under it. Every daemon keeps running (the process exits 0
 on SIGTERM: run_daemons returns 1 once any daemon crashed), every schedule and the check

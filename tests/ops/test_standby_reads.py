@@ -1,4 +1,4 @@
-"""Read-only work on a standby (issue 18): with ``target_session_attrs=prefer-standby``,
+"""Read-only work on a standby: with ``target_session_attrs=prefer-standby``,
 the monitor role's views and read functions, and ``pyscheduler schedules list``, answer
 from a streaming-replication standby (made with the pgserver wheel's ``pg_basebackup -R``)
 as they do on the primary. Nothing of theirs writes, and nothing reads what a standby

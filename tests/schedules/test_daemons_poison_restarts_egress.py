@@ -1,4 +1,4 @@
-"""Hardening of the schedule daemons (issue 15), with real servers: a stored value never
+"""Hardening of the schedule daemons, with real servers: a stored value never
 stops a daemon (the poison catalogue: values an old database may hold, stored directly
 as the table owner past create_schedule's checks), a taker that dies between a resync
 take and its write loses nothing, a Kafka broker or PostgreSQL restart stops nothing,

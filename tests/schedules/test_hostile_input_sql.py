@@ -1,4 +1,4 @@
-"""Recurring schedules, SQL side of the hardening (issue 15): values the daemons load are
+"""Recurring schedules, SQL side of the hardening: values the daemons load are
 refused where they come in (instants, intervals, zones, cron, labels, targets), a schedule
 ends rather than pass 9999-01-01, a batch ends a poison item alone, triggers and stale
 occurrences fire once, and a schedule belongs to the role that created it. Ends with the

@@ -1,4 +1,4 @@
-"""A schedule's Kafka target topic that does not exist (issue 17): on a broker that does not
+"""A schedule's Kafka target topic that does not exist: on a broker that does not
 create topics on first use (docker-compose.yml's Kafka) a try fails within a second with an
 error naming the topic, the occurrence ends failed after the schedule's retries, other
 schedules go on, and once the topic is created the schedule fires again. The test broker

@@ -1,4 +1,4 @@
-"""Recurring schedules, issue 21: list_schedules and schedule_runs page by keyset (every row once,
+"""Recurring schedules: list_schedules and schedule_runs page by keyset (every row once,
 while others are written), each read path reads the index in its order and stops at the page, the
 paused and failing views have indexes of their own, and claim_due_critical keeps its plan whatever the statistics and the session
 say."""

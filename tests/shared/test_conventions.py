@@ -1,4 +1,4 @@
-"""The shared hardening classes of design.md (issue 15), tested where they live: one
+"""The shared hardening classes of design.md, tested where they live: one
 classification of failures, the session settings every connection pins, daemons
 restarted instead of stopping their siblings, the SQL helpers every capability uses
 (caller, ownership, instants, labels, user code), and the one egress policy."""

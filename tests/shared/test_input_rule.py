@@ -1,4 +1,4 @@
-"""The input rule (issue 27 B; docs/sql-api.md, "Input"): every name, label, free text and JSON
+"""The input rule (docs/sql-api.md, "Input"): every name, label, free text and JSON
 payload a public function takes is of a domain (migrations/0031_input_domains.sql), so names
 refuse what prints as something else and payloads are bounded in size and nesting below what
 every reader loads. The catalog walks prove it for every public function, added ones included:

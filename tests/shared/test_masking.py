@@ -1,4 +1,4 @@
-"""Secrets (issue 27, D; design.md "Guarantees by construction"): every URL or DSN a log line,
+"""Secrets (design.md "Guarantees by construction"): every URL or DSN a log line,
 an error message, /readyz or the CLI prints goes through one masking helper,
 ``pyscheduler.masking.mask_url``. Its rules here; the code walk below finds a call that prints
 one without it (tests/ops/test_outages.py runs the daemons with passwords in their DSN and Redis

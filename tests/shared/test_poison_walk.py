@@ -1,4 +1,4 @@
-"""Stored values no reader can stop on (issue 27, items 6 and D): rows written before the SQL
+"""Stored values no reader can stop on: rows written before the SQL
 boundary refused them, or by hand as a superuser. Every JSON value pyscheduler reads loads
 through ``pyscheduler.db.load_json``: one nested deeper than MAX_JSON_DEPTH comes with its
 deep part replaced by TOO_DEEP, so the task that holds it is listed, shown and handled like

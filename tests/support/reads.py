@@ -1,4 +1,4 @@
-"""Shared by the flat-reads tests (issue 21): what one statement read, from PostgreSQL's own
+"""Shared by the reads-at-scale tests: what one statement read, from PostgreSQL's own
 per-transaction counters, so a test pins a plan's shape (which index, how many entries, no scan
 of the table) whatever the statistics say, without 10 million rows."""
 

@@ -1,4 +1,4 @@
-"""The asyncio flavour (issue 10): AsyncWorker runs ``async def`` handlers with Worker's semantics."""
+"""The asyncio flavour: AsyncWorker runs ``async def`` handlers with Worker's semantics."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`pyscheduler tasks ...` for the job queue (issue 16, item 11): submit later and once,
+"""`pyscheduler tasks ...` for the job queue: submit later and once,
 retry, abort, pause, resume, queues; list filters; hints that name commands."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Flow control for tasks (issue 20), SQL API: concurrency keys and queue limits, results and
+"""Flow control for tasks, SQL API: concurrency keys and queue limits, results and
 the finish NOTIFY, snooze, exactly-once effects in the application's transaction
 (complete_task there, holds_lease); bounds and hostile input."""
 

@@ -1,6 +1,6 @@
 """Leased tasks: what every reader (get_task, list_tasks, task_counts, the state machine's
 refusals, cancel, cleanup) shows of finished tasks, before and after cleanup and under a
-concurrent write (issue 10: the contract any change to how tasks are stored must keep;
+concurrent write (the contract any change to how tasks are stored must keep;
 docs/benchmarks.md, "Finished tasks in their own table" measured one)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Leased tasks as a job queue (issue 16), SQL API: delayed tasks, failures retried with
+"""Leased tasks as a job queue, SQL API: delayed tasks, failures retried with
 backoff, requeue, unique tasks, queue pause, ownership; bounds and hostile input."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Leased tasks, cheaper leases (issue 10): a lease writes no history entry, yet every
+"""Leased tasks, cheaper leases: a lease writes no history entry, yet every
 reader sees exactly the history of before; tokens per task and per lease; time-ordered
 ids; migration 0010 keeps the tasks of an older schema working."""
 

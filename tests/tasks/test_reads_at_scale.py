@@ -1,4 +1,4 @@
-"""Leased tasks, issue 21: list_tasks pages by keyset (every task once, while others are
+"""Leased tasks: list_tasks pages by keyset (every task once, while others are
 submitted); task_counts and queue_status equal a real count after a random mix of every change
 and read the tallies, not the tasks; each read path reads an index (never a scan of the table)
 and stops at the page; oldest_ready_tasks reads one index entry per queue and priority."""

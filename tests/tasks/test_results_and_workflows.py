@@ -1,4 +1,4 @@
-"""Flow control for tasks (issue 20), Python side: a handler's return value is its result,
+"""Flow control for tasks, Python side: a handler's return value is its result,
 ``submit(...).result(timeout)`` waits for it by LISTEN, ``Snooze``, ``ctx.complete(conn=...)``
 inside the application's transaction, the workflow builder, limits through the client."""
 

@@ -1,4 +1,4 @@
-"""Leased tasks against bad input, hostile callers and crash loops (issue 11)."""
+"""Leased tasks against bad input, hostile callers and crash loops."""
 
 from __future__ import annotations
 

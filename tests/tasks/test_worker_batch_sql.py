@@ -1,4 +1,4 @@
-"""The Worker's batch SQL (issue 10): lease_tasks_lean, heartbeat_tasks, yield_tasks."""
+"""The Worker's batch SQL: lease_tasks_lean, heartbeat_tasks, yield_tasks."""
 
 from __future__ import annotations
 

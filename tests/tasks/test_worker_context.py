@@ -1,4 +1,4 @@
-"""The Worker's per-task Python (issue 10): the lease's rows arrive as text and a context
+"""The Worker's per-task Python: the lease's rows arrive as text and a context
 parses only what its handler reads; what the handler sees is still what the database holds."""
 
 from __future__ import annotations

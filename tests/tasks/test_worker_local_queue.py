@@ -1,4 +1,4 @@
-"""The Worker's local queue (issue 10): prefetch, priority order, expiry, hand-back on stop."""
+"""The Worker's local queue: prefetch, priority order, expiry, hand-back on stop."""
 
 from __future__ import annotations
 

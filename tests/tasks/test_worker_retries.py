@@ -1,4 +1,4 @@
-"""The worker library as a job queue's worker (issue 16, item 8): a handler's exception fails
+"""The worker library as a job queue's worker: a handler's exception fails
 the attempt (retried with backoff, batched like completions), Abort aborts, Retry picks the
 delay, a BaseException never ends the worker; idle workers lease delayed tasks when they come
 due; a paused queue stops leasing."""

@@ -1,4 +1,4 @@
-"""The dashboard over HTTP (issue 17, section 2): every page against real work made
+"""The dashboard over HTTP: every page against real work made
 through the SQL API, read by a login that is only in pyscheduler_monitor; actions only
 when allowed, behind a confirmation, refused cross-site and without the CSRF token or
 the access token; no secrets shown. The browser test is tests/web/test_dashboard_browser.py."""

@@ -1,4 +1,4 @@
-"""The dashboard in a real browser (issue 17): headless Chromium from Debian's packages
+"""The dashboard in a real browser: headless Chromium from Debian's packages
 (.ci/run installs it), driven by Playwright pointed at it. Loads every page against real
 work, cancels a task and pauses a schedule through their confirmations and sees the
 effect in the database and on the page; a cross-site form post and a missing access

@@ -1,4 +1,4 @@
-"""The HTTP endpoint of every daemon process (issue 17, section 1): /readyz follows the servers
+"""The HTTP endpoint of every daemon process: /readyz follows the servers
 under ``pyscheduler run``; each process exports only the series of what it runs; the Worker,
 the tasks monitor and the checks runner count into their registries."""
 
