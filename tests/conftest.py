@@ -83,6 +83,15 @@ class PgServer:
                     raise
 
 
+def _ram(need: int = 4 << 30) -> str | None:
+    """/dev/shm if it is writable with ``need`` bytes free (a container's is often 64 MB)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= need else None
+
+
 @pytest.fixture(scope="session")
 def pg() -> PgServer:
     dsn = os.environ.get("PYSCHEDULER_TEST_DSN")
@@ -92,12 +101,11 @@ def pg() -> PgServer:
     # Not under pytest's base temp: as root the server runs as another system user,
     # and every new pytest session on the machine makes pytest-of-<user> private
     # again (chmod go-rwx), which cut a running server off from its data directory.
-    # In RAM where there is a tmpfs: each test's database is a thousand files made and
+    # In RAM where there is a roomy tmpfs: each test's database is a thousand files made and
     # deleted, and ext4 spent ~0.3 s of CPU a database finding inodes for them (its
     # allocator walks the recently deleted ones). fsync off: the tests stop and kill
     # processes, never the machine (a server killed with -9 loses nothing the kernel has).
-    ram = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    workdir = Path(tempfile.mkdtemp(prefix="pyscheduler-test-pg-", dir=ram))
+    workdir = Path(tempfile.mkdtemp(prefix="pyscheduler-test-pg-", dir=_ram()))
     server = embedded.Postgres(workdir, settings={"fsync": "off"}).start()
     try:
         yield PgServer(server.dsn(), server)
