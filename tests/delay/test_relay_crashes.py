@@ -54,6 +54,8 @@ def test_kill_9_of_a_node_holding_ready_messages_another_node_fires_them_after_t
         sender.flush()
         held = wait_for(lambda: len(ready_by(db, node_a)) == 20 and ready_by(db, node_a), 30,
                         "node A to claim all 20 messages")
+        # a claim marks them ready before they are published: the kill comes once they were
+        output.wait_values(values, 30)
         a.proc.send_signal(signal.SIGKILL)
         a.proc.wait(10)
     finally:
