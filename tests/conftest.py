@@ -6,14 +6,15 @@ PYSCHEDULER_TEST_KAFKA_BOOTSTRAP, PYSCHEDULER_TEST_REDIS_URL (a disposable
 Redis: tests flush it).
 
 Databases: one template is migrated per session; each test that asks for
-``dsn`` or ``db`` gets its own database cloned from it, dropped afterwards. A pure-SQL test asks for
-``tx`` instead: a connection to one migrated database per session (per
-pytest-xdist worker), inside a transaction rolled back at the end, with each
-call in a savepoint (a refused call leaves the transaction usable, as in
-autocommit). No database to clone, so no commit either: nothing it does is seen
-by another connection (no second session, no LISTEN/NOTIFY, no login of a role
-it creates, no daemon), and now() is the transaction's start (a fixed clock: use
-the private ``_fn(..., p_now)`` twins, or clock_timestamp(), to see time move).
+``dsn`` or ``db`` gets its own database cloned from it, dropped afterwards. A
+pure-SQL test asks for ``tx`` instead: a connection to one migrated database
+per session (per pytest-xdist worker), inside a transaction rolled back at the
+end, with each call in a savepoint (a refused call leaves the transaction
+usable, as in autocommit). No database to clone, so no commit either: nothing
+it does is seen by another connection (no second session, no LISTEN/NOTIFY, no
+login of a role it creates, no daemon), and now() is the transaction's start (a
+fixed clock: use the private ``_fn(..., p_now)`` twins, or clock_timestamp(),
+to see time move).
 """
 
 from __future__ import annotations
