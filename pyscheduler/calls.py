@@ -256,7 +256,7 @@ def text(name: str, raw: Any, *, optional: bool = False) -> Any:
 # sql/common.sql's _label_refusal (the rule of every name and label a public function takes), for
 # a label Python must judge before it reaches SQL: the relay dead-letters a message whose id the
 # database would refuse, alone, instead of having its batch refused. NUL too: PostgreSQL cannot
-# store it at all. tests/test_input_rule.py checks both agree.
+# store it at all. tests/shared/test_input_rule.py checks both agree.
 _LABEL_SPACE = " \t\n\r\x0b\x0c\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"  # \s as PostgreSQL's, and these
 _LABEL_EDGE = re.compile(f"^[{_LABEL_SPACE}]|[{_LABEL_SPACE}]\\Z")
 _LABEL_HIDDEN = re.compile("[\u0000-\u001f\u007f-\u009f\u00ad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"

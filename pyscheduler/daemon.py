@@ -141,14 +141,16 @@ def run_daemons(daemons: Iterable[Daemon], stop: threading.Event, *, join_timeou
     return 1 if failed else 0
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Poll ``condition`` until it is truthy; its value, or TimeoutError after ``timeout`` seconds.
-    For demos, benches and tests, which watch what other threads and processes change."""
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "the condition",
+             interval: float = 0.02) -> Any:
+    """Poll ``condition`` until it is truthy; its value, or TimeoutError naming ``what`` after
+    ``timeout`` seconds. For demos, benches and tests, which watch what other threads and
+    processes change (a generous default: a busy machine is slow, not wrong)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)

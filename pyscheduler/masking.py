@@ -1,6 +1,6 @@
 """Credentials out of whatever pyscheduler shows: the one helper every log line, error
 message, ``/readyz`` body, CLI line and dashboard page that prints a URL or a DSN goes
-through (design.md, "Guarantees by construction": secrets; tests/test_masking.py checks
+through (design.md, "Guarantees by construction": secrets; tests/shared/test_masking.py checks
 the code for calls that print one without it)."""
 
 from __future__ import annotations

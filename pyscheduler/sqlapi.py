@@ -5,7 +5,7 @@ module (what they share) declare every SQL function, view and statement Python u
 :class:`Fn` (a public function, the arguments Python passes, the columns it reads), a
 :class:`View` (its columns) or a :class:`Query` (a named statement, e.g. a bench's cleanup).
 ``pyscheduler.db`` says *how* to call (``db.call(fn, **args)``); ``sqlapi`` says *what*.
-``tests/test_sqlapi.py`` checks every declaration against the migrated catalog (the contract)
+``tests/shared/test_sqlapi.py`` checks every declaration against the migrated catalog (the contract)
 and that no other module names a SQL function or ``FROM pyscheduler.`` (the boundary).
 """
 

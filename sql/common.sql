@@ -212,7 +212,7 @@ $$;
 -- The input rule (issue 27 B; docs/sql-api.md, "Input"): every name, label, free text and
 -- JSON payload a public function takes is of a domain of migrations/0031_input_domains.sql
 -- (sql/schema/05_input.sql), so a new function inherits its checks by declaring its
--- parameters with them (tests/test_input_rule.py walks the catalog for any that does not).
+-- parameters with them (tests/shared/test_input_rule.py walks the catalog for any that does not).
 -- Each domain's CHECK is
 --     VALUE IS NULL OR <ok(VALUE)> OR <refuse(VALUE, field, limits, SQLSTATE)>
 -- <ok> is a SQL function the planner inlines into the check (_label_ok, _payload_ok, or

@@ -2,7 +2,7 @@
 back to build a large database fast, probes of the tables, and the statements whose exact
 text a bench measures (its hot paths, as it has always timed them). The public functions and
 views they call otherwise come from the capabilities' sqlapi modules.
-``tests/test_sqlapi.py`` prepares each statement against the migrated catalog."""
+``tests/shared/test_sqlapi.py`` prepares each statement against the migrated catalog."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ FLAT_DELAY_READIED = Query(
 # -- schedules -------------------------------------------------------------------------------------
 
 # the columns a bench schedule is cloned with from the first one (all but id, name and the
-# generated ones; tests/test_schedules_sql.py checks it is every one): 1M create_schedule calls
+# generated ones; tests/schedules/test_sql.py checks it is every one): 1M create_schedule calls
 # would take ~15 minutes, and the setup is not what is measured
 CLONED_COLUMNS = (
     "every", "cron", "cron_spec", "tz", "start_at", "end_at", "max_runs", "target_kind", "target", "priority",

@@ -49,6 +49,6 @@ TERMINATE_BACKEND = Query("SELECT pg_terminate_backend(%s)")
 FINISH_CHECK = Fn("finish_check", ("id", "next_check_at", "error", "took", "claim"), ("outcome",))
 SET_CHECK_SETTINGS = Fn("set_check_settings", ("resolution",), ("resolution",))
 
-# -- limits: SQL's, kept to in Python first. tests/test_checks_limits.py holds each to SQL. ----------
+# -- limits: SQL's, kept to in Python first. tests/checks/test_limits.py holds each to SQL. ----------
 
 ERROR_CHARS = 2000  # the characters of an error check_history keeps (finish_checks cuts the rest)

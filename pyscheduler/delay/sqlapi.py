@@ -26,7 +26,7 @@ DELAY_QUEUE = View("delay_queue", ("waiting", "ready", "overdue", "next_deadline
 DELAY_READY_BY_NODE = View("delay_ready_by_node", ("node", "ready", "oldest_readied_at", "oldest_ready_age"))
 
 # -- limits: SQL's, checked in Python first (the relay dead-letters a message alone instead of
-# having its batch refused; DelayProducer refuses before sending). tests/test_delay_limits.py
+# having its batch refused; DelayProducer refuses before sending). tests/delay/test_limits.py
 # holds each to SQL's refusal one past it.
 
 MAX_ID_LENGTH = 128  # characters of a message id: the domain message_id (PS101)

@@ -1,6 +1,6 @@
 """What the recurring schedules' Python asks of SQL: every function, view and statement it
 uses (the client, the daemons, the CLI and the demo), and the limits it checks before the
-round trip. ``tests/test_sqlapi.py`` checks each entry against the catalog."""
+round trip. ``tests/shared/test_sqlapi.py`` checks each entry against the catalog."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """What the leased tasks' Python asks of SQL (sql/tasks/, docs/sql-api.md): every function, view,
 statement and NOTIFY channel it uses, and the bounds it checks before the round trip.
 
-``tests/test_sqlapi.py`` checks each declaration against the migrated catalog;
-``tests/test_tasks_limits.py`` has SQL refuse each bound + 1 with its SQLSTATE.
+``tests/shared/test_sqlapi.py`` checks each declaration against the migrated catalog;
+``tests/tasks/test_limits.py`` has SQL refuse each bound + 1 with its SQLSTATE.
 """
 
 from __future__ import annotations

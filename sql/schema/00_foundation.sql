@@ -1,5 +1,5 @@
 -- Fresh install: the current state of the foundation's tables, in one place.
--- Must equal what migrations/ build step by step (tests/test_migrate.py checks).
+-- Must equal what migrations/ build step by step (tests/ops/test_migrate.py checks).
 CREATE SCHEMA IF NOT EXISTS pyscheduler;
 
 CREATE TABLE pyscheduler.settings (

@@ -1,5 +1,5 @@
 -- Fresh install: the domains of the input rule (issue 27 B) and the functions their checks call
--- (same DDL as migrations/0031_input_domains.sql; tests/test_migrate.py checks). The functions
+-- (same DDL as migrations/0031_input_domains.sql; tests/ops/test_migrate.py checks). The functions
 -- are reloaded from sql/common.sql on every migrate; docs/sql-api.md, "Input", lists the domains.
 
 -- _label_ok(text, max_bytes): _label_refusal(text, max_bytes) IS NULL, as one expression

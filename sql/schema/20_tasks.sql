@@ -3,7 +3,7 @@
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql and
 -- 0030_ownership.sql
--- build (tests/test_migrate.py checks).
+-- build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
 CREATE TYPE pyscheduler.task_status AS ENUM ('waiting', 'scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');

@@ -2,7 +2,7 @@
 -- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
 -- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql, 0018_flat_reads.sql,
 -- 0021_flat_reads_tasks.sql and 0023_schedules_due_index.sql build
--- (tests/test_migrate.py checks).
+-- (tests/ops/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
     ('schedules_max_payload_bytes', '65536')

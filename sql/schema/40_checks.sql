@@ -1,7 +1,7 @@
 -- Future checks (seeds/are-we-there-yet.md): pending checks, their history,
 -- the composite a SQL job receives, the defaults. Fresh install: must equal
 -- migrations/0008_checks.sql + 0013_checks_hardening.sql + 0018_flat_reads.sql
--- (tests/test_migrate.py compares the two).
+-- (tests/ops/test_migrate.py compares the two).
 
 -- A pending check: what a SQL job function receives (job(c pyscheduler.future_check)
 -- RETURNS timestamptz) and what due_checks and list_checks return.

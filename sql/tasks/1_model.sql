@@ -36,7 +36,7 @@
 -- cancel with `status IN ('scheduled', 'ready', 'running')`, retry with
 -- `status IN ('aborted', 'cancelled')`; why a write matched no row is
 -- _refusal() below. docs/sql-api.md has it as a table, checked by
--- tests/test_tasks_hardening.py against these functions.
+-- tests/tasks/test_state_machine_and_bounds.py against these functions.
 --
 -- SQLSTATE codes (docs/sql-api.md, pyscheduler/errors.py):
 --   PS200 unknown task          PS207 invalid errors (shape, too many, too large)

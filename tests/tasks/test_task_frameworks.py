@@ -1,5 +1,5 @@
 """Task functions submitted in a framework's transaction (docs/python-api.md, "Frameworks", whose
-recipes tests/test_clients_docs.py runs): a savepoint rolled back takes its task with it, the
+recipes tests/shared/test_python_docs.py runs): a savepoint rolled back takes its task with it, the
 enclosing transaction's stays, with Django (in a process of its own: its settings are global)
 and with the SQLAlchemy ORM."""
 

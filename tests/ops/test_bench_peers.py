@@ -1,0 +1,152 @@
+"""``pyscheduler bench peers``: the command works and its output is complete (not its speed).
+
+One run of ``--quick`` against the test servers checks every system and every
+column of the markdown it writes (the no-op runs, the failure and delay runs),
+the two charts, and that a rerun replaces the section in place instead of
+adding another. The percentiles of its tables are every bench's (bench/stats.py).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pyscheduler.bench.peers import report
+from pyscheduler.bench.peers.tasks import SCENARIOS, SYSTEMS
+from pyscheduler.bench.stats import percentile, percentiles
+
+PNG = b"\x89PNG\r\n\x1a\n"
+PEERS = ["procrastinate", "graphile-worker", "pg-boss"]
+OURS = ["pyscheduler Worker", "pyscheduler Worker (async)", "pyscheduler batch SQL"]
+RELAYS = ["pyscheduler relay", "naive relay (consume, sleep, publish)"]
+
+
+def test_percentiles_are_nearest_rank():
+    """The smallest value that p % of the values are at or below: a value measured, never
+    between two; p99.9 of 1..1000 is 999 (99.9 % of 1,000 is 999 exactly, not 999.0000001)."""
+    assert percentile([4, 1, 3, 2], 50) == 2
+    assert percentile([4, 1, 3, 2], 51) == 3
+    assert percentile([5.0], 99) == 5.0
+    assert percentiles(range(1, 1001)) == {"p50": 500, "p99": 990, "p99.9": 999, "max": 1000}
+    assert percentiles([]) == {}
+
+
+def _tables(section: str) -> list[list[list[str]]]:
+    """Each markdown table of the section as rows of cells (header first, separator left out)."""
+    tables, current = [], []
+    for line in section.splitlines() + [""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-"):
+                current.append([c.strip() for c in line.strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def _section(text: str) -> str:
+    start, end = text.index(report.BEGIN), text.index(report.END)
+    return text[start:end]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## Before\n\nkept\n")
+    img = tmp_path / "img"
+    out = subprocess.run(
+        [sys.executable, "-m", "pyscheduler", "--log-level", "WARNING", "bench", "peers", "--quick",
+         "--dsn", pg.base_dsn, "--bootstrap-servers", kafka, "--markdown", str(doc), "--img-dir", str(img)],
+        capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\n## Before\n\nkept\n")  # the rest of the document is kept
+    assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
+    section = _section(text)
+    assert "`pyscheduler bench peers --quick`" in section  # the command, without server addresses
+    assert pg.base_dsn not in section and kafka not in section
+    tasks, ratios, scenarios, delay = _tables(section)
+
+    assert tasks[0] == report.TASKS_HEADER
+    assert [r[0] for r in tasks[1:]] == OURS + PEERS
+    for row in tasks[1:]:
+        assert len(row) == len(report.TASKS_HEADER) and all(row), row
+        assert re.fullmatch(r"[\d,]+", row[5].split(" ")[0]), row  # a completion rate, not capped away
+        assert row[6].endswith(" ms") and row[7].endswith(" ms"), row
+    versions = {r[0]: r[1] for r in tasks[1:]}
+    assert versions["graphile-worker"] == "0.17.3"  # the lockfile's peers
+    assert versions["pg-boss"].startswith("10.")
+    assert not next(s for s in SYSTEMS if s.key == "worker-async").missing()  # the asyncio Worker runs
+
+    assert ratios[0] == ["pyscheduler"] + PEERS
+    assert [r[0] for r in ratios[1:]] == OURS
+    assert all(re.fullmatch(r"\d+\.\d\dx", cell) for r in ratios[1:] for cell in r[1:]), ratios
+
+    # failures and delays: pyscheduler and graphile-worker, each run against graphile-worker's
+    assert scenarios[0] == report.SCENARIO_HEADER
+    runs = [r[:2] for r in scenarios[1:]]
+    assert runs == [[SCENARIOS[sc], name] for sc in ("fail", "delay") for name in OURS + ["graphile-worker"]]
+    for row in scenarios[1:]:
+        assert re.fullmatch(r"[\d,]+", row[3].split(" ")[0]), row  # a completion rate, not capped away
+        assert re.fullmatch(r"\d+\.\d\dx", row[4]) if row[1] in OURS else row[4] == "—", row
+
+    assert delay[0] == report.DELAY_HEADER
+    assert sorted(r[0] for r in delay[1:]) == sorted(RELAYS)
+    for row in delay[1:]:
+        assert len(row) == len(report.DELAY_HEADER) and all(row), row
+        assert row[7] == "0 / 0", row  # nothing lost, no duplicates, for either relay
+        # a delivered rate for each relay, the naive one (late, in bursts) included
+        assert re.fullmatch(r"[\d,]+( \([\d,]+–[\d,]+\))?", row[2]), row
+        assert re.fullmatch(r"meets|misses|meets in \d+ of \d+ rounds", row[8]), row
+
+    for name in (report.TASKS_CHART, report.JITTER_CHART):
+        assert (img / name).read_bytes().startswith(PNG)
+        assert f"(img/{name})" in section
+    assert "wrote" in out.stdout
+
+
+def test_rerun_replaces_the_section_in_place(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nintro\n")
+    report.write_markdown(doc, f"{report.BEGIN}\nfirst\n{report.END}")
+    doc.write_text(doc.read_text() + "\n## Later section\n\nafter\n")
+    report.write_markdown(doc, f"{report.BEGIN}\nsecond\n{report.END}")
+    text = doc.read_text()
+    assert "first" not in text and text.count("second") == 1
+    assert text.index("intro") < text.index("second") < text.index("after")
+    assert text.count("## Side by side with peers") == 1
+
+
+def test_delay_rows_summarise_the_rounds_per_relay_and_load():
+    """Several rounds per load: one row per relay and load, medians with min–max, lost and
+    duplicates summed over the rounds, and the SLA judged round by round."""
+    def run(relay, rate, rnd, steady, p999, lost=0, dup=0):
+        return {"relay": relay, "name": RELAYS[0] if relay == "pyscheduler" else RELAYS[1], "rate": rate,
+                "round": rnd, "steady": steady, "p50": 1.0 * rnd, "p99": 10.0 * rnd, "p99.9": p999,
+                "max": p999 + 1, "lost": lost, "duplicates": dup, "sla": lost == 0 and p999 <= 500,
+                "lags": [1.0, 2.0]}
+    runs = [run("naive", 10000, 1, 9000, 900), run("pyscheduler", 10000, 1, 10000, 50),
+            run("pyscheduler", 1000, 1, 1000, 5), run("naive", 1000, 1, 1000, 7),
+            run("pyscheduler", 10000, 2, 9800, 60, dup=2), run("naive", 10000, 2, 8000, 400, lost=1),
+            run("pyscheduler", 1000, 2, 1001, 6), run("naive", 1000, 2, 999, 8),
+            run("pyscheduler", 10000, 3, 10100, 40), run("naive", 10000, 3, 8500, 300),
+            run("pyscheduler", 1000, 3, 1002, 4), run("naive", 1000, 3, 1000, 9)]
+    rows = report.delay_rows(runs)
+    assert [(r[0], r[1]) for r in rows] == [(RELAYS[0], "1,000"), (RELAYS[1], "1,000"),
+                                           (RELAYS[0], "10,000"), (RELAYS[1], "10,000")]
+    ours_10k, naive_10k = rows[2], rows[3]
+    assert ours_10k[2] == "10,000 (9,800–10,100)"
+    assert ours_10k[5] == "50.0 (40.0–60.0) ms"
+    assert ours_10k[7] == "0 / 2" and ours_10k[8] == "meets"
+    # too late in round 1, lost one in round 2
+    assert naive_10k[7] == "1 / 0" and naive_10k[8] == "meets in 1 of 3 rounds"
+    assert rows[1][8] == "meets"
+    for r in runs:
+        if r["relay"] == "naive" and r["rate"] == 10000:
+            r["sla"] = False
+    assert report.delay_rows(runs)[3][8] == "misses"

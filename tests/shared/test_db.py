@@ -1,0 +1,71 @@
+"""pyscheduler.db: calling functions, error translation, LISTEN."""
+
+import queue
+
+import psycopg
+import pytest
+
+from pyscheduler import errors
+from pyscheduler.db import Database, Listener
+
+
+def test_call_with_named_arguments_returns_rows(tx):
+    row = tx.call_one("version")
+    assert row["code_version"]
+    assert row["migrations"][0] == "0001_foundation"
+
+
+def test_sqlstate_is_translated_to_the_registered_exception(tx):
+    with pytest.raises(errors.SchemaError) as info:
+        tx.call("_setting", p_name="no_such_setting")
+    assert info.value.sqlstate == "PS002"
+    assert info.value.hint == "Run pyscheduler migrate."
+
+
+def test_unregistered_errors_pass_through(tx):
+    with pytest.raises(psycopg.errors.UndefinedFunction):
+        tx.call("no_such_function")
+
+
+def test_function_names_are_checked_before_reaching_sql(tx):
+    with pytest.raises(ValueError):
+        tx.call("version(); drop table x; --")
+
+
+def test_unreachable_database_is_one_clear_error():
+    database = Database("postgresql://nobody@127.0.0.1:1/none", timeout=1)
+    with pytest.raises(errors.DatabaseUnavailable):
+        database.open(timeout=1)
+    database.close()
+
+
+def test_listener_delivers_notifications(dsn, db):
+    got: queue.Queue = queue.Queue()
+    listener = Listener(dsn, ["pyscheduler_test"], lambda ch, payload: got.put((ch, payload))).start()
+    try:
+        assert listener.ready.wait(10)
+        assert db.call_value("_notify_throttled", p_channel="pyscheduler_test", p_payload="hello",
+                             p_min_gap="1 hour") is True
+        assert got.get(timeout=10) == ("pyscheduler_test", "hello")
+        # within min_gap the second one is swallowed
+        assert db.call_value("_notify_throttled", p_channel="pyscheduler_test", p_payload="again",
+                             p_min_gap="1 hour") is False
+    finally:
+        listener.stop()
+
+
+def test_a_notification_the_callback_cannot_handle_does_not_end_the_listener(dsn, conn):
+    """Any role that may LISTEN may NOTIFY the same channel with any payload."""
+    got: queue.Queue = queue.Queue()
+
+    def callback(channel: str, payload: str) -> None:
+        got.put(int(payload))  # ValueError on a payload that is not a number
+
+    listener = Listener(dsn, ["pyscheduler_test"], callback).start()
+    try:
+        assert listener.ready.wait(10)
+        conn.execute("SELECT pg_notify('pyscheduler_test', '²'), pg_notify('pyscheduler_test', '')")
+        conn.execute("SELECT pg_notify('pyscheduler_test', '7')")
+        assert got.get(timeout=10) == 7
+    finally:
+        listener.stop()

@@ -1,0 +1,8 @@
+"""What the suite's tests share; the helpers of one capability or concern are in this package's
+modules (tests.support.delay, .schedules, .checks, .tasks, .dashboard, .ops, .reads)."""
+
+from pathlib import Path
+
+from pyscheduler.daemon import wait_for  # noqa: F401  (the one poll-until helper: TimeoutError naming what)
+
+REPO = Path(__file__).resolve().parents[2]

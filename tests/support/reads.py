@@ -1,0 +1,72 @@
+"""Shared by the reads-at-scale tests: what one statement read, from PostgreSQL's own
+per-transaction counters, so a test pins a plan's shape (which index, how many entries, no scan
+of the table) whatever the statistics say, without 10 million rows."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class Reads:
+    """Per relation (table or index, by name): scans started, and tuples (tables: by sequential
+    scans; indexes: index entries) returned."""
+
+    scans: dict[str, int]
+    returned: dict[str, int]
+
+    def seq_scans(self, table: str) -> int:
+        return self.scans[table]
+
+    def entries(self, index: str) -> int:
+        return self.returned[index]
+
+
+def relations(conn, *tables: str) -> list[str]:
+    """The tables and every index of them (schema pyscheduler)."""
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_class c WHERE c.relnamespace = 'pyscheduler'::regnamespace "
+        "AND (c.relname = ANY(%(t)s) OR c.oid IN (SELECT i.indexrelid FROM pg_index i "
+        "     WHERE i.indrelid = ANY(ARRAY(SELECT ('pyscheduler.' || t)::regclass FROM unnest(%(t)s::text[]) t))))",
+        {"t": list(tables)}).fetchall()
+    return [r["relname"] for r in rows]
+
+
+def _counters(conn, names: list[str]) -> dict[str, tuple[int, int]]:
+    rows = conn.execute(
+        "SELECT c.relname, pg_stat_get_xact_numscans(c.oid) AS scans, pg_stat_get_xact_tuples_returned(c.oid) AS ret "
+        "FROM pg_class c WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relname = ANY(%s)",
+        (names,)).fetchall()
+    return {r["relname"]: (r["scans"], r["ret"]) for r in rows}
+
+
+def reads(conn, sql: str, params=None, *, tables: tuple[str, ...]) -> tuple[list, Reads]:
+    """Run sql (rolled back) and return its rows and what it read of the tables and their indexes."""
+    names = relations(conn, *tables)
+    with conn.transaction(force_rollback=True):
+        before = _counters(conn, names)
+        rows = conn.execute(sql, params).fetchall()
+        after = _counters(conn, names)
+    return rows, Reads({n: after[n][0] - before[n][0] for n in names},
+                       {n: after[n][1] - before[n][1] for n in names})
+
+
+def concurrently(writer: Callable[[int], None], n: int = 4) -> None:
+    """writer(0) .. writer(n - 1), each in a thread of its own; fails with what any of them raised."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            writer(k)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a writer did not finish in 120 s"

@@ -1,0 +1,127 @@
+"""The dashboard in a real browser: headless Chromium from Debian's packages
+(.ci/run installs it), driven by Playwright pointed at it. Loads every page against real
+work, cancels a task and pauses a schedule through their confirmations and sees the
+effect in the database and on the page; a cross-site form post and a missing access
+token are refused. Set PYSCHEDULER_DASHBOARD_SCREENSHOTS=docs/img to write the README's
+screenshots (dashboard-*.png)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pyscheduler.dashboard import make_app
+from tests.support.dashboard import SECRET, populate, served
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = [
+    pytest.mark.slow,  # a browser, on the real clock
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine: install Debian's chromium "
+                                                "(apt-get install chromium; .ci/run does) to run the browser test"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def shots(tmp_path: Path) -> Path:
+    where = os.environ.get("PYSCHEDULER_DASHBOARD_SCREENSHOTS")
+    return Path(where) if where else tmp_path
+
+
+def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
+    work = populate(conn)
+    monitor = login("pyscheduler_monitor")[1]
+    admin = login("pyscheduler_admin")[1]
+    app = make_app(monitor, allow_actions=True, action_dsn=admin, token="t0ken-for-the-test", refresh_s=3600)
+    out = shots(tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    with served(app) as base, served(_evil_site) as evil:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text)
+                if m.type == "error" and not m.text.startswith("Failed to load resource") else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        # the access token: nothing without it
+        page.goto(base + "/tasks")
+        assert page.locator("h1").inner_text() == "Access token"
+        assert work["running"][:8] not in page.content()
+        page.fill("input[name=token]", "wrong")
+        page.click("button[type=submit]")
+        assert page.locator(".flash.bad").inner_text() == "wrong token"
+        page.fill("input[name=token]", "t0ken-for-the-test")
+        page.click("button[type=submit]")
+        assert page.url == base + "/tasks"
+
+        for path, name, expect in (("/", "overview", "Leased tasks"), ("/tasks?status=running", "tasks", "Queues"),
+                                   (f"/tasks/{work['aborted']}", "task", "bank_refused"),
+                                   ("/delay", "delay", "Relay nodes"), ("/schedules", "schedules", "Failing"),
+                                   ("/schedule?name=partner-hook", "schedule", "Next runs"),
+                                   ("/checks", "checks", "missed slot")):
+            response = page.goto(base + path)
+            assert response.status == 200, path
+            assert expect in page.locator("main").inner_text(), path
+            assert SECRET not in page.content()
+            page.screenshot(path=str(out / f"dashboard-{name}.png"), full_page=True)
+        # charts are drawn (inline SVG with bars)
+        page.goto(base + "/")
+        assert page.locator("#card-tasks svg.chart rect").count() == 24
+
+        # cancel a ready task: the link, the confirmation, the effect on the page and in the database
+        page.goto(base + "/tasks?status=ready&queue=emails")
+        row = page.locator("#tasks tr", has=page.locator(f"a[href='/tasks/{work['ready']}']"))
+        row.locator("a.act", has_text="cancel").click()
+        assert "Cancel task " + work["ready"] in page.locator("form.confirm").inner_text()
+        assert _status(conn, work["ready"]) == "ready"  # nothing happens before the confirmation
+        page.click("#confirm")
+        assert "done: Cancel task" in page.locator(".flash").inner_text()
+        assert _status(conn, work["ready"]) == "cancelled"
+        assert page.locator(f"#tasks a[href='/tasks/{work['ready']}']").count() == 0
+        page.goto(base + "/tasks?status=cancelled")
+        assert page.locator(f"#tasks a[href='/tasks/{work['ready']}']").count() == 1
+
+        # pause a schedule with a note
+        page.goto(base + "/schedules?name_like=billing%25")
+        page.locator("#schedules a.act", has_text="pause").click()
+        page.fill("input[name=note]", "quarter close")
+        page.click("#confirm")
+        assert "done: Pause schedule billing-report" in page.locator(".flash").inner_text()
+        assert "quarter close" in page.locator("#paused").inner_text()
+        s = conn.execute("SELECT pyscheduler.get_schedule(name => 'billing-report') AS s").fetchone()["s"]
+        assert s["paused"] and s["paused_note"] == "quarter close"
+
+        # a cross-site post: another origin's page submits a form to the dashboard
+        page.goto(evil + "/?target=" + base)
+        page.click("#go")
+        assert "cross-site request refused" in page.locator("main").inner_text()
+        assert _status(conn, work["running"]) == "running"
+        assert not errors, errors  # no CSP violation or script error on any page
+        page.close()
+    app.close()
+
+
+def _status(conn, rn: str) -> str:
+    return conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'status' AS s", (rn,)).fetchone()["s"]
+
+
+def _evil_site(environ, start_response):
+    """Another origin with a form that posts a cancel to the dashboard (as a link in a mail would)."""
+    from urllib.parse import parse_qs
+
+    target = parse_qs(environ.get("QUERY_STRING", "")).get("target", [""])[0]
+    rn = "00000000-0000-0000-0000-000000000000"
+    body = (f'<html><body><form method="post" action="{target}/actions/cancel_task">'
+            f'<input type="hidden" name="rn" value="{rn}"><input type="hidden" name="csrf" value="guess">'
+            f'<button id="go" type="submit">win a prize</button></form></body></html>').encode()
+    start_response("200 OK", [("Content-Type", "text/html"), ("Content-Length", str(len(body)))])
+    return [body]
