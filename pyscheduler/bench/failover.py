@@ -190,7 +190,8 @@ def one_round(workdir: Path, synchronous: bool, before: float, after: float) -> 
             wait(lambda: (p := progress(primary.dsn())) and all(v > 0 for v in p.values()), 60,
                  "every capability to make progress")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}: {progress(primary.dsn())}") from None
+            counts = progress(primary.dsn())
+            raise AssertionError(f"{exc}: {counts}") from None
         time.sleep(before)  # load before the failover (measured, not synchronisation)
         base = progress(dsn)
         killed = time.time()

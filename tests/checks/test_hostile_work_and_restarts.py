@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.support.checks import Counting, Running, add_many, history, running, scrape, slots, wait_history  # noqa: F401
+from tests.support.checks import Counting, Running, add_many, history, scrape, wait_history
 from pyscheduler import errors
 from pyscheduler.checks import Check, CheckRunner
 from pyscheduler.checks.handlers import run_handler
@@ -917,7 +917,7 @@ def test_at_max_abandoned_handlers_none_starts_until_one_returns(app, slots, run
     hang = Hang()
     at = at_next(slots)
     ids = [add(slots, f"h{i}", "hang", "python", at=at) for i in range(5)]
-    runner = running.start(CheckRunner(dsn, {"hang": hang}, timeout=0.5, max_abandoned=2))
+    running.start(CheckRunner(dsn, {"hang": hang}, timeout=0.5, max_abandoned=2))
     try:
         assert hang.wait_calls(2)
         later = add(slots, "later", "app.ret", at=at_next(slots, 1.5))  # a slot after the bound is reached

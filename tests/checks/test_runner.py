@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from click.testing import CliRunner
 
-from tests.support.checks import Counting, add_many, history, running, scrape, slots, wait_history  # noqa: F401 (fixtures)
+from tests.support.checks import Counting, add_many, history, scrape, wait_history
 from pyscheduler.checks import Check, CheckRunner, task_handler
 from pyscheduler.cli import main
 from pyscheduler.db import Jsonb

@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import psycopg
-from psycopg.rows import dict_row
 
 from tests.support.reads import reads
 from pyscheduler.db import Database

@@ -10,14 +10,12 @@ its last recorded one is recorded exactly once (schedule_executions is unique pe
 from __future__ import annotations
 
 import logging
-import signal
 import tempfile
 import time
 from pathlib import Path
 import shutil
 
 import pytest
-import redis
 
 from pyscheduler import embedded
 from pyscheduler.redisconn import connect

@@ -295,7 +295,7 @@ BIG_ARRAY = 1_000_000
 HOSTILE = {
     "text": ["'a' || chr(8238) || 'b'", "'a' || chr(10) || 'b'", "repeat('x', 1000000)", "''"],
     "name": ["('a' || chr(8238) || 'b')::name", "('a' || chr(10) || 'b')::name", "repeat('x', 100)::name", "''::name"],
-    "jsonb": [f"(repeat('[', 10000) || repeat(']', 10000))::jsonb", "to_jsonb(repeat('x', 10000000))",
+    "jsonb": ["(repeat('[', 10000) || repeat(']', 10000))::jsonb", "to_jsonb(repeat('x', 10000000))",
               "'[1, 2]'::jsonb", "'\"s\"'::jsonb", "'42'::jsonb"],
     "interval": ["'infinity'::interval", "'-infinity'::interval", "'-1 day'::interval", "'1000000 years'::interval"],
     "timestamp with time zone": ["'infinity'::timestamptz", "'-infinity'::timestamptz",

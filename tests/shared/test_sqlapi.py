@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from pyscheduler.sqlapi import Fn, Query, View
 

@@ -7,7 +7,6 @@ import time
 from collections import Counter
 from datetime import timedelta
 
-import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from pyscheduler.checks import Check, CheckRunner
@@ -23,13 +22,6 @@ REGISTRY = process_registry([CheckRunner], registry=CollectorRegistry())
 def scrape() -> dict[str, float]:
     """The registry as /metrics serves it: 'name{label="v",...}' -> value."""
     return samples(generate_latest(REGISTRY).decode())
-
-
-@pytest.fixture
-def slots(db):
-    """Half-second slots."""
-    db.call("set_check_settings", resolution=timedelta(milliseconds=500))
-    return db
 
 
 class Counting:
@@ -71,13 +63,6 @@ class Running:
         for t in self.threads:
             t.join(15)
             assert not t.is_alive()
-
-
-@pytest.fixture
-def running():
-    r = Running()
-    yield r
-    r.close()
 
 
 def add_many(db, n: int, job: str, kind: str, after: float = 1.0, payload=None, prefix: str = "k",

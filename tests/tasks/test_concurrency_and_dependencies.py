@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from pyscheduler import errors
 from pyscheduler.db import Jsonb
 
-from tests.support.tasks import T0, at, call, held, lease, submit, value
+from tests.support.tasks import at, call, held, lease, submit, value
 
 ERROR = {"code": "upstream", "args": {}, "description": "upstream 503"}
 

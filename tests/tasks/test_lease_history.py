@@ -9,7 +9,6 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from pyscheduler import errors, migrate
 from pyscheduler.db import Database, Jsonb

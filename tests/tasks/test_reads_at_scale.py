@@ -248,7 +248,7 @@ def test_counts_stay_right_with_concurrent_writers_and_folds(dsn, conn):
     def writer(k: int) -> None:
         rnd = random.Random(k)
         with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
-            for i in range(40):
+            for _ in range(40):
                 with c.transaction(force_rollback=rnd.random() < 0.2):
                     q = f"c{rnd.randint(1, 2)}"
                     c.execute("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => '[{}, {}, {}]')",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import timedelta
 
 import psycopg
 import pytest
@@ -13,7 +12,7 @@ from tests.support import REPO
 from pyscheduler import errors
 from pyscheduler.db import Jsonb
 
-from tests.support.tasks import at, call, code_of, held, lease, submit, types_of, value
+from tests.support.tasks import at, call, code_of, held, lease, submit, types_of
 
 PUBLIC_TASK_FUNCTIONS = ("submit_task", "submit_tasks", "cancel_task", "lease_task", "lease_tasks",
                          "heartbeat_task", "complete_task", "complete_tasks", "complete_and_lease", "abort_task",

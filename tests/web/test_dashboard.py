@@ -131,7 +131,7 @@ def test_actions_need_confirmation_csrf_and_same_origin(work, conn, monitor_dsn,
         c = Client(base)
         c.get("/")  # the session cookie
         page = c.get("/tasks?status=ready")[2]
-        assert f"/confirm/cancel_task?" in page
+        assert "/confirm/cancel_task?" in page
         action, fields = _confirm_form(c, f"/confirm/cancel_task?rn={work['ready']}&next=/tasks")
         status_of = lambda: conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'status' AS s",  # noqa: E731
                                          (work["ready"],)).fetchone()["s"]
