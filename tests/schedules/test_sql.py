@@ -441,7 +441,7 @@ def test_pause_resume_and_trigger(tx):
 
 
 def test_resume_skips_the_occurrences_of_the_pause(tx):
-    s = create(tx)
+    create(tx)
     tx.call("pause_schedule", name="s")
     later = datetime.now(UTC) + timedelta(hours=2)
     resumed = tx.execute("SELECT pyscheduler._resume_schedule('s', %s) AS s", (later,)).fetchone()["s"]
