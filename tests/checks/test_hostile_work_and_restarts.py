@@ -219,7 +219,8 @@ RETURNS TABLE (id bigint, outcome text, next_check_at timestamptz) LANGUAGE plpg
 BEGIN PERFORM evil.escalate(); END $$;
 CREATE FUNCTION evil._end_checks(bigint[], text[], text[], interval[], boolean, timestamptz) RETURNS integer
 LANGUAGE plpgsql AS $$ BEGIN PERFORM evil.escalate(); RETURN 0; END $$;
-CREATE FUNCTION evil._setting(text) RETURNS text LANGUAGE plpgsql AS $$ BEGIN PERFORM evil.escalate(); RETURN NULL; END $$;
+CREATE FUNCTION evil._setting(text) RETURNS text
+LANGUAGE plpgsql AS $$ BEGIN PERFORM evil.escalate(); RETURN NULL; END $$;
 CREATE FUNCTION evil._instant_ok(timestamptz) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN PERFORM evil.escalate(); RETURN true; END $$;
 CREATE FUNCTION evil.sneaky(c pyscheduler.future_check) RETURNS timestamptz
@@ -236,7 +237,8 @@ BEGIN
     END LOOP;
     -- delete another client's checks as the runner
     BEGIN
-        INSERT INTO tried VALUES ('delete bob', pyscheduler.delete_checks(entity_name => 'bob', entity_key => 'b1')::text);
+        INSERT INTO tried
+        VALUES ('delete bob', pyscheduler.delete_checks(entity_name => 'bob', entity_key => 'b1')::text);
     EXCEPTION WHEN OTHERS THEN INSERT INTO tried VALUES ('delete bob', SQLSTATE);
     END;
     -- have the runner add a check of a job this role may not execute

@@ -119,8 +119,10 @@ def test_check_history_pages_newest_first_every_row_once_while_checks_end(app, d
 def real_per_slot(conn) -> list[tuple]:
     return [tuple(r.values()) for r in conn.execute(
         "SELECT c.next_check_at AS slot, count(*) AS checks, count(*) FILTER (WHERE c.kind = 'sql') AS sql_jobs, "
-        "count(*) FILTER (WHERE c.kind = 'python') AS python_jobs, count(*) FILTER (WHERE c.kind = 'task') AS task_jobs "
-        "FROM pyscheduler.checks c WHERE c.claim IS NULL AND c.next_check_at >= (SELECT slot FROM pyscheduler.check_slots()) "
+        "count(*) FILTER (WHERE c.kind = 'python') AS python_jobs, "
+        "count(*) FILTER (WHERE c.kind = 'task') AS task_jobs "
+        "FROM pyscheduler.checks c WHERE c.claim IS NULL "
+        "AND c.next_check_at >= (SELECT slot FROM pyscheduler.check_slots()) "
         "GROUP BY 1 ORDER BY 1")]
 
 

@@ -426,7 +426,8 @@ def test_a_task_job_that_never_reports_ends_as_timeout(app):
     with app.transaction():
         due(app, slot, now=slot)
         app.execute("SELECT * FROM pyscheduler.submit_check_tasks(ids => %s)", ([cid],))
-    assert app.execute("SELECT * FROM pyscheduler._take_checks(NULL, 0, 1, 100, NULL, clock_timestamp())").fetchall() == []
+    taken = app.execute("SELECT * FROM pyscheduler._take_checks(NULL, 0, 1, 100, NULL, clock_timestamp())").fetchall()
+    assert taken == []
     assert one(app, "SELECT count(*) AS n FROM pyscheduler.check_history()")["n"] == 0
     app.execute("SELECT * FROM pyscheduler._take_checks(NULL, 0, 1, 100, NULL, clock_timestamp() + interval '2 hours')")
     row = one(app, "SELECT outcome, error FROM pyscheduler.check_history()")

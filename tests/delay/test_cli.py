@@ -44,8 +44,9 @@ def test_relay_command_refuses_missing_topics_with_a_clear_error(dsn, kafka):
 
 def test_bad_flag_values_are_usage_errors_naming_the_flag(dsn, kafka, monkeypatch):
     monkeypatch.setenv("PYSCHEDULER_DELAY_POLL_MS", "0")
-    proc = subprocess.run([sys.executable, "-m", "pyscheduler.delay", "run", "--dsn", dsn, "--bootstrap-servers", kafka],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyscheduler.delay", "run", "--dsn", dsn, "--bootstrap-servers", kafka],
+        capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--poll-ms" in proc.stderr
 
 

@@ -46,7 +46,8 @@ def standby_pair(tmp_path_factory):
         with Database(primary.dsn(), max_size=1) as db:
             with db.connection() as c:
                 c.execute("CREATE FUNCTION public.no_job(c pyscheduler.future_check) RETURNS timestamptz "
-                          "LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS 'SELECT NULL::timestamptz'")
+                          "LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp "
+                          "AS 'SELECT NULL::timestamptz'")
             task = db.call_value("submit_task", queue="mail", spec=Jsonb({"to": "a"}), run_in=timedelta(hours=1))
             db.call("create_schedule", name="nightly", cron="0 3 * * *", target_kind="task", target="mail")
             db.call("add_check", entity_name="order", entity_key="7", job="public.no_job",

@@ -247,7 +247,8 @@ def test_retries_follow_the_policy_and_stop_after_the_attempts(db, dsn, redis_ur
         s = create(db, "flaky", every=60, soon=True, target_kind="http", target=receiver.url, retry_attempts=3,
                    retry_base=0.1, retry_jitter=0.05)
         with Running(executor(dsn, redis_url)):
-            wait_for(lambda: count(db, "flaky") + len(executions(db, "flaky")) >= 1, 30, "the occurrence to be recorded")
+            wait_for(lambda: count(db, "flaky") + len(executions(db, "flaky")) >= 1, 30,
+                     "the occurrence to be recorded")
             time.sleep(0.5)  # room for a wrong fifth try to show up
         [row] = executions(db, "flaky")
         assert row["outcome"] == "failed" and row["attempts"] == 4

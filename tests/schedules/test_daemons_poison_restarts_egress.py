@@ -360,7 +360,8 @@ def test_kafka_broker_restart_every_occurrence_delivered_and_recorded_once(db, d
         for name in names:  # retries: the occurrences the restart catches get through afterwards
             create(db, name, every=4, target_kind="kafka", target="sched", retry_attempts=3, retry_base=0.5,
                    retry_jitter=0)
-        with Running(relay(dsn, redis_url), executor(dsn, redis_url, broker.bootstrap, fire_timeout_ms=2000)) as running:
+        with Running(relay(dsn, redis_url),
+                     executor(dsn, redis_url, broker.bootstrap, fire_timeout_ms=2000)) as running:
             wait_for(lambda: all(count(db, n) >= 2 for n in names), 40, "two waves before the restart")
             # right after a wave (one every 4 s): what the old broker holds is read before it goes
             waves = max(count(db, n) for n in names)
@@ -459,7 +460,8 @@ def test_fire_time_egress_check_never_connects_to_internal_addresses_and_hides_t
         assert listening.connections == 0 and listening.received() == []  # never connected to
         errors = {n: {r["error"] for r in executions(db, n)} for n in ("open", "closed", "metadata", "named")}
         assert errors["open"] == errors["closed"]  # an open and a closed port look the same
-        assert all(len(e) == 1 and next(iter(e)).startswith("http: refused by the egress policy") for e in errors.values())
+        assert all(len(e) == 1 and next(iter(e)).startswith("http: refused by the egress policy")
+                   for e in errors.values())
         last = {r["name"]: r["last_error"] for r in db.query("SELECT name, last_error FROM pyscheduler.schedules")}
         assert last["open"] == last["closed"]
     finally:

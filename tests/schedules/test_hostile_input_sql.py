@@ -287,7 +287,8 @@ def test_daylight_saving_in_a_30_minute_zone_follows_the_documented_rule(tx):
     zone = ZoneInfo(tz)
     # 02:15 does not exist on 2024-10-06: once, at the first instant after the gap (02:30 +11)
     gap = walk(tx, "15 2 * * *", tz, datetime(2024, 10, 5, 12, 0, tzinfo=UTC), 2)
-    assert gap[0] == datetime(2024, 10, 6, 2, 30, tzinfo=zone).astimezone(UTC) == datetime(2024, 10, 5, 15, 30, tzinfo=UTC)
+    assert (gap[0] == datetime(2024, 10, 6, 2, 30, tzinfo=zone).astimezone(UTC)
+            == datetime(2024, 10, 5, 15, 30, tzinfo=UTC))
     assert gap[1].astimezone(zone).replace(tzinfo=None) == datetime(2024, 10, 7, 2, 15)
     # 01:45 happens twice on 2024-04-07: once, the first (+11)
     twice = walk(tx, "45 1 * * *", tz, datetime(2024, 4, 6, 12, 0, tzinfo=UTC), 2)
@@ -392,7 +393,8 @@ def test_privilege_walk_a_client_cannot_act_on_or_see_the_details_of_another_rol
         assert c.call_value("get_schedule", name="teams")["owner"] == team
         assert c.call_value("trigger_schedule", name="teams")["trigger_at"] is not None  # ...and acts as a member
         # the views show a target to its owner, a member of the owning group and admin only
-        conn.execute("UPDATE pyscheduler.schedules SET consecutive_failures = 1, next_run_at = now() - interval '1 hour'")
+        conn.execute("UPDATE pyscheduler.schedules "
+                     "SET consecutive_failures = 1, next_run_at = now() - interval '1 hour'")
         for view, paused in [("schedules_failing", False), ("schedules_due_soon", False), ("schedules_late", False),
                              ("schedules_paused", True)]:
             conn.execute("UPDATE pyscheduler.schedules SET paused = %s", (paused,))
@@ -566,7 +568,8 @@ def test_migration_0014_gives_old_schedules_to_the_client_role_and_ends_unloadab
     migrate.migrate(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True, row_factory=dict_row) as c:
         rows = {r["name"]: r for r in c.execute(
-            "SELECT name, owner, end_at, catchup_window, next_run_at, ended_note FROM pyscheduler.schedules").fetchall()}
+            "SELECT name, owner, end_at, catchup_window, next_run_at, ended_note FROM pyscheduler.schedules"
+        ).fetchall()}
         assert {r["owner"] for r in rows.values()} == {"pyscheduler_client"}
         assert rows["fine"]["end_at"] is None and rows["fine"]["catchup_window"] == timedelta(seconds=1)
         assert rows["fine"]["next_run_at"] == datetime(2031, 1, 1, tzinfo=UTC) and rows["fine"]["ended_note"] is None

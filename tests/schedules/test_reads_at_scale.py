@@ -1,7 +1,7 @@
 """Recurring schedules: list_schedules and schedule_runs page by keyset (every row once,
 while others are written), each read path reads the index in its order and stops at the page, the
-paused and failing views have indexes of their own, and claim_due_critical keeps its plan whatever the statistics and the session
-say."""
+paused and failing views have indexes of their own, and claim_due_critical keeps its plan whatever
+the statistics and the session say."""
 
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ def test_schedule_runs_pages_newest_first_every_execution_once(tx):
 def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(tx):
     t = create(tx, "t", every="1 minute")
     clone(tx, t["id"], "c-", 3000, paused="i %% 10 = 1", failures="CASE WHEN i %% 20 = 3 THEN 1 + i %% 4 ELSE 0 END")
+    first = datetime.fromisoformat(t["next_run_at"])
     tx.execute("SELECT * FROM pyscheduler._record_executions(%s, %s, %s, %s, NULL, NULL, %s)",
-                 ([t["id"]] * 500, [datetime.fromisoformat(t["next_run_at"]) + timedelta(minutes=i) for i in range(500)],
+                 ([t["id"]] * 500, [first + timedelta(minutes=i) for i in range(500)],
                   ["failed" if i % 50 == 0 else "fired" for i in range(500)], [1] * 500, datetime.now(UTC)))
     tx.execute("ANALYZE pyscheduler.schedules")
     tx.execute("ANALYZE pyscheduler.schedule_executions")
@@ -118,7 +119,8 @@ def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(tx):
     assert r.entries("schedules_name_key") + r.entries("schedules_name_pattern_idx") <= 100 + 2, r.returned
     failing = [row["consecutive_failures"] for row in tx.execute("SELECT * FROM pyscheduler.schedules_failing")]
     assert failing == sorted(failing, reverse=True) and len(failing) == 150
-    for sql, index in [("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 10)", "schedule_executions_pkey"),
+    for sql, index in [("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 10)",
+                        "schedule_executions_pkey"),
                        ("SELECT * FROM pyscheduler.schedule_runs(name => 't', max_runs => 5, with_outcome => 'failed')",
                         "schedule_executions_unfired_idx")]:
         rows, r = reads(tx, sql, tables=("schedule_executions",))
@@ -155,7 +157,8 @@ def test_the_due_views_and_the_late_count_read_only_the_entries_they_return(db, 
     t = create(db, "t", every="1 minute")
     # 40 late (an hour ago, then one a minute), 3,000 every-minute ones due within the next
     # 50 seconds (healthy), 3,000 due from 2 hours to 30 days ahead
-    clone(conn, t["id"], "late-", 40, next_run="date_trunc('hour', now()) - interval '1 hour' + i * interval '1 minute'")
+    clone(conn, t["id"], "late-", 40,
+          next_run="date_trunc('hour', now()) - interval '1 hour' + i * interval '1 minute'")
     clone(conn, t["id"], "fast-", 3000, next_run="now() + interval '10 seconds' + (i %% 40) * interval '1 second'")
     clone(conn, t["id"], "later-", 3000, next_run="now() + interval '2 hours' + i * interval '13 minutes'")
     conn.execute("DELETE FROM pyscheduler.schedules WHERE name = 't'")

@@ -289,7 +289,8 @@ class _Listener:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
-                listener.requests.append((self.command, self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                listener.requests.append((self.command, self.path, body))
                 self.send_response(status)
                 self.send_header("Location", "/elsewhere")
                 self.send_header("Content-Length", "0")

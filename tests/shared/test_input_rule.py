@@ -161,7 +161,8 @@ def test_64_levels_are_accepted_alone_and_in_a_batch_and_every_reader_loads_them
     spec = f'{{"s": {deep_array(63)}}}'
     assert sqlstate(tx, call("submit_task", queue="q", spec=""), {"queue": "q", "spec": too_deep}) == "PS206"
     assert sqlstate(tx, call("submit_tasks", queue="q", specs=""), {"queue": "q", "specs": f"[{too_deep}]"}) == "PS206"
-    rn = tx.execute(call("submit_task", queue="q", spec=""), {"queue": "q", "spec": spec}).fetchone()["submit_task"]["rn"]
+    submitted = tx.execute(call("submit_task", queue="q", spec=""), {"queue": "q", "spec": spec}).fetchone()
+    rn = submitted["submit_task"]["rn"]
     tx.execute(call("submit_tasks", queue="q", specs=""), {"queue": "q", "specs": f"[{spec}, {spec}]"})
     tx.execute(call("submit_workflow", workflow=""),
                  {"workflow": f'[{{"name": "a", "queue": "q", "spec": {spec}}}]'})
@@ -254,7 +255,8 @@ def test_work_named_before_the_rule_stays_reachable_by_its_name_and_no_new_one_i
     tx.execute("UPDATE pyscheduler.checks SET entity_name = %s WHERE entity_name = 'legacy'", (bad,))
     assert tx.execute("SELECT pyscheduler.get_schedule(name => %s) ->> 'name' AS n", (bad,)).fetchone()["n"] == bad
     tx.execute("SELECT pyscheduler.pause_schedule(name => %s)", (bad,))
-    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.list_checks(entity_name => %s)", (bad,)).fetchone()["n"] == 1
+    listed = tx.execute("SELECT count(*) AS n FROM pyscheduler.list_checks(entity_name => %s)", (bad,)).fetchone()
+    assert listed["n"] == 1
     assert sqlstate(tx, "SELECT pyscheduler.create_schedule(name => %s, target => 't', every => '1 hour')",
                     (bad + "2",)) == "PS310"
     assert sqlstate(tx, "SELECT * FROM pyscheduler.add_check(entity_name => %s, entity_key => 'k', job => 'q', "
@@ -311,8 +313,8 @@ HOSTILE = {
 # one valid element per array element type (10^6 of it)
 ELEMENT = {"text": "'x'::text", "jsonb": "'{}'::jsonb", "interval": "'1 second'::interval",
            "timestamp with time zone": "now() + interval '1 hour'", "integer": "1", "bigint": "1::bigint",
-           "double precision": "0.5::float8", "uuid": "gen_random_uuid()", "boolean": "false", "bytea": "'\\x00'::bytea",
-           "cidr": "'10.0.0.0/8'::cidr"}
+           "double precision": "0.5::float8", "uuid": "gen_random_uuid()", "boolean": "false",
+           "bytea": "'\\x00'::bytea", "cidr": "'10.0.0.0/8'::cidr"}
 # valid values of the parameters a call needs, by (name, base type); {rn}, {token}, {check} and
 # {schedule} are objects the walk makes first (walk_objects), so calls reach their writes
 VALID = {

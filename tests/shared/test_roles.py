@@ -98,7 +98,8 @@ def public_objects(conn) -> list[dict]:
     """Every public function (one row per overload) and view of the schema."""
     return conn.execute(
         "SELECT p.proname AS name, 'function' AS kind, p.oid, "
-        "       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t) AS argtypes, p.provariadic <> 0 AS variadic "
+        "       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t) AS argtypes, "
+        "p.provariadic <> 0 AS variadic "
         "  FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace AND p.proname NOT LIKE '\\_%' "
         "UNION ALL "
         "SELECT c.relname, 'view', c.oid, NULL, false FROM pg_class c "
@@ -263,7 +264,8 @@ def owned_work(dsn: str, app_dsn: str) -> dict[tuple[str, ...], str]:
         ("id", "text"): "'walk-m'", ("ids", "text[]"): "ARRAY['walk-m']",
         ("deadline", "timestamp with time zone"): "now() + interval '2 hours'",
         ("deadlines", "timestamp with time zone[]"): "ARRAY[now() + interval '2 hours']",
-        ("node", "uuid"): "gen_random_uuid()", ("expr", "text"): "'* * * * *'", ("ts", "timestamp with time zone"): "now()",
+        ("node", "uuid"): "gen_random_uuid()", ("expr", "text"): "'* * * * *'",
+        ("ts", "timestamp with time zone"): "now()",
         ("allow", "cidr[]"): "'{}'::cidr[]",
     }
 
@@ -349,7 +351,8 @@ def test_the_ownership_walk_matches_the_matrix_for_every_public_function(conn, d
 def public_grants(conn, obj: dict) -> set[str]:
     check = ("has_function_privilege(%s, %s::oid, 'EXECUTE')" if obj["kind"] == "function"
              else "has_table_privilege(%s, %s::oid, 'SELECT')")
-    return {a for a in AUDIENCES if conn.execute(f"SELECT {check} AS ok", (role_of(conn, a), obj["oid"])).fetchone()["ok"]}
+    return {a for a in AUDIENCES
+            if conn.execute(f"SELECT {check} AS ok", (role_of(conn, a), obj["oid"])).fetchone()["ok"]}
 
 
 def test_a_new_public_function_without_a_matrix_row_fails_the_walk(conn, dsn, login):

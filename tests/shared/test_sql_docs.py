@@ -151,8 +151,8 @@ def test_compose_file_is_valid_and_complete():
     assert any(p.endswith(f":{port}") for p in daemons["ports"])
     assert compose["services"]["kafka"]["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
     created = " ".join(services["kafka-topics"]["command"])
-    for topic in ("pyscheduler.delay.input", "pyscheduler.delay.output", daemons["environment"]["PYSCHEDULER_DELAY_DLQ_TOPIC"],
-                  "pyscheduler.schedules"):
+    dlq = daemons["environment"]["PYSCHEDULER_DELAY_DLQ_TOPIC"]
+    for topic in ("pyscheduler.delay.input", "pyscheduler.delay.output", dlq, "pyscheduler.schedules"):
         assert topic in created, topic
 
 

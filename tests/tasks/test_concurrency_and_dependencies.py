@@ -449,7 +449,8 @@ def test_the_holders_own_yield_waits_for_the_transaction_that_holds_its_lease(ds
         stopping.start()
         deadline = time.monotonic() + 30
         while stopping.is_alive() and time.monotonic() < deadline and not watch.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%yield_task%%'").fetchall():
+                "SELECT 1 FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND query LIKE '%%yield_task%%'").fetchall():
             pass
         assert stopping.is_alive(), "the yield went through while a transaction held the lease"
         if ends == "commit":
@@ -625,7 +626,8 @@ def test_after_refuses_missing_foreign_and_too_many_parents(db, conn, dsn, login
 
 
 def test_a_join_after_ten_thousand_parents_is_released_by_a_counter(tx):
-    parents = [r["task"]["rn"] for r in tx.call("submit_tasks", queue="fan", specs=Jsonb([{"i": i} for i in range(10_000)]))]
+    submitted = tx.call("submit_tasks", queue="fan", specs=Jsonb([{"i": i} for i in range(10_000)]))
+    parents = [r["task"]["rn"] for r in submitted]
     join = submit(tx, queue="join", after=parents)
     assert join["status"] == "waiting"
     leased = []

@@ -23,7 +23,8 @@ def submit(conn, queue="q", **kw):
 
 
 def lease(conn, queue="q", worker="w1"):
-    return conn.execute("SELECT pyscheduler.lease_task(queue => %s, worker => %s) AS t", (queue, worker)).fetchone()["t"]
+    return conn.execute("SELECT pyscheduler.lease_task(queue => %s, worker => %s) AS t",
+                        (queue, worker)).fetchone()["t"]
 
 
 def walk(conn, per_page: int, between=None, **filters) -> list[str]:
@@ -79,7 +80,8 @@ def test_list_tasks_pages_return_every_task_once_while_others_are_submitted(conn
             assert [r for r in got if r in rns] == expected, filters
     # submitted later, listed first: the ids are time-ordered
     newest = submit(conn, "a")["rn"]
-    assert conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(max_tasks => 1)").fetchone()["rn"] == newest
+    listed = conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(max_tasks => 1)").fetchone()
+    assert listed["rn"] == newest
 
 
 def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(tx):
@@ -188,7 +190,8 @@ def test_counts_equal_a_real_count_after_a_random_mix_of_every_change(tx):
                     "SELECT min(run_at) AS m FROM pyscheduler.tasks WHERE queue = %s AND status = 'scheduled'",
                     (q,)).fetchone()["m"]
             assert set(status) >= {q for (q, s) in counts if s in ("ready", "scheduled", "running", "waiting")}
-            oldest = {r["queue"]: r["rn"] for r in tx.execute("SELECT queue, rn::text FROM pyscheduler.oldest_ready_tasks")}
+            oldest = {r["queue"]: r["rn"]
+                      for r in tx.execute("SELECT queue, rn::text FROM pyscheduler.oldest_ready_tasks")}
             assert oldest == {r["queue"]: r["rn"] for r in tx.execute(
                 "SELECT DISTINCT ON (queue) queue, rn::text FROM pyscheduler.tasks WHERE status = 'ready' "
                 "ORDER BY queue, created, seq")}, step
@@ -405,7 +408,8 @@ def test_a_queue_s_ready_backlog_is_paged_without_reading_it_all(conn):
 
     def real(status=None):
         return [r["rn"] for r in conn.execute(
-            "SELECT rn::text FROM pyscheduler.tasks WHERE queue = 'backlog' AND (%s::text IS NULL OR status::text = %s) "
+            "SELECT rn::text FROM pyscheduler.tasks "
+            "WHERE queue = 'backlog' AND (%s::text IS NULL OR status::text = %s) "
             "ORDER BY rn DESC", (status, status))]
 
     rows, r = reads(conn, "SELECT task FROM pyscheduler.list_tasks(queue => 'backlog', status => 'ready')",

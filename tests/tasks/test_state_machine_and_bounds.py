@@ -298,7 +298,8 @@ def test_yields_do_not_count_as_attempts_and_history_is_bounded(tx):
 def test_the_notify_throttle_stays_bounded_however_many_queues(tx):
     """Item 12: the throttle table used to keep one row per queue name ever used."""
     tx.call("submit_task", queue="first", spec=Jsonb({}))
-    tx.execute("SELECT count(pyscheduler._notify_throttled('pyscheduler_tasks:q' || i)) FROM generate_series(1, 3000) i")
+    tx.execute("SELECT count(pyscheduler._notify_throttled('pyscheduler_tasks:q' || i)) "
+               "FROM generate_series(1, 3000) i")
     assert tx.execute("SELECT count(*) AS n FROM pyscheduler._notify_throttle").fetchone()["n"] <= 1024
 
 

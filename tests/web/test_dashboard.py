@@ -404,8 +404,8 @@ def test_the_startup_line_names_the_url_and_the_token_and_a_warning_says_when_it
     assert port, text
     assert re.search(rf"WARNING pyscheduler.dashboard: the dashboard listens on 0\.0\.0\.0, beyond loopback, "
                      rf"without an access token: whoever reaches port {port.group(1)} reads every page", text), text
-    text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--port", "0", "--allowed-host", "dash.example.com",
-                        env={"PYSCHEDULER_DASHBOARD_TOKEN": "s3cret"})
+    text = _startup_log(tmp_path, "dashboard", "--dsn", monitor_dsn, "--port", "0",
+                        "--allowed-host", "dash.example.com", env={"PYSCHEDULER_DASHBOARD_TOKEN": "s3cret"})
     assert re.search(r"dashboard on http://127\.0\.0\.1:\d+/ \(read-only, access token required; answers to Host "
                      r"127\.0\.0\.1:\d+, localhost:\d+, \[::1\]:\d+, dash\.example\.com\)", text), text
     assert "WARNING" not in text and "s3cret" not in text
