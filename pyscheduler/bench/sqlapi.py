@@ -149,7 +149,7 @@ CLONED_COLUMNS = (
     "payload", "retry_attempts", "retry_base", "retry_jitter", "critical", "catchup_window", "overlap", "paused",
     "paused_note", "next_run_at", "trigger_at", "runs_count", "fired_count", "failed_count", "skipped_count",
     "missed_count", "consecutive_failures", "last_expected_at", "last_outcome", "last_error", "task_rns",
-    "claim_token", "claimed_until", "created", "updated", "owner", "ended_note")
+    "claim_token", "claimed_until", "created", "updated", "owner", "ended_note", "task_options")
 # (name prefix, first i, last i, id of the schedule cloned) -> id of each clone, named prefix || i
 CLONE_SCHEDULES = Query(
     f"INSERT INTO pyscheduler.schedules (name, {', '.join(CLONED_COLUMNS)}) "

@@ -15,7 +15,8 @@ MAX_RESYNC_LEASE_S = 86400.0
 # -- the client (ScheduleClient, AsyncScheduleClient; the CLI and the demo through it or alike) --
 
 _FIELDS = ("target", "every", "cron", "tz", "target_kind", "payload", "priority", "retry_attempts", "retry_base",
-           "retry_jitter", "critical", "catchup_window", "overlap", "start_at", "end_at", "max_runs")
+           "retry_jitter", "critical", "catchup_window", "overlap", "start_at", "end_at", "max_runs",
+           "task_options")
 CREATE_SCHEDULE = Fn("create_schedule", ("name", *_FIELDS, "paused", "paused_note"))
 UPDATE_SCHEDULE = Fn("update_schedule", ("name", *_FIELDS))
 PAUSE_SCHEDULE = Fn("pause_schedule", ("name", "note"))

@@ -197,6 +197,52 @@ BEGIN
 END
 $$;
 
+-- _check_task_options(kind, options): the options of the tasks a task target submits as
+-- stored (JSON nulls left out, max_attempts a JSON integer; none -> NULL); PS312 naming the key
+-- unless a JSON object of max_attempts (an integer in 1..1000) and concurrency_key (a label of
+-- at most 200 bytes), submit_task's bounds, on a task target.
+CREATE OR REPLACE FUNCTION pyscheduler._check_task_options(p_kind text, p_options jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_key text;
+    v_value jsonb;
+    v_why text;
+BEGIN
+    IF p_options IS NOT NULL AND jsonb_typeof(p_options) <> 'object' THEN
+        PERFORM _schedule_error('PS312', format('task_options must be a JSON object, got %s', left(p_options::text, 100)),
+                                'e.g. {"max_attempts": 3, "concurrency_key": "customer:42"}.');
+    END IF;
+    p_options := nullif(jsonb_strip_nulls(p_options), '{}');
+    IF p_options IS NULL THEN
+        RETURN NULL;
+    ELSIF p_kind IS DISTINCT FROM 'task' THEN
+        PERFORM _schedule_error('PS312', format('task_options (%s) are for a task target, not %s',
+                                                (SELECT string_agg(left(k, 100), ', ' ORDER BY k)
+                                                   FROM jsonb_object_keys(p_options) k),
+                                                coalesce(p_kind, 'NULL')),
+                                'Give no task_options, or ''{}'' to clear them on update.');
+    END IF;
+    FOR v_key, v_value IN SELECT * FROM jsonb_each(p_options) ORDER BY 1 LOOP
+        v_why := CASE v_key
+            WHEN 'max_attempts' THEN
+                CASE WHEN NOT _json_integer_in(v_value, 1, 1000) THEN 'must be an integer in 1..1000 (as submit_task''s)' END
+            WHEN 'concurrency_key' THEN
+                CASE WHEN jsonb_typeof(v_value) <> 'string' THEN 'must be a JSON string'
+                     ELSE _label_refusal(v_value #>> '{}', 200) END
+            ELSE 'is not a task option (max_attempts, concurrency_key)' END;
+        IF v_why IS NOT NULL THEN
+            PERFORM _schedule_error('PS312', format('task_options.%s %s, got %s', left(v_key, 100), v_why,
+                                                    left(v_value::text, 220)));
+        END IF;
+    END LOOP;
+    RETURN jsonb_strip_nulls(jsonb_build_object('max_attempts', (p_options ->> 'max_attempts')::numeric::integer,
+                                                'concurrency_key', p_options -> 'concurrency_key'));
+END
+$$;
+
 -- _validate_schedule(s): check every field but the name (PS301-PS314), fill
 -- cron_spec and normalise (tz spelling and default, payload default, the
 -- infinite bounds that mean none). Returns the checked row.
@@ -263,6 +309,7 @@ BEGIN
         PERFORM _schedule_error('PS308', format('payload of a task target must be a JSON object (it becomes the task spec), got %s',
                                                 left(s.payload::text, 100)));
     END IF;
+    s.task_options := _check_task_options(s.target_kind, s.task_options);
     IF s.retry_attempts IS NULL OR s.retry_attempts NOT BETWEEN 0 AND 30 OR s.retry_base IS NULL OR s.retry_jitter IS NULL THEN
         PERFORM _schedule_error('PS309', format('retry policy must have retry_attempts in 0..30, retry_base and retry_jitter in 0..1 hour, got %s, %s, %s',
                                                 s.retry_attempts, s.retry_base, s.retry_jitter));
@@ -305,7 +352,7 @@ $$;
 
 -- _schedule_json(s): a schedule as the API returns it. A caller that may not act
 -- on it (_may_act(owner): not its owner, a member of the owner or admin) gets it
--- without target, payload and last_error (design.md: only the owner sees a
+-- without target, payload, task_options and last_error (design.md: only the owner sees a
 -- schedule's target details and errors).
 CREATE OR REPLACE FUNCTION pyscheduler._schedule_json(s pyscheduler.schedules)
 RETURNS jsonb
@@ -315,6 +362,7 @@ AS $$
         'id', s.id, 'name', s.name, 'owner', s.owner, 'every', s.every, 'cron', s.cron, 'tz', s.tz,
         'start_at', s.start_at, 'end_at', s.end_at, 'max_runs', s.max_runs,
         'target_kind', s.target_kind, 'target', s.target, 'priority', s.priority, 'payload', s.payload,
+        'task_options', s.task_options,
         'retry_attempts', s.retry_attempts, 'retry_base', s.retry_base, 'retry_jitter', s.retry_jitter,
         'critical', s.critical, 'catchup_window', s.catchup_window, 'overlap', s.overlap,
         'paused', s.paused, 'paused_note', s.paused_note, 'next_run_at', s.next_run_at,
@@ -324,7 +372,7 @@ AS $$
         'consecutive_failures', s.consecutive_failures, 'last_expected_at', s.last_expected_at,
         'last_outcome', s.last_outcome, 'last_error', s.last_error,
         'created', s.created, 'updated', s.updated)
-        - CASE WHEN pyscheduler._may_act(s.owner) THEN '{}'::text[] ELSE ARRAY['target', 'payload', 'last_error'] END;
+        - CASE WHEN pyscheduler._may_act(s.owner) THEN '{}'::text[] ELSE ARRAY['target', 'payload', 'task_options', 'last_error'] END;
 $$;
 
 -- _schedule_row(name): the schedule FOR UPDATE, PS300 when unknown.

@@ -77,11 +77,11 @@ BEGIN
     s := _set_first_run(s, p_now, true);
     INSERT INTO schedules (name, every, cron, cron_spec, tz, start_at, end_at, max_runs, target_kind, target, priority,
                            payload, retry_attempts, retry_base, retry_jitter, critical, catchup_window, overlap,
-                           paused, paused_note, next_run_at, created, updated, owner, ended_note)
+                           paused, paused_note, next_run_at, created, updated, owner, ended_note, task_options)
     VALUES (s.name, s.every, s.cron, s.cron_spec, s.tz, s.start_at, s.end_at, s.max_runs, s.target_kind, s.target,
             s.priority, s.payload, s.retry_attempts, s.retry_base, s.retry_jitter, s.critical, s.catchup_window,
             s.overlap, s.paused, CASE WHEN s.paused THEN s.paused_note END, s.next_run_at, p_now, p_now,
-            _caller(), s.ended_note)
+            _caller(), s.ended_note, s.task_options)
     ON CONFLICT (name) DO NOTHING
     RETURNING * INTO v_row;
     IF v_row.id IS NULL THEN
@@ -100,7 +100,8 @@ CREATE OR REPLACE FUNCTION pyscheduler.create_schedule(
     max_runs bigint DEFAULT NULL, retry_attempts integer DEFAULT 3, retry_base interval DEFAULT '200 milliseconds',
     retry_jitter interval DEFAULT '500 milliseconds', critical boolean DEFAULT false,
     catchup_window interval DEFAULT '1 minute', overlap pyscheduler.schedule_overlap DEFAULT 'allow',
-    paused boolean DEFAULT false, paused_note pyscheduler.schedule_note DEFAULT NULL)
+    paused boolean DEFAULT false, paused_note pyscheduler.schedule_note DEFAULT NULL,
+    task_options pyscheduler.schedule_task_options DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -110,18 +111,19 @@ AS $$
        payload => '{}', priority => 50, start_at, end_at, max_runs,
        retry_attempts => 3, retry_base => '200 ms', retry_jitter => '500 ms',
        critical => false, catchup_window => '1 minute', overlap => 'allow',
-       paused => false, paused_note) -> schedule jsonb
+       paused => false, paused_note, task_options) -> schedule jsonb
    A new schedule; names are unique overall. Recurrence: exactly one of
    every (fixed interval, aligned to start_at or else to the Unix epoch) and
    cron (in tz). Target: kafka (topic; key = name), http (URL, POST) or task
    (queue; payload object = task spec, priority, overlap allow | skip |
-   buffer_one). First run: the first occurrence at or after now (and start_at).
+   buffer_one; task_options {"max_attempts": 1..1000, "concurrency_key":
+   text} = submit_task's of each task, NULL: none). First run: the first occurrence at or after now (and start_at).
    The schedule belongs to the calling role (owner): only it, its members and
    the admin role may change it or see its target, payload and errors.
    Errors: PS301 cron, PS302 not one of every/cron, PS303 tz, PS304 end_at,
    PS305 recurrence shorter than retry_worst_case, PS306 every, PS307 target
    (the egress policy for http), PS308 payload, PS309 retry, PS310 name,
-   PS311 name taken, PS312 other, PS313 cron never fires, PS314 start_at,
+   PS311 name taken, PS312 other (task_options: naming the key), PS313 cron never fires, PS314 start_at,
    end_at or the first run outside [1970-01-01Z, 9999-01-01Z). */
 DECLARE
     s schedules;
@@ -134,13 +136,14 @@ BEGIN
     s.retry_jitter := create_schedule.retry_jitter; s.critical := create_schedule.critical;
     s.catchup_window := create_schedule.catchup_window; s.overlap := create_schedule.overlap;
     s.paused := create_schedule.paused; s.paused_note := create_schedule.paused_note;
+    s.task_options := create_schedule.task_options;
     RETURN _insert_schedule(s, now());
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.create_schedule(pyscheduler.schedule_name, pyscheduler.schedule_target, interval,
     pyscheduler.cron_expr, pyscheduler.time_zone, pyscheduler.target_kind, pyscheduler.schedule_payload, bigint,
     timestamptz, timestamptz, bigint, integer, interval, interval, boolean, interval, pyscheduler.schedule_overlap,
-    boolean, pyscheduler.schedule_note) IS
+    boolean, pyscheduler.schedule_note, pyscheduler.schedule_task_options) IS
     'Create a schedule (every or cron in tz; kafka, http or task target; retry, catch-up, overlap, limits); returns it as JSON.';
 
 CREATE OR REPLACE FUNCTION pyscheduler._update_schedule(s pyscheduler.schedules, p_new pyscheduler.schedules,
@@ -162,7 +165,7 @@ BEGIN
            target_kind = p_new.target_kind, target = p_new.target, priority = p_new.priority,
            payload = p_new.payload, retry_attempts = p_new.retry_attempts, retry_base = p_new.retry_base,
            retry_jitter = p_new.retry_jitter, critical = p_new.critical, catchup_window = p_new.catchup_window,
-           overlap = p_new.overlap, next_run_at = p_new.next_run_at, ended_note = p_new.ended_note, updated = p_now
+           overlap = p_new.overlap, task_options = p_new.task_options, next_run_at = p_new.next_run_at, ended_note = p_new.ended_note, updated = p_now
      WHERE t.id = s.id
     RETURNING * INTO v_row;
     RETURN _changed_json(v_row);
@@ -176,7 +179,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.update_schedule(
     priority bigint DEFAULT NULL, start_at timestamptz DEFAULT NULL, end_at timestamptz DEFAULT NULL,
     max_runs bigint DEFAULT NULL, retry_attempts integer DEFAULT NULL, retry_base interval DEFAULT NULL,
     retry_jitter interval DEFAULT NULL, critical boolean DEFAULT NULL, catchup_window interval DEFAULT NULL,
-    overlap pyscheduler.schedule_overlap DEFAULT NULL)
+    overlap pyscheduler.schedule_overlap DEFAULT NULL, task_options pyscheduler.schedule_task_options DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -185,7 +188,8 @@ AS $$
 /* update_schedule(name, <any create_schedule parameter> ...) -> schedule jsonb
    Changes the parameters given (NULL = unchanged). every replaces cron and
    vice versa. end_at => 'infinity' and start_at => '-infinity' remove the
-   bound; max_runs => 0 removes the limit. When a timing parameter is given
+   bound; max_runs => 0 removes the limit; task_options => '{}' removes
+   the task options (a target_kind other than task needs that). When a timing parameter is given
    (every, cron, tz, start_at, end_at, max_runs) the next run is recomputed
    from now; otherwise it stays. Pausing: pause_schedule / resume_schedule.
    Only the owner, its members and admin may update a schedule.
@@ -216,6 +220,7 @@ BEGIN
     n.critical := coalesce(update_schedule.critical, s.critical);
     n.catchup_window := coalesce(update_schedule.catchup_window, s.catchup_window);
     n.overlap := coalesce(update_schedule.overlap, s.overlap);
+    n.task_options := coalesce(update_schedule.task_options, s.task_options);
     RETURN _update_schedule(s, n, num_nonnulls(update_schedule.every, update_schedule.cron, update_schedule.tz,
                                                update_schedule.start_at, update_schedule.end_at, update_schedule.max_runs) > 0,
                             now());
@@ -224,7 +229,7 @@ $$;
 COMMENT ON FUNCTION pyscheduler.update_schedule(pyscheduler.schedule_ref, pyscheduler.schedule_target, interval,
     pyscheduler.cron_expr, pyscheduler.time_zone, pyscheduler.target_kind, pyscheduler.schedule_payload, bigint,
     timestamptz, timestamptz, bigint, integer, interval, interval, boolean, interval,
-    pyscheduler.schedule_overlap) IS
+    pyscheduler.schedule_overlap, pyscheduler.schedule_task_options) IS
     'Change the given parameters of a schedule (NULL = unchanged); a timing change recomputes the next run from now.';
 
 CREATE OR REPLACE FUNCTION pyscheduler.pause_schedule(

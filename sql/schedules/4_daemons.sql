@@ -512,6 +512,8 @@ BEGIN
                 -- the task belongs to the schedule's owner (who may cancel or requeue it)
                 SELECT to_jsonb(x) INTO v_result FROM pyscheduler._submit_task(
                     p_submitted_by => s.owner, p_now => now(), queue => s.target, priority => s.priority,
+                    max_attempts => (s.task_options ->> 'max_attempts')::integer,
+                    concurrency_key => s.task_options ->> 'concurrency_key',
                     spec => s.payload || jsonb_build_object('pyscheduler', jsonb_build_object(
                         'schedule', s.name, 'schedule_id', s.id, 'expected_at', p_expected,
                         'idempotency_key', s.id || ':' || (_epoch_us(p_expected) / 1000)))) AS x(submit_task);
@@ -558,7 +560,7 @@ AS $$
    Fire task-target schedules in the database: for each (id, expected), in
    one transaction, submit the task (spec = payload + {"pyscheduler":
    {schedule, schedule_id, expected_at, idempotency_key}}, queue = target,
-   priority) and record the execution, as record_executions. Overlap policy:
+   priority, task_options' max_attempts and concurrency_key) and record the execution, as record_executions. Overlap policy:
    allow; skip -> 'skipped_overlap' while an earlier task of the schedule is
    ready or running; buffer_one -> submitted while fewer than two are (one
    may wait behind the running one). An occurrence older than the catch-up

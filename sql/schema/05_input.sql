@@ -205,6 +205,10 @@ CREATE DOMAIN pyscheduler.task_workflow AS jsonb
 CREATE DOMAIN pyscheduler.schedule_payload AS jsonb
     CHECK (VALUE IS NULL OR pyscheduler._payload_ok(VALUE, 64, 16777216)
            OR pyscheduler._refuse_payload(VALUE, 'payload', 64, 16777216, 'PS308'));
+-- a task-target schedule's options of its tasks (migrations/0035_schedule_task_options.sql)
+CREATE DOMAIN pyscheduler.schedule_task_options AS jsonb
+    CHECK (VALUE IS NULL OR pyscheduler._payload_ok(VALUE, 64, 16777216)
+           OR pyscheduler._refuse_payload(VALUE, 'task_options', 64, 16777216, 'PS312'));
 CREATE DOMAIN pyscheduler.check_payload AS jsonb
     CHECK (VALUE IS NULL OR pyscheduler._payload_ok(VALUE, 64, 16777216)
            OR pyscheduler._refuse_payload(VALUE, 'payload', 64, 16777216, 'PS409'));

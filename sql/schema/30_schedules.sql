@@ -15,7 +15,8 @@ ON CONFLICT (name) DO NOTHING;
 -- the Postgres-only claim scans. Every firing updates the row (fillfactor
 -- leaves room for its new version on the same page).
 -- The counts survive the purge of old executions. owner: the role that created
--- it (only it, its members and admin act on it); ended_note: why next_run_at
+-- it (only it, its members and admin act on it); task_options: the options of
+-- the tasks a task target submits (NULL: none); ended_note: why next_run_at
 -- is NULL (end_at, max_runs, no occurrence before 9999-01-01).
 CREATE TABLE pyscheduler.schedules (
     id                   bigint GENERATED ALWAYS AS IDENTITY,
@@ -62,6 +63,7 @@ CREATE TABLE pyscheduler.schedules (
                                                           ELSE least(next_run_at, trigger_at) END END) STORED,
     owner                name NOT NULL,
     ended_note           text,
+    task_options         jsonb,
     CONSTRAINT schedules_pkey PRIMARY KEY (id),
     CONSTRAINT schedules_name_key UNIQUE (name),
     CONSTRAINT schedules_recurrence_check CHECK ((every IS NULL) <> (cron IS NULL)),

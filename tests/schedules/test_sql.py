@@ -4,6 +4,7 @@ tasks, the degraded-mode claim under concurrency, retention, resync hand-out, no
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -540,6 +541,56 @@ def test_overlap_policies_with_real_tasks(tx, overlap, outcomes):
     assert len(tasks) == outcomes.count("fired")
     sched = tx.call_value("get_schedule", name=s["name"])
     assert sched["skipped_count"] == outcomes.count("skipped_overlap")
+
+
+@pytest.mark.parametrize("kind, options, says", [
+    ("kafka", {"max_attempts": 2}, "task_options (max_attempts) are for a task target, not kafka"),
+    ("http", {"concurrency_key": "k"}, "task_options (concurrency_key) are for a task target, not http"),
+    ("task", {"max_attempts": 2, "unique_key": "k"}, "task_options.unique_key is not a task option"),
+    ("task", {"max_attempts": "2"}, "task_options.max_attempts must be an integer in 1..1000"),
+    ("task", {"max_attempts": 1.5}, "task_options.max_attempts must be an integer in 1..1000"),
+    ("task", {"max_attempts": 0}, "task_options.max_attempts must be an integer in 1..1000"),
+    ("task", {"max_attempts": 1001}, "task_options.max_attempts must be an integer in 1..1000"),
+    ("task", {"concurrency_key": 42}, "task_options.concurrency_key must be a JSON string"),
+    ("task", {"concurrency_key": "a\u202eb"}, "task_options.concurrency_key must not contain"),
+    ("task", {"concurrency_key": "x" * 201}, "task_options.concurrency_key must be at most 200 bytes"),
+    ("task", [], "task_options must be a JSON object"),
+])
+def test_task_options_are_refused_with_ps312_naming_the_key(tx, kind, options, says):
+    target = {"kafka": "topic-a", "http": "https://example.com/hook", "task": "q"}[kind]
+    with pytest.raises(errors.InvalidSchedule, match=re.escape(says)) as info:
+        create(tx, name="opts", target_kind=kind, target=target, task_options=Jsonb(options))
+    assert code(info) == "PS312"
+    s = create(tx, name="opts", target_kind="task", target="q")
+    with pytest.raises(errors.InvalidSchedule, match=re.escape(says)) as info:
+        tx.call_value("update_schedule", name="opts", target_kind=kind, target=target, task_options=Jsonb(options))
+    assert code(info) == "PS312"
+    assert tx.call_value("get_schedule", name="opts") == s  # unchanged
+
+
+def submitted(db, name):
+    """The tasks the schedule's firings submitted, the latest first."""
+    return [db.call_value("get_task", rn=r["task_rn"]) for r in runs(db, name)]
+
+
+def test_task_options_are_stored_updated_cleared_and_a_firing_submits_with_them(tx):
+    s = create(tx, name="t-opts", target_kind="task", target="q-opts",
+               task_options=Jsonb({"max_attempts": 2.0, "concurrency_key": "customer:42", "unused": None}))
+    assert s["task_options"] == {"max_attempts": 2, "concurrency_key": "customer:42"}  # as stored
+    fire_task(tx, s)
+    [task] = submitted(tx, "t-opts")
+    assert (task["max_attempts"], task["concurrency_key"]) == (2, "customer:42")
+    # NULL: unchanged; a new object replaces them; '{}' clears them (and lets the kind change)
+    assert tx.call_value("update_schedule", name="t-opts", priority=3)["task_options"] == s["task_options"]
+    s = tx.call_value("update_schedule", name="t-opts", task_options=Jsonb({"max_attempts": 5}))
+    assert s["task_options"] == {"max_attempts": 5}
+    fire_task(tx, s)
+    assert [(t["max_attempts"], t["concurrency_key"]) for t in submitted(tx, "t-opts")] == [(5, None),
+                                                                                           (2, "customer:42")]
+    with pytest.raises(errors.InvalidSchedule, match="are for a task target, not kafka"):
+        tx.call_value("update_schedule", name="t-opts", target_kind="kafka", target="topic-a")
+    s = tx.call_value("update_schedule", name="t-opts", target_kind="kafka", target="topic-a", task_options=Jsonb({}))
+    assert s["task_options"] is None and s["target_kind"] == "kafka"
 
 
 def test_firing_a_task_occurrence_twice_submits_once(tx):
