@@ -141,9 +141,9 @@ def _echo_json(obj) -> None:
     click.echo(json.dumps(jsonable(obj), indent=2, default=str))
 
 
-def _payload(text: str):
-    """--payload: a JSON value PostgreSQL's jsonb stores (no NaN or Infinity, no NUL character,
-    UTF-8), else a usage error naming the flag."""
+def _payload(text: str, flag: str = "--payload"):
+    """--payload (or another JSON flag): a JSON value PostgreSQL's jsonb stores (no NaN or
+    Infinity, no NUL character, UTF-8), else a usage error naming the flag."""
     def constant(word: str):
         raise ValueError(f"{word} is not JSON (jsonb has no NaN or Infinity)")
 
@@ -164,9 +164,9 @@ def _payload(text: str):
         value = json.loads(text, parse_constant=constant, parse_float=number)
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except (ValueError, UnicodeEncodeError, RecursionError) as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=flag) from None
     if nul(value):
-        raise click.BadParameter("jsonb cannot store a \\u0000 (NUL) character", param_hint="--payload")
+        raise click.BadParameter("jsonb cannot store a \\u0000 (NUL) character", param_hint=flag)
     return value
 
 
@@ -187,6 +187,9 @@ def _schedule_options(update: bool):
             click.option("--task", "task_queue", default=None, metavar="QUEUE", help="Target: a leased-task queue."),
             click.option("--priority", type=int, default=None, help="Priority of task targets."),
             click.option("--payload", default=None, help="JSON payload."),
+            click.option("--task-options", default=None, metavar="JSON",
+                         help='Options of the tasks a --task target submits: {"max_attempts": N, '
+                              '"concurrency_key": "..."}' + ("; {} removes them." if update else ".")),
             click.option("--retry-attempts", type=click.IntRange(0), default=None),
             click.option("--retry-base", type=DURATION, default=None),
             click.option("--retry-jitter", type=DURATION, default=None),
@@ -227,6 +230,8 @@ def _fields(name, kafka_topic, http_url, task_queue, payload, *, required: bool,
         fields["target_kind"], fields["target"] = targets[0]
     if payload is not None:
         fields["payload"] = _payload(payload)
+    if fields.get("task_options") is not None:
+        fields["task_options"] = _payload(fields["task_options"], "--task-options")
     return {k: v for k, v in fields.items() if v is not None}
 
 

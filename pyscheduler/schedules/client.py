@@ -6,7 +6,7 @@ application's own psycopg connection or cursor, inside its transaction (a schedu
 created there exists only if the application commits; ``AsyncScheduleClient(conn)``
 for asyncio). Results are :class:`Schedule` and :class:`ScheduleRun` objects. A schedule
 belongs to the role that created it: another role sees it without its ``target``,
-``payload`` and ``last_error`` (None), and its runs without ``error`` and ``task_rn``.
+``payload``, ``task_options`` and ``last_error`` (None), and its runs without ``error`` and ``task_rn``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ class Schedule:
     """A schedule as ``get_schedule`` returns it: instants as datetimes in UTC, intervals as
     timedeltas. ``next_run_at`` None: the schedule has ended (``ended_note`` says why).
 
-    ``target``, ``payload`` and ``last_error`` are None for a caller that may not see the
+    ``task_options``: the ``submit_task`` options of the tasks a task target submits
+    (``max_attempts``, ``concurrency_key``; None: none).
+
+    ``target``, ``payload``, ``task_options`` and ``last_error`` are None for a caller that may not see the
     schedule's details (not its owner, a member of the owner, or admin); ``target`` is None
     exactly then (``details_hidden``)."""
 
@@ -66,6 +69,7 @@ class Schedule:
     target: str | None
     priority: int
     payload: Any
+    task_options: dict[str, Any] | None
     retry_attempts: int
     retry_base: timedelta
     retry_jitter: timedelta
@@ -104,6 +108,7 @@ class Schedule:
             cron=obj.get("cron"), tz=obj["tz"], start_at=instant(obj.get("start_at")),
             end_at=instant(obj.get("end_at")), max_runs=obj.get("max_runs"), target_kind=obj["target_kind"],
             target=obj.get("target"), priority=int(obj["priority"]), payload=obj.get("payload"),
+            task_options=obj.get("task_options"),
             retry_attempts=int(obj["retry_attempts"]), retry_base=required_interval(obj["retry_base"]),
             retry_jitter=required_interval(obj["retry_jitter"]), critical=bool(obj["critical"]),
             catchup_window=required_interval(obj["catchup_window"]), overlap=obj["overlap"],
@@ -152,7 +157,8 @@ def _bound(name: str, at: datetime | Unbounded | None, unbounded: str) -> Any:
 def _fields(*, target: str | None, every: timedelta | None, cron: str | None, tz: str | None,
             target_kind: TargetKind | None, payload: Any, priority: int | None, retry_attempts: int | None,
             retry_base: timedelta | None, retry_jitter: timedelta | None, critical: bool | None,
-            catchup_window: timedelta | None, overlap: Overlap | None) -> dict[str, Any]:
+            catchup_window: timedelta | None, overlap: Overlap | None,
+            task_options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The arguments create and update share, checked (None: not given)."""
     args = {
         "target": text("target", target, optional=True), "every": duration("every", every, optional=True),
@@ -165,7 +171,8 @@ def _fields(*, target: str | None, every: timedelta | None, cron: str | None, tz
         "retry_jitter": duration("retry_jitter", retry_jitter, optional=True),
         "critical": boolean("critical", critical, optional=True),
         "catchup_window": duration("catchup_window", catchup_window, optional=True),
-        "overlap": choice("overlap", overlap, OVERLAPS, optional=True)}
+        "overlap": choice("overlap", overlap, OVERLAPS, optional=True),
+        "task_options": None if task_options is None else json_value("task_options", task_options)}
     return args
 
 
@@ -182,18 +189,19 @@ def _create(name: str, target: str, *, every: timedelta | None = None, cron: str
             max_runs: int | None = None, retry_attempts: int | None = None, retry_base: timedelta | None = None,
             retry_jitter: timedelta | None = None, critical: bool | None = None,
             catchup_window: timedelta | None = None, overlap: Overlap | None = None, paused: bool | None = None,
-            paused_note: str | None = None) -> Call[Schedule]:
+            paused_note: str | None = None, task_options: Mapping[str, Any] | None = None) -> Call[Schedule]:
     """Create a schedule owned by the calling role: exactly one of ``every`` and ``cron`` (in
     ``tz``, an IANA name, default UTC); ``target`` is a Kafka topic (``target_kind`` "kafka", the
     default), an HTTP URL ("http") or a task queue ("task"). Arguments left None take
     ``create_schedule``'s defaults (docs/sql-api.md): payload {}, priority 50, retry 3 tries of
-    200 ms base and 500 ms jitter, catchup_window 1 minute, overlap "allow". Its first run is the
+    200 ms base and 500 ms jitter, catchup_window 1 minute, overlap "allow", no task_options (a task
+    target's ``{"max_attempts": n, "concurrency_key": "..."}`` for the tasks it submits). Its first run is the
     first occurrence at or after now (and ``start_at``). InvalidSchedule (PS301-PS314) names
     what is wrong; ScheduleExists (PS311) when the name is taken."""
     args = {"name": _name(name), **_fields(
         target=target, every=every, cron=cron, tz=tz, target_kind=target_kind, payload=payload, priority=priority,
         retry_attempts=retry_attempts, retry_base=retry_base, retry_jitter=retry_jitter, critical=critical,
-        catchup_window=catchup_window, overlap=overlap),
+        catchup_window=catchup_window, overlap=overlap, task_options=task_options),
         "start_at": aware("start_at", start_at, optional=True), "end_at": aware("end_at", end_at, optional=True),
         "max_runs": integer("max_runs", max_runs, -INT64, INT64, optional=True),
         "paused": boolean("paused", paused, optional=True),
@@ -207,14 +215,16 @@ def _update(name: str, *, target: str | None = None, every: timedelta | None = N
             end_at: datetime | Unbounded | None = None, max_runs: int | Unbounded | None = None,
             retry_attempts: int | None = None, retry_base: timedelta | None = None,
             retry_jitter: timedelta | None = None, critical: bool | None = None,
-            catchup_window: timedelta | None = None, overlap: Overlap | None = None) -> Call[Schedule]:
+            catchup_window: timedelta | None = None, overlap: Overlap | None = None,
+            task_options: Mapping[str, Any] | None = None) -> Call[Schedule]:
     """Change the arguments given (None: unchanged); ``every`` replaces ``cron`` and vice versa;
-    ``UNBOUNDED`` removes ``start_at``, ``end_at`` or ``max_runs``. A timing change recomputes the
+    ``UNBOUNDED`` removes ``start_at``, ``end_at`` or ``max_runs``; ``task_options={}`` removes the
+    task options. A timing change recomputes the
     next run from now. Only the owner, its members and admin (PermissionDenied otherwise)."""
     args = {"name": _name(name), **_fields(
         target=target, every=every, cron=cron, tz=tz, target_kind=target_kind, payload=payload, priority=priority,
         retry_attempts=retry_attempts, retry_base=retry_base, retry_jitter=retry_jitter, critical=critical,
-        catchup_window=catchup_window, overlap=overlap),
+        catchup_window=catchup_window, overlap=overlap, task_options=task_options),
         "start_at": _bound("start_at", start_at, "-infinity"), "end_at": _bound("end_at", end_at, "infinity"),
         "max_runs": 0 if max_runs is UNBOUNDED else integer("max_runs", max_runs, 1, INT64, optional=True)}
     return Call(sql.UPDATE_SCHEDULE, _given(args), value(Schedule.from_json))

@@ -211,6 +211,17 @@ def test_cli_update_changes_only_the_options_given_and_removes_bounds(dsn, db):
     assert "not both" in run(dsn, "update", "nightly", "--end", "2031-01-01T00:00:00", "--no-end", code=2)
 
 
+def test_cli_sets_and_clears_a_task_targets_task_options(dsn, db):
+    run(dsn, "create", "billing", "--every", "1h", "--task", "billing", "--task-options",
+        '{"max_attempts": 2, "concurrency_key": "customer:42"}')
+    assert ScheduleClient(db).get("billing").task_options == {"max_attempts": 2, "concurrency_key": "customer:42"}
+    assert "task_options.max_attempts must be an integer" in run(dsn, "update", "billing", "--task-options",
+                                                                 '{"max_attempts": 0}', code=2)
+    assert "--task-options" in run(dsn, "update", "billing", "--task-options", "{max_attempts: 2}", code=2)
+    run(dsn, "update", "billing", "--kafka", "t", "--task-options", "{}")
+    assert ScheduleClient(db).get("billing").task_options is None
+
+
 def test_cli_list_filters_and_runs_filters(dsn, db):
     client = ScheduleClient(db)
     client.create("k-1", "t", every=timedelta(minutes=1), retry_attempts=0, critical=True)
