@@ -204,6 +204,14 @@ class TaskFunction(Generic[P, R]):
             tracing.submitted(span, [t.rn for t in tasks])
         return [_handle(t, client) for t in tasks]
 
+    def schedule_options(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The options a periodic schedule's firings submit with (its ``task_options``): those of
+        ``max_attempts`` and ``concurrency_key`` (computed from ``args``) that are set."""
+        o = self._options
+        given = {"max_attempts": o.max_attempts,
+                 "concurrency_key": self._key(o.concurrency_key, "concurrency_key", args)}
+        return {k: v for k, v in given.items() if v is not None}
+
     def _client(self) -> TaskClient:
         conn = self._options.conn
         return TaskClient(self.app.db if conn is None else conn)

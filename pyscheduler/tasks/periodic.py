@@ -1,6 +1,7 @@
 """Periodic task functions: ``@app.periodic(cron=... | every=...)`` declares a recurring schedule
 whose target submits the task (a schedule with target kind ``task``: queue = the task's queue,
-payload = the spec ``{"task": name, "args": {...}}``), and ``sync`` creates or updates the
+payload = the spec ``{"task": name, "args": {...}}``, task_options = the function's
+``max_attempts`` and ``concurrency_key``), and ``sync`` creates or updates the
 declared schedules and reports what changed; it deletes nothing."""
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ class Periodic:
     def payload(self) -> dict[str, Any]:
         return {"task": self.function.name, "args": self.args}
 
-    def matches(self, s: Schedule) -> bool:
-        """Whether schedule ``s`` is this declaration already (a time zone in any case)."""
+    def matches(self, s: Schedule, task_options: dict[str, Any]) -> bool:
+        """Whether schedule ``s`` is this declaration already (a time zone in any case), with
+        these task options."""
         return (s.target_kind == "task" and s.target == self.function.queue and s.cron == self.cron
                 and s.every == self.every and s.tz.lower() == self.timezone.lower() and s.payload == self.payload
-                and s.priority == self.function.priority and s.overlap == self.overlap)
+                and s.priority == self.function.priority and s.overlap == self.overlap
+                and (s.task_options or {}) == task_options)
 
 
 def declare(function: TaskFunction[Any, Any], *, name: str | None, cron: str | None, every: timedelta | None,
@@ -94,8 +97,9 @@ def sync(client: ScheduleClient, declared: Iterable[Periodic]) -> SyncReport:
 
 
 def _one(client: ScheduleClient, p: Periodic) -> Change:
+    options = p.function.schedule_options(p.args)  # {}: none (update clears them)
     fields: dict[str, Any] = {"target_kind": "task", "tz": p.timezone, "payload": p.payload,
-                              "priority": p.function.priority, "overlap": p.overlap}
+                              "priority": p.function.priority, "overlap": p.overlap, "task_options": options}
     timing: dict[str, Any] = {"cron": p.cron} if p.cron is not None else {"every": p.every}
     try:
         current = client.get(p.name)
@@ -106,7 +110,7 @@ def _one(client: ScheduleClient, p: Periodic) -> Change:
             return "created"
         except ScheduleExists:  # another process created it meanwhile
             current = client.get(p.name)
-    if p.matches(current):
+    if p.matches(current, options):
         return "unchanged"
     client.update(p.name, target=p.function.queue, **timing, **fields)
     log.info("periodic task %s: updated schedule %s", p.function.name, p.name)

@@ -92,6 +92,47 @@ def test_a_firing_submits_the_spec_and_the_worker_runs_the_function_with_its_arg
         assert spec["pyscheduler"]["schedule"] == "digest"  # the firing's own key, beside the task's
 
 
+def declare_billing(dsn: str, max_attempts: int) -> TaskApp:
+    app = TaskApp(dsn)
+
+    @app.periodic(every=timedelta(hours=1), name="billing", args={"customer": 42})
+    @app.task(queue="billing", name="billing.run", max_attempts=max_attempts,
+              concurrency_key=lambda customer: f"customer:{customer}")
+    def bill(customer: int) -> None:
+        pass
+
+    return app
+
+
+def fire_now(conn, name: str) -> dict:
+    """What the schedules' executor does when the schedule is due (here: triggered now):
+    fire_task_schedules; the task it submitted."""
+    s = conn.execute("SELECT pyscheduler.trigger_schedule(name => %s) AS s", (name,)).fetchone()["s"]
+    [row] = conn.execute("SELECT * FROM pyscheduler.fire_task_schedules(ids => ARRAY[%s::bigint], "
+                         "expected => ARRAY[%s::timestamptz])", (s["id"], s["due_at"])).fetchall()
+    assert row["recorded"]
+    [run] = conn.execute("SELECT * FROM pyscheduler.schedule_runs(name => %s, max_runs => 1)", (name,)).fetchall()
+    assert run["outcome"] == "fired", run
+    return conn.execute("SELECT pyscheduler.get_task(rn => %s) AS t", (run["task_rn"],)).fetchone()["t"]
+
+
+def test_a_firing_submits_with_the_functions_max_attempts_and_concurrency_key(dsn, conn):
+    """Before issue 29's follow-up, a firing submitted with the queue and priority only."""
+    with declare_billing(dsn, max_attempts=2) as app:
+        assert app.sync_schedules().created == ["billing"]
+        assert ScheduleClient(conn).get("billing").task_options == {"max_attempts": 2,
+                                                                    "concurrency_key": "customer:42"}
+        task = fire_now(conn, "billing")
+        assert (task["max_attempts"], task["concurrency_key"]) == (2, "customer:42")
+        assert app.sync_schedules().unchanged == ["billing"]
+    with declare_billing(dsn, max_attempts=3) as app:  # a changed option: updated, and the next firing uses it
+        report = app.sync_schedules()
+        assert (report.updated, report.unchanged) == (["billing"], [])
+        task = fire_now(conn, "billing")
+        assert (task["max_attempts"], task["concurrency_key"]) == (3, "customer:42")
+        assert app.sync_schedules().unchanged == ["billing"]
+
+
 def test_declarations_are_checked_and_the_schedules_own_checks_name_the_problem(dsn):
     with TaskApp(dsn) as app:
         @app.task(queue="q")
