@@ -1,7 +1,8 @@
 -- Fresh install: the recurring schedules' tables (seeds/schedulinator.md), in one place.
 -- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
 -- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql, 0018_flat_reads.sql,
--- 0021_flat_reads_tasks.sql and 0023_schedules_due_index.sql build
+-- 0021_flat_reads_tasks.sql, 0023_schedules_due_index.sql and
+-- 0035_schedule_task_options.sql build
 -- (tests/ops/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
