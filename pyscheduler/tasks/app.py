@@ -297,13 +297,10 @@ class TaskAppWorker:
                 stop.wait(outage.failed(exc))
 
     def start(self) -> RunningTaskAppWorker:
-        stop = threading.Event()
-        thread = threading.Thread(target=self.run, args=(stop,), name=self.name, daemon=True)
-        thread.start()
-        return RunningTaskAppWorker(self, stop, thread)
+        return RunningTaskAppWorker.started(self)
 
 
-class RunningTaskAppWorker:
+class RunningTaskAppWorker(RunningWorker):
     """A ``TaskAppWorker`` running in a thread: ``wait_idle()``, ``stop()``."""
 
     def __init__(self, app_worker: TaskAppWorker, stop: threading.Event, thread: threading.Thread):
@@ -314,7 +311,3 @@ class RunningTaskAppWorker:
         deadline = time.monotonic() + timeout
         for worker in self.app_worker.workers:
             RunningWorker(worker, self.stop_event, self.thread).wait_idle(max(0.0, deadline - time.monotonic()))
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stop_event.set()
-        self.thread.join(timeout)

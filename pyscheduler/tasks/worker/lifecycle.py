@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 from ... import metrics
 from ...db import Database, Listener, Outage, poke_on
@@ -254,10 +254,7 @@ class Worker:
     # -- running in the background (tests, embedding)
 
     def start(self) -> RunningWorker:
-        stop = threading.Event()
-        thread = threading.Thread(target=self.run, args=(stop,), name=self.name, daemon=True)
-        thread.start()
-        return RunningWorker(self, stop, thread)
+        return RunningWorker.started(self)
 
 
 class RunningWorker:
@@ -265,6 +262,14 @@ class RunningWorker:
 
     def __init__(self, worker: Worker, stop: threading.Event, thread: threading.Thread):
         self.worker, self.stop_event, self.thread = worker, stop, thread
+
+    @classmethod
+    def started(cls, daemon: Any) -> Self:
+        """``daemon.run(stop)`` started in a daemon thread named as it, held by a ``cls``."""
+        stop = threading.Event()
+        thread = threading.Thread(target=daemon.run, args=(stop,), name=daemon.name, daemon=True)
+        thread.start()
+        return cls(daemon, stop, thread)
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Until the worker listens for NOTIFY and has made its first lease call; TimeoutError
