@@ -24,7 +24,7 @@ from uuid import UUID
 
 import psycopg
 
-from .db import AsyncSession, Database, Jsonb, Session
+from .db import MAX_JSON_DEPTH, AsyncSession, Database, Jsonb, Session
 from .errors import InvalidArgument
 
 __all__ = ["AsyncClient", "AsyncConnectable", "Call", "Connectable", "SyncClient", "asynchronous", "sync"]
@@ -334,9 +334,10 @@ def choice(name: str, raw: Any, options: tuple[str, ...], *, optional: bool = Fa
 def json_problem(value: Any, path: str, depth: int = 0) -> str | None:
     """Why ``value`` (at ``path``) cannot be stored as jsonb, or None: NaN and infinities
     (JSON has no such numbers), NUL characters (jsonb cannot hold U+0000), unencodable
-    surrogates, non-string keys, and anything json.dumps cannot write."""
-    if depth > 1000:
-        return f"{path} is nested too deeply"
+    surrogates, non-string keys, nesting deeper than the readers load (MAX_JSON_DEPTH), and
+    anything json.dumps cannot write."""
+    if depth > MAX_JSON_DEPTH:
+        return f"{path} is nested deeper than {MAX_JSON_DEPTH} levels"
     if value is None or isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):

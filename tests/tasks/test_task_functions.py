@@ -56,6 +56,14 @@ def test_one_queue_serves_many_task_names_and_the_spec_has_the_documented_shape(
         assert [type(w) for w in running.app_worker.workers] == [Worker]
 
 
+def deep(levels: int) -> list:
+    """A list nested ``levels`` deep: [[[...]]]."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda f: f.submit(), "missing a required argument: 'to'"),
     (lambda f: f.submit(to="a", too="b"), "unexpected keyword argument 'too'"),
@@ -63,6 +71,7 @@ def test_one_queue_serves_many_task_names_and_the_spec_has_the_documented_shape(
     (lambda f: f.submit(to="a", cc=[float("nan")]), "args['cc'][0] is nan"),
     (lambda f: f.submit_many([{"to": "a"}, {"to": "b", "bcc": 1}]), "unexpected keyword argument 'bcc'"),
     (lambda f: f.submit("a", "b", "c"), "too many positional arguments"),
+    (lambda f: f.submit(to="a", cc=deep(10_000)), "args['cc']" + "[0]" * 200 + " is nested deeper than 200 levels"),
 ])
 def test_arguments_are_checked_against_the_signature_before_anything_is_written(dsn, conn, call, message):
     with TaskApp(dsn) as app:
