@@ -2,20 +2,20 @@
 -- Durable task functions (issue 33): checkpointed steps, sleeps and events on the leased tasks
 -- (sql/tasks/7_durable.sql). New tables only: the tasks table, its indexes and the statuses are
 -- unchanged (a sleeping task and a task waiting for an event are 'scheduled').
--- task_steps: what a task recorded, once per task (not per attempt): kind 'step' (record_step:
+-- task_checkpoints: what a task recorded, once per task (not per attempt): kind 'step' (record_step:
 -- its result), 'sleep' (sleep_task: {"until"}), 'event' (await_event: {"status", "payload"}).
 -- task_waits: the event each suspended task waits for, until its timeout (emit_event's probe).
 -- task_events: the last event of each name per emitting role (await_event sees one emitted before
 -- it waited); cleanup_tasks purges them after its retention.
 
-CREATE TABLE pyscheduler.task_steps (
+CREATE TABLE pyscheduler.task_checkpoints (
     rn       uuid NOT NULL,
     kind     text NOT NULL,
     step     text NOT NULL,
     result   jsonb,
     recorded timestamptz NOT NULL,
-    CONSTRAINT task_steps_pkey PRIMARY KEY (rn, kind, step),
-    CONSTRAINT task_steps_kind_check CHECK (kind IN ('step', 'sleep', 'event'))
+    CONSTRAINT task_checkpoints_pkey PRIMARY KEY (rn, kind, step),
+    CONSTRAINT task_checkpoints_kind_check CHECK (kind IN ('step', 'sleep', 'event'))
 );
 
 CREATE TABLE pyscheduler.task_waits (

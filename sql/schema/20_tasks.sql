@@ -193,14 +193,14 @@ CREATE TABLE pyscheduler.task_rate_buckets (
 -- Durable task functions (0038, sql/tasks/7_durable.sql): what a task recorded, once per task
 -- (not per attempt): kind 'step' (record_step: its result), 'sleep' (sleep_task: {"until"}),
 -- 'event' (await_event: {"status", "payload"}); cleanup_tasks deletes them with their task.
-CREATE TABLE pyscheduler.task_steps (
+CREATE TABLE pyscheduler.task_checkpoints (
     rn       uuid NOT NULL,
     kind     text NOT NULL,
     step     text NOT NULL,
     result   jsonb,
     recorded timestamptz NOT NULL,
-    CONSTRAINT task_steps_pkey PRIMARY KEY (rn, kind, step),
-    CONSTRAINT task_steps_kind_check CHECK (kind IN ('step', 'sleep', 'event'))
+    CONSTRAINT task_checkpoints_pkey PRIMARY KEY (rn, kind, step),
+    CONSTRAINT task_checkpoints_kind_check CHECK (kind IN ('step', 'sleep', 'event'))
 );
 -- The event each suspended task waits for, until its timeout (emit_event's probe by name).
 CREATE TABLE pyscheduler.task_waits (

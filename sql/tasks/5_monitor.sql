@@ -124,7 +124,7 @@ BEGIN
       INTO v_deleted, v_gone, v_was, v_rns FROM gone g;
     PERFORM pyscheduler._task_tally_many(v_gone, NULL, NULL, p_froms => v_was);
     IF v_deleted > 0 THEN  -- what the durable task functions recorded for them (7_durable.sql)
-        DELETE FROM pyscheduler.task_steps s WHERE s.rn = ANY (v_rns);
+        DELETE FROM pyscheduler.task_checkpoints s WHERE s.rn = ANY (v_rns);
         DELETE FROM pyscheduler.task_waits w WHERE w.rn = ANY (v_rns);
     END IF;
     -- stored events past the same retention, at most max_tasks of them

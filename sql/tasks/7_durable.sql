@@ -1,8 +1,8 @@
 -- pyscheduler: durable task functions (issue 33): checkpointed steps, sleeps and events, on the
 -- leases of 4_worker.sql. docs/sql-api.md, "Durable steps, sleeps and events".
 --
--- A task records what it did in task_steps, once per task (not per attempt), guarded by the
--- token of its current lease: a re-run (a retry, a lease taken over after a crash, a wake-up)
+-- A task records what it did in task_checkpoints, once per task (not per attempt), guarded by
+-- the token of its current lease: a re-run (a retry, a lease taken over after a crash, a wake-up)
 -- reads the results back instead of doing the work again. A sleep and a wait for an event end
 -- the lease (_yield_leases with a run_at: no attempt used, no worker held): the task is
 -- 'scheduled' until then, so the lease gate's probe of tasks_scheduled_idx makes it ready on
@@ -88,13 +88,13 @@ DECLARE
 BEGIN
     PERFORM pyscheduler._check_result(_record_step.result, 'step result');
     PERFORM pyscheduler._held_lease(_record_step.rn, _record_step.token, false);
-    INSERT INTO pyscheduler.task_steps AS s (rn, kind, step, result, recorded)
+    INSERT INTO pyscheduler.task_checkpoints AS s (rn, kind, step, result, recorded)
     VALUES (_record_step.rn, 'step', _record_step.step, _record_step.result, p_now)
     ON CONFLICT (rn, kind, step) DO NOTHING;
     IF FOUND THEN
         RETURN _record_step.result;
     END IF;
-    SELECT s.result INTO v_stored FROM pyscheduler.task_steps s
+    SELECT s.result INTO v_stored FROM pyscheduler.task_checkpoints s
      WHERE s.rn = _record_step.rn AND s.kind = 'step' AND s.step = _record_step.step;
     RETURN v_stored;
 END
@@ -138,7 +138,7 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM _task_refused(step_results.rn, step_results.token);
     END IF;
-    RETURN coalesce((SELECT jsonb_object_agg(s.step, s.result) FROM task_steps s
+    RETURN coalesce((SELECT jsonb_object_agg(s.step, s.result) FROM task_checkpoints s
                       WHERE s.rn = step_results.rn AND s.kind = 'step'), '{}');
 END
 $$;
@@ -169,7 +169,7 @@ BEGIN
     PERFORM _require_owner(v_owner, format('task %s', task_steps.rn));
     RETURN QUERY
         SELECT x.kind, x.step, x.result, x.recorded FROM (
-            SELECT s.kind, s.step, s.result, s.recorded FROM task_steps s WHERE s.rn = task_steps.rn
+            SELECT s.kind, s.step, s.result, s.recorded FROM task_checkpoints s WHERE s.rn = task_steps.rn
             UNION ALL
             SELECT 'await', w.name, jsonb_build_object('until', _ts(w.until)), w.since
               FROM task_waits w WHERE w.rn = task_steps.rn) AS x
@@ -194,12 +194,12 @@ DECLARE
 BEGIN
     PERFORM pyscheduler._held_lease(_sleep_task.rn, _sleep_task.token, true);
     IF _sleep_task.step IS NOT NULL THEN
-        SELECT (s.result ->> 'until')::timestamptz INTO v_stored FROM pyscheduler.task_steps s
+        SELECT (s.result ->> 'until')::timestamptz INTO v_stored FROM pyscheduler.task_checkpoints s
          WHERE s.rn = _sleep_task.rn AND s.kind = 'sleep' AND s.step = _sleep_task.step;
         IF FOUND THEN
             v_until := v_stored;  -- a re-run: the sleep recorded first, not a new one
         ELSE
-            INSERT INTO pyscheduler.task_steps (rn, kind, step, result, recorded)
+            INSERT INTO pyscheduler.task_checkpoints (rn, kind, step, result, recorded)
             VALUES (_sleep_task.rn, 'sleep', _sleep_task.step, jsonb_build_object('until', pyscheduler._ts(v_until)),
                     p_now);
         END IF;
@@ -248,7 +248,7 @@ DECLARE
     v_got jsonb;
     v_until timestamptz;
 BEGIN
-    SELECT s.result INTO v_got FROM pyscheduler.task_steps s
+    SELECT s.result INTO v_got FROM pyscheduler.task_checkpoints s
      WHERE s.rn = _await_event.rn AND s.kind = 'event' AND s.step = _await_event.name;
     IF FOUND THEN
         RETURN v_got;  -- received (or timed out) already: the same answer again
@@ -265,7 +265,7 @@ BEGIN
         v_got := jsonb_build_object('status', 'timeout');
     END IF;
     IF v_got IS NOT NULL THEN
-        INSERT INTO pyscheduler.task_steps (rn, kind, step, result, recorded)
+        INSERT INTO pyscheduler.task_checkpoints (rn, kind, step, result, recorded)
         VALUES (_await_event.rn, 'event', _await_event.name, v_got, p_now);
         DELETE FROM pyscheduler.task_waits w WHERE w.rn = _await_event.rn AND w.name = _await_event.name;
         RETURN v_got;
@@ -335,7 +335,7 @@ BEGIN
     IF v_rns IS NULL THEN
         RETURN 0;
     END IF;
-    INSERT INTO pyscheduler.task_steps (rn, kind, step, result, recorded)
+    INSERT INTO pyscheduler.task_checkpoints (rn, kind, step, result, recorded)
     SELECT r, 'event', _emit_event.name,
            jsonb_build_object('status', 'received', 'payload', _emit_event.payload), p_now
       FROM unnest(v_rns) AS r

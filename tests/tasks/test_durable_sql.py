@@ -133,7 +133,8 @@ def test_cleanup_deletes_the_steps_of_the_tasks_it_deletes_and_the_events_past_r
     call(tx, "emit_event", at(2), name="old")
     call(tx, "emit_event", at(5000), name="new")
     assert value(tx, "cleanup_tasks", at(4000), retention="1 hour") == 1
-    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.task_steps WHERE rn = %s", (rn,)).fetchone()["n"] == 0
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.task_checkpoints WHERE rn = %s",
+                      (rn,)).fetchone()["n"] == 0
     assert [r["name"] for r in tx.execute("SELECT name FROM pyscheduler.task_events "
                                           "WHERE name IN ('old', 'new')").fetchall()] == ["new"]
 
