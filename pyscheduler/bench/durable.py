@@ -206,32 +206,49 @@ def compare(admin_dsn: str, tasks: int, concurrency: int, rounds: int) -> dict[s
 # -- sleeping tasks and the Worker's rate ----------------------------------------------------------
 
 
-def worker_rate(dsn: str, tasks: int) -> float:
-    """Plain no-op tasks/s of one Worker (capacity 4) on QUEUE, submitted ahead."""
+def worker_rate(dsn: str, queue: str, tasks: int) -> float:
+    """Plain no-op tasks/s of one Worker (capacity 4) on ``queue``, submitted ahead (then deleted
+    and the table vacuumed, so every run starts alike)."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(sql.SUBMIT_SERIES, {"queue": QUEUE, "n": tasks})
+        c.execute(sql.SUBMIT_SERIES, {"queue": queue, "n": tasks})
     began = time.monotonic()
-    running = Worker(dsn, QUEUE, lambda ctx: None, capacity=4).start()
+    running = Worker(dsn, queue, lambda ctx: None, capacity=4).start()
     try:
-        wait_count(dsn, sql.COMPLETED_IN_QUEUE, tasks, (QUEUE,))
+        wait_count(dsn, sql.COMPLETED_IN_QUEUE, tasks, (queue,))
         elapsed = time.monotonic() - began
     finally:
         running.stop()
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(sql.DELETE_COMPLETED, (QUEUE,))
+        c.execute(sql.DELETE_COMPLETED, (queue,))
+        c.execute(sql.VACUUM_TASKS)
     return tasks / elapsed
 
 
-def sleepers_effect(dsn: str, tasks: int, sleepers: int, rounds: int) -> tuple[float, float]:
-    """The Worker's rate (median tasks/s) without, then with ``sleepers`` tasks asleep for a day
-    in its own queue (sleep_task: scheduled, served by the scheduled index)."""
-    without = [worker_rate(dsn, tasks) for _ in range(rounds)]
+def sleepers_effect(dsn: str, tasks: int, sleepers: int, rounds: int) -> tuple[list[float], list[float]]:
+    """The Worker's rate (tasks/s per round) on a queue without sleeping tasks and on one with
+    ``sleepers`` tasks asleep for a day (sleep_task: scheduled, behind the scheduled index's one
+    probe), the two queues taking turns on one table."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(sql.SUBMIT_SERIES, {"queue": QUEUE, "n": sleepers})
         c.execute(sql.SLEEP_ALL, {"queue": QUEUE, "n": sleepers})
-        c.execute("ANALYZE pyscheduler.tasks")
-    with_ = [worker_rate(dsn, tasks) for _ in range(rounds)]
-    return statistics.median(without), statistics.median(with_)
+        c.execute(sql.VACUUM_TASKS)
+    without, with_ = [], []
+    for _ in range(rounds):
+        without.append(worker_rate(dsn, QUEUE + "-plain", tasks))
+        with_.append(worker_rate(dsn, QUEUE, tasks))
+        print(f"  Worker rate: {without[-1]:,.0f} tasks/s without, {with_[-1]:,.0f} with sleepers", file=sys.stderr)
+    return without, with_
+
+
+def peers_section(admin: str, args: argparse.Namespace) -> None:
+    print(f"{args.tasks} tasks of 3 no-op steps, end to end, {args.concurrency} handler threads each, "
+          f"median of {args.rounds} rounds:")
+    results = compare(admin, args.tasks, args.concurrency, args.rounds)
+    for name, (rate, per_step) in results.items():
+        print(f"  {name:<14} {rate:>8,.0f} tasks/s   {per_step:.3f} ms a step")
+    peers = [rate for name, (rate, _) in results.items() if name != "pyscheduler"]
+    if peers and "pyscheduler" in results:
+        print(f"  pyscheduler / the faster peer: {results['pyscheduler'][0] / max(peers):.2f}x (target >= 2x)")
 
 
 def main() -> None:
@@ -241,6 +258,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sleepers", type=int, default=10_000)
+    parser.add_argument("--no-peers", action="store_true", help="only the Worker's rate with sleeping tasks")
     args = parser.parse_args()
     server = None
     admin = args.dsn
@@ -250,19 +268,16 @@ def main() -> None:
         server = Postgres(Path(tempfile.mkdtemp(prefix="pyscheduler-bench-durable-"))).start()
         admin = server.dsn()
     try:
-        print(f"{args.tasks} tasks of 3 no-op steps, end to end, {args.concurrency} handler threads each, "
-              f"median of {args.rounds} rounds:")
-        results = compare(admin, args.tasks, args.concurrency, args.rounds)
-        for name, (rate, per_step) in results.items():
-            print(f"  {name:<14} {rate:>8,.0f} tasks/s   {per_step:.3f} ms a step")
-        peers = [rate for name, (rate, _) in results.items() if name != "pyscheduler"]
-        if peers and "pyscheduler" in results:
-            print(f"  pyscheduler / the faster peer: {results['pyscheduler'][0] / max(peers):.2f}x (target >= 2x)")
+        if not args.no_peers:
+            peers_section(admin, args)
         ours = fresh_database(admin, "bench_durable_sleepers")
         migrate(ours)
-        without, with_ = sleepers_effect(ours, args.tasks * 5, args.sleepers, args.rounds)
-        print(f"Worker rate, plain tasks: {without:,.0f} tasks/s without sleeping tasks, {with_:,.0f} with "
-              f"{args.sleepers:,} asleep in the queue ({(with_ / without - 1) * 100:+.1f} %)")
+        runs = sleepers_effect(ours, args.tasks * 5, args.sleepers, args.rounds)
+        without, with_ = (statistics.median(r) for r in runs)
+        print(f"Worker rate, plain tasks, median of {args.rounds}: {without:,.0f} tasks/s in a queue without "
+              f"sleeping tasks ({min(runs[0]):,.0f}-{max(runs[0]):,.0f}), {with_:,.0f} in one with "
+              f"{args.sleepers:,} asleep ({min(runs[1]):,.0f}-{max(runs[1]):,.0f}): "
+              f"{(with_ / without - 1) * 100:+.1f} %")
     finally:
         if server is not None:
             server.stop()
