@@ -1,15 +1,13 @@
 """Durable task functions against their peers, on one PostgreSQL in one run (docs/benchmarks.md,
-"Durable task functions"):
+"Durable task functions"): ``python -m pyscheduler.bench.durable [DSN] [--tasks 2000] ...``
 
-    python -m pyscheduler.bench.durable [DSN] [--tasks 2000] [--concurrency 4] [--sleepers 10000]
-
-A task of three no-op durable steps, end to end (submitted, worked, completed), through
-pyscheduler's ``@app.task`` + ``ctx.step``, DBOS Transact (``pip install dbos``; a queued
-workflow of three ``@DBOS.step``) and Absurd's Python SDK (``pip install absurd-sdk absurdctl``;
-its schema from absurdctl), each on a fresh database of the same server (DSN's, else an embedded
-one), the same number of handler threads each: tasks/s, and the overhead of a step (the same
-tasks with no steps, the difference per step). A peer not installed is skipped, saying so. Then
-the Worker's rate on plain tasks with and without ``--sleepers`` tasks asleep in its queue."""
+A task of three no-op durable steps, end to end, through ``@app.task`` + ``ctx.step``, DBOS
+Transact (a queued workflow of three ``@DBOS.step``) and Absurd's Python SDK (its schema from
+absurdctl; peers: ``pip install 'pyscheduler[durable-peers]'``, skipped with a message when
+missing), each on a fresh database of the same server (DSN's, else an embedded one), as many
+handler threads each: tasks/s and the overhead of a step (the same tasks without steps, the
+difference per step). Then the Worker's rate on a queue with and without ``--sleepers`` tasks
+asleep (``--no-peers``: that part alone)."""
 
 from __future__ import annotations
 
@@ -220,7 +218,7 @@ def worker_rate(dsn: str, queue: str, tasks: int) -> float:
         running.stop()
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(sql.DELETE_COMPLETED, (queue,))
-        c.execute(sql.VACUUM_TASKS)
+        c.execute("VACUUM (ANALYZE) pyscheduler.tasks")
     return tasks / elapsed
 
 
@@ -231,7 +229,7 @@ def sleepers_effect(dsn: str, tasks: int, sleepers: int, rounds: int) -> tuple[l
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(sql.SUBMIT_SERIES, {"queue": QUEUE, "n": sleepers})
         c.execute(sql.SLEEP_ALL, {"queue": QUEUE, "n": sleepers})
-        c.execute(sql.VACUUM_TASKS)
+        c.execute("VACUUM (ANALYZE) pyscheduler.tasks")
     without, with_ = [], []
     for _ in range(rounds):
         without.append(worker_rate(dsn, QUEUE + "-plain", tasks))

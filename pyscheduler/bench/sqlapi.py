@@ -28,7 +28,6 @@ ANY_TASK = Query("SELECT EXISTS (SELECT 1 FROM pyscheduler.tasks) AS filled")
 COMPLETED_IN_QUEUE = Query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'")
 DELETE_QUEUE = Query("DELETE FROM pyscheduler.tasks WHERE queue = %s")  # a bench's own rows, nothing else
 DELETE_COMPLETED = Query("DELETE FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'")
-VACUUM_TASKS = Query("VACUUM (ANALYZE) pyscheduler.tasks")
 # (queue, n) named: bench durable's sleeping tasks: n tasks of queue leased and put to sleep for a day
 SLEEP_ALL = Query("SELECT count(pyscheduler.sleep_task(rn => l.rn, token => l.token, duration => '1 day')) "
                   "FROM pyscheduler.lease_tasks_lean(queue => %(queue)s, worker => 'bench-sleeper', n => %(n)s) l")
