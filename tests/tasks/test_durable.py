@@ -186,3 +186,29 @@ def test_async_tasks_step_sleep_and_wait(dsn, db):
     finally:
         running.stop()
     assert calls == [4]
+
+
+def test_an_async_step_recorded_with_an_async_connection_commits_with_the_application(dsn, conn, db):
+    conn.execute("CREATE TABLE public.async_charges (n int)")
+    app = TaskApp(db)
+    calls = []
+
+    @app.task(queue="async-charges")
+    async def pay(n: int) -> int:
+        ctx = current_context()
+        async with await psycopg.AsyncConnection.connect(dsn) as c:
+            async def charge() -> int:
+                calls.append(n)
+                await c.execute("INSERT INTO public.async_charges VALUES (%s)", (n,))
+                return n
+
+            got = await ctx.step_async("charge", charge, conn=c)
+            if ctx.attempt == 1:
+                await c.rollback()  # neither the charge nor its checkpoint
+                raise Retry(0, "declined")
+        return got
+
+    pay.submit(n=3)
+    assert [d.outcome for d in app.drain()] == ["failed", "completed"]
+    assert calls == [3, 3]
+    assert conn.execute("SELECT count(*) AS n FROM public.async_charges").fetchone()["n"] == 1
