@@ -6,8 +6,7 @@ this package calls it, naming it only in ``sqlapi.py``.
 * ``TaskClient`` (``AsyncTaskClient``): submit, get, list, cancel, requeue, pause; ``Task`` results.
 * ``Worker`` (``worker/``; ``AsyncWorker`` in ``aio.py``): the worker library. A handler's return
   completes its task (the value its result), ``Abort`` aborts it, ``Retry`` and any other
-  exception fail the attempt, ``Snooze`` puts it back for later without using an attempt;
-  ``Suspended``: a durable sleep or wait (``ctx.sleep``, ``ctx.await_event``) ended the lease.
+  exception fail the attempt, ``Snooze`` puts it back for later, ``Suspended`` a durable sleep.
 * ``Monitor``: the daemon that resets expired leases and cleans up."""
 
 from .client import AsyncTaskClient, AsyncTaskHandle, QueueLimits, Task, TaskClient, TaskFailed, TaskHandle, Workflow
