@@ -174,6 +174,9 @@ CODES: dict[str, type[SchedulerError]] = {
     "PS218": InvalidArgument,  # a lease of a limited queue outside READ COMMITTED
     "PS219": InvalidArgument,  # after: a missing task, another role's, NULL, too many; bad on_parent_failure
     "PS220": InvalidArgument,  # a workflow: not an array of nodes, duplicate name, unknown name, cycle, too many
+    "PS230": InvalidArgument,  # a step name not a clean label of at most 200 bytes (record_step, sleep_task)
+    "PS231": InvalidArgument,  # an event name not a clean label of at most 200 bytes (await_event, emit_event)
+    "PS232": InvalidArgument,  # an event payload larger than task_max_result_bytes or nested over 64 levels
     # recurring schedules (PS300-PS349; the daemons' own codes PS350-PS399)
     "PS300": ScheduleNotFound,  # unknown schedule
     "PS301": InvalidSchedule,  # cron expression does not parse (the field is named)

@@ -24,6 +24,20 @@ AS $$
     SELECT pyscheduler._setting(p_audience || '_role')::name;
 $$;
 
+-- _may_act_as(actor, owner): _may_act's rule for role actor instead of the caller (also an
+-- event's emitter and the task it reaches, sql/tasks/7_durable.sql; a dropped role may nothing).
+CREATE OR REPLACE FUNCTION pyscheduler._may_act_as(p_actor name, p_owner name)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT coalesce(p_owner = p_actor, false)
+        OR (EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_actor)
+            AND ((p_owner IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_owner)
+                  AND pg_catalog.pg_has_role(p_actor, p_owner, 'MEMBER'))
+                 OR pg_catalog.pg_has_role(p_actor, pyscheduler._role('admin'), 'MEMBER')));
+$$;
+
 -- _may_act(owner): whether the caller may change, trigger, delete or read the details
 -- of work owned by owner (design.md: only the role that created it, a role it belongs
 -- to, or the admin role). NULL owner (work from before ownership): admin only.
@@ -32,10 +46,7 @@ RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
-    SELECT coalesce(p_owner = pyscheduler._caller(), false)
-        OR (p_owner IS NOT NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_owner)
-            AND pg_catalog.pg_has_role(pyscheduler._caller(), p_owner, 'MEMBER'))
-        OR pg_catalog.pg_has_role(pyscheduler._caller(), pyscheduler._role('admin'), 'MEMBER');
+    SELECT pyscheduler._may_act_as(pyscheduler._caller(), p_owner);
 $$;
 
 -- _require_owner(owner, what): 42501 unless the caller may act on work owned by owner

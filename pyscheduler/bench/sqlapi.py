@@ -27,6 +27,10 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 'SELECT N
 ANY_TASK = Query("SELECT EXISTS (SELECT 1 FROM pyscheduler.tasks) AS filled")
 COMPLETED_IN_QUEUE = Query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'")
 DELETE_QUEUE = Query("DELETE FROM pyscheduler.tasks WHERE queue = %s")  # a bench's own rows, nothing else
+DELETE_COMPLETED = Query("DELETE FROM pyscheduler.tasks WHERE queue = %s AND status = 'completed'")
+# (queue, n) named: bench durable's sleeping tasks: n tasks of queue leased and put to sleep for a day
+SLEEP_ALL = Query("SELECT count(pyscheduler.sleep_task(rn => l.rn, token => l.token, duration => '1 day')) "
+                  "FROM pyscheduler.lease_tasks_lean(queue => %(queue)s, worker => 'bench-sleeper', n => %(n)s) l")
 TASK_COUNT_ALL = Query("SELECT pyscheduler._task_count_all()")  # the tallies again, after rows written by hand
 # (queue, n) named: n no-op tasks submitted in one call, their specs made by the server
 SUBMIT_SERIES = Query("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %(queue)s, specs => (SELECT jsonb_agg("

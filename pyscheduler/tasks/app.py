@@ -13,9 +13,11 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Literal, ParamSpec, TypeVar, overload
 
-from ..db import Database, Outage, poke_on
+from ..calls import Connectable, json_value
+from ..db import Database, Outage, Session, poke_on
 from ..errors import InvalidArgument, is_retryable
 from ..schedules.client import Overlap, ScheduleClient
+from . import sqlapi as sql
 from . import tracing
 from .aio import AsyncTaskContext, AsyncWorker
 from .functions import KeyOption, Options, TaskFunction, run, run_async
@@ -134,6 +136,17 @@ class TaskApp:
             return function
 
         return declare_periodic
+
+    def emit_event(self, name: str, payload: Any = None, conn: Connectable | None = None) -> int:
+        """Emit the event ``name`` with ``payload`` (JSON; ``emit_event``): the tasks waiting for
+        it in ``ctx.await_event`` (those of roles this app's role may act on) become ready with
+        it, and it is stored for tasks that wait for it later (until ``cleanup_tasks`` purges
+        it). ``conn``: in the application's transaction on its psycopg connection or cursor.
+        How many waiting tasks it woke."""
+        target = conn if isinstance(conn, (Database, Session)) else self.db if conn is None else Session.borrow(conn)
+        given = {} if payload is None else {"payload": json_value("payload", payload)}
+        woken: int = target.call_value(sql.EMIT_EVENT, name=name, **given)
+        return woken
 
     def sync_schedules(self) -> SyncReport:
         """Create or update the declared periodic tasks' schedules (a second run changes

@@ -27,6 +27,8 @@ PAUSE_QUEUE = Fn("pause_queue", ("queue", "note"))
 RESUME_QUEUE = Fn("resume_queue", ("queue",))
 SET_QUEUE_LIMITS = Fn("set_queue_limits", ("queue", "running_per_key", "running_total"))
 SET_RATE_LIMIT = Fn("set_rate_limit", ("queue", "starts", "per", "by_key"))
+EMIT_EVENT = Fn("emit_event", ("name", "payload"))  # app.emit_event: how many waiting tasks it woke
+TASK_STEPS = Fn("task_steps", ("rn",), ("kind", "step", "result", "recorded"))  # the dashboard's timeline
 WATCH_TASK = Fn("watch_task", ("rn",))  # a handle's wait: the task, and NOTIFY watch_channel(rn) when it ends
 QUEUE_LIMITS = View("queue_limits", ("queue", "running_per_key", "running_total", "rate_starts", "rate_per",
                                      "rate_by_key", "limits_by", "limits_updated"))
@@ -55,6 +57,11 @@ FAIL_TASK = Fn("fail_task", ("rn", "token", "error", "retry_in"))
 ABORT_TASK = Fn("abort_task", ("rn", "token", "errors"))
 YIELD_TASK = Fn("yield_task", ("rn", "token", "run_in"))
 PARENT_RESULTS = Fn("parent_results", ("rn", "token"))
+# durable task functions (ctx.step, ctx.sleep, ctx.await_event; sql/tasks/7_durable.sql)
+RECORD_STEP = Fn("record_step", ("rn", "token", "step", "result"))
+STEP_RESULTS = Fn("step_results", ("rn", "token"))  # {"<step>": result}
+SLEEP_TASK = Fn("sleep_task", ("rn", "token", "until", "duration", "step"))  # {"asleep", "until"}
+AWAIT_EVENT = Fn("await_event", ("rn", "token", "name", "timeout"))  # {"status", "payload" | "until"}
 
 # -- the monitor -----------------------------------------------------------------------------------
 

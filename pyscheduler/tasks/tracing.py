@@ -60,8 +60,9 @@ def submitted(span: Any, rns: list[Any]) -> None:
 @contextlib.contextmanager
 def running(tracer: Any, ctx: Any, name: str) -> Iterator[None]:
     """A span of ``tracer`` around running task ``ctx`` (a TaskContext), child of the submit's
-    when its spec carries that context; an exception (but Snooze: no failure) is recorded."""
-    from .worker import Snooze
+    when its spec carries that context; an exception (but Snooze and Suspended: no failure)
+    is recorded."""
+    from .worker import Snooze, Suspended
 
     carrier = ctx.spec.get(TRACE)
     parent = propagate.extract(carrier) if isinstance(carrier, dict) else None
@@ -72,7 +73,7 @@ def running(tracer: Any, ctx: Any, name: str) -> Iterator[None]:
                         "pyscheduler.task.name": name, "pyscheduler.task.attempt": ctx.attempt}) as span:
         try:
             yield
-        except Snooze:
+        except (Snooze, Suspended):
             raise
         except BaseException as exc:
             span.record_exception(exc)

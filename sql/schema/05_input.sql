@@ -1,5 +1,5 @@
 -- Fresh install: the domains of the input rule (issue 27 B) and the functions their checks call
--- (same DDL as migrations/0031_input_domains.sql; tests/ops/test_migrate.py checks). The functions
+-- (same DDL as migrations/0031_input_domains.sql and, at its end, 0038_durable.sql; tests/ops/test_migrate.py checks). The functions
 -- are reloaded from sql/common.sql on every migrate; docs/sql-api.md, "Input", lists the domains.
 
 -- _label_ok(text, max_bytes): _label_refusal(text, max_bytes) IS NULL, as one expression
@@ -215,3 +215,12 @@ CREATE DOMAIN pyscheduler.check_payload AS jsonb
 CREATE DOMAIN pyscheduler.message_headers AS jsonb
     CHECK (VALUE IS NULL OR pyscheduler._payload_ok(VALUE, 64, 16777216)
            OR pyscheduler._refuse_payload(VALUE, 'headers', 64, 16777216, 'PS104'));
+
+-- Durable task functions (0038): a step's and an event's name, an event's payload.
+CREATE DOMAIN pyscheduler.step_name AS text
+    CHECK (VALUE IS NULL OR pyscheduler._label_ok(VALUE, 200) OR pyscheduler._refuse_label(VALUE, 'step', 200, 'PS230'));
+CREATE DOMAIN pyscheduler.event_name AS text
+    CHECK (VALUE IS NULL OR pyscheduler._label_ok(VALUE, 200) OR pyscheduler._refuse_label(VALUE, 'event', 200, 'PS231'));
+CREATE DOMAIN pyscheduler.event_payload AS jsonb
+    CHECK (VALUE IS NULL OR pyscheduler._payload_ok(VALUE, 64, 16777216)
+           OR pyscheduler._refuse_payload(VALUE, 'payload', 64, 16777216, 'PS232'));

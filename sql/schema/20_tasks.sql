@@ -2,7 +2,7 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql and
--- 0030_ownership.sql
+-- 0030_ownership.sql and 0038_durable.sql
 -- build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -189,6 +189,38 @@ CREATE TABLE pyscheduler.task_rate_buckets (
     at     timestamptz NOT NULL,
     CONSTRAINT task_rate_buckets_pkey PRIMARY KEY (queue, key)
 );
+
+-- Durable task functions (0038, sql/tasks/7_durable.sql): what a task recorded, once per task
+-- (not per attempt): kind 'step' (record_step: its result), 'sleep' (sleep_task: {"until"}),
+-- 'event' (await_event: {"status", "payload"}); cleanup_tasks deletes them with their task.
+CREATE TABLE pyscheduler.task_checkpoints (
+    rn       uuid NOT NULL,
+    kind     text NOT NULL,
+    step     text NOT NULL,
+    result   jsonb,
+    recorded timestamptz NOT NULL,
+    CONSTRAINT task_checkpoints_pkey PRIMARY KEY (rn, kind, step),
+    CONSTRAINT task_checkpoints_kind_check CHECK (kind IN ('step', 'sleep', 'event'))
+);
+-- The event each suspended task waits for, until its timeout (emit_event's probe by name).
+CREATE TABLE pyscheduler.task_waits (
+    rn    uuid NOT NULL,
+    name  text NOT NULL,
+    until timestamptz NOT NULL,
+    since timestamptz NOT NULL,
+    CONSTRAINT task_waits_pkey PRIMARY KEY (rn, name)
+);
+CREATE INDEX task_waits_name_idx ON pyscheduler.task_waits (name);
+-- The last event of each name per emitting role (await_event sees one emitted before it
+-- waited); cleanup_tasks purges them after its retention (task_events_emitted_idx).
+CREATE TABLE pyscheduler.task_events (
+    name       text NOT NULL,
+    emitted_by name NOT NULL,
+    payload    jsonb,
+    emitted    timestamptz NOT NULL,
+    CONSTRAINT task_events_pkey PRIMARY KEY (name, emitted_by)
+);
+CREATE INDEX task_events_emitted_idx ON pyscheduler.task_events (emitted);
 
 -- Limits (issue 11), changed by an admin with
 -- UPDATE pyscheduler.settings SET value = '50' WHERE name = 'task_max_attempts';

@@ -106,6 +106,7 @@ DECLARE
     v_deleted integer;
     v_gone text[];
     v_was pyscheduler.task_status[];
+    v_rns uuid[];
 BEGIN
     IF retention IS NULL OR retention < interval '0' OR max_tasks IS NULL OR max_tasks < 1 THEN
         RAISE EXCEPTION 'retention must be >= 0 and max_tasks >= 1, got % and %', retention, max_tasks
@@ -118,9 +119,18 @@ BEGIN
                            AND r.updated < p_now - retention
                          LIMIT max_tasks
                            FOR UPDATE SKIP LOCKED)
-        RETURNING t.queue, t.status)
-    SELECT count(*), array_agg(g.queue), array_agg(g.status) INTO v_deleted, v_gone, v_was FROM gone g;
+        RETURNING t.rn, t.queue, t.status)
+    SELECT count(*), array_agg(g.queue), array_agg(g.status), array_agg(g.rn)
+      INTO v_deleted, v_gone, v_was, v_rns FROM gone g;
     PERFORM pyscheduler._task_tally_many(v_gone, NULL, NULL, p_froms => v_was);
+    IF v_deleted > 0 THEN  -- what the durable task functions recorded for them (7_durable.sql)
+        DELETE FROM pyscheduler.task_checkpoints s WHERE s.rn = ANY (v_rns);
+        DELETE FROM pyscheduler.task_waits w WHERE w.rn = ANY (v_rns);
+    END IF;
+    -- stored events past the same retention, at most max_tasks of them
+    DELETE FROM pyscheduler.task_events e
+     WHERE (e.name, e.emitted_by) IN (SELECT o.name, o.emitted_by FROM pyscheduler.task_events o
+                                       WHERE o.emitted < p_now - retention LIMIT max_tasks);
     RETURN v_deleted;
 END
 $$;
@@ -134,7 +144,9 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 /* cleanup_tasks(retention => '7 days', max_tasks => 10000) -> integer
    Monitor: delete up to max_tasks tasks that are completed, aborted or
-   cancelled and were last updated before now - retention; returns how many.
+   cancelled and were last updated before now - retention (with the steps they
+   recorded), and up to max_tasks stored events (emit_event) emitted before
+   now - retention; returns how many tasks it deleted.
    Call again while it returns max_tasks.
    Errors: PS208 retention < 0 or max_tasks < 1. */
     SELECT pyscheduler._cleanup_tasks(retention, max_tasks, now());

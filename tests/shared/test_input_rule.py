@@ -337,6 +337,7 @@ VALID = {
     ("token", "uuid"): "'{token}'::uuid", ("tokens", "uuid[]"): "ARRAY['{token}'::uuid]",
     ("ts", "timestamp with time zone"): "now()", ("worker", "text"): "'walker'",
     ("workflow", "jsonb"): "'[{{\"name\": \"a\", \"queue\": \"walk\", \"spec\": {{}}}}]'",
+    ("step", "text"): "'walk-step'", ("payload", "jsonb"): "'{{}}'",
 }
 # optional arguments a valid call also needs (exactly one of every and cron, a target, ...), and
 # values of a function's own (the schedules' ids, where ids are a check's by default)

@@ -267,6 +267,7 @@ def owned_work(dsn: str, app_dsn: str) -> dict[tuple[str, ...], str]:
         ("node", "uuid"): "gen_random_uuid()", ("expr", "text"): "'* * * * *'",
         ("ts", "timestamp with time zone"): "now()",
         ("allow", "cidr[]"): "'{}'::cidr[]",
+        ("step", "text"): "'walk-step'", ("payload", "jsonb"): "'{}'",
     }
 
 

@@ -134,6 +134,10 @@ CALLS = {
     "parent_results": lambda db, h: db.call("parent_results", **h),
     "watch_task": lambda db, h: db.call("watch_task", rn=h["rn"]),
     "holds_lease": lambda db, h: [str(db.call_value("holds_lease", **h)).lower()],
+    "record_step": lambda db, h: db.call("record_step", **h, step="s"),
+    "step_results": lambda db, h: db.call("step_results", **h),
+    "sleep_task": lambda db, h: db.call("sleep_task", **h, duration="1 hour"),
+    "await_event": lambda db, h: db.call("await_event", **h, name="e"),
 }
 
 

@@ -1,21 +1,34 @@
 """What a handler gets: ``TaskContext``, the task it works (rn, token, spec, priority, queue,
-attempt), its progress reporter and its stop signals (``cancelled``, ``stopping``)."""
+attempt), its progress reporter, its stop signals (``cancelled``, ``stopping``) and its durable
+steps, sleeps and waits for events (``step``, ``sleep``, ``await_event``; ``Suspended``)."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import threading
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+
 from ...calls import json_value
-from ...db import Session, UuidArray, load_json
+from ...db import AsyncSession, Session, UuidArray, load_json
 from ...errors import InvalidArgument
 from .. import sqlapi as sql
 
 _EVENTS = threading.Lock()  # makes TaskContext events once, in step with _stop
 _UNPARSED = object()
+
+
+class Suspended(BaseException):
+    """Raised by ``ctx.sleep`` and ``ctx.await_event`` once the task's lease has ended in the
+    database (``sleep_task``, ``await_event``): the task runs again when it wakes, and the worker
+    records nothing for this run. A BaseException, as GeneratorExit: a handler's ``except
+    Exception`` does not swallow it."""
 
 
 class TaskContext:
@@ -46,6 +59,8 @@ class TaskContext:
     _task: dict[str, Any] | None = None
     _spec: Any = _UNPARSED
     _json: str = "null"  # the spec's text as leased, parsed on first use of ``spec``
+    _steps: dict[str, Any] | None = None  # step_results, read by this run's first ``step``
+    _sleeps = 0  # this run's unnamed sleeps so far: the next one's name
 
     def __init__(self, task: dict[str, Any]):
         self._task = task
@@ -137,6 +152,103 @@ class TaskContext:
             raise InvalidArgument("parents() needs a context made by a worker")
         raw = self._db.call_value(sql.PARENT_RESULTS, rn=self.rn, token=self.token)
         return list(raw or [])
+
+    # -- durable steps, sleeps and events (docs/python-api.md, "Durable task functions")
+
+    def _worker_db(self) -> Any:
+        if self._db is None:
+            raise InvalidArgument("durable sleeps and events need a context made by a worker")
+        return self._db
+
+    def _recorded(self) -> dict[str, Any]:
+        """The results of the steps the task recorded (by any run), read once per run."""
+        if self._steps is None:
+            self._steps = dict(self._worker_db().call_value(sql.STEP_RESULTS, rn=self.rn, token=self.token) or {})
+        return self._steps
+
+    def _record(self, name: str, result: Any, conn: Any) -> None:
+        value = json_value(f"step {name!r}'s result", result)
+        if conn is not None:  # in the application's transaction: not known done until it commits
+            Session.borrow(conn).call_binary(sql.RECORD_STEP, rn=uuid.UUID(self.rn), token=uuid.UUID(str(self.token)),
+                                             step=name, result=value)
+            return
+        self._worker_db().call_value(sql.RECORD_STEP, rn=self.rn, token=self.token, step=name, result=value)
+        self._recorded()[name] = result
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, conn: Any = None, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name`` and checkpoint its result (JSON)
+        once per task: a re-run of the task (a retry, another worker after a crash, the wake-up
+        after a sleep) answers the stored result without calling ``fn``. ``conn``: record the
+        checkpoint inside the application's transaction on its psycopg connection or cursor, so
+        the step's writes and its checkpoint commit together (a rollback records nothing: the
+        step runs again). Code outside steps runs again on every re-run. Without a worker
+        (``testing("inline")``), ``fn`` is simply called."""
+        if self._db is None and conn is None:
+            return fn(*args, **kwargs)
+        done = self._recorded()
+        if name in done:
+            return done[name]
+        result = fn(*args, **kwargs)
+        self._record(name, result, conn)
+        return result
+
+    def sleep(self, duration: timedelta | datetime, *, name: str | None = None) -> None:
+        """Sleep for ``duration`` (a timedelta, 0..365 days) or until an aware datetime, without
+        holding the worker: the lease ends, the task is scheduled until then and runs again from
+        the start (its steps answered from their checkpoints). The sleep is recorded under
+        ``name`` (default: its number in this run), so the re-run passes it without sleeping
+        again. Returns at once when that time has passed; else raises ``Suspended``."""
+        self._sleeps += 1
+        when = {"until": duration} if isinstance(duration, datetime) else {"duration": duration}
+        answer = self._worker_db().call_value(sql.SLEEP_TASK, rn=self.rn, token=self.token,
+                                              step=name or f"sleep-{self._sleeps}", **when)
+        if answer["asleep"]:
+            self._suspend(f"sleeping until {answer['until']}")
+
+    def await_event(self, name: str, timeout: timedelta | None = None) -> Any:
+        """The payload of the event ``name`` (``app.emit_event``): one emitted already (before
+        the wait, by a role that may act on the task's) is answered at once; else the lease
+        ends (``Suspended``) and the task runs again when the event comes, or after ``timeout``
+        (default and at most 365 days) when this answers None. Answered once per task: a
+        re-run gets the same payload."""
+        answer = self._worker_db().call_value(sql.AWAIT_EVENT, rn=self.rn, token=self.token, name=name,
+                                              **({} if timeout is None else {"timeout": timeout}))
+        if answer["status"] == "suspended":
+            self._suspend(f"waiting for event {name!r} until {answer['until']}")
+        return answer.get("payload")
+
+    def _suspend(self, why: str) -> None:
+        self._stop("suspended")  # the lease is over: heartbeats leave it alone
+        raise Suspended(f"{why}; the lease ended")
+
+    async def step_async(self, name: str, fn: Callable[..., Any], *args: Any, conn: Any = None,
+                         **kwargs: Any) -> Any:
+        """``step`` in an ``async def`` task: ``fn`` may be a coroutine function; ``conn`` the
+        application's psycopg ``AsyncConnection`` (or a sync one)."""
+        if self._db is None and conn is None:
+            result = fn(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        done = await asyncio.to_thread(self._recorded)
+        if name in done:
+            return done[name]
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        if isinstance(conn, (psycopg.AsyncConnection, psycopg.AsyncCursor)):
+            await AsyncSession.borrow(conn).call_binary(
+                sql.RECORD_STEP, rn=uuid.UUID(self.rn), token=uuid.UUID(str(self.token)), step=name,
+                result=json_value(f"step {name!r}'s result", result))
+        else:
+            await asyncio.to_thread(self._record, name, result, conn)
+        return result
+
+    async def sleep_async(self, duration: timedelta | datetime, *, name: str | None = None) -> None:
+        """``sleep`` in an ``async def`` task."""
+        await asyncio.to_thread(self.sleep, duration, name=name)
+
+    async def await_event_async(self, name: str, timeout: timedelta | None = None) -> Any:
+        """``await_event`` in an ``async def`` task."""
+        return await asyncio.to_thread(self.await_event, name, timeout)
 
     def progress(self, value: float) -> None:
         """Report progress (0..1); sent with the next heartbeat."""

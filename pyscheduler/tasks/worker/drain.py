@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .. import sqlapi as sql
-from .context import TaskContext
+from .context import Suspended, TaskContext
 from .outcomes import raised, returned
 
 if TYPE_CHECKING:
     from .lifecycle import Worker
 
-Drain = Literal["completed", "failed", "aborted", "snoozed"]
+Drain = Literal["completed", "failed", "aborted", "snoozed", "suspended"]
 _OUTCOMES: dict[str | None, Drain] = {sql.COMPLETE_TASK: "completed", None: "completed", sql.FAIL_TASK: "failed",
                                       sql.ABORT_TASK: "aborted", sql.YIELD_TASK: "snoozed"}
 
@@ -25,7 +25,8 @@ _OUTCOMES: dict[str | None, Drain] = {sql.COMPLETE_TASK: "completed", None: "com
 class Drained:
     """A task a drain worked: the context it ran with, what its handler's end recorded
     (``completed``; ``failed``: the attempt failed, retried unless it was the last;
-    ``aborted``; ``snoozed``), what the handler returned and what it raised."""
+    ``aborted``; ``snoozed``; ``suspended``: a durable sleep or wait ended the lease), what the
+    handler returned and what it raised."""
 
     ctx: TaskContext
     outcome: Drain
@@ -53,7 +54,7 @@ def drain(worker: Worker, max_tasks: int | None = None) -> list[Drained]:
         try:
             value = worker.handler(ctx)
             function, args = returned(ctx, value, None)
-        except Exception as exc:  # noqa: BLE001 - the handler's failure (Ctrl-C ends the drain)
+        except (Exception, Suspended) as exc:  # noqa: BLE001 - the handler's failure (Ctrl-C ends the drain)
             error = exc
             function, args = raised(ctx, exc, None)
         if function is sql.COMPLETE_TASK:
@@ -62,5 +63,5 @@ def drain(worker: Worker, max_tasks: int | None = None) -> list[Drained]:
             if function is not None:
                 recorder.record(ctx, function, args)
             recorder.release(ctx)
-        done.append(Drained(ctx, _OUTCOMES[function], value, error))
+        done.append(Drained(ctx, "suspended" if isinstance(error, Suspended) else _OUTCOMES[function], value, error))
     return done

@@ -46,7 +46,7 @@ class Heartbeats:
         with self.lock:
             # Leases still ours: queued, running, draining on a stop without yield, or an
             # outcome still being recorded (retries must not outlive the lease).
-            held = [c for c in self.held.values() if c.reason not in ("cancelled", "lost", "yielded")]
+            held = [c for c in self.held.values() if c.reason not in ("cancelled", "lost", "yielded", "suspended")]
         if not held:
             return
         timeout = self.worker.timeout

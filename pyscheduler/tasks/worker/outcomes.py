@@ -1,6 +1,7 @@
 """What a handler's end means: a return completes its task (its value the result), ``Abort``
-aborts it, ``Retry`` and any other exception fail the attempt, ``Snooze`` puts it back for later;
-as the SQL call that records it (``returned``, ``raised``), with errors PostgreSQL can store."""
+aborts it, ``Retry`` and any other exception fail the attempt, ``Snooze`` puts it back for later,
+``Suspended`` (a durable sleep or wait) records nothing; as the SQL call that records it
+(``returned``, ``raised``), with errors PostgreSQL can store."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ...calls import json_value
 from ...errors import InvalidArgument
 from .. import sqlapi as sql
 from ..sqlapi import MAX_RETRY_IN
-from .context import TaskContext
+from .context import Suspended, TaskContext
 from .counted import Counted
 
 log = logging.getLogger(__package__)  # one logger for the package: pyscheduler.tasks.worker
@@ -121,6 +122,9 @@ def raised(ctx: TaskContext, exc: BaseException, counted: Counted | None) -> Out
         error = exc.error
         return sql.ABORT_TASK, {"errors": [error_entry(error.get("code"), error.get("description"),
                                                        error.get("args"))]}
+    if isinstance(exc, Suspended):
+        log.info("task %s: %s", ctx.rn, exc)
+        return None, {}  # the lease ended with the sleep or the wait: nothing to record
     if isinstance(exc, Snooze):
         log.info("task %s: the handler snoozed it for %s", ctx.rn, exc.in_)
         return sql.YIELD_TASK, {"run_in": exc.in_}

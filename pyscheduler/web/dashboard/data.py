@@ -14,13 +14,14 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, get_args
 
 from ... import sqlapi
 from ...checks import sqlapi as checks_sql
 from ...checks.client import CheckOutcome
 from ...db import Database
+from ...errors import SchedulerError
 from ...delay import sqlapi as delay_sql
 from ...schedules import sqlapi as schedules_sql
 from ...schedules.client import RunOutcome
@@ -106,10 +107,20 @@ class Reader:
         return Page(rows[:size], nxt)
 
     def task(self, rn: str) -> dict[str, Any] | None:
+        """The task; its history (the page's timeline) with its durable steps, sleeps and events
+        merged in, in time order, when the reader sees its contents."""
         try:
-            return self.db.call_value(tasks_sql.GET_TASK, rn=uuid.UUID(rn))
+            task: dict[str, Any] | None = self.db.call_value(tasks_sql.GET_TASK, rn=uuid.UUID(rn))
         except ValueError:
             return None  # not a task id: no such task
+        if task is not None and not task.get("redacted"):
+            try:
+                steps = self.db.call(tasks_sql.TASK_STEPS, rn=uuid.UUID(rn))
+            except SchedulerError:  # a reader without the right to them (42501): the history alone
+                steps = []
+            task["history"] = sorted(task["history"] + [_step_entry(s) for s in steps],
+                                     key=lambda h: str(h.get("time") or ""))
+        return task
 
     # -- delay queue ----------------------------------------------------------------
 
@@ -219,3 +230,20 @@ class Actions:
         self.pause_queue, self.resume_queue = tasks.pause_queue, tasks.resume_queue
         self.pause_schedule, self.resume_schedule = schedules.pause, schedules.resume
         self.trigger_schedule, self.delete_checks = schedules.trigger, checks.delete
+
+
+# task_steps' kinds as the task page's history entries
+STEP_ENTRIES = {"step": "Step", "sleep": "Sleep", "event": "Event", "await": "AwaitingEvent"}
+
+
+def _step_entry(row: dict[str, Any]) -> dict[str, Any]:
+    """A task_steps row as a history entry of the task page's timeline."""
+    kind, result = row["kind"], row["result"]
+    result = result if isinstance(result, dict) or kind == "step" else {"result": result}  # as stored by hand
+    entry: dict[str, Any] = {"_typ": STEP_ENTRIES[kind],
+                             "time": row["recorded"].astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    if kind == "step":
+        return entry | {"step": row["step"], "result": result}
+    if kind == "sleep":
+        return entry | {"sleep": row["step"], "until": result.get("until")}
+    return entry | {"event": row["step"], **result}
