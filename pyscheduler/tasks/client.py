@@ -85,6 +85,9 @@ class Task:
     ``concurrency_key``, ``output`` (the result it was completed with: ``result`` in the JSON;
     a handler's return value), ``after`` (the tasks it waits for) and ``on_parent_failure``.
 
+    ``awaiting``: a task suspended waiting for an event (``ctx.await_event``; its status is
+    ``scheduled``), the event's name, from ``get`` only (None in lists).
+
     ``redacted``: the task belongs to a role the caller is not (docs/sql-api.md, "Ownership"):
     its metadata only, ``spec`` is ``{}``, ``errors`` and ``history`` are empty, ``output``,
     ``unique_key`` and ``concurrency_key`` are None.
@@ -116,6 +119,7 @@ class Task:
     after: list[UUID] | None = None
     on_parent_failure: str = "cancel"
     redacted: bool = False
+    awaiting: str | None = None
     json: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -133,7 +137,7 @@ class Task:
                    concurrency_key=obj.get("concurrency_key"), output=obj.get("result"),
                    after=None if obj.get("after") is None else [UUID(a) for a in obj["after"]],
                    on_parent_failure=obj.get("on_parent_failure") or "cancel", redacted=bool(obj.get("redacted")),
-                   json=obj)
+                   awaiting=(obj.get("awaiting") or {}).get("event"), json=obj)
 
     def __getitem__(self, key: str) -> Any:
         """A key of the seed's JSON shape (``json``)."""

@@ -858,15 +858,25 @@ AS $$
    The task in the seed's JSON shape (never its lease token). A task of
    another role (one the caller is not a member of; admin sees all) shows
    its metadata only: spec, result, errors, history, unique_key and
-   concurrency_key are null and "redacted" is true.
+   concurrency_key are null and "redacted" is true. A task suspended waiting
+   for an event (await_event) is 'scheduled' and shows
+   "awaiting": {"event", "since", "until"} (its contents: not when redacted).
    Errors: PS200 unknown task. */
 #variable_conflict use_column
 DECLARE
     v_task jsonb;
+    v_awaiting jsonb;
 BEGIN
     SELECT _task_seen_json(t, _seen_owners()) INTO v_task FROM tasks t WHERE t.rn = get_task.rn;
     IF v_task IS NULL THEN
         PERFORM _task_refused(get_task.rn, NULL);
+    END IF;
+    IF v_task ->> 'status' = 'scheduled' AND v_task -> 'redacted' IS NULL THEN
+        SELECT jsonb_build_object('event', w.name, 'since', _ts(w.since), 'until', _ts(w.until)) INTO v_awaiting
+          FROM task_waits w WHERE w.rn = get_task.rn ORDER BY w.since DESC LIMIT 1;
+        IF v_awaiting IS NOT NULL THEN
+            v_task := v_task || jsonb_build_object('awaiting', v_awaiting);
+        END IF;
     END IF;
     RETURN v_task;
 END

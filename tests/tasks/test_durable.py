@@ -149,10 +149,12 @@ def test_events_emitted_before_and_during_the_wait_are_received_once_and_a_wait_
         assert waiter.submit(event="before", timeout=60).result(timeout=30) == {"v": 1}
         during = waiter.submit(event="during", timeout=60)
         wait_for(lambda: ("await", "during") in steps_of(client, during.rn), what="the wait")
-        assert client.get(during.rn).status == "scheduled"
+        suspended = client.get(during.rn)
+        assert (suspended.status, suspended.awaiting) == ("scheduled", "during")
         never = waiter.submit(event="never", timeout=1)
         assert app.emit_event("during", {"v": 2}) == 1
         assert during.result(timeout=30) == {"v": 2}
+        assert client.get(during.rn).awaiting is None
         assert app.emit_event("during", {"v": 3}) == 0  # after the wait: nobody waits for it
         assert never.result(timeout=30) is None  # timed out
     finally:

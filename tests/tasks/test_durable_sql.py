@@ -91,11 +91,14 @@ def test_an_event_emitted_during_the_wait_wakes_the_task_with_its_payload_once(t
     assert wait(tx, h, "shipped", at(2)) == {"status": "suspended", "until": "2030-01-01T01:00:02.000000Z"}
     task = tx.call_value("get_task", rn=rn)
     assert (task["status"], task["owner"]) == ("scheduled", None)
+    assert task["awaiting"] == {"event": "shipped", "since": "2030-01-01T00:00:02.000000Z",
+                                "until": "2030-01-01T01:00:02.000000Z"}
     assert steps(tx, rn) == [("await", "shipped", {"until": "2030-01-01T01:00:02.000000Z"})]
     assert lease(tx, "d", now=at(3)) is None
     assert value(tx, "emit_event", at(4), name="shipped", payload=Jsonb({"parcel": 1})) == 1
     again = held(lease(tx, "d", now=at(5)))
     assert again["rn"] == rn
+    assert "awaiting" not in tx.call_value("get_task", rn=rn)  # woken: waits no more
     assert wait(tx, again, "shipped", at(6)) == {"status": "received", "payload": {"parcel": 1}}
     # emitted after the wait: delivered to nobody, and the task's payload stays the first
     assert value(tx, "emit_event", at(7), name="shipped", payload=Jsonb({"parcel": 2})) == 0
