@@ -111,6 +111,28 @@ def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
     app.close()
 
 
+def test_the_clock_ticks_and_a_refresh_in_place_breaks_no_policy(browser, conn, login):
+    """Issue 30, defect 4: the header's database clock stood still, and every refresh of the
+    page's main part logged a Content Security Policy error (the fetched page's <style> has
+    another nonce): the clock ticks, the refresh shows new work, the console stays clean."""
+    populate(conn)
+    app = make_app(login("pyscheduler_monitor")[1], refresh_s=1)
+    with served(app) as base:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(base + "/tasks?status=ready&queue=fresh")
+        first = page.locator("#clock").inner_text()
+        page.wait_for_function("t => document.getElementById('clock').textContent !== t", arg=first, timeout=5000)
+        conn.execute("SELECT pyscheduler.submit_task(queue => 'fresh', spec => '{}')")
+        rn = conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(queue => 'fresh')").fetchone()["rn"]
+        page.locator(f"#tasks a[href='/tasks/{rn}']").wait_for(timeout=5000)  # refreshed in place (errors: by then)
+        assert page.locator("style").count() == 1 and not errors, errors
+        page.close()
+    app.close()
+
+
 def _status(conn, rn: str) -> str:
     return conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'status' AS s", (rn,)).fetchone()["s"]
 

@@ -8,6 +8,7 @@ says whether there is a next page (docs/operations.md, "Dashboard").
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import threading
 import time
@@ -69,6 +70,11 @@ class Reader:
 
     def clock(self) -> datetime:
         return self.db.query(sqlapi.NOW)[0]["now"]
+
+    @functools.cached_property
+    def role(self) -> str:
+        """The role the pages read as (what it may not see is hidden: docs/sql-api.md, "Ownership")."""
+        return self.db.query(sqlapi.CURRENT_ROLE)[0]["role"]
 
     def activity(self) -> list[dict[str, Any]]:
         """Ended in the last hour, per capability, outcome and 5-minute bucket."""

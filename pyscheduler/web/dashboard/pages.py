@@ -57,6 +57,7 @@ class Dashboard(Site):
             ("GET", re.compile(r"^/delay$"), self.delay_page),
             ("GET", re.compile(r"^/schedules$"), self.schedules_page),
             ("GET", re.compile(r"^/schedule$"), self.schedule_page),
+            ("GET", re.compile(r"^/schedules/(?P<name>.+)$"), self.schedule_page),
             ("GET", re.compile(r"^/checks$"), self.checks_page),
             ("GET", re.compile(r"^/confirm/(?P<action>[a-z_]+)$"), self.confirm_page),
             ("POST", re.compile(r"^/actions/(?P<action>[a-z_]+)$"), self.act),
@@ -137,7 +138,8 @@ class Dashboard(Site):
         return self.env.get_template(template).render(
             req=req, url=url, here=here, action=action, now=now, nonce=req.nonce,
             rel=lambda v: fmt_relative(v, now), allow_actions=self.allow_actions, flash=flash,
-            refresh_s=self.refresh_s, PAGE=PAGE, mask_target=mask_target, **ctx)
+            refresh_s=self.refresh_s, PAGE=PAGE, mask_target=mask_target,
+            reader_role=lambda: self.reader.role if self.reader is not None else "", **ctx)
 
     # -- pages ----------------------------------------------------------------------------
 
@@ -181,6 +183,10 @@ class Dashboard(Site):
             raise HTTPError("404 Not Found", f"task {rn}: {exc}") from None
         if task is None:
             raise HTTPError("404 Not Found", f"no task {rn}")
+        if task["status"] in ("completed", "aborted", "cancelled") and task.get("history") is not None:
+            # the history records leases; how the task ended is its status since its last update
+            task["history"] = [*task["history"], {"_typ": "Task" + task["status"].capitalize(),
+                                                  "time": task["updated"], "worker": task["owner"]}]
         return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task)
 
     def delay_page(self, req: Request) -> str:
@@ -202,9 +208,10 @@ class Dashboard(Site):
                             late=late, failing=r.failing_schedules(), paused=r.paused_schedules(),
                             redis=self.redis_state(), due_soon=soon[:10])
 
-    def schedule_page(self, req: Request) -> str:
+    def schedule_page(self, req: Request, name: str | None = None) -> str:
+        """``/schedules/NAME`` or ``/schedule?name=NAME``."""
         r = self._open()
-        name = req.query.get("name") or ""
+        name = name or req.query.get("name") or ""
         outcome = req.arg("outcome")
         if outcome not in (None,) + RUN_OUTCOMES:
             raise HTTPError("400 Bad Request", f"unknown outcome {outcome!r}")
