@@ -20,6 +20,7 @@ SUBMIT_TASKS = Fn("submit_tasks", ("specs", "unique_keys", "concurrency_keys") +
 SUBMIT_WORKFLOW = Fn("submit_workflow", ("workflow",))
 GET_TASK = Fn("get_task", ("rn",))
 LIST_TASKS = Fn("list_tasks", ("queue", "status", "owner", "max_tasks", "before_rn"), ("task",))
+FIND_TASKS = Fn("find_tasks", ("rn_from", "rn_to", "unique_key", "spec", "max_tasks"), ("task",))
 CANCEL_TASK = Fn("cancel_task", ("rn",))
 RETRY_TASK = Fn("retry_task", ("rn",))
 RETRY_TASKS = Fn("retry_tasks", ("queue", "status", "max_tasks"), ("task",))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 import threading
 import time
 import uuid
@@ -21,7 +22,8 @@ from typing import Any, get_args
 from ... import sqlapi
 from ...checks import sqlapi as checks_sql
 from ...checks.client import CheckOutcome
-from ...db import Database
+from ...db import Database, Jsonb
+from ...errors import InvalidArgument
 from ...delay import sqlapi as delay_sql
 from ...schedules import sqlapi as schedules_sql
 from ...schedules.client import RunOutcome
@@ -55,6 +57,41 @@ def decode_cursor(token: str | None) -> dict[str, Any]:
     except (ValueError, TypeError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+_HEX = re.compile(r"[0-9a-f]{4,32}")
+_SPEC_TERM = re.compile(r"(?P<path>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*):(?!//)(?P<value>.+)", re.S)
+
+
+def id_range(q: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The ids a task id prefix stands for (4 to 32 hex digits, dashes anywhere), or None."""
+    digits = q.strip().lower().replace("-", "")
+    if not _HEX.fullmatch(digits):
+        return None
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+def spec_fragment(q: str) -> dict[str, Any] | None:
+    """``to:a@example.com`` as the spec fragment ``{"to": "a@example.com"}`` (``a.b:v``: ``{"a":
+    {"b": "v"}}``; a value that reads as JSON, ``42``, ``true``, ``"42"``, is that value), or a
+    JSON object as itself; None for anything else."""
+    q = q.strip()
+    if q.startswith("{"):
+        try:
+            value = json.loads(q)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    m = _SPEC_TERM.fullmatch(q)
+    if m is None:
+        return None
+    try:
+        fragment: Any = json.loads(m["value"])
+    except ValueError:
+        fragment = m["value"]
+    for key in reversed(m["path"].split(".")):
+        fragment = {key: fragment}
+    return fragment
 
 
 class Reader:
@@ -116,6 +153,43 @@ class Reader:
             return self.db.call_value(tasks_sql.GET_TASK, rn=uuid.UUID(rn))
         except ValueError:
             return None  # not a task id: no such task
+
+    # -- search -----------------------------------------------------------------------
+
+    def search(self, q: str, limit: int = 20) -> dict[str, list[dict[str, Any]]]:
+        """What the search box finds for ``q``, each kind of term read through an index
+        (docs/operations.md, "Dashboard"): tasks by id prefix, spec fragment (``to:a@x``) or
+        unique key; a queue by name; the running tasks of a worker; schedules by name or
+        target prefix; checks by entity key; a delay message by id. A term a kind refuses
+        (not a valid key, name or id) finds nothing of that kind."""
+        found: dict[str, list[dict[str, Any]]] = {}
+
+        def each(kind: str, read: Any) -> None:
+            try:
+                found[kind] = read()
+            except InvalidArgument:
+                found[kind] = []
+
+        rng, fragment = id_range(q), spec_fragment(q)
+        if rng is not None:
+            each("tasks by id", lambda: [r["task"] for r in self.db.call(
+                tasks_sql.FIND_TASKS, rn_from=rng[0], rn_to=rng[1], max_tasks=limit)])
+        if fragment is not None:
+            each("tasks by spec", lambda: [r["task"] for r in self.db.call(
+                tasks_sql.FIND_TASKS, spec=Jsonb(fragment), max_tasks=limit)])
+        each("tasks by unique key", lambda: [r["task"] for r in self.db.call(
+            tasks_sql.FIND_TASKS, unique_key=q, max_tasks=limit)])
+        each("tasks held by worker", lambda: [r["task"] for r in self.db.call(
+            tasks_sql.LIST_TASKS, owner=q, status="running", max_tasks=limit)])
+        found["queues"] = [r for r in self.queues() if r["queue"] == q]
+        prefix = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        each("schedules by name", lambda: [r["schedule"] for r in self.db.call(
+            schedules_sql.LIST_SCHEDULES, name_like=prefix, max_schedules=limit)])
+        each("schedules by target", lambda: [r["schedule"] for r in self.db.call(
+            schedules_sql.FIND_SCHEDULES, target_prefix=q, max_schedules=limit)])
+        each("checks by entity key", lambda: self.db.call(checks_sql.FIND_CHECKS, entity_key=q, max=limit))
+        each("delay messages by id", lambda: self.db.call(delay_sql.FIND_MESSAGE, id=q))
+        return found
 
     # -- delay queue ----------------------------------------------------------------
 

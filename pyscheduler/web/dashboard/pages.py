@@ -54,6 +54,7 @@ class Dashboard(Site):
             ("GET", re.compile(r"^/$"), self.overview),
             ("GET", re.compile(r"^/tasks$"), self.tasks_page),
             ("GET", re.compile(r"^/tasks/(?P<rn>[0-9a-fA-F-]{36})$"), self.task_page),
+            ("GET", re.compile(r"^/search$"), self.search_page),
             ("GET", re.compile(r"^/delay$"), self.delay_page),
             ("GET", re.compile(r"^/schedules$"), self.schedules_page),
             ("GET", re.compile(r"^/schedule$"), self.schedule_page),
@@ -188,6 +189,13 @@ class Dashboard(Site):
             task["history"] = [*task["history"], {"_typ": "Task" + task["status"].capitalize(),
                                                   "time": task["updated"], "worker": task["owner"]}]
         return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task)
+
+    def search_page(self, req: Request) -> str:
+        r = self._open()
+        q = (req.query.get("q") or "").strip()[:2048]
+        found = r.search(q) if q else {}
+        return self._render(req, "search.html", title=f"search {q}" if q else "search", now=r.clock(), q=q,
+                            found=found)
 
     def delay_page(self, req: Request) -> str:
         r = self._open()
