@@ -296,6 +296,7 @@ class Actions:
 
         tasks, schedules, checks = TaskClient(db), ScheduleClient(db), CheckClient(db)
         self.cancel_task, self.retry_task = tasks.cancel, tasks.retry
+        self.delete_tasks, self.run_tasks_now = tasks.delete_many, tasks.run_now
         self.pause_queue, self.resume_queue = tasks.pause_queue, tasks.resume_queue
         self.pause_schedule, self.resume_schedule = schedules.pause, schedules.resume
         self.trigger_schedule, self.delete_checks = schedules.trigger, checks.delete

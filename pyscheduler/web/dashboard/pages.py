@@ -30,6 +30,15 @@ from .http import HTTPError, Request, Site
 log = logging.getLogger("pyscheduler.dashboard")
 
 REFRESH_S = 10
+BULK_MAX = 1000  # tasks one bulk action takes at most (of a filter: its newest first)
+BULK_BATCH = 100  # task ids per call of delete_tasks and run_tasks_now
+BULK_OPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # op: (what it does, the past tense, the statuses it applies to)
+    "retry": ("Requeue", "requeued", ("aborted", "cancelled")),
+    "cancel": ("Cancel", "cancelled", ("waiting", "scheduled", "ready", "running")),
+    "delete": ("Delete", "deleted", ("completed", "aborted", "cancelled")),
+    "run": ("Run now", "made due now", ("scheduled",)),
+}
 
 
 class Dashboard(Site):
@@ -60,6 +69,8 @@ class Dashboard(Site):
             ("GET", re.compile(r"^/schedule$"), self.schedule_page),
             ("GET", re.compile(r"^/schedules/(?P<name>.+)$"), self.schedule_page),
             ("GET", re.compile(r"^/checks$"), self.checks_page),
+            ("GET", re.compile(r"^/confirm/bulk_tasks$"), self.bulk_confirm_page),
+            ("POST", re.compile(r"^/actions/bulk_tasks$"), self.bulk_act),
             ("GET", re.compile(r"^/confirm/(?P<action>[a-z_]+)$"), self.confirm_page),
             ("POST", re.compile(r"^/actions/(?P<action>[a-z_]+)$"), self.act),
             ("GET", re.compile(r"^/login$"), self.login_page),
@@ -139,7 +150,7 @@ class Dashboard(Site):
         return self.env.get_template(template).render(
             req=req, url=url, here=here, action=action, now=now, nonce=req.nonce,
             rel=lambda v: fmt_relative(v, now), allow_actions=self.allow_actions, flash=flash,
-            refresh_s=self.refresh_s, PAGE=PAGE, mask_target=mask_target,
+            refresh_s=self.refresh_s, PAGE=PAGE, mask_target=mask_target, next_here=_here_plain(req),
             reader_role=lambda: self.reader.role if self.reader is not None else "", **ctx)
 
     # -- pages ----------------------------------------------------------------------------
@@ -299,6 +310,83 @@ class Dashboard(Site):
             ok, text = False, f"refused: {what}: {exc}" + (f" ({exc.sqlstate})" if exc.sqlstate else "")
         sep = "&" if "?" in back else "?"
         return "303 See Other", "", [("Location", req.root + back + sep + "flash=" + self._flash(ok, text))]
+
+
+    # -- bulk actions on tasks --------------------------------------------------------------
+
+    def _bulk_op(self, op: str | None) -> str:
+        if not self.allow_actions:
+            raise HTTPError("403 Forbidden", "actions are disabled (start the dashboard with --allow-actions)")
+        if op not in BULK_OPS:
+            raise HTTPError("400 Bad Request", f"unknown bulk action {op!r}")
+        return op
+
+    def bulk_confirm_page(self, req: Request) -> str:
+        """The tasks ticked on a list (``rn``, repeated), or with ``scope=filter`` those the list's
+        filter matches (``queue``, ``status``, ``owner``: its newest BULK_MAX, of the statuses the
+        action applies to): how many, before anything is done."""
+        op = self._bulk_op(req.arg("op"))
+        verb, _, statuses = BULK_OPS[op]
+        if req.arg("scope") == "filter":
+            status = req.arg("status") or "running"
+            if status not in TASK_STATUSES + ("all",):
+                raise HTTPError("400 Bad Request", f"unknown status {status!r}")
+            rows = self._open().tasks(queue=req.arg("queue"), status=None if status == "all" else status,
+                                      owner=req.arg("owner"), cursor=None, size=BULK_MAX).rows
+            rns = [t["rn"] for t in rows if t["status"] in statuses]
+            which = " ".join(filter(None, ["the", "/".join(s for s in statuses if status in (s, "all")),
+                                           "tasks", req.arg("queue") and f"in queue {req.arg('queue')}",
+                                           req.arg("owner") and f"held by {req.arg('owner')}"]))
+            what = f"{verb} {len(rns)} tasks: {which}" + (f" (its newest {BULK_MAX})" if len(rows) >= BULK_MAX else "")
+        else:
+            rns = _task_ids(req.arg_list("rn"))
+            what = f"{verb} {len(rns)} selected task{'' if len(rns) == 1 else 's'} (those {'/'.join(statuses)})"
+        if not rns:
+            raise HTTPError("400 Bad Request", "no task to act on: tick some rows, or filter the list")
+        return self._render(req, "confirm.html", title="confirm", act_name="bulk_tasks", what=what,
+                            args={"op": op, "rns": ",".join(rns)}, back=_safe_next(req.query.get("next")),
+                            csrf=self.csrf_token(req), danger=op in ("cancel", "delete"))
+
+    def bulk_act(self, req: Request):
+        """The confirmed ids, in batches: retry and cancel one task a call (retry_task and cancel_task
+        decide each), delete and run now BULK_BATCH a call; logged, and the flash says how many."""
+        self._check_csrf(req)
+        op = self._bulk_op(req.form.get("op"))
+        verb, done_word, _ = BULK_OPS[op]
+        rns = _task_ids((req.form.get("rns") or "").split(","))
+        actions = self._actions()
+        done, refused = 0, []
+        if op in ("retry", "cancel"):
+            act = actions.retry_task if op == "retry" else actions.cancel_task
+            for rn in rns:
+                try:
+                    act(rn=rn)
+                    done += 1
+                except SchedulerError as exc:
+                    refused.append(f"{rn}: {exc}" + (f" ({exc.sqlstate})" if exc.sqlstate else ""))
+        else:
+            act = actions.delete_tasks if op == "delete" else actions.run_tasks_now
+            for i in range(0, len(rns), BULK_BATCH):
+                done += len(act(rns[i:i + BULK_BATCH]))
+        log.info("dashboard bulk action %s: %d of %d tasks %s", op, done, len(rns), done_word)
+        text = f"done: {done_word} {done} of {len(rns)} tasks"
+        if done < len(rns):
+            text += f"; {len(rns) - done} left as they were" + (f" (first: {refused[0]})" if refused else
+                                                                 " (not in a status it applies to, or another role's)")
+        back = _safe_next(req.form.get("next"))
+        sep = "&" if "?" in back else "?"
+        return "303 See Other", "", [("Location", req.root + back + sep + "flash=" + self._flash(True, text))]
+
+
+def _task_ids(values: Iterable[str]) -> list[str]:
+    """Task ids from a form (empty ones skipped), at most BULK_MAX; 400 for one that is not a UUID."""
+    try:
+        rns = list(dict.fromkeys(str(uuid.UUID(v.strip())) for v in values if v.strip()))
+    except ValueError:
+        raise HTTPError("400 Bad Request", "a task id is not a UUID") from None
+    if len(rns) > BULK_MAX:
+        raise HTTPError("400 Bad Request", f"at most {BULK_MAX} tasks at a time")
+    return rns
 
 
 def _here_plain(req: Request) -> str:
