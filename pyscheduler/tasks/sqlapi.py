@@ -43,6 +43,9 @@ OLDEST_READY_TASKS = View("oldest_ready_tasks", ())  # read whole by pyscheduler
 # -- the Worker: lease, heartbeats, outcomes -------------------------------------------------------
 
 REGISTER_WORKER = Fn("register_worker")
+WORKER_SEEN = Fn("worker_seen", ("worker", "queue"))
+WORKERS = View("workers", ("worker", "queue", "registered", "seen_at", "holds", "oldest_lease_age", "last_heartbeat",
+                           "last_seen"))
 # rows (rn, token, spec, priority, seq, attempt), read as tuples in this order
 LEASE_TASKS_LEAN = Fn("lease_tasks_lean", ("queue", "worker", "n", "timeout", "aging_rate", "aging_cap"),
                       ("rn", "token", "spec", "priority", "seq", "attempt"))

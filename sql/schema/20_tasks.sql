@@ -2,7 +2,7 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
--- 0030_ownership.sql and 0039_dashboard_search.sql
+-- 0030_ownership.sql and 0039_dashboard.sql
 -- build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -175,6 +175,16 @@ CREATE TABLE pyscheduler.task_queues (
     owner name,
     CONSTRAINT task_queues_pkey PRIMARY KEY (queue),
     CONSTRAINT task_queues_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40)
+);
+
+-- The workers that report (worker_seen, 0039): one row per worker and queue, seen_at renewed
+-- about every 10 s; rows not seen for a day are deleted by the reports of others.
+CREATE TABLE pyscheduler._task_workers (
+    worker     text NOT NULL,
+    queue      text NOT NULL,
+    registered timestamptz NOT NULL,
+    seen_at    timestamptz NOT NULL,
+    CONSTRAINT _task_workers_pkey PRIMARY KEY (worker, queue)
 );
 
 -- Dependencies: the children of a parent (a child's parents are its after).

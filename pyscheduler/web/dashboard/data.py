@@ -34,6 +34,8 @@ from ...tasks.client import TaskStatus
 PAGE = 50  # rows per page
 UP_TO = 1000  # the overview counts up to this many ("1000+"): a LIMIT stops each read
 LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
+NO_WORKER_AFTER = timedelta(minutes=1)  # a queue with ready tasks and no worker seen for this long is flagged
+MAX_WORKERS = 1000  # rows of the workers page
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 CHECK_OUTCOMES: tuple[str, ...] = get_args(CheckOutcome)
 RUN_OUTCOMES: tuple[str, ...] = get_args(RunOutcome)
@@ -94,6 +96,22 @@ def spec_fragment(q: str) -> dict[str, Any] | None:
     return fragment
 
 
+def unattended(queues: list[dict[str, Any]], workers: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
+    """The queues (not paused) with ready tasks and no worker seen for NO_WORKER_AFTER (a report
+    or a lease or heartbeat: ``workers``' last_seen), with ``no_worker_for`` (None: none seen
+    in the last day)."""
+    last: dict[str, datetime] = {}
+    for w in workers:
+        if w["last_seen"] is not None and (w["queue"] not in last or w["last_seen"] > last[w["queue"]]):
+            last[w["queue"]] = w["last_seen"]
+    out = []
+    for q in queues:
+        seen = last.get(q["queue"])
+        if q["ready"] and not q["paused"] and (seen is None or now - seen > NO_WORKER_AFTER):
+            out.append(dict(q, no_worker_for=None if seen is None else now - seen))
+    return out
+
+
 class Reader:
     """The monitor's reads (a pool of a login that is a member of pyscheduler_monitor)."""
 
@@ -132,6 +150,9 @@ class Reader:
 
     def queues(self) -> list[dict[str, Any]]:
         return self.db.query(tasks_sql.QUEUE_STATUS.select("ORDER BY queue"))
+
+    def workers(self) -> list[dict[str, Any]]:
+        return self.db.query(tasks_sql.WORKERS.select("ORDER BY queue, worker LIMIT %s"), (MAX_WORKERS,))
 
     def expired_leases(self, limit: int = 20) -> list[dict[str, Any]]:
         return self.db.query(tasks_sql.EXPIRED_LEASES.select("ORDER BY deadline LIMIT %s"), (limit,))

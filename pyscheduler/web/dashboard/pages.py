@@ -23,7 +23,7 @@ from markupsafe import Markup
 from ...db import Database
 from ...errors import SchedulerError
 from . import charts
-from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader
+from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader, unattended
 from .formatting import environment, fmt_relative, mask_target
 from .http import HTTPError, Request, Site
 
@@ -64,6 +64,7 @@ class Dashboard(Site):
             ("GET", re.compile(r"^/tasks$"), self.tasks_page),
             ("GET", re.compile(r"^/tasks/(?P<rn>[0-9a-fA-F-]{36})$"), self.task_page),
             ("GET", re.compile(r"^/search$"), self.search_page),
+            ("GET", re.compile(r"^/workers$"), self.workers_page),
             ("GET", re.compile(r"^/delay$"), self.delay_page),
             ("GET", re.compile(r"^/schedules$"), self.schedules_page),
             ("GET", re.compile(r"^/schedule$"), self.schedule_page),
@@ -167,6 +168,7 @@ class Dashboard(Site):
         return self._render(
             req, "overview.html", title="overview", now=now, queues=queues,
             tasks_total={k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
+            unattended=unattended(queues, r.workers(), now),
             paused_queues=sum(1 for q in queues if q["paused"]),
             oldest_ready=max((q["oldest_ready_age"] for q in queues if q["oldest_ready_age"]), default=None),
             **r.counts(),
@@ -200,6 +202,12 @@ class Dashboard(Site):
             task["history"] = [*task["history"], {"_typ": "Task" + task["status"].capitalize(),
                                                   "time": task["updated"], "worker": task["owner"]}]
         return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task)
+
+    def workers_page(self, req: Request) -> str:
+        r = self._open()
+        now, queues, workers = r.clock(), r.queues(), r.workers()
+        return self._render(req, "workers.html", title="workers", now=now, workers=workers,
+                            unattended=unattended(queues, workers, now))
 
     def search_page(self, req: Request) -> str:
         r = self._open()

@@ -12,3 +12,12 @@
 CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops);
 CREATE INDEX tasks_unique_key_idx ON pyscheduler.tasks (unique_key) WHERE unique_key IS NOT NULL;
 CREATE INDEX schedules_target_pattern_idx ON pyscheduler.schedules (target text_pattern_ops);
+-- The workers the dashboard lists (issue 30): a Worker reports its queue and that it is alive
+-- about every 10 s (worker_seen), off the lease path; the view `workers` joins what each holds.
+CREATE TABLE pyscheduler._task_workers (
+    worker     text NOT NULL,
+    queue      text NOT NULL,
+    registered timestamptz NOT NULL,
+    seen_at    timestamptz NOT NULL,
+    CONSTRAINT _task_workers_pkey PRIMARY KEY (worker, queue)
+);
