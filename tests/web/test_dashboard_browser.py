@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from pyscheduler.dashboard import make_app
+from pyscheduler.tasks import Worker
 from tests.support.dashboard import SECRET, populate, served
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -131,6 +133,70 @@ def test_the_clock_ticks_and_a_refresh_in_place_breaks_no_policy(browser, conn, 
         assert page.locator("style").count() == 1 and not errors, errors
         page.close()
     app.close()
+
+
+def test_search_retry_bulk_retry_and_workers_in_a_browser(browser, conn, dsn, login, tmp_path):
+    """Issue 30's walk: search for a task by its id's prefix, open it, retry it; tick 3 failed
+    tasks and retry them at once; the workers page shows a running Worker and the warning for
+    a queue with ready tasks and no worker."""
+    work = populate(conn)
+    worker = conn.execute("SELECT pyscheduler.register_worker() AS w").fetchone()["w"]
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'refunds', specs => '[{}, {}, {}, {}]')")
+    failed = []
+    for _ in range(4):
+        t = conn.execute("SELECT pyscheduler.lease_task(queue => 'refunds', worker => %s) AS t", (worker,)
+                         ).fetchone()["t"]
+        conn.execute("SELECT pyscheduler.abort_task(rn => %s, token => %s, errors => '[{\"code\": \"x\"}]')",
+                     (t["rn"], t["token"]))
+        failed.append(t["rn"])
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'invoices', specs => '[{}, {}]')")
+    conn.execute("SELECT pyscheduler.submit_task(queue => 'served', spec => '{}')")
+    hold = threading.Event()
+    running = Worker(dsn, "served", lambda ctx: hold.wait(30), poll_interval=0.2).start()
+    app = make_app(login("pyscheduler_monitor")[1], allow_actions=True, action_dsn=login("pyscheduler_admin")[1],
+                   refresh_s=3600)
+    out = shots(tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        running.wait_idle()
+        with served(app) as base:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            # search -> open the task -> retry it
+            page.goto(base + "/")
+            page.fill("#q", work["aborted"][:23])
+            page.press("#q", "Enter")
+            assert page.locator("h1").inner_text() == "Search"
+            page.screenshot(path=str(out / "dashboard-search.png"), full_page=True)
+            page.click(f"#results a[href='/tasks/{work['aborted']}']")
+            assert page.locator("h1").inner_text() == f"Task {work['aborted']}"
+            page.click("a.act:has-text('retry')")
+            page.click("#confirm")
+            assert "done: Requeue task" in page.locator(".flash").inner_text()
+            assert _status(conn, work["aborted"]) == "ready"
+            # tick 3 failed tasks -> bulk retry
+            page.goto(base + "/tasks?status=aborted&queue=refunds")
+            for rn in failed[:3]:
+                page.check(f"#tasks input[value='{rn}']")
+            page.click("#bulk-actions button[value=retry]")
+            assert page.locator("form.confirm").inner_text().startswith("Requeue 3 selected tasks")
+            page.click("#confirm")
+            assert "done: requeued 3 of 3 tasks" in page.locator(".flash").inner_text()
+            assert [_status(conn, rn) for rn in failed] == ["ready"] * 3 + ["aborted"]
+            # the workers page: the running Worker, and the queue nobody works
+            page.goto(base + "/workers")
+            row = page.locator("#workers tr", has=page.locator(f"a:text-is('{running.worker.worker_id}')"))
+            assert "served" in row.inner_text()
+            assert "invoices: 2 ready" in page.locator("#no-worker").inner_text()
+            page.screenshot(path=str(out / "dashboard-workers.png"), full_page=True)
+            assert not errors, errors
+            page.close()
+    finally:
+        hold.set()
+        running.stop()
+        app.close()
 
 
 def _status(conn, rn: str) -> str:
