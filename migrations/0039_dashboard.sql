@@ -12,6 +12,9 @@
 CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops);
 CREATE INDEX tasks_unique_key_idx ON pyscheduler.tasks (unique_key) WHERE unique_key IS NOT NULL;
 CREATE INDEX schedules_target_pattern_idx ON pyscheduler.schedules (target text_pattern_ops);
+-- task_family(rn): a task's children, whatever their state (task_edges holds a parent's edges
+-- only while it is live); only a task submitted after others adds entries.
+CREATE INDEX tasks_after_idx ON pyscheduler.tasks USING gin (after) WHERE after IS NOT NULL;
 -- The workers the dashboard lists (issue 30): a Worker reports its queue and that it is alive
 -- about every 10 s (worker_seen), off the lease path; the view `workers` joins what each holds.
 CREATE TABLE pyscheduler._task_workers (

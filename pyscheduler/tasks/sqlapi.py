@@ -23,6 +23,7 @@ LIST_TASKS = Fn("list_tasks", ("queue", "status", "owner", "max_tasks", "before_
 MAX_BULK = 1000  # delete_tasks', run_tasks_now's ids per call
 DELETE_TASKS = Fn("delete_tasks", ("rns",), ("rn",))
 RUN_TASKS_NOW = Fn("run_tasks_now", ("rns",), ("rn",))
+TASK_FAMILY = Fn("task_family", ("rn", "max_tasks"), ("relation", "task_rn", "queue", "status", "updated"))
 FIND_TASKS = Fn("find_tasks", ("rn_from", "rn_to", "unique_key", "spec", "max_tasks"), ("task",))
 CANCEL_TASK = Fn("cancel_task", ("rn",))
 RETRY_TASK = Fn("retry_task", ("rn",))

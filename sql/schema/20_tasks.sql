@@ -139,6 +139,8 @@ CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, rn)
 -- queue and status.
 CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops);
 CREATE INDEX tasks_unique_key_idx ON pyscheduler.tasks (unique_key) WHERE unique_key IS NOT NULL;
+-- task_family (0039): a task's children, whatever their state; only tasks with parents.
+CREATE INDEX tasks_after_idx ON pyscheduler.tasks USING gin (after) WHERE after IS NOT NULL;
 -- The most common (queue, status) pairs of ANALYZE's sample (0021): without them the planner
 -- takes a queue's rare status for 5 % x 1 % of the table and list_tasks(queue, status) walks
 -- the primary key past every task (a second on 10 million) instead of the status's index.

@@ -1,5 +1,6 @@
--- pyscheduler: leased tasks, the search the dashboard's box runs (issue 30): find_tasks, each of
--- its terms read through an index (the primary key, tasks_unique_key_idx, tasks_spec_idx).
+-- pyscheduler: leased tasks, the dashboard's reads (issue 30): find_tasks (its search box, each
+-- term read through an index: the primary key, tasks_unique_key_idx, tasks_spec_idx) and
+-- task_family (a task page's workflow: parents by the primary key, children by tasks_after_idx).
 
 CREATE OR REPLACE FUNCTION pyscheduler.find_tasks(
     rn_from uuid DEFAULT NULL, rn_to uuid DEFAULT NULL, unique_key pyscheduler.unique_key DEFAULT NULL,
@@ -58,5 +59,41 @@ COMMENT ON FUNCTION pyscheduler.find_tasks(uuid, uuid, pyscheduler.unique_key, p
     'The tasks of one search term (an id range, a unique key, a spec fragment: jsonb @>), newest first, '
     'through an index; a key or fragment matches the caller''s own tasks only.';
 
-SELECT pyscheduler._grant('client', 'find_tasks');
-SELECT pyscheduler._grant('monitor', 'find_tasks');
+CREATE OR REPLACE FUNCTION pyscheduler.task_family(rn uuid, max_tasks integer DEFAULT 100)
+RETURNS TABLE (relation text, task_rn uuid, queue text, status text, updated timestamptz)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* task_family(rn, max_tasks => 100) -> setof (relation, task_rn, queue, status, updated)
+   The workflow around a task: its parents (relation 'parent': the tasks it
+   was submitted after, by the primary key) and its children (relation
+   'child': the tasks submitted after it, from tasks_after_idx, a GIN index
+   of the tasks that have parents), at most max_tasks of each, children
+   newest first. Metadata only (ids, queues, states), as list_tasks shows
+   every role; none for an unknown task.
+   Errors: PS208 max_tasks < 1. */
+#variable_conflict use_column
+BEGIN
+    IF max_tasks IS NULL OR max_tasks < 1 THEN
+        RAISE EXCEPTION 'max_tasks must be at least 1, got %', coalesce(max_tasks::text, 'NULL')
+            USING ERRCODE = 'PS208';
+    END IF;
+    RETURN QUERY
+    (SELECT 'parent'::text, p.rn, p.queue, p.status::text, p.updated
+       FROM tasks t CROSS JOIN LATERAL unnest(t.after) AS a(rn) JOIN tasks p ON p.rn = a.rn
+      WHERE t.rn = task_family.rn
+      LIMIT max_tasks)
+    UNION ALL
+    (SELECT 'child'::text, c.rn, c.queue, c.status::text, c.updated
+       FROM tasks c
+      WHERE c.after @> ARRAY[task_family.rn] AND c.after IS NOT NULL
+      ORDER BY c.rn DESC
+      LIMIT max_tasks);
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.task_family(uuid, integer) IS
+    'A task''s parents and children (ids, queues, states), through indexes.';
+
+SELECT pyscheduler._grant('client', 'find_tasks', 'task_family');
+SELECT pyscheduler._grant('monitor', 'find_tasks', 'task_family');

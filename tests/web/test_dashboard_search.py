@@ -112,7 +112,7 @@ def scans(conn):
 
 def test_each_search_reads_an_index(conn, scans):
     """At 20,000 tasks, 2,000 schedules and checks under 50 entity names: each reads its index
-    and scans no table."""
+    and scans no table (task_family too: the task page's children)."""
     conn.execute("SELECT pyscheduler.submit_tasks(queue => 'q' || (i % 5), specs => (SELECT jsonb_agg("
                  "jsonb_build_object('to', 'user' || j || '@example.com', 'n', j)) FROM generate_series(1, 1000) j), "
                  "unique_keys => (SELECT array_agg('k-' || i || '-' || j) FROM generate_series(1, 1000) j)) "
@@ -125,6 +125,9 @@ def test_each_search_reads_an_index(conn, scans):
                  "FROM generate_series(1, 2000, 2) i")  # the odd keys' checks end: their history
     conn.execute("SELECT pyscheduler.enqueue_messages(ids => %s, deadlines => %s)",
                  ([f"m-{i}" for i in range(1, 2001)], [datetime.now(timezone.utc) + timedelta(hours=1)] * 2000))
+    parent = conn.execute("SELECT pyscheduler.submit_task(queue => 'flow', spec => '{}') AS t").fetchone()["t"]["rn"]
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'flow', specs => '[{}, {}, {}]', "
+                 "after => ARRAY[%s]::uuid[])", (parent,))
     conn.execute("ANALYZE")
     rn = conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(max_tasks => 1)").fetchone()["rn"]
     lo, hi = id_range(rn[:13])
@@ -136,6 +139,7 @@ def test_each_search_reads_an_index(conn, scans):
                                          None),
         "checks_entity_job_key": ("SELECT * FROM pyscheduler.find_checks(entity_key => '78')", None),
         "delay_messages_pkey": ("SELECT * FROM pyscheduler.find_message(id => 'm-7')", None),
+        "tasks_after_idx": ("SELECT * FROM pyscheduler.task_family(rn => %s)", (parent,)),
     }
     for index, (sql, params) in cases.items():
         read = scans(sql, params)

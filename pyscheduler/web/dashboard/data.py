@@ -30,6 +30,7 @@ from ...schedules.client import RunOutcome
 from ...sqlapi import View
 from ...tasks import sqlapi as tasks_sql
 from ...tasks.client import TaskStatus
+from .formatting import parse_time
 
 PAGE = 50  # rows per page
 UP_TO = 1000  # the overview counts up to this many ("1000+"): a LIMIT stops each read
@@ -96,6 +97,27 @@ def spec_fragment(q: str) -> dict[str, Any] | None:
     return fragment
 
 
+def attempts(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """A task's attempts as its history shows them: each lease (TaskAssignment) to the entry
+    after it (a retry, a timeout, a yield, how it ended), with its worker and duration; the
+    errors go to the attempts that failed (TaskRetry, TaskAborted), latest last (the history
+    and the errors are both trimmed from the front)."""
+    history = task.get("history") or []
+    out: list[dict[str, Any]] = []
+    for i, h in enumerate(history):
+        if h.get("_typ") != "TaskAssignment":
+            continue
+        after = history[i + 1] if i + 1 < len(history) else None
+        start, end = parse_time(h.get("time")), parse_time(after.get("time")) if after else None
+        out.append({"worker": h.get("worker"), "started": start, "ended": end,
+                    "took": end - start if start and end else None,
+                    "how": after.get("_typ") if after else ("running" if task["status"] == "running" else "")})
+    failed = [a for a in out if a["how"] in ("TaskRetry", "TaskAborted")]
+    for a, error in zip(reversed(failed), reversed(task.get("errors") or [])):
+        a["error"] = error
+    return out
+
+
 def unattended(queues: list[dict[str, Any]], workers: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
     """The queues (not paused) with ready tasks and no worker seen for NO_WORKER_AFTER (a report
     or a lease or heartbeat: ``workers``' last_seen), with ``no_worker_for`` (None: none seen
@@ -150,6 +172,25 @@ class Reader:
 
     def queues(self) -> list[dict[str, Any]]:
         return self.db.query(tasks_sql.QUEUE_STATUS.select("ORDER BY queue"))
+
+    def all_queues(self) -> list[dict[str, Any]]:
+        """Every queue with tasks (finished ones kept included), paused or limited: queue_status's
+        row, its count of each status (task_counts: exact) and its limits (queue_limits)."""
+        rows: dict[str, dict[str, Any]] = {}
+        for c in self.db.query(tasks_sql.TASK_COUNTS.select()):
+            rows.setdefault(c["queue"], {"queue": c["queue"], "counts": {}})["counts"][c["status"]] = c["tasks"]
+        for q in self.queues():
+            rows.setdefault(q["queue"], {"queue": q["queue"], "counts": {}}).update(q)
+        for q in self.db.query(tasks_sql.QUEUE_LIMITS.select()):
+            rows.setdefault(q["queue"], {"queue": q["queue"], "counts": {}})["limits"] = q
+        return [rows[k] for k in sorted(rows)]
+
+    def queue_limits(self, queue: str) -> dict[str, Any] | None:
+        rows = self.db.query(tasks_sql.QUEUE_LIMITS.select("WHERE queue = %s"), (queue,))
+        return rows[0] if rows else None
+
+    def task_family(self, rn: str) -> list[dict[str, Any]]:
+        return self.db.call(tasks_sql.TASK_FAMILY, rn=uuid.UUID(rn), max_tasks=100)
 
     def workers(self) -> list[dict[str, Any]]:
         return self.db.query(tasks_sql.WORKERS.select("ORDER BY queue, worker LIMIT %s"), (MAX_WORKERS,))

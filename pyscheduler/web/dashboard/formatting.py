@@ -32,7 +32,7 @@ def mask_target(kind: str | None, target: str | None) -> str | None:
     return mask_url(target) if kind == "http" else target
 
 
-def _parse_time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value
     if isinstance(value, str) and value:
@@ -44,7 +44,7 @@ def _parse_time(value: Any) -> datetime | None:
 
 
 def fmt_time(value: Any) -> str:
-    t = _parse_time(value)
+    t = parse_time(value)
     if t is None:
         return "" if value is None else str(value)
     return t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") + "Z"
@@ -73,7 +73,7 @@ def fmt_duration(value: Any) -> str:
 
 
 def fmt_relative(value: Any, now: datetime) -> str:
-    t = _parse_time(value)
+    t = parse_time(value)
     if t is None:
         return ""
     d = (t - now).total_seconds()

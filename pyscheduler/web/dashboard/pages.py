@@ -23,7 +23,7 @@ from markupsafe import Markup
 from ...db import Database
 from ...errors import SchedulerError
 from . import charts
-from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader, unattended
+from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader, attempts, unattended
 from .formatting import environment, fmt_relative, mask_target
 from .http import HTTPError, Request, Site
 
@@ -185,7 +185,7 @@ class Dashboard(Site):
             raise HTTPError("400 Bad Request", f"unknown status {status!r}")
         page = r.tasks(queue=queue, status=None if status == "all" else status, owner=owner,
                        cursor=req.arg("cursor"))
-        return self._render(req, "tasks.html", title="tasks", now=r.clock(), queues=r.queues(),
+        return self._render(req, "tasks.html", title="tasks", now=r.clock(), queues=r.all_queues(),
                             expired=r.expired_leases(20), page=page, queue=queue, owner=owner, status=status,
                             statuses=TASK_STATUSES)
 
@@ -201,7 +201,8 @@ class Dashboard(Site):
             # the history records leases; how the task ended is its status since its last update
             task["history"] = [*task["history"], {"_typ": "Task" + task["status"].capitalize(),
                                                   "time": task["updated"], "worker": task["owner"]}]
-        return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task)
+        return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task, attempts=attempts(task),
+                            family=r.task_family(rn), limits=r.queue_limits(task["queue"]))
 
     def workers_page(self, req: Request) -> str:
         r = self._open()
