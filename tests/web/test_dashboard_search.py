@@ -1,7 +1,7 @@
 """The dashboard's search box (issue 30): one term finds tasks by id prefix, spec fragment or
 unique key, a queue, a worker's running tasks, schedules by name or target prefix, checks by
-entity key and a delay message by id, each through an index (the plans are read with
-auto_explain at a few thousand rows); a key or spec fragment finds only what the reading role
+entity key and a delay message by id, each through an index (what each call read, from
+PostgreSQL's counters, at a few thousand rows); a key or spec fragment finds only what the reading role
 may see."""
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ import re
 from datetime import datetime, timedelta, timezone
 import urllib.parse
 
-import pytest
-
 from pyscheduler.dashboard import make_app
 from pyscheduler.web.dashboard.data import id_range, spec_fragment
 from tests.support.dashboard import Client, populate, served, text_of
+from tests.support.reads import reads
 
 
 def _section(page: str, title: str) -> str:
@@ -85,32 +84,7 @@ def test_the_search_box_finds_each_kind_of_work(conn, login):
     app.close()
 
 
-@pytest.fixture
-def scans(conn):
-    """scans(sql, params) -> {relation: (sequential scans, index scans)} of the call, nested
-    statements included: pyscheduler's tables and indexes that it read (the statistics,
-    flushed by the call's session)."""
-    def counts() -> dict[str, tuple[int, int]]:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        rows = conn.execute("SELECT relname AS r, coalesce(seq_scan, 0) AS s, coalesce(idx_scan, 0) AS i "
-                            "FROM pg_stat_user_tables WHERE schemaname = 'pyscheduler' UNION ALL "
-                            "SELECT indexrelname, 0, idx_scan FROM pg_stat_user_indexes "
-                            "WHERE schemaname = 'pyscheduler'").fetchall()
-        return {r["r"]: (r["s"], r["i"]) for r in rows}
-
-    def run(sql: str, params=None) -> dict[str, tuple[int, int]]:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        before = counts()
-        conn.execute(sql, params).fetchall()
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        after = counts()
-        return {k: (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in after
-                if after[k] != before.get(k, (0, 0))}
-
-    return run
-
-
-def test_each_search_reads_an_index(conn, scans):
+def test_each_search_reads_an_index(conn):
     """At 20,000 tasks, 2,000 schedules and checks under 50 entity names: each reads its index
     and scans no table (task_family too: the task page's children)."""
     conn.execute("SELECT pyscheduler.submit_tasks(queue => 'q' || (i % 5), specs => (SELECT jsonb_agg("
@@ -131,23 +105,24 @@ def test_each_search_reads_an_index(conn, scans):
     conn.execute("ANALYZE")
     rn = conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(max_tasks => 1)").fetchone()["rn"]
     lo, hi = id_range(rn[:13])
-    cases = {
-        "tasks_pkey": ("SELECT * FROM pyscheduler.find_tasks(rn_from => %s, rn_to => %s)", (lo, hi)),
-        "tasks_spec_idx": ("SELECT * FROM pyscheduler.find_tasks(spec => '{\"to\": \"user7@example.com\"}')", None),
-        "tasks_unique_key_idx": ("SELECT * FROM pyscheduler.find_tasks(unique_key => 'k-3-7')", None),
-        "schedules_target_pattern_idx": ("SELECT * FROM pyscheduler.find_schedules(target_prefix => 'topic-12')",
-                                         None),
-        "checks_entity_job_key": ("SELECT * FROM pyscheduler.find_checks(entity_key => '78')", None),
-        "delay_messages_pkey": ("SELECT * FROM pyscheduler.find_message(id => 'm-7')", None),
-        "tasks_after_idx": ("SELECT * FROM pyscheduler.task_family(rn => %s)", (parent,)),
+    cases = {  # index: (table, the call, its parameters)
+        "tasks_pkey": ("tasks", "SELECT * FROM pyscheduler.find_tasks(rn_from => %s, rn_to => %s)", (lo, hi)),
+        "tasks_spec_idx": ("tasks", "SELECT * FROM pyscheduler.find_tasks(spec => '{\"to\": \"user7@example.com\"}')",
+                           None),
+        "tasks_unique_key_idx": ("tasks", "SELECT * FROM pyscheduler.find_tasks(unique_key => 'k-3-7')", None),
+        "schedules_target_pattern_idx": ("schedules",
+                                         "SELECT * FROM pyscheduler.find_schedules(target_prefix => 'topic-12')", None),
+        "checks_entity_job_key": ("checks", "SELECT * FROM pyscheduler.find_checks(entity_key => '78')", None),
+        "check_history_entity_idx": ("check_history", "SELECT * FROM pyscheduler.find_checks(entity_key => '77')",
+                                     None),
+        "delay_messages_pkey": ("delay_messages", "SELECT * FROM pyscheduler.find_message(id => 'm-7')", None),
+        "tasks_after_idx": ("tasks", "SELECT * FROM pyscheduler.task_family(rn => %s)", (parent,)),
     }
-    for index, (sql, params) in cases.items():
-        read = scans(sql, params)
-        assert read.get(index, (0, 0))[1] >= 1 and not any(s for s, _ in read.values()), (index, read)
-    read = scans("SELECT * FROM pyscheduler.find_checks(entity_key => '77')")
-    assert read.get("check_history_entity_idx", (0, 0))[1] >= 1 and not any(s for s, _ in read.values()), read
-    assert len(conn.execute(cases["tasks_spec_idx"][0]).fetchall()) == 20
-    assert [(r["entity_name"], r["state"]) for r in conn.execute(cases["checks_entity_job_key"][0])] == [
+    for index, (table, sql, params) in cases.items():
+        _, r = reads(conn, sql, params, tables=(table,))
+        assert r.scans[index] >= 1 and r.seq_scans(table) == 0, (index, r)
+    assert len(conn.execute(cases["tasks_spec_idx"][1]).fetchall()) == 20
+    assert [(r["entity_name"], r["state"]) for r in conn.execute(cases["checks_entity_job_key"][1])] == [
         ("e28", "pending")]
     assert [(r["entity_name"], r["state"]) for r in conn.execute(
         "SELECT * FROM pyscheduler.find_checks(entity_key => '77')")] == [("e27", "deleted")]
