@@ -333,7 +333,7 @@ def test_the_overview_and_the_tasks_page_show_exact_counts(conn, monitor_dsn):
     app.close()
     ready = conn.execute("SELECT count(*) AS n FROM pyscheduler.tasks WHERE status = 'ready'").fetchone()["n"]
     card = overview.split('id="card-tasks"')[1].split("</section>")[0]
-    assert f"<dt>ready</dt><dd>{ready}</dd>" in card, card
+    assert f"<dt>ready</dt><dd><a href=\"/tasks?status=ready\">{ready}</a></dd>" in card, card
     rows = {m.group(1): m.group(2) for m in re.finditer(
         r'<td><a href="[^"]*">(bulk|few)</a></td>\s*<td class="num"><a href="[^"]*">([^<]*)</a>', tasks)}
     assert rows == {"bulk": "1500", "few": "3"}, rows
@@ -497,4 +497,22 @@ def test_the_schedule_page_at_schedules_name_and_the_empty_list_s_words(work, mo
         assert "no tasks in queue nosuchqueue" in text_of(c.get("/tasks?status=all&queue=nosuchqueue")[2])
         assert "no aborted tasks in queue nosuchqueue held by w-9" in text_of(
             c.get("/tasks?status=aborted&queue=nosuchqueue&owner=w-9")[2])
+    app.close()
+
+
+def test_intervals_read_as_words_and_the_overview_s_counts_link_to_their_lists(work, conn, monitor_dsn):
+    """Issue 30: "every 00:00:45" read as "every 45 s"; each count of the overview opens the list
+    it counts."""
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'often', every => '45 seconds', target => 't')")
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'daily-ish', every => '1 day 90 minutes', target => 't')")
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        c = Client(base)
+        t = text_of(c.get("/schedules")[2])
+        assert "every 45 s" in t and "every 1 day 1 h 30 min" in t and "every 1 min" in t and "00:00:45" not in t
+        assert re.search(r"recurrence\s+every 45 s", text_of(c.get("/schedules/often")[2]))
+        page = c.get("/")[2]
+        for href in ('/tasks?status=ready', '/tasks?status=scheduled', '/tasks?status=running', '/delay',
+                     '/schedules#failing', '/schedules?paused=yes', '/checks#overdue'):
+            assert f'<a href="{href}">' in page, href
     app.close()

@@ -199,6 +199,35 @@ def test_search_retry_bulk_retry_and_workers_in_a_browser(browser, conn, dsn, lo
         app.close()
 
 
+def test_dark_mode_and_a_390_px_screen(browser, conn, login, tmp_path):
+    """Issue 30: the system's dark mode gives dark pages (the screenshot differs from the light
+    one); at 390 px wide no page scrolls sideways (wide tables scroll inside themselves)."""
+    work = populate(conn)
+    app = make_app(login("pyscheduler_admin")[1], allow_actions=True, refresh_s=3600)
+    out = shots(tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    with served(app) as base:
+        pages = ["/", "/tasks?status=all", f"/tasks/{work['aborted']}", "/workers", "/search?q=emails", "/delay",
+                 "/schedules", "/schedules/partner-hook", "/checks"]
+        narrow = browser.new_page(viewport={"width": 390, "height": 844})
+        for path in pages:
+            narrow.goto(base + path)
+            assert narrow.evaluate("document.documentElement.scrollWidth") <= 390, path
+        narrow.goto(base + "/tasks?status=all")
+        narrow.screenshot(path=str(out / "dashboard-390px.png"), full_page=True)
+        narrow.close()
+        shots_by_scheme = {}
+        for scheme in ("light", "dark"):
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+            page.goto(base + "/")
+            assert page.evaluate("getComputedStyle(document.body).backgroundColor") == {
+                "light": "rgb(246, 247, 249)", "dark": "rgb(17, 21, 28)"}[scheme]
+            shots_by_scheme[scheme] = page.screenshot(path=str(out / f"dashboard-overview-{scheme}.png"))
+            page.close()
+        assert shots_by_scheme["light"] != shots_by_scheme["dark"]
+    app.close()
+
+
 def _status(conn, rn: str) -> str:
     return conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'status' AS s", (rn,)).fetchone()["s"]
 
