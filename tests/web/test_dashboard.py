@@ -516,3 +516,27 @@ def test_intervals_read_as_words_and_the_overview_s_counts_link_to_their_lists(w
                      '/schedules#failing', '/schedules?paused=yes', '/checks#overdue'):
             assert f'<a href="{href}">' in page, href
     app.close()
+
+
+def test_every_page_shows_what_readyz_knows(work, monitor_dsn):
+    """Issue 30: served by the process's endpoint (``pyscheduler run``), every page's header
+    says whether /readyz answers 200, and if not, what is not ready."""
+    from pyscheduler.web.endpoint import serve
+
+    app = make_app(monitor_dsn)
+    endpoint = serve("127.0.0.1", 0, [], app=app)  # no daemon, no server to probe: ready
+    try:
+        c = Client(f"http://127.0.0.1:{endpoint.port}")
+        for path in ("/", "/tasks", "/workers", "/schedules", "/nope"):
+            assert re.search(r'<a class="pill ok" id="health" href="/readyz">ready</a>', c.get(path)[2]), path
+        endpoint.health.expect("tasks-worker:emails")
+        endpoint.health.down("tasks-worker:emails", "crashed: boom")
+        page = c.get("/checks")[2]
+        assert re.search(r'id="health" href="/readyz" title="/readyz">not ready: daemon tasks-worker:emails</a>', page)
+    finally:
+        endpoint.close()
+        app.close()
+    app = make_app(monitor_dsn)  # served alone (pyscheduler dashboard): no process to report on
+    with served(app) as base:
+        assert 'id="health"' not in Client(base).get("/")[2]
+    app.close()

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -58,6 +58,9 @@ class Dashboard(Site):
         self._open_lock = threading.Lock()
         self.reader: Reader | None = None
         self._redis_state: tuple[float, dict[str, Any]] | None = None
+        # what /readyz knows, when the process's endpoint serves the dashboard (web.endpoint.serve
+        # sets it): () -> (ready, body), as Health.report
+        self.health: Callable[[], tuple[bool, dict[str, Any]]] | None = None
         self.env = environment()
         self.routes = [
             ("GET", re.compile(r"^/$"), self.overview),
@@ -152,7 +155,8 @@ class Dashboard(Site):
             req=req, url=url, here=here, action=action, now=now, nonce=req.nonce,
             rel=lambda v: fmt_relative(v, now), allow_actions=self.allow_actions, flash=flash,
             refresh_s=self.refresh_s, PAGE=PAGE, mask_target=mask_target, next_here=_here_plain(req),
-            reader_role=lambda: self.reader.role if self.reader is not None else "", **ctx)
+            reader_role=lambda: self.reader.role if self.reader is not None else "",
+            health=self.health() if self.health is not None else None, **ctx)
 
     # -- pages ----------------------------------------------------------------------------
 
