@@ -35,7 +35,6 @@ from .formatting import parse_time
 PAGE = 50  # rows per page
 UP_TO = 1000  # the overview counts up to this many ("1000+"): a LIMIT stops each read
 LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
-NO_WORKER_AFTER = timedelta(minutes=1)  # a queue with ready tasks and no worker seen for this long is flagged
 MAX_WORKERS = 1000  # rows of the workers page
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 CHECK_OUTCOMES: tuple[str, ...] = get_args(CheckOutcome)
@@ -115,22 +114,6 @@ def attempts(task: dict[str, Any]) -> list[dict[str, Any]]:
     failed = [a for a in out if a["how"] in ("TaskRetry", "TaskAborted")]
     for a, error in zip(reversed(failed), reversed(task.get("errors") or [])):
         a["error"] = error
-    return out
-
-
-def unattended(queues: list[dict[str, Any]], workers: list[dict[str, Any]], now: datetime) -> list[dict[str, Any]]:
-    """The queues (not paused) with ready tasks and no worker seen for NO_WORKER_AFTER (a report
-    or a lease or heartbeat: ``workers``' last_seen), with ``no_worker_for`` (None: none seen
-    in the last day)."""
-    last: dict[str, datetime] = {}
-    for w in workers:
-        if w["last_seen"] is not None and (w["queue"] not in last or w["last_seen"] > last[w["queue"]]):
-            last[w["queue"]] = w["last_seen"]
-    out = []
-    for q in queues:
-        seen = last.get(q["queue"])
-        if q["ready"] and not q["paused"] and (seen is None or now - seen > NO_WORKER_AFTER):
-            out.append(dict(q, no_worker_for=None if seen is None else now - seen))
     return out
 
 

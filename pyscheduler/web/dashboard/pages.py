@@ -23,7 +23,8 @@ from markupsafe import Markup
 from ...db import Database
 from ...errors import SchedulerError
 from . import charts
-from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader, attempts, unattended
+from ...tasks.workers import unattended
+from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader, attempts
 from .formatting import environment, fmt_relative, mask_target
 from .http import HTTPError, Request, Site
 
