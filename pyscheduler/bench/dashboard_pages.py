@@ -78,7 +78,7 @@ def main() -> None:
              "/schedules?name_like=s-00999%25", "/schedule?name=s-0000010", "/checks",
              "/checks?entity_name=order&entity_key=4242",
              # the search box (issue 30): a spec fragment, a schedule's name, an entity key, a message id
-             "/search?q=i:4242", "/search?q=s-0000010", "/search?q=4242", "/search?q=order-1"]
+             "/search?q=i:4242", "/search?q=s-0000010", "/search?q=4242", "/search?q=order-1", "/workers"]
     server = BoundedServer("127.0.0.1", 0, app).start()
     try:
         base = f"http://127.0.0.1:{server.port}"
