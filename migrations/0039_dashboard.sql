@@ -6,7 +6,7 @@
 -- fills it or by autovacuum: submit_tasks within the noise of a 100,000-task run);
 -- find_tasks(unique_key => k): the tasks of a key whatever their queue, finished ones included
 -- (tasks_unique_idx holds the live ones, under queue and role); a task without a key adds no entry;
--- find_schedules(prefix => p): the schedules whose target starts with p (a schedule's target
+-- find_schedules(target_prefix => p): the schedules whose target starts with p (a schedule's target
 -- changes only on update: firing adds nothing).
 -- CREATE INDEX holds off writes to each table while it reads it.
 CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops);
