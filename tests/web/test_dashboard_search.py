@@ -6,6 +6,7 @@ may see."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import datetime, timedelta, timezone
 import urllib.parse
@@ -20,6 +21,31 @@ def _section(page: str, title: str) -> str:
     """The text of one result section (from its heading to the next)."""
     m = re.search(rf"<h2>{re.escape(title)} \(\d+\+?\)</h2>(.*?)(?=<h2>|</div>\s*</main>)", page, re.S)
     return text_of(m.group(1)) if m else ""
+
+
+def test_a_waiting_message_found_by_id_is_cancelled_from_the_search(conn, login):
+    """Issue 30 (the delay queue: look a message up, cancel it): the search's message row offers
+    cancel while it waits; the confirmation, the POST, then nothing left to find."""
+    populate(conn)
+    app = make_app(login("pyscheduler_admin")[1], allow_actions=True)
+    with served(app) as base:
+        c = Client(base)
+        page = c.get("/search?q=order-1")[2]
+        href = html.unescape(re.search(r'<a class="act danger" href="(/confirm/cancel_message\?[^"]+)"', page).group(1))
+        page = c.get(href)[2]
+        assert "Cancel delayed message order-1: it never fires?" in text_of(page)
+        action = html.unescape(re.search(r'<form method="post" action="([^"]+)"', page).group(1))
+        fields = {html.unescape(n): html.unescape(v)
+                  for n, v in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page)}
+        status, headers, _ = c.request(action, fields, {"Origin": base})
+        assert status == 303 and "done: Cancel delayed message order-1" in text_of(c.get(headers["Location"])[2])
+        assert conn.execute("SELECT count(*) AS n FROM pyscheduler.find_message(id => 'order-1')").fetchone()["n"] == 0
+        assert "Delay messages by id" not in c.get("/search?q=order-1")[2]
+        status, headers, _ = c.request(action, fields, {"Origin": base})  # again: nothing waits
+        assert "not cancelled: Cancel delayed message order-1" in text_of(c.get(headers["Location"])[2])
+        page = c.get("/search?q=late-1")[2]  # ready (being fired): too late to cancel
+        assert re.search(r"late-1\s+ready", text_of(page)) and "cancel_message" not in page
+    app.close()
 
 
 def test_the_terms_the_box_reads():

@@ -345,3 +345,4 @@ class Actions:
         self.pause_queue, self.resume_queue = tasks.pause_queue, tasks.resume_queue
         self.pause_schedule, self.resume_schedule = schedules.pause, schedules.resume
         self.trigger_schedule, self.delete_checks = schedules.trigger, checks.delete
+        self.cancel_message = lambda id: db.call_value(delay_sql.CANCEL_MESSAGE, id=id)  # no delay client has it

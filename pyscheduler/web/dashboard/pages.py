@@ -282,6 +282,7 @@ class Dashboard(Site):
         "trigger_schedule": ("Fire schedule {name} once now", ("name",), ()),
         "delete_checks": ("Delete the pending checks of {entity_name} {entity_key} (job {job})",
                           ("entity_name", "entity_key"), ("job",)),
+        "cancel_message": ("Cancel delayed message {id}: it never fires", ("id",), ()),
     }
 
     def _action_args(self, action: str, source: dict[str, str]) -> dict[str, str | None]:
@@ -319,6 +320,8 @@ class Dashboard(Site):
         try:
             result = getattr(self._actions(), action)(**args)
             ok, text = True, f"done: {what}" + (f" ({result} checks)" if action == "delete_checks" else "")
+            if action == "cancel_message" and not result:
+                ok, text = False, f"not cancelled: {what}: it is no longer waiting (fired, being fired, or unknown)"
             log.info("dashboard action %s %s", action, args)
         except SchedulerError as exc:
             ok, text = False, f"refused: {what}: {exc}" + (f" ({exc.sqlstate})" if exc.sqlstate else "")
