@@ -1,6 +1,7 @@
 """Every query of the dashboard, in one place: ``Reader`` (the monitor role's views and
 functions only, docs/sql-api.md "Roles", as the capabilities' ``sqlapi`` declare them) and
-``Actions`` (the write side: the typed clients' calls, on their own login). Lists page by
+``Actions`` (the write side: the typed clients' calls, on their own login); ``attempts``
+reads a task's attempts from its history. Lists page by
 keyset through the SQL functions' cursors: a page asks for ``size + 1`` rows, the extra one
 says whether there is a next page (docs/operations.md, "Dashboard").
 """

@@ -1,8 +1,9 @@
 """The dashboard's pages: ``Dashboard`` (a ``http.Site``) renders the overview, tasks, task,
-delay queue, schedules, schedule and checks pages from ``data.Reader`` (as a login in
-``pyscheduler_monitor``, or the action login when actions are on), and with
-``allow_actions`` offers the actions of ``ACTIONS``, each a GET that shows a confirmation and
-a POST that acts through ``data.Actions``. ``make_app`` builds one.
+workers, search, delay queue, schedules, schedule and checks pages from ``data.Reader`` (as a
+login in ``pyscheduler_monitor``, or the action login when actions are on), and with
+``allow_actions`` offers the actions of ``ACTIONS`` and the bulk actions of ``BULK_OPS`` on
+tasks, each a GET that shows a confirmation and a POST that acts through ``data.Actions``.
+``make_app`` builds one.
 """
 
 from __future__ import annotations
