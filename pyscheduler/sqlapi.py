@@ -54,6 +54,7 @@ class Query(str):
 
 VERSION = Fn("version", columns=("code_version", "migrations"))
 NOW = Query("SELECT now() AS now")  # the database clock
+CURRENT_ROLE = Query("SELECT current_user AS role")  # the role a login reads and acts as
 ACTIVITY = Fn("activity", ("since", "bucket", "max_rows"),
               ("capability", "outcome", "bucket_start", "n", "worst", "complete"))
 HTTP_ALLOW = Fn("http_allow")

@@ -522,6 +522,27 @@ $$;
 COMMENT ON FUNCTION pyscheduler.cancel_message(pyscheduler.message_id) IS
     'Delay queue: cancel a waiting message; false when absent or already being fired.';
 
+CREATE OR REPLACE FUNCTION pyscheduler.find_message(id pyscheduler.message_ref)
+RETURNS TABLE (id text, deadline timestamptz, state text, readied_at timestamptz, readied_by uuid,
+               headers integer, key_bytes integer, value_bytes integer)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* find_message(id) -> setof (id, deadline, state, readied_at, readied_by, headers, key_bytes, value_bytes)
+   The stored message of that chronosMessageId (the primary key), if any:
+   its deadline, state ('waiting', or 'ready': claimed by relay node
+   readied_by at readied_at, being fired), how many headers it carries and
+   the sizes of its key and value (never their bytes). A fired or cancelled
+   message is no longer stored: no row. */
+    SELECT m.id, m.deadline, CASE WHEN m.readied_at IS NULL THEN 'waiting' ELSE 'ready' END, m.readied_at,
+           m.readied_by, jsonb_array_length(m.headers), octet_length(m.key), octet_length(m.value)
+      FROM pyscheduler.delay_messages m
+     WHERE m.id = find_message.id;
+$$;
+COMMENT ON FUNCTION pyscheduler.find_message(pyscheduler.message_ref) IS
+    'Delay queue: a stored message''s deadline, state and sizes by its id (no bytes), or no row.';
+
 -- _delay_counts: what delay_queue counts with, instead of counting the table (design.md: a
 -- read path never scans a table). Its rows sum to the number of stored messages (waiting +
 -- ready). Every statement that stores or deletes messages appends one row, its delta, in its
@@ -671,10 +692,11 @@ COMMENT ON VIEW pyscheduler.delay_ready_by_node IS
 
 -- Enqueueing, claiming and firing are the relay's job (applications publish to
 -- the input topic); cancelling is the application's; monitoring reads.
-SELECT pyscheduler._grant('client', 'cancel_message', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
+SELECT pyscheduler._grant('client', 'cancel_message', 'next_deadline', 'delay_queue', 'delay_ready_by_node',
+                          'find_message');
 -- the views call them for their readers
 SELECT pyscheduler._grant(audience, '_delay_queue', '_delay_ready_by_node')
   FROM unnest(ARRAY['client', 'relay', 'monitor']) AS audience;
 SELECT pyscheduler._grant('relay', 'enqueue_message', 'enqueue_messages', 'ready_and_claim', 'delete_fired',
                           'reset_stuck', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
-SELECT pyscheduler._grant('monitor', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
+SELECT pyscheduler._grant('monitor', 'next_deadline', 'delay_queue', 'delay_ready_by_node', 'find_message');

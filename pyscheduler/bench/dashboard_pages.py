@@ -76,13 +76,15 @@ def main() -> None:
     pages = ["/", "/tasks", "/tasks?status=ready&queue=q0", "/tasks?status=scheduled", "/tasks?status=aborted",
              "/tasks?status=aborted&queue=q3", "/tasks?status=completed", "/delay", "/schedules",
              "/schedules?name_like=s-00999%25", "/schedule?name=s-0000010", "/checks",
-             "/checks?entity_name=order&entity_key=4242"]
+             "/checks?entity_name=order&entity_key=4242",
+             # the search box (issue 30): a spec fragment, a schedule's name, an entity key, a message id
+             "/search?q=i:4242", "/search?q=s-0000010", "/search?q=4242", "/search?q=order-1", "/workers"]
     server = BoundedServer("127.0.0.1", 0, app).start()
     try:
         base = f"http://127.0.0.1:{server.port}"
         with urllib.request.urlopen(base + "/tasks?status=aborted") as r:
             rn = re.search(r'href="/tasks/([0-9a-f-]{36})"', r.read().decode()).group(1)
-        pages.append(f"/tasks/{rn}")
+        pages += [f"/tasks/{rn}", f"/search?q={rn[:13]}"]  # and the search for an id prefix
         print(f"{'page':45} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
         for page in pages:
             times = []

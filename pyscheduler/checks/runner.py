@@ -231,6 +231,9 @@ class CheckRunner:
             for job, by_outcome in (row["job_outcomes"] or {}).items():
                 for outcome, n in by_outcome.items():
                     self._count(outcome, n, job_label(job))
+                    if outcome in ("error", "timeout") and n:  # in-database jobs: their errors are in the history
+                        log.warning("%s: %d check%s of job %s ended with %s (pyscheduler checks history shows why)",
+                                    self.name, n, "" if n == 1 else "s", job, outcome)
         else:  # a database not migrated yet
             for outcome, n in (row["outcomes"] or {}).items():
                 self._count(outcome, n, OTHER_JOBS)
@@ -336,6 +339,9 @@ class CheckRunner:
             self._count(row["outcome"], 1, jobs.get(row["id"], OTHER_JOBS))
             if row["outcome"] == "not_taken":
                 log.warning("check %s was not recorded: not taken by this transaction", row["id"])
+            elif row["outcome"] in ("error", "timeout"):
+                log.warning("check %s (job %s) ended with %s: %s", row["id"], jobs.get(row["id"], OTHER_JOBS),
+                            row["outcome"], results[row["id"]].error)
         self._clock_lap("finish")
 
     def _run_sql_one_by_one(self, conn: psycopg.Connection, session: Session, ids: list[int],

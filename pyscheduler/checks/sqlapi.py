@@ -14,6 +14,7 @@ _CHECK = ("id", "entity_name", "entity_key", "job", "kind", "payload", "first_ch
 ADD_CHECK = Fn("add_check", ("entity_name", "entity_key", "job", "check_at", "check_after", "payload", "kind",
                              "max_checks", "horizon"), ("id", "next_check_at", "added"))
 DELETE_CHECKS = Fn("delete_checks", ("entity_name", "entity_key", "job"))
+FIND_CHECKS = Fn("find_checks", ("entity_key", "max"), ("entity_name", "job", "state", "at", "owner"))
 LIST_CHECKS = Fn("list_checks", ("entity_name", "entity_key", "job", "max", "after_at", "after_id"), _CHECK)
 CHECK_HISTORY = Fn("check_history", ("entity_name", "entity_key", "job", "max", "before_at", "before_id"),
                    ("id", "entity_name", "entity_key", "job", "kind", "payload", "first_check_at", "last_check_at",

@@ -22,6 +22,9 @@ NOTIFY_CHANNEL = "pyscheduler_delay"
 
 # -- views (delay status, the relay's backlog gauge, the demo) ----------------------------------
 
+CANCEL_MESSAGE = Fn("cancel_message", ("id",))
+FIND_MESSAGE = Fn("find_message", ("id",), ("id", "deadline", "state", "readied_at", "readied_by", "headers",
+                                          "key_bytes", "value_bytes"))
 DELAY_QUEUE = View("delay_queue", ("waiting", "ready", "overdue", "next_deadline", "oldest_ready_age"))
 DELAY_READY_BY_NODE = View("delay_ready_by_node", ("node", "ready", "oldest_readied_at", "oldest_ready_age"))
 

@@ -24,6 +24,7 @@ RESUME_SCHEDULE = Fn("resume_schedule", ("name",))
 TRIGGER_SCHEDULE = Fn("trigger_schedule", ("name",))
 DELETE_SCHEDULE = Fn("delete_schedule", ("name",))
 GET_SCHEDULE = Fn("get_schedule", ("name",))
+FIND_SCHEDULES = Fn("find_schedules", ("target_prefix", "max_schedules"), ("schedule",))
 LIST_SCHEDULES = Fn("list_schedules", ("name_like", "target_kind", "paused", "critical", "max_schedules",
                                        "after_name"), ("schedule",))
 SCHEDULE_RUNS = Fn("schedule_runs", ("name", "with_outcome", "since", "max_runs", "before"),

@@ -3,6 +3,7 @@ the demo (the capability contract of pyscheduler/daemon.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -224,14 +225,55 @@ def resume_cmd(dsn, queue) -> None:
 
 @group.command("queues")
 @dsn_option
-def queues_cmd(dsn) -> None:
+@click.option("--watch", type=click.FloatRange(0.5, 3600), default=None, metavar="SECONDS",
+              help="Redraw a table of the queues every SECONDS, with when a worker of each was last seen and "
+                   "the queues nobody works flagged, as `top` does (Ctrl-C stops).")
+@click.option("--iterations", type=click.IntRange(1), default=None, hidden=True,
+              help="With --watch: stop after this many redraws.")
+def queues_cmd(dsn, watch, iterations) -> None:
     """Per queue: tasks ready, delayed and running, paused or not, the oldest ready task's wait."""
+    if watch is not None:
+        _watch_queues(dsn, watch, iterations)
+        return
     rows = _with_client(dsn, lambda client: client.db.query(sql.QUEUE_STATUS.select("ORDER BY queue")))
     for q in rows:
         age = f"{q['oldest_ready_age'].total_seconds():.1f}s" if q["oldest_ready_age"] is not None else "-"
         paused = f" PAUSED by {q['paused_by']}" + (f": {q['note']}" if q["note"] else "") if q["paused"] else ""
         click.echo(f"{q['queue']:<20} ready={q['ready']:<7} delayed={q['delayed']:<7} running={q['running']:<6} "
                    f"oldest_ready={age} next_due={q['next_due'] or '-'}{paused}")
+
+
+def _watch_queues(dsn: str | None, every: float, iterations: int | None) -> None:
+    """``tasks queues --watch``: the table, redrawn (the screen cleared on a terminal)."""
+    from ..sqlapi import NOW
+    from .workers import NO_WORKER_AFTER, last_seen
+
+    def ago(d: timedelta | None) -> str:
+        if d is None:
+            return "-"
+        s = d.total_seconds()
+        return f"{s:.1f}s" if s < 90 else f"{s / 60:.0f}m" if s < 5400 else f"{s / 3600:.1f}h"
+
+    with Database(require_dsn(dsn), max_size=1) as db, contextlib.suppress(KeyboardInterrupt):
+        drawn = 0
+        while iterations is None or drawn < iterations:
+            now = db.query(NOW)[0]["now"]
+            rows = db.query(sql.QUEUE_STATUS.select("ORDER BY queue"))
+            seen = last_seen(db.query(sql.WORKERS.select()))
+            click.clear()
+            click.echo(f"pyscheduler queues at {now:%Y-%m-%d %H:%M:%S}Z (every {every:g} s; Ctrl-C stops)")
+            click.echo(f"{'QUEUE':<24} {'READY':>8} {'DELAYED':>8} {'RUNNING':>8} {'WAITING':>8} {'OLDEST':>8} "
+                       f"{'WORKER SEEN':>11}  STATE")
+            for q in rows:
+                worker = now - seen[q["queue"]] if q["queue"] in seen else None
+                state = "paused" if q["paused"] else "NO WORKER" if q["ready"] and (
+                    worker is None or worker > NO_WORKER_AFTER) else ""
+                click.echo(f"{q['queue']:<24} {q['ready']:>8} {q['delayed']:>8} {q['running']:>8} {q['waiting']:>8} "
+                           f"{ago(q['oldest_ready_age']):>8} {ago(worker) + ' ago' if worker else 'never':>11}  "
+                           f"{state}".rstrip())
+            drawn += 1
+            if iterations is None or drawn < iterations:
+                time.sleep(every)
 
 
 def _limit(value: str | None, what: str) -> int | None | bool:

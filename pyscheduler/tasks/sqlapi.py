@@ -20,6 +20,11 @@ SUBMIT_TASKS = Fn("submit_tasks", ("specs", "unique_keys", "concurrency_keys") +
 SUBMIT_WORKFLOW = Fn("submit_workflow", ("workflow",))
 GET_TASK = Fn("get_task", ("rn",))
 LIST_TASKS = Fn("list_tasks", ("queue", "status", "owner", "max_tasks", "before_rn"), ("task",))
+MAX_BULK = 1000  # delete_tasks', run_tasks_now's ids per call
+DELETE_TASKS = Fn("delete_tasks", ("rns",), ("rn",))
+RUN_TASKS_NOW = Fn("run_tasks_now", ("rns",), ("rn",))
+TASK_FAMILY = Fn("task_family", ("rn", "max_tasks"), ("relation", "task_rn", "queue", "status", "updated"))
+FIND_TASKS = Fn("find_tasks", ("rn_from", "rn_to", "unique_key", "spec", "max_tasks"), ("task",))
 CANCEL_TASK = Fn("cancel_task", ("rn",))
 RETRY_TASK = Fn("retry_task", ("rn",))
 RETRY_TASKS = Fn("retry_tasks", ("queue", "status", "max_tasks"), ("task",))
@@ -41,6 +46,9 @@ OLDEST_READY_TASKS = View("oldest_ready_tasks", ())  # read whole by pyscheduler
 # -- the Worker: lease, heartbeats, outcomes -------------------------------------------------------
 
 REGISTER_WORKER = Fn("register_worker")
+WORKER_SEEN = Fn("worker_seen", ("worker", "queue"))
+WORKERS = View("workers", ("worker", "queue", "registered", "seen_at", "holds", "oldest_lease_age", "last_heartbeat",
+                           "last_seen"))
 # rows (rn, token, spec, priority, seq, attempt), read as tuples in this order
 LEASE_TASKS_LEAN = Fn("lease_tasks_lean", ("queue", "worker", "n", "timeout", "aging_rate", "aging_cap"),
                       ("rn", "token", "spec", "priority", "seq", "attempt"))

@@ -333,6 +333,8 @@ def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | Non
     health = Health(probes_for(dsn, kafka_bootstrap, kafka_settings, redis_url))
     for d in daemons:
         health.expect(d.name)
+    if app is not None and hasattr(app, "health"):
+        app.health = health.report  # the dashboard shows what /readyz knows on every page
     endpoint = Endpoint(process_registry(daemons, health, registry=registry), health, app).serve(host, port)
     health.start()
     shown = f"[{host}]" if ":" in host else host

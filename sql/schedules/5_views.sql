@@ -65,10 +65,10 @@ CREATE OR REPLACE VIEW pyscheduler.schedules_failing AS
            CASE WHEN coalesce(owner = ANY ((SELECT pyscheduler._seen_owners())::name[]), true)
                 THEN target END AS target, owner
       FROM pyscheduler.schedules
-     WHERE consecutive_failures > 0
+     WHERE consecutive_failures > 0 AND NOT paused  -- a paused one is in schedules_paused: it does not fire
      ORDER BY consecutive_failures DESC, name;
 COMMENT ON VIEW pyscheduler.schedules_failing IS
-    'Schedules whose last fired-or-failed occurrence failed after retries, most consecutive failures first.';
+    'Schedules not paused whose last fired-or-failed occurrence failed after retries, most consecutive failures first.';
 
 -- ---------------------------------------------------------------- grants
 

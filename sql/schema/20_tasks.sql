@@ -1,8 +1,8 @@
 -- Fresh install: the leased tasks' tables (seeds/scylla.md), in one place.
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
--- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql and
--- 0030_ownership.sql and 0038_durable.sql
+-- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
+-- 0030_ownership.sql, 0038_durable.sql and 0039_dashboard.sql
 -- build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -135,6 +135,12 @@ CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN 
 -- finishes.
 CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, rn)
     WHERE status IN ('completed', 'aborted', 'cancelled');
+-- find_tasks (the dashboard's search, 0039): a spec fragment (jsonb @>), a unique key in any
+-- queue and status.
+CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops);
+CREATE INDEX tasks_unique_key_idx ON pyscheduler.tasks (unique_key) WHERE unique_key IS NOT NULL;
+-- task_family (0039): a task's children, whatever their state; only tasks with parents.
+CREATE INDEX tasks_after_idx ON pyscheduler.tasks USING gin (after) WHERE after IS NOT NULL;
 -- The most common (queue, status) pairs of ANALYZE's sample (0021): without them the planner
 -- takes a queue's rare status for 5 % x 1 % of the table and list_tasks(queue, status) walks
 -- the primary key past every task (a second on 10 million) instead of the status's index.
@@ -171,6 +177,16 @@ CREATE TABLE pyscheduler.task_queues (
     owner name,
     CONSTRAINT task_queues_pkey PRIMARY KEY (queue),
     CONSTRAINT task_queues_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40)
+);
+
+-- The workers that report (worker_seen, 0039): one row per worker and queue, seen_at renewed
+-- about every 10 s; rows not seen for a day are deleted by the reports of others.
+CREATE TABLE pyscheduler._task_workers (
+    worker     text NOT NULL,
+    queue      text NOT NULL,
+    registered timestamptz NOT NULL,
+    seen_at    timestamptz NOT NULL,
+    CONSTRAINT _task_workers_pkey PRIMARY KEY (worker, queue)
 );
 
 -- Dependencies: the children of a parent (a child's parents are its after).

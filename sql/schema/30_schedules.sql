@@ -1,8 +1,8 @@
 -- Fresh install: the recurring schedules' tables (seeds/schedulinator.md), in one place.
 -- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
 -- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql, 0018_flat_reads.sql,
--- 0021_flat_reads_tasks.sql, 0023_schedules_due_index.sql and
--- 0035_schedule_task_options.sql build
+-- 0021_flat_reads_tasks.sql, 0023_schedules_due_index.sql,
+-- 0035_schedule_task_options.sql and 0039_dashboard.sql build
 -- (tests/ops/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
@@ -95,6 +95,8 @@ CREATE INDEX schedules_name_pattern_idx ON pyscheduler.schedules (name text_patt
 -- schedules_failing, in its order; a healthy firing adds no entry (consecutive_failures 0).
 CREATE INDEX schedules_failing_idx ON pyscheduler.schedules (consecutive_failures DESC, name)
     WHERE consecutive_failures > 0;
+-- find_schedules(prefix): the targets with that prefix (0039_dashboard).
+CREATE INDEX schedules_target_pattern_idx ON pyscheduler.schedules (target text_pattern_ops);
 
 -- One row per (schedule, expected time): a fire recorded twice counts once.
 -- No foreign key (a per-row check on the hottest INSERT): delete_schedule

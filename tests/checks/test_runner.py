@@ -3,6 +3,7 @@ catch-up after downtime, timeouts, errors, task jobs, the CLI."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -97,7 +98,10 @@ def test_a_slow_job_ends_as_timeout_and_its_neighbours_run(slots, running, dsn, 
     assert "timeout" in ended[added["sql-slow"]]["error"]
 
 
-def test_a_job_that_raises_ends_as_error_and_the_next_one_runs(slots, running, dsn, conn):
+def test_a_job_that_raises_ends_as_error_and_the_next_one_runs(slots, running, dsn, conn, caplog):
+    """... and the runner logs it (issue 30: check errors were in the history only): a Python
+    job's error with its text, the in-database ones counted per job."""
+    caplog.set_level(logging.WARNING, logger="pyscheduler")
     conn.execute(SLEEPY_SQL)
     handler = Counting(fail={"p1"})
     py = add_many(slots, 3, "count", "python", prefix="p")
@@ -111,6 +115,10 @@ def test_a_job_that_raises_ends_as_error_and_the_next_one_runs(slots, running, d
     assert [ended[i]["outcome"] for i in sql] == ["done", "error", "done"]
     assert "cannot check p1" in ended[py[1]]["error"] and "job for q1 failed" in ended[sql[1]]["error"]
     assert ended[unknown[0]]["outcome"] == "error" and "no Python handler" in ended[unknown[0]]["error"]
+    logged = caplog.text
+    assert f"check {py[1]} (job count) ended with error: " in logged and "cannot check p1" in logged, logged
+    assert f"check {unknown[0]} (job (unregistered)) ended with error: " in logged, logged
+    assert "1 check of job app.nap ended with error (pyscheduler checks history shows why)" in logged, logged
     outcomes = {(r["job"], r["outcome"]): r["checks"] for r in slots.query("SELECT * FROM pyscheduler.check_outcomes")}
     assert outcomes[("count", "error")] == 1 and outcomes[("app.nap", "done")] == 2
     # the runner's series, per job (a Python job without a handler here: one label for all such)

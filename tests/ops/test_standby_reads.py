@@ -30,6 +30,11 @@ ARGS = {
     "next_cron_time": lambda ids: {"expr": "0 3 * * *"},
     "slot_round": lambda ids: {"ts": ids["now"]},
     "upcoming_runs": lambda ids: {"name": "nightly"},
+    "find_checks": lambda ids: {"entity_key": "42"},  # the dashboard's search (issue 30)
+    "find_schedules": lambda ids: {"target_prefix": "mail"},
+    "find_message": lambda ids: {"id": "m-1"},
+    "find_tasks": lambda ids: {"unique_key": "k"},
+    "task_family": lambda ids: {"rn": ids["task"]},
 }
 
 

@@ -321,7 +321,7 @@ VALID = {
     ("allow", "cidr[]"): "ARRAY['10.0.0.0/8']::cidr[]", ("owner", "name"): "'pyscheduler_client'",
     ("deadline", "timestamp with time zone"): "now() + interval '1 hour'",
     ("deadlines", "timestamp with time zone[]"): "ARRAY[now() + interval '1 hour']",
-    ("entity_key", "text"): "'42'", ("entity_name", "text"): "'order'",
+    ("entity_key", "text"): "'42'", ("entity_name", "text"): "'order'", ("target_prefix", "text"): "'walk-'",
     ("error", "jsonb"): "'{{\"code\": \"boom\"}}'", ("errors", "jsonb"): "'[{{\"code\": \"boom\"}}]'",
     ("expr", "text"): "'*/5 * * * *'",
     ("id", "bigint"): "{check}", ("id", "text"): "'walk-1'",

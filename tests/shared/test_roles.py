@@ -265,6 +265,7 @@ def owned_work(dsn: str, app_dsn: str) -> dict[tuple[str, ...], str]:
         ("deadline", "timestamp with time zone"): "now() + interval '2 hours'",
         ("deadlines", "timestamp with time zone[]"): "ARRAY[now() + interval '2 hours']",
         ("node", "uuid"): "gen_random_uuid()", ("expr", "text"): "'* * * * *'",
+        ("target_prefix", "text"): "'walk-'",
         ("ts", "timestamp with time zone"): "now()",
         ("allow", "cidr[]"): "'{}'::cidr[]",
         ("step", "text"): "'walk-step'", ("payload", "jsonb"): "'{}'",

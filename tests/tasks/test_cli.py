@@ -93,6 +93,23 @@ def test_pause_resume_and_queues(dsn, db):
         assert result.exit_code in (1, 2) and ("--note" in result.output or "queue" in result.output), bad
 
 
+def test_queues_watch_redraws_a_table_and_flags_a_queue_nobody_works(dsn, db):
+    """Issue 30 (`pyscheduler top`): `tasks queues --watch SECONDS` redraws the queues with a
+    header row, when a worker of each was last seen, and NO WORKER where tasks are ready and no
+    worker was seen for a minute."""
+    db.call("submit_task", queue="orphan", spec=Jsonb({}))
+    db.call("submit_task", queue="served", spec=Jsonb({}))
+    db.call("worker_seen", worker=db.call_value("register_worker"), queue="served")
+    out = run(dsn, "queues", "--watch", "0.5", "--iterations", "2")
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert [x.split()[:2] for x in lines if x.startswith("QUEUE")] == [["QUEUE", "READY"]] * 2
+    orphan = [x for x in lines if x.startswith("orphan ")][-1]  # the last redraw's
+    served = [x for x in lines if x.startswith("served ")][-1]
+    assert orphan.split()[1] == "1" and orphan.endswith("never  NO WORKER"), orphan
+    assert served.endswith(" ago") and "NO WORKER" not in served, served
+
+
 @pytest.mark.parametrize("status", ["scheduled", "ready", "aborted"])
 def test_list_takes_every_status(dsn, status):
     assert run(dsn, "list", "--status", status).exit_code == 0

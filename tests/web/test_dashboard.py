@@ -71,7 +71,7 @@ def test_pages_show_the_work_through_the_monitor_role(work, monitor_dsn):
         assert "unknown (start the dashboard with --redis-url" in t
         status, _, page = c.get("/schedule?name=partner-hook")
         t = text_of(page)
-        assert status == 200 and "failed" in t and "fired" in t and "(owner only)" in t
+        assert status == 200 and "failed" in t and "fired" in t and "hidden from" in t and "HTTP 503" not in t
         status, _, page = c.get("/checks")
         t = text_of(page)
         assert status == 200 and "cart 9" in t and "missed slot" in t and "order 233" in t
@@ -333,7 +333,7 @@ def test_the_overview_and_the_tasks_page_show_exact_counts(conn, monitor_dsn):
     app.close()
     ready = conn.execute("SELECT count(*) AS n FROM pyscheduler.tasks WHERE status = 'ready'").fetchone()["n"]
     card = overview.split('id="card-tasks"')[1].split("</section>")[0]
-    assert f"<dt>ready</dt><dd>{ready}</dd>" in card, card
+    assert f"<dt>ready</dt><dd><a href=\"/tasks?status=ready\">{ready}</a></dd>" in card, card
     rows = {m.group(1): m.group(2) for m in re.finditer(
         r'<td><a href="[^"]*">(bulk|few)</a></td>\s*<td class="num"><a href="[^"]*">([^<]*)</a>', tasks)}
     assert rows == {"bulk": "1500", "few": "3"}, rows
@@ -416,3 +416,127 @@ def test_the_startup_line_names_the_url_and_the_token_and_a_warning_says_when_it
     assert re.search(r"dashboard on http://0\.0\.0\.0:\d+/ \(actions allowed, no access token; answers to Host "
                      r"127\.0\.0\.1:\d+, localhost:\d+, \[::1\]:\d+, a\.example, b\.example:8443\)", text), text
     assert "beyond loopback, without an access token" in text and "reads every page and acts" in text
+
+
+# -- issue 30: the defects an operator met first ------------------------------------------------------
+
+
+def _card(page: str, table: str) -> str:
+    return text_of(page.split(f'<table id="{table}">')[1].split("</section>")[0])
+
+
+def test_a_failure_cause_is_shown_to_a_login_that_may_see_it_and_said_hidden_to_one_that_may_not(
+        work, conn, login, admin_dsn):
+    """Issue 30, defect 2: the Failing card and the schedule page show the cause to a login that
+    may see it; to one that may not (the monitor) they say it is hidden from which role and where
+    the owner reads it, not a bare "(owner only)"; a paused schedule is not listed as failing."""
+    app = make_app(admin_dsn)
+    with served(app) as base:
+        c = Client(base)
+        assert "HTTP 503 from partner" in _card(c.get("/schedules")[2], "failing")
+        assert "HTTP 503 from partner" in text_of(c.get("/schedules/partner-hook")[2])
+    app.close()
+    monitor, monitor_dsn = login("pyscheduler_monitor")
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        c = Client(base)
+        page = c.get("/schedules")[2]
+        card = _card(page, "failing")
+        assert "partner-hook" in card and f"hidden from {monitor}" in card and "owner only" not in page
+        assert "pyscheduler schedules get NAME" in card and "HTTP 503" not in page
+        t = text_of(c.get("/schedules/partner-hook")[2])
+        assert re.search(rf"last error\s+hidden from {monitor}", t) and "pyscheduler schedules get partner-hook" in t
+        conn.execute("SELECT pyscheduler.pause_schedule(name => 'partner-hook')")
+        page = c.get("/schedules")[2]
+        assert "partner-hook" not in _card(page, "failing") and "partner-hook" in _card(page, "paused")
+        assert re.search(r"failing\s+0\b", text_of(c.get("/")[2]))
+    app.close()
+
+
+def test_task_ids_in_lists_can_be_told_apart(conn, monitor_dsn):
+    """Issue 30, defect 3: time-ordered ids share their first characters; lists show them whole."""
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'ids', specs => '[{}, {}, {}, {}]')")
+    rns = [r["rn"] for r in conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(queue => 'ids')")]
+    assert len({rn[:8] for rn in rns}) == 1  # what the list showed ("01a220cc…" four times)
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        shown = re.findall(r'<a class="id" href="/tasks/[0-9a-f-]{36}">([^<]*)</a>',
+                           Client(base).get("/tasks?status=ready&queue=ids")[2])
+    app.close()
+    assert sorted(shown) == sorted(rns)
+
+
+def test_a_finished_task_s_history_ends_with_how_it_ended(work, conn, admin_dsn):
+    """Issue 30, defect 4: the history ended at the last assignment; it ends with the completion,
+    abort or cancellation (at the task's last update)."""
+    done = conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(status => 'completed')"
+                        ).fetchone()["rn"]
+    conn.execute("SELECT pyscheduler.cancel_task(rn => %s)", (work["ready"],))
+    app = make_app(admin_dsn)
+    with served(app) as base:
+        c = Client(base)
+        for rn, last in ((done, "TaskCompleted"), (work["aborted"], "TaskAborted"), (work["ready"], "TaskCancelled"),
+                         (work["running"], "TaskAssignment")):
+            rows = re.findall(r"<tr>(.*?)</tr>", c.get(f"/tasks/{rn}")[2].split('<table id="history">')[1]
+                              .split("</table>")[0], re.S)
+            assert re.findall(r"<td>(Task\w+)</td>", rows[-1]) == [last], (rn, rows)
+        updated = conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'updated' AS u", (done,)).fetchone()["u"]
+        assert updated[:19].replace("T", " ") in c.get(f"/tasks/{done}")[2].split("TaskCompleted")[0][-200:]
+    app.close()
+
+
+def test_the_schedule_page_at_schedules_name_and_the_empty_list_s_words(work, monitor_dsn):
+    """Issue 30, defect 4: ``/schedules/NAME`` is the schedule's page (``/schedule?name=`` too);
+    an empty list says what it lists ("no all tasks in nosuchqueue" did not)."""
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        c = Client(base)
+        status, _, page = c.get("/schedules/partner-hook")
+        assert status == 200 and "<h1>Schedule partner-hook</h1>" in page and 'id="runs"' in page
+        assert c.get("/schedules/" + urllib.parse.quote("no such/schedule"))[0] == 404
+        assert "no tasks in queue nosuchqueue" in text_of(c.get("/tasks?status=all&queue=nosuchqueue")[2])
+        assert "no aborted tasks in queue nosuchqueue held by w-9" in text_of(
+            c.get("/tasks?status=aborted&queue=nosuchqueue&owner=w-9")[2])
+    app.close()
+
+
+def test_intervals_read_as_words_and_the_overview_s_counts_link_to_their_lists(work, conn, monitor_dsn):
+    """Issue 30: "every 00:00:45" read as "every 45 s"; each count of the overview opens the list
+    it counts."""
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'often', every => '45 seconds', target => 't')")
+    conn.execute("SELECT pyscheduler.create_schedule(name => 'daily-ish', every => '1 day 90 minutes', target => 't')")
+    app = make_app(monitor_dsn)
+    with served(app) as base:
+        c = Client(base)
+        t = text_of(c.get("/schedules")[2])
+        assert "every 45 s" in t and "every 1 day 1 h 30 min" in t and "every 1 min" in t and "00:00:45" not in t
+        assert re.search(r"recurrence\s+every 45 s", text_of(c.get("/schedules/often")[2]))
+        page = c.get("/")[2]
+        for href in ('/tasks?status=ready', '/tasks?status=scheduled', '/tasks?status=running', '/delay',
+                     '/schedules#failing', '/schedules?paused=yes', '/checks#overdue'):
+            assert f'<a href="{href}">' in page, href
+    app.close()
+
+
+def test_every_page_shows_what_readyz_knows(work, monitor_dsn):
+    """Issue 30: served by the process's endpoint (``pyscheduler run``), every page's header
+    says whether /readyz answers 200, and if not, what is not ready."""
+    from pyscheduler.web.endpoint import serve
+
+    app = make_app(monitor_dsn)
+    endpoint = serve("127.0.0.1", 0, [], app=app)  # no daemon, no server to probe: ready
+    try:
+        c = Client(f"http://127.0.0.1:{endpoint.port}")
+        for path in ("/", "/tasks", "/workers", "/schedules", "/nope"):
+            assert re.search(r'<a class="pill ok" id="health" href="/readyz">ready</a>', c.get(path)[2]), path
+        endpoint.health.expect("tasks-worker:emails")
+        endpoint.health.down("tasks-worker:emails", "crashed: boom")
+        page = c.get("/checks")[2]
+        assert re.search(r'id="health" href="/readyz" title="/readyz">not ready: daemon tasks-worker:emails</a>', page)
+    finally:
+        endpoint.close()
+        app.close()
+    app = make_app(monitor_dsn)  # served alone (pyscheduler dashboard): no process to report on
+    with served(app) as base:
+        assert 'id="health"' not in Client(base).get("/")[2]
+    app.close()

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
 
 from pyscheduler.dashboard import make_app
+from pyscheduler.tasks import Worker
 from tests.support.dashboard import SECRET, populate, served
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -108,6 +110,121 @@ def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
         assert _status(conn, work["running"]) == "running"
         assert not errors, errors  # no CSP violation or script error on any page
         page.close()
+    app.close()
+
+
+def test_the_clock_ticks_and_a_refresh_in_place_breaks_no_policy(browser, conn, login):
+    """Issue 30, defect 4: the header's database clock stood still, and every refresh of the
+    page's main part logged a Content Security Policy error (the fetched page's <style> has
+    another nonce): the clock ticks, the refresh shows new work, the console stays clean."""
+    populate(conn)
+    app = make_app(login("pyscheduler_monitor")[1], refresh_s=1)
+    with served(app) as base:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(base + "/tasks?status=ready&queue=fresh")
+        first = page.locator("#clock").inner_text()
+        page.wait_for_function("t => document.getElementById('clock').textContent !== t", arg=first, timeout=5000)
+        conn.execute("SELECT pyscheduler.submit_task(queue => 'fresh', spec => '{}')")
+        rn = conn.execute("SELECT task ->> 'rn' AS rn FROM pyscheduler.list_tasks(queue => 'fresh')").fetchone()["rn"]
+        page.locator(f"#tasks a[href='/tasks/{rn}']").wait_for(timeout=5000)  # refreshed in place (errors: by then)
+        assert page.locator("style").count() == 1 and not errors, errors
+        page.close()
+    app.close()
+
+
+def test_search_retry_bulk_retry_and_workers_in_a_browser(browser, conn, dsn, login, tmp_path):
+    """Issue 30's walk: search for a task by its id's prefix, open it, retry it; tick 3 failed
+    tasks and retry them at once; the workers page shows a running Worker and the warning for
+    a queue with ready tasks and no worker."""
+    work = populate(conn)
+    worker = conn.execute("SELECT pyscheduler.register_worker() AS w").fetchone()["w"]
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'refunds', specs => '[{}, {}, {}, {}]')")
+    failed = []
+    for _ in range(4):
+        t = conn.execute("SELECT pyscheduler.lease_task(queue => 'refunds', worker => %s) AS t", (worker,)
+                         ).fetchone()["t"]
+        conn.execute("SELECT pyscheduler.abort_task(rn => %s, token => %s, errors => '[{\"code\": \"x\"}]')",
+                     (t["rn"], t["token"]))
+        failed.append(t["rn"])
+    conn.execute("SELECT pyscheduler.submit_tasks(queue => 'invoices', specs => '[{}, {}]')")
+    conn.execute("SELECT pyscheduler.submit_task(queue => 'served', spec => '{}')")
+    hold = threading.Event()
+    running = Worker(dsn, "served", lambda ctx: hold.wait(30), poll_interval=0.2).start()
+    app = make_app(login("pyscheduler_monitor")[1], allow_actions=True, action_dsn=login("pyscheduler_admin")[1],
+                   refresh_s=3600)
+    out = shots(tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        running.wait_idle()
+        with served(app) as base:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            # search -> open the task -> retry it
+            page.goto(base + "/")
+            page.fill("#q", work["aborted"][:23])
+            page.press("#q", "Enter")
+            assert page.locator("h1").inner_text() == "Search"
+            page.screenshot(path=str(out / "dashboard-search.png"), full_page=True)
+            page.click(f"#results a[href='/tasks/{work['aborted']}']")
+            assert page.locator("h1").inner_text() == f"Task {work['aborted']}"
+            page.click("a.act:has-text('retry')")
+            page.click("#confirm")
+            assert "done: Requeue task" in page.locator(".flash").inner_text()
+            assert _status(conn, work["aborted"]) == "ready"
+            # tick 3 failed tasks -> bulk retry
+            page.goto(base + "/tasks?status=aborted&queue=refunds")
+            for rn in failed[:3]:
+                page.check(f"#tasks input[value='{rn}']")
+            page.click("#bulk-actions button[value=retry]")
+            assert page.locator("form.confirm").inner_text().startswith("Requeue 3 selected tasks")
+            page.click("#confirm")
+            assert "done: requeued 3 of 3 tasks" in page.locator(".flash").inner_text()
+            assert [_status(conn, rn) for rn in failed] == ["ready"] * 3 + ["aborted"]
+            # the workers page: the running Worker, and the queue nobody works
+            page.goto(base + "/workers")
+            row = page.locator("#workers tr", has=page.locator(f"a:text-is('{running.worker.worker_id}')"))
+            assert "served" in row.inner_text()
+            assert "invoices: 2 ready" in page.locator("#no-worker").inner_text()
+            page.screenshot(path=str(out / "dashboard-workers.png"), full_page=True)
+            assert not errors, errors
+            page.close()
+    finally:
+        hold.set()
+        running.stop()
+        app.close()
+
+
+def test_dark_mode_and_a_390_px_screen(browser, conn, login, tmp_path):
+    """Issue 30: the system's dark mode gives dark pages (the screenshot differs from the light
+    one); at 390 px wide no page scrolls sideways (wide tables scroll inside themselves)."""
+    work = populate(conn)
+    app = make_app(login("pyscheduler_admin")[1], allow_actions=True, refresh_s=3600)
+    out = shots(tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    with served(app) as base:
+        pages = ["/", "/tasks?status=all", f"/tasks/{work['aborted']}", "/workers", "/search?q=emails", "/delay",
+                 "/schedules", "/schedules/partner-hook", "/checks"]
+        narrow = browser.new_page(viewport={"width": 390, "height": 844})
+        for path in pages:
+            narrow.goto(base + path)
+            assert narrow.evaluate("document.documentElement.scrollWidth") <= 390, path
+        narrow.goto(base + "/tasks?status=all")
+        narrow.screenshot(path=str(out / "dashboard-390px.png"), full_page=True)
+        narrow.close()
+        shots_by_scheme = {}
+        for scheme in ("light", "dark"):
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+            page.goto(base + "/")
+            assert page.evaluate("getComputedStyle(document.body).backgroundColor") == {
+                "light": "rgb(246, 247, 249)", "dark": "rgb(17, 21, 28)"}[scheme]
+            shots_by_scheme[scheme] = page.screenshot(path=str(out / f"dashboard-overview-{scheme}.png"))
+            page.close()
+        assert shots_by_scheme["light"] != shots_by_scheme["dark"]
     app.close()
 
 

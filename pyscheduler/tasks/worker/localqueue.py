@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__package__)
 
 MAX_PREFETCH = 10_000  # leased tasks a worker may hold in its local queue, at most
+SEEN_EVERY = 10.0  # seconds between a worker's worker_seen reports (the workers view)
 # s after a wake-up that the lease loop looks again: past the NOTIFY throttle (10 ms) and the
 # commit of a submit it throttled (a WAL flush, longer on a loaded server)
 RECHECKS = (0.02, 0.1)
@@ -102,8 +103,17 @@ class LocalQueue:
         # loop sleeps long (RECHECKING). Pokes (a handler took a task) may wake it sooner; they
         # do not count as those leases.
         rechecks: list[float] = []
+        seen_due = 0.0  # when to report worker_seen next (the dashboard's workers, issue 30)
         try:
             while not stop.is_set():
+                if time.monotonic() >= seen_due:
+                    try:
+                        conn.call(sql.WORKER_SEEN, worker=worker.worker_id, queue=queue)
+                        outage.ok()
+                    except RETRYABLE as exc:
+                        stop.wait(outage.failed(exc))
+                        continue
+                    seen_due = time.monotonic() + SEEN_EVERY
                 n = self.wanted()
                 got = 0
                 if n > 0:

@@ -1,6 +1,7 @@
 """Every query of the dashboard, in one place: ``Reader`` (the monitor role's views and
 functions only, docs/sql-api.md "Roles", as the capabilities' ``sqlapi`` declare them) and
-``Actions`` (the write side: the typed clients' calls, on their own login). Lists page by
+``Actions`` (the write side: the typed clients' calls, on their own login); ``attempts``
+reads a task's attempts from its history. Lists page by
 keyset through the SQL functions' cursors: a page asks for ``size + 1`` rows, the extra one
 says whether there is a next page (docs/operations.md, "Dashboard").
 """
@@ -8,7 +9,9 @@ says whether there is a next page (docs/operations.md, "Dashboard").
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import re
 import threading
 import time
 import uuid
@@ -20,18 +23,20 @@ from typing import Any, get_args
 from ... import sqlapi
 from ...checks import sqlapi as checks_sql
 from ...checks.client import CheckOutcome
-from ...db import Database
-from ...errors import SchedulerError
+from ...db import Database, Jsonb
+from ...errors import InvalidArgument, SchedulerError
 from ...delay import sqlapi as delay_sql
 from ...schedules import sqlapi as schedules_sql
 from ...schedules.client import RunOutcome
 from ...sqlapi import View
 from ...tasks import sqlapi as tasks_sql
 from ...tasks.client import TaskStatus
+from .formatting import parse_time
 
 PAGE = 50  # rows per page
 UP_TO = 1000  # the overview counts up to this many ("1000+"): a LIMIT stops each read
 LATE_AFTER = timedelta(seconds=10)  # schedules_late: due more than 10 seconds ago
+MAX_WORKERS = 1000  # rows of the workers page
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 CHECK_OUTCOMES: tuple[str, ...] = get_args(CheckOutcome)
 RUN_OUTCOMES: tuple[str, ...] = get_args(RunOutcome)
@@ -57,6 +62,62 @@ def decode_cursor(token: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_HEX = re.compile(r"[0-9a-f]{4,32}")
+_SPEC_TERM = re.compile(r"(?P<path>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*):(?!//)(?P<value>.+)", re.S)
+
+
+def id_range(q: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The ids a task id prefix stands for (4 to 32 hex digits, dashes anywhere), or None."""
+    digits = q.strip().lower().replace("-", "")
+    if not _HEX.fullmatch(digits):
+        return None
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+def spec_fragment(q: str) -> dict[str, Any] | None:
+    """``to:a@example.com`` as the spec fragment ``{"to": "a@example.com"}`` (``a.b:v``: ``{"a":
+    {"b": "v"}}``; a value that reads as JSON, ``42``, ``true``, ``"42"``, is that value), or a
+    JSON object as itself; None for anything else."""
+    q = q.strip()
+    if q.startswith("{"):
+        try:
+            value = json.loads(q)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+    m = _SPEC_TERM.fullmatch(q)
+    if m is None:
+        return None
+    try:
+        fragment: Any = json.loads(m["value"])
+    except ValueError:
+        fragment = m["value"]
+    for key in reversed(m["path"].split(".")):
+        fragment = {key: fragment}
+    return fragment
+
+
+def attempts(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """A task's attempts as its history shows them: each lease (TaskAssignment) to the entry
+    after it (a retry, a timeout, a yield, how it ended), with its worker and duration; the
+    errors go to the attempts that failed (TaskRetry, TaskAborted), latest last (the history
+    and the errors are both trimmed from the front)."""
+    history = task.get("history") or []
+    out: list[dict[str, Any]] = []
+    for i, h in enumerate(history):
+        if h.get("_typ") != "TaskAssignment":
+            continue
+        after = history[i + 1] if i + 1 < len(history) else None
+        start, end = parse_time(h.get("time")), parse_time(after.get("time")) if after else None
+        out.append({"worker": h.get("worker"), "started": start, "ended": end,
+                    "took": end - start if start and end else None,
+                    "how": after.get("_typ") if after else ("running" if task["status"] == "running" else "")})
+    failed = [a for a in out if a["how"] in ("TaskRetry", "TaskAborted")]
+    for a, error in zip(reversed(failed), reversed(task.get("errors") or [])):
+        a["error"] = error
+    return out
+
+
 class Reader:
     """The monitor's reads (a pool of a login that is a member of pyscheduler_monitor)."""
 
@@ -70,6 +131,11 @@ class Reader:
 
     def clock(self) -> datetime:
         return self.db.query(sqlapi.NOW)[0]["now"]
+
+    @functools.cached_property
+    def role(self) -> str:
+        """The role the pages read as (what it may not see is hidden: docs/sql-api.md, "Ownership")."""
+        return self.db.query(sqlapi.CURRENT_ROLE)[0]["role"]
 
     def activity(self) -> list[dict[str, Any]]:
         """Ended in the last hour, per capability, outcome and 5-minute bucket."""
@@ -90,6 +156,28 @@ class Reader:
 
     def queues(self) -> list[dict[str, Any]]:
         return self.db.query(tasks_sql.QUEUE_STATUS.select("ORDER BY queue"))
+
+    def all_queues(self) -> list[dict[str, Any]]:
+        """Every queue with tasks (finished ones kept included), paused or limited: queue_status's
+        row, its count of each status (task_counts: exact) and its limits (queue_limits)."""
+        rows: dict[str, dict[str, Any]] = {}
+        for c in self.db.query(tasks_sql.TASK_COUNTS.select()):
+            rows.setdefault(c["queue"], {"queue": c["queue"], "counts": {}})["counts"][c["status"]] = c["tasks"]
+        for q in self.queues():
+            rows.setdefault(q["queue"], {"queue": q["queue"], "counts": {}}).update(q)
+        for q in self.db.query(tasks_sql.QUEUE_LIMITS.select()):
+            rows.setdefault(q["queue"], {"queue": q["queue"], "counts": {}})["limits"] = q
+        return [rows[k] for k in sorted(rows)]
+
+    def queue_limits(self, queue: str) -> dict[str, Any] | None:
+        rows = self.db.query(tasks_sql.QUEUE_LIMITS.select("WHERE queue = %s"), (queue,))
+        return rows[0] if rows else None
+
+    def task_family(self, rn: str) -> list[dict[str, Any]]:
+        return self.db.call(tasks_sql.TASK_FAMILY, rn=uuid.UUID(rn), max_tasks=100)
+
+    def workers(self) -> list[dict[str, Any]]:
+        return self.db.query(tasks_sql.WORKERS.select("ORDER BY queue, worker LIMIT %s"), (MAX_WORKERS,))
 
     def expired_leases(self, limit: int = 20) -> list[dict[str, Any]]:
         return self.db.query(tasks_sql.EXPIRED_LEASES.select("ORDER BY deadline LIMIT %s"), (limit,))
@@ -121,6 +209,43 @@ class Reader:
             task["history"] = sorted(task["history"] + [_step_entry(s) for s in steps],
                                      key=lambda h: str(h.get("time") or ""))
         return task
+
+    # -- search -----------------------------------------------------------------------
+
+    def search(self, q: str, limit: int = 20) -> dict[str, list[dict[str, Any]]]:
+        """What the search box finds for ``q``, each kind of term read through an index
+        (docs/operations.md, "Dashboard"): tasks by id prefix, spec fragment (``to:a@x``) or
+        unique key; a queue by name; the running tasks of a worker; schedules by name or
+        target prefix; checks by entity key; a delay message by id. A term a kind refuses
+        (not a valid key, name or id) finds nothing of that kind."""
+        found: dict[str, list[dict[str, Any]]] = {}
+
+        def each(kind: str, read: Any) -> None:
+            try:
+                found[kind] = read()
+            except InvalidArgument:
+                found[kind] = []
+
+        rng, fragment = id_range(q), spec_fragment(q)
+        if rng is not None:
+            each("tasks by id", lambda: [r["task"] for r in self.db.call(
+                tasks_sql.FIND_TASKS, rn_from=rng[0], rn_to=rng[1], max_tasks=limit)])
+        if fragment is not None:
+            each("tasks by spec", lambda: [r["task"] for r in self.db.call(
+                tasks_sql.FIND_TASKS, spec=Jsonb(fragment), max_tasks=limit)])
+        each("tasks by unique key", lambda: [r["task"] for r in self.db.call(
+            tasks_sql.FIND_TASKS, unique_key=q, max_tasks=limit)])
+        each("tasks held by worker", lambda: [r["task"] for r in self.db.call(
+            tasks_sql.LIST_TASKS, owner=q, status="running", max_tasks=limit)])
+        found["queues"] = [r for r in self.queues() if r["queue"] == q]
+        prefix = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        each("schedules by name", lambda: [r["schedule"] for r in self.db.call(
+            schedules_sql.LIST_SCHEDULES, name_like=prefix, max_schedules=limit)])
+        each("schedules by target", lambda: [r["schedule"] for r in self.db.call(
+            schedules_sql.FIND_SCHEDULES, target_prefix=q, max_schedules=limit)])
+        each("checks by entity key", lambda: self.db.call(checks_sql.FIND_CHECKS, entity_key=q, max=limit))
+        each("delay messages by id", lambda: self.db.call(delay_sql.FIND_MESSAGE, id=q))
+        return found
 
     # -- delay queue ----------------------------------------------------------------
 
@@ -227,9 +352,11 @@ class Actions:
 
         tasks, schedules, checks = TaskClient(db), ScheduleClient(db), CheckClient(db)
         self.cancel_task, self.retry_task = tasks.cancel, tasks.retry
+        self.delete_tasks, self.run_tasks_now = tasks.delete_many, tasks.run_now
         self.pause_queue, self.resume_queue = tasks.pause_queue, tasks.resume_queue
         self.pause_schedule, self.resume_schedule = schedules.pause, schedules.resume
         self.trigger_schedule, self.delete_checks = schedules.trigger, checks.delete
+        self.cancel_message = lambda id: db.call_value(delay_sql.CANCEL_MESSAGE, id=id)  # no delay client has it
 
 
 # task_steps' kinds as the task page's history entries

@@ -32,7 +32,7 @@ def mask_target(kind: str | None, target: str | None) -> str | None:
     return mask_url(target) if kind == "http" else target
 
 
-def _parse_time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value
     if isinstance(value, str) and value:
@@ -44,7 +44,7 @@ def _parse_time(value: Any) -> datetime | None:
 
 
 def fmt_time(value: Any) -> str:
-    t = _parse_time(value)
+    t = parse_time(value)
     if t is None:
         return "" if value is None else str(value)
     return t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") + "Z"
@@ -72,8 +72,33 @@ def fmt_duration(value: Any) -> str:
     return f"{sign}{s / 86400:.1f} d"
 
 
+_INTERVAL = re.compile(r"^(?:(?P<years>-?\d+) years? ?)?(?:(?P<mons>-?\d+) mons? ?)?(?:(?P<days>-?\d+) days? ?)?"
+                       r"(?:(?P<sign>-)?(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?))?$")
+
+
+def fmt_interval(value: Any) -> str:
+    """An interval as written, exactly: ``45 s``, ``1 h 30 min``, ``1 day``, ``2 mons`` (PostgreSQL's
+    text, ``00:00:45``, or a timedelta); anything else as it is."""
+    if value is None:
+        return ""
+    if isinstance(value, timedelta):
+        value = f"{value.days} days {value.seconds // 3600:02d}:{value.seconds // 60 % 60:02d}:" \
+                f"{value.seconds % 60 + value.microseconds / 1e6:09.6f}"
+    m = _INTERVAL.match(str(value).strip())
+    if m is None or not any(m.groupdict().values()):
+        return str(value)
+    seconds = float(m["s"] or 0)
+    parts = [(m["years"], "year"), (m["mons"], "mon"), (m["days"], "day")]
+    out = [f"{n} {unit}{'' if abs(int(n)) == 1 else 's'}" for n, unit in parts if n and int(n)]
+    sign = "-" if m["sign"] else ""
+    out += [f"{sign}{int(n)} {unit}" for n, unit in ((m["h"], "h"), (m["m"], "min")) if n and int(n)]
+    if seconds:
+        out.append(f"{sign}{seconds:g} s")
+    return " ".join(out) or "0 s"
+
+
 def fmt_relative(value: Any, now: datetime) -> str:
-    t = _parse_time(value)
+    t = parse_time(value)
     if t is None:
         return ""
     d = (t - now).total_seconds()
@@ -81,11 +106,11 @@ def fmt_relative(value: Any, now: datetime) -> str:
 
 
 def environment() -> jinja2.Environment:
-    """The templates' environment: autoescaped, with the filters ``time``, ``dur``,
+    """The templates' environment: autoescaped, with the filters ``time``, ``dur``, ``interval``,
     ``mask_url`` and ``json`` (masked, indented, sorted)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
         autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
-    env.filters.update(time=fmt_time, dur=fmt_duration, mask_url=mask_url,
+    env.filters.update(time=fmt_time, dur=fmt_duration, interval=fmt_interval, mask_url=mask_url,
                        json=lambda v: json.dumps(mask_json(v), indent=2, sort_keys=True, default=str))
     return env

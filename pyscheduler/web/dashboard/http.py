@@ -78,7 +78,8 @@ class Request:
         self.method = environ.get("REQUEST_METHOD", "GET").upper()
         self.root = environ.get("SCRIPT_NAME", "").rstrip("/")
         self.path = environ.get("PATH_INFO", "") or "/"
-        self.query = {k: v for k, v in urllib.parse.parse_qsl(environ.get("QUERY_STRING", ""))}
+        self.query_pairs = urllib.parse.parse_qsl(environ.get("QUERY_STRING", ""))
+        self.query = dict(self.query_pairs)  # the last value of a name given twice
         cookie = SimpleCookie()
         try:
             cookie.load(environ.get("HTTP_COOKIE", ""))
@@ -101,6 +102,10 @@ class Request:
             body = self.environ["wsgi.input"].read(length) if length else b""
             self._form = dict(urllib.parse.parse_qsl(body.decode("utf-8", "replace")))
         return self._form
+
+    def arg_list(self, name: str) -> list[str]:
+        """Every value of ``name`` in the query (checkboxes of one name), in order."""
+        return [v for k, v in self.query_pairs if k == name]
 
     def arg(self, name: str) -> str | None:
         value = self.query.get(name, "").strip()

@@ -1,8 +1,9 @@
 """The dashboard's pages: ``Dashboard`` (a ``http.Site``) renders the overview, tasks, task,
-delay queue, schedules, schedule and checks pages from ``data.Reader`` (as a login in
-``pyscheduler_monitor``, or the action login when actions are on), and with
-``allow_actions`` offers the actions of ``ACTIONS``, each a GET that shows a confirmation and
-a POST that acts through ``data.Actions``. ``make_app`` builds one.
+workers, search, delay queue, schedules, schedule and checks pages from ``data.Reader`` (as a
+login in ``pyscheduler_monitor``, or the action login when actions are on), and with
+``allow_actions`` offers the actions of ``ACTIONS`` and the bulk actions of ``BULK_OPS`` on
+tasks, each a GET that shows a confirmation and a POST that acts through ``data.Actions``.
+``make_app`` builds one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -23,13 +24,23 @@ from markupsafe import Markup
 from ...db import Database
 from ...errors import SchedulerError
 from . import charts
-from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader
+from ...tasks.workers import unattended
+from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader, attempts
 from .formatting import environment, fmt_relative, mask_target
 from .http import HTTPError, Request, Site
 
 log = logging.getLogger("pyscheduler.dashboard")
 
 REFRESH_S = 10
+BULK_MAX = 1000  # tasks one bulk action takes at most (of a filter: its newest first)
+BULK_BATCH = 100  # task ids per call of delete_tasks and run_tasks_now
+BULK_OPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # op: (what it does, the past tense, the statuses it applies to)
+    "retry": ("Requeue", "requeued", ("aborted", "cancelled")),
+    "cancel": ("Cancel", "cancelled", ("waiting", "scheduled", "ready", "running")),
+    "delete": ("Delete", "deleted", ("completed", "aborted", "cancelled")),
+    "run": ("Run now", "made due now", ("scheduled",)),
+}
 
 
 class Dashboard(Site):
@@ -49,15 +60,23 @@ class Dashboard(Site):
         self._open_lock = threading.Lock()
         self.reader: Reader | None = None
         self._redis_state: tuple[float, dict[str, Any]] | None = None
+        # what /readyz knows, when the process's endpoint serves the dashboard (web.endpoint.serve
+        # sets it): () -> (ready, body), as Health.report
+        self.health: Callable[[], tuple[bool, dict[str, Any]]] | None = None
         self.env = environment()
         self.routes = [
             ("GET", re.compile(r"^/$"), self.overview),
             ("GET", re.compile(r"^/tasks$"), self.tasks_page),
             ("GET", re.compile(r"^/tasks/(?P<rn>[0-9a-fA-F-]{36})$"), self.task_page),
+            ("GET", re.compile(r"^/search$"), self.search_page),
+            ("GET", re.compile(r"^/workers$"), self.workers_page),
             ("GET", re.compile(r"^/delay$"), self.delay_page),
             ("GET", re.compile(r"^/schedules$"), self.schedules_page),
             ("GET", re.compile(r"^/schedule$"), self.schedule_page),
+            ("GET", re.compile(r"^/schedules/(?P<name>.+)$"), self.schedule_page),
             ("GET", re.compile(r"^/checks$"), self.checks_page),
+            ("GET", re.compile(r"^/confirm/bulk_tasks$"), self.bulk_confirm_page),
+            ("POST", re.compile(r"^/actions/bulk_tasks$"), self.bulk_act),
             ("GET", re.compile(r"^/confirm/(?P<action>[a-z_]+)$"), self.confirm_page),
             ("POST", re.compile(r"^/actions/(?P<action>[a-z_]+)$"), self.act),
             ("GET", re.compile(r"^/login$"), self.login_page),
@@ -137,7 +156,9 @@ class Dashboard(Site):
         return self.env.get_template(template).render(
             req=req, url=url, here=here, action=action, now=now, nonce=req.nonce,
             rel=lambda v: fmt_relative(v, now), allow_actions=self.allow_actions, flash=flash,
-            refresh_s=self.refresh_s, PAGE=PAGE, mask_target=mask_target, **ctx)
+            refresh_s=self.refresh_s, PAGE=PAGE, mask_target=mask_target, next_here=_here_plain(req),
+            reader_role=lambda: self.reader.role if self.reader is not None else "",
+            health=self.health() if self.health is not None else None, **ctx)
 
     # -- pages ----------------------------------------------------------------------------
 
@@ -153,6 +174,7 @@ class Dashboard(Site):
         return self._render(
             req, "overview.html", title="overview", now=now, queues=queues,
             tasks_total={k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
+            unattended=unattended(queues, r.workers(), now),
             paused_queues=sum(1 for q in queues if q["paused"]),
             oldest_ready=max((q["oldest_ready_age"] for q in queues if q["oldest_ready_age"]), default=None),
             **r.counts(),
@@ -169,7 +191,7 @@ class Dashboard(Site):
             raise HTTPError("400 Bad Request", f"unknown status {status!r}")
         page = r.tasks(queue=queue, status=None if status == "all" else status, owner=owner,
                        cursor=req.arg("cursor"))
-        return self._render(req, "tasks.html", title="tasks", now=r.clock(), queues=r.queues(),
+        return self._render(req, "tasks.html", title="tasks", now=r.clock(), queues=r.all_queues(),
                             expired=r.expired_leases(20), page=page, queue=queue, owner=owner, status=status,
                             statuses=TASK_STATUSES)
 
@@ -181,7 +203,25 @@ class Dashboard(Site):
             raise HTTPError("404 Not Found", f"task {rn}: {exc}") from None
         if task is None:
             raise HTTPError("404 Not Found", f"no task {rn}")
-        return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task)
+        if task["status"] in ("completed", "aborted", "cancelled") and task.get("history") is not None:
+            # the history records leases; how the task ended is its status since its last update
+            task["history"] = [*task["history"], {"_typ": "Task" + task["status"].capitalize(),
+                                                  "time": task["updated"], "worker": task["owner"]}]
+        return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task, attempts=attempts(task),
+                            family=r.task_family(rn), limits=r.queue_limits(task["queue"]))
+
+    def workers_page(self, req: Request) -> str:
+        r = self._open()
+        now, queues, workers = r.clock(), r.queues(), r.workers()
+        return self._render(req, "workers.html", title="workers", now=now, workers=workers,
+                            unattended=unattended(queues, workers, now))
+
+    def search_page(self, req: Request) -> str:
+        r = self._open()
+        q = (req.query.get("q") or "").strip()[:2048]
+        found = r.search(q) if q else {}
+        return self._render(req, "search.html", title=f"search {q}" if q else "search", now=r.clock(), q=q,
+                            found=found)
 
     def delay_page(self, req: Request) -> str:
         r = self._open()
@@ -202,9 +242,10 @@ class Dashboard(Site):
                             late=late, failing=r.failing_schedules(), paused=r.paused_schedules(),
                             redis=self.redis_state(), due_soon=soon[:10])
 
-    def schedule_page(self, req: Request) -> str:
+    def schedule_page(self, req: Request, name: str | None = None) -> str:
+        """``/schedules/NAME`` or ``/schedule?name=NAME``."""
         r = self._open()
-        name = req.query.get("name") or ""
+        name = name or req.query.get("name") or ""
         outcome = req.arg("outcome")
         if outcome not in (None,) + RUN_OUTCOMES:
             raise HTTPError("400 Bad Request", f"unknown outcome {outcome!r}")
@@ -242,6 +283,7 @@ class Dashboard(Site):
         "trigger_schedule": ("Fire schedule {name} once now", ("name",), ()),
         "delete_checks": ("Delete the pending checks of {entity_name} {entity_key} (job {job})",
                           ("entity_name", "entity_key"), ("job",)),
+        "cancel_message": ("Cancel delayed message {id}: it never fires", ("id",), ()),
     }
 
     def _action_args(self, action: str, source: dict[str, str]) -> dict[str, str | None]:
@@ -279,11 +321,90 @@ class Dashboard(Site):
         try:
             result = getattr(self._actions(), action)(**args)
             ok, text = True, f"done: {what}" + (f" ({result} checks)" if action == "delete_checks" else "")
+            if action == "cancel_message" and not result:
+                ok, text = False, f"not cancelled: {what}: it is no longer waiting (fired, being fired, or unknown)"
             log.info("dashboard action %s %s", action, args)
         except SchedulerError as exc:
             ok, text = False, f"refused: {what}: {exc}" + (f" ({exc.sqlstate})" if exc.sqlstate else "")
         sep = "&" if "?" in back else "?"
         return "303 See Other", "", [("Location", req.root + back + sep + "flash=" + self._flash(ok, text))]
+
+
+    # -- bulk actions on tasks --------------------------------------------------------------
+
+    def _bulk_op(self, op: str | None) -> str:
+        if not self.allow_actions:
+            raise HTTPError("403 Forbidden", "actions are disabled (start the dashboard with --allow-actions)")
+        if op not in BULK_OPS:
+            raise HTTPError("400 Bad Request", f"unknown bulk action {op!r}")
+        return op
+
+    def bulk_confirm_page(self, req: Request) -> str:
+        """The tasks ticked on a list (``rn``, repeated), or with ``scope=filter`` those the list's
+        filter matches (``queue``, ``status``, ``owner``: its newest BULK_MAX, of the statuses the
+        action applies to): how many, before anything is done."""
+        op = self._bulk_op(req.arg("op"))
+        verb, _, statuses = BULK_OPS[op]
+        if req.arg("scope") == "filter":
+            status = req.arg("status") or "running"
+            if status not in TASK_STATUSES + ("all",):
+                raise HTTPError("400 Bad Request", f"unknown status {status!r}")
+            rows = self._open().tasks(queue=req.arg("queue"), status=None if status == "all" else status,
+                                      owner=req.arg("owner"), cursor=None, size=BULK_MAX).rows
+            rns = [t["rn"] for t in rows if t["status"] in statuses]
+            which = " ".join(filter(None, ["the", "/".join(s for s in statuses if status in (s, "all")),
+                                           "tasks", req.arg("queue") and f"in queue {req.arg('queue')}",
+                                           req.arg("owner") and f"held by {req.arg('owner')}"]))
+            what = f"{verb} {len(rns)} tasks: {which}" + (f" (its newest {BULK_MAX})" if len(rows) >= BULK_MAX else "")
+        else:
+            rns = _task_ids(req.arg_list("rn"))
+            what = f"{verb} {len(rns)} selected task{'' if len(rns) == 1 else 's'} (those {'/'.join(statuses)})"
+        if not rns:
+            raise HTTPError("400 Bad Request", "no task to act on: tick some rows, or filter the list")
+        return self._render(req, "confirm.html", title="confirm", act_name="bulk_tasks", what=what,
+                            args={"op": op, "rns": ",".join(rns)}, back=_safe_next(req.query.get("next")),
+                            csrf=self.csrf_token(req), danger=op in ("cancel", "delete"))
+
+    def bulk_act(self, req: Request):
+        """The confirmed ids, in batches: retry and cancel one task a call (retry_task and cancel_task
+        decide each), delete and run now BULK_BATCH a call; logged, and the flash says how many."""
+        self._check_csrf(req)
+        op = self._bulk_op(req.form.get("op"))
+        verb, done_word, _ = BULK_OPS[op]
+        rns = _task_ids((req.form.get("rns") or "").split(","))
+        actions = self._actions()
+        done, refused = 0, []
+        if op in ("retry", "cancel"):
+            act = actions.retry_task if op == "retry" else actions.cancel_task
+            for rn in rns:
+                try:
+                    act(rn=rn)
+                    done += 1
+                except SchedulerError as exc:
+                    refused.append(f"{rn}: {exc}" + (f" ({exc.sqlstate})" if exc.sqlstate else ""))
+        else:
+            act = actions.delete_tasks if op == "delete" else actions.run_tasks_now
+            for i in range(0, len(rns), BULK_BATCH):
+                done += len(act(rns[i:i + BULK_BATCH]))
+        log.info("dashboard bulk action %s: %d of %d tasks %s", op, done, len(rns), done_word)
+        text = f"done: {done_word} {done} of {len(rns)} tasks"
+        if done < len(rns):
+            text += f"; {len(rns) - done} left as they were" + (f" (first: {refused[0]})" if refused else
+                                                                 " (not in a status it applies to, or another role's)")
+        back = _safe_next(req.form.get("next"))
+        sep = "&" if "?" in back else "?"
+        return "303 See Other", "", [("Location", req.root + back + sep + "flash=" + self._flash(True, text))]
+
+
+def _task_ids(values: Iterable[str]) -> list[str]:
+    """Task ids from a form (empty ones skipped), at most BULK_MAX; 400 for one that is not a UUID."""
+    try:
+        rns = list(dict.fromkeys(str(uuid.UUID(v.strip())) for v in values if v.strip()))
+    except ValueError:
+        raise HTTPError("400 Bad Request", "a task id is not a UUID") from None
+    if len(rns) > BULK_MAX:
+        raise HTTPError("400 Bad Request", f"at most {BULK_MAX} tasks at a time")
+    return rns
 
 
 def _here_plain(req: Request) -> str:
