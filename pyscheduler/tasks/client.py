@@ -6,7 +6,7 @@ limits, and a handle that waits for a task's result (``submit(...).result(timeou
 psycopg connection or cursor, inside its transaction: a task submitted there exists only if the
 application commits (``AsyncTaskClient(conn)`` for asyncio). Results are :class:`Task` objects.
 A task belongs to the role that submitted it: any client may view it; cancel and requeue are for
-that role (or a member of it) and admin."""
+that role (or a member of it) and admin. (Over 600 lines: each call once, for both clients.)"""
 
 from __future__ import annotations
 
@@ -392,15 +392,11 @@ def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: 
                                                             ("cancel", "run"))}, value(Task.from_json))
 
 
-def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50, *,
-                 run_at: datetime | timedelta | None = None, unique_keys: Iterable[str | None] | None = None,
-                 max_attempts: int | None = None, concurrency_keys: Iterable[str | None] | None = None,
-                 after: Iterable[str | UUID] | None = None,
-                 on_parent_failure: Literal["cancel", "run"] = "cancel") -> Call[list[Task]]:
-    """Submit many tasks of one queue, priority, ``run_at``, ``max_attempts`` and ``after`` in one
-    statement; they lease in this order. ``unique_keys``: one per spec (None: no key); a spec
-    whose key a live task holds (or an earlier spec) is answered with that task
-    (``deduplicated``). ``concurrency_keys``: one per spec (None: no key)."""
+def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, run_at: datetime | timedelta | None,
+               unique_keys: Iterable[str | None] | None, max_attempts: int | None,
+               concurrency_keys: Iterable[str | None] | None, after: Iterable[str | UUID] | None,
+               on_parent_failure: Literal["cancel", "run"]) -> dict[str, Any]:
+    """The arguments of submit_tasks and submit_tasks_lean, checked."""
     objects = [json_object(f"specs[{i}]", s).obj for i, s in enumerate(specs)]
     keys = None if unique_keys is None else [text(f"unique_keys[{i}]", k, optional=True)
                                              for i, k in enumerate(unique_keys)]
@@ -412,12 +408,37 @@ def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int =
     if ckeys is not None and len(ckeys) != len(objects):
         raise InvalidArgument(f"concurrency_keys must have one key per spec: "
                               f"{len(ckeys)} keys for {len(objects)} specs")
-    return Call(sql.SUBMIT_TASKS, {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority),
-                                 **_when(run_at), "unique_keys": keys, "max_attempts": _max_attempts(max_attempts),
-                                 "concurrency_keys": ckeys, "after": _after(after),
-                                 "on_parent_failure": choice("on_parent_failure", on_parent_failure,
-                                                             ("cancel", "run"))},
-                each(Task.from_json, "task"))
+    return {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority), **_when(run_at),
+            "unique_keys": keys, "max_attempts": _max_attempts(max_attempts), "concurrency_keys": ckeys,
+            "after": _after(after), "on_parent_failure": choice("on_parent_failure", on_parent_failure,
+                                                                ("cancel", "run"))}
+
+
+def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50, *,
+                 run_at: datetime | timedelta | None = None, unique_keys: Iterable[str | None] | None = None,
+                 max_attempts: int | None = None, concurrency_keys: Iterable[str | None] | None = None,
+                 after: Iterable[str | UUID] | None = None,
+                 on_parent_failure: Literal["cancel", "run"] = "cancel") -> Call[list[Task]]:
+    """Submit many tasks of one queue, priority, ``run_at``, ``max_attempts`` and ``after`` in one
+    statement; they lease in this order. ``unique_keys``: one per spec (None: no key); a spec
+    whose key a live task holds (or an earlier spec) is answered with that task
+    (``deduplicated``). ``concurrency_keys``: one per spec (None: no key). ``submit_ids``: the
+    same, answering only the ids."""
+    return Call(sql.SUBMIT_TASKS, _many_args(queue, specs, priority, run_at, unique_keys, max_attempts,
+                                             concurrency_keys, after, on_parent_failure), each(Task.from_json, "task"))
+
+
+def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50, *,
+                run_at: datetime | timedelta | None = None, unique_keys: Iterable[str | None] | None = None,
+                max_attempts: int | None = None, concurrency_keys: Iterable[str | None] | None = None,
+                after: Iterable[str | UUID] | None = None,
+                on_parent_failure: Literal["cancel", "run"] = "cancel") -> Call[list[UUID]]:
+    """``submit_many`` answering only the tasks' ids, one per spec in the order of specs (a
+    deduplicated spec: the id of the live task holding its key): no task is built, on the server
+    or here, so a batch goes in about twice as fast (submit_tasks_lean). One spec is the fastest
+    single submit."""
+    return Call(sql.SUBMIT_TASKS_LEAN, _many_args(queue, specs, priority, run_at, unique_keys, max_attempts,
+                                                  concurrency_keys, after, on_parent_failure), each(task_id, "rn"))
 
 
 def _submit_workflow_call(workflow: Workflow) -> Call[dict[str, Task]]:
@@ -541,6 +562,7 @@ class TaskClient(SyncClient):
         return [QueueLimits.from_row(r) for r in rows]
 
     submit_many = sync(_submit_many)
+    submit_ids = sync(_submit_ids)
     set_queue_limits = sync(_set_queue_limits)
     set_rate_limit = sync(_set_rate_limit)
     get = sync(_get)
@@ -575,6 +597,7 @@ class AsyncTaskClient(AsyncClient):
         return {name: _handle(t, self, AsyncTaskHandle) for name, t in tasks.items()}
 
     submit_many = asynchronous(_submit_many)
+    submit_ids = asynchronous(_submit_ids)
     set_queue_limits = asynchronous(_set_queue_limits)
     set_rate_limit = asynchronous(_set_rate_limit)
     get = asynchronous(_get)
