@@ -2,8 +2,8 @@
 pyscheduler and pgqueuer (graphile-worker's: bench/peers/graphile_flow.js). Given an EMPTY
 database, each prints one line of JSON:
 
-    python -m pyscheduler.bench.peers.flow_runner SYSTEM enqueue DSN BULK_JOBS SINGLE_JOBS CONCURRENCY
-    python -m pyscheduler.bench.peers.flow_runner SYSTEM e2e DSN RATE SECONDS CONCURRENCY
+    python -m pyscheduler.bench.peers.flow_runner SYSTEM enqueue|e2e DSN BULK_JOBS|RATE SINGLE_JOBS|SECONDS N
+    python -m pyscheduler.bench.peers.flow_runner SYSTEM produce DSN RATE SECONDS  (e2e's producer process)
 
 Each system as its users call it: pyscheduler ``TaskClient(Database).submit_ids`` and ``Worker``;
 pgqueuer ``Queries.enqueue`` on asyncpg and ``QueueManager`` with its documented settings."""
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -22,10 +23,27 @@ QUEUE = "flow"
 DRAIN_SECONDS = 60  # after producing, the cap on waiting for the backlog (a run past it: not exactly once)
 
 
-def _done(seen: list[int], submitted: int, started: float, last: list[float], latencies: list[float]) -> dict:
-    return dict(submitted=submitted, completed=len(seen), distinct=len(set(seen)),
-                exactly_once=len(seen) == len(set(seen)) == submitted and set(seen) == set(range(submitted)),
-                total_s=(last[0] if last else time.perf_counter()) - started, latency_ms=latencies)
+def _done(seen: list[int], produced: dict, last: list[float], latencies: list[float]) -> dict:
+    """The e2e result: throughput's parts, exactly once (every index ran once: none missing after
+    the drain cap, none twice), the enqueue-to-start latencies."""
+    submitted, distinct = produced["submitted"], set(seen)
+    return dict(submitted=submitted, completed=len(seen), duplicates=len(seen) - len(distinct),
+                missing=len(set(range(submitted)) - distinct),
+                exactly_once=len(seen) == len(distinct) == submitted and distinct == set(range(submitted)),
+                total_s=(last[0] if last else time.perf_counter()) - produced["started"], latency_ms=latencies)
+
+
+def producer(system: str, dsn: str, rate: float, seconds: float) -> subprocess.Popen[str]:
+    """The e2e producer, a process of its own (as an application's is): ``SYSTEM produce``."""
+    return subprocess.Popen([sys.executable, "-m", __spec__.name, system, "produce", dsn, f"{rate:g}", f"{seconds:g}"],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def produced(proc: subprocess.Popen[str]) -> dict:
+    out, _ = proc.communicate(timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the producer failed (exit {proc.returncode})")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 # -- pyscheduler ----------------------------------------------------------------------------------
@@ -57,8 +75,7 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
 
 def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> dict:
     from ... import __version__, migrate
-    from ...db import Database
-    from ...tasks import TaskClient, Worker
+    from ...tasks import Worker
 
     migrate.migrate(dsn)
     seen: list[int] = []
@@ -76,18 +93,27 @@ def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> 
     running = Worker(dsn, QUEUE, handle, capacity=concurrency, poll_interval=0.5).start()
     running.wait_idle(timeout=30)
     try:
-        with Database(dsn, min_size=1, max_size=2) as db:
-            client = TaskClient(db)
-            submitted, started = produce(lambda batch: client.submit_ids(QUEUE, batch), rate, seconds)
-        drain(lambda: len(seen), submitted)
+        made = produced(producer("pyscheduler", dsn, rate, seconds))
+        drain(lambda: len(seen), made["submitted"])
     finally:
         running.stop()
-    return dict(system="pyscheduler", version=__version__, **_done(seen, submitted, started, last, latencies),
+    return dict(system="pyscheduler", version=__version__, **_done(seen, made, last, latencies),
                 settings=f"Worker capacity {concurrency}, poll 0.5 s; producer TaskClient.submit_ids")
 
 
-def produce(submit, rate: float, seconds: float) -> tuple[int, float]:
-    """Submit rate jobs/s for seconds, a call every TICK with the jobs due by then; (jobs, start)."""
+def pyscheduler_produce(dsn: str, rate: float, seconds: float, _: int = 0) -> dict:
+    from ...db import Database
+    from ...tasks import TaskClient
+
+    with Database(dsn, min_size=1, max_size=2) as db:
+        client = TaskClient(db)
+        client.submit_ids("warm", [{}])
+        return produce(lambda batch: client.submit_ids(QUEUE, batch), rate, seconds)
+
+
+def produce(submit, rate: float, seconds: float) -> dict:
+    """Submit rate jobs/s for seconds, a call every TICK with the jobs due by then, each job with
+    its index i and t = perf_counter() (CLOCK_MONOTONIC: the same clock in every process)."""
     started = time.perf_counter()
     sent = 0
     while (elapsed := time.perf_counter() - started) < seconds:
@@ -97,7 +123,7 @@ def produce(submit, rate: float, seconds: float) -> tuple[int, float]:
             submit([{"i": i, "t": t} for i in range(sent, sent + due)])
             sent += due
         time.sleep(max(0.0, TICK - (time.perf_counter() - started - elapsed)))
-    return sent, started
+    return dict(submitted=sent, started=started)
 
 
 def drain(count, submitted: int) -> None:
@@ -151,8 +177,7 @@ def pgqueuer_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency: in
 
 def pgqueuer_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> dict:
     async def run() -> dict:
-        import asyncpg
-        from pgqueuer import AsyncpgDriver, Queries, QueueManager
+        from pgqueuer import QueueManager
 
         conn, queries = await _pgq(dsn)
         seen: list[int] = []
@@ -170,26 +195,15 @@ def pgqueuer_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> dic
 
         worker = asyncio.create_task(qm.run(batch_size=PGQ_BATCH))
         await asyncio.sleep(1.0)  # listening
-        pconn = await asyncpg.connect(dsn)
-        producer = Queries(AsyncpgDriver(pconn))
-        started = time.perf_counter()
-        sent = 0
-        while (elapsed := time.perf_counter() - started) < seconds:
-            due = int(rate * elapsed) - sent
-            if due > 0:
-                t = time.perf_counter()
-                await producer.enqueue(["flow"] * due, [json.dumps({"i": i, "t": t}).encode()
-                                                        for i in range(sent, sent + due)], [0] * due)
-                sent += due
-            await asyncio.sleep(max(0.0, TICK - (time.perf_counter() - started - elapsed)))
+        proc = producer("pgqueuer", dsn, rate, seconds)
+        made = await asyncio.to_thread(produced, proc)
         cap = time.perf_counter() + DRAIN_SECONDS
-        while len(seen) < sent and time.perf_counter() < cap:
+        while len(seen) < made["submitted"] and time.perf_counter() < cap:
             await asyncio.sleep(0.005)
         qm.shutdown.set()
         await asyncio.wait_for(worker, 30)
-        await pconn.close()
         await conn.close()
-        return _done(seen, sent, started, last, latencies)
+        return _done(seen, made, last, latencies)
 
     import pgqueuer
     return dict(system="pgqueuer", version=getattr(pgqueuer, "__version__", "?"), **asyncio.run(run()),
@@ -197,14 +211,40 @@ def pgqueuer_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> dic
                          "pgq autovac; producer Queries.enqueue")
 
 
+def pgqueuer_produce(dsn: str, rate: float, seconds: float, _: int = 0) -> dict:
+    async def run() -> dict:
+        import asyncpg
+        from pgqueuer import AsyncpgDriver, Queries
+
+        conn = await asyncpg.connect(dsn)
+        queries = Queries(AsyncpgDriver(conn))
+        started = time.perf_counter()
+        sent = 0
+        while (elapsed := time.perf_counter() - started) < seconds:
+            due = int(rate * elapsed) - sent
+            if due > 0:
+                t = time.perf_counter()
+                await queries.enqueue(["flow"] * due, [json.dumps({"i": i, "t": t}).encode()
+                                                       for i in range(sent, sent + due)], [0] * due)
+                sent += due
+            await asyncio.sleep(max(0.0, TICK - (time.perf_counter() - started - elapsed)))
+        await conn.close()
+        return dict(submitted=sent, started=started)
+
+    return asyncio.run(run())
+
+
 RUNNERS = {("pyscheduler", "enqueue"): pyscheduler_enqueue, ("pyscheduler", "e2e"): pyscheduler_e2e,
-           ("pgqueuer", "enqueue"): pgqueuer_enqueue, ("pgqueuer", "e2e"): pgqueuer_e2e}
+           ("pyscheduler", "produce"): pyscheduler_produce, ("pgqueuer", "enqueue"): pgqueuer_enqueue,
+           ("pgqueuer", "e2e"): pgqueuer_e2e, ("pgqueuer", "produce"): pgqueuer_produce}
 
 
 def main(argv: list[str]) -> int:
-    system, mode, dsn, a, b, concurrency = argv[:6]
-    print(json.dumps(RUNNERS[system, mode](dsn, float(a) if mode == "e2e" else int(a),
-                                           float(b) if mode == "e2e" else int(b), int(concurrency))), flush=True)
+    system, mode, dsn, a, b = argv[:5]
+    concurrency = int(argv[5]) if len(argv) > 5 else 0
+    timed = mode in ("e2e", "produce")
+    print(json.dumps(RUNNERS[system, mode](dsn, float(a) if timed else int(a), float(b) if timed else int(b),
+                                           concurrency)), flush=True)
     return 0
 
 
