@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
-                     interval, json_object, required_instant, sync, text, value)
+                     interval, json_object, json_objects, required_instant, sync, text, value)
 from ..db import AsyncSession, Database, Jsonb, Session, connect, settings
 from ..errors import InvalidArgument, SchedulerError
 from . import sqlapi as sql
@@ -397,18 +397,18 @@ def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, ru
                concurrency_keys: Iterable[str | None] | None, after: Iterable[str | UUID] | None,
                on_parent_failure: Literal["cancel", "run"]) -> dict[str, Any]:
     """The arguments of submit_tasks and submit_tasks_lean, checked."""
-    objects = [json_object(f"specs[{i}]", s).obj for i, s in enumerate(specs)]
+    objects = json_objects("specs", specs)
     keys = None if unique_keys is None else [text(f"unique_keys[{i}]", k, optional=True)
                                              for i, k in enumerate(unique_keys)]
-    if keys is not None and len(keys) != len(objects):
+    if keys is not None and len(keys) != len(objects.obj):
         raise InvalidArgument(f"unique_keys must have one key per spec: "
-                              f"{len(keys)} keys for {len(objects)} specs")
+                              f"{len(keys)} keys for {len(objects.obj)} specs")
     ckeys = None if concurrency_keys is None else [text(f"concurrency_keys[{i}]", k, optional=True)
                                                    for i, k in enumerate(concurrency_keys)]
-    if ckeys is not None and len(ckeys) != len(objects):
+    if ckeys is not None and len(ckeys) != len(objects.obj):
         raise InvalidArgument(f"concurrency_keys must have one key per spec: "
-                              f"{len(ckeys)} keys for {len(objects)} specs")
-    return {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority), **_when(run_at),
+                              f"{len(ckeys)} keys for {len(objects.obj)} specs")
+    return {"queue": _queue(queue), "specs": objects, "priority": _priority(priority), **_when(run_at),
             "unique_keys": keys, "max_attempts": _max_attempts(max_attempts), "concurrency_keys": ckeys,
             "after": _after(after), "on_parent_failure": choice("on_parent_failure", on_parent_failure,
                                                                 ("cancel", "run"))}

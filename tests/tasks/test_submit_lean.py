@@ -4,7 +4,10 @@ answering only (rn, deduplicated) per spec."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from datetime import timedelta
+from enum import IntEnum
+from types import MappingProxyType
 from uuid import UUID
 
 import psycopg
@@ -121,3 +124,32 @@ def test_a_lean_submit_is_leased_in_order_and_wakes_the_queue(db, dsn):
     with db.session() as s:
         leased = [held(lease(s, queue="woken"))["rn"] for _ in ids]
     assert leased == [str(rn) for rn in ids]
+
+
+DEEP = {"a": 1}
+for _ in range(210):
+    DEEP = {"a": DEEP}
+
+
+@pytest.mark.parametrize("spec, why", [
+    ({"x": float("nan")}, "nan"), ({"a": [1, float("-inf")]}, "inf"), ({"s": "a\x00b"}, "NUL"),
+    ({"k\x00": 1}, "NUL"), ({"s": "\ud800"}, "surrogate"), ({1: "a"}, "not a string"),
+    ({"m": MappingProxyType({"a": 1})}, "serialisable"), ({"o": object()}, "not JSON"), (DEEP, "deeper"),
+    (["not an object"], "JSON object")])
+def test_a_bulk_submit_refuses_unstorable_json_naming_the_spec(client, spec, why):
+    """The batch's one-pass check (calls.json_objects) refuses what json_object refuses one by one."""
+    for bulk in (client.submit_ids, client.submit_many):
+        with pytest.raises(InvalidArgument, match=r"specs\[1\]") as info:
+            bulk("q", [{}, spec])
+        assert why in str(info.value)
+    assert client.list() == []
+
+
+def test_a_bulk_submit_stores_unusual_but_storable_json_as_submit_does(client):
+    class Colour(IntEnum):
+        RED = 1
+
+    specs = [{"t": (1, 2)}, OrderedDict(b=1, a=2), {"c": Colour.RED, "é": "ünïcode", "n": None, "f": 1.5},
+             MappingProxyType({"m": True})]
+    ids = client.submit_ids("q", specs)
+    assert [client.get(rn).spec for rn in ids] == [client.submit("q", s).spec for s in specs]
