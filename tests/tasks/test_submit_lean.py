@@ -53,6 +53,8 @@ CASES = {
     "plain": dict(specs=specs(5)),
     "delayed": dict(specs=specs(3), run_in=timedelta(hours=1), priority=7, max_attempts=3),
     "unique keys": dict(specs=specs(6), unique_keys=["live", "b", None, "b", "c", "live"]),
+    "distinct unique keys, one live": dict(specs=specs(4), unique_keys=["x", "live", None, "y"]),
+    "distinct unique keys": dict(specs=specs(3), unique_keys=["z", "x", None]),
     "concurrency keys": dict(specs=specs(3), concurrency_keys=["k", None, "k"]),
     "after a live parent": dict(specs=specs(2), after="live"),
     "after a cancelled parent": dict(specs=specs(2), after="cancelled"),
@@ -72,8 +74,12 @@ def test_submit_tasks_lean_does_what_submit_tasks_does_answering_ids(tx, case):
     assert lean == outcome(tx, "submit_tasks", **args)
     got, rows, _ = lean
     assert len(got) == len(args["specs"].obj)
-    if case == "unique keys":  # the live task (position 0), then the first of equal keys in the array
-        assert got == [(0, True), (2, False), (3, False), (2, True), (4, False), (0, True)]
+    expected = {  # the live task is position 0 (the cancelled one 1); the first of equal keys in the array wins
+        "unique keys": [(0, True), (2, False), (3, False), (2, True), (4, False), (0, True)],
+        "distinct unique keys, one live": [(2, False), (0, True), (3, False), (4, False)],
+        "distinct unique keys": [(2, False), (3, False), (4, False)]}
+    if case in expected:
+        assert got == expected[case]
 
 
 def test_submit_tasks_lean_refuses_what_submit_tasks_refuses(tx):
