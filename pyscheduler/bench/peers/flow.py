@@ -113,6 +113,13 @@ def markdown(results: dict, *, command: str, context: str, bulk_jobs: int, singl
                      f"{_cell(single[k])} | {p[50]['single']:.2f} / {p[99]['single']:.2f} | "
                      + ("-" if k == "pyscheduler" else _ratio(bulk["pyscheduler"], bulk[k])) + " | "
                      + ("-" if k == "pyscheduler" else _ratio(single["pyscheduler"], single[k])) + " |")
+    ours = [r for r in enq.get("pyscheduler", []) if "variants_s" in r]
+    for variant, what in (("delayed", "`run_at=timedelta(hours=1)`"), ("unique", "a new unique key each")):
+        if ours:
+            rates = [bulk_jobs / r["variants_s"][variant] for r in ours]
+            slower = [r["variants_s"][variant] / r["bulk_s"] for r in ours]
+            lines.append(f"| pyscheduler, {what} | {_cell(rates)} | | | | {_cell(slower, '{:.2f}')}x the plain "
+                         "bulk's time | |")
     lines += ["", "Settings: " + "; ".join(f"{k}: {enq[k][0]['settings']}" for k in keys) + ".", "",
               f"**End to end**: workers (concurrency {concurrency}) run while a producer (a process of its own) "
               f"submits at the offered rate for {seconds:g} s, a call every 10 ms with the jobs due; throughput = "

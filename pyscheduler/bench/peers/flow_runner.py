@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 BULK = 1000
 TICK = 0.01
@@ -58,18 +59,26 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
         client = TaskClient(db)
         client.submit_ids(QUEUE, [{"i": -1}])  # warm: the pool, the plans
         bulk_ms, single_ms = [], []
-        t0 = time.perf_counter()
-        for first in range(0, bulk_jobs, BULK):
-            t = time.perf_counter()
-            client.submit_ids(QUEUE, [{"i": i} for i in range(first, min(first + BULK, bulk_jobs))])
-            bulk_ms.append((time.perf_counter() - t) * 1000)
-        bulk_s = time.perf_counter() - t0
+        variants = {"": {}, "delayed": {"run_at": timedelta(hours=1)}, "unique": {}}  # plain first: bulk_ms's
+        seconds = {}
+        for name, options in variants.items():
+            t0 = time.perf_counter()
+            for first in range(0, bulk_jobs, BULK):
+                ids = range(first, min(first + BULK, bulk_jobs))
+                keys = {"unique_keys": [f"k{i}" for i in ids]} if name == "unique" else {}
+                t = time.perf_counter()
+                client.submit_ids(QUEUE, [{"i": i} for i in ids], **options, **keys)
+                if not name:
+                    bulk_ms.append((time.perf_counter() - t) * 1000)
+            seconds[name] = time.perf_counter() - t0
+        bulk_s = seconds.pop("")
         for i in range(single_jobs):
             t = time.perf_counter()
             client.submit_ids(QUEUE, [{"i": i}])
             single_ms.append((time.perf_counter() - t) * 1000)
     from ... import __version__
     return dict(system="pyscheduler", version=__version__, bulk_s=bulk_s, bulk_ms=bulk_ms, single_ms=single_ms,
+                variants_s=seconds,
                 settings="TaskClient(Database(dsn)).submit_ids (submit_tasks_lean), pool of 2")
 
 
