@@ -44,7 +44,7 @@ SYSTEMS = [
     FlowSystem("pyscheduler", _python("pyscheduler")),
     FlowSystem("pgqueuer", _python("pgqueuer"),
                lambda: None if importlib.util.find_spec("pgqueuer") and importlib.util.find_spec("asyncpg")
-               else "pgqueuer is not installed: pip install pgqueuer asyncpg"),
+               else "pgqueuer is not installed: pip install 'pyscheduler[bench]'"),
     FlowSystem("graphile-worker", lambda: ["node", str(PEERS_DIR / "graphile_flow.js")],
                lambda: None if shutil.which("node") else "Node.js (node) is not on PATH"),
 ]
