@@ -159,3 +159,20 @@ def test_a_bulk_submit_stores_unusual_but_storable_json_as_submit_does(client):
              MappingProxyType({"m": True})]
     ids = client.submit_ids("q", specs)
     assert [client.get(rn).spec for rn in ids] == [client.submit("q", s).spec for s in specs]
+
+
+def test_the_async_client_submits_ids_in_the_applications_transaction(dsn):
+    import asyncio
+
+    from pyscheduler.tasks import AsyncTaskClient
+
+    async def run() -> list[UUID]:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            ids = await AsyncTaskClient(conn).submit_ids("async", [{"i": 0}, {"i": 1}])
+            await conn.rollback()
+            return ids
+
+    ids = asyncio.run(run())
+    assert len(ids) == 2 and all(isinstance(rn, UUID) for rn in ids)
+    with psycopg.connect(dsn) as conn:  # rolled back with the application's transaction
+        assert conn.execute("SELECT count(*) FROM pyscheduler.tasks WHERE rn = ANY (%s)", (ids,)).fetchone()[0] == 0
