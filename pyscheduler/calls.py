@@ -16,7 +16,7 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -385,6 +385,42 @@ def json_object(name: str, raw: Any) -> Jsonb:
     if not isinstance(raw, Mapping):
         raise InvalidArgument(f"{name} must be a JSON object (a dict), got {type(raw).__name__}")
     return json_value(name, dict(raw))
+
+
+def _json_fine(value: Any, depth: int = 0) -> bool:
+    """Whether json_problem finds nothing in ``value``, without building the paths it names (a
+    batch's fast path): plain dicts, lists and scalars here, anything else by json_problem."""
+    kind = type(value)
+    if kind is str:
+        return "\x00" not in value and (value.isascii() or json_problem(value, "") is None)
+    if value is None or kind is bool or kind is int:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if depth >= MAX_JSON_DEPTH:
+        return json_problem(value, "", depth) is None
+    if kind is dict:
+        return all(type(k) is str and _json_fine(k) and _json_fine(v, depth + 1) for k, v in value.items())
+    if kind is list:
+        return all(_json_fine(v, depth + 1) for v in value)
+    return json_problem(value, "", depth) is None
+
+
+def json_objects(name: str, raw: Iterable[Any]) -> Jsonb:
+    """JSON objects (Mappings) as one jsonb array, each checked as json_object checks it (a
+    refusal names ``name[i]``): one pass that builds no paths, and one serialisation (sent as
+    is), when all of them are fine."""
+    objects = [dict(o) if isinstance(o, Mapping) else o for o in raw]
+    if all(type(o) is dict and _json_fine(o) for o in objects):
+        try:
+            text = json.dumps(objects, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            pass
+        else:
+            return Jsonb(objects, dumps=lambda _: text)
+    for i, o in enumerate(objects):
+        json_object(f"{name}[{i}]", o)
+    raise InvalidArgument(f"{name} is not storable JSON")  # json.dumps refused the list, not one of them
 
 
 # -- output ---------------------------------------------------------------------------------------

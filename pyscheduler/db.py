@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import re
+import select
 import struct
 import threading
 import time
@@ -447,6 +448,14 @@ class AsyncSession:
         return None if row is None else next(iter(row.values()))
 
 
+def _quiet(conn: psycopg.Connection[Any]) -> bool:
+    """Whether nothing waits to be read on ``conn``'s socket (no message, no end of file)."""
+    try:
+        return not select.select([conn.fileno()], [], [], 0)[0]
+    except (OSError, ValueError):
+        return False
+
+
 class Database(_Calls):
     """A pool of autocommit connections to one database."""
 
@@ -470,13 +479,17 @@ class Database(_Calls):
         # id(conn) -> when it came back to the pool healthy (see _check)
         self._back: dict[int, float] = {}
 
-    # Every checkout is checked with a round trip (a connection that died in
-    # the pool is replaced before the caller sees it), except that with
-    # ``fresh`` > 0 a connection back in the pool less than ``fresh`` seconds
-    # ago, idle and not known broken, is handed out without it (the worker
-    # library: it saves a round trip per completion batch, heartbeat, abort and
-    # yield). Only for callers that retry: a connection that died meanwhile
-    # fails its first call with DatabaseUnavailable.
+    # Every checkout is checked, so a connection that died in the pool is
+    # replaced before the caller sees it: a connection that came back healthy
+    # and whose socket has nothing to read is handed out as it is (one the
+    # server closed meanwhile, by a restart, pg_terminate_backend or an idle
+    # timeout, has its goodbye or end of file waiting there), any other with
+    # a round trip. A client's call is then one round trip (issue 31: a single
+    # submit paid two). With ``fresh`` > 0 a connection back in the pool less
+    # than ``fresh`` seconds ago, idle and not known broken, is handed out
+    # without looking (the worker library). Only for callers that retry: a
+    # connection that died meanwhile fails its first call with
+    # DatabaseUnavailable.
     def _returned(self, conn: psycopg.Connection[Any]) -> None:
         self._back[id(conn)] = time.monotonic()
 
@@ -484,7 +497,7 @@ class Database(_Calls):
         back = self._back.pop(id(conn), None)
         if conn.broken or conn.closed:
             raise psycopg.OperationalError("the connection is closed")
-        if back is None or time.monotonic() - back > self.fresh:
+        if back is None or (time.monotonic() - back > self.fresh and not _quiet(conn)):
             ConnectionPool.check_connection(conn)
 
     @classmethod

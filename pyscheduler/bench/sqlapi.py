@@ -45,6 +45,9 @@ LEASE_ONE = Query("SELECT pyscheduler.lease_task(queue => %s, worker => %s)")
 COMPLETE_ONE = Query("SELECT pyscheduler.complete_task(rn => %s, token => %s)")
 SUBMIT_ONE = Query("SELECT pyscheduler.submit_task(queue => %s, spec => %s::jsonb)")
 SUBMIT_MANY = Query("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => %s::jsonb)")
+# (queue, specs, run_in, unique_keys): the lean submit, delayed and keyed when those are not NULL
+SUBMIT_LEAN = Query("SELECT count(*) FROM pyscheduler.submit_tasks_lean(queue => %s, specs => %s::jsonb, "
+                    "run_in => %s::interval, unique_keys => %s::text[])")
 # (queue, n): n tasks due in an hour
 SUBMIT_LATER = Query("SELECT count(*) FROM pyscheduler.submit_tasks(queue => %s, specs => (SELECT jsonb_agg("
                      "jsonb_build_object('i', i)) FROM generate_series(1, %s) i), run_in => '1 hour')")

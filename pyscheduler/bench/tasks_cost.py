@@ -120,25 +120,38 @@ def delayed_cost(dsn: str, tasks: int, batch: int) -> str:
 
 
 def submit_cost(dsn: str, tasks: int) -> str:
-    """Submitting: one submit_task a call (3,000 at most), then submit_tasks of 1,000 specs built
-    in Python, one connection, the queue emptied after."""
+    """Submitting: one submit_task a call (3,000 at most), submit_tasks of 1,000 specs built in
+    Python, then submit_tasks_lean of as many: one spec a call, 1,000 a call, delayed (run_in
+    1 hour), with a new unique key each. One connection, the queue emptied after."""
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(sql.SUBMIT_ONE, ("cost-submit", "{}"))  # plans cached
+        c.execute(sql.SUBMIT_LEAN, ("cost-submit", "[{}]", None, None))
         pid = c.info.backend_pid
         single = min(tasks, 3000)
-        before = process_cpu(pid)
-        for i in range(single):
-            c.execute(sql.SUBMIT_ONE, ("cost-submit", f'{{"i": {i}}}'))
-        one = (process_cpu(pid) - before) / single
+
+        def cpu(n: int, statement, args) -> float:
+            before = process_cpu(pid)
+            for k in range(n):
+                c.execute(statement, args(k))
+            return process_cpu(pid) - before
+
+        one = cpu(single, sql.SUBMIT_ONE, lambda i: ("cost-submit", f'{{"i": {i}}}')) / single
+        lean_one = cpu(single, sql.SUBMIT_LEAN, lambda i: ("cost-submit", f'[{{"i": {i}}}]', None, None)) / single
         specs = "[" + ",".join(f'{{"i": {i}}}' for i in range(1000)) + "]"
-        before = process_cpu(pid)
-        for _ in range(tasks // 1000):
-            c.execute(sql.SUBMIT_MANY, ("cost-submit", specs))
-        many = (process_cpu(pid) - before) / (tasks // 1000 * 1000)
+        calls = tasks // 1000
+        per_task = {
+            "submit_tasks": cpu(calls, sql.SUBMIT_MANY, lambda _: ("cost-submit", specs)),
+            "lean": cpu(calls, sql.SUBMIT_LEAN, lambda _: ("cost-submit", specs, None, None)),
+            "lean delayed": cpu(calls, sql.SUBMIT_LEAN, lambda _: ("cost-submit", specs, "1 hour", None)),
+            "lean unique keys": cpu(calls, sql.SUBMIT_LEAN, lambda k: (
+                "cost-submit", specs, None, [f"k{k}-{i}" for i in range(1000)])),
+        }
         c.execute(sql.DELETE_QUEUE, ("cost-submit",))
         c.execute(sql.TASK_COUNT_ALL)
-    return (f"submit: backend CPU submit_task {one * 1e6:.1f} us/call ({single:,} calls), submit_tasks of 1,000 "
-            f"{many * 1e6:.1f} us/task ({tasks // 1000 * 1000:,} tasks)")
+    many = ", ".join(f"{name} {spent / (calls * 1000) * 1e6:.1f}" for name, spent in per_task.items())
+    return (f"submit: backend CPU per call of one: submit_task {one * 1e6:.1f} us, submit_tasks_lean "
+            f"{lean_one * 1e6:.1f} us ({single:,} calls each); per task in calls of 1,000 ({calls * 1000:,} "
+            f"tasks each): {many} us")
 
 
 def vacuum_cost(dsn: str, finished: int) -> str:
@@ -224,7 +237,8 @@ MODES = {
     "app": "the same through a task function: app.worker(capacity=10)",
     "single": "lease_task + complete_task, one call each (3,000 tasks at most)",
     "delayed": "submit_tasks(run_in => 1 hour), batches of 1,000",
-    "submit": "submit_task one a call, then submit_tasks of 1,000",
+    "submit": "submit_task and submit_tasks_lean one a call, submit_tasks and submit_tasks_lean (plain, "
+              "delayed, unique keys) of 1,000",
     "vacuum": "VACUUM of the tasks table per 2,000 tasks (with --finished kept)",
 }
 

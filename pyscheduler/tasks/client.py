@@ -6,7 +6,7 @@ limits, and a handle that waits for a task's result (``submit(...).result(timeou
 psycopg connection or cursor, inside its transaction: a task submitted there exists only if the
 application commits (``AsyncTaskClient(conn)`` for asyncio). Results are :class:`Task` objects.
 A task belongs to the role that submitted it: any client may view it; cancel, requeue, delete and
-run now are for that role (or a member of it) and admin. Over 600 lines: one client, sync and async."""
+run now are for that role (or a member of it) and admin. Over 600 lines: one client, sync and async, each call once."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
-                     interval, json_object, required_instant, sync, text, value)
+                     interval, json_object, json_objects, required_instant, sync, text, value)
 from ..db import AsyncSession, Database, Jsonb, Session, connect, settings
 from ..errors import InvalidArgument, SchedulerError
 from . import sqlapi as sql
@@ -396,6 +396,28 @@ def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: 
                                                             ("cancel", "run"))}, value(Task.from_json))
 
 
+def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, run_at: datetime | timedelta | None,
+               unique_keys: Iterable[str | None] | None, max_attempts: int | None,
+               concurrency_keys: Iterable[str | None] | None, after: Iterable[str | UUID] | None,
+               on_parent_failure: Literal["cancel", "run"]) -> dict[str, Any]:
+    """The arguments of submit_tasks and submit_tasks_lean, checked."""
+    objects = json_objects("specs", specs)
+    keys = None if unique_keys is None else [text(f"unique_keys[{i}]", k, optional=True)
+                                             for i, k in enumerate(unique_keys)]
+    if keys is not None and len(keys) != len(objects.obj):
+        raise InvalidArgument(f"unique_keys must have one key per spec: "
+                              f"{len(keys)} keys for {len(objects.obj)} specs")
+    ckeys = None if concurrency_keys is None else [text(f"concurrency_keys[{i}]", k, optional=True)
+                                                   for i, k in enumerate(concurrency_keys)]
+    if ckeys is not None and len(ckeys) != len(objects.obj):
+        raise InvalidArgument(f"concurrency_keys must have one key per spec: "
+                              f"{len(ckeys)} keys for {len(objects.obj)} specs")
+    return {"queue": _queue(queue), "specs": objects, "priority": _priority(priority), **_when(run_at),
+            "unique_keys": keys, "max_attempts": _max_attempts(max_attempts), "concurrency_keys": ckeys,
+            "after": _after(after), "on_parent_failure": choice("on_parent_failure", on_parent_failure,
+                                                                ("cancel", "run"))}
+
+
 def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50, *,
                  run_at: datetime | timedelta | None = None, unique_keys: Iterable[str | None] | None = None,
                  max_attempts: int | None = None, concurrency_keys: Iterable[str | None] | None = None,
@@ -404,24 +426,23 @@ def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int =
     """Submit many tasks of one queue, priority, ``run_at``, ``max_attempts`` and ``after`` in one
     statement; they lease in this order. ``unique_keys``: one per spec (None: no key); a spec
     whose key a live task holds (or an earlier spec) is answered with that task
-    (``deduplicated``). ``concurrency_keys``: one per spec (None: no key)."""
-    objects = [json_object(f"specs[{i}]", s).obj for i, s in enumerate(specs)]
-    keys = None if unique_keys is None else [text(f"unique_keys[{i}]", k, optional=True)
-                                             for i, k in enumerate(unique_keys)]
-    if keys is not None and len(keys) != len(objects):
-        raise InvalidArgument(f"unique_keys must have one key per spec: "
-                              f"{len(keys)} keys for {len(objects)} specs")
-    ckeys = None if concurrency_keys is None else [text(f"concurrency_keys[{i}]", k, optional=True)
-                                                   for i, k in enumerate(concurrency_keys)]
-    if ckeys is not None and len(ckeys) != len(objects):
-        raise InvalidArgument(f"concurrency_keys must have one key per spec: "
-                              f"{len(ckeys)} keys for {len(objects)} specs")
-    return Call(sql.SUBMIT_TASKS, {"queue": _queue(queue), "specs": Jsonb(objects), "priority": _priority(priority),
-                                 **_when(run_at), "unique_keys": keys, "max_attempts": _max_attempts(max_attempts),
-                                 "concurrency_keys": ckeys, "after": _after(after),
-                                 "on_parent_failure": choice("on_parent_failure", on_parent_failure,
-                                                             ("cancel", "run"))},
-                each(Task.from_json, "task"))
+    (``deduplicated``). ``concurrency_keys``: one per spec (None: no key). ``submit_ids``: the
+    same, answering only the ids."""
+    return Call(sql.SUBMIT_TASKS, _many_args(queue, specs, priority, run_at, unique_keys, max_attempts,
+                                             concurrency_keys, after, on_parent_failure), each(Task.from_json, "task"))
+
+
+def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50, *,
+                run_at: datetime | timedelta | None = None, unique_keys: Iterable[str | None] | None = None,
+                max_attempts: int | None = None, concurrency_keys: Iterable[str | None] | None = None,
+                after: Iterable[str | UUID] | None = None,
+                on_parent_failure: Literal["cancel", "run"] = "cancel") -> Call[list[UUID]]:
+    """``submit_many`` answering only the tasks' ids, one per spec in the order of specs (a
+    deduplicated spec: the id of the live task holding its key): no task is built, on the server
+    or here, so a batch goes in about twice as fast (submit_tasks_lean). One spec is the fastest
+    single submit."""
+    return Call(sql.SUBMIT_TASKS_LEAN, _many_args(queue, specs, priority, run_at, unique_keys, max_attempts,
+                                                  concurrency_keys, after, on_parent_failure), each(task_id, "rn"))
 
 
 def _submit_workflow_call(workflow: Workflow) -> Call[dict[str, Task]]:
@@ -562,6 +583,7 @@ class TaskClient(SyncClient):
         return [QueueLimits.from_row(r) for r in rows]
 
     submit_many = sync(_submit_many)
+    submit_ids = sync(_submit_ids)
     set_queue_limits = sync(_set_queue_limits)
     set_rate_limit = sync(_set_rate_limit)
     get = sync(_get)
@@ -598,6 +620,7 @@ class AsyncTaskClient(AsyncClient):
         return {name: _handle(t, self, AsyncTaskHandle) for name, t in tasks.items()}
 
     submit_many = asynchronous(_submit_many)
+    submit_ids = asynchronous(_submit_ids)
     set_queue_limits = asynchronous(_set_queue_limits)
     set_rate_limit = asynchronous(_set_rate_limit)
     get = asynchronous(_get)

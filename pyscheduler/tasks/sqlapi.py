@@ -17,6 +17,8 @@ from ..sqlapi import Fn, View
 _SUBMIT = ("queue", "priority", "run_at", "run_in", "max_attempts", "after", "on_parent_failure")
 SUBMIT_TASK = Fn("submit_task", ("spec", "unique_key", "concurrency_key") + _SUBMIT)
 SUBMIT_TASKS = Fn("submit_tasks", ("specs", "unique_keys", "concurrency_keys") + _SUBMIT, ("task",))
+SUBMIT_TASKS_LEAN = Fn("submit_tasks_lean", ("specs", "unique_keys", "concurrency_keys") + _SUBMIT,
+                       ("rn", "deduplicated"))  # submit_tasks answering ids only
 SUBMIT_WORKFLOW = Fn("submit_workflow", ("workflow",))
 GET_TASK = Fn("get_task", ("rn",))
 LIST_TASKS = Fn("list_tasks", ("queue", "status", "owner", "max_tasks", "before_rn"), ("task",))

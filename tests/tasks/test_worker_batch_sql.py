@@ -11,6 +11,7 @@ import pytest
 from pyscheduler import errors
 from pyscheduler.db import Jsonb
 
+from tests.support import wait_for
 from tests.support.tasks import held, lease, submit, types_of
 
 
@@ -125,13 +126,14 @@ def test_single_and_batch_leases_share_one_claim(tx):
 
 def test_the_workers_pool_skips_the_check_only_for_fresh_connections(dsn, conn):
     """db.Database(fresh=s) (the Worker's pool) hands out a connection used in the last s seconds
-    without the check round trip; a default pool checks every checkout, so a connection that died
-    in the pool is replaced before the caller sees it."""
+    without looking; a default pool checks every checkout, so a connection that died in the pool
+    is replaced before the caller sees it."""
     from pyscheduler.db import Database
 
     def kill_others() -> None:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        conn.execute(f"SELECT pg_terminate_backend(pid) {others}")
+        wait_for(lambda: conn.execute(f"SELECT count(*) AS n {others}").fetchone()["n"] == 0, timeout=30)
 
     with Database(dsn, min_size=1, max_size=1) as checked, Database(dsn, min_size=1, max_size=1,
                                                                       fresh=60) as fresh:
@@ -141,3 +143,21 @@ def test_the_workers_pool_skips_the_check_only_for_fresh_connections(dsn, conn):
         with pytest.raises(errors.DatabaseUnavailable):
             fresh.call_value("version")  # not checked: the worker's retry handles it
         assert fresh.call_value("version")  # the broken connection was dropped
+
+
+def test_a_checkout_of_a_healthy_connection_costs_no_round_trip(dsn, monkeypatch):
+    """A default pool's checkout looks at the socket of a connection that came back healthy: a call
+    is one round trip (issue 31: a single submit paid two, the check and the call)."""
+    from psycopg_pool import ConnectionPool
+
+    from pyscheduler.db import Database
+
+    checks = []
+    real = ConnectionPool.check_connection
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(lambda c: checks.append(c) or real(c)))
+    with Database(dsn, min_size=1, max_size=1) as db:
+        db.call_value("version")
+        checks.clear()
+        for _ in range(3):
+            assert db.call_value("version")
+    assert checks == []

@@ -21,14 +21,17 @@ import click
 
 from ...config import bootstrap_option, dsn_option
 from . import delay as delay_part
+from . import flow as flow_part
 from . import report
 from . import tasks as tasks_part
 
 ROOT = Path(__file__).resolve().parents[3]
 FULL = {"jobs": 100_000, "rounds": 3, "samples": 30, "max_work_seconds": 20.0, "loads": "1000,10000",
-        "delay_duration": 6.0, "min_delay": 1.0, "max_delay": 5.0}
+        "delay_duration": 6.0, "min_delay": 1.0, "max_delay": 5.0, "enqueue_jobs": 50_000, "single_jobs": 3000,
+        "e2e_rates": "1000,20000", "e2e_seconds": 10.0}
 QUICK = {"jobs": 2000, "rounds": 1, "samples": 10, "max_work_seconds": 20.0, "loads": "500",
-         "delay_duration": 4.0, "min_delay": 0.5, "max_delay": 1.5}
+         "delay_duration": 4.0, "min_delay": 0.5, "max_delay": 1.5, "enqueue_jobs": 5000, "single_jobs": 300,
+         "e2e_rates": "500", "e2e_seconds": 3.0}
 
 
 @contextlib.contextmanager
@@ -116,6 +119,16 @@ def _command(ctx: click.Context) -> str:
               help=f"Longest delay, seconds  [default: {FULL['max_delay']:g}]")
 @click.option("--delay/--no-delay", "with_delay", default=True, show_default=True, help="Run the delay part.")
 @click.option("--tasks/--no-tasks", "with_tasks", default=True, show_default=True, help="Run the job-queue part.")
+@click.option("--flow/--no-flow", "with_flow", default=True, show_default=True,
+              help="Run the enqueue and end-to-end sections (pyscheduler, pgqueuer, graphile-worker).")
+@click.option("--enqueue-jobs", type=click.IntRange(1000), default=None,
+              help=f"Enqueue section: jobs submitted 1,000 per call  [default: {FULL['enqueue_jobs']:,}]")
+@click.option("--single-jobs", type=click.IntRange(1), default=None,
+              help=f"Enqueue section: calls of one job  [default: {FULL['single_jobs']:,}]")
+@click.option("--e2e-rates", default=None,
+              help=f"End-to-end section: offered loads in jobs/s, comma-separated  [default: {FULL['e2e_rates']}]")
+@click.option("--e2e-seconds", type=click.FloatRange(1), default=None,
+              help=f"End-to-end section: seconds of producing per run  [default: {FULL['e2e_seconds']:g}]")
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), default=ROOT / "docs" / "benchmarks.md",
               show_default="docs/benchmarks.md", help="Markdown file whose peers section is replaced.")
 @click.option("--img-dir", type=click.Path(file_okay=False, path_type=Path), default=ROOT / "docs" / "img",
@@ -123,19 +136,25 @@ def _command(ctx: click.Context) -> str:
 @click.option("--note", default=None, help="Said about the run in the markdown, e.g. 'measured on a busy machine'.")
 @click.pass_context
 def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, gap_ms, max_work_seconds, only,
-          scenarios, loads, delay_duration, min_delay, max_delay, with_delay, with_tasks, markdown, img_dir,
-          note) -> None:
+          scenarios, loads, delay_duration, min_delay, max_delay, with_delay, with_tasks, with_flow, enqueue_jobs,
+          single_jobs, e2e_rates, e2e_seconds, markdown, img_dir, note) -> None:
     """pyscheduler side by side with procrastinate, graphile-worker and pg-boss (no-op jobs, same
     concurrency, same server), and its delay relay side by side with a naive one."""
     echo = click.echo
     defaults = QUICK if quick else FULL
     given = dict(jobs=jobs, rounds=rounds, samples=samples, max_work_seconds=max_work_seconds, loads=loads,
-                 delay_duration=delay_duration, min_delay=min_delay, max_delay=max_delay)
+                 delay_duration=delay_duration, min_delay=min_delay, max_delay=max_delay, enqueue_jobs=enqueue_jobs,
+                 single_jobs=single_jobs, e2e_rates=e2e_rates, e2e_seconds=e2e_seconds)
     o = {k: (v if v is not None else defaults[k]) for k, v in given.items()}
     try:
         load_rates = [int(x) for x in str(o["loads"]).split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter(f"not a comma-separated list of msg/s: {o['loads']!r}", param_hint="--loads") from None
+    try:
+        flow_rates = [int(x) for x in str(o["e2e_rates"]).split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"not a comma-separated list of jobs/s: {o['e2e_rates']!r}",
+                                 param_hint="--e2e-rates") from None
     if not 0 <= o["min_delay"] <= o["max_delay"]:
         raise click.BadParameter("need 0 <= --min-delay <= --max-delay", param_hint="--min-delay")
 
@@ -151,8 +170,27 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
     started = time.monotonic()
     params = tasks_part.Params(jobs=o["jobs"], concurrency=concurrency, samples=o["samples"], gap_ms=gap_ms,
                                max_seconds=o["max_work_seconds"])
+    flow_systems = []
+    for f in flow_part.SYSTEMS if with_flow else []:
+        if why := f.missing():
+            echo(f"{f.key}: skipped, {why}")
+        else:
+            flow_systems.append(f)
+    if any(f.argv()[0] == "node" for f in flow_systems):
+        tasks_part.ensure_node_modules(echo)
     with _servers(dsn, kafka_bootstrap, with_delay and bool(load_rates), echo) as (dsn, bootstrap, what):
         context = _context(dsn, what, note)
+        if flow_systems:
+            flow_started = time.monotonic()
+            flow = flow_part.run_rounds(dsn, flow_systems, o["rounds"], echo, bulk_jobs=o["enqueue_jobs"],
+                                        single_jobs=o["single_jobs"], rates=flow_rates, seconds=o["e2e_seconds"],
+                                        concurrency=concurrency)
+            flow_section = flow_part.markdown(flow, command=_command(ctx), context=context,
+                                              bulk_jobs=o["enqueue_jobs"], single_jobs=o["single_jobs"],
+                                              seconds=o["e2e_seconds"], concurrency=concurrency, rounds=o["rounds"],
+                                              elapsed=time.monotonic() - flow_started)
+            flow_part.write_markdown(markdown, flow_section)
+            echo(flow_section)
         runs = tasks_part.run_rounds(dsn, systems, params, o["rounds"], echo, scenarios) if systems else {}
         results = runs.get("noop", {})
         loads_run = [delay_part.Load(rate, o["delay_duration"], o["min_delay"], o["max_delay"])
@@ -165,6 +203,9 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
                   "50 ms timing advance, batches of 2,000) and the naive baseline "
                   "(`python -m pyscheduler.bench.peers.naive_relay`). Jitter = output timestamp - deadline; "
                   "delivered counted by a fresh read of the output topic." if delays else "Not run.")
+    if not systems and not delays:
+        echo(f"\nwrote {markdown} in {time.monotonic() - started:.0f} s" if flow_systems else "nothing run")
+        return
     noop_systems = [s for s in systems if s.key in results]
     section = report.markdown(command=_command(ctx), context=context, systems=noop_systems, skipped=skipped,
                               results=results, delay=delays, jobs=o["jobs"], concurrency=concurrency,

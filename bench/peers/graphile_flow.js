@@ -1,0 +1,106 @@
+// graphile-worker's runner of `pyscheduler bench peers`' enqueue and end-to-end sections: the
+// protocol of pyscheduler/bench/peers/flow_runner.py (read its docstring), in JavaScript.
+//   node bench/peers/graphile_flow.js enqueue DSN BULK_JOBS SINGLE_JOBS CONCURRENCY
+//   node bench/peers/graphile_flow.js e2e DSN RATE SECONDS CONCURRENCY
+//   node bench/peers/graphile_flow.js produce DSN RATE SECONDS  (e2e's producer process)
+// Jobs are added as users add them: WorkerUtils.addJobs (1,000 per call) and addJob; the
+// worker has graphile_worker.js's settings (worker.graphile.org/docs/performance).
+const { execFile } = require("node:child_process");
+const { performance } = require("node:perf_hooks");
+const { Logger, run, makeWorkerUtils } = require("graphile-worker");
+const { sleep } = require("./common");
+
+const BULK = 1000;
+const TICK_MS = 10;
+const DRAIN_MS = 60000; // flow_runner.py DRAIN_SECONDS
+const LOCAL_QUEUE = 500;
+const quiet = new Logger(() => () => {});
+const version = require("graphile-worker/package.json").version;
+// ms on a clock every process shares (performance.now() counts from its own process's start)
+const now = () => performance.timeOrigin + performance.now();
+
+async function enqueue(dsn, bulkJobs, singleJobs) {
+  const utils = await makeWorkerUtils({ connectionString: dsn, logger: quiet });
+  await utils.migrate();
+  await utils.addJobs([{ identifier: "flow", payload: { i: -1 } }]);
+  const bulkMs = [], singleMs = [];
+  const t0 = performance.now();
+  for (let first = 0; first < bulkJobs; first += BULK) {
+    const specs = [];
+    for (let i = first; i < Math.min(first + BULK, bulkJobs); i++) specs.push({ identifier: "flow", payload: { i } });
+    const t = performance.now();
+    await utils.addJobs(specs);
+    bulkMs.push(performance.now() - t);
+  }
+  const bulkS = (performance.now() - t0) / 1000;
+  for (let i = 0; i < singleJobs; i++) {
+    const t = performance.now();
+    await utils.addJobs([{ identifier: "flow", payload: { i } }]);
+    singleMs.push(performance.now() - t);
+  }
+  await utils.release();
+  return { bulk_s: bulkS, bulk_ms: bulkMs, single_ms: singleMs,
+           settings: "WorkerUtils.addJobs (node-postgres pool)" };
+}
+
+async function e2e(dsn, rate, seconds, concurrency) {
+  const utils = await makeWorkerUtils({ connectionString: dsn, logger: quiet });
+  await utils.migrate();
+  const seen = [], latencies = [];
+  let last = null;
+  const flow = async (payload) => {
+    const t = now();
+    seen.push(payload.i);
+    latencies.push(t - payload.t);
+    last = t;
+  };
+  const preset = { worker: { localQueue: { size: LOCAL_QUEUE }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } };
+  const runner = await run({ connectionString: dsn, concurrency, noHandleSignals: true, preset, logger: quiet,
+                             taskList: { flow } });
+  await sleep(1000); // listening
+  // the producer, a process of its own (as an application's is)
+  const made = await new Promise((resolve, reject) => execFile(
+    process.execPath, [__filename, "produce", dsn, String(rate), String(seconds)], { maxBuffer: 1 << 20 },
+    (err, stdout) => (err ? reject(err) : resolve(JSON.parse(stdout.trim().split("\n").pop())))));
+  const sent = made.submitted;
+  const cap = performance.now() + DRAIN_MS;
+  while (seen.length < sent && performance.now() < cap) await sleep(5);
+  await runner.stop();
+  await utils.release();
+  const distinct = new Set(seen);
+  let missing = 0;
+  for (let i = 0; i < sent; i++) if (!distinct.has(i)) missing += 1;
+  return { submitted: sent, completed: seen.length, duplicates: seen.length - distinct.size, missing,
+           exactly_once: missing === 0 && seen.length === sent, total_s: ((last ?? now()) - made.started) / 1000,
+           latency_ms: latencies,
+           settings: `concurrency ${concurrency}, localQueue ${LOCAL_QUEUE}, completeJobBatchDelay 0; ` +
+                     "producer WorkerUtils.addJobs" };
+}
+
+async function produce(dsn, rate, seconds) {
+  const utils = await makeWorkerUtils({ connectionString: dsn, logger: quiet });
+  const started = now();
+  let sent = 0;
+  for (;;) {
+    const elapsed = (now() - started) / 1000;
+    if (elapsed >= seconds) break;
+    const due = Math.floor(rate * elapsed) - sent;
+    if (due > 0) {
+      const t = now(), specs = [];
+      for (let i = sent; i < sent + due; i++) specs.push({ identifier: "flow", payload: { i, t } });
+      await utils.addJobs(specs);
+      sent += due;
+    }
+    await sleep(Math.max(0, TICK_MS - (now() - started - elapsed * 1000)));
+  }
+  await utils.release();
+  return { submitted: sent, started };
+}
+
+const [mode, dsn, a, b, concurrency] = process.argv.slice(2);
+({ e2e: () => e2e(dsn, Number(a), Number(b), Number(concurrency)), produce: () => produce(dsn, Number(a), Number(b)),
+   enqueue: () => enqueue(dsn, Number(a), Number(b)) })[mode]()
+  // one line, possibly MBs: exit only once it is written (console.log then exit cuts it at 64 KiB)
+  .then((result) => process.stdout.write(JSON.stringify({ system: "graphile-worker", version, ...result }) + "\n",
+                                         () => process.exit(0)),
+        (e) => { console.error(e); process.exit(1); });

@@ -1,0 +1,153 @@
+"""The enqueue and end-to-end sections of ``pyscheduler bench peers`` (issue 31): each system's
+runner (flow_runner.py, bench/peers/graphile_flow.js) in a fresh database of the same server,
+the systems' order rotated each round.
+
+Enqueue: bulk (1,000 jobs per call) and single (one job per call) with each system's own client,
+per-call p50/p99. End to end: workers run while a producer submits at a fixed offered rate;
+throughput (jobs / time until every job has run), enqueue-to-start p50/p99, exactly once."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+import click
+
+from ..stats import percentile
+from . import flow_runner
+from .tasks import PEERS_DIR, scratch_database
+
+BEGIN, END = "<!-- flow:begin -->", "<!-- flow:end -->"
+
+
+@dataclass(frozen=True)
+class FlowSystem:
+    key: str
+    argv: Callable[[], list[str]]
+    missing: Callable[[], str | None] = lambda: None
+
+
+def _python(key: str) -> Callable[[], list[str]]:
+    return lambda: [sys.executable, "-m", "pyscheduler.bench.peers.flow_runner", key]
+
+
+SYSTEMS = [
+    FlowSystem("pyscheduler", _python("pyscheduler")),
+    FlowSystem("pgqueuer", _python("pgqueuer"),
+               lambda: None if importlib.util.find_spec("pgqueuer") and importlib.util.find_spec("asyncpg")
+               else "pgqueuer is not installed: pip install 'pyscheduler[bench]'"),
+    FlowSystem("graphile-worker", lambda: ["node", str(PEERS_DIR / "graphile_flow.js")],
+               lambda: None if shutil.which("node") else "Node.js (node) is not on PATH"),
+]
+
+
+def run_one(dsn: str, system: FlowSystem, mode: str, a: float, b: float, concurrency: int) -> dict:
+    with scratch_database(dsn, f"pyscheduler_flow_{system.key.replace('-', '_')}_{os.getpid()}") as uri:
+        out = subprocess.run(system.argv() + [mode, uri, f"{a:g}", f"{b:g}", str(concurrency)], capture_output=True,
+                             text=True, timeout=600, cwd=PEERS_DIR, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if out.returncode != 0:
+        raise click.ClickException(f"{system.key} {mode} failed: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_jobs: int, single_jobs: int,
+               rates: list[int], seconds: float, concurrency: int) -> dict:
+    """{"enqueue": {key: [result per round]}, "e2e": {rate: {key: [...]}}}, orders rotated per round."""
+    out: dict = {"enqueue": {s.key: [] for s in systems}, "e2e": {r: {s.key: [] for s in systems} for r in rates}}
+    for r in range(rounds):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for s in order:
+            res = run_one(dsn, s, "enqueue", bulk_jobs, single_jobs, concurrency)
+            out["enqueue"][s.key].append(res)
+            echo(f"round {r + 1}/{rounds} enqueue, {s.key}: bulk {bulk_jobs / res['bulk_s']:,.0f} jobs/s, "
+                 f"single p50 {percentile(res['single_ms'], 50):.2f} ms")
+        for rate in rates:
+            for s in order:
+                res = run_one(dsn, s, "e2e", rate, seconds, concurrency)
+                out["e2e"][rate][s.key].append(res)
+                echo(f"round {r + 1}/{rounds} end to end {rate:,}/s, {s.key}: {res['submitted'] / res['total_s']:,.0f}"
+                     f" jobs/s, start p50 {percentile(res['latency_ms'], 50):.1f} ms p99 "
+                     f"{percentile(res['latency_ms'], 99):.1f} ms, exactly once {res['exactly_once']}")
+    return out
+
+
+def _cell(values: list[float], fmt: str = "{:,.0f}") -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def _ratio(ours: list[float], theirs: list[float], higher_better: bool = True) -> str:
+    if not ours or not theirs:
+        return "-"
+    pairs = [(o / t if higher_better else t / o) for o, t in zip(ours, theirs)]
+    return f"**{median(pairs):.2f}x**" + (f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "")
+
+
+def markdown(results: dict, *, command: str, context: str, bulk_jobs: int, single_jobs: int, seconds: float,
+             concurrency: int, rounds: int, elapsed: float) -> str:
+    enq, keys = results["enqueue"], list(results["enqueue"])
+    bulk = {k: [bulk_jobs / r["bulk_s"] for r in enq[k]] for k in keys}
+    single = {k: [1000 * len(r["single_ms"]) / sum(r["single_ms"]) for r in enq[k]] for k in keys}
+    lines = [BEGIN, "", f"Command: `{command}` ({elapsed / 60:.0f} min). {context}", "",
+             f"**Enqueue**, each system's own client as its users call it, {rounds} rounds (order rotated): bulk "
+             f"{bulk_jobs:,} jobs in calls of 1,000; single: {single_jobs:,} calls of one job. Ratios are "
+             "pyscheduler / peer per round (median, range); per-call times are medians over rounds of each "
+             "round's p50 and p99.", "",
+             "| system | bulk jobs/s | bulk call p50 / p99 ms | single calls/s | single call p50 / p99 ms "
+             "| bulk ratio | single ratio |", "|---|---|---|---|---|---|---|"]
+    for k in keys:
+        p = {q: {m: median(percentile(r[f"{m}_ms"], q) for r in enq[k]) for m in ("bulk", "single")} for q in (50, 99)}
+        lines.append(f"| {k} {enq[k][0]['version']} | {_cell(bulk[k])} | {p[50]['bulk']:.1f} / {p[99]['bulk']:.1f} | "
+                     f"{_cell(single[k])} | {p[50]['single']:.2f} / {p[99]['single']:.2f} | "
+                     + ("-" if k == "pyscheduler" else _ratio(bulk["pyscheduler"], bulk[k])) + " | "
+                     + ("-" if k == "pyscheduler" else _ratio(single["pyscheduler"], single[k])) + " |")
+    ours = [r for r in enq.get("pyscheduler", []) if "variants_s" in r]
+    for variant, what in (("delayed", "`run_at=timedelta(hours=1)`"), ("unique", "a new unique key each")):
+        if ours:
+            rates = [bulk_jobs / r["variants_s"][variant] for r in ours]
+            slower = [r["variants_s"][variant] / r["bulk_s"] for r in ours]
+            lines.append(f"| pyscheduler, {what} | {_cell(rates)} | | | | {_cell(slower, '{:.2f}')}x the plain "
+                         "bulk's time | |")
+    lines += ["", "Settings: " + "; ".join(f"{k}: {enq[k][0]['settings']}" for k in keys) + ".", "",
+              f"**End to end**: workers (concurrency {concurrency}) run while a producer (a process of its own) "
+              f"submits at the offered rate for {seconds:g} s, a call every 10 ms with the jobs due; throughput = "
+              "jobs / time from the first submit until every job has run (the backlog drained); enqueue-to-start "
+              "over every job; exactly once: every job index ran, none twice, checked each run.", "",
+              "| offered jobs/s | system | throughput jobs/s | start p50 ms | start p99 ms | exactly once | "
+              "throughput ratio |", "|---|---|---|---|---|---|---|"]
+    for rate, by in results["e2e"].items():
+        rates = {k: [r["submitted"] / r["total_s"] for r in by[k]] for k in by}
+        for k in by:
+            p50 = [percentile(r["latency_ms"], 50) for r in by[k]]
+            p99 = [percentile(r["latency_ms"], 99) for r in by[k]]
+            dup, miss = sum(r["duplicates"] for r in by[k]), sum(r["missing"] for r in by[k])
+            once = "yes" if all(r["exactly_once"] for r in by[k]) else \
+                f"{dup:,} twice, {miss:,} not run within {flow_runner.DRAIN_SECONDS} s of the end"
+            lines.append(f"| {rate:,} | {k} | {_cell(rates[k])} | {_cell(p50, '{:,.1f}')} | {_cell(p99, '{:,.1f}')} | "
+                         f"{once} | "
+                         + ("-" if k == "pyscheduler" else _ratio(rates["pyscheduler"], rates[k])) + " |")
+    lines += ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", "", END]
+    return "\n".join(lines)
+
+
+def write_markdown(doc: Path, section: str) -> None:
+    """Replace the flow section of ``doc`` (between its markers), or append it with a heading."""
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n## Enqueue and end to end: `pyscheduler bench peers`\n\n" + section + "\n"
+    doc.write_text(text)

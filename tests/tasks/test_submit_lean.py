@@ -1,0 +1,178 @@
+"""The lean submit (issue 31): submit_tasks_lean and TaskClient.submit_ids make the same tasks,
+in the same order, with the same deduplication answers, tallies and refusals as submit_tasks,
+answering only (rn, deduplicated) per spec."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from datetime import timedelta
+from enum import IntEnum
+from types import MappingProxyType
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from pyscheduler import errors
+from pyscheduler.db import Jsonb
+from pyscheduler.errors import InvalidArgument
+
+from tests.support.tasks import held, lease, submit
+
+# the columns a submit decides (rn, seq, created and updated differ between two runs)
+COLUMNS = ("queue", "spec", "priority", "status", "run_at IS NOT NULL AS delayed", "unique_key", "concurrency_key",
+           "max_attempts", "submitted_by", "after", "waiting_on", "on_parent_failure", "history")
+
+
+def answers(tx, function: str, **args) -> list[tuple[str, bool]]:
+    """(rn, deduplicated) per spec, from either function."""
+    rows = tx.call(function, **args)
+    if function == "submit_tasks":
+        return [(r["task"]["rn"], r["task"].get("deduplicated", False)) for r in rows]
+    return [(str(r["rn"]), r["deduplicated"]) for r in rows]
+
+
+def outcome(tx, function: str, **args) -> tuple[list, list, list]:
+    """What a submit did, comparable between the two functions: each answer as the position of
+    its task among the queue's tasks in lease (seq) order, those tasks' columns, the tallies."""
+    with tx.conn.transaction(force_rollback=True):
+        got = answers(tx, function, **args)
+        rows = tx.execute(f"SELECT rn::text, {', '.join(COLUMNS)} FROM pyscheduler.tasks "
+                          "WHERE queue = 'lean' ORDER BY seq").fetchall()
+        counts = tx.execute("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = 'lean' "
+                            "ORDER BY status").fetchall()
+    position = {r.pop("rn"): i for i, r in enumerate(rows)}
+    return [(position[rn], dedup) for rn, dedup in got], rows, counts
+
+
+def specs(n: int) -> Jsonb:
+    return Jsonb([{"i": i} for i in range(n)])
+
+
+CASES = {
+    "plain": dict(specs=specs(5)),
+    "delayed": dict(specs=specs(3), run_in=timedelta(hours=1), priority=7, max_attempts=3),
+    "unique keys": dict(specs=specs(6), unique_keys=["live", "b", None, "b", "c", "live"]),
+    "distinct unique keys, one live": dict(specs=specs(4), unique_keys=["x", "live", None, "y"]),
+    "distinct unique keys": dict(specs=specs(3), unique_keys=["z", "x", None]),
+    "concurrency keys": dict(specs=specs(3), concurrency_keys=["k", None, "k"]),
+    "after a live parent": dict(specs=specs(2), after="live"),
+    "after a cancelled parent": dict(specs=specs(2), after="cancelled"),
+    "after a cancelled parent, run": dict(specs=specs(2), after="cancelled", on_parent_failure="run"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_submit_tasks_lean_does_what_submit_tasks_does_answering_ids(tx, case):
+    live = submit(tx, queue="lean", spec={"live": 1}, unique_key="live")["rn"]
+    cancelled = submit(tx, queue="lean", spec={"gone": 1})["rn"]
+    tx.call("cancel_task", rn=cancelled)
+    args = dict(CASES[case], queue="lean")
+    if "after" in args:
+        args["after"] = [{"live": live, "cancelled": cancelled}[args["after"]]]
+    lean = outcome(tx, "submit_tasks_lean", **args)
+    assert lean == outcome(tx, "submit_tasks", **args)
+    got, rows, _ = lean
+    assert len(got) == len(args["specs"].obj)
+    expected = {  # the live task is position 0 (the cancelled one 1); the first of equal keys in the array wins
+        "unique keys": [(0, True), (2, False), (3, False), (2, True), (4, False), (0, True)],
+        "distinct unique keys, one live": [(2, False), (0, True), (3, False), (4, False)],
+        "distinct unique keys": [(2, False), (3, False), (4, False)]}
+    if case in expected:
+        assert got == expected[case]
+
+
+def test_submit_tasks_lean_refuses_what_submit_tasks_refuses(tx):
+    bad = [dict(specs=Jsonb([{}, 1])), dict(specs=Jsonb({"a": 1})), dict(specs=specs(2), unique_keys=["x"]),
+           dict(specs=specs(2), unique_keys=["ok", " padded"]), dict(specs=specs(1), concurrency_keys=["a", "b"]),
+           dict(specs=specs(1), priority=-1), dict(specs=specs(1), max_attempts=0),
+           dict(specs=specs(1), run_in=timedelta(days=400)), dict(specs=specs(1), after=[UUID(int=1)])]
+
+    def code(function: str, args: dict) -> str | None:
+        try:
+            with tx.conn.transaction(force_rollback=True):
+                tx.call(function, queue="lean", **args)
+        except (errors.SchedulerError, psycopg.Error) as exc:
+            return exc.sqlstate
+        return None
+
+    codes = [code("submit_tasks_lean", args) for args in bad]
+    assert codes == [code("submit_tasks", args) for args in bad]
+    assert None not in codes
+
+
+def test_submit_ids_answers_the_ids_in_the_order_of_specs(client):
+    first = client.submit("ids", {"first": 1}, unique_key="k")
+    ids = client.submit_ids("ids", [{"i": 0}, {"i": 1}, {"i": 2}], unique_keys=[None, "k", "j"], priority=9)
+    assert all(isinstance(rn, UUID) for rn in ids) and ids[1] == first.rn
+    assert [client.get(rn).spec for rn in ids] == [{"i": 0}, {"first": 1}, {"i": 2}]
+    assert [t.rn for t in client.list("ids", limit=10)] == sorted({first.rn, *ids}, reverse=True)
+    assert client.submit_ids("ids", []) == []
+    with pytest.raises(InvalidArgument, match=r"specs\[1\]"):
+        client.submit_ids("ids", [{}, [1]])
+    with pytest.raises(InvalidArgument, match="unique_keys"):
+        client.submit_ids("ids", [{}], unique_keys=["a", "b"])
+
+
+def test_a_lean_submit_is_leased_in_order_and_wakes_the_queue(db, dsn):
+    from pyscheduler.db import Listener, Wakeup
+    from pyscheduler.tasks import TaskClient
+    from pyscheduler.tasks import sqlapi as sql
+
+    woken = Wakeup()
+    listener = Listener(dsn, [sql.task_channel("woken")], woken.poke).start()
+    try:
+        assert listener.ready.wait(30)
+        ids = TaskClient(db).submit_ids("woken", [{"i": i} for i in range(3)])
+        assert woken.wait(10, jitter=0)
+    finally:
+        listener.stop()
+    with db.session() as s:
+        leased = [held(lease(s, queue="woken"))["rn"] for _ in ids]
+    assert leased == [str(rn) for rn in ids]
+
+
+DEEP = {"a": 1}
+for _ in range(210):
+    DEEP = {"a": DEEP}
+
+
+@pytest.mark.parametrize("spec, why", [
+    ({"x": float("nan")}, "nan"), ({"a": [1, float("-inf")]}, "inf"), ({"s": "a\x00b"}, "NUL"),
+    ({"k\x00": 1}, "NUL"), ({"s": "\ud800"}, "surrogate"), ({1: "a"}, "not a string"),
+    ({"m": MappingProxyType({"a": 1})}, "serialisable"), ({"o": object()}, "not JSON"), (DEEP, "deeper"),
+    (["not an object"], "JSON object")])
+def test_a_bulk_submit_refuses_unstorable_json_naming_the_spec(client, spec, why):
+    """The batch's one-pass check (calls.json_objects) refuses what json_object refuses one by one."""
+    for bulk in (client.submit_ids, client.submit_many):
+        with pytest.raises(InvalidArgument, match=r"specs\[1\]") as info:
+            bulk("q", [{}, spec])
+        assert why in str(info.value)
+    assert client.list() == []
+
+
+def test_a_bulk_submit_stores_unusual_but_storable_json_as_submit_does(client):
+    class Colour(IntEnum):
+        RED = 1
+
+    specs = [{"t": (1, 2)}, OrderedDict(b=1, a=2), {"c": Colour.RED, "é": "ünïcode", "n": None, "f": 1.5},
+             MappingProxyType({"m": True})]
+    ids = client.submit_ids("q", specs)
+    assert [client.get(rn).spec for rn in ids] == [client.submit("q", s).spec for s in specs]
+
+
+def test_the_async_client_submits_ids_in_the_applications_transaction(dsn):
+    import asyncio
+
+    from pyscheduler.tasks import AsyncTaskClient
+
+    async def run() -> list[UUID]:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            ids = await AsyncTaskClient(conn).submit_ids("async", [{"i": 0}, {"i": 1}])
+            await conn.rollback()
+            return ids
+
+    ids = asyncio.run(run())
+    assert len(ids) == 2 and all(isinstance(rn, UUID) for rn in ids)
+    with psycopg.connect(dsn) as conn:  # rolled back with the application's transaction
+        assert conn.execute("SELECT count(*) FROM pyscheduler.tasks WHERE rn = ANY (%s)", (ids,)).fetchone()[0] == 0
