@@ -35,6 +35,10 @@ def test_inline_mode_runs_the_function_at_submit_without_a_database():
         return object()
 
     @app.task(queue="mail")
+    def durable(n: int) -> int:  # no lease inline: steps just run, with or without the app's connection
+        return current_context().step("a", lambda: n + 1) + current_context().step("b", lambda: n, conn=object())
+
+    @app.task(queue="mail")
     async def later(n: int) -> int:
         return n + current_context().attempt
 
@@ -45,6 +49,7 @@ def test_inline_mode_runs_the_function_at_submit_without_a_database():
         assert [h.result() for h in send_email.submit_many([{"to": "b"}, {"to": "c"}])] == [{"sent": "b"},
                                                                                         {"sent": "c"}]
         assert later.options(run_at=timedelta(hours=1)).submit(n=1).result() == 2  # options ignored: runs now
+        assert durable.submit(n=1).result() == 3
         with pytest.raises(ConnectionError, match="SMTP down"):
             broken.submit(to="a")
         with pytest.raises(InvalidArgument, match="missing a required argument: 'to'"):
