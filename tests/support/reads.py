@@ -53,6 +53,20 @@ def reads(conn, sql: str, params=None, *, tables: tuple[str, ...]) -> tuple[list
                        {n: after[n][1] - before[n][1] for n in names})
 
 
+def fill(conn, n: int, queue: str, status: str, priority: str = "50", ago: str = "1 day") -> None:
+    """n tasks stored as submit_task would (time-ordered ids, one a millisecond from ``ago`` ago),
+    without the calls; then counted again (_task_count_all), as rows written by hand must be."""
+    conn.execute(
+        "INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated, errors, owner, "
+        "deadline, history, run_at, submitted_by) SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), s), %s, "
+        "'{}', " + priority + ", %s::pyscheduler.task_status, 0, c, c, '[]', CASE WHEN %s = 'running' THEN 'w' END, "
+        "CASE WHEN %s = 'running' THEN now() + interval '1 hour' END, '[]', "
+        "CASE WHEN %s = 'scheduled' THEN now() + interval '1 hour' END, current_user "
+        "FROM generate_series(1, %s) i, LATERAL (SELECT nextval('pyscheduler.task_seq') AS s, "
+        "now() - %s::interval + i * interval '1 millisecond' AS c) x", (queue, status, status, status, status, n, ago))
+    conn.execute("SELECT pyscheduler._task_count_all()")
+
+
 def concurrently(writer: Callable[[int], None], n: int = 4) -> None:
     """writer(0) .. writer(n - 1), each in a thread of its own; fails with what any of them raised."""
     errors: list[BaseException] = []
