@@ -887,7 +887,8 @@ SET search_path = pyscheduler, pg_temp
 -- redundant): the primary key, which a skewed sample makes look cheaper, cannot give that order
 -- without a sort, and sorts are off; the status is written into the query, so a partial index
 -- can serve it
-SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET enable_indexscan = on
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET enable_incremental_sort = off
+SET enable_indexscan = on
 AS $$
 /* list_tasks(queue => NULL, status => NULL, owner => NULL, max_tasks => 100, before_rn => NULL)
        -> setof (task jsonb)
@@ -906,8 +907,8 @@ AS $$
    tallies have with tasks of that status) and the pages merged: a queue's
    ready tasks per priority from tasks_ready_idx, at most a page each
    (_ready_page), its waiting and scheduled tasks from tasks_waiting_idx and
-   tasks_scheduled_rn_idx, its finished tasks (completed, aborted, cancelled)
-   from tasks_finished_queue_idx, newest first, never their whole backlog nor
+   tasks_scheduled_rn_idx, its completed, aborted or cancelled tasks from
+   tasks_finished_queue_idx (queue, status, rn), newest first, never their whole backlog nor
    other queues' tasks: a quiet queue among busy ones reads its own tasks.
    With queue and without a status each status is read apart and the pages
    merged. An owner filter reads the tasks it skips. Tasks of other roles show
@@ -944,8 +945,7 @@ BEGIN
         v_queues := CASE WHEN list_tasks.queue IS NOT NULL THEN ARRAY[list_tasks.queue::text]
                          ELSE ARRAY(SELECT DISTINCT c.queue FROM _task_tallied() c
                                      WHERE c.status = list_tasks.status::task_status) END;
-        -- each status asked for (without one, every status: the finished ones together) from its
-        -- own index, per queue newest first ((queue, rn) ranges: only the (queue, rn) index gives
+        -- each status asked for (without one, every status) from its own index, per queue newest first ((queue, rn) ranges: only the (queue, rn) index gives
         -- that order), and the pages merged
         SELECT 'SELECT pyscheduler._task_seen_json(u.r, $5) FROM ('
                || string_agg(CASE
@@ -963,9 +963,8 @@ BEGIN
                || ') u ORDER BY u.rn DESC LIMIT $4'
           INTO v_sql
           FROM unnest(CASE WHEN list_tasks.status IS NOT NULL THEN ARRAY[format('t.status = %L', list_tasks.status)]
-                           ELSE ARRAY['t.status IN (''completed'', ''aborted'', ''cancelled'')',
-                                      't.status = ''waiting''', 't.status = ''scheduled''', 't.status = ''ready''',
-                                      't.status = ''running'''] END) w;
+                           ELSE ARRAY(SELECT format('t.status = %L', s) FROM unnest(enum_range(NULL::task_status)) s)
+                           END) w;
     END IF;
     RETURN QUERY EXECUTE v_sql USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks,
                                      v_seen, v_queues;
