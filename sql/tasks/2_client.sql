@@ -883,10 +883,10 @@ SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 -- a page walks an index from the cursor on and stops at max_tasks (issues 21, 34): the plan is
 -- pinned, not left to the statistics. Each statement orders by the leading column of the index
--- that serves it as well, bounded by a range (not an equality, which would make that order
--- redundant): the primary key, which a skewed sample makes look cheaper, cannot give that order
--- without a sort, and sorts are off; the status is written into the query, so a partial index
--- can serve it
+-- that serves it as well, bounded by a range or an array (= ANY: an equality would make that
+-- order redundant; a range would leave the index's next column unbounded): the primary key,
+-- which a skewed sample makes look cheaper, cannot give that order without a sort, and sorts
+-- are off; the status is written into the query, so a partial index can serve it
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET enable_incremental_sort = off
 SET enable_indexscan = on
 AS $$
@@ -945,8 +945,9 @@ BEGIN
         v_queues := CASE WHEN list_tasks.queue IS NOT NULL THEN ARRAY[list_tasks.queue::text]
                          ELSE ARRAY(SELECT DISTINCT c.queue FROM _task_tallied() c
                                      WHERE c.status = list_tasks.status::task_status) END;
-        -- each status asked for (without one, every status) from its own index, per queue newest first ((queue, rn) ranges: only the (queue, rn) index gives
-        -- that order), and the pages merged
+        -- each status asked for (without one, every status) from its own index, per queue newest
+        -- first (ordered on the queue too: only an index led by the queue gives that order), and
+        -- the pages merged
         SELECT 'SELECT pyscheduler._task_seen_json(u.r, $5) FROM ('
                || string_agg(CASE
                     WHEN w = 't.status = ''ready''' AND list_tasks.owner IS NULL THEN
@@ -958,7 +959,7 @@ BEGIN
                                w, v_filters)
                     ELSE
                         format('(SELECT x.r, x.rn FROM unnest($6::text[]) q (queue), LATERAL ('
-                               'SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s AND t.queue >= q.queue AND t.queue <= q.queue%s '
+                               'SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s AND t.queue = ANY (ARRAY[q.queue])%s '
                                'ORDER BY t.queue DESC, t.rn DESC LIMIT $4) x)', w, v_filters) END, ' UNION ALL ')
                || ') u ORDER BY u.rn DESC LIMIT $4'
           INTO v_sql
