@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 @dataclass
 class Reads:
-    """Per relation (table or index, by name): scans started, and tuples (tables: by sequential
-    scans; indexes: index entries) returned."""
+    """Per relation (table or index, by name): scans started, tuples (tables: by sequential
+    scans; indexes: index entries) returned, and blocks read (found in shared buffers or not:
+    an index scan that steps over entries it does not return reads their pages)."""
 
     scans: dict[str, int]
     returned: dict[str, int]
+    blocks: dict[str, int]
 
     def seq_scans(self, table: str) -> int:
         return self.scans[table]
@@ -34,12 +36,13 @@ def relations(conn, *tables: str) -> list[str]:
     return [r["relname"] for r in rows]
 
 
-def _counters(conn, names: list[str]) -> dict[str, tuple[int, int]]:
+def _counters(conn, names: list[str]) -> dict[str, tuple[int, int, int]]:
     rows = conn.execute(
-        "SELECT c.relname, pg_stat_get_xact_numscans(c.oid) AS scans, pg_stat_get_xact_tuples_returned(c.oid) AS ret "
+        "SELECT c.relname, pg_stat_get_xact_numscans(c.oid) AS scans, pg_stat_get_xact_tuples_returned(c.oid) AS ret, "
+        "pg_stat_get_xact_blocks_fetched(c.oid) AS blocks "
         "FROM pg_class c WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relname = ANY(%s)",
         (names,)).fetchall()
-    return {r["relname"]: (r["scans"], r["ret"]) for r in rows}
+    return {r["relname"]: (r["scans"], r["ret"], r["blocks"]) for r in rows}
 
 
 def reads(conn, sql: str, params=None, *, tables: tuple[str, ...]) -> tuple[list, Reads]:
@@ -49,8 +52,7 @@ def reads(conn, sql: str, params=None, *, tables: tuple[str, ...]) -> tuple[list
         before = _counters(conn, names)
         rows = conn.execute(sql, params).fetchall()
         after = _counters(conn, names)
-    return rows, Reads({n: after[n][0] - before[n][0] for n in names},
-                       {n: after[n][1] - before[n][1] for n in names})
+    return rows, Reads(*({n: after[n][k] - before[n][k] for n in names} for k in range(3)))
 
 
 def fill(conn, n: int, queue: str, status: str, priority: str = "50", ago: str = "1 day") -> None:
