@@ -412,8 +412,8 @@ AS $$
    the paused ones); the other filters are checked on the way, so a filter
    that matches few of many schedules reads the ones it skips. A name_like
    that starts with a literal prefix ('daily-%') reads only the names with
-   that prefix (schedules_name_pattern_idx, or schedules_name_key in a C
-   collation), sorted when they come from the pattern index.
+   that prefix (schedules_name_pattern_idx), all of them for every page, and
+   sorts them.
    Errors: PS312 max_schedules < 1. */
 #variable_conflict use_column
 DECLARE
@@ -424,13 +424,17 @@ BEGIN
     END IF;
     IF list_schedules.name_like IS NOT NULL AND left(list_schedules.name_like, 1) NOT IN ('%', '_') THEN
         -- the pattern written into the query: the planner turns its literal prefix into a range of
-        -- the pattern index (a parameter would leave it a filter, as in a cached generic plan)
+        -- the pattern index (a parameter would leave it a filter, as in a cached generic plan). The
+        -- names with the prefix are read whole, then sorted: read apart (MATERIALIZED, the cursor
+        -- applied after), no order and no bound is left that schedules_name_key could serve, which
+        -- the planner would otherwise walk from the cursor past every name before the prefix
+        -- (issue 34)
         RETURN QUERY EXECUTE format(
-            'SELECT pyscheduler._schedule_json(s) FROM pyscheduler.schedules s'
-            ' WHERE s.name LIKE %L AND s.name > $1'
+            'WITH m AS MATERIALIZED (SELECT s FROM pyscheduler.schedules s WHERE s.name LIKE %L'
             '   AND ($2::text IS NULL OR s.target_kind = $2) AND ($3::boolean IS NULL OR s.paused = $3)'
-            '   AND ($4::boolean IS NULL OR s.critical = $4)'
-            ' ORDER BY s.name LIMIT $5', list_schedules.name_like)
+            '   AND ($4::boolean IS NULL OR s.critical = $4))'
+            ' SELECT pyscheduler._schedule_json(m.s) FROM m WHERE (m.s).name > $1 ORDER BY (m.s).name LIMIT $5',
+            list_schedules.name_like)
         USING v_after, list_schedules.target_kind, list_schedules.paused, list_schedules.critical,
               list_schedules.max_schedules;
         RETURN;
