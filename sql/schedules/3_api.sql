@@ -397,8 +397,9 @@ RETURNS TABLE (schedule jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
--- a page walks schedules_name_key (schedules_paused_name_idx for paused => true) from the
--- cursor on and stops at max_schedules: never a scan and sort of the whole table
+-- a page walks schedules_name_key (schedules_paused_name_idx for paused => true,
+-- schedules_critical_name_idx for critical => true) from the cursor on and stops at
+-- max_schedules: never a scan and sort of the whole table
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* list_schedules(name_like => NULL, target_kind => NULL, paused => NULL,
@@ -409,7 +410,7 @@ AS $$
    page as after_name to get the next one (names are unique and never change,
    so a walk returns every schedule once, even while others are created).
    A page reads the names from the cursor on in order (paused => true: only
-   the paused ones); the other filters are checked on the way, so a filter
+   the paused ones; critical => true: only the critical ones); the other filters are checked on the way, so a filter
    that matches few of many schedules reads the ones it skips. A name_like
    that starts with a literal prefix ('daily-%') reads only the names with
    that prefix (schedules_name_pattern_idx), all of them for every page, and
@@ -437,6 +438,17 @@ BEGIN
             list_schedules.name_like)
         USING v_after, list_schedules.target_kind, list_schedules.paused, list_schedules.critical,
               list_schedules.max_schedules;
+        RETURN;
+    END IF;
+    IF list_schedules.critical AND NOT coalesce(list_schedules.paused, false) THEN
+        RETURN QUERY
+        SELECT _schedule_json(s) FROM schedules s
+         WHERE s.critical AND s.name > v_after
+           AND (list_schedules.name_like IS NULL OR s.name LIKE list_schedules.name_like)
+           AND (list_schedules.target_kind IS NULL OR s.target_kind = list_schedules.target_kind)
+           AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
+         ORDER BY s.name
+         LIMIT max_schedules;
         RETURN;
     END IF;
     IF list_schedules.paused THEN

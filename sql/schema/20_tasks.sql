@@ -2,7 +2,7 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
--- 0030_ownership.sql and 0036_tasks_finished_by_status.sql
+-- 0030_ownership.sql and 0036_flat_read_plans.sql
 -- build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -132,7 +132,7 @@ CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
 CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN ('aborted', 'cancelled');
 -- list_tasks(queue => q) and list_tasks(queue => q, status => 'completed'): a queue's finished
 -- tasks of one status newest first, however many other queues' and other statuses' are kept
--- (0025, 0036); a task enters it when it finishes.
+-- (0025, 0036_flat_read_plans); a task enters it when it finishes.
 CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, status, rn)
     WHERE status IN ('completed', 'aborted', 'cancelled');
 -- The most common (queue, status) pairs of ANALYZE's sample (0021): without them the planner

@@ -903,8 +903,11 @@ AS $$
    backwards from the cursor; aborted and cancelled tasks are read from
    tasks_failed_idx in the same order; the running tasks from
    tasks_running_deadline_idx (the work running: as many as the workers hold).
-   Every other status is read per queue (the one given, or each queue the
-   tallies have with tasks of that status) and the pages merged: a queue's
+   Every other status without queue is looked for first among the newest
+   tasks (the primary key, ten pages' worth at most, 10,000); when the page is
+   not all there, and with queue, it is read per queue (the one given, or
+   each queue the tallies have with tasks of that status) and the pages
+   merged: a queue's
    ready tasks per priority from tasks_ready_idx, at most a page each
    (_ready_page), its waiting and scheduled tasks from tasks_waiting_idx and
    tasks_scheduled_rn_idx, its completed, aborted or cancelled tasks from
@@ -920,6 +923,7 @@ DECLARE
     v_sql text;
     v_seen name[] := _seen_owners();
     v_queues text[];
+    v_page jsonb[];
 BEGIN
     IF list_tasks.status IS NOT NULL
        AND NOT list_tasks.status = ANY (enum_range(NULL::task_status)::text[]) THEN
@@ -941,6 +945,24 @@ BEGIN
                         'WHERE t.status IN (''aborted'', ''cancelled'') AND t.status >= %1$L AND t.status <= %1$L%2$s '
                         'ORDER BY t.status DESC, t.rn DESC LIMIT $4', list_tasks.status, v_filters);
     ELSE
+        IF list_tasks.queue IS NULL AND list_tasks.status <> 'running' THEN
+            -- first the newest tasks of any status, by the primary key, ten pages' worth at most
+            -- (10,000): where the page is among them, as when the status is what most tasks are
+            -- or what is being added, it is read there and the merge below is not needed
+            EXECUTE format('SELECT array_agg(pyscheduler._task_seen_json(p.r, $5) ORDER BY p.rn DESC) FROM ('
+                           'SELECT n.r, n.rn FROM (SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE true%s '
+                           'ORDER BY t.rn DESC LIMIT $6) n WHERE (n.r).status = %L%s ORDER BY n.rn DESC LIMIT $4) p',
+                           CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END,
+                           list_tasks.status,
+                           CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND (n.r).owner = $3' END)
+              INTO v_page
+             USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks, v_seen,
+                   least(10::bigint * list_tasks.max_tasks, 10000);
+            IF cardinality(v_page) = list_tasks.max_tasks THEN
+                RETURN QUERY SELECT unnest(v_page);
+                RETURN;
+            END IF;
+        END IF;
         -- the queues read: the one given, or each with tasks of the status (the tallies)
         v_queues := CASE WHEN list_tasks.queue IS NOT NULL THEN ARRAY[list_tasks.queue::text]
                          ELSE ARRAY(SELECT DISTINCT c.queue FROM _task_tallied() c

@@ -20,8 +20,9 @@ STATUSES = ("waiting", "scheduled", "ready", "running", "completed", "aborted", 
 # and {b} the shape's names, and what it may read beyond the rows it returns (a bounded count).
 READS = {
     "tasks": {
+        # without a queue, the newest ten pages (100 tasks) first
         "list_tasks": ["list_tasks(max_tasks => 10)"]
-        + [f"list_tasks(status => '{s}', max_tasks => 10)" for s in STATUSES]
+        + [(f"list_tasks(status => '{s}', max_tasks => 10)", 100) for s in STATUSES]
         + [f"list_tasks(queue => '{{{q}}}', max_tasks => 10)" for q in ("a", "b")]
         + [f"list_tasks(queue => '{{{q}}}', status => '{s}', max_tasks => 10)" for q in ("a", "b") for s in STATUSES],
         "next_task_due": ["next_task_due(queue => '{a}')", "next_task_due(queue => '{b}')"],
@@ -185,9 +186,10 @@ def schedules_all_due_at_one_instant(conn) -> None:
 
 
 def schedules_most_paused_and_failing(conn) -> None:
-    """9 in 10 of 9,000 schedules paused and failing, the others healthy."""
+    """9 in 10 of 9,000 schedules paused and failing, the others healthy; the critical ones last by
+    name (c-8001 on)."""
     clone(conn, schedules_base(conn), "c-", 9_000, paused="i %% 10 <> 0", failures="CASE WHEN i %% 10 <> 0 THEN 3 "
-          "ELSE 0 END")
+          "ELSE 0 END", critical="i > 8000")
     conn.execute("ANALYZE pyscheduler.schedules")
 
 
