@@ -907,15 +907,14 @@ AS $$
    tasks (the primary key, ten pages' worth at most, 10,000); when the page is
    not all there, and with queue, it is read per queue (the one given, or
    each queue the tallies have with tasks of that status) and the pages
-   merged: a queue's
-   ready tasks per priority from tasks_ready_idx, at most a page each
-   (_ready_page), its waiting and scheduled tasks from tasks_waiting_idx and
-   tasks_scheduled_rn_idx, its completed, aborted or cancelled tasks from
-   tasks_finished_queue_idx (queue, status, rn), newest first, never their whole backlog nor
-   other queues' tasks: a quiet queue among busy ones reads its own tasks.
-   With queue and without a status each status is read apart and the pages
-   merged. An owner filter reads the tasks it skips. Tasks of other roles show
-   their metadata only, as get_task's.
+   merged: a queue's ready tasks per priority from tasks_ready_idx, at most a
+   page each (_ready_page), its waiting and scheduled tasks from
+   tasks_waiting_idx and tasks_scheduled_rn_idx, its completed, aborted or
+   cancelled tasks from tasks_finished_queue_idx (queue, status, rn), newest
+   first, never their whole backlog nor other queues' tasks: a quiet queue
+   among busy ones reads its own tasks. With queue and without a status each
+   status is read apart and the pages merged. An owner filter reads the tasks
+   it skips. Tasks of other roles show their metadata only, as get_task's.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
 DECLARE
@@ -973,7 +972,8 @@ BEGIN
         SELECT 'SELECT pyscheduler._task_seen_json(u.r, $5) FROM ('
                || string_agg(CASE
                     WHEN w = 't.status = ''ready''' AND list_tasks.owner IS NULL THEN
-                        '(SELECT t AS r, t.rn FROM unnest($6::text[]) q (queue), LATERAL pyscheduler._ready_page(q.queue, $1, $4) t)'
+                        '(SELECT t AS r, t.rn FROM unnest($6::text[]) q (queue), '
+                        'LATERAL pyscheduler._ready_page(q.queue, $1, $4) t)'
                     WHEN w = 't.status = ''running''' THEN
                         -- in deadline order first: only tasks_running_deadline_idx gives it
                         format('(SELECT s.t AS r, (s.t).rn FROM (SELECT t FROM pyscheduler.tasks t WHERE %s '
@@ -981,7 +981,8 @@ BEGIN
                                w, v_filters)
                     ELSE
                         format('(SELECT x.r, x.rn FROM unnest($6::text[]) q (queue), LATERAL ('
-                               'SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s AND t.queue = ANY (ARRAY[q.queue])%s '
+                               'SELECT t AS r, t.rn FROM pyscheduler.tasks t '
+                               'WHERE %s AND t.queue = ANY (ARRAY[q.queue])%s '
                                'ORDER BY t.queue DESC, t.rn DESC LIMIT $4) x)', w, v_filters) END, ' UNION ALL ')
                || ') u ORDER BY u.rn DESC LIMIT $4'
           INTO v_sql
