@@ -1,4 +1,4 @@
--- depends: 0035_schedule_task_options
+-- depends: 0036_flat_read_plans
 -- Durable task functions (issue 33): checkpointed steps, sleeps and events on the leased tasks
 -- (sql/tasks/7_durable.sql). New tables only: the tasks table, its indexes and the statuses are
 -- unchanged (a sleeping task and a task waiting for an event are 'scheduled').

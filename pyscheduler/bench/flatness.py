@@ -17,7 +17,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..config import dsn_option
-from .flatness_sections import SECTIONS, Backend, Result, Section, time_measure
+from .flatness_sections import SECTIONS, SHAPES, Backend, Result, Section, time_measure
 
 SMALL = {"delay": 10_000, "schedules": 10_000, "checks": 10_000, "tasks": 10_000}
 LARGE = {"delay": 10_000_000, "schedules": 5_000_000, "checks": 10_000_000, "tasks": 10_000_000}
@@ -84,8 +84,9 @@ def _fmt(seconds: float | None, kind: str) -> str:
 @dsn_option
 @click.option("--scale", type=click.FloatRange(min=0.0001), default=1.0, show_default=True,
               help="Multiply the large sizes (10M delay messages, 5M schedules, 10M checks, 10M tasks) by this.")
-@click.option("--sections", default=",".join(SECTIONS), show_default=True,
-              help="Comma-separated capabilities to build and measure.")
+@click.option("--sections", default=",".join(n for n in SECTIONS if n not in SHAPES), show_default=True,
+              help="Comma-separated capabilities to build and measure, or shapes of issue 34 (one a capability: "
+                   + ", ".join(SHAPES) + ").")
 @click.option("--sizes", type=click.Choice(["both", "small", "large"]), default="both", show_default=True)
 @click.option("--rounds", type=click.IntRange(1), default=3, show_default=True,
               help="Measuring rounds; each measures every path at each size, sizes interleaved.")
@@ -103,10 +104,15 @@ def bench(dsn, scale, sections, sizes, rounds, only, keep, no_migrate) -> None:
     if unknown:
         raise click.BadParameter(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}",
                                  param_hint="--sections")
+    if len({n.split("-")[0] for n in names}) < len(names):  # one tasks table per database
+        raise click.BadParameter("one section per capability a run (a shape stores its capability's tables)",
+                                 param_hint="--sections")
     if no_migrate and only == "all":
         only = "hot"
     wanted = {"both": ["small", "large"], "small": ["small"], "large": ["large"]}[sizes]
-    size_of = {"small": dict(SMALL), "large": {k: max(SMALL[k], int(v * scale)) for k, v in LARGE.items()}}
+    # a shape (tasks-quiet, ...) has its capability's sizes
+    size_of = {"small": {n: SMALL[n.split("-")[0]] for n in names},
+               "large": {n: max(SMALL[n.split("-")[0]], int(LARGE[n.split("-")[0]] * scale)) for n in names}}
     with ExitStack() as stack:
         if not dsn:
             import tempfile

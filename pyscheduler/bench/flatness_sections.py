@@ -1,7 +1,9 @@
 """What ``pyscheduler bench flatness`` stores and measures, per capability: a Section (Delay,
 Schedules, Checks, Tasks) writes its stored work fast (pyscheduler/bench/sqlapi.py) and lists
-its hot and read paths as Measures; a Backend is the connection they run on, with its CPU
-(precise_cpu); time_measure runs a Measure. The command and the report: flatness.py."""
+its hot and read paths as Measures; the shapes of issue 34 (TaskShape, DelayShape, ...) store
+the same capability's work in a shape the planner's statistics mislead on; a Backend is the
+connection they run on, with its CPU (precise_cpu); time_measure runs a Measure. The command
+and the report: flatness.py."""
 
 from __future__ import annotations
 
@@ -365,6 +367,7 @@ class Tasks(Section):
 
     name = "tasks"
     HOT = 10_000
+    HOT_QUEUE = "flat-hot"
     RUNNING = 200
     QUIET = 50
 
@@ -376,13 +379,14 @@ class Tasks(Section):
         if _has_function(b, "_task_count_all"):  # rows written by hand are counted again
             b.q(sql.TASK_COUNT_ALL)
 
+    def clean(self, b: Backend) -> None:
+        """The hot path's tasks go (so the reads see the stored tasks only, at either size)."""
+        b.q(sql.DELETE_QUEUE, (self.HOT_QUEUE,))
+
     def measures(self) -> list[Measure]:
         state: dict[str, uuid.UUID] = {}
-        hot = {"queue": "flat-hot", "worker": "flat-1", "b": 500, "n": self.HOT}
-
-        def clean(b: Backend) -> None:
-            """The hot path's tasks go (so the reads see the stored tasks only, at either size)."""
-            b.q(sql.DELETE_QUEUE, (hot["queue"],))
+        hot = {"queue": self.HOT_QUEUE, "worker": "flat-1", "b": 500, "n": self.HOT}
+        clean = self.clean
 
         def submit(b: Backend) -> None:
             clean(b)
@@ -428,7 +432,121 @@ class Tasks(Section):
         ]
 
 
-SECTIONS: dict[str, type[Section]] = {"delay": Delay, "schedules": Schedules, "checks": Checks, "tasks": Tasks}
+# ---------------------------------------------------------------- shapes (issue 34)
+
+def _hot(measures: list[Measure], *drop: str) -> list[Measure]:
+    return [m for m in measures if m.kind == "hot" and m.name not in drop]
+
+
+class TaskShape(Tasks):
+    """Stored: n tasks of one shape the planner's statistics mislead on (QUERIES); the hot path and
+    the reads of the shape's queues."""
+
+    QUERIES = {"quiet": sql.FLAT_TASKS_QUIET, "one-queue": sql.FLAT_TASKS_ONE_QUEUE,
+               "priorities": sql.FLAT_TASKS_PRIORITIES, "long-lease": sql.FLAT_TASKS_LONG_LEASE}
+    READS = {
+        "quiet": [{"queue": "hot"}, {"queue": "hot", "status": "completed"}, {"status": "completed"},
+                  {"queue": "q03"}, {"status": "ready"}],
+        "one-queue": [{"queue": "big"}, {"queue": "big", "status": "ready"}, {"queue": "big", "status": "aborted"},
+                      {"queue": "big", "status": "cancelled"}, {"queue": "q03"},
+                      {"queue": "q03", "status": "completed"}, {"status": "scheduled"}, {"status": "aborted"}],
+        "priorities": [{"queue": "prio", "status": "ready"}, {"queue": "prio"}, {"status": "ready"}],
+        "long-lease": [{"status": "running"}, {"queue": "long"}, {"queue": "long", "status": "completed"},
+                       {"status": "completed"}],
+    }
+    shape = ""
+
+    def build(self, b: Backend, echo: Callable[[str], None]) -> None:
+        for lo, hi in _chunks(self.n):
+            b.q(self.QUERIES[self.shape], {"lo": lo, "hi": hi, "n": self.n})
+        b.q(sql.FLAT_TASK_SEQ, (self.n + 1,))
+        b.q(sql.TASK_COUNT_ALL)
+
+    def measures(self) -> list[Measure]:
+        def label(args: dict) -> str:
+            return ", ".join(f"{k} => '{v}'" for k, v in args.items())
+
+        reads = [Measure(f"list_tasks({label(args)})", "read", _read(tasks_sql.LIST_TASKS, **args))
+                 for args in self.READS[self.shape]]
+        reads[0].setup = self.clean  # the hot path's tasks go: the reads see the shape only
+        return _hot(super().measures()) + reads + [
+            Measure("task_counts", "read", _read(tasks_sql.TASK_COUNTS)),
+            Measure("queue_status", "read", _read(tasks_sql.QUEUE_STATUS)),
+            Measure("oldest_ready_tasks", "read", _read(tasks_sql.OLDEST_READY_TASKS)),
+            Measure("expired_leases LIMIT 100", "read", _read(tasks_sql.EXPIRED_LEASES, "LIMIT 100")),
+        ]
+
+
+class DelayShape(Delay):
+    """Stored: n messages all far off (2099 on) or all due in the last hour that no relay took
+    (then the hot path is enqueue alone: a claim would take the stored ones)."""
+
+    shape = ""
+
+    def build(self, b: Backend, echo) -> None:
+        for lo, hi in _chunks(self.n):
+            b.q(sql.FLAT_DELAY_FAR if self.shape == "far" else sql.FLAT_DELAY_DUE, (lo, hi))
+        b.q(sql.DELAY_COUNT_ALL)
+
+    def measures(self) -> list[Measure]:
+        fire = () if self.shape == "far" else ("ready_and_claim + delete_fired (per message)",)
+        return _hot(super().measures(), *fire) + [m for m in super().measures() if m.kind == "read"]
+
+
+class SchedulesOneInstant(Schedules):
+    """Stored: n schedules all due at one instant (today's midnight UTC: a daily cron of one zone,
+    late), none critical; the hot ones as Schedules'."""
+
+    def build(self, b: Backend, echo) -> None:
+        first = b.call(schedules_sql.CREATE_SCHEDULE, name="template", every=timedelta(days=1), target_kind="kafka",
+                       target="flat.bench", retry_attempts=0)[0]["create_schedule"]["id"]
+        for lo, hi in _chunks(self.n):
+            b.q(sql.FLAT_SCHEDULES_ONE_INSTANT, {"prefix": "cold-", "lo": lo, "hi": hi, "first": first})
+        for prefix, critical in (("hot-r-", False), ("hot-c-", True)):
+            b.q(sql.FLAT_SCHEDULES_HOT, {"prefix": prefix, "lo": 1, "hi": self.HOT, "first": first,
+                                         "critical": critical})
+        b.q(sql.DELETE_SCHEDULE_ROW, (first,))
+
+    def measures(self) -> list[Measure]:
+        mid = f"cold-{self.n // 2:08d}"
+        return _hot(super().measures()) + [
+            Measure("list_schedules()", "read", _read(schedules_sql.LIST_SCHEDULES)),
+            Measure("list_schedules(after_name => middle)", "read",
+                    _read(schedules_sql.LIST_SCHEDULES, after_name=mid)),
+            Measure("list_schedules(critical => true)", "read", _read(schedules_sql.LIST_SCHEDULES, critical=True)),
+            Measure("list_schedules(name_like => 'cold-0000%')", "read",
+                    _read(schedules_sql.LIST_SCHEDULES, name_like="cold-0000%")),
+            Measure("get_schedule", "read", _read(schedules_sql.GET_SCHEDULE, name=mid)),
+            Measure("schedules_due_soon LIMIT 100", "read", _read(schedules_sql.SCHEDULES_DUE_SOON, "LIMIT 100")),
+            Measure("schedules_late LIMIT 100", "read", _read(schedules_sql.SCHEDULES_LATE, "LIMIT 100")),
+            Measure("schedules_late_count(up_to => 10000)", "read",
+                    _read(schedules_sql.SCHEDULES_LATE_COUNT, up_to=10_000)),
+            Measure("schedules_paused LIMIT 100", "read", _read(schedules_sql.SCHEDULES_PAUSED, "LIMIT 100")),
+            Measure("schedules_failing LIMIT 100", "read", _read(schedules_sql.SCHEDULES_FAILING, "LIMIT 100")),
+        ]
+
+
+class ChecksOneSlot(Checks):
+    """Stored: n checks all in the next slot, and n ended ones over the last 30 days."""
+
+    def build(self, b: Backend, echo) -> None:
+        b.q(sql.NOOP_CHECK_JOB)
+        for lo, hi in _chunks(self.n):
+            b.q(sql.FLAT_CHECKS_ONE_SLOT, (lo, hi))
+            b.q(sql.FLAT_CHECK_HISTORY, (lo, hi, self.n))
+
+
+def _shaped(base: type[Section], shape: str) -> type[Section]:
+    return type(f"{base.__name__}_{shape}", (base,), {"shape": shape, "name": f"{base.name}-{shape}"})
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "delay": Delay, "schedules": Schedules, "checks": Checks, "tasks": Tasks,
+    **{f"tasks-{s}": _shaped(TaskShape, s) for s in TaskShape.QUERIES},
+    "delay-far": _shaped(DelayShape, "far"), "delay-due": _shaped(DelayShape, "due"),
+    "schedules-one-instant": _shaped(SchedulesOneInstant, "one-instant"),
+    "checks-one-slot": _shaped(ChecksOneSlot, "one-slot")}
+SHAPES = [name for name in SECTIONS if "-" in name]  # issue 34: each in a database of its own
 
 
 def time_measure(b: Backend, m: Measure, result: Result) -> None:

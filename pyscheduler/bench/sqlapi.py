@@ -321,3 +321,68 @@ FLAT_HOT_CHECKS = Query(
 RUN_DUE_CHECKS_1000 = Query("SELECT taken, last_id FROM pyscheduler.run_due_checks(slot => %s, max => 1000, "
                             "after => %s)")
 DUE_CHECKS_1000 = Query("SELECT id FROM pyscheduler.due_checks(slot => %s, max => 1000)")
+
+
+# -- flatness shapes (issue 34): stored work the planner's statistics mislead on ---------------------
+
+def _flat_tasks_shape(queue: str, status: str, priority: str, created: str) -> Query:
+    """(lo, hi, n) named: tasks i = lo..hi of n, each field as given (SQL over i and n; q is
+    i / n), time-ordered ids as submit_task makes them; a running one leased for a day."""
+    return Query(
+        "INSERT INTO pyscheduler.tasks (rn, seq, queue, spec, priority, status, progress, created, updated, "
+        "errors, owner, deadline, history, attempts, run_at, submitted_by) "
+        "SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(c), i), i, qu, jsonb_build_object('i', i), pr, "
+        "s::pyscheduler.task_status, 0, c, c, '[]'::jsonb, CASE s WHEN 'running' THEN 'worker-1' END, "
+        "CASE s WHEN 'running' THEN now() + interval '1 day' END, '[]'::jsonb, "
+        "CASE WHEN s IN ('running', 'completed', 'aborted') THEN 1 ELSE 0 END, "
+        "CASE s WHEN 'scheduled' THEN now() + (i %% 86400) * interval '1 second' END, current_user "
+        "FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) i, "
+        "LATERAL (SELECT i::float8 / %(n)s AS q) f, "
+        f"LATERAL (SELECT {queue} AS qu, {status} AS s, {priority} AS pr, {created} AS c) x")
+
+
+_SPREAD = "now() - interval '7 days' + f.q * interval '7 days'"
+_BUSY = "'q' || lpad((i %% 20)::text, 2, '0')"
+_MIX = ("CASE WHEN i %% 100 = 11 THEN 'ready' WHEN i %% 200 = 13 THEN 'scheduled' WHEN i %% 100 = 23 THEN 'aborted' "
+        "WHEN i %% 1000 = 29 THEN 'cancelled' ELSE 'completed' END")
+# queue hot's completed tasks (60 %), quiet for two hours; then the busy queues' ready ones
+FLAT_TASKS_QUIET = _flat_tasks_shape(
+    queue=f"CASE WHEN f.q <= 0.6 THEN 'hot' ELSE {_BUSY} END",
+    status="CASE WHEN f.q <= 0.6 THEN 'completed' ELSE 'ready' END",
+    priority="CASE WHEN i %% 7 = 0 THEN 90 ELSE 50 END",
+    created="CASE WHEN f.q <= 0.6 THEN now() - interval '7 days' + f.q / 0.6 * interval '166 hours' "
+            "ELSE now() - interval '2 hours' + (f.q - 0.6) / 0.4 * interval '119 minutes' END")
+# one queue (big) with 90 % of the tasks, in every status; the busy queues the rest
+FLAT_TASKS_ONE_QUEUE = _flat_tasks_shape(
+    queue=f"CASE WHEN i %% 10 = 0 THEN {_BUSY} ELSE 'big' END", status=_MIX,
+    priority="CASE WHEN i %% 7 = 0 THEN 90 ELSE 50 END", created=_SPREAD)
+# queue prio: a tenth of the tasks ready, 1,000 priorities with one task each, the others at 50
+FLAT_TASKS_PRIORITIES = _flat_tasks_shape(
+    queue=f"CASE WHEN i %% 10 = 0 THEN 'prio' ELSE {_BUSY} END",
+    status="CASE WHEN i %% 10 = 0 THEN 'ready' ELSE 'completed' END",
+    priority="CASE WHEN i %% 10 = 0 AND i <= 10000 THEN 1000 + i / 10 ELSE 50 END", created=_SPREAD)
+# one task running (leased a week ago, for a day) among n - 1 finished
+FLAT_TASKS_LONG_LEASE = _flat_tasks_shape(
+    queue=f"CASE WHEN i = 1 THEN 'long' ELSE {_BUSY} END",
+    status="CASE WHEN i = 1 THEN 'running' WHEN i %% 100 = 23 THEN 'aborted' ELSE 'completed' END",
+    priority="50", created=_SPREAD)
+# (lo, hi) messages all far off (2099 on), or all due in the last hour that no relay took
+FLAT_DELAY_FAR = Query(
+    "INSERT INTO pyscheduler.delay_messages (id, deadline, value) "
+    "SELECT 'cold-' || i, timestamptz '2099-01-01' + (i %% 2592000) * interval '1 second', "
+    "convert_to(repeat('v', 200), 'UTF8') FROM generate_series(%s::bigint, %s::bigint) i")
+FLAT_DELAY_DUE = Query(
+    "INSERT INTO pyscheduler.delay_messages (id, deadline, value) "
+    "SELECT 'cold-' || i, now() - interval '1 hour' + (i %% 3600) * interval '1 second', "
+    "convert_to(repeat('v', 200), 'UTF8') FROM generate_series(%s::bigint, %s::bigint) i")
+# schedules all due at one instant (a daily cron of one zone: today's midnight UTC), none critical
+FLAT_SCHEDULES_ONE_INSTANT = _flat_clone(
+    kind="'kafka'", target="t.target", critical="false", paused="false", note="NULL",
+    next_run="date_trunc('day', now())", fails="0", error="NULL", outcome="NULL")
+# (lo, hi) checks all in the next slot
+FLAT_CHECKS_ONE_SLOT = Query(
+    "INSERT INTO pyscheduler.checks (entity_name, entity_key, job, kind, first_check_at, next_check_at, "
+    "max_checks, horizon, created, owner) "
+    "SELECT 'order', i::text, 'pyscheduler_bench.noop', 'sql', s, s, 5, '30 days', now(), current_user "
+    "FROM generate_series(%s::bigint, %s::bigint) i, pyscheduler._current_check_slot cur, "
+    "LATERAL (SELECT cur.slot + interval '15 minutes' AS s) x")

@@ -397,8 +397,9 @@ RETURNS TABLE (schedule jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
--- a page walks schedules_name_key (schedules_paused_name_idx for paused => true) from the
--- cursor on and stops at max_schedules: never a scan and sort of the whole table
+-- a page walks schedules_name_key (schedules_paused_name_idx for paused => true,
+-- schedules_critical_name_idx for critical => true) from the cursor on and stops at
+-- max_schedules: never a scan and sort of the whole table
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on
 AS $$
 /* list_schedules(name_like => NULL, target_kind => NULL, paused => NULL,
@@ -409,11 +410,11 @@ AS $$
    page as after_name to get the next one (names are unique and never change,
    so a walk returns every schedule once, even while others are created).
    A page reads the names from the cursor on in order (paused => true: only
-   the paused ones); the other filters are checked on the way, so a filter
+   the paused ones; critical => true: only the critical ones); the other filters are checked on the way, so a filter
    that matches few of many schedules reads the ones it skips. A name_like
    that starts with a literal prefix ('daily-%') reads only the names with
-   that prefix (schedules_name_pattern_idx, or schedules_name_key in a C
-   collation), sorted when they come from the pattern index.
+   that prefix (schedules_name_pattern_idx), all of them for every page, and
+   sorts them.
    Errors: PS312 max_schedules < 1. */
 #variable_conflict use_column
 DECLARE
@@ -424,15 +425,30 @@ BEGIN
     END IF;
     IF list_schedules.name_like IS NOT NULL AND left(list_schedules.name_like, 1) NOT IN ('%', '_') THEN
         -- the pattern written into the query: the planner turns its literal prefix into a range of
-        -- the pattern index (a parameter would leave it a filter, as in a cached generic plan)
+        -- the pattern index (a parameter would leave it a filter, as in a cached generic plan). The
+        -- names with the prefix are read whole, then sorted: read apart (MATERIALIZED, the cursor
+        -- applied after), no order and no bound is left that schedules_name_key could serve, which
+        -- the planner would otherwise walk from the cursor past every name before the prefix
+        -- (issue 34)
         RETURN QUERY EXECUTE format(
-            'SELECT pyscheduler._schedule_json(s) FROM pyscheduler.schedules s'
-            ' WHERE s.name LIKE %L AND s.name > $1'
+            'WITH m AS MATERIALIZED (SELECT s FROM pyscheduler.schedules s WHERE s.name LIKE %L'
             '   AND ($2::text IS NULL OR s.target_kind = $2) AND ($3::boolean IS NULL OR s.paused = $3)'
-            '   AND ($4::boolean IS NULL OR s.critical = $4)'
-            ' ORDER BY s.name LIMIT $5', list_schedules.name_like)
+            '   AND ($4::boolean IS NULL OR s.critical = $4))'
+            ' SELECT pyscheduler._schedule_json(m.s) FROM m WHERE (m.s).name > $1 ORDER BY (m.s).name LIMIT $5',
+            list_schedules.name_like)
         USING v_after, list_schedules.target_kind, list_schedules.paused, list_schedules.critical,
               list_schedules.max_schedules;
+        RETURN;
+    END IF;
+    IF list_schedules.critical AND NOT coalesce(list_schedules.paused, false) THEN
+        RETURN QUERY
+        SELECT _schedule_json(s) FROM schedules s
+         WHERE s.critical AND s.name > v_after
+           AND (list_schedules.name_like IS NULL OR s.name LIKE list_schedules.name_like)
+           AND (list_schedules.target_kind IS NULL OR s.target_kind = list_schedules.target_kind)
+           AND (list_schedules.paused IS NULL OR s.paused = list_schedules.paused)
+         ORDER BY s.name
+         LIMIT max_schedules;
         RETURN;
     END IF;
     IF list_schedules.paused THEN

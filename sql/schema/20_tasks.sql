@@ -2,7 +2,7 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
--- 0030_ownership.sql, 0038_durable.sql and 0039_dashboard.sql
+-- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql and 0039_dashboard.sql
 -- build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -131,9 +131,9 @@ CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
 -- it fails for good or is cancelled, never on the way submit -> lease -> complete.
 CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN ('aborted', 'cancelled');
 -- list_tasks(queue => q) and list_tasks(queue => q, status => 'completed'): a queue's finished
--- tasks newest first, however many other queues' are kept (0025); a task enters it when it
--- finishes.
-CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, rn)
+-- tasks of one status newest first, however many other queues' and other statuses' are kept
+-- (0025, 0036_flat_read_plans); a task enters it when it finishes.
+CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, status, rn)
     WHERE status IN ('completed', 'aborted', 'cancelled');
 -- find_tasks (the dashboard's search, 0039): a spec fragment (jsonb @>), a unique key in any
 -- queue and status.

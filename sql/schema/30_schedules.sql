@@ -2,7 +2,7 @@
 -- Must equal what migrations/0007_schedules.sql, 0009_schedules_perf.sql and
 -- 0014_schedules_hardening.sql, 0015_schedules_daemons.sql, 0018_flat_reads.sql,
 -- 0021_flat_reads_tasks.sql, 0023_schedules_due_index.sql,
--- 0035_schedule_task_options.sql and 0039_dashboard.sql build
+-- 0035_schedule_task_options.sql, 0036_flat_read_plans.sql and 0039_dashboard.sql build
 -- (tests/ops/test_migrate.py checks).
 INSERT INTO pyscheduler.settings (name, value) VALUES
     ('schedules_execution_retention', '30 days'),
@@ -84,6 +84,8 @@ CREATE INDEX schedules_critical_id_idx ON pyscheduler.schedules (id) WHERE criti
 -- list_schedules(paused => true) and schedules_paused page by name through the paused ones
 -- only (0018_flat_reads).
 CREATE INDEX schedules_paused_name_idx ON pyscheduler.schedules (name) WHERE paused;
+-- list_schedules(critical => true): through the critical ones only, by name (0036_flat_read_plans).
+CREATE INDEX schedules_critical_name_idx ON pyscheduler.schedules (name) WHERE critical;
 -- schedules_due_soon, schedules_late and schedules_late_count read the rows they return
 -- and no other (0023_schedules_due_index). Every firing changes due_at, so a firing is not a
 -- HOT update: a binned due time kept it HOT but left every schedule firing more often than

@@ -991,10 +991,14 @@ RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
--- a page walks an index from the cursor on and stops at max_tasks (issue 21): never a scan and
--- sort of the whole table; the status is written into the query, so the partial index of a live
--- status (tasks_ready_idx, ...) can serve it
-SET enable_seqscan = off SET enable_indexscan = on
+-- a page walks an index from the cursor on and stops at max_tasks (issues 21, 34): the plan is
+-- pinned, not left to the statistics. Each statement orders by the leading column of the index
+-- that serves it as well, bounded by a range or an array (= ANY: an equality would make that
+-- order redundant; a range would leave the index's next column unbounded): the primary key,
+-- which a skewed sample makes look cheaper, cannot give that order without a sort, and sorts
+-- are off; the status is written into the query, so a partial index can serve it
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET enable_incremental_sort = off
+SET enable_indexscan = on
 AS $$
 /* list_tasks(queue => NULL, status => NULL, owner => NULL, max_tasks => 100, before_rn => NULL)
        -> setof (task jsonb)
@@ -1005,27 +1009,30 @@ AS $$
    Keyset pagination: pass the last rn of a page as before_rn to get the next
    (older) page. Ids never change, so a walk returns every task that keeps
    matching once, even while others are submitted (they are newer: on pages
-   already read). A page reads the primary key backwards from the cursor, the
-   filters checked on the way; aborted and cancelled tasks are read from
-   tasks_failed_idx in the same order; a live status (waiting, scheduled,
-   ready, running) may instead be read from its own index (of one queue when
-   queue is given) and sorted: the work waiting or running, never the finished
-   tasks kept for retention. A queue's ready tasks are read per priority from
-   tasks_ready_idx, at most a page each (_ready_page), and a queue's waiting
-   and scheduled tasks from tasks_waiting_idx and tasks_scheduled_rn_idx in
-   rn order: never their whole backlog. With queue
-   given, the finished tasks (completed, aborted, cancelled) are read from
-   tasks_finished_queue_idx, that queue's only, and without a status each
-   status is read apart and the pages merged: a quiet queue among busy ones
-   reads its own tasks. An owner filter without a status (or with completed)
-   reads the tasks it skips. Tasks of other roles show their metadata only,
-   as get_task's.
+   already read). Without queue and status a page reads the primary key
+   backwards from the cursor; aborted and cancelled tasks are read from
+   tasks_failed_idx in the same order; the running tasks from
+   tasks_running_deadline_idx (the work running: as many as the workers hold).
+   Every other status without queue is looked for first among the newest
+   tasks (the primary key, ten pages' worth at most, 10,000); when the page is
+   not all there, and with queue, it is read per queue (the one given, or
+   each queue the tallies have with tasks of that status) and the pages
+   merged: a queue's ready tasks per priority from tasks_ready_idx, at most a
+   page each (_ready_page), its waiting and scheduled tasks from
+   tasks_waiting_idx and tasks_scheduled_rn_idx, its completed, aborted or
+   cancelled tasks from tasks_finished_queue_idx (queue, status, rn), newest
+   first, never their whole backlog nor other queues' tasks: a quiet queue
+   among busy ones reads its own tasks. With queue and without a status each
+   status is read apart and the pages merged. An owner filter reads the tasks
+   it skips. Tasks of other roles show their metadata only, as get_task's.
    Errors: PS208 unknown status or max_tasks < 1. */
 #variable_conflict use_column
 DECLARE
     v_filters text;
     v_sql text;
     v_seen name[] := _seen_owners();
+    v_queues text[];
+    v_page jsonb[];
 BEGIN
     IF list_tasks.status IS NOT NULL
        AND NOT list_tasks.status = ANY (enum_range(NULL::task_status)::text[]) THEN
@@ -1037,32 +1044,64 @@ BEGIN
             USING ERRCODE = 'PS208';
     END IF;
     v_filters := CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END
-        || CASE WHEN list_tasks.queue IS NULL THEN '' ELSE ' AND t.queue = $2' END
         || CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND t.owner = $3' END;
-    IF list_tasks.queue IS NULL THEN
+    IF list_tasks.queue IS NULL AND list_tasks.status IS NULL THEN
         v_sql := 'SELECT pyscheduler._task_seen_json(t, $5) FROM pyscheduler.tasks t WHERE true' || v_filters
-            || CASE WHEN list_tasks.status IS NULL THEN ''
-                    ELSE format(' AND t.status = %L::pyscheduler.task_status', list_tasks.status) END
             || ' ORDER BY t.rn DESC LIMIT $4';
+    ELSIF list_tasks.queue IS NULL AND list_tasks.status IN ('aborted', 'cancelled') THEN
+        -- tasks_failed_idx (status, rn); the IN list is its predicate
+        v_sql := format('SELECT pyscheduler._task_seen_json(t, $5) FROM pyscheduler.tasks t '
+                        'WHERE t.status IN (''aborted'', ''cancelled'') AND t.status >= %1$L AND t.status <= %1$L%2$s '
+                        'ORDER BY t.status DESC, t.rn DESC LIMIT $4', list_tasks.status, v_filters);
     ELSE
-        -- one queue: each status asked for (without one, every status: the finished ones
-        -- together) is read from its own index, newest first, and the pages merged (the primary
-        -- key would read every other queue's tasks on the way); the ready ones per priority
-        -- (_ready_page: a queue's ready backlog can be millions, in claim order)
+        IF list_tasks.queue IS NULL AND list_tasks.status <> 'running' THEN
+            -- first the newest tasks of any status, by the primary key, ten pages' worth at most
+            -- (10,000): where the page is among them, as when the status is what most tasks are
+            -- or what is being added, it is read there and the merge below is not needed
+            EXECUTE format('SELECT array_agg(pyscheduler._task_seen_json(p.r, $5) ORDER BY p.rn DESC) FROM ('
+                           'SELECT n.r, n.rn FROM (SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE true%s '
+                           'ORDER BY t.rn DESC LIMIT $6) n WHERE (n.r).status = %L%s ORDER BY n.rn DESC LIMIT $4) p',
+                           CASE WHEN list_tasks.before_rn IS NULL THEN '' ELSE ' AND t.rn < $1' END,
+                           list_tasks.status,
+                           CASE WHEN list_tasks.owner IS NULL THEN '' ELSE ' AND (n.r).owner = $3' END)
+              INTO v_page
+             USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks, v_seen,
+                   least(10::bigint * list_tasks.max_tasks, 10000);
+            IF cardinality(v_page) = list_tasks.max_tasks THEN
+                RETURN QUERY SELECT unnest(v_page);
+                RETURN;
+            END IF;
+        END IF;
+        -- the queues read: the one given, or each with tasks of the status (the tallies)
+        v_queues := CASE WHEN list_tasks.queue IS NOT NULL THEN ARRAY[list_tasks.queue::text]
+                         ELSE ARRAY(SELECT DISTINCT c.queue FROM _task_tallied() c
+                                     WHERE c.status = list_tasks.status::task_status) END;
+        -- each status asked for (without one, every status) from its own index, per queue newest
+        -- first (ordered on the queue too: only an index led by the queue gives that order), and
+        -- the pages merged
         SELECT 'SELECT pyscheduler._task_seen_json(u.r, $5) FROM ('
-               || string_agg(CASE WHEN w = 't.status = ''ready''' AND list_tasks.owner IS NULL
-                                  THEN '(SELECT t AS r, t.rn FROM pyscheduler._ready_page($2, $1, $4) t)'
-                                  ELSE format('(SELECT t AS r, t.rn FROM pyscheduler.tasks t WHERE %s%s '
-                                              'ORDER BY t.rn DESC LIMIT $4)', w, v_filters) END, ' UNION ALL ')
+               || string_agg(CASE
+                    WHEN w = 't.status = ''ready''' AND list_tasks.owner IS NULL THEN
+                        '(SELECT t AS r, t.rn FROM unnest($6::text[]) q (queue), '
+                        'LATERAL pyscheduler._ready_page(q.queue, $1, $4) t)'
+                    WHEN w = 't.status = ''running''' THEN
+                        -- in deadline order first: only tasks_running_deadline_idx gives it
+                        format('(SELECT s.t AS r, (s.t).rn FROM (SELECT t FROM pyscheduler.tasks t WHERE %s '
+                               'AND t.queue = ANY ($6::text[])%s ORDER BY t.deadline) s ORDER BY 2 DESC LIMIT $4)',
+                               w, v_filters)
+                    ELSE
+                        format('(SELECT x.r, x.rn FROM unnest($6::text[]) q (queue), LATERAL ('
+                               'SELECT t AS r, t.rn FROM pyscheduler.tasks t '
+                               'WHERE %s AND t.queue = ANY (ARRAY[q.queue])%s '
+                               'ORDER BY t.queue DESC, t.rn DESC LIMIT $4) x)', w, v_filters) END, ' UNION ALL ')
                || ') u ORDER BY u.rn DESC LIMIT $4'
           INTO v_sql
           FROM unnest(CASE WHEN list_tasks.status IS NOT NULL THEN ARRAY[format('t.status = %L', list_tasks.status)]
-                           ELSE ARRAY['t.status IN (''completed'', ''aborted'', ''cancelled'')',
-                                      't.status = ''waiting''', 't.status = ''scheduled''', 't.status = ''ready''',
-                                      't.status = ''running'''] END) w;
+                           ELSE ARRAY(SELECT format('t.status = %L', s) FROM unnest(enum_range(NULL::task_status)) s)
+                           END) w;
     END IF;
     RETURN QUERY EXECUTE v_sql USING list_tasks.before_rn, list_tasks.queue, list_tasks.owner, list_tasks.max_tasks,
-                                     v_seen;
+                                     v_seen, v_queues;
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.list_tasks(pyscheduler.queue_name, pyscheduler.status_word, pyscheduler.worker_id,

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 
 from tests.support.reads import reads
+from tests.support.schedules import clone
 from pyscheduler.db import Database
 
 UTC = timezone.utc
@@ -19,18 +20,6 @@ def create(db, name, **kw):
     kw.setdefault("target", "topic-a")
     kw.setdefault("every", "10 seconds")
     return db.call_value("create_schedule", name=name, **kw)
-
-
-def clone(conn, template_id: int, prefix: str, n: int, *, critical: str = "false", paused: str = "false",
-          failures: str = "0", next_run: str = "now() + interval '1 day'") -> None:
-    """n copies of a schedule named prefix0000.. (columns as given: SQL expressions of i)."""
-    cols = ("every, cron, cron_spec, tz, start_at, end_at, max_runs, target_kind, target, priority, payload, "
-            "retry_attempts, retry_base, retry_jitter, catchup_window, overlap, created, updated, owner")
-    conn.execute(
-        f"INSERT INTO pyscheduler.schedules (name, {cols}, critical, paused, consecutive_failures, next_run_at) "
-        f"SELECT %s || lpad(i::text, 4, '0'), {', '.join('t.' + c.strip() for c in cols.split(','))}, "
-        f"{critical}, {paused}, {failures}, {next_run} "
-        "FROM pyscheduler.schedules t, generate_series(1, %s) i WHERE t.id = %s", (prefix, n, template_id))
 
 
 def page_through(db: Database, per_page: int, between=None, **filters) -> list[str]:

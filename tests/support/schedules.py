@@ -38,6 +38,18 @@ def create(db: Database, name: str, *, every: float | None = None, cron: str | N
     return db.call_value("create_schedule", name=name, **args)
 
 
+def clone(conn, template_id: int, prefix: str, n: int, *, critical: str = "false", paused: str = "false",
+          failures: str = "0", next_run: str = "now() + interval '1 day'") -> None:
+    """n copies of a schedule named prefix0000.. (columns as given: SQL expressions of i)."""
+    cols = ("every, cron, cron_spec, tz, start_at, end_at, max_runs, target_kind, target, priority, payload, "
+            "retry_attempts, retry_base, retry_jitter, catchup_window, overlap, created, updated, owner")
+    conn.execute(
+        f"INSERT INTO pyscheduler.schedules (name, {cols}, critical, paused, consecutive_failures, next_run_at) "
+        f"SELECT %s || lpad(i::text, 4, '0'), {', '.join('t.' + c.strip() for c in cols.split(','))}, "
+        f"{critical}, {paused}, {failures}, {next_run} "
+        "FROM pyscheduler.schedules t, generate_series(1, %s) i WHERE t.id = %s", (prefix, n, template_id))
+
+
 def allow_loopback(db: Database) -> None:
     """Let HTTP targets reach 127.0.0.0/8 (the local test servers): the egress policy refuses
     loopback addresses unless an admin allows them (set_http_allow)."""
