@@ -10,7 +10,7 @@ SET search_path = pyscheduler, pg_temp
 AS $$
 /* find_schedules(target_prefix, max_schedules => 20) -> setof (schedule jsonb)
    The schedules whose target starts with target_prefix (a topic, a queue, a
-   URL's start: 'https://hooks.example.com/'), by target then name, at most
+   URL's start: 'https://hooks.example.com/'), by target (byte order) then name, at most
    max_schedules, read from schedules_target_pattern_idx. A target is its
    owner's: only the caller's own schedules match (admin: every role's).
    Errors: PS312 max_schedules < 1. */
@@ -21,11 +21,12 @@ BEGIN
                                                 coalesce(max_schedules::text, 'NULL')));
     END IF;
     -- the pattern written into the query: the planner turns its literal prefix into a range of
-    -- the pattern index (a parameter would leave it a filter, as in a cached generic plan)
+    -- the pattern index (a parameter would leave it a filter, as in a cached generic plan), and
+    -- the order is the index's (~<~, then name): a prefix many targets share stops at the page
     RETURN QUERY EXECUTE format(
         'SELECT pyscheduler._schedule_json(s) FROM pyscheduler.schedules s'
         ' WHERE s.target LIKE %L AND ($1::name[] IS NULL OR s.owner = ANY ($1))'
-        ' ORDER BY s.target, s.name LIMIT $2',
+        ' ORDER BY s.target USING ~<~, s.name LIMIT $2',
         replace(replace(replace(target_prefix, '\', '\\'), '%', '\%'), '_', '\_') || '%')
     USING _seen_owners(), max_schedules;
 END

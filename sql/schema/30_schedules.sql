@@ -94,11 +94,12 @@ CREATE INDEX schedules_due_idx ON pyscheduler.schedules (due_at) WHERE due_at IS
 -- list_schedules(name_like => 'prefix%'): the names with that prefix, in any collation
 -- (text_pattern_ops; 0021_flat_reads_tasks).
 CREATE INDEX schedules_name_pattern_idx ON pyscheduler.schedules (name text_pattern_ops);
--- schedules_failing, in its order; a healthy firing adds no entry (consecutive_failures 0).
+-- schedules_failing, in its order; a healthy firing adds no entry (consecutive_failures 0), nor
+-- a paused schedule (0039_dashboard).
 CREATE INDEX schedules_failing_idx ON pyscheduler.schedules (consecutive_failures DESC, name)
-    WHERE consecutive_failures > 0;
+    WHERE consecutive_failures > 0 AND NOT paused;
 -- find_schedules(prefix): the targets with that prefix (0039_dashboard).
-CREATE INDEX schedules_target_pattern_idx ON pyscheduler.schedules (target text_pattern_ops);
+CREATE INDEX schedules_target_pattern_idx ON pyscheduler.schedules (target text_pattern_ops, name);
 
 -- One row per (schedule, expected time): a fire recorded twice counts once.
 -- No foreign key (a per-row check on the hottest INSERT): delete_schedule

@@ -31,6 +31,15 @@ READS = {
         "oldest_ready_tasks": ["SELECT * FROM pyscheduler.oldest_ready_tasks"],
         "expired_leases": ["SELECT * FROM pyscheduler.expired_leases"],
         "queue_limits": ["SELECT * FROM pyscheduler.queue_limits"],
+        # the dashboard's search (issue 30): an id range, a unique key, a spec fragment (answered
+        # from at most 10,000 matches)
+        "find_tasks": ["find_tasks(rn_from => '00000000-0000-0000-0000-000000000000', "
+                       "rn_to => 'ffffffff-ffff-ffff-ffff-ffffffffffff', max_tasks => 10)",
+                       "find_tasks(unique_key => '{a}', max_tasks => 10)",
+                       ("find_tasks(spec => '{{\"n\": 1}}', max_tasks => 10)", 10_001)],
+        "task_family": ["task_family(rn => '00000000-0000-7000-8000-000000000000')"],
+        # every running task, grouped by worker and queue (bounded by what is running)
+        "workers": [("SELECT * FROM pyscheduler.workers", 10_001)],
     },
     "delay": {
         # overdue messages are counted up to 10,000 (docs/sql-api.md, delay_queue)
@@ -57,6 +66,7 @@ READS = {
         "index_page": ["index_page(after => 0, max_schedules => 10)"],
         # the scheduler's, once per resync: the active schedules counted
         "resync_progress": [("resync_progress(sync_id => 's1')", 10_001)],
+        "find_schedules": ["find_schedules(target_prefix => '{b}', max_schedules => 10)"],
     },
     "checks": {
         "list_checks": ["list_checks(max => 10)", "list_checks(entity_name => 'order', entity_key => '{a}')"],
@@ -66,6 +76,7 @@ READS = {
         "check_outcomes": ["SELECT * FROM pyscheduler.check_outcomes"],
         "_current_check_slot": ["SELECT * FROM pyscheduler._current_check_slot"],
         "check_slots": ["check_slots()"],
+        "find_checks": ["find_checks(entity_key => '{a}', max => 10)"],
     },
 }
 TABLES = {"tasks": ("tasks",), "delay": ("delay_messages",), "schedules": ("schedules", "schedule_executions"),
@@ -75,11 +86,12 @@ TABLES = {"tasks": ("tasks",), "delay": ("delay_messages",), "schedules": ("sche
 # the flatness bench's).
 NOT_READS = {
     "by primary key": ["get_task", "parent_results", "holds_lease", "version", "http_allow", "index_entries",
-                       "fire_details"],
+                       "fire_details", "step_results", "task_steps", "find_message"],
     "no table": ["next_cron_time", "slot_round", "retry_worst_case"],
     "reads at most max_rows rows, all counted (the dashboard's activity)": ["activity"],
     "a write": [
-        "abort_task", "add_check", "cancel_message", "cancel_task", "catch_up_checks", "claim_due_critical",
+        "abort_task", "add_check", "await_event", "delete_tasks", "emit_event", "record_step", "run_tasks_now",
+        "sleep_task", "submit_tasks_lean", "worker_seen", "cancel_message", "cancel_task", "catch_up_checks", "claim_due_critical",
         "claim_due_critical_shards", "cleanup_tasks", "complete_and_lease", "complete_task", "complete_tasks",
         "create_schedule", "delete_checks", "delete_fired", "delete_schedule", "due_checks", "end_deleted_checks",
         "enqueue_message", "enqueue_messages", "fail_task", "fail_tasks", "finish_check", "finish_checks",
