@@ -104,3 +104,13 @@ def test_every_bound_has_its_test():
     bounds = {name.removeprefix("MAX_").lower() for name in vars(sql) if name.startswith("MAX_")}
     tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
     assert bounds <= tested, bounds - tested
+
+
+def test_bulk(tx):
+    ids = lambda n: [f"00000000-0000-7000-8000-{i:012x}" for i in range(n)]  # noqa: E731
+    for fn in (sql.DELETE_TASKS, sql.RUN_TASKS_NOW):
+        assert refused(lambda: tx.call(fn, rns=ids(sql.MAX_BULK))) is None  # unknown ids: none acted on
+        assert refused(lambda: tx.call(fn, rns=ids(sql.MAX_BULK + 1))) == "PS208"
+    for many in (TaskClient(tx).delete_many, TaskClient(tx).run_now):
+        with pytest.raises(InvalidArgument, match="at most 1000 task ids"):
+            many(ids(sql.MAX_BULK + 1))
