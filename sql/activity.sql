@@ -15,6 +15,28 @@
 -- what is stored. Where it stopped, `complete` is false (older buckets of
 -- that capability are undercounted).
 
+-- The arguments activity() and activity_latency() share, checked once.
+CREATE OR REPLACE FUNCTION pyscheduler._activity_args(since interval, bucket interval, max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF since IS NULL OR since < interval '1 second' OR since > interval '7 days' THEN
+        RAISE EXCEPTION 'since must be 1 second..7 days, got %', coalesce(since::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+    IF bucket IS NULL OR bucket < interval '1 second' OR bucket > since THEN
+        RAISE EXCEPTION 'bucket must be 1 second..since, got %', coalesce(bucket::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000000 THEN
+        RAISE EXCEPTION 'max_rows must be 1..10000000, got %', coalesce(max_rows::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.activity(
     since interval DEFAULT '1 hour', bucket interval DEFAULT '5 minutes', max_rows integer DEFAULT 100000)
 RETURNS TABLE (capability text, outcome text, bucket_start timestamptz, n bigint, worst interval,
@@ -30,24 +52,13 @@ AS $$
    n rows; worst = the largest lateness (schedules) or last_took (checks),
    NULL for tasks. Each capability reads at most max_rows rows, newest first;
    complete = false where it stopped there.
-   Errors: PS001 since outside 1 second..1 day, bucket outside 1 second..since,
+   Errors: PS001 since outside 1 second..7 days, bucket outside 1 second..since,
    max_rows outside 1..10000000. */
 #variable_conflict use_column
 DECLARE
     v_from timestamptz := now() - since;
 BEGIN
-    IF since IS NULL OR since < interval '1 second' OR since > interval '1 day' THEN
-        RAISE EXCEPTION 'since must be 1 second..1 day, got %', coalesce(since::text, 'NULL')
-            USING ERRCODE = 'PS001';
-    END IF;
-    IF bucket IS NULL OR bucket < interval '1 second' OR bucket > since THEN
-        RAISE EXCEPTION 'bucket must be 1 second..since, got %', coalesce(bucket::text, 'NULL')
-            USING ERRCODE = 'PS001';
-    END IF;
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000000 THEN
-        RAISE EXCEPTION 'max_rows must be 1..10000000, got %', coalesce(max_rows::text, 'NULL')
-            USING ERRCODE = 'PS001';
-    END IF;
+    PERFORM pyscheduler._activity_args(since, bucket, max_rows);
     RETURN QUERY
     WITH t AS (
         SELECT x.status::text AS outcome, x.updated AS at, NULL::interval AS took
@@ -84,3 +95,68 @@ COMMENT ON FUNCTION pyscheduler.activity(interval, interval, integer) IS
 
 SELECT pyscheduler._grant('client', 'activity');
 SELECT pyscheduler._grant('monitor', 'activity');
+
+-- activity_latency(): how long work waited, per capability and time bucket, from
+-- the same history and the same bounded reads as activity(): tasks (due to
+-- started: the last lease minus run_at, else created, of tasks finished in
+-- the bucket; a retried task's run_at is its retry's), schedules (lateness of
+-- each execution recorded) and checks (lag: ended minus the last check's slot).
+CREATE OR REPLACE FUNCTION pyscheduler.activity_latency(
+    since interval DEFAULT '1 hour', bucket interval DEFAULT '5 minutes', max_rows integer DEFAULT 100000)
+RETURNS TABLE (capability text, bucket_start timestamptz, n bigint, p50 interval, p95 interval,
+               complete boolean)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* activity_latency(since => '1 hour', bucket => '5 minutes', max_rows => 100000)
+       -> setof (capability, bucket_start, n, p50, p95, complete)
+   Per capability ('tasks': due to started of tasks finished; 'schedules':
+   lateness; 'checks': ended minus last check) and bucket of when it ended:
+   n rows with a latency, its median and 95th percentile. Reads as activity()
+   does (at most max_rows per capability, newest first; complete = false
+   where it stopped). Errors: PS001 as activity(). */
+#variable_conflict use_column
+DECLARE
+    v_from timestamptz := now() - since;
+BEGIN
+    PERFORM pyscheduler._activity_args(since, bucket, max_rows);
+    RETURN QUERY
+    WITH t AS (
+        SELECT x.updated AS at, greatest(x.leased_at - coalesce(x.run_at, x.created), interval '0') AS took
+          FROM pyscheduler.tasks x
+         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+         ORDER BY x.updated DESC
+         LIMIT max_rows),
+    s AS (
+        SELECT e.fired_at AS at, e.lateness AS took
+          FROM pyscheduler.schedule_executions e
+         WHERE e.fired_at >= v_from
+         LIMIT max_rows),
+    c AS (
+        SELECT h.ended AS at, greatest(h.ended - h.last_check_at, interval '0') AS took
+          FROM pyscheduler.check_history h
+         WHERE h.ended >= v_from
+         ORDER BY h.ended DESC
+         LIMIT max_rows),
+    every AS (
+        SELECT 'tasks' AS capability, t.*, (SELECT count(*) FROM t) < max_rows AS complete FROM t
+        UNION ALL
+        SELECT 'schedules', s.*, (SELECT count(*) FROM s) < max_rows FROM s
+        UNION ALL
+        SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c)
+    SELECT a.capability, date_bin(activity_latency.bucket, a.at, timestamptz 'epoch'), count(*),
+           make_interval(secs => percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
+           make_interval(secs => percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
+           bool_and(a.complete)
+      FROM every a
+     WHERE a.took IS NOT NULL
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.activity_latency(interval, interval, integer) IS
+    'Dashboards: per capability and bucket, how long work waited (tasks due to started, schedule lateness, check lag): n, p50, p95.';
+
+SELECT pyscheduler._grant('client', 'activity_latency');
+SELECT pyscheduler._grant('monitor', 'activity_latency');

@@ -137,9 +137,14 @@ class Reader:
         """The role the pages read as (what it may not see is hidden: docs/sql-api.md, "Ownership")."""
         return self.db.query(sqlapi.CURRENT_ROLE)[0]["role"]
 
-    def activity(self) -> list[dict[str, Any]]:
-        """Ended in the last hour, per capability, outcome and 5-minute bucket."""
-        return self.db.call(sqlapi.ACTIVITY, since="1 hour", bucket="5 minutes")
+    def activity(self, since: timedelta = timedelta(hours=1),
+                 bucket: timedelta = timedelta(minutes=5)) -> list[dict[str, Any]]:
+        """Ended in the last ``since``, per capability, outcome and bucket."""
+        return self.db.call(sqlapi.ACTIVITY, since=since, bucket=bucket)
+
+    def latency(self, since: timedelta, bucket: timedelta) -> list[dict[str, Any]]:
+        """Latency p50/p95 per capability and bucket (activity_latency)."""
+        return self.db.call(sqlapi.ACTIVITY_LATENCY, since=since, bucket=bucket)
 
     def counts(self) -> dict[str, int]:
         """The overview's counts of what needs a look, each up to ``UP_TO``."""

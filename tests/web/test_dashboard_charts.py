@@ -1,0 +1,97 @@
+"""The dashboard's charts over a chosen range (1 h, 6 h, 24 h, 7 d): throughput, failures and
+latency per capability from what the database keeps (activity(), activity_latency()), so a
+new dashboard process draws the same; the tasks page's counts by status over the range."""
+
+from __future__ import annotations
+
+import html
+import re
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from pyscheduler.dashboard import make_app
+from tests.support.dashboard import Client, served
+
+
+def _finished(x, queue: str, waited: list[float], ended_ago: str) -> None:
+    """Tasks of ``queue`` leased and completed, each ``waited`` seconds from submit to start,
+    ended ``ended_ago`` (only their timestamps moved: the status went through the API)."""
+    worker = x("SELECT pyscheduler.register_worker() AS w").fetchone()["w"]
+    for w in waited:
+        rn = x("SELECT pyscheduler.submit_task(queue => %s, spec => '{}') ->> 'rn' AS rn", (queue,)).fetchone()["rn"]
+        t = x("SELECT pyscheduler.lease_task(queue => %s, worker => %s) AS t", (queue, worker)).fetchone()["t"]
+        assert str(t["rn"]) == str(rn)
+        x("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
+        x("UPDATE pyscheduler.tasks SET updated = now() - %s::interval, "
+          "leased_at = now() - %s::interval - interval '1 second', "
+          "created = now() - %s::interval - interval '1 second' - make_interval(secs => %s) WHERE rn = %s",
+          (ended_ago, ended_ago, ended_ago, w, rn))
+
+
+def _history(x) -> None:
+    """A schedule execution 2 h ago, 5 s late, and a check ended 10 min ago, 7 s after its slot."""
+    x("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, "
+      "fired_at, lateness) VALUES (1, now() - interval '2 hours 5 seconds', 'fired', false, 1, "
+      "now() - interval '2 hours', interval '5 seconds')")
+    x("INSERT INTO pyscheduler.check_history (id, entity_name, entity_key, job, kind, first_check_at, "
+      "last_check_at, check_count, outcome, total_took, created, ended, owner) VALUES (1, 'order', '1', 'sms', "
+      "'python', now() - interval '1 hour', now() - interval '10 minutes 7 seconds', 1, 'done', interval '0', "
+      "now() - interval '1 hour', now() - interval '10 minutes', current_user)")
+
+
+def test_activity_latency_per_capability_and_bucket(tx):
+    _finished(tx.execute, "lat", [float(i) for i in range(1, 21)], "3 days")
+    _finished(tx.execute, "lat", [100.0], "1 minute")
+    _history(tx.execute)
+    week = tx.execute("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '6 hours') "
+                      "ORDER BY capability, bucket_start").fetchall()
+    tasks = [r for r in week if r["capability"] == "tasks"]
+    assert [(r["n"], r["p50"], r["p95"]) for r in tasks] == [
+        (20, timedelta(seconds=10.5), timedelta(seconds=19.05)), (1, timedelta(seconds=100), timedelta(seconds=100))]
+    assert all(r["complete"] for r in week)
+    assert [(r["capability"], r["n"], r["p50"]) for r in week if r["capability"] != "tasks"] == [
+        ("checks", 1, timedelta(seconds=7)), ("schedules", 1, timedelta(seconds=5))]
+    day = tx.execute("SELECT capability, sum(n) AS n FROM pyscheduler.activity_latency(since => '1 day', "
+                     "bucket => '1 hour') GROUP BY 1 ORDER BY 1").fetchall()
+    assert [(r["capability"], r["n"]) for r in day] == [("checks", 1), ("schedules", 1), ("tasks", 1)]
+    # activity() now reaches back 7 days too; past that both refuse
+    old = tx.execute("SELECT sum(n) AS n FROM pyscheduler.activity(since => '7 days', bucket => '6 hours') "
+                     "WHERE capability = 'tasks'").fetchone()["n"]
+    assert old == 21
+    # at most max_rows rows per capability, newest first: complete says where it stopped
+    cut = tx.execute("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '7 days', "
+                     "max_rows => 5) WHERE capability = 'tasks'").fetchall()
+    assert sum(r["n"] for r in cut) == 5 and not any(r["complete"] for r in cut)
+    for args in ("since => '8 days'", "bucket => '2 hours'", "max_rows => 0"):
+        with pytest.raises(psycopg.Error) as e, tx.conn.transaction():
+            tx.execute(f"SELECT * FROM pyscheduler.activity_latency({args})")
+        assert e.value.sqlstate == "PS001"
+
+
+def _titles(page: str) -> list[str]:
+    return [html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", page)]
+
+
+def test_the_overview_s_charts_follow_the_chosen_range(conn, login):
+    _finished(conn.execute, "lat", [float(i) for i in range(1, 21)], "3 days")
+    _history(conn.execute)
+    app = make_app(login("pyscheduler_monitor")[1])
+    with served(app) as base:
+        c = Client(base)
+        hour, week, bad = c.get("/")[2], c.get("/?range=7d")[2], c.get("/?range=2d")
+    app.close()
+    assert bad[0] == 400 and "unknown range" in bad[2]
+    # the picker: the range shown is marked, the others link with the range
+    assert '<strong aria-current="true">1h</strong>' in hour and 'href="/?range=7d"' in hour
+    assert '<strong aria-current="true">7d</strong>' in week and 'href="/?range=1h"' in week
+    assert "<dt>finished last 7d</dt><dd>20 " in week and "<dt>finished last 1h</dt><dd>0 " in hour
+    # bars per 6 h and latency lines with each bucket's figures in its title
+    assert "max 20/6 h" in week
+    titles = _titles(week)
+    assert any(t.endswith("Z: p50 10.5 s, p95 19.1 s (20)") for t in titles), titles
+    assert any(t.endswith("Z: p50 5 s, p95 5 s (1)") for t in titles), titles  # schedule lateness
+    assert any(t.endswith("Z: p50 7 s, p95 7 s (1)") for t in titles), titles  # check lag
+    assert not any("(20)" in t for t in _titles(hour))
+    assert any(t.endswith("Z: p50 7 s, p95 7 s (1)") for t in _titles(hour))  # 10 minutes ago
