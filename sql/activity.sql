@@ -160,3 +160,41 @@ COMMENT ON FUNCTION pyscheduler.activity_latency(interval, interval, integer) IS
 
 SELECT pyscheduler._grant('client', 'activity_latency');
 SELECT pyscheduler._grant('monitor', 'activity_latency');
+
+-- queue_activity(): the tasks finished in the window per queue and status, for the
+-- tasks page's counts over a chosen range; read as activity() reads its tasks.
+CREATE OR REPLACE FUNCTION pyscheduler.queue_activity(
+    since interval DEFAULT '1 hour', max_rows integer DEFAULT 100000)
+RETURNS TABLE (queue text, status text, n bigint, complete boolean)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* queue_activity(since => '1 hour', max_rows => 100000) -> setof (queue, status, n, complete)
+   Tasks finished (completed, aborted, cancelled) in the last `since`, per
+   queue and status: counts only (the monitor may read them). Reads
+   tasks_terminal_updated_idx newest first, at most max_rows rows; complete =
+   false where it stopped there. Errors: PS001 as activity(). */
+#variable_conflict use_column
+DECLARE
+    v_from timestamptz := now() - since;
+BEGIN
+    PERFORM pyscheduler._activity_args(since, since, max_rows);
+    RETURN QUERY
+    WITH t AS (
+        SELECT x.queue, x.status::text AS status
+          FROM pyscheduler.tasks x
+         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+         ORDER BY x.updated DESC
+         LIMIT max_rows)
+    SELECT t.queue, t.status, count(*), (SELECT count(*) FROM t) < max_rows
+      FROM t
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.queue_activity(interval, integer) IS
+    'Dashboards: tasks finished in the last `since` per queue and status (counts only).';
+
+SELECT pyscheduler._grant('client', 'queue_activity');
+SELECT pyscheduler._grant('monitor', 'queue_activity');

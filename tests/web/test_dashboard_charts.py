@@ -95,3 +95,26 @@ def test_the_overview_s_charts_follow_the_chosen_range(conn, login):
     assert any(t.endswith("Z: p50 7 s, p95 7 s (1)") for t in titles), titles  # check lag
     assert not any("(20)" in t for t in _titles(hour))
     assert any(t.endswith("Z: p50 7 s, p95 7 s (1)") for t in _titles(hour))  # 10 minutes ago
+
+
+def _cell(page: str, cell: str) -> str:
+    return re.search(rf'<td class="num" id="{cell}"><a [^>]*title="([^"]*)">([^<]*)</a>', page).group(2, 1)
+
+
+def test_the_tasks_page_counts_what_finished_per_queue_over_the_chosen_range(conn, login):
+    _finished(conn.execute, "lat", [1.0] * 3, "3 days")
+    _finished(conn.execute, "lat", [1.0], "1 minute")
+    conn.execute("SELECT pyscheduler.cancel_task(rn => (pyscheduler.submit_task(queue => 'lat', spec => '{}') "
+                 "->> 'rn')::uuid)")
+    app = make_app(login("pyscheduler_monitor")[1])
+    with served(app) as base:
+        c = Client(base)
+        hour, week = c.get("/tasks?status=completed")[2], c.get("/tasks?status=completed&range=7d")[2]
+        assert c.get("/tasks?range=1y")[0] == 400
+    app.close()
+    assert _cell(hour, "completed-lat") == ("1", "4 kept") and _cell(week, "completed-lat") == ("4", "4 kept")
+    assert _cell(hour, "cancelled-lat") == ("1", "1 kept") and _cell(hour, "aborted-lat") == ("0", "0 kept")
+    assert "<th class=\"num\">completed 7d</th>" in week
+    # the picker keeps the list's filter; the filter form keeps the range
+    assert 'href="/tasks?status=completed&amp;range=24h"' in hour
+    assert '<input type="hidden" name="range" value="7d">' in week

@@ -174,6 +174,15 @@ class Reader:
             rows.setdefault(q["queue"], {"queue": q["queue"], "counts": {}})["limits"] = q
         return [rows[k] for k in sorted(rows)]
 
+    def finished(self, since: timedelta) -> dict[str, Any]:
+        """Tasks finished in the last ``since`` per queue and status (queue_activity), and
+        whether all were counted (else the newest 100,000)."""
+        rows = self.db.call(sqlapi.QUEUE_ACTIVITY, since=since)
+        per: dict[str, dict[str, int]] = {}
+        for r in rows:
+            per.setdefault(r["queue"], {})[r["status"]] = r["n"]
+        return {"queues": per, "complete": all(r["complete"] for r in rows)}
+
     def queue_limits(self, queue: str) -> dict[str, Any] | None:
         rows = self.db.query(tasks_sql.QUEUE_LIMITS.select("WHERE queue = %s"), (queue,))
         return rows[0] if rows else None

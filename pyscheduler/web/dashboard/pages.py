@@ -195,9 +195,10 @@ class Dashboard(Site):
             raise HTTPError("400 Bad Request", f"unknown status {status!r}")
         page = r.tasks(queue=queue, status=None if status == "all" else status, owner=owner,
                        cursor=req.arg("cursor"))
+        span, (since, _, _) = _range(req)
         return self._render(req, "tasks.html", title="tasks", now=r.clock(), queues=r.all_queues(),
                             expired=r.expired_leases(20), page=page, queue=queue, owner=owner, status=status,
-                            statuses=TASK_STATUSES)
+                            statuses=TASK_STATUSES, span=span, spans=list(charts.RANGES), finished=r.finished(since))
 
     def task_page(self, req: Request, rn: str) -> str:
         r = self._open()
