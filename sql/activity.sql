@@ -3,14 +3,15 @@
 --
 -- activity(): what ended recently, per capability, outcome and time bucket:
 -- tasks finished (completed, aborted, cancelled), schedule executions
--- recorded (fired, failed, skipped_overlap, missed) and checks ended (done,
--- error, ...). Counts only: it shows no task, schedule or check, so the
--- monitor role may read it (convention C: monitor sees aggregates). The delay
--- queue keeps nothing once a message is fired, so it has no rows here.
+-- recorded (fired, failed, skipped_overlap, missed), checks ended (done,
+-- error, ...) and delay messages fired (from _delay_fired_minutes: the queue
+-- keeps nothing once a message is fired). Counts only: it shows no task,
+-- schedule or check, so the monitor role may read it (convention C: monitor
+-- sees aggregates).
 --
 -- Cost: each capability reads its own time index from now back to `since`
 -- (tasks_terminal_updated_idx, the executions' BRIN on fired_at,
--- check_history_ended_idx), newest first, and stops after `max_rows` rows:
+-- check_history_ended_idx, _delay_fired_minutes_idx), newest first, and stops after `max_rows` rows:
 -- proportional to what ended in the window, bounded by max_rows, never to
 -- what is stored. Where it stopped, `complete` is false (older buckets of
 -- that capability are undercounted).
@@ -48,10 +49,11 @@ AS $$
 /* activity(since => '1 hour', bucket => '5 minutes', max_rows => 100000)
        -> setof (capability, outcome, bucket_start, n, worst, complete)
    What ended in the last `since` per capability ('tasks', 'schedules',
-   'checks'), outcome and bucket (bucket_start aligned to the Unix epoch):
-   n rows; worst = the largest lateness (schedules) or last_took (checks),
-   NULL for tasks. Each capability reads at most max_rows rows, newest first;
-   complete = false where it stopped there.
+   'checks', 'delay'), outcome and bucket (bucket_start aligned to the Unix
+   epoch): n rows; worst = the largest lateness (schedules), last_took
+   (checks) or fire lag (delay, by the minute), NULL for tasks. Each capability
+   reads at most max_rows rows, newest first (the delay queue: rows of a
+   minute); complete = false where it stopped there.
    Errors: PS001 since outside 1 second..7 days, bucket outside 1 second..since,
    max_rows outside 1..10000000. */
 #variable_conflict use_column
@@ -77,13 +79,21 @@ BEGIN
          WHERE h.ended >= v_from
          ORDER BY h.ended DESC
          LIMIT max_rows),
+    d AS (
+        SELECT 'fired'::text AS outcome, f.minute AS at, f.n, make_interval(secs => f.lag_max_s) AS took
+          FROM pyscheduler._delay_fired_minutes f
+         WHERE f.minute >= date_trunc('minute', v_from)
+         ORDER BY f.minute DESC
+         LIMIT max_rows),
     every AS (
-        SELECT 'tasks' AS capability, t.*, (SELECT count(*) FROM t) < max_rows AS complete FROM t
+        SELECT 'tasks' AS capability, t.*, 1::bigint AS n, (SELECT count(*) FROM t) < max_rows AS complete FROM t
         UNION ALL
-        SELECT 'schedules', s.*, (SELECT count(*) FROM s) < max_rows FROM s
+        SELECT 'schedules', s.*, 1, (SELECT count(*) FROM s) < max_rows FROM s
         UNION ALL
-        SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c)
-    SELECT a.capability, a.outcome, date_bin(activity.bucket, a.at, timestamptz 'epoch'), count(*),
+        SELECT 'checks', c.*, 1, (SELECT count(*) FROM c) < max_rows FROM c
+        UNION ALL
+        SELECT 'delay', d.outcome, d.at, d.took, d.n, (SELECT count(*) FROM d) < max_rows FROM d)
+    SELECT a.capability, a.outcome, date_bin(activity.bucket, a.at, timestamptz 'epoch'), sum(a.n)::bigint,
            max(a.took), bool_and(a.complete)
       FROM every a
      GROUP BY 1, 2, 3

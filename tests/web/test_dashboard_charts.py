@@ -118,3 +118,45 @@ def test_the_tasks_page_counts_what_finished_per_queue_over_the_chosen_range(con
     # the picker keeps the list's filter; the filter form keeps the range
     assert 'href="/tasks?status=completed&amp;range=24h"' in hour
     assert '<input type="hidden" name="range" value="7d">' in week
+
+
+def _fire_delayed(x, ids: list[str], late: str) -> None:
+    """Messages stored ``late`` past their deadline, claimed and fired (deleted) by one node."""
+    x("SELECT * FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
+      "array_fill(now() - %s::interval, ARRAY[%s]), store_late => true)", (ids, late, len(ids)))
+    node = x("SELECT gen_random_uuid() AS n").fetchone()["n"]
+    claimed = x("SELECT * FROM pyscheduler.ready_and_claim(node => %s, max_count => 100)", (node,)).fetchall()
+    assert len(claimed) == len(ids)
+    assert x("SELECT * FROM pyscheduler.delete_fired(ids => %s::pyscheduler.message_ref[], node => %s)",
+             (ids, node)).fetchall() == []
+
+
+def test_activity_counts_delay_messages_fired_per_minute_kept_8_days(tx):
+    x = tx.execute
+    _fire_delayed(x, ["a", "b", "c"], "5 seconds")
+    _fire_delayed(x, ["d"], "2 seconds")
+    rows = x("SELECT * FROM pyscheduler.activity(since => '1 hour', bucket => '5 minutes') "
+             "WHERE capability = 'delay'").fetchall()
+    assert [(r["outcome"], r["n"], r["worst"], r["complete"]) for r in rows] == [
+        ("fired", 4, timedelta(seconds=5), True)]
+    # a minute 9 days back goes at the next fold; this minute's rows become one
+    x("INSERT INTO pyscheduler._delay_fired_minutes VALUES (date_trunc('minute', now() - interval '9 days'), "
+      "7, 7, 1)")
+    assert x("SELECT count(*) AS n FROM pyscheduler._delay_fired_minutes").fetchone()["n"] == 3
+    x("SELECT pyscheduler._delay_fold_counts()")
+    kept = x("SELECT minute = date_trunc('minute', now()) AS now, n, lag_sum_s, lag_max_s "
+             "FROM pyscheduler._delay_fired_minutes").fetchall()
+    assert kept == [{"now": True, "n": 4, "lag_sum_s": 17.0, "lag_max_s": 5.0}]
+    assert x("SELECT sum(n) AS n FROM pyscheduler.activity(since => '7 days', bucket => '1 day') "
+             "WHERE capability = 'delay'").fetchone()["n"] == 4
+
+
+def test_the_overview_shows_delay_messages_fired_over_the_range(conn, login):
+    _fire_delayed(conn.execute, ["m1", "m2"], "3 seconds")
+    app = make_app(login("pyscheduler_monitor")[1])
+    with served(app) as base:
+        page = Client(base).get("/?range=6h")[2]
+    app.close()
+    card = page.split('id="card-delay"')[1].split("</section>")[0]
+    assert "<dt>fired last 6h</dt><dd>2 " in card, card
+    assert any(t.endswith("Z: 2 ok, 0 failed") for t in _titles(card)), _titles(card)

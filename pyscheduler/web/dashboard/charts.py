@@ -10,6 +10,7 @@ from typing import Any
 
 BAD = {"aborted", "cancelled", "failed", "missed", "error", "timeout", "max_checks", "horizon", "past"}
 W, H = 240, 56
+CAPABILITIES = ("tasks", "schedules", "checks", "delay")  # activity()'s
 # range -> (since, bucket, the bucket in words)
 RANGES = {"1h": (timedelta(hours=1), timedelta(minutes=5), "5 min"),
           "6h": (timedelta(hours=6), timedelta(minutes=15), "15 min"),
@@ -26,7 +27,7 @@ def summarise(activity: list[dict[str, Any]], now: datetime, hours: float = 1.0,
     edges = [end - bucket * (n - 1 - i) for i in range(n)]
     index = {e: i for i, e in enumerate(edges)}
     out: dict[str, Any] = {"edges": edges, "index": index}
-    for cap in ("tasks", "schedules", "checks"):
+    for cap in CAPABILITIES:
         out[cap] = {"totals": {}, "buckets": [[0, 0] for _ in edges], "complete": True, "worst": None}
     for row in activity:
         cap = out[row["capability"]]
@@ -37,7 +38,7 @@ def summarise(activity: list[dict[str, Any]], now: datetime, hours: float = 1.0,
         i = index.get(row["bucket_start"].astimezone(timezone.utc))
         if i is not None:
             cap["buckets"][i][1 if row["outcome"] in BAD else 0] += row["n"]
-    for cap in ("tasks", "schedules", "checks"):
+    for cap in CAPABILITIES:
         c = out[cap]
         c["total"] = sum(c["totals"].values())
         c["bad"] = sum(v for k, v in c["totals"].items() if k in BAD)

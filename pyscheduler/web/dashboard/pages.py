@@ -181,8 +181,7 @@ class Dashboard(Site):
             **r.counts(),
             delay=delay, slots=slots, per_slot=per_slot, hour=hour, redis=self.redis_state(),
             span=span, spans=list(charts.RANGES), per=per,
-            charts={cap: Markup(charts.bars(hour[cap]["buckets"], hour["edges"], per))
-                    for cap in ("tasks", "schedules", "checks")},
+            charts={cap: Markup(charts.bars(hour[cap]["buckets"], hour["edges"], per)) for cap in charts.CAPABILITIES},
             latency={cap: Markup(charts.latency([x for x in latency if x["capability"] == cap], hour["edges"],
                                                 hour["index"])) for cap in ("tasks", "schedules", "checks")},
             delay_chart=Markup(charts.samples([(t, s) for _, t, s in r.delay_samples], now)))
