@@ -55,7 +55,7 @@ def bars(buckets: list[list[int]], edges: list[datetime], per: str = "5 min") ->
     """Stacked bars: ok (below) and bad (above, red) per bucket of ``per``."""
     top = max((ok + bad for ok, bad in buckets), default=0) or 1
     bw = W / max(len(buckets), 1)
-    parts = [f'<svg class="chart" viewBox="0 0 {W} {H + 12}" width="{W}" height="{H + 12}" role="img" '
+    parts = [f'<svg class="chart bars" viewBox="0 0 {W} {H + 12}" width="{W}" height="{H + 12}" role="img" '
              f'aria-label="ended per {per}">']
     for i, (ok, bad) in enumerate(buckets):
         x = i * bw + 1
