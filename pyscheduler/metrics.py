@@ -132,3 +132,10 @@ class Reads(Collector):
                 log.warning("metrics %s: the database did not answer: %s", self.name, exc)
                 families = []
         yield from families
+
+    def close(self) -> None:
+        """Close its pool (a later scrape opens another)."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None

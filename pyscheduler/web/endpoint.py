@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..errors import ConfigError
-from ..metrics import process_registry
+from ..metrics import Reads, process_registry, series_of
 from .server import BoundedServer
 
 log = logging.getLogger(__name__)
@@ -288,8 +288,9 @@ def _json(start_response: Callable, status: str, body: dict[str, Any]) -> list[b
 class Endpoint:
     """The WSGI application and the thread that serves it."""
 
-    def __init__(self, registry: Any, health: Health, app: Callable | None = None):
+    def __init__(self, registry: Any, health: Health, app: Callable | None = None, reads: Iterable[Reads] = ()):
         self.registry, self.health, self.app = registry, health, app
+        self.reads = list(reads)  # closed with the endpoint
         self.metrics = make_wsgi_app(registry)
         self.server: BoundedServer | None = None
 
@@ -324,6 +325,8 @@ class Endpoint:
             self.server.close()
             self.server = None
         self.health.close()
+        for r in self.reads:
+            r.close()
 
 
 def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | None = None,
@@ -345,7 +348,8 @@ def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | Non
         health.expect(d.name, getattr(d, "label", None))
     if app is not None and hasattr(app, "health"):
         app.health = health.report  # the dashboard shows what /readyz knows on every page
-    endpoint = Endpoint(process_registry(daemons, health, registry=registry), health, app).serve(host, port)
+    reads = [c for c in series_of(daemons) if isinstance(c, Reads)]
+    endpoint = Endpoint(process_registry(daemons, health, registry=registry), health, app, reads).serve(host, port)
     health.start()
     shown = f"[{host}]" if ":" in host else host
     log.info("HTTP on http://%s:%d/ (/metrics, /healthz, /readyz)", shown, endpoint.port)
