@@ -121,6 +121,7 @@ def overdue_gauge(db: Database):
 class CheckRunner:
     """Runs the checks of its shard slot by slot (a daemon: ``run(stop)``)."""
 
+    series = RUNNER_SERIES  # the class's; an instance adds its Reads (overdue checks)
     wake_every = 1.0  # s: the longest sleep between two looks at check_slots (a changed resolution)
 
     def __init__(self, dsn: str, handlers: dict[str, Handler] | None = None, *, shard: int = 0, shards: int = 1,

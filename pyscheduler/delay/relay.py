@@ -189,6 +189,7 @@ def relax_gc(threshold: int = GC_THRESHOLD) -> None:
 class Relay:
     """One queuing node: three loops in threads; ``run(stop)`` until stop is set."""
 
+    series = SERIES  # the class's; an instance adds its Reads (waiting, overdue)
     label = "delay-relay"  # its daemon label in /metrics (its name has the node's id)
 
     def __init__(self, config: RelayConfig):

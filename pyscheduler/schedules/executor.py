@@ -76,6 +76,7 @@ class ExecutorConfig:
 class Executor:
     """One executor; ``run(stop)`` until stop is set. Several may run against one index."""
 
+    series = SERIES  # the class's; an instance adds its Reads (schedules late)
     label = "schedules-executor"  # its daemon label in /metrics (its name has the owner's id)
 
     def __init__(self, cfg: ExecutorConfig):

@@ -49,6 +49,7 @@ def queue_gauges(db: Database):
 
 class Monitor:
     name = "tasks-monitor"
+    series = MONITOR_SERIES  # the class's; an instance adds its Reads (queue gauges)
 
     def __init__(self, dsn: str, *, reset_interval: float = 1.0, retention: timedelta = timedelta(days=7),
                  cleanup_interval: float = 60.0, batch: int = 1000):
