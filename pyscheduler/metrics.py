@@ -5,21 +5,30 @@ registry, and the daemon class lists them in ``series``. A process (``pyschedule
 ``delay run``, ``tasks monitor``, ...) builds one registry from the daemons it runs
 (``process_registry``) and serves it on its HTTP endpoint (pyscheduler.web.endpoint). A
 library object (the tasks ``Worker``) takes a ``registry`` argument instead: its series are
-registered there (once per registry, whatever the number of workers sharing it).
+registered there (once per registry, whatever the number of workers sharing it). A daemon's
+``Reads`` exports gauges of what the database holds (ready tasks per queue, ...), read at each scrape.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge,
                                Histogram)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from .db import Database
+
+log = logging.getLogger(__name__)
+
+# what a Reads counts up to where it counts rows (schedules late, checks overdue): a LIMIT stops each read
+COUNT_UP_TO = 10_000
 # latency buckets (seconds) the new series share: 1 ms to 1 minute
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -54,13 +63,15 @@ def register(registry: CollectorRegistry, collectors: Iterable[Collector]) -> No
 
 
 def series_of(daemons: Iterable[Any]) -> list[Collector]:
-    """The series the daemons declare (attribute ``series``), each once, in order."""
+    """The series the daemons declare (attribute ``series``), each once, in order (one ``Reads`` of
+    each name: two executors of a process export one schedules-late gauge)."""
     out: list[Collector] = []
-    seen: set[int] = set()
+    seen: set[Any] = set()
     for daemon in daemons:
         for collector in getattr(daemon, "series", ()) or ():
-            if id(collector) not in seen:
-                seen.add(id(collector))
+            key = ("reads", collector.name) if isinstance(collector, Reads) else id(collector)
+            if key not in seen:
+                seen.add(key)
                 out.append(collector)
     return out
 
@@ -95,3 +106,36 @@ def observe_many(hist: Histogram, values: Iterable[float]) -> None:
     for bucket, n in zip(buckets, counts):
         if n:
             bucket.inc(n)
+
+
+class Reads(Collector):
+    """Gauges of what the database holds, read at each scrape by ``read(db)`` (bounded reads only:
+    tallies, counts up to a limit) over a pool of one connection of its own, opened on the first
+    scrape. A read that fails is logged and exports nothing (the rest of /metrics still answers)."""
+
+    def __init__(self, dsn: str, name: str, read: Callable[[Database], Iterable[Metric]]):
+        self.dsn, self.name, self.read = dsn, name, read
+        self._db: Database | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        return []  # never read the database to register
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            try:
+                if self._db is None:
+                    self._db = Database(self.dsn, min_size=1, max_size=1, name=f"metrics-{self.name}", timeout=2.0)
+                    self._db.open(wait=False)
+                families = list(self.read(self._db))
+            except Exception as exc:  # noqa: BLE001 - a scrape never fails on the database
+                log.warning("metrics %s: the database did not answer: %s", self.name, exc)
+                families = []
+        yield from families
+
+    def close(self) -> None:
+        """Close its pool (a later scrape opens another)."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None

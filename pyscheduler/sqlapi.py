@@ -57,6 +57,9 @@ NOW = Query("SELECT now() AS now")  # the database clock
 CURRENT_ROLE = Query("SELECT current_user AS role")  # the role a login reads and acts as
 ACTIVITY = Fn("activity", ("since", "bucket", "max_rows"),
               ("capability", "outcome", "bucket_start", "n", "worst", "complete"))
+ACTIVITY_LATENCY = Fn("activity_latency", ("since", "bucket", "max_rows"),
+                      ("capability", "bucket_start", "n", "p50", "p95", "complete"))
+QUEUE_ACTIVITY = Fn("queue_activity", ("since", "max_rows"), ("queue", "status", "n", "complete"))
 HTTP_ALLOW = Fn("http_allow")
 SET_HTTP_ALLOW = Fn("set_http_allow", ("allow",))
 # the role of an audience (client, worker, monitor, admin, ...) and whether the caller is a member

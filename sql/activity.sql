@@ -3,17 +3,40 @@
 --
 -- activity(): what ended recently, per capability, outcome and time bucket:
 -- tasks finished (completed, aborted, cancelled), schedule executions
--- recorded (fired, failed, skipped_overlap, missed) and checks ended (done,
--- error, ...). Counts only: it shows no task, schedule or check, so the
--- monitor role may read it (convention C: monitor sees aggregates). The delay
--- queue keeps nothing once a message is fired, so it has no rows here.
+-- recorded (fired, failed, skipped_overlap, missed), checks ended (done,
+-- error, ...) and delay messages fired (from _delay_fired_minutes: the queue
+-- keeps nothing once a message is fired). Counts only: it shows no task,
+-- schedule or check, so the monitor role may read it (convention C: monitor
+-- sees aggregates).
 --
 -- Cost: each capability reads its own time index from now back to `since`
 -- (tasks_terminal_updated_idx, the executions' BRIN on fired_at,
--- check_history_ended_idx), newest first, and stops after `max_rows` rows:
+-- check_history_ended_idx, _delay_fired_minutes_idx), newest first, and stops after `max_rows` rows:
 -- proportional to what ended in the window, bounded by max_rows, never to
 -- what is stored. Where it stopped, `complete` is false (older buckets of
 -- that capability are undercounted).
+
+-- The arguments activity() and activity_latency() share, checked once.
+CREATE OR REPLACE FUNCTION pyscheduler._activity_args(since interval, bucket interval, max_rows integer)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    IF since IS NULL OR since < interval '1 second' OR since > interval '7 days' THEN
+        RAISE EXCEPTION 'since must be 1 second..7 days, got %', coalesce(since::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+    IF bucket IS NULL OR bucket < interval '1 second' OR bucket > since THEN
+        RAISE EXCEPTION 'bucket must be 1 second..since, got %', coalesce(bucket::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000000 THEN
+        RAISE EXCEPTION 'max_rows must be 1..10000000, got %', coalesce(max_rows::text, 'NULL')
+            USING ERRCODE = 'PS001';
+    END IF;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.activity(
     since interval DEFAULT '1 hour', bucket interval DEFAULT '5 minutes', max_rows integer DEFAULT 100000)
@@ -26,28 +49,18 @@ AS $$
 /* activity(since => '1 hour', bucket => '5 minutes', max_rows => 100000)
        -> setof (capability, outcome, bucket_start, n, worst, complete)
    What ended in the last `since` per capability ('tasks', 'schedules',
-   'checks'), outcome and bucket (bucket_start aligned to the Unix epoch):
-   n rows; worst = the largest lateness (schedules) or last_took (checks),
-   NULL for tasks. Each capability reads at most max_rows rows, newest first;
-   complete = false where it stopped there.
-   Errors: PS001 since outside 1 second..1 day, bucket outside 1 second..since,
+   'checks', 'delay'), outcome and bucket (bucket_start aligned to the Unix
+   epoch): n rows; worst = the largest lateness (schedules), last_took
+   (checks) or fire lag (delay, by the minute), NULL for tasks. Each capability
+   reads at most max_rows rows, newest first (the delay queue: rows of a
+   minute); complete = false where it stopped there.
+   Errors: PS001 since outside 1 second..7 days, bucket outside 1 second..since,
    max_rows outside 1..10000000. */
 #variable_conflict use_column
 DECLARE
     v_from timestamptz := now() - since;
 BEGIN
-    IF since IS NULL OR since < interval '1 second' OR since > interval '1 day' THEN
-        RAISE EXCEPTION 'since must be 1 second..1 day, got %', coalesce(since::text, 'NULL')
-            USING ERRCODE = 'PS001';
-    END IF;
-    IF bucket IS NULL OR bucket < interval '1 second' OR bucket > since THEN
-        RAISE EXCEPTION 'bucket must be 1 second..since, got %', coalesce(bucket::text, 'NULL')
-            USING ERRCODE = 'PS001';
-    END IF;
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 10000000 THEN
-        RAISE EXCEPTION 'max_rows must be 1..10000000, got %', coalesce(max_rows::text, 'NULL')
-            USING ERRCODE = 'PS001';
-    END IF;
+    PERFORM pyscheduler._activity_args(since, bucket, max_rows);
     RETURN QUERY
     WITH t AS (
         SELECT x.status::text AS outcome, x.updated AS at, NULL::interval AS took
@@ -66,13 +79,21 @@ BEGIN
          WHERE h.ended >= v_from
          ORDER BY h.ended DESC
          LIMIT max_rows),
+    d AS (
+        SELECT 'fired'::text AS outcome, f.minute AS at, f.n, make_interval(secs => f.lag_max_s) AS took
+          FROM pyscheduler._delay_fired_minutes f
+         WHERE f.minute >= date_trunc('minute', v_from)
+         ORDER BY f.minute DESC
+         LIMIT max_rows),
     every AS (
-        SELECT 'tasks' AS capability, t.*, (SELECT count(*) FROM t) < max_rows AS complete FROM t
+        SELECT 'tasks' AS capability, t.*, 1::bigint AS n, (SELECT count(*) FROM t) < max_rows AS complete FROM t
         UNION ALL
-        SELECT 'schedules', s.*, (SELECT count(*) FROM s) < max_rows FROM s
+        SELECT 'schedules', s.*, 1, (SELECT count(*) FROM s) < max_rows FROM s
         UNION ALL
-        SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c)
-    SELECT a.capability, a.outcome, date_bin(activity.bucket, a.at, timestamptz 'epoch'), count(*),
+        SELECT 'checks', c.*, 1, (SELECT count(*) FROM c) < max_rows FROM c
+        UNION ALL
+        SELECT 'delay', d.outcome, d.at, d.took, d.n, (SELECT count(*) FROM d) < max_rows FROM d)
+    SELECT a.capability, a.outcome, date_bin(activity.bucket, a.at, timestamptz 'epoch'), sum(a.n)::bigint,
            max(a.took), bool_and(a.complete)
       FROM every a
      GROUP BY 1, 2, 3
@@ -84,3 +105,106 @@ COMMENT ON FUNCTION pyscheduler.activity(interval, interval, integer) IS
 
 SELECT pyscheduler._grant('client', 'activity');
 SELECT pyscheduler._grant('monitor', 'activity');
+
+-- activity_latency(): how long work waited, per capability and time bucket, from
+-- the same history and the same bounded reads as activity(): tasks (due to
+-- started: the last lease minus run_at, else created, of tasks finished in
+-- the bucket; a retried task's run_at is its retry's), schedules (lateness of
+-- each execution recorded) and checks (lag: ended minus the last check's slot).
+CREATE OR REPLACE FUNCTION pyscheduler.activity_latency(
+    since interval DEFAULT '1 hour', bucket interval DEFAULT '5 minutes', max_rows integer DEFAULT 100000)
+RETURNS TABLE (capability text, bucket_start timestamptz, n bigint, p50 interval, p95 interval,
+               complete boolean)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* activity_latency(since => '1 hour', bucket => '5 minutes', max_rows => 100000)
+       -> setof (capability, bucket_start, n, p50, p95, complete)
+   Per capability ('tasks': due to started of tasks finished; 'schedules':
+   lateness; 'checks': ended minus last check) and bucket of when it ended:
+   n rows with a latency, its median and 95th percentile. Reads as activity()
+   does (at most max_rows per capability, newest first; complete = false
+   where it stopped). Errors: PS001 as activity(). */
+#variable_conflict use_column
+DECLARE
+    v_from timestamptz := now() - since;
+BEGIN
+    PERFORM pyscheduler._activity_args(since, bucket, max_rows);
+    RETURN QUERY
+    WITH t AS (
+        SELECT x.updated AS at, greatest(x.leased_at - coalesce(x.run_at, x.created), interval '0') AS took
+          FROM pyscheduler.tasks x
+         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+         ORDER BY x.updated DESC
+         LIMIT max_rows),
+    s AS (
+        SELECT e.fired_at AS at, e.lateness AS took
+          FROM pyscheduler.schedule_executions e
+         WHERE e.fired_at >= v_from
+         LIMIT max_rows),
+    c AS (
+        SELECT h.ended AS at, greatest(h.ended - h.last_check_at, interval '0') AS took
+          FROM pyscheduler.check_history h
+         WHERE h.ended >= v_from
+         ORDER BY h.ended DESC
+         LIMIT max_rows),
+    every AS (
+        SELECT 'tasks' AS capability, t.*, (SELECT count(*) FROM t) < max_rows AS complete FROM t
+        UNION ALL
+        SELECT 'schedules', s.*, (SELECT count(*) FROM s) < max_rows FROM s
+        UNION ALL
+        SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c)
+    SELECT a.capability, date_bin(activity_latency.bucket, a.at, timestamptz 'epoch'), count(*),
+           make_interval(secs => percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
+           make_interval(secs => percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
+           bool_and(a.complete)
+      FROM every a
+     WHERE a.took IS NOT NULL
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.activity_latency(interval, interval, integer) IS
+    'Dashboards: per capability and bucket, how long work waited (tasks due to started, schedule lateness, check lag): n, p50, p95.';
+
+SELECT pyscheduler._grant('client', 'activity_latency');
+SELECT pyscheduler._grant('monitor', 'activity_latency');
+
+-- queue_activity(): the tasks finished in the window per queue and status, for the
+-- tasks page's counts over a chosen range; read as activity() reads its tasks.
+CREATE OR REPLACE FUNCTION pyscheduler.queue_activity(
+    since interval DEFAULT '1 hour', max_rows integer DEFAULT 100000)
+RETURNS TABLE (queue text, status text, n bigint, complete boolean)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* queue_activity(since => '1 hour', max_rows => 100000) -> setof (queue, status, n, complete)
+   Tasks finished (completed, aborted, cancelled) in the last `since`, per
+   queue and status: counts only (the monitor may read them). Reads
+   tasks_terminal_updated_idx newest first, at most max_rows rows; complete =
+   false where it stopped there. Errors: PS001 as activity(). */
+#variable_conflict use_column
+DECLARE
+    v_from timestamptz := now() - since;
+BEGIN
+    PERFORM pyscheduler._activity_args(since, since, max_rows);
+    RETURN QUERY
+    WITH t AS (
+        SELECT x.queue, x.status::text AS status
+          FROM pyscheduler.tasks x
+         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+         ORDER BY x.updated DESC
+         LIMIT max_rows)
+    SELECT t.queue, t.status, count(*), (SELECT count(*) FROM t) < max_rows
+      FROM t
+     GROUP BY 1, 2
+     ORDER BY 1, 2;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.queue_activity(interval, integer) IS
+    'Dashboards: tasks finished in the last `since` per queue and status (counts only).';
+
+SELECT pyscheduler._grant('client', 'queue_activity');
+SELECT pyscheduler._grant('monitor', 'queue_activity');

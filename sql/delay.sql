@@ -395,12 +395,15 @@ BEGIN
          WHERE m.id = ANY (delete_fired.ids)
            AND m.readied_at IS NOT NULL
            AND (delete_fired.node IS NULL OR m.readied_by = delete_fired.node)
-        RETURNING m.id, m.readied_by, m.readied_at
+        RETURNING m.id, m.readied_by, m.readied_at, greatest(extract(epoch FROM now() - m.deadline), 0) AS lag
     ), counted AS (  -- see _delay_counts below
         INSERT INTO pyscheduler._delay_counts (n) SELECT -count(*) FROM gone HAVING count(*) > 0
     ), fired AS (  -- see _delay_ready_counts below
         INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
         SELECT g.readied_by, g.readied_at, -count(*) FROM gone g GROUP BY g.readied_by, g.readied_at
+    ), minutes AS (  -- see _delay_fired_minutes below
+        INSERT INTO pyscheduler._delay_fired_minutes (minute, n, lag_sum_s, lag_max_s)
+        SELECT date_trunc('minute', now()), count(*), sum(g.lag), max(g.lag) FROM gone g HAVING count(*) > 0
     )
     SELECT DISTINCT i::text FROM unnest(delete_fired.ids) i
      WHERE i IS NOT NULL AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = i);
@@ -557,7 +560,10 @@ COMMENT ON FUNCTION pyscheduler.find_message(pyscheduler.message_ref) IS
 -- with messages still ready. So the readers sum the rows of the claims in flight (batch x
 -- nodes, plus what a dead node held until reset_stuck), never the index entries that fired
 -- messages leave in delay_messages_ready_idx until a vacuum of the whole table (200,000 at 10
--- million stored); waiting = stored - ready.
+-- million stored); waiting = stored - ready. delete_fired also appends (this minute, messages
+-- deleted, the sum and the largest of their lags) to _delay_fired_minutes (migration 0041):
+-- what activity() shows of the delay queue, which keeps nothing once a message is fired; the
+-- fold keeps one row per minute and drops those older than 8 days.
 
 -- _delay_fold_counts(): replace the deltas no other transaction is folding by their sum.
 -- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
@@ -577,6 +583,15 @@ AS $$
         RETURNING c.node, c.readied_at, c.n)
     INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
     SELECT g.node, g.readied_at, sum(g.n) FROM gone g GROUP BY g.node, g.readied_at HAVING sum(g.n) <> 0;
+    -- the fired minutes: one row a minute, none older than 8 days (activity() reads 7)
+    WITH gone AS (
+        DELETE FROM pyscheduler._delay_fired_minutes c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._delay_fired_minutes x FOR UPDATE SKIP LOCKED))
+        RETURNING c.minute, c.n, c.lag_sum_s, c.lag_max_s)
+    INSERT INTO pyscheduler._delay_fired_minutes (minute, n, lag_sum_s, lag_max_s)
+    SELECT g.minute, sum(g.n), sum(g.lag_sum_s), max(g.lag_max_s) FROM gone g
+     WHERE g.minute >= now() - interval '8 days'
+     GROUP BY g.minute;
 $$;
 
 -- _delay_count_all(): the counts from the table itself, once (a database from before

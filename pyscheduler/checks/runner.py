@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 import psycopg
+from prometheus_client.core import GaugeMetricFamily
 
 from .. import metrics
 from ..db import Database, Outage, Session
@@ -110,16 +111,24 @@ BATCH_SECONDS = metrics.histogram("pyscheduler_checks_batch_seconds", "Wall time
 RUNNER_SERIES = (OUTCOMES, SLOT_LAG, SLOTS, CAUGHT_UP, BATCH_SECONDS, ABANDONED)
 
 
+def overdue_gauge(db: Database):
+    """Checks past their slot and not yet run (overdue_checks, counted up to COUNT_UP_TO)."""
+    n = db.query(sql.OVERDUE_CHECKS_COUNT, (metrics.COUNT_UP_TO,))[0]["n"]
+    return (GaugeMetricFamily("pyscheduler_checks_overdue", "Checks past their slot and not yet run (counted up "
+                                                            f"to {metrics.COUNT_UP_TO})", value=n),)
+
+
 class CheckRunner:
     """Runs the checks of its shard slot by slot (a daemon: ``run(stop)``)."""
 
-    series = RUNNER_SERIES
+    series = RUNNER_SERIES  # the class's; an instance adds its Reads (overdue checks)
     wake_every = 1.0  # s: the longest sleep between two looks at check_slots (a changed resolution)
 
     def __init__(self, dsn: str, handlers: dict[str, Handler] | None = None, *, shard: int = 0, shards: int = 1,
                  batch: int = 1000, timeout: float = 10.0, name: str | None = None,
                  purge_interval: float = 60.0, grace: float | None = None, max_abandoned: int = 10):
         self.dsn = dsn
+        self.series = (*RUNNER_SERIES, metrics.Reads(dsn, "checks", overdue_gauge))  # what its process exports
         self.handlers = dict(HANDLERS if handlers is None else handlers)
         self.shard, self.shards, self.batch, self.timeout = shard, shards, batch, timeout
         self.purge_interval = purge_interval  # s between history purges (0: never)

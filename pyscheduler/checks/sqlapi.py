@@ -26,6 +26,8 @@ CHECKS_PER_SLOT = View("checks_per_slot", ("slot", "checks", "sql_jobs", "python
 # oldest first: a LIMIT stops its index walk
 OVERDUE_CHECKS = View("overdue_checks", ("entity_name", "entity_key", "job", "kind", "next_check_at", "overdue",
                                          "why"))
+# how many overdue_checks has, up to %s (the runner's gauge)
+OVERDUE_CHECKS_COUNT = Query(f"SELECT count(*) AS n FROM ({OVERDUE_CHECKS.select('LIMIT %s', '1')}) x")
 CHECK_OUTCOMES = View("check_outcomes", ("job", "outcome", "checks", "avg_last_took", "max_last_took"))
 
 # -- the runner ------------------------------------------------------------------------------------

@@ -26,10 +26,11 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
+from prometheus_client.core import GaugeMetricFamily
 
 from ..db import Database, Jsonb, Listener, Outage, Wakeup
 from ..errors import ConfigError, SchedulerError, is_retryable, rejects_arguments
-from ..metrics import counter, gauge, histogram
+from ..metrics import Reads, counter, gauge, histogram
 from . import sqlapi as sql
 from .message import HEADER_DEADLINE, HEADER_ID, Delayed, Malformed, headers_from_json, headers_to_json, parse, where
 from .publisher import KAFKA_MESSAGE_MAX_BYTES, UNREACHABLE, DeadLetter, Outgoing, Publisher, broker_message_limit
@@ -71,6 +72,21 @@ FIRE_LAG = histogram("pyscheduler_delay_fire_lag_seconds", "Fire time minus dead
                      buckets=(-0.1, -0.05, -0.025, -0.01, 0, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 SERIES = (CONSUMED, ENQUEUED, DUPLICATES, LATE, FIRED, DEAD_LETTERED, DROPPED, CLAIMS, RESETS, ALREADY_GONE,
           BACKLOG, FIRE_LAG)
+
+
+def queue_gauges(topic: str) -> Callable[[Database], Any]:
+    """The delay queue's waiting and overdue messages (delay_queue: kept counts, overdue counted
+    up to 10,000), labelled with the output topic the relay fires them to."""
+    def read(db: Database):
+        q = db.query(sql.DELAY_QUEUE.select())[0]
+        waiting = GaugeMetricFamily("pyscheduler_delay_waiting", "Messages waiting for their deadline",
+                                    labels=["topic"])
+        overdue = GaugeMetricFamily("pyscheduler_delay_overdue", "Messages past their deadline not yet fired "
+                                                                 "(counted up to 10,000)", labels=["topic"])
+        waiting.add_metric([topic], q["waiting"])
+        overdue.add_metric([topic], q["overdue"])
+        return waiting, overdue
+    return read
 
 
 @dataclass
@@ -173,12 +189,15 @@ def relax_gc(threshold: int = GC_THRESHOLD) -> None:
 class Relay:
     """One queuing node: three loops in threads; ``run(stop)`` until stop is set."""
 
-    series = SERIES  # what a process running a relay exports (pyscheduler.metrics)
+    series = SERIES  # the class's; an instance adds its Reads (waiting, overdue)
+    label = "delay-relay"  # its daemon label in /metrics (its name has the node's id)
 
     def __init__(self, config: RelayConfig):
         self.cfg = config
         self.node = config.node
         self.name = f"delay-relay-{str(self.node)[:8]}"
+        # what a process running a relay exports (pyscheduler.metrics)
+        self.series = (*SERIES, Reads(config.dsn, "delay", queue_gauges(config.output_topic)))
         self.db: Database | None = None
         self.wakeup = Wakeup()
         self.stop = threading.Event()

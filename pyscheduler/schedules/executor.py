@@ -29,6 +29,7 @@ from ..calls import MAX_INSTANT
 from ..db import Database, Outage, Wakeup
 from ..errors import RETRYABLE
 from ..masking import mask_url
+from ..metrics import Reads
 from ..redisconn import UNREACHABLE
 from ..sqlapi import HTTP_ALLOW
 from . import sqlapi as sql
@@ -37,7 +38,7 @@ from .index import DEFAULT_PREFIX, ClaimResult, Shards, from_ms, to_ms
 from .recorder import Recorder, isolate
 from .relay import mirror_entries
 from .series import (CLAIMED, DEGRADED, FAILED, FIRED, LATENESS, POISON, RECOVERED, RESYNCED, RETRIES, SERIES,
-                     SHARDS_DOWN, observe_ms)
+                     SHARDS_DOWN, late_gauge, observe_ms)
 from .targets import Details, Firer, Occurrence, retry_delay
 
 log = logging.getLogger("pyscheduler.schedules")
@@ -75,11 +76,14 @@ class ExecutorConfig:
 class Executor:
     """One executor; ``run(stop)`` until stop is set. Several may run against one index."""
 
-    series = SERIES  # what a process running an executor exports (pyscheduler.metrics)
+    series = SERIES  # the class's; an instance adds its Reads (schedules late)
+    label = "schedules-executor"  # its daemon label in /metrics (its name has the owner's id)
 
     def __init__(self, cfg: ExecutorConfig):
         self.cfg = cfg
         self.name = f"schedules-executor-{cfg.owner}"
+        # what a process running an executor exports (pyscheduler.metrics)
+        self.series = (*SERIES, Reads(cfg.dsn, "schedules", late_gauge))
         self.wakeup = Wakeup()
         self.firer = Firer(kafka_settings=({"bootstrap.servers": cfg.kafka_bootstrap, **cfg.kafka_settings}
                                            if cfg.kafka_bootstrap else {}),
@@ -611,7 +615,7 @@ class Executor:
                 self._seq += 1
                 heapq.heappush(self.retries, (time.monotonic() + delay, self._seq, occ))
             else:
-                FAILED.inc()
+                FAILED.labels(d.kind).inc()
                 self.counts["failed"] += 1
                 log.warning("schedule %s (%s) occurrence %s failed after %d tr%s: %s", d.name, d.id,
                             from_ms(occ.expected_ms).isoformat(), occ.tries, "y" if occ.tries == 1 else "ies",

@@ -1,17 +1,21 @@
 """The Prometheus series of the schedule executors (``Executor.series``; the relay exports
-``POISON`` too), and ``observe_ms``: a batch of durations into a histogram at once."""
+``POISON`` too), ``late_gauge`` (schedules late, read at each scrape), and ``observe_ms``: a
+batch of durations into a histogram at once."""
 
 from __future__ import annotations
 
 import bisect
 
 from prometheus_client import Histogram
+from prometheus_client.core import GaugeMetricFamily
 
-from ..metrics import counter, gauge, histogram
+from ..db import Database
+from ..metrics import COUNT_UP_TO, counter, gauge, histogram
+from . import sqlapi as sql
 
 CLAIMED = counter("pyscheduler_schedules_claimed", "Occurrences claimed (Redis and Postgres-only)", ["source"])
 FIRED = counter("pyscheduler_schedules_fired", "Occurrences delivered to their target", ["target"])
-FAILED = counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts")
+FAILED = counter("pyscheduler_schedules_failed", "Occurrences given up after the retry policy's attempts", ["target"])
 RETRIES = counter("pyscheduler_schedules_retries", "Retries of failed tries")
 RECORDED = counter("pyscheduler_schedules_recorded", "Executions recorded in PostgreSQL", ["outcome"])
 DUPLICATES = counter("pyscheduler_schedules_duplicates", "Occurrences recorded before (counted once)")
@@ -27,6 +31,13 @@ LATENESS = histogram("pyscheduler_schedules_lateness_seconds", "Fire time minus 
                      buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 SERIES = (CLAIMED, FIRED, FAILED, RETRIES, RECORDED, DUPLICATES, RECOVERED, RESYNCED, DEGRADED, SHARDS_DOWN, POISON,
           LATENESS)
+
+
+def late_gauge(db: Database):
+    """Schedules due more than 10 s ago and not fired (schedules_late_count: up to COUNT_UP_TO)."""
+    late = db.call_value(sql.SCHEDULES_LATE_COUNT, up_to=COUNT_UP_TO)
+    return (GaugeMetricFamily("pyscheduler_schedules_late", "Schedules due more than 10 s ago and not yet fired "
+                                                            f"(counted up to {COUNT_UP_TO})", value=late),)
 
 
 def observe_ms(hist: Histogram, values_ms: list[float]) -> None:

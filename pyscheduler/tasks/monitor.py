@@ -15,9 +15,11 @@ import threading
 import time
 from datetime import timedelta
 
+from prometheus_client.core import GaugeMetricFamily
+
 from ..db import Database, Listener, Outage, Wakeup, poke_on
 from ..errors import RETRYABLE
-from ..metrics import counter
+from ..metrics import Reads, counter
 from . import sqlapi as sql
 
 log = logging.getLogger(__name__)
@@ -30,13 +32,29 @@ DELETED = counter("pyscheduler_tasks_deleted", "Finished tasks deleted past rete
 MONITOR_SERIES = (RESET, EXPIRED_ABORTED, DELETED)
 
 
+def queue_gauges(db: Database):
+    """Per queue: ready, running and the oldest ready task's age (queue_status: the tallies every
+    write keeps and one index probe per queue)."""
+    ready = GaugeMetricFamily("pyscheduler_queue_ready", "Ready tasks of the queue", labels=["queue"])
+    running = GaugeMetricFamily("pyscheduler_queue_running", "Running (leased) tasks of the queue", labels=["queue"])
+    oldest = GaugeMetricFamily("pyscheduler_queue_oldest_ready_age_seconds",
+                               "How long the queue's oldest ready task has waited (0: none ready)", labels=["queue"])
+    for q in db.query(sql.QUEUE_STATUS.select()):
+        ready.add_metric([q["queue"]], q["ready"])
+        running.add_metric([q["queue"]], q["running"])
+        age = q["oldest_ready_age"]
+        oldest.add_metric([q["queue"]], age.total_seconds() if age is not None else 0.0)
+    return ready, running, oldest
+
+
 class Monitor:
     name = "tasks-monitor"
-    series = MONITOR_SERIES
+    series = MONITOR_SERIES  # the class's; an instance adds its Reads (queue gauges)
 
     def __init__(self, dsn: str, *, reset_interval: float = 1.0, retention: timedelta = timedelta(days=7),
                  cleanup_interval: float = 60.0, batch: int = 1000):
         self.dsn = dsn
+        self.series = (*MONITOR_SERIES, Reads(dsn, "tasks", queue_gauges))
         self.reset_interval = reset_interval
         self.retention = retention
         self.cleanup_interval = cleanup_interval

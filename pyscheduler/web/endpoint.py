@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..errors import ConfigError
-from ..metrics import process_registry
+from ..metrics import Reads, process_registry, series_of
 from .server import BoundedServer
 
 log = logging.getLogger(__name__)
@@ -166,13 +166,17 @@ class Health(Collector):
         self.daemons: dict[str, str | None] = {}  # name -> None while running, else why not
         self.running_now: dict[str, Any] = {}  # name -> the instance running (asked for degraded_reason())
         self.crashes: dict[str, int] = {}
+        self.labels: dict[str, str] = {}  # name -> its /metrics label (the same in every process)
         self.probed = threading.Condition()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     # daemons (run_daemons calls these)
-    def expect(self, name: str) -> None:
+    def expect(self, name: str, label: str | None = None) -> None:
+        """``label``: the daemon's ``daemon`` label in /metrics (its ``label``: no random part,
+        so a series lives across restarts; default its name)."""
         self.daemons.setdefault(name, "starting")
+        self.labels.setdefault(name, label or name)
 
     def running(self, name: str, daemon: Any = None) -> None:
         self.daemons[name] = None
@@ -255,13 +259,19 @@ class Health(Collector):
         for name, why in self.servers().items():
             up.add_metric([name], int(why is None))
         yield up
-        running = GaugeMetricFamily("pyscheduler_daemon_running", "1 while the daemon runs (0: crashed, "
+        running = GaugeMetricFamily("pyscheduler_daemon_running", "Daemons of the kind running (0: crashed, "
                                                                   "waiting to restart)", labels=["daemon"])
-        crashes = CounterMetricFamily("pyscheduler_daemon_crashes", "Crashes of the daemon (each restarted "
-                                                                    "after a backoff)", labels=["daemon"])
+        crashes = CounterMetricFamily("pyscheduler_daemon_crashes", "Crashes of the daemons of the kind (each "
+                                                                    "restarted after a backoff)", labels=["daemon"])
+        up: dict[str, int] = {}
+        crashed: dict[str, int] = {}
         for name, why in list(self.daemons.items()):
-            running.add_metric([name], int(why is None))
-            crashes.add_metric([name], self.crashes.get(name, 0))
+            label = self.labels.get(name, name)
+            up[label] = up.get(label, 0) + int(why is None)
+            crashed[label] = crashed.get(label, 0) + self.crashes.get(name, 0)
+        for label in sorted(up):
+            running.add_metric([label], up[label])
+            crashes.add_metric([label], crashed[label])
         yield running
         yield crashes
 
@@ -278,8 +288,9 @@ def _json(start_response: Callable, status: str, body: dict[str, Any]) -> list[b
 class Endpoint:
     """The WSGI application and the thread that serves it."""
 
-    def __init__(self, registry: Any, health: Health, app: Callable | None = None):
+    def __init__(self, registry: Any, health: Health, app: Callable | None = None, reads: Iterable[Reads] = ()):
         self.registry, self.health, self.app = registry, health, app
+        self.reads = list(reads)  # closed with the endpoint
         self.metrics = make_wsgi_app(registry)
         self.server: BoundedServer | None = None
 
@@ -314,6 +325,8 @@ class Endpoint:
             self.server.close()
             self.server = None
         self.health.close()
+        for r in self.reads:
+            r.close()
 
 
 def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | None = None,
@@ -332,10 +345,11 @@ def serve(host: str, port: int | None, daemons: Iterable[Any], *, dsn: str | Non
     daemons = list(daemons)
     health = Health(probes_for(dsn, kafka_bootstrap, kafka_settings, redis_url))
     for d in daemons:
-        health.expect(d.name)
+        health.expect(d.name, getattr(d, "label", None))
     if app is not None and hasattr(app, "health"):
         app.health = health.report  # the dashboard shows what /readyz knows on every page
-    endpoint = Endpoint(process_registry(daemons, health, registry=registry), health, app).serve(host, port)
+    reads = [c for c in series_of(daemons) if isinstance(c, Reads)]
+    endpoint = Endpoint(process_registry(daemons, health, registry=registry), health, app, reads).serve(host, port)
     health.start()
     shown = f"[{host}]" if ":" in host else host
     log.info("HTTP on http://%s:%d/ (/metrics, /healthz, /readyz)", shown, endpoint.port)

@@ -44,7 +44,8 @@ SELECT pyscheduler._grant('client', 'add_check', 'delete_checks', 'list_checks',
                           'check_slots', 'checks_per_slot', 'overdue_checks', 'check_outcomes');
 SELECT pyscheduler._grant('checker', 'run_due_checks', 'due_checks', 'catch_up_checks', 'run_check_jobs', 'run_checks',
                           'submit_check_tasks', 'finish_check', 'finish_checks', 'end_deleted_checks',
-                          'purge_check_history', 'slot_round', 'check_slots');
+                          'purge_check_history', 'slot_round', 'check_slots',
+                          'overdue_checks');  -- the runner's gauge of overdue checks (/metrics)
 SELECT pyscheduler._grant('worker', 'finish_check', 'finish_checks');
 SELECT pyscheduler._grant('monitor', 'list_checks', 'check_history', 'slot_round', 'check_slots',
                           'checks_per_slot', 'overdue_checks', 'check_outcomes');

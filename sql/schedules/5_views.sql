@@ -80,7 +80,8 @@ SELECT pyscheduler._grant('client', 'create_schedule', 'update_schedule', 'pause
 SELECT pyscheduler._grant('scheduler', 'index_entries', 'index_page', 'resync_take', 'resync_progress',
                          'fire_details', 'record_executions', 'fire_task_schedules', 'stop_schedules',
                          'claim_due_critical', 'claim_due_critical_shards', 'purge_executions', 'get_schedule',
-                         'retry_worst_case', 'next_cron_time');
+                         'retry_worst_case', 'next_cron_time',
+                         'schedules_late_count');  -- the executor's gauge of late schedules (/metrics)
 SELECT pyscheduler._grant('monitor', 'get_schedule', 'list_schedules', 'schedule_runs', 'upcoming_runs',
                          'execution_count', 'retry_worst_case', 'next_cron_time', 'resync_progress',
                          'schedules_due_soon', 'schedules_late', 'schedules_late_count', 'schedules_paused',

@@ -1,5 +1,5 @@
 -- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql, 0006_delay_hardening.sql,
--- 0018_flat_reads.sql, 0024_delay_fillfactor.sql and 0028_delay_ready_counts.sql).
+-- 0018_flat_reads.sql, 0024_delay_fillfactor.sql, 0028_delay_ready_counts.sql and 0041_delay_fired_minutes.sql).
 -- Delay queue (chronos.md): messages waiting for their deadline or readied for firing.
 -- waiting: readied_at IS NULL; ready: readied_at/readied_by set by the node that claimed it.
 CREATE TABLE pyscheduler.delay_messages (
@@ -42,3 +42,13 @@ CREATE TABLE pyscheduler._delay_ready_counts (
     readied_at timestamptz NOT NULL,
     n          bigint      NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 500);
+-- activity()'s delay queue (migrations/0041_delay_fired_minutes.sql): per minute, the messages
+-- fired (deleted by delete_fired) and their lag (fired minus deadline), one row per call, folded
+-- per minute now and then; minutes older than 8 days are deleted by the fold.
+CREATE TABLE pyscheduler._delay_fired_minutes (
+    minute    timestamptz      NOT NULL,
+    n         bigint           NOT NULL,
+    lag_sum_s double precision NOT NULL,
+    lag_max_s double precision NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 500);
+CREATE INDEX _delay_fired_minutes_idx ON pyscheduler._delay_fired_minutes (minute);

@@ -78,7 +78,12 @@ def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
             page.screenshot(path=str(out / f"dashboard-{name}.png"), full_page=True)
         # charts are drawn (inline SVG with bars)
         page.goto(base + "/")
-        assert page.locator("#card-tasks svg.chart rect").count() == 24
+        assert page.locator("#card-tasks svg.bars rect").count() == 24
+        # the range picker: 7 days in 6-hour buckets, and each card's latency lines
+        page.locator("nav.range a", has_text="7d").click()
+        assert page.url.endswith("/?range=7d")
+        assert page.locator("#card-tasks svg.bars rect").count() == 2 * 28
+        assert page.locator("svg.latency").count() == 3
 
         # cancel a ready task: the link, the confirmation, the effect on the page and in the database
         page.goto(base + "/tasks?status=ready&queue=emails")

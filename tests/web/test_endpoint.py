@@ -295,3 +295,61 @@ def test_health_paths_answer_while_every_worker_is_busy_with_a_slow_page():
         for page in pages:
             page.join(30)
         endpoint.close()
+
+
+def _daemons(dsn: str, kafka: str, redis_url: str, out_topic: str) -> list:
+    """One daemon of each capability, new instances (a restarted process: new relay node and
+    executor owner ids)."""
+    from pyscheduler.delay.relay import Relay, RelayConfig
+    from pyscheduler.schedules.executor import Executor, ExecutorConfig
+    from pyscheduler.tasks.monitor import Monitor
+
+    return [Monitor(dsn), CheckRunner(dsn), Executor(ExecutorConfig(dsn=dsn, redis_url=redis_url)),
+            Relay(RelayConfig(dsn=dsn, bootstrap_servers=kafka, input_topic="in", output_topic=out_topic))]
+
+
+def test_metrics_operators_alert_on_with_labels_stable_across_restarts(dsn, conn, kafka, redis_url):
+    """/metrics of a process serving each capability's daemon: per-queue ready, running and oldest
+    ready age; the delay queue's waiting and overdue by output topic; schedules late; checks
+    overdue, each read at the scrape; the daemon label has no per-instance id."""
+    from pyscheduler.web.endpoint import serve
+    from tests.support.dashboard import populate
+
+    populate(conn)  # emails: 1 ready, 1 running; delay: 3 waiting, 1 of them overdue; 1 check overdue
+    conn.execute("UPDATE pyscheduler.tasks SET updated = now() - interval '90 seconds' WHERE queue = 'emails' "
+                 "AND status = 'ready'")
+    conn.execute("UPDATE pyscheduler.schedules SET trigger_at = NULL, next_run_at = CASE WHEN name IN "
+                 "('cleanup', 'billing-report') THEN now() - interval '1 minute' ELSE now() + interval '1 hour' END")
+    scraped = []
+    for _ in range(2):  # the process, then the same process restarted
+        endpoint = serve("127.0.0.1", 0, _daemons(dsn, kafka, redis_url, "orders.out"), dsn=dsn)
+        try:
+            scraped.append(samples(get(f"http://127.0.0.1:{endpoint.port}/metrics")[1]))
+        finally:
+            endpoint.close()
+    first, again = scraped
+    assert first['pyscheduler_queue_ready{queue="emails"}'] == 1
+    assert first['pyscheduler_queue_running{queue="emails"}'] == 1
+    assert 90 <= first['pyscheduler_queue_oldest_ready_age_seconds{queue="emails"}'] < 120
+    assert first['pyscheduler_queue_oldest_ready_age_seconds{queue="reports"}'] == 0  # none ready (1 delayed)
+    assert first['pyscheduler_delay_waiting{topic="orders.out"}'] == 3
+    assert first['pyscheduler_delay_overdue{topic="orders.out"}'] == 1
+    assert first["pyscheduler_schedules_late"] == 2
+    assert first["pyscheduler_checks_overdue"] == 1
+    daemons = sorted(k for k in first if k.startswith("pyscheduler_daemon_running"))
+    assert daemons == sorted(k for k in again if k.startswith("pyscheduler_daemon_running"))
+    assert daemons == ['pyscheduler_daemon_running{daemon="checks-runner-0of1"}',
+                       'pyscheduler_daemon_running{daemon="delay-relay"}',
+                       'pyscheduler_daemon_running{daemon="schedules-executor"}',
+                       'pyscheduler_daemon_running{daemon="tasks-monitor"}'], daemons
+
+
+def test_failure_counters_have_the_labels_of_their_success_counters():
+    from pyscheduler.delay import relay
+    from pyscheduler.schedules import series
+    from pyscheduler.tasks.worker import counted
+
+    pairs = [(series.FIRED, series.FAILED), (counted.COMPLETED, counted.FAILED), (counted.COMPLETED, counted.ABORTED),
+             (relay.FIRED, relay.DEAD_LETTERED), (relay.FIRED, relay.DROPPED)]
+    for ok, failed in pairs:
+        assert ok._labelnames == failed._labelnames, (ok._name, failed._name)

@@ -1,5 +1,6 @@
-"""Small inline SVG charts (no script, no external file): bars per time bucket, and a
-line of samples. Everything interpolated is a number or a fixed word."""
+"""Small inline SVG charts (no script, no external file): bars per time bucket, latency
+lines per bucket, and a line of samples. Everything interpolated is a number or a fixed word.
+RANGES: the time ranges a page offers (1 h, 6 h, 24 h, 7 d) and the bucket of each."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from typing import Any
 
 BAD = {"aborted", "cancelled", "failed", "missed", "error", "timeout", "max_checks", "horizon", "past"}
 W, H = 240, 56
+CAPABILITIES = ("tasks", "schedules", "checks", "delay")  # activity()'s
+# range -> (since, bucket, the bucket in words)
+RANGES = {"1h": (timedelta(hours=1), timedelta(minutes=5), "5 min"),
+          "6h": (timedelta(hours=6), timedelta(minutes=15), "15 min"),
+          "24h": (timedelta(days=1), timedelta(hours=1), "1 h"),
+          "7d": (timedelta(days=7), timedelta(hours=6), "6 h")}
 
 
 def summarise(activity: list[dict[str, Any]], now: datetime, hours: float = 1.0,
@@ -19,8 +26,8 @@ def summarise(activity: list[dict[str, Any]], now: datetime, hours: float = 1.0,
     n = int(hours * 3600 // step)
     edges = [end - bucket * (n - 1 - i) for i in range(n)]
     index = {e: i for i, e in enumerate(edges)}
-    out: dict[str, Any] = {"edges": edges}
-    for cap in ("tasks", "schedules", "checks"):
+    out: dict[str, Any] = {"edges": edges, "index": index}
+    for cap in CAPABILITIES:
         out[cap] = {"totals": {}, "buckets": [[0, 0] for _ in edges], "complete": True, "worst": None}
     for row in activity:
         cap = out[row["capability"]]
@@ -31,7 +38,7 @@ def summarise(activity: list[dict[str, Any]], now: datetime, hours: float = 1.0,
         i = index.get(row["bucket_start"].astimezone(timezone.utc))
         if i is not None:
             cap["buckets"][i][1 if row["outcome"] in BAD else 0] += row["n"]
-    for cap in ("tasks", "schedules", "checks"):
+    for cap in CAPABILITIES:
         c = out[cap]
         c["total"] = sum(c["totals"].values())
         c["bad"] = sum(v for k, v in c["totals"].items() if k in BAD)
@@ -39,26 +46,65 @@ def summarise(activity: list[dict[str, Any]], now: datetime, hours: float = 1.0,
     return out
 
 
-def bars(buckets: list[list[int]], edges: list[datetime]) -> str:
-    """Stacked bars: ok (below) and bad (above, red) per bucket."""
+def _at(t: datetime, edges: list[datetime]) -> str:
+    span = edges[-1] - edges[0] if edges else timedelta(0)
+    return f"{t:%a %H:%M}" if span >= timedelta(days=1) else f"{t:%H:%M}"
+
+
+def bars(buckets: list[list[int]], edges: list[datetime], per: str = "5 min") -> str:
+    """Stacked bars: ok (below) and bad (above, red) per bucket of ``per``."""
     top = max((ok + bad for ok, bad in buckets), default=0) or 1
     bw = W / max(len(buckets), 1)
-    parts = [f'<svg class="chart" viewBox="0 0 {W} {H + 12}" width="{W}" height="{H + 12}" role="img" '
-             f'aria-label="last hour, 5-minute buckets">']
+    parts = [f'<svg class="chart bars" viewBox="0 0 {W} {H + 12}" width="{W}" height="{H + 12}" role="img" '
+             f'aria-label="ended per {per}">']
     for i, (ok, bad) in enumerate(buckets):
         x = i * bw + 1
         h_ok = H * ok / top
         h_bad = H * bad / top
-        label = f"{edges[i]:%H:%M}Z: {ok} ok, {bad} failed"
+        label = f"{_at(edges[i], edges)}Z: {ok} ok, {bad} failed"
         parts.append(f'<g><title>{escape(label)}</title>'
                      f'<rect class="ok" x="{x:.1f}" y="{H - h_ok:.1f}" width="{bw - 2:.1f}" height="{h_ok:.1f}"/>'
                      f'<rect class="bad" x="{x:.1f}" y="{H - h_ok - h_bad:.1f}" width="{bw - 2:.1f}" '
                      f'height="{h_bad:.1f}"/></g>')
     parts.append(f'<line class="axis" x1="0" y1="{H}" x2="{W}" y2="{H}"/>')
     if edges:
-        parts.append(f'<text x="0" y="{H + 11}">{edges[0]:%H:%M}</text>'
+        parts.append(f'<text x="0" y="{H + 11}">{_at(edges[0], edges)}</text>'
                      f'<text x="{W}" y="{H + 11}" text-anchor="end">now</text>'
-                     f'<text x="{W / 2}" y="{H + 11}" text-anchor="middle">max {top}/5 min</text>')
+                     f'<text x="{W / 2}" y="{H + 11}" text-anchor="middle">max {top}/{per}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def latency(rows: list[dict[str, Any]], edges: list[datetime], index: dict[datetime, int]) -> str:
+    """activity_latency() rows of one capability -> its p50 and p95 lines per bucket (seconds)."""
+    per: list[dict[str, Any] | None] = [None] * len(edges)
+    for row in rows:
+        i = index.get(row["bucket_start"].astimezone(timezone.utc))
+        if i is not None:
+            per[i] = row
+    top = max((r["p95"].total_seconds() for r in per if r), default=0) or 1
+    bw = W / max(len(edges), 1)
+    parts = [f'<svg class="chart latency" viewBox="0 0 {W} {H + 12}" width="{W}" height="{H + 12}" role="img" '
+             f'aria-label="latency p50 and p95 per bucket">']
+    for k in ("p50", "p95"):
+        pts = [(i * bw + bw / 2, H - H * r[k].total_seconds() / top) for i, r in enumerate(per) if r]
+        if len(pts) == 1:
+            parts.append(f'<circle class="{k}" cx="{pts[0][0]:.1f}" cy="{pts[0][1]:.1f}" r="2"><title>{k}</title>'
+                         f'</circle>')
+        elif pts:
+            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            parts.append(f'<polyline class="{k}" points="{coords}"><title>{k}</title></polyline>')
+    for i, r in enumerate(per):
+        if r:
+            label = (f"{_at(edges[i], edges)}Z: p50 {r['p50'].total_seconds():.3g} s, "
+                     f"p95 {r['p95'].total_seconds():.3g} s ({r['n']})")
+            parts.append(f'<rect class="hover" x="{i * bw:.1f}" y="0" width="{bw:.1f}" height="{H}">'
+                         f'<title>{escape(label)}</title></rect>')
+    parts.append(f'<line class="axis" x1="0" y1="{H}" x2="{W}" y2="{H}"/>')
+    if edges:
+        parts.append(f'<text x="0" y="{H + 11}">{_at(edges[0], edges)}</text>'
+                     f'<text x="{W}" y="{H + 11}" text-anchor="end">now</text>'
+                     f'<text x="{W / 2}" y="{H + 11}" text-anchor="middle">max p95 {top:.3g} s</text>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -124,6 +124,7 @@ class Reader:
     def __init__(self, db: Database):
         self.db = db
         self._lock = threading.Lock()
+        self._windowed_cache: dict[tuple, tuple[float, list[dict[str, Any]]]] = {}  # _windowed's
         # delay_queue samples (the delay queue keeps no history): (monotonic, wall, row)
         self.delay_samples: deque[tuple[float, datetime, dict[str, Any]]] = deque()
 
@@ -137,9 +138,25 @@ class Reader:
         """The role the pages read as (what it may not see is hidden: docs/sql-api.md, "Ownership")."""
         return self.db.query(sqlapi.CURRENT_ROLE)[0]["role"]
 
-    def activity(self) -> list[dict[str, Any]]:
-        """Ended in the last hour, per capability, outcome and 5-minute bucket."""
-        return self.db.call(sqlapi.ACTIVITY, since="1 hour", bucket="5 minutes")
+    def _windowed(self, fn: Any, since: timedelta, **args: Any) -> list[dict[str, Any]]:
+        """``fn`` over the last ``since``; a range of a day or more is read again at most once a
+        minute (it reads up to 100,000 rows a capability: a page's refresh would repeat it)."""
+        if since < timedelta(days=1):
+            return self.db.call(fn, since=since, **args)
+        key = (fn, since, *args.values())
+        hit = self._windowed_cache.get(key)
+        if hit is None or time.monotonic() - hit[0] > 60:
+            hit = self._windowed_cache[key] = (time.monotonic(), self.db.call(fn, since=since, **args))
+        return hit[1]
+
+    def activity(self, since: timedelta = timedelta(hours=1),
+                 bucket: timedelta = timedelta(minutes=5)) -> list[dict[str, Any]]:
+        """Ended in the last ``since``, per capability, outcome and bucket."""
+        return self._windowed(sqlapi.ACTIVITY, since, bucket=bucket)
+
+    def latency(self, since: timedelta, bucket: timedelta) -> list[dict[str, Any]]:
+        """Latency p50/p95 per capability and bucket (activity_latency)."""
+        return self._windowed(sqlapi.ACTIVITY_LATENCY, since, bucket=bucket)
 
     def counts(self) -> dict[str, int]:
         """The overview's counts of what needs a look, each up to ``UP_TO``."""
@@ -168,6 +185,15 @@ class Reader:
         for q in self.db.query(tasks_sql.QUEUE_LIMITS.select()):
             rows.setdefault(q["queue"], {"queue": q["queue"], "counts": {}})["limits"] = q
         return [rows[k] for k in sorted(rows)]
+
+    def finished(self, since: timedelta) -> dict[str, Any]:
+        """Tasks finished in the last ``since`` per queue and status (queue_activity), and
+        whether all were counted (else the newest 100,000)."""
+        rows = self._windowed(sqlapi.QUEUE_ACTIVITY, since)
+        per: dict[str, dict[str, int]] = {}
+        for r in rows:
+            per.setdefault(r["queue"], {})[r["status"]] = r["n"]
+        return {"queues": per, "complete": all(r["complete"] for r in rows)}
 
     def queue_limits(self, queue: str) -> dict[str, Any] | None:
         rows = self.db.query(tasks_sql.QUEUE_LIMITS.select("WHERE queue = %s"), (queue,))

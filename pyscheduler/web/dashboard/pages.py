@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from markupsafe import Markup
@@ -166,11 +166,12 @@ class Dashboard(Site):
         r = self._open()
         now = r.clock()
         queues = r.queues()
-        activity = r.activity()
+        span, (since, bucket, per) = _range(req)
         delay = r.delay()
         slots = r.check_slots()
         per_slot = r.checks_per_slot(4)
-        hour = charts.summarise(activity, now)
+        hour = charts.summarise(r.activity(since, bucket), now, since / timedelta(hours=1), bucket)
+        latency = r.latency(since, bucket)
         return self._render(
             req, "overview.html", title="overview", now=now, queues=queues,
             tasks_total={k: sum(q[k] for q in queues) for k in ("ready", "delayed", "running")},
@@ -179,8 +180,10 @@ class Dashboard(Site):
             oldest_ready=max((q["oldest_ready_age"] for q in queues if q["oldest_ready_age"]), default=None),
             **r.counts(),
             delay=delay, slots=slots, per_slot=per_slot, hour=hour, redis=self.redis_state(),
-            charts={cap: Markup(charts.bars(hour[cap]["buckets"], hour["edges"])) for cap in ("tasks", "schedules",
-                                                                                           "checks")},
+            span=span, spans=list(charts.RANGES), per=per,
+            charts={cap: Markup(charts.bars(hour[cap]["buckets"], hour["edges"], per)) for cap in charts.CAPABILITIES},
+            latency={cap: Markup(charts.latency([x for x in latency if x["capability"] == cap], hour["edges"],
+                                                hour["index"])) for cap in ("tasks", "schedules", "checks")},
             delay_chart=Markup(charts.samples([(t, s) for _, t, s in r.delay_samples], now)))
 
     def tasks_page(self, req: Request) -> str:
@@ -191,9 +194,10 @@ class Dashboard(Site):
             raise HTTPError("400 Bad Request", f"unknown status {status!r}")
         page = r.tasks(queue=queue, status=None if status == "all" else status, owner=owner,
                        cursor=req.arg("cursor"))
+        span, (since, _, _) = _range(req)
         return self._render(req, "tasks.html", title="tasks", now=r.clock(), queues=r.all_queues(),
                             expired=r.expired_leases(20), page=page, queue=queue, owner=owner, status=status,
-                            statuses=TASK_STATUSES)
+                            statuses=TASK_STATUSES, span=span, spans=list(charts.RANGES), finished=r.finished(since))
 
     def task_page(self, req: Request, rn: str) -> str:
         r = self._open()
@@ -394,6 +398,14 @@ class Dashboard(Site):
         back = _safe_next(req.form.get("next"))
         sep = "&" if "?" in back else "?"
         return "303 See Other", "", [("Location", req.root + back + sep + "flash=" + self._flash(True, text))]
+
+
+def _range(req: Request) -> tuple[str, tuple[timedelta, timedelta, str]]:
+    """The page's time range (?range=1h|6h|24h|7d, default 1h) and its (since, bucket, words)."""
+    span = req.arg("range") or "1h"
+    if span not in charts.RANGES:
+        raise HTTPError("400 Bad Request", f"unknown range {span!r} (one of {', '.join(charts.RANGES)})")
+    return span, charts.RANGES[span]
 
 
 def _task_ids(values: Iterable[str]) -> list[str]:

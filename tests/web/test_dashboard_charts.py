@@ -1,0 +1,162 @@
+"""The dashboard's charts over a chosen range (1 h, 6 h, 24 h, 7 d): throughput, failures and
+latency per capability from what the database keeps (activity(), activity_latency()), so a
+new dashboard process draws the same; the tasks page's counts by status over the range."""
+
+from __future__ import annotations
+
+import html
+import re
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from pyscheduler.dashboard import make_app
+from tests.support.dashboard import Client, served
+
+
+def _finished(x, queue: str, waited: list[float], ended_ago: str) -> None:
+    """Tasks of ``queue`` leased and completed, each ``waited`` seconds from submit to start,
+    ended ``ended_ago`` (only their timestamps moved: the status went through the API)."""
+    worker = x("SELECT pyscheduler.register_worker() AS w").fetchone()["w"]
+    for w in waited:
+        rn = x("SELECT pyscheduler.submit_task(queue => %s, spec => '{}') ->> 'rn' AS rn", (queue,)).fetchone()["rn"]
+        t = x("SELECT pyscheduler.lease_task(queue => %s, worker => %s) AS t", (queue, worker)).fetchone()["t"]
+        assert str(t["rn"]) == str(rn)
+        x("SELECT pyscheduler.complete_task(rn => %s, token => %s)", (t["rn"], t["token"]))
+        x("UPDATE pyscheduler.tasks SET updated = now() - %s::interval, "
+          "leased_at = now() - %s::interval - interval '1 second', "
+          "created = now() - %s::interval - interval '1 second' - make_interval(secs => %s) WHERE rn = %s",
+          (ended_ago, ended_ago, ended_ago, w, rn))
+
+
+def _history(x) -> None:
+    """A schedule execution 2 h ago, 5 s late, and a check ended 10 min ago, 7 s after its slot."""
+    x("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, "
+      "fired_at, lateness) VALUES (1, now() - interval '2 hours 5 seconds', 'fired', false, 1, "
+      "now() - interval '2 hours', interval '5 seconds')")
+    x("INSERT INTO pyscheduler.check_history (id, entity_name, entity_key, job, kind, first_check_at, "
+      "last_check_at, check_count, outcome, total_took, created, ended, owner) VALUES (1, 'order', '1', 'sms', "
+      "'python', now() - interval '1 hour', now() - interval '10 minutes 7 seconds', 1, 'done', interval '0', "
+      "now() - interval '1 hour', now() - interval '10 minutes', current_user)")
+
+
+def test_activity_latency_per_capability_and_bucket(tx):
+    _finished(tx.execute, "lat", [float(i) for i in range(1, 21)], "3 days")
+    _finished(tx.execute, "lat", [100.0], "1 minute")
+    _history(tx.execute)
+    week = tx.execute("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '6 hours') "
+                      "ORDER BY capability, bucket_start").fetchall()
+    tasks = [r for r in week if r["capability"] == "tasks"]
+    assert [(r["n"], r["p50"], r["p95"]) for r in tasks] == [
+        (20, timedelta(seconds=10.5), timedelta(seconds=19.05)), (1, timedelta(seconds=100), timedelta(seconds=100))]
+    assert all(r["complete"] for r in week)
+    assert [(r["capability"], r["n"], r["p50"]) for r in week if r["capability"] != "tasks"] == [
+        ("checks", 1, timedelta(seconds=7)), ("schedules", 1, timedelta(seconds=5))]
+    day = tx.execute("SELECT capability, sum(n) AS n FROM pyscheduler.activity_latency(since => '1 day', "
+                     "bucket => '1 hour') GROUP BY 1 ORDER BY 1").fetchall()
+    assert [(r["capability"], r["n"]) for r in day] == [("checks", 1), ("schedules", 1), ("tasks", 1)]
+    # activity() now reaches back 7 days too; past that both refuse
+    old = tx.execute("SELECT sum(n) AS n FROM pyscheduler.activity(since => '7 days', bucket => '6 hours') "
+                     "WHERE capability = 'tasks'").fetchone()["n"]
+    assert old == 21
+    # at most max_rows rows per capability, newest first: complete says where it stopped
+    cut = tx.execute("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '7 days', "
+                     "max_rows => 5) WHERE capability = 'tasks'").fetchall()
+    assert sum(r["n"] for r in cut) == 5 and not any(r["complete"] for r in cut)
+    for args in ("since => '8 days'", "bucket => '2 hours'", "max_rows => 0"):
+        with pytest.raises(psycopg.Error) as e, tx.conn.transaction():
+            tx.execute(f"SELECT * FROM pyscheduler.activity_latency({args})")
+        assert e.value.sqlstate == "PS001"
+
+
+def _titles(page: str) -> list[str]:
+    return [html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", page)]
+
+
+def test_the_overview_s_charts_follow_the_chosen_range(conn, login):
+    _finished(conn.execute, "lat", [float(i) for i in range(1, 21)], "3 days")
+    _history(conn.execute)
+    app = make_app(login("pyscheduler_monitor")[1])
+    with served(app) as base:
+        c = Client(base)
+        hour, week, bad = c.get("/")[2], c.get("/?range=7d")[2], c.get("/?range=2d")
+    app.close()
+    assert bad[0] == 400 and "unknown range" in bad[2]
+    # the picker: the range shown is marked, the others link with the range
+    assert '<strong aria-current="true">1h</strong>' in hour and 'href="/?range=7d"' in hour
+    assert '<strong aria-current="true">7d</strong>' in week and 'href="/?range=1h"' in week
+    assert "<dt>finished last 7d</dt><dd>20 " in week and "<dt>finished last 1h</dt><dd>0 " in hour
+    # bars per 6 h and latency lines with each bucket's figures in its title
+    assert "max 20/6 h" in week
+    titles = _titles(week)
+    assert any(t.endswith("Z: p50 10.5 s, p95 19.1 s (20)") for t in titles), titles
+    assert any(t.endswith("Z: p50 5 s, p95 5 s (1)") for t in titles), titles  # schedule lateness
+    assert any(t.endswith("Z: p50 7 s, p95 7 s (1)") for t in titles), titles  # check lag
+    assert not any("(20)" in t for t in _titles(hour))
+    assert any(t.endswith("Z: p50 7 s, p95 7 s (1)") for t in _titles(hour))  # 10 minutes ago
+
+
+def _cell(page: str, cell: str) -> str:
+    return re.search(rf'<td class="num" id="{cell}"><a [^>]*title="([^"]*)">([^<]*)</a>', page).group(2, 1)
+
+
+def test_the_tasks_page_counts_what_finished_per_queue_over_the_chosen_range(conn, login):
+    _finished(conn.execute, "lat", [1.0] * 3, "3 days")
+    _finished(conn.execute, "lat", [1.0], "1 minute")
+    conn.execute("SELECT pyscheduler.cancel_task(rn => (pyscheduler.submit_task(queue => 'lat', spec => '{}') "
+                 "->> 'rn')::uuid)")
+    app = make_app(login("pyscheduler_monitor")[1])
+    with served(app) as base:
+        c = Client(base)
+        hour, week = c.get("/tasks?status=completed")[2], c.get("/tasks?status=completed&range=7d")[2]
+        assert c.get("/tasks?range=1y")[0] == 400
+    app.close()
+    assert _cell(hour, "completed-lat") == ("1", "4 kept") and _cell(week, "completed-lat") == ("4", "4 kept")
+    assert _cell(hour, "cancelled-lat") == ("1", "1 kept") and _cell(hour, "aborted-lat") == ("0", "0 kept")
+    assert "<th class=\"num\">completed 7d</th>" in week
+    # the picker keeps the list's filter; the filter form keeps the range
+    assert 'href="/tasks?status=completed&amp;range=24h"' in hour
+    assert '<input type="hidden" name="range" value="7d">' in week
+
+
+def _fire_delayed(x, ids: list[str], late: str) -> None:
+    """Messages stored ``late`` past their deadline, claimed and fired (deleted) by one node."""
+    x("SELECT * FROM pyscheduler.enqueue_messages(ids => %s, deadlines => "
+      "array_fill(now() - %s::interval, ARRAY[%s]), store_late => true)", (ids, late, len(ids)))
+    node = x("SELECT gen_random_uuid() AS n").fetchone()["n"]
+    claimed = x("SELECT * FROM pyscheduler.ready_and_claim(node => %s, max_count => 100)", (node,)).fetchall()
+    assert len(claimed) == len(ids)
+    assert x("SELECT * FROM pyscheduler.delete_fired(ids => %s::pyscheduler.message_ref[], node => %s)",
+             (ids, node)).fetchall() == []
+
+
+def test_activity_counts_delay_messages_fired_per_minute_kept_8_days(tx):
+    x = tx.execute
+    _fire_delayed(x, ["a", "b", "c"], "5 seconds")
+    _fire_delayed(x, ["d"], "2 seconds")
+    rows = x("SELECT * FROM pyscheduler.activity(since => '1 hour', bucket => '5 minutes') "
+             "WHERE capability = 'delay'").fetchall()
+    assert [(r["outcome"], r["n"], r["worst"], r["complete"]) for r in rows] == [
+        ("fired", 4, timedelta(seconds=5), True)]
+    # a minute 9 days back goes at the next fold; this minute's rows become one
+    x("INSERT INTO pyscheduler._delay_fired_minutes VALUES (date_trunc('minute', now() - interval '9 days'), "
+      "7, 7, 1)")
+    assert x("SELECT count(*) AS n FROM pyscheduler._delay_fired_minutes").fetchone()["n"] == 3
+    x("SELECT pyscheduler._delay_fold_counts()")
+    kept = x("SELECT minute = date_trunc('minute', now()) AS now, n, lag_sum_s, lag_max_s "
+             "FROM pyscheduler._delay_fired_minutes").fetchall()
+    assert kept == [{"now": True, "n": 4, "lag_sum_s": 17.0, "lag_max_s": 5.0}]
+    assert x("SELECT sum(n) AS n FROM pyscheduler.activity(since => '7 days', bucket => '1 day') "
+             "WHERE capability = 'delay'").fetchone()["n"] == 4
+
+
+def test_the_overview_shows_delay_messages_fired_over_the_range(conn, login):
+    _fire_delayed(conn.execute, ["m1", "m2"], "3 seconds")
+    app = make_app(login("pyscheduler_monitor")[1])
+    with served(app) as base:
+        page = Client(base).get("/?range=6h")[2]
+    app.close()
+    card = page.split('id="card-delay"')[1].split("</section>")[0]
+    assert "<dt>fired last 6h</dt><dd>2 " in card, card
+    assert any(t.endswith("Z: 2 ok, 0 failed") for t in _titles(card)), _titles(card)
