@@ -88,7 +88,8 @@ NOT_READS = {
     "by primary key": ["get_task", "parent_results", "holds_lease", "version", "http_allow", "index_entries",
                        "fire_details", "step_results", "task_steps", "find_message"],
     "no table": ["next_cron_time", "slot_round", "retry_worst_case"],
-    "reads at most max_rows rows, all counted (the dashboard's activity)": ["activity"],
+    "reads at most max_rows rows, all counted (the dashboard's activity)": ["activity", "activity_latency",
+                                                                           "queue_activity"],
     "a write": [
         "abort_task", "add_check", "await_event", "delete_tasks", "emit_event", "record_step", "run_tasks_now",
         "sleep_task", "submit_tasks_lean", "worker_seen", "cancel_message", "cancel_task", "catch_up_checks",
