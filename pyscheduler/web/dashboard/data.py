@@ -297,6 +297,12 @@ class Reader:
     def upcoming(self, name: str, n: int = 5) -> list[Any]:
         return [r["run_at"] for r in self.db.call(schedules_sql.UPCOMING_RUNS, name=name, n=n)]
 
+    def preview(self, *, cron: str | None, every: timedelta | None, tz: str | None, start_at: datetime | None,
+                n: int) -> list[Any]:
+        """The next ``n`` fire times of a recurrence not saved yet (the schedule editor's preview)."""
+        return [r["run_at"] for r in self.db.call(schedules_sql.UPCOMING_RUNS, n=n, cron=cron, every=every,
+                                                  tz=tz or "UTC", start_at=start_at)]
+
     def runs(self, name: str, *, outcome: str | None, cursor: str | None) -> Page:
         before = decode_cursor(cursor).get("before")
         rows = self.db.call(schedules_sql.SCHEDULE_RUNS, name=name, with_outcome=outcome, max_runs=PAGE + 1,
@@ -356,6 +362,8 @@ class Actions:
         self.pause_queue, self.resume_queue = tasks.pause_queue, tasks.resume_queue
         self.pause_schedule, self.resume_schedule = schedules.pause, schedules.resume
         self.trigger_schedule, self.delete_checks = schedules.trigger, checks.delete
+        self.create_schedule, self.update_schedule = schedules.create, schedules.update
+        self.delete_schedule = schedules.delete
         self.cancel_message = lambda id: db.call_value(delay_sql.CANCEL_MESSAGE, id=id)  # no delay client has it
 
 
