@@ -68,7 +68,8 @@ def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
 
         for path, name, expect in (("/", "overview", "Leased tasks"), ("/tasks?status=running", "tasks", "Queues"),
                                    (f"/tasks/{work['aborted']}", "task", "bank_refused"),
-                                   ("/delay", "delay", "Relay nodes"), ("/schedules", "schedules", "Failing"),
+                                   ("/delay", "delay", "Relay nodes"), ("/delay/messages", "delay-messages", "order-2"),
+                                   ("/schedules", "schedules", "Failing"),
                                    ("/schedule?name=partner-hook", "schedule", "Next runs"),
                                    ("/checks", "checks", "missed slot")):
             response = page.goto(base + path)
@@ -208,7 +209,8 @@ def test_dark_mode_and_a_390_px_screen(browser, conn, login, tmp_path):
     out.mkdir(parents=True, exist_ok=True)
     with served(app) as base:
         pages = ["/", "/tasks?status=all", f"/tasks/{work['aborted']}", "/workers", "/search?q=emails", "/delay",
-                 "/schedules", "/schedules/partner-hook", "/checks"]
+                 "/delay/messages", "/schedules", "/schedule/edit?name=partner-hook", "/schedules/partner-hook",
+                 "/checks"]
         narrow = browser.new_page(viewport={"width": 390, "height": 844})
         for path in pages:
             narrow.goto(base + path)

@@ -244,7 +244,7 @@ class Reader:
         each("schedules by target", lambda: [r["schedule"] for r in self.db.call(
             schedules_sql.FIND_SCHEDULES, target_prefix=q, max_schedules=limit)])
         each("checks by entity key", lambda: self.db.call(checks_sql.FIND_CHECKS, entity_key=q, max=limit))
-        each("delay messages by id", lambda: self.db.call(delay_sql.FIND_MESSAGE, id=q))
+        found["delay messages by id"] = self.message(q)
         return found
 
     # -- delay queue ----------------------------------------------------------------
@@ -256,6 +256,24 @@ class Reader:
                 delay_sql.DELAY_READY_BY_NODE.select("ORDER BY oldest_readied_at LIMIT 100")).fetchall()
         self._sample_delay(row)
         return {"queue": row, "nodes": nodes}
+
+    def waiting_messages(self, cursor: str | None) -> Page:
+        """A page of the waiting messages, soonest deadline first (keyset by deadline and id)."""
+        c = decode_cursor(cursor)
+        deadline = parse_time(c.get("deadline"))  # None: not a cursor of this page, the first page
+        after = (deadline, c.get("id")) if deadline and isinstance(c.get("id"), str) else (None, None)
+        rows = self.db.call(delay_sql.WAITING_MESSAGES, after_deadline=after[0], after_id=after[1],
+                            max_messages=PAGE + 1)
+        last = rows[PAGE - 1] if len(rows) > PAGE else None
+        nxt = encode_cursor({"deadline": last["deadline"].isoformat(), "id": last["id"]}) if last else None
+        return Page([dict(r, state="waiting") for r in rows[:PAGE]], nxt)
+
+    def message(self, id: str) -> list[dict[str, Any]]:
+        """The stored message of that id (none when the id is not one a message may have)."""
+        try:
+            return self.db.call(delay_sql.FIND_MESSAGE, id=id)
+        except InvalidArgument:
+            return []
 
     def _sample_delay(self, row: dict[str, Any]) -> None:
         """Keep one sample per 10 s for an hour: the delay queue's only history."""

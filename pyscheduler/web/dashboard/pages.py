@@ -72,6 +72,7 @@ class Dashboard(Site):
             ("GET", re.compile(r"^/search$"), self.search_page),
             ("GET", re.compile(r"^/workers$"), self.workers_page),
             ("GET", re.compile(r"^/delay$"), self.delay_page),
+            ("GET", re.compile(r"^/delay/messages$"), self.delay_messages_page),
             ("GET", re.compile(r"^/schedules$"), self.schedules_page),
             ("GET", re.compile(r"^/schedule$"), self.schedule_page),
             ("GET", re.compile(r"^/schedules/(?P<name>.+)$"), self.schedule_page),
@@ -272,6 +273,14 @@ class Dashboard(Site):
                             per_slot=r.checks_per_slot(12), overdue=r.overdue_checks(20),
                             outcomes=r.check_outcomes(), pending=pending, history=history, filters=filters,
                             outcome=outcome, check_outcomes=CHECK_OUTCOMES)
+
+    def delay_messages_page(self, req: Request) -> str:
+        """The waiting messages, soonest first, a page at a time; or the one of ``id``."""
+        r = self._open()
+        id = req.arg("id")
+        return self._render(req, "delay_messages.html", title="waiting messages", now=r.clock(), id=id,
+                            found=r.message(id) if id else None,
+                            page=None if id else r.waiting_messages(req.arg("cursor")))
 
     # -- actions ----------------------------------------------------------------------------
 
