@@ -546,6 +546,46 @@ $$;
 COMMENT ON FUNCTION pyscheduler.find_message(pyscheduler.message_ref) IS
     'Delay queue: a stored message''s deadline, state and sizes by its id (no bytes), or no row.';
 
+CREATE OR REPLACE FUNCTION pyscheduler.waiting_messages(
+    after_deadline timestamptz DEFAULT NULL, after_id pyscheduler.message_ref DEFAULT NULL,
+    max_messages integer DEFAULT 50)
+RETURNS TABLE (id text, deadline timestamptz, headers integer, key_bytes integer, value_bytes integer)
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans above
+AS $$
+/* waiting_messages(after_deadline => NULL, after_id => NULL, max_messages => 50)
+       -> setof (id, deadline, headers, key_bytes, value_bytes)
+   The waiting messages (not yet claimed by a relay), soonest deadline first
+   (then by id), up to max_messages: the dashboard's list of the delay queue.
+   The next page: after_deadline and after_id of the last row (keyset). Read
+   through delay_messages_waiting_idx in deadline order: a page reads its rows
+   and the others of its first and its last deadline (ties sort by id). Sizes
+   only (how many headers, the bytes of key and value), never the bytes.
+   Errors: PS105 max_messages outside 1..1000, after_id without after_deadline. */
+BEGIN
+    IF max_messages IS NULL OR max_messages NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'max_messages must be in 1..1000, got %', coalesce(max_messages::text, 'NULL')
+            USING ERRCODE = 'PS105';
+    END IF;
+    IF after_id IS NOT NULL AND after_deadline IS NULL THEN
+        RAISE EXCEPTION 'after_id needs after_deadline (the last row''s deadline and id)' USING ERRCODE = 'PS105';
+    END IF;
+    RETURN QUERY
+    SELECT m.id, m.deadline, jsonb_array_length(m.headers), octet_length(m.key), octet_length(m.value)
+      FROM pyscheduler.delay_messages m
+     WHERE m.readied_at IS NULL
+       AND m.deadline >= coalesce(waiting_messages.after_deadline, '-infinity')
+       AND (waiting_messages.after_deadline IS NULL
+            OR (m.deadline, m.id) > (waiting_messages.after_deadline, coalesce(waiting_messages.after_id, '')))
+     ORDER BY m.deadline, m.id
+     LIMIT waiting_messages.max_messages;
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.waiting_messages(timestamptz, pyscheduler.message_ref, integer) IS
+    'Delay queue: the waiting messages, soonest deadline first (keyset pages by deadline and id), sizes only.';
+
 -- _delay_counts: what delay_queue counts with, instead of counting the table (design.md: a
 -- read path never scans a table). Its rows sum to the number of stored messages (waiting +
 -- ready). Every statement that stores or deletes messages appends one row, its delta, in its
@@ -708,10 +748,11 @@ COMMENT ON VIEW pyscheduler.delay_ready_by_node IS
 -- Enqueueing, claiming and firing are the relay's job (applications publish to
 -- the input topic); cancelling is the application's; monitoring reads.
 SELECT pyscheduler._grant('client', 'cancel_message', 'next_deadline', 'delay_queue', 'delay_ready_by_node',
-                          'find_message');
+                          'find_message', 'waiting_messages');
 -- the views call them for their readers
 SELECT pyscheduler._grant(audience, '_delay_queue', '_delay_ready_by_node')
   FROM unnest(ARRAY['client', 'relay', 'monitor']) AS audience;
 SELECT pyscheduler._grant('relay', 'enqueue_message', 'enqueue_messages', 'ready_and_claim', 'delete_fired',
                           'reset_stuck', 'next_deadline', 'delay_queue', 'delay_ready_by_node');
-SELECT pyscheduler._grant('monitor', 'next_deadline', 'delay_queue', 'delay_ready_by_node', 'find_message');
+SELECT pyscheduler._grant('monitor', 'next_deadline', 'delay_queue', 'delay_ready_by_node', 'find_message',
+                          'waiting_messages');

@@ -1,16 +1,19 @@
 """Page times of the dashboard with much stored work (docs/benchmarks.md, "Dashboard page times").
 
-    python -m pyscheduler.bench.dashboard_pages [--tasks 1000000 --schedules 100000 --checks 1000000] [--requests 30]
+    python -m pyscheduler.bench.dashboard_pages [--tasks 1000000 --schedules 100000 --checks 1000000]
+        [--messages 1000000] [--requests 30]
 
 Starts an embedded PostgreSQL (or uses --dsn: a database it may fill), stores the work with
 set-based SQL (fill: tasks over the last day, time-ordered ids, a few ready, scheduled,
-running and aborted; schedules with executions; checks over the next 30 days), then serves
-the dashboard on a monitor login and times each page over HTTP (p50/p95/max per page).
+running and aborted; schedules with executions; checks over the next 30 days; delay messages
+waiting 1 hour to 30 days), then serves the dashboard on a monitor login (actions on, as the
+same login: the schedule editor's pages show) and times each page over HTTP (p50/p95/max).
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import time
 import urllib.request
@@ -25,7 +28,7 @@ from . import sqlapi as sql
 from .stats import percentile
 
 
-def fill(dsn: str, tasks: int, schedules: int, checks: int) -> None:
+def fill(dsn: str, tasks: int, schedules: int, checks: int, messages: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         t0 = time.monotonic()
         c.execute("SET synchronous_commit = off")
@@ -41,6 +44,10 @@ def fill(dsn: str, tasks: int, schedules: int, checks: int) -> None:
         for start in range(0, checks, 100000):
             c.execute(sql.PAGES_CHECKS, (start + 1, min(start + 100000, checks)))
         print(f"checks: {checks} in {time.monotonic() - t0:.0f}s", flush=True)
+        t0 = time.monotonic()
+        c.execute(sql.FLAT_DELAY_MESSAGES, (1, messages))
+        c.execute(sql.DELAY_COUNT_ALL)
+        print(f"delay messages: {messages} in {time.monotonic() - t0:.0f}s", flush=True)
         c.execute("VACUUM ANALYZE")
 
 
@@ -50,6 +57,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=1_000_000)
     ap.add_argument("--schedules", type=int, default=100_000)
     ap.add_argument("--checks", type=int, default=1_000_000)
+    ap.add_argument("--messages", type=int, default=1_000_000, help="waiting delay messages")
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--reuse", action="store_true",
                     help="with --dsn: skip the fill when the database holds tasks already (a run before filled it)")
@@ -67,24 +75,29 @@ def main() -> None:
     with psycopg.connect(dsn) as c:
         filled = c.execute(sql.ANY_TASK).fetchone()[0]
     if not (args.reuse and filled):
-        fill(dsn, args.tasks, args.schedules, args.checks)
+        fill(dsn, args.tasks, args.schedules, args.checks, args.messages)
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("DROP ROLE IF EXISTS bench_monitor")
         c.execute("CREATE ROLE bench_monitor LOGIN IN ROLE pyscheduler_monitor")
     monitor = psycopg.conninfo.make_conninfo(dsn, user="bench_monitor")
-    app = make_app(monitor)
+    app = make_app(monitor, allow_actions=True)  # reads as the monitor; the editor's pages show
     pages = ["/", "/tasks", "/tasks?status=ready&queue=q0", "/tasks?status=scheduled", "/tasks?status=aborted",
              "/tasks?status=aborted&queue=q3", "/tasks?status=completed", "/delay", "/schedules",
              "/schedules?name_like=s-00999%25", "/schedule?name=s-0000010", "/checks",
              "/checks?entity_name=order&entity_key=4242",
              # the search box (issue 30): a spec fragment, a schedule's name, an entity key, a message id
-             "/search?q=i:4242", "/search?q=s-0000010", "/search?q=4242", "/search?q=order-1", "/workers"]
+             "/search?q=i:4242", "/search?q=s-0000010", "/search?q=4242", "/search?q=order-1", "/workers",
+             # the schedule editor and the delay queue's waiting messages (issue 30)
+             "/schedule/new", "/schedule/edit?name=s-0000010", "/delay/messages", "/delay/messages?id=cold-4242"]
     server = BoundedServer("127.0.0.1", 0, app).start()
     try:
         base = f"http://127.0.0.1:{server.port}"
         with urllib.request.urlopen(base + "/tasks?status=aborted") as r:
             rn = re.search(r'href="/tasks/([0-9a-f-]{36})"', r.read().decode()).group(1)
         pages += [f"/tasks/{rn}", f"/search?q={rn[:13]}"]  # and the search for an id prefix
+        with urllib.request.urlopen(base + "/delay/messages") as r:
+            nxt = re.search(r'<a href="([^"]+)" rel="next">', r.read().decode())
+        pages += [html.unescape(nxt.group(1))] if nxt else []  # the second page of waiting messages
         print(f"{'page':45} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
         for page in pages:
             times = []
@@ -93,7 +106,8 @@ def main() -> None:
                 with urllib.request.urlopen(base + page) as r:
                     r.read()
                 times.append((time.perf_counter() - t0) * 1000)
-            print(f"{page:45} {percentile(times, 50):8.1f} {percentile(times, 95):8.1f} {max(times):8.1f}",
+            label = page if len(page) <= 45 else page[:44] + "…"
+            print(f"{label:45} {percentile(times, 50):8.1f} {percentile(times, 95):8.1f} {max(times):8.1f}",
                   flush=True)
     finally:
         server.close()

@@ -17,11 +17,12 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ..checks import sqlapi as checks_sql
-from ..db import Session
+from ..db import Jsonb, Session
 from ..delay import sqlapi as delay_sql
 from ..schedules import sqlapi as schedules_sql
 from ..sqlapi import Fn, View
 from ..tasks import sqlapi as tasks_sql
+from ..web.dashboard.data import id_range
 from . import sqlapi as sql
 from .stats import precise_cpu
 
@@ -184,6 +185,9 @@ class Delay(Section):
             Measure("delay_queue", "read", _read(delay_sql.DELAY_QUEUE)),
             Measure("delay_ready_by_node", "read", _read(delay_sql.DELAY_READY_BY_NODE)),
             Measure("next_deadline()", "read", _read(delay_sql.NEXT_DEADLINE)),
+            # the dashboard's search and its list of waiting messages (issue 30)
+            Measure("find_message(id)", "read", _read(delay_sql.FIND_MESSAGE, id="cold-4242")),
+            Measure("waiting_messages(max_messages => 51)", "read", _read(delay_sql.WAITING_MESSAGES, max_messages=51)),
         ]
 
 
@@ -275,6 +279,8 @@ class Schedules(Section):
                     _read(schedules_sql.SCHEDULE_RUNS, name=self.PROBE, with_outcome="failed")),
             Measure("execution_count", "read", _read(schedules_sql.EXECUTION_COUNT, name=self.PROBE)),
             Measure("upcoming_runs(name, n => 10)", "read", _read(schedules_sql.UPCOMING_RUNS, name=mid, n=10)),
+            Measure("find_schedules(target_prefix => an HTTP target's)", "read",  # the dashboard's search
+                    _read(schedules_sql.FIND_SCHEDULES, target_prefix="https://example.com/h", max_schedules=20)),
             Measure("schedules_due_soon LIMIT 100", "read", _read(schedules_sql.SCHEDULES_DUE_SOON, "LIMIT 100")),
             Measure("schedules_late LIMIT 100", "read", _read(schedules_sql.SCHEDULES_LATE, "LIMIT 100")),
             Measure("schedules_paused LIMIT 100", "read", _read(schedules_sql.SCHEDULES_PAUSED, "LIMIT 100")),
@@ -346,6 +352,8 @@ class Checks(Section):
             Measure("checks_per_slot LIMIT 100", "read", _read(checks_sql.CHECKS_PER_SLOT, "LIMIT 100")),
             Measure("overdue_checks LIMIT 100", "read", _read(checks_sql.OVERDUE_CHECKS, "LIMIT 100")),
             Measure("check_outcomes", "read", _read(checks_sql.CHECK_OUTCOMES)),
+            Measure("find_checks(entity_key)", "read",  # the dashboard's search
+                    _read(checks_sql.FIND_CHECKS, entity_key="4242", max=20)),
         ]
 
 
@@ -429,6 +437,13 @@ class Tasks(Section):
             Measure("queue_status", "read", _read(tasks_sql.QUEUE_STATUS)),
             Measure("oldest_ready_tasks", "read", _read(tasks_sql.OLDEST_READY_TASKS)),
             Measure("expired_leases LIMIT 100", "read", _read(tasks_sql.EXPIRED_LEASES, "LIMIT 100")),
+            # the dashboard's search: an id's prefix (13 hex digits), a spec fragment, a unique key
+            Measure("find_tasks(rn_from, rn_to: an id's prefix)", "read",
+                    _read(tasks_sql.FIND_TASKS, rn_from=lambda b: id_range(middle(b).hex[:13])[0],
+                          rn_to=lambda b: id_range(middle(b).hex[:13])[1], max_tasks=20)),
+            Measure("find_tasks(spec => {\"i\": 4242})", "read",
+                    _read(tasks_sql.FIND_TASKS, spec=Jsonb({"i": 4242}), max_tasks=20)),
+            Measure("find_tasks(unique_key)", "read", _read(tasks_sql.FIND_TASKS, unique_key="k-4242", max_tasks=20)),
         ]
 
 

@@ -25,6 +25,8 @@ NOTIFY_CHANNEL = "pyscheduler_delay"
 CANCEL_MESSAGE = Fn("cancel_message", ("id",))
 FIND_MESSAGE = Fn("find_message", ("id",), ("id", "deadline", "state", "readied_at", "readied_by", "headers",
                                           "key_bytes", "value_bytes"))
+WAITING_MESSAGES = Fn("waiting_messages", ("after_deadline", "after_id", "max_messages"),
+                      ("id", "deadline", "headers", "key_bytes", "value_bytes"))
 DELAY_QUEUE = View("delay_queue", ("waiting", "ready", "overdue", "next_deadline", "oldest_ready_age"))
 DELAY_READY_BY_NODE = View("delay_ready_by_node", ("node", "ready", "oldest_readied_at", "oldest_ready_age"))
 

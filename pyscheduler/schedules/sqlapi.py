@@ -30,7 +30,7 @@ LIST_SCHEDULES = Fn("list_schedules", ("name_like", "target_kind", "paused", "cr
 SCHEDULE_RUNS = Fn("schedule_runs", ("name", "with_outcome", "since", "max_runs", "before"),
                    ("expected_at", "outcome", "triggered", "attempts", "fired_at", "lateness", "missed_count",
                     "error", "task_rn"))
-UPCOMING_RUNS = Fn("upcoming_runs", ("name", "n"), ("run_at",))
+UPCOMING_RUNS = Fn("upcoming_runs", ("name", "n", "cron", "every", "tz", "start_at"), ("run_at",))
 EXECUTION_COUNT = Fn("execution_count", ("name", "outcome"))
 
 # -- views (the dashboard): schedules_due_soon lists the late ones first, by due time ---------------

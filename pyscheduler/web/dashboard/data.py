@@ -270,7 +270,7 @@ class Reader:
         each("schedules by target", lambda: [r["schedule"] for r in self.db.call(
             schedules_sql.FIND_SCHEDULES, target_prefix=q, max_schedules=limit)])
         each("checks by entity key", lambda: self.db.call(checks_sql.FIND_CHECKS, entity_key=q, max=limit))
-        each("delay messages by id", lambda: self.db.call(delay_sql.FIND_MESSAGE, id=q))
+        found["delay messages by id"] = self.message(q)
         return found
 
     # -- delay queue ----------------------------------------------------------------
@@ -282,6 +282,24 @@ class Reader:
                 delay_sql.DELAY_READY_BY_NODE.select("ORDER BY oldest_readied_at LIMIT 100")).fetchall()
         self._sample_delay(row)
         return {"queue": row, "nodes": nodes}
+
+    def waiting_messages(self, cursor: str | None) -> Page:
+        """A page of the waiting messages, soonest deadline first (keyset by deadline and id)."""
+        c = decode_cursor(cursor)
+        deadline = parse_time(c.get("deadline"))  # None: not a cursor of this page, the first page
+        after = (deadline, c.get("id")) if deadline and isinstance(c.get("id"), str) else (None, None)
+        rows = self.db.call(delay_sql.WAITING_MESSAGES, after_deadline=after[0], after_id=after[1],
+                            max_messages=PAGE + 1)
+        last = rows[PAGE - 1] if len(rows) > PAGE else None
+        nxt = encode_cursor({"deadline": last["deadline"].isoformat(), "id": last["id"]}) if last else None
+        return Page([dict(r, state="waiting") for r in rows[:PAGE]], nxt)
+
+    def message(self, id: str) -> list[dict[str, Any]]:
+        """The stored message of that id (none when the id is not one a message may have)."""
+        try:
+            return self.db.call(delay_sql.FIND_MESSAGE, id=id)
+        except InvalidArgument:
+            return []
 
     def _sample_delay(self, row: dict[str, Any]) -> None:
         """Keep one sample per 10 s for an hour: the delay queue's only history."""
@@ -322,6 +340,12 @@ class Reader:
 
     def upcoming(self, name: str, n: int = 5) -> list[Any]:
         return [r["run_at"] for r in self.db.call(schedules_sql.UPCOMING_RUNS, name=name, n=n)]
+
+    def preview(self, *, cron: str | None, every: timedelta | None, tz: str | None, start_at: datetime | None,
+                n: int) -> list[Any]:
+        """The next ``n`` fire times of a recurrence not saved yet (the schedule editor's preview)."""
+        return [r["run_at"] for r in self.db.call(schedules_sql.UPCOMING_RUNS, n=n, cron=cron, every=every,
+                                                  tz=tz or "UTC", start_at=start_at)]
 
     def runs(self, name: str, *, outcome: str | None, cursor: str | None) -> Page:
         before = decode_cursor(cursor).get("before")
@@ -382,6 +406,8 @@ class Actions:
         self.pause_queue, self.resume_queue = tasks.pause_queue, tasks.resume_queue
         self.pause_schedule, self.resume_schedule = schedules.pause, schedules.resume
         self.trigger_schedule, self.delete_checks = schedules.trigger, checks.delete
+        self.create_schedule, self.update_schedule = schedules.create, schedules.update
+        self.delete_schedule = schedules.delete
         self.cancel_message = lambda id: db.call_value(delay_sql.CANCEL_MESSAGE, id=id)  # no delay client has it
 
 

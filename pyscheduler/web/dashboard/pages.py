@@ -8,6 +8,7 @@ tasks, each a GET that shows a confirmation and a POST that acts through ``data.
 
 from __future__ import annotations
 
+import functools
 import html
 import logging
 import re
@@ -23,7 +24,7 @@ from markupsafe import Markup
 
 from ...db import Database
 from ...errors import SchedulerError
-from . import charts
+from . import charts, editor
 from ...tasks.workers import unattended
 from .data import CHECK_OUTCOMES, PAGE, RUN_OUTCOMES, TASK_STATUSES, Actions, Reader, attempts
 from .formatting import environment, fmt_relative, mask_target
@@ -71,9 +72,12 @@ class Dashboard(Site):
             ("GET", re.compile(r"^/search$"), self.search_page),
             ("GET", re.compile(r"^/workers$"), self.workers_page),
             ("GET", re.compile(r"^/delay$"), self.delay_page),
+            ("GET", re.compile(r"^/delay/messages$"), self.delay_messages_page),
             ("GET", re.compile(r"^/schedules$"), self.schedules_page),
             ("GET", re.compile(r"^/schedule$"), self.schedule_page),
             ("GET", re.compile(r"^/schedules/(?P<name>.+)$"), self.schedule_page),
+            ("GET", re.compile(r"^/schedule/(?:new|edit)$"), functools.partial(editor.edit_page, self)),
+            ("POST", re.compile(r"^/schedule/save$"), functools.partial(editor.save, self)),
             ("GET", re.compile(r"^/checks$"), self.checks_page),
             ("GET", re.compile(r"^/confirm/bulk_tasks$"), self.bulk_confirm_page),
             ("POST", re.compile(r"^/actions/bulk_tasks$"), self.bulk_act),
@@ -274,6 +278,14 @@ class Dashboard(Site):
                             outcomes=r.check_outcomes(), pending=pending, history=history, filters=filters,
                             outcome=outcome, check_outcomes=CHECK_OUTCOMES)
 
+    def delay_messages_page(self, req: Request) -> str:
+        """The waiting messages, soonest first, a page at a time; or the one of ``id``."""
+        r = self._open()
+        id = req.arg("id")
+        return self._render(req, "delay_messages.html", title="waiting messages", now=r.clock(), id=id,
+                            found=r.message(id) if id else None,
+                            page=None if id else r.waiting_messages(req.arg("cursor")))
+
     # -- actions ----------------------------------------------------------------------------
 
     ACTIONS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -285,6 +297,7 @@ class Dashboard(Site):
         "pause_schedule": ("Pause schedule {name}", ("name",), ("note",)),
         "resume_schedule": ("Resume schedule {name} (from the first occurrence at or after now)", ("name",), ()),
         "trigger_schedule": ("Fire schedule {name} once now", ("name",), ()),
+        "delete_schedule": ("Delete schedule {name} and its runs", ("name",), ()),
         "delete_checks": ("Delete the pending checks of {entity_name} {entity_key} (job {job})",
                           ("entity_name", "entity_key"), ("job",)),
         "cancel_message": ("Cancel delayed message {id}: it never fires", ("id",), ()),
@@ -327,6 +340,8 @@ class Dashboard(Site):
             ok, text = True, f"done: {what}" + (f" ({result} checks)" if action == "delete_checks" else "")
             if action == "cancel_message" and not result:
                 ok, text = False, f"not cancelled: {what}: it is no longer waiting (fired, being fired, or unknown)"
+            if action == "delete_schedule" and not result:
+                ok, text = False, f"not deleted: {what}: there is no such schedule"
             log.info("dashboard action %s %s", action, args)
         except SchedulerError as exc:
             ok, text = False, f"refused: {what}: {exc}" + (f" ({exc.sqlstate})" if exc.sqlstate else "")
