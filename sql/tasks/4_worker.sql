@@ -1,6 +1,15 @@
 -- pyscheduler: leased tasks, the worker's API: register, lease (the plain and the limited claim), heartbeat, complete, fail, abort, yield.
 -- The overview (states, SQLSTATEs, limits) is at the top of 1_model.sql; the files of
 -- sql/tasks/ load in name order on every migrate.
+--
+-- The hot path's plans are pinned: the claims (_claim_tasks, _lease_task) and the lease
+-- holder's writes (_complete_task(s), _complete_and_lease, _heartbeat_tasks, _fail_leases,
+-- _yield_leases) run with seq scans, bitmap scans, hash and merge joins off (the function's SET
+-- lines), so whatever the statistics of the moment, tasks are reached through tasks_ready_idx in
+-- claim order or by primary key, a nested loop driven by the leases given. A Worker's session
+-- caches its plans when it starts, often on an empty queue: planned on those statistics they
+-- scanned the whole table on every lease and completion once it filled (issue 31;
+-- tests/tasks/test_worker_plans.py).
 
 -- ---------------------------------------------------------------- worker
 
@@ -347,6 +356,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._claim_tasks(
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS SETOF pyscheduler.tasks
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -515,6 +525,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._lease_task(
     aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 DECLARE
     v_task jsonb;
@@ -669,6 +680,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_tasks(
     p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -731,6 +743,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._complete_task(
     rn uuid, token uuid, result jsonb DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -781,6 +794,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._complete_tasks(
     rns uuid[], tokens uuid[], results jsonb DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -869,6 +883,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._complete_and_lease(
     p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -987,6 +1002,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._fail_leases(
     rns uuid[], tokens uuid[], errors jsonb, retry_in interval[], p_now timestamptz)
 RETURNS uuid[]
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1174,6 +1190,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._yield_leases(p_rns uuid[], p_tokens uuid
                                                      p_now timestamptz)
 RETURNS SETOF pyscheduler.tasks
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 DECLARE
     v_yielded pyscheduler.tasks[];

@@ -1,0 +1,55 @@
+"""The Worker's hot path keeps reading by index whatever its session's plans were made on: a
+session that leased and completed while the queue was empty (its cached plans made then), then
+20,000 tasks arrive with no ANALYZE since, and its lease, heartbeat, completion and failure still
+read the tasks by index, a bounded number of entries, never a scan of the table."""
+
+from __future__ import annotations
+
+import psycopg
+
+from tests.support.reads import reads
+
+ERROR = '{"code": "e", "args": {}, "description": "failed"}'
+LEASE = "SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'q', worker => 'w1', n => 10)"
+WRITES = {  # the Worker's batch writes, each of the leases (rns, tokens) it holds
+    "complete": "SELECT * FROM pyscheduler.complete_tasks(rns => %(rns)s, tokens => %(tokens)s)",
+    "complete with results": "SELECT * FROM pyscheduler.complete_tasks(rns => %(rns)s, tokens => %(tokens)s, "
+                             "results => %(results)s::jsonb)",
+    "heartbeat": "SELECT * FROM pyscheduler.heartbeat_tasks(rns => %(rns)s, tokens => %(tokens)s)",
+    "fail": "SELECT * FROM pyscheduler.fail_tasks(rns => %(rns)s, tokens => %(tokens)s, "
+            "errors => %(errors)s::jsonb, retry_in => NULL)",
+    "yield": "SELECT * FROM pyscheduler.yield_tasks(rns => %(rns)s, tokens => %(tokens)s)",
+}
+
+
+def submit(conn, n: int) -> None:
+    conn.execute("SELECT count(*) FROM pyscheduler.submit_tasks_lean(queue => 'q', "
+                 "specs => (SELECT jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, %s) i))", (n,))
+
+
+def leases(conn) -> dict:
+    rows = conn.execute(LEASE).fetchall()
+    return {"rns": [r["rn"] for r in rows], "tokens": [r["token"] for r in rows],
+            "results": "[" + ", ".join(["1"] * len(rows)) + "]",
+            "errors": "[" + ", ".join([ERROR] * len(rows)) + "]"}
+
+
+def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn):
+    with psycopg.connect(dsn, autocommit=True) as producer:
+        producer.execute("ALTER TABLE pyscheduler.tasks SET (autovacuum_enabled = false)")  # no ANALYZE meanwhile
+        producer.execute("ANALYZE pyscheduler.tasks")  # empty and analysed: what a fresh Worker's session sees
+        for _ in range(8):  # past plpgsql's five custom plans: the cached ones are the generic plans
+            for write in WRITES.values():
+                submit(producer, 2)
+                conn.execute(write, leases(conn)).fetchall()
+        submit(producer, 20_000)
+        held = leases(conn)
+        assert len(held["rns"]) == 10
+        _, read = reads(conn, LEASE, tables=("tasks",))
+        scans = {"lease": read}
+        for name, write in WRITES.items():
+            rows, scans[name] = reads(conn, write, held, tables=("tasks",))
+            assert rows == [], name
+        assert {name: read.seq_scans("tasks") for name, read in scans.items()} == dict.fromkeys(scans, 0)
+        entries = {name: sum(read.returned.values()) for name, read in scans.items()}
+        assert {name: n for name, n in entries.items() if n > 100} == {}
