@@ -1,8 +1,8 @@
-"""The Worker's hot path keeps reading by index whatever its session's plans were made on: a
-session that leased and completed while the queue was empty (its cached plans made then), then
-20,000 tasks arrive with no ANALYZE since, and its lease, heartbeat, completion and failure still
-(and the one-task forms) still read the tasks by index, a bounded number of entries, never a
-scan of the table."""
+"""The Worker's hot path reads tasks by index whatever statistics its session's plans were made
+on: a session leases and completes while the queue is empty (its plans cached then), 20,000 tasks
+arrive with no ANALYZE since and another worker holds 1,000 leases; its lease, heartbeat,
+completion, failure and yield (and the one-task forms) still read a bounded number of index
+entries and never scan the table (design.md: "pin the plan"; issue 31)."""
 
 from __future__ import annotations
 
