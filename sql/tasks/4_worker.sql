@@ -1,6 +1,18 @@
 -- pyscheduler: leased tasks, the worker's API: register, lease (the plain and the limited claim), heartbeat, complete, fail, abort, yield.
 -- The overview (states, SQLSTATEs, limits) is at the top of 1_model.sql; the files of
 -- sql/tasks/ load in name order on every migrate.
+--
+-- The hot path's plans are pinned: the claims (_claim_tasks, _lease_task) and the lease
+-- holder's writes (_complete_task(s), _complete_and_lease, _heartbeat_tasks, _fail_leases,
+-- _yield_leases) run with seq scans, bitmap scans, hash and merge joins off (the function's SET
+-- lines), so whatever the statistics of the moment, tasks are reached through tasks_ready_idx in
+-- claim order or by primary key, a nested loop driven by the leases given. Their writes test
+-- `t.status::text = 'running'`: a condition tasks_running_deadline_idx's predicate cannot be
+-- proved from, so the planner cannot read that whole index (dead entries too) instead of the
+-- primary key, as it did when the statistics said no task was running. A Worker's session
+-- caches its plans when it starts, often on an empty queue: planned on those statistics they
+-- scanned the whole table on every lease and completion once it filled (issue 31;
+-- tests/tasks/test_worker_plans.py).
 
 -- ---------------------------------------------------------------- worker
 
@@ -347,6 +359,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._claim_tasks(
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS SETOF pyscheduler.tasks
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
@@ -515,6 +528,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._lease_task(
     aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 DECLARE
     v_task jsonb;
@@ -669,6 +683,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_tasks(
     p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -693,7 +708,7 @@ BEGIN
                                  array_fill(NULL::double precision, ARRAY[cardinality(rns)])))
                                  AS u(rn, token, progress)
                  ORDER BY u.rn) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(b.rn), '{}') INTO v_done FROM beat b;
     -- the rest were not touched by the update above: the state machine says why
@@ -731,6 +746,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._complete_task(
     rn uuid, token uuid, result jsonb DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -741,7 +757,7 @@ BEGIN
     PERFORM pyscheduler._check_result(_complete_task.result);
     UPDATE pyscheduler.tasks t
        SET status = 'completed', progress = 1, deadline = NULL, updated = p_now, result = _complete_task.result
-     WHERE t.rn = _complete_task.rn AND t.lease_token = _complete_task.token AND t.status = 'running'
+     WHERE t.rn = _complete_task.rn AND t.lease_token = _complete_task.token AND t.status::text = 'running'
     RETURNING pyscheduler._task_json(t), t.watched OR t.has_children, t.limited INTO v_task, v_more, v_limited;
     IF v_task IS NULL THEN
         PERFORM pyscheduler._task_refused(_complete_task.rn, _complete_task.token);
@@ -781,6 +797,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._complete_tasks(
     rns uuid[], tokens uuid[], results jsonb DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -805,7 +822,7 @@ BEGIN
         WITH done AS (
             UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
               FROM pyscheduler._leases(rns, tokens) AS l
-             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
             RETURNING t.rn, t.queue, t.watched OR t.has_children AS more),
         counted AS (  -- the tallies (1_model.sql, "Counts"), in this statement: the Worker's path
             INSERT INTO pyscheduler._task_tallies (queue, status, n)
@@ -819,7 +836,7 @@ BEGIN
                SET status = 'completed', progress = 1, deadline = NULL, updated = p_now, result = results -> (l.i - 1)::integer
               FROM (SELECT u.rn, u.token, u.i FROM unnest(rns, tokens) WITH ORDINALITY AS u(rn, token, i)
                      ORDER BY u.rn) AS l  -- rows locked in rn order (as _leases)
-             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
             RETURNING t.rn, t.queue, t.watched OR t.has_children AS more),
         counted AS (
             INSERT INTO pyscheduler._task_tallies (queue, status, n)
@@ -869,6 +886,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._complete_and_lease(
     p_now timestamptz DEFAULT now())
 RETURNS jsonb
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -881,7 +899,7 @@ BEGIN
         UPDATE pyscheduler.tasks t
            SET status = 'completed', progress = 1, deadline = NULL, updated = p_now, result = _complete_and_lease.result
          WHERE t.rn = _complete_and_lease.rn AND t.lease_token = _complete_and_lease.token
-           AND t.status = 'running'
+           AND t.status::text = 'running'
         RETURNING t.watched OR t.has_children, t.limited, t.queue INTO v_more, v_limited, v_queue;
         IF NOT FOUND THEN
             PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
@@ -987,6 +1005,7 @@ CREATE OR REPLACE FUNCTION pyscheduler._fail_leases(
     rns uuid[], tokens uuid[], errors jsonb, retry_in interval[], p_now timestamptz)
 RETURNS uuid[]
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1066,7 +1085,7 @@ BEGIN
                            WITH ORDINALITY AS u(rn, token, delay, i)
                   JOIN jsonb_array_elements(errors) WITH ORDINALITY AS e(e, i) ON e.i = u.i
                  ORDER BY u.rn) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
         RETURNING t.rn, t.queue, t.status, t.watched OR t.has_children AS more, t.limited)
     SELECT coalesce(array_agg(u.rn), '{}'),
            coalesce(array_agg(DISTINCT u.queue) FILTER (WHERE u.status <> 'aborted' OR u.limited), '{}'),
@@ -1174,12 +1193,13 @@ CREATE OR REPLACE FUNCTION pyscheduler._yield_leases(p_rns uuid[], p_tokens uuid
                                                      p_now timestamptz)
 RETURNS SETOF pyscheduler.tasks
 LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 DECLARE
     v_yielded pyscheduler.tasks[];
 BEGIN
     PERFORM FROM pyscheduler.tasks t JOIN pyscheduler._leases(p_rns, p_tokens) AS l ON t.rn = l.rn
-     WHERE t.lease_token = l.token AND t.status = 'running'
+     WHERE t.lease_token = l.token AND t.status::text = 'running'
      ORDER BY t.rn
        FOR UPDATE OF t;
     WITH y AS (
@@ -1203,7 +1223,7 @@ BEGIN
                                                                 'time', pyscheduler._ts(p_now))),
                         pyscheduler._task_limit('task_max_history')) END
           FROM pyscheduler._leases(p_rns, p_tokens) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status = 'running'
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
         RETURNING t AS task)
     SELECT coalesce(array_agg(y.task), '{}') INTO v_yielded FROM y;
     IF cardinality(v_yielded) > 0 THEN

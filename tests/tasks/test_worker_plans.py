@@ -1,0 +1,62 @@
+"""The Worker's hot path reads tasks by index whatever statistics its session's plans were made
+on: a session leases and completes while the queue is empty (its plans cached then), 20,000 tasks
+arrive with no ANALYZE since and another worker holds 1,000 leases; its lease, heartbeat,
+completion, failure and yield (and the one-task forms) still read a bounded number of index
+entries and never scan the table (design.md: "pin the plan"; issue 31)."""
+
+from __future__ import annotations
+
+import psycopg
+
+from tests.support.reads import reads
+
+ERROR = '{"code": "e", "args": {}, "description": "failed"}'
+LEASE = "SELECT rn, token FROM pyscheduler.lease_tasks_lean(queue => 'q', worker => 'w1', n => 10)"
+WRITES = {  # the Worker's batch writes of the leases (rns, tokens) it holds, and the one-task forms
+    "complete": "SELECT * FROM pyscheduler.complete_tasks(rns => %(rns)s, tokens => %(tokens)s)",
+    "complete with results": "SELECT * FROM pyscheduler.complete_tasks(rns => %(rns)s, tokens => %(tokens)s, "
+                             "results => %(results)s::jsonb)",
+    "heartbeat": "SELECT * FROM pyscheduler.heartbeat_tasks(rns => %(rns)s, tokens => %(tokens)s)",
+    "fail": "SELECT * FROM pyscheduler.fail_tasks(rns => %(rns)s, tokens => %(tokens)s, "
+            "errors => %(errors)s::jsonb, retry_in => NULL)",
+    "yield": "SELECT * FROM pyscheduler.yield_tasks(rns => %(rns)s, tokens => %(tokens)s)",
+    "lease one": "SELECT pyscheduler.lease_task(queue => 'q', worker => 'w1')",
+    "complete one": "SELECT pyscheduler.complete_task(rn => %(rn)s, token => %(token)s)",
+    "complete one and lease": "SELECT pyscheduler.complete_and_lease(worker => 'w1', queue => 'q', "
+                              "rn => %(rn)s, token => %(token)s)",
+}
+
+
+def submit(conn, n: int) -> None:
+    conn.execute("SELECT count(*) FROM pyscheduler.submit_tasks_lean(queue => 'q', "
+                 "specs => (SELECT jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, %s) i))", (n,))
+
+
+def leases(conn) -> dict:
+    rows = conn.execute(LEASE).fetchall()
+    return {"rns": [r["rn"] for r in rows], "tokens": [r["token"] for r in rows],
+            "rn": rows[0]["rn"], "token": rows[0]["token"],
+            "results": "[" + ", ".join(["1"] * len(rows)) + "]",
+            "errors": "[" + ", ".join([ERROR] * len(rows)) + "]"}
+
+
+def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn):
+    with psycopg.connect(dsn, autocommit=True) as producer:
+        producer.execute("ALTER TABLE pyscheduler.tasks SET (autovacuum_enabled = false)")  # no ANALYZE meanwhile
+        producer.execute("ANALYZE pyscheduler.tasks")  # empty and analysed: what a fresh Worker's session sees
+        for _ in range(8):  # past plpgsql's five custom plans: the cached ones are the generic plans
+            for write in WRITES.values():
+                submit(producer, 2)
+                conn.execute(write, leases(conn)).fetchall()
+        submit(producer, 20_000)
+        producer.execute("SELECT count(*) FROM pyscheduler.lease_tasks_lean(queue => 'q', worker => 'w2', n => 1000)")
+        held = leases(conn)
+        assert len(held["rns"]) == 10
+        _, read = reads(conn, LEASE, tables=("tasks",))
+        scans = {"lease": read}
+        for name, write in WRITES.items():
+            rows, scans[name] = reads(conn, write, held, tables=("tasks",))
+            assert all("sqlstate" not in r for r in rows), (name, rows)  # none refused
+        assert {name: read.seq_scans("tasks") for name, read in scans.items()} == dict.fromkeys(scans, 0)
+        entries = {name: sum(read.returned.values()) for name, read in scans.items()}
+        assert {name: n for name, n in entries.items() if n > 100} == {}
