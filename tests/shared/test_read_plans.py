@@ -46,6 +46,7 @@ READS = {
         "delay_queue": [("SELECT * FROM pyscheduler.delay_queue", 10_001)],
         "delay_ready_by_node": ["SELECT * FROM pyscheduler.delay_ready_by_node"],
         "next_deadline": ["next_deadline()", "next_deadline(after => now())"],
+        "waiting_messages": ["waiting_messages(max_messages => 10)"],
     },
     "schedules": {
         "list_schedules": ["list_schedules(max_schedules => 10)", "list_schedules(paused => true, max_schedules => 10)",
