@@ -443,7 +443,10 @@ def test_without_yield_on_stop_a_handler_that_returns_when_told_to_stop_is_not_c
             if i == 2:
                 ctx.stopping.wait(30)  # the worker is stopped here, 3 of 20 items done
 
+    started = threading.Event()
+
     def finisher(ctx: TaskContext) -> None:
+        started.set()
         ctx.stopping.wait(30)
         ctx.complete()  # "my work is done": recorded as completed although told to stop
 
@@ -458,7 +461,7 @@ def test_without_yield_on_stop_a_handler_that_returns_when_told_to_stop_is_not_c
 
     running = Worker(dsn, "ns2", finisher, timeout=30, yield_on_stop=False).start()
     done = client.submit("ns2", {})["rn"]
-    wait_for(lambda: status(client, done) == "running")
+    assert started.wait(30)  # in the handler (leased is not enough: a stop before it starts hands it back)
     running.stop()
     assert not running.thread.is_alive()
     assert status(client, done) == "completed"
