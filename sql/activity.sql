@@ -16,7 +16,7 @@
 -- what is stored. Where it stopped, `complete` is false (older buckets of
 -- that capability are undercounted). Tasks over a range of a day or more: the
 -- minutes _fold_task_minutes has folded are read from _task_minutes and
--- _task_latency_minutes (rows: minutes x queues x statuses, never the tasks;
+-- _task_latency_minutes (rows: minutes x statuses or buckets, never the tasks;
 -- complete), only the tasks that ended since (and in the range's first partial
 -- minute) from the index; the latency percentiles are then read from the
 -- histogram (within a factor 2^(1/4): _latency_mid). A task the rollup has
@@ -247,8 +247,9 @@ AS $$
    Tasks finished (completed, aborted, cancelled) in the last `since`, per
    queue and status: counts only (the monitor may read them). Reads
    tasks_terminal_updated_idx newest first, at most max_rows rows; complete =
-   false where it stopped there. Over a day or more: the minutes folded
-   (_task_minutes) and the index only since. Errors: PS001 as activity(). */
+   false where it stopped there. Over a day or more: the hours folded
+   (_task_queue_hours, from the start of the hour `since` falls in) and the
+   index only since. Errors: PS001 as activity(). */
 #variable_conflict use_column
 DECLARE
     v_from timestamptz := now() - since;
@@ -257,6 +258,9 @@ DECLARE
 BEGIN
     PERFORM pyscheduler._activity_args(since, since, max_rows);
     SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
+    IF v_upto > v_from THEN  -- the hours folded from the one v_from is in: no first partial minute
+        v_rfrom := v_from;
+    END IF;
     RETURN QUERY
     WITH t AS (
         SELECT * FROM (
@@ -278,9 +282,9 @@ BEGIN
               FROM t
              GROUP BY 1, 2
             UNION ALL
-            SELECT m.queue, m.status, sum(m.n), true
-              FROM pyscheduler._task_minutes m
-             WHERE m.minute >= v_rfrom AND m.minute < v_upto
+            SELECT h.queue, h.status, sum(h.n), true
+              FROM pyscheduler._task_queue_hours h
+             WHERE h.hour >= date_bin('1 hour', v_from, timestamptz 'epoch') AND h.hour < v_upto
              GROUP BY 1, 2) q
      GROUP BY 1, 2
      ORDER BY 1, 2;

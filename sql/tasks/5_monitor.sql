@@ -97,7 +97,7 @@ COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
     'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after their last attempt, aborted.';
 
 -- The dashboard's long ranges (issue 30, migrations/0042_activity_minutes.sql): per minute, the
--- tasks finished per queue and status and a histogram of their due-to-started latency, so a
+-- tasks finished per status (per queue and status: by the hour) and a histogram of their due-to-started latency, so a
 -- range of a day or more reads minutes, not tasks (activity.sql).
 --
 -- _latency_k(): a latency's histogram bucket: 0 below 1 ms, else k (1..63) for
@@ -123,8 +123,8 @@ AS $$
 $$;
 
 -- _fold_task_minutes(): add the tasks that finished since _task_minutes_folded.upto, up to the
--- minute before the last (a finishing transaction has a minute to commit), to _task_minutes and
--- _task_latency_minutes; delete their minutes older than 8 days. Reads tasks_terminal_updated_idx
+-- minute before the last (a finishing transaction has a minute to commit), to _task_minutes,
+-- _task_latency_minutes and _task_queue_hours; delete their rows older than 8 days. Reads tasks_terminal_updated_idx
 -- from upto on only (the first fold: the last 8 days). Called by _cleanup_tasks (the tasks
 -- monitor, every minute); a concurrent fold skips (returns 0). Returns the minutes folded.
 CREATE OR REPLACE FUNCTION pyscheduler._fold_task_minutes(p_now timestamptz DEFAULT now())
@@ -144,11 +144,17 @@ BEGIN
     IF v_from >= v_to THEN
         RETURN 0;
     END IF;
-    INSERT INTO pyscheduler._task_minutes (minute, queue, status, n)
-    SELECT date_bin('1 minute', t.updated, timestamptz 'epoch'), t.queue, t.status::text, count(*)
+    INSERT INTO pyscheduler._task_minutes (minute, status, n)
+    SELECT date_bin('1 minute', t.updated, timestamptz 'epoch'), t.status::text, count(*)
       FROM pyscheduler.tasks t
      WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
-     GROUP BY 1, 2, 3;
+     GROUP BY 1, 2;
+    INSERT INTO pyscheduler._task_queue_hours AS h (hour, queue, status, n)
+    SELECT date_bin('1 hour', t.updated, timestamptz 'epoch'), t.queue, t.status::text, count(*)
+      FROM pyscheduler.tasks t
+     WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+     GROUP BY 1, 2, 3
+    ON CONFLICT (hour, queue, status) DO UPDATE SET n = h.n + EXCLUDED.n;  -- an hour is folded minute by minute
     INSERT INTO pyscheduler._task_latency_minutes (minute, k, n)
     SELECT date_bin('1 minute', t.updated, timestamptz 'epoch'),
            pyscheduler._latency_k(greatest(t.leased_at - coalesce(t.run_at, t.created), interval '0')), count(*)
@@ -158,6 +164,7 @@ BEGIN
      GROUP BY 1, 2;
     DELETE FROM pyscheduler._task_minutes m WHERE m.minute < p_now - interval '8 days';
     DELETE FROM pyscheduler._task_latency_minutes m WHERE m.minute < p_now - interval '8 days';
+    DELETE FROM pyscheduler._task_queue_hours h WHERE h.hour < p_now - interval '8 days';
     UPDATE pyscheduler._task_minutes_folded SET upto = v_to;
     RETURN extract(epoch FROM v_to - v_from)::integer / 60;
 END

@@ -180,7 +180,7 @@ def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
     _finished(conn.execute, "a", [float(i) for i in range(1, 21)], "3 days")
     _finished(conn.execute, "b", [2.1, 2.7], "5 hours")
     _finished(conn.execute, "a", [0.9], "23 hours 59 minutes 40 seconds")  # in the range's first minute
-    _finished(conn.execute, "b", [1.0], "1 day 1 minute")  # before the 1 day range
+    _finished(conn.execute, "b", [1.0], "1 day 2 hours")  # before the 1 day range (and its first hour)
     conn.execute("SELECT pyscheduler.cancel_task(rn => (pyscheduler.submit_task(queue => 'b', spec => '{}') "
                  "->> 'rn')::uuid)")
     direct = {since: _answers(conn.execute, since) for since in ("1 day", "7 days")}
@@ -206,11 +206,14 @@ def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
 
 def test_the_fold_deletes_minutes_older_than_8_days(tx):
     for ago in ("9 days", "7 days"):
-        tx.execute("INSERT INTO pyscheduler._task_minutes VALUES (now() - %s::interval, 'q', 'completed', 1)", (ago,))
+        tx.execute("INSERT INTO pyscheduler._task_minutes VALUES (now() - %s::interval, 'completed', 1)", (ago,))
+        tx.execute("INSERT INTO pyscheduler._task_queue_hours VALUES (now() - %s::interval, 'q', 'completed', 1)",
+                   (ago,))
         tx.execute("INSERT INTO pyscheduler._task_latency_minutes VALUES (now() - %s::interval, 3, 1)", (ago,))
     tx.execute("SELECT pyscheduler._fold_task_minutes()")
-    for table in ("_task_minutes", "_task_latency_minutes"):
-        kept = tx.execute(f"SELECT minute > now() - interval '8 days' AS recent FROM pyscheduler.{table}").fetchall()
+    for table, minute in (("_task_minutes", "minute"), ("_task_latency_minutes", "minute"),
+                          ("_task_queue_hours", "hour")):
+        kept = tx.execute(f"SELECT {minute} > now() - interval '8 days' AS recent FROM pyscheduler.{table}").fetchall()
         assert [r["recent"] for r in kept] == [True]
 
 
