@@ -239,8 +239,9 @@ AS $$
    Monitor: delete up to max_tasks tasks that are completed, aborted or
    cancelled and were last updated before now - retention (with the steps they
    recorded), and up to max_tasks stored events (emit_event) emitted before
-   now - retention; returns how many tasks it deleted.
-   Call again while it returns max_tasks.
+   now - retention; returns how many tasks it deleted. First it folds the
+   tasks finished since into the dashboard's per-minute counts
+   (_fold_task_minutes). Call again while it returns max_tasks.
    Errors: PS208 retention < 0 or max_tasks < 1. */
     SELECT pyscheduler._cleanup_tasks(retention, max_tasks, now());
 $$;
