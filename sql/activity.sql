@@ -14,7 +14,13 @@
 -- check_history_ended_idx, _delay_fired_minutes_idx), newest first, and stops after `max_rows` rows:
 -- proportional to what ended in the window, bounded by max_rows, never to
 -- what is stored. Where it stopped, `complete` is false (older buckets of
--- that capability are undercounted).
+-- that capability are undercounted). Tasks over a range of a day or more: the
+-- minutes _fold_task_minutes has folded are read from _task_minutes and
+-- _task_latency_minutes (rows: minutes x statuses or buckets, never the tasks;
+-- complete), only the tasks that ended since (and in the range's first partial
+-- minute) from the index; the latency percentiles are then read from the
+-- histogram (within a factor 2^(1/4): _latency_mid). A task the rollup has
+-- counted stays counted when it is deleted.
 
 -- The arguments activity() and activity_latency() share, checked once.
 CREATE OR REPLACE FUNCTION pyscheduler._activity_args(since interval, bucket interval, max_rows integer)
@@ -59,15 +65,32 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_from timestamptz := now() - since;
+    v_rfrom timestamptz;
+    v_upto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, bucket, max_rows);
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
     RETURN QUERY
     WITH t AS (
-        SELECT x.status::text AS outcome, x.updated AS at, NULL::interval AS took
-          FROM pyscheduler.tasks x
-         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
-         ORDER BY x.updated DESC
+        SELECT * FROM (
+            (SELECT x.status::text AS outcome, x.updated AS at, NULL::interval AS took
+               FROM pyscheduler.tasks x
+              WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_upto
+              ORDER BY x.updated DESC
+              LIMIT max_rows)
+            UNION ALL
+            (SELECT x.status::text, x.updated, NULL::interval
+               FROM pyscheduler.tasks x
+              WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+                AND x.updated < v_rfrom
+              ORDER BY x.updated DESC
+              LIMIT max_rows)) l
          LIMIT max_rows),
+    tm AS (
+        SELECT m.status AS outcome, m.minute AS at, NULL::interval AS took, sum(m.n)::bigint AS n
+          FROM pyscheduler._task_minutes m
+         WHERE m.minute >= v_rfrom AND m.minute < v_upto
+         GROUP BY 1, 2),
     s AS (
         SELECT e.outcome, e.fired_at AS at, e.lateness AS took
           FROM pyscheduler.schedule_executions e
@@ -87,6 +110,8 @@ BEGIN
          LIMIT max_rows),
     every AS (
         SELECT 'tasks' AS capability, t.*, 1::bigint AS n, (SELECT count(*) FROM t) < max_rows AS complete FROM t
+        UNION ALL
+        SELECT 'tasks', tm.*, true FROM tm
         UNION ALL
         SELECT 'schedules', s.*, 1, (SELECT count(*) FROM s) < max_rows FROM s
         UNION ALL
@@ -125,18 +150,32 @@ AS $$
    lateness; 'checks': ended minus last check) and bucket of when it ended:
    n rows with a latency, its median and 95th percentile. Reads as activity()
    does (at most max_rows per capability, newest first; complete = false
-   where it stopped). Errors: PS001 as activity(). */
+   where it stopped); tasks over a day or more from the minutes folded, their
+   percentiles then from a histogram (within a factor 2^(1/4)).
+   Errors: PS001 as activity(). */
 #variable_conflict use_column
 DECLARE
     v_from timestamptz := now() - since;
+    v_rfrom timestamptz;
+    v_upto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, bucket, max_rows);
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
     RETURN QUERY
     WITH t AS (
-        SELECT x.updated AS at, greatest(x.leased_at - coalesce(x.run_at, x.created), interval '0') AS took
-          FROM pyscheduler.tasks x
-         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
-         ORDER BY x.updated DESC
+        SELECT * FROM (
+            (SELECT x.updated AS at, greatest(x.leased_at - coalesce(x.run_at, x.created), interval '0') AS took
+               FROM pyscheduler.tasks x
+              WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_upto
+              ORDER BY x.updated DESC
+              LIMIT max_rows)
+            UNION ALL
+            (SELECT x.updated, greatest(x.leased_at - coalesce(x.run_at, x.created), interval '0')
+               FROM pyscheduler.tasks x
+              WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+                AND x.updated < v_rfrom
+              ORDER BY x.updated DESC
+              LIMIT max_rows)) l
          LIMIT max_rows),
     s AS (
         SELECT e.fired_at AS at, e.lateness AS took
@@ -154,14 +193,38 @@ BEGIN
         UNION ALL
         SELECT 'schedules', s.*, (SELECT count(*) FROM s) < max_rows FROM s
         UNION ALL
-        SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c)
+        SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c),
+    -- tasks over the rollup's minutes: a histogram of its buckets and of the live tasks'
+    hist AS (
+        SELECT date_bin(activity_latency.bucket, h.at, timestamptz 'epoch') AS b, h.k, sum(h.n) AS n,
+               bool_and(h.complete) AS complete
+          FROM (SELECT m.minute AS at, m.k, m.n, true AS complete
+                  FROM pyscheduler._task_latency_minutes m
+                 WHERE m.minute >= v_rfrom AND m.minute < v_upto
+                UNION ALL
+                SELECT a.at, pyscheduler._latency_k(a.took), 1, a.complete
+                  FROM every a
+                 WHERE a.capability = 'tasks' AND a.took IS NOT NULL) h
+         GROUP BY 1, 2),
+    cum AS (
+        SELECT h.b, h.k, h.complete, sum(h.n) OVER (PARTITION BY h.b ORDER BY h.k) AS below,
+               sum(h.n) OVER (PARTITION BY h.b) AS total
+          FROM hist h)
     SELECT a.capability, date_bin(activity_latency.bucket, a.at, timestamptz 'epoch'), count(*),
            make_interval(secs => percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
            make_interval(secs => percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
            bool_and(a.complete)
       FROM every a
-     WHERE a.took IS NOT NULL
+     WHERE a.took IS NOT NULL AND (a.capability <> 'tasks' OR v_upto = v_from)
      GROUP BY 1, 2
+    UNION ALL
+    SELECT 'tasks', c.b, max(c.total)::bigint,
+           pyscheduler._latency_mid(min(c.k) FILTER (WHERE c.below >= 0.5 * c.total)),
+           pyscheduler._latency_mid(min(c.k) FILTER (WHERE c.below >= 0.95 * c.total)),
+           bool_and(c.complete)
+      FROM cum c
+     WHERE v_upto > v_from
+     GROUP BY 2
      ORDER BY 1, 2;
 END
 $$;
@@ -184,21 +247,45 @@ AS $$
    Tasks finished (completed, aborted, cancelled) in the last `since`, per
    queue and status: counts only (the monitor may read them). Reads
    tasks_terminal_updated_idx newest first, at most max_rows rows; complete =
-   false where it stopped there. Errors: PS001 as activity(). */
+   false where it stopped there. Over a day or more: the hours folded
+   (_task_queue_hours, from the start of the hour `since` falls in) and the
+   index only since. Errors: PS001 as activity(). */
 #variable_conflict use_column
 DECLARE
     v_from timestamptz := now() - since;
+    v_rfrom timestamptz;
+    v_upto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, since, max_rows);
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
+    IF v_upto > v_from THEN  -- the hours folded from the one v_from is in: no first partial minute
+        v_rfrom := v_from;
+    END IF;
     RETURN QUERY
     WITH t AS (
-        SELECT x.queue, x.status::text AS status
-          FROM pyscheduler.tasks x
-         WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
-         ORDER BY x.updated DESC
+        SELECT * FROM (
+            (SELECT x.queue, x.status::text AS status
+               FROM pyscheduler.tasks x
+              WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_upto
+              ORDER BY x.updated DESC
+              LIMIT max_rows)
+            UNION ALL
+            (SELECT x.queue, x.status::text
+               FROM pyscheduler.tasks x
+              WHERE x.status IN ('completed', 'aborted', 'cancelled') AND x.updated >= v_from
+                AND x.updated < v_rfrom
+              ORDER BY x.updated DESC
+              LIMIT max_rows)) l
          LIMIT max_rows)
-    SELECT t.queue, t.status, count(*), (SELECT count(*) FROM t) < max_rows
-      FROM t
+    SELECT q.queue, q.status, sum(q.n)::bigint, bool_and(q.complete)
+      FROM (SELECT t.queue, t.status, count(*) AS n, (SELECT count(*) FROM t) < max_rows AS complete
+              FROM t
+             GROUP BY 1, 2
+            UNION ALL
+            SELECT h.queue, h.status, sum(h.n), true
+              FROM pyscheduler._task_queue_hours h
+             WHERE h.hour >= date_bin('1 hour', v_from, timestamptz 'epoch') AND h.hour < v_upto
+             GROUP BY 1, 2) q
      GROUP BY 1, 2
      ORDER BY 1, 2;
 END

@@ -386,3 +386,25 @@ FLAT_CHECKS_ONE_SLOT = Query(
     "SELECT 'order', i::text, 'pyscheduler_bench.noop', 'sql', s, s, 5, '30 days', now(), current_user "
     "FROM generate_series(%s::bigint, %s::bigint) i, pyscheduler._current_check_slot cur, "
     "LATERAL (SELECT cur.slot + interval '15 minutes' AS s) x")
+
+# activity_ranges: (n) tasks finished over the last 7 days, 20 queues, each waited 0-60 s to start
+ACTIVITY_TASKS = Query("""
+    INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created, updated, errors,
+                                   owner, history, attempts, leased_at, submitted_by)
+    SELECT pyscheduler._task_rn(pyscheduler._rn_prefix(e - interval '1 minute'), i), 'q' || (i %% 20), '{}', 50,
+           (ARRAY['completed', 'completed', 'aborted', 'cancelled'])[1 + i %% 4]::pyscheduler.task_status, 0,
+           e - interval '1 minute', e, '[]', NULL, '[]', 1,
+           e - interval '1 minute' + (i %% 61) * interval '1 second', 'pyscheduler_client'
+      FROM generate_series(1, %(n)s) i,
+           LATERAL (SELECT now() - interval '7 days' + i * (interval '7 days' / %(n)s) AS e) x""")
+# activity_ranges: forget every fold (the reads then read the tasks, as before the rollup)
+ACTIVITY_UNFOLD = Query("WITH a AS (DELETE FROM pyscheduler._task_minutes), "
+                        "b AS (DELETE FROM pyscheduler._task_latency_minutes) "
+                        "UPDATE pyscheduler._task_minutes_folded SET upto = NULL")
+ACTIVITY_FOLD = Query("SELECT pyscheduler._fold_task_minutes()")
+# activity_ranges: the dashboard's 7 d reads, as its overview and tasks page make them
+ACTIVITY_WEEK = {
+    "activity": Query("SELECT * FROM pyscheduler.activity(since => '7 days', bucket => '6 hours')"),
+    "activity_latency": Query("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '6 hours')"),
+    "queue_activity": Query("SELECT * FROM pyscheduler.queue_activity(since => '7 days')"),
+}

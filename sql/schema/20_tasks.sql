@@ -2,7 +2,7 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
--- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql and 0039_dashboard.sql
+-- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql and 0042_activity_minutes.sql
 -- build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -252,3 +252,36 @@ INSERT INTO pyscheduler.settings (name, value) VALUES
     ('task_max_parents', '10000'),
     ('task_max_workflow_nodes', '10000')
 ON CONFLICT (name) DO NOTHING;
+
+-- migrations/0042_activity_minutes.sql: long dashboard ranges without reading the tasks
+-- (issue 30): per minute, the tasks finished per status (per queue: by the hour) and a
+-- histogram of their due-to-started latency, folded now and then by
+-- _fold_task_minutes (called by cleanup_tasks, the tasks monitor's minutely job) from
+-- tasks_terminal_updated_idx, up to _task_minutes_folded.upto; minutes older than 8 days
+-- are deleted by the fold. activity(), activity_latency() and queue_activity() read it for
+-- ranges of a day or more and the index for what ended since.
+CREATE TABLE pyscheduler._task_minutes (
+    minute timestamptz NOT NULL,
+    status text        NOT NULL,
+    n      bigint      NOT NULL,
+    PRIMARY KEY (minute, status)
+);
+-- per queue by the hour (a minute per queue would be a row per task at a few tasks a minute)
+CREATE TABLE pyscheduler._task_queue_hours (
+    hour   timestamptz NOT NULL,
+    queue  text        NOT NULL,
+    status text        NOT NULL,
+    n      bigint      NOT NULL,
+    PRIMARY KEY (hour, queue, status)
+);
+CREATE TABLE pyscheduler._task_latency_minutes (
+    minute timestamptz NOT NULL,
+    k      smallint    NOT NULL,
+    n      bigint      NOT NULL,
+    PRIMARY KEY (minute, k)
+);
+CREATE TABLE pyscheduler._task_minutes_folded (
+    one  boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    upto timestamptz
+);
+INSERT INTO pyscheduler._task_minutes_folded (upto) VALUES (NULL);

@@ -96,6 +96,98 @@ $$;
 COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
     'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after their last attempt, aborted.';
 
+-- The dashboard's long ranges (issue 30, migrations/0042_activity_minutes.sql): per minute, the
+-- tasks finished per status (per queue and status: by the hour) and a histogram of their due-to-started latency, so a
+-- range of a day or more reads minutes, not tasks (activity.sql).
+--
+-- _latency_k(): a latency's histogram bucket: 0 below 1 ms, else k (1..63) for
+-- [1 ms * 2^((k-1)/2), 1 ms * 2^(k/2)): log-spaced, a factor sqrt(2) wide.
+CREATE OR REPLACE FUNCTION pyscheduler._latency_k(took interval)
+RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT CASE WHEN extract(epoch FROM took) < 0.001 THEN 0
+                ELSE least(63, 1 + floor(2 * ln(extract(epoch FROM took)::double precision / 0.001) / ln(2)))
+           END::smallint;
+$$;
+
+-- _latency_mid(): the value a bucket stands for: its geometric middle (0 for bucket 0), so a
+-- percentile read from the histogram is within a factor 2^(1/4) of any latency in its bucket.
+CREATE OR REPLACE FUNCTION pyscheduler._latency_mid(k integer)
+RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pyscheduler, pg_temp
+AS $$
+    SELECT CASE WHEN k = 0 THEN interval '0' ELSE make_interval(secs => 0.001 * 2 ^ ((k - 0.5) / 2)) END;
+$$;
+
+-- _fold_task_minutes(): add the tasks that finished since _task_minutes_folded.upto, up to the
+-- minute before the last (a finishing transaction has a minute to commit), to _task_minutes,
+-- _task_latency_minutes and _task_queue_hours; delete their rows older than 8 days. Reads tasks_terminal_updated_idx
+-- from upto on only (the first fold: the last 8 days). Called by _cleanup_tasks (the tasks
+-- monitor, every minute); a concurrent fold skips (returns 0). Returns the minutes folded.
+CREATE OR REPLACE FUNCTION pyscheduler._fold_task_minutes(p_now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_from timestamptz;
+    v_to timestamptz := date_bin('1 minute', p_now - interval '1 minute', timestamptz 'epoch');
+BEGIN
+    SELECT f.upto INTO v_from FROM pyscheduler._task_minutes_folded f FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    v_from := coalesce(v_from, date_bin('1 minute', p_now - interval '8 days', timestamptz 'epoch'));
+    IF v_from >= v_to THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO pyscheduler._task_minutes (minute, status, n)
+    SELECT date_bin('1 minute', t.updated, timestamptz 'epoch'), t.status::text, count(*)
+      FROM pyscheduler.tasks t
+     WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+     GROUP BY 1, 2;
+    INSERT INTO pyscheduler._task_queue_hours AS h (hour, queue, status, n)
+    SELECT date_bin('1 hour', t.updated, timestamptz 'epoch'), t.queue, t.status::text, count(*)
+      FROM pyscheduler.tasks t
+     WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+     GROUP BY 1, 2, 3
+    ON CONFLICT (hour, queue, status) DO UPDATE SET n = h.n + EXCLUDED.n;  -- an hour is folded minute by minute
+    INSERT INTO pyscheduler._task_latency_minutes (minute, k, n)
+    SELECT date_bin('1 minute', t.updated, timestamptz 'epoch'),
+           pyscheduler._latency_k(greatest(t.leased_at - coalesce(t.run_at, t.created), interval '0')), count(*)
+      FROM pyscheduler.tasks t
+     WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+       AND t.leased_at IS NOT NULL
+     GROUP BY 1, 2;
+    DELETE FROM pyscheduler._task_minutes m WHERE m.minute < p_now - interval '8 days';
+    DELETE FROM pyscheduler._task_latency_minutes m WHERE m.minute < p_now - interval '8 days';
+    DELETE FROM pyscheduler._task_queue_hours h WHERE h.hour < p_now - interval '8 days';
+    UPDATE pyscheduler._task_minutes_folded SET upto = v_to;
+    RETURN extract(epoch FROM v_to - v_from)::integer / 60;
+END
+$$;
+
+-- _task_minutes_window(): for a read of the last `since` from v_from: the minutes the rollup
+-- answers, [rfrom, upto); the tasks read live are [v_from, rfrom) and [upto, now). Ranges under
+-- a day (or nothing folded yet) read only live: rfrom = upto = v_from.
+CREATE OR REPLACE FUNCTION pyscheduler._task_minutes_window(v_from timestamptz, since interval,
+                                                            OUT rfrom timestamptz, OUT upto timestamptz)
+LANGUAGE plpgsql STABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    rfrom := date_bin('1 minute', v_from - interval '1 microsecond', timestamptz 'epoch') + interval '1 minute';
+    SELECT f.upto INTO upto FROM pyscheduler._task_minutes_folded f;
+    IF since < interval '1 day' OR upto IS NULL OR upto <= rfrom THEN
+        rfrom := v_from;
+        upto := v_from;
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._cleanup_tasks(
     retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000, p_now timestamptz DEFAULT now())
 RETURNS integer
@@ -112,6 +204,7 @@ BEGIN
         RAISE EXCEPTION 'retention must be >= 0 and max_tasks >= 1, got % and %', retention, max_tasks
             USING ERRCODE = 'PS208';
     END IF;
+    PERFORM pyscheduler._fold_task_minutes();  -- before the tasks it counts are deleted
     WITH gone AS (
         DELETE FROM pyscheduler.tasks t
          WHERE t.rn IN (SELECT r.rn FROM pyscheduler.tasks r
@@ -146,8 +239,9 @@ AS $$
    Monitor: delete up to max_tasks tasks that are completed, aborted or
    cancelled and were last updated before now - retention (with the steps they
    recorded), and up to max_tasks stored events (emit_event) emitted before
-   now - retention; returns how many tasks it deleted.
-   Call again while it returns max_tasks.
+   now - retention; returns how many tasks it deleted. First it folds the
+   tasks finished since into the dashboard's per-minute counts
+   (_fold_task_minutes). Call again while it returns max_tasks.
    Errors: PS208 retention < 0 or max_tasks < 1. */
     SELECT pyscheduler._cleanup_tasks(retention, max_tasks, now());
 $$;

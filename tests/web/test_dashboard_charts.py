@@ -13,6 +13,7 @@ import pytest
 
 from pyscheduler.dashboard import make_app
 from tests.support.dashboard import Client, served
+from tests.support.reads import fill, reads
 
 
 def _finished(x, queue: str, waited: list[float], ended_ago: str) -> None:
@@ -160,3 +161,71 @@ def test_the_overview_shows_delay_messages_fired_over_the_range(conn, login):
     card = page.split('id="card-delay"')[1].split("</section>")[0]
     assert "<dt>fired last 6h</dt><dd>2 " in card, card
     assert any(t.endswith("Z: 2 ok, 0 failed") for t in _titles(card)), _titles(card)
+
+
+def _answers(x, since: str) -> tuple[list, list, list]:
+    """The tasks' rows of activity(), activity_latency() (hourly) and queue_activity() over ``since``."""
+    act = x("SELECT outcome, bucket_start, n, complete FROM pyscheduler.activity(since => %s, bucket => '1 hour') "
+            "WHERE capability = 'tasks'", (since,)).fetchall()
+    lat = x("SELECT bucket_start, n, p50, p95, complete FROM pyscheduler.activity_latency(since => %s, "
+            "bucket => '1 hour') WHERE capability = 'tasks'", (since,)).fetchall()
+    return act, lat, x("SELECT * FROM pyscheduler.queue_activity(since => %s)", (since,)).fetchall()
+
+
+def _same_bucket(x, a: timedelta, b: timedelta) -> bool:
+    return x("SELECT pyscheduler._latency_k(%s) = pyscheduler._latency_k(%s) AS same", (a, b)).fetchone()["same"]
+
+
+def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
+    _finished(conn.execute, "a", [float(i) for i in range(1, 21)], "3 days")
+    _finished(conn.execute, "b", [2.1, 2.7], "5 hours")
+    _finished(conn.execute, "a", [0.9], "23 hours 59 minutes 40 seconds")  # in the range's first minute
+    _finished(conn.execute, "b", [1.0], "1 day 2 hours")  # before the 1 day range (and its first hour)
+    conn.execute("SELECT pyscheduler.cancel_task(rn => (pyscheduler.submit_task(queue => 'b', spec => '{}') "
+                 "->> 'rn')::uuid)")
+    direct = {since: _answers(conn.execute, since) for since in ("1 day", "7 days")}
+    assert conn.execute("SELECT pyscheduler.cleanup_tasks()").fetchone()  # the monitor's minutely call folds
+    upto = conn.execute("SELECT upto FROM pyscheduler._task_minutes_folded").fetchone()["upto"]
+    assert upto is not None
+    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 24  # not the cancel
+    for since, (act, lat, queues) in direct.items():
+        r_act, r_lat, r_queues = _answers(conn.execute, since)
+        assert r_act == act and r_queues == queues  # counts: exactly
+        assert [(r["bucket_start"], r["n"], r["complete"]) for r in r_lat] == [
+            (r["bucket_start"], r["n"], r["complete"]) for r in lat]
+        for rolled, exact in zip(r_lat, lat):  # percentiles: within a histogram bucket
+            assert _same_bucket(conn.execute, rolled["p50"], exact["p50"])
+            assert _same_bucket(conn.execute, rolled["p95"], exact["p95"])
+    # a second fold (and one a few minutes later) counts nothing twice
+    assert conn.execute("SELECT pyscheduler._fold_task_minutes() AS m").fetchone()["m"] == 0
+    assert conn.execute("SELECT pyscheduler._fold_task_minutes(now() + interval '3 minutes') AS m").fetchone()["m"] > 0
+    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 25
+    assert _answers(conn.execute, "7 days")[0] == direct["7 days"][0]
+    assert _answers(conn.execute, "7 days")[2] == direct["7 days"][2]
+
+
+def test_the_fold_deletes_minutes_older_than_8_days(tx):
+    for ago in ("9 days", "7 days"):
+        tx.execute("INSERT INTO pyscheduler._task_minutes VALUES (now() - %s::interval, 'completed', 1)", (ago,))
+        tx.execute("INSERT INTO pyscheduler._task_queue_hours VALUES (now() - %s::interval, 'q', 'completed', 1)",
+                   (ago,))
+        tx.execute("INSERT INTO pyscheduler._task_latency_minutes VALUES (now() - %s::interval, 3, 1)", (ago,))
+    tx.execute("SELECT pyscheduler._fold_task_minutes()")
+    for table, minute in (("_task_minutes", "minute"), ("_task_latency_minutes", "minute"),
+                          ("_task_queue_hours", "hour")):
+        kept = tx.execute(f"SELECT {minute} > now() - interval '8 days' AS recent FROM pyscheduler.{table}").fetchall()
+        assert [r["recent"] for r in kept] == [True]
+
+
+def test_a_week_read_reads_only_the_tasks_ended_since_the_last_fold(conn):
+    fill(conn, 300, "old", "completed", ago="3 days")
+    conn.execute("SELECT pyscheduler._fold_task_minutes()")
+    _finished(conn.execute, "new", [1.0, 2.0], "0 seconds")
+    conn.execute("VACUUM pyscheduler.tasks")  # the index entries of the versions _finished replaced
+    for sql, n in (("SELECT * FROM pyscheduler.activity(since => '7 days', bucket => '1 hour')", 302),
+                   ("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '1 hour')", 2),
+                   ("SELECT * FROM pyscheduler.queue_activity(since => '7 days')", 302)):
+        rows, r = reads(conn, sql, tables=("tasks",))
+        assert r.seq_scans("tasks") == 0
+        assert r.entries("tasks_terminal_updated_idx") == 2, sql  # the 2 since the fold, not the 300
+        assert sum(x["n"] for x in rows if x.get("capability", "tasks") == "tasks") == n, sql
