@@ -14,7 +14,8 @@
 -- check_history_ended_idx, _delay_fired_minutes_idx), newest first, and stops after `max_rows` rows:
 -- proportional to what ended in the window, bounded by max_rows, never to
 -- what is stored. Where it stopped, `complete` is false (older buckets of
--- that capability are undercounted). Tasks over a range of a day or more: the
+-- that capability are undercounted). Tasks binned by whole minutes (any bucket of
+-- 1, 2, 5 ... minutes: the dashboard's 1 h range with its 5 minute buckets too): the
 -- minutes _fold_task_minutes has folded are read from _task_minutes and
 -- _task_latency_minutes (rows: minutes x statuses or buckets, never the tasks;
 -- complete), only the tasks that ended since (and in the range's first partial
@@ -69,7 +70,7 @@ DECLARE
     v_upto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, bucket, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, activity.bucket) w;
     RETURN QUERY
     WITH t AS (
         SELECT * FROM (
@@ -150,7 +151,7 @@ AS $$
    lateness; 'checks': ended minus last check) and bucket of when it ended:
    n rows with a latency, its median and 95th percentile. Reads as activity()
    does (at most max_rows per capability, newest first; complete = false
-   where it stopped); tasks over a day or more from the minutes folded, their
+   where it stopped); tasks in whole-minute buckets from the minutes folded, their
    percentiles then from a histogram (within a factor 2^(1/4)).
    Errors: PS001 as activity(). */
 #variable_conflict use_column
@@ -160,7 +161,8 @@ DECLARE
     v_upto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, bucket, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto
+      FROM pyscheduler._task_minutes_window(v_from, activity_latency.bucket) w;
     RETURN QUERY
     WITH t AS (
         SELECT * FROM (
@@ -247,7 +249,8 @@ AS $$
    Tasks finished (completed, aborted, cancelled) in the last `since`, per
    queue and status: counts only (the monitor may read them). Reads
    tasks_terminal_updated_idx newest first, at most max_rows rows; complete =
-   false where it stopped there. Over a day or more: the hours folded
+   false where it stopped there. Over a day or more (not less: whole hours
+   would over-count a short range): the hours folded
    (_task_queue_hours, from the start of the hour `since` falls in) and the
    index only since. Errors: PS001 as activity(). */
 #variable_conflict use_column
@@ -258,7 +261,10 @@ DECLARE
 BEGIN
     PERFORM pyscheduler._activity_args(since, since, max_rows);
     SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
-    IF v_upto > v_from THEN  -- the hours folded from the one v_from is in: no first partial minute
+    IF since < interval '1 day' THEN  -- the hours folded from the one v_from is in would over-count
+        v_rfrom := v_from;
+        v_upto := v_from;
+    ELSIF v_upto > v_from THEN  -- the hours folded from the one v_from is in: no first partial minute
         v_rfrom := v_from;
     END IF;
     RETURN QUERY
@@ -284,7 +290,8 @@ BEGIN
             UNION ALL
             SELECT h.queue, h.status, sum(h.n), true
               FROM pyscheduler._task_queue_hours h
-             WHERE h.hour >= date_bin('1 hour', v_from, timestamptz 'epoch') AND h.hour < v_upto
+             WHERE v_upto > v_from  -- else the hour v_from is in would be counted whole
+               AND h.hour >= date_bin('1 hour', v_from, timestamptz 'epoch') AND h.hour < v_upto
              GROUP BY 1, 2) q
      GROUP BY 1, 2
      ORDER BY 1, 2;

@@ -163,12 +163,12 @@ def test_the_overview_shows_delay_messages_fired_over_the_range(conn, login):
     assert any(t.endswith("Z: 2 ok, 0 failed") for t in _titles(card)), _titles(card)
 
 
-def _answers(x, since: str) -> tuple[list, list, list]:
-    """The tasks' rows of activity(), activity_latency() (hourly) and queue_activity() over ``since``."""
-    act = x("SELECT outcome, bucket_start, n, complete FROM pyscheduler.activity(since => %s, bucket => '1 hour') "
-            "WHERE capability = 'tasks'", (since,)).fetchall()
+def _answers(x, since: str, bucket: str = "1 hour") -> tuple[list, list, list]:
+    """The tasks' rows of activity(), activity_latency() (by ``bucket``) and queue_activity() over ``since``."""
+    act = x("SELECT outcome, bucket_start, n, complete FROM pyscheduler.activity(since => %s, bucket => %s) "
+            "WHERE capability = 'tasks'", (since, bucket)).fetchall()
     lat = x("SELECT bucket_start, n, p50, p95, complete FROM pyscheduler.activity_latency(since => %s, "
-            "bucket => '1 hour') WHERE capability = 'tasks'", (since,)).fetchall()
+            "bucket => %s) WHERE capability = 'tasks'", (since, bucket)).fetchall()
     return act, lat, x("SELECT * FROM pyscheduler.queue_activity(since => %s)", (since,)).fetchall()
 
 
@@ -181,15 +181,18 @@ def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
     _finished(conn.execute, "b", [2.1, 2.7], "5 hours")
     _finished(conn.execute, "a", [0.9], "23 hours 59 minutes 40 seconds")  # in the range's first minute
     _finished(conn.execute, "b", [1.0], "1 day 2 hours")  # before the 1 day range (and its first hour)
+    _finished(conn.execute, "a", [1.5, 1.6, 1.65], "30 minutes")  # one histogram bucket (k 22)
+    _finished(conn.execute, "b", [1.55], "59 minutes 40 seconds")  # in the 1 h range's first minute
     conn.execute("SELECT pyscheduler.cancel_task(rn => (pyscheduler.submit_task(queue => 'b', spec => '{}') "
-                 "->> 'rn')::uuid)")
-    direct = {since: _answers(conn.execute, since) for since in ("1 day", "7 days")}
+                 "->> 'rn')::uuid)")  # ended now: not folded yet, read live
+    ranges = {"1 hour": "5 minutes", "6 hours": "15 minutes", "1 day": "1 hour", "7 days": "1 hour"}  # the pages'
+    direct = {since: _answers(conn.execute, since, bucket) for since, bucket in ranges.items()}
     assert conn.execute("SELECT pyscheduler.cleanup_tasks()").fetchone()  # the monitor's minutely call folds
     upto = conn.execute("SELECT upto FROM pyscheduler._task_minutes_folded").fetchone()["upto"]
     assert upto is not None
-    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 24  # not the cancel
+    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 28  # not the cancel
     for since, (act, lat, queues) in direct.items():
-        r_act, r_lat, r_queues = _answers(conn.execute, since)
+        r_act, r_lat, r_queues = _answers(conn.execute, since, ranges[since])
         assert r_act == act and r_queues == queues  # counts: exactly
         assert [(r["bucket_start"], r["n"], r["complete"]) for r in r_lat] == [
             (r["bucket_start"], r["n"], r["complete"]) for r in lat]
@@ -199,9 +202,10 @@ def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
     # a second fold (and one a few minutes later) counts nothing twice
     assert conn.execute("SELECT pyscheduler._fold_task_minutes() AS m").fetchone()["m"] == 0
     assert conn.execute("SELECT pyscheduler._fold_task_minutes(now() + interval '3 minutes') AS m").fetchone()["m"] > 0
-    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 25
-    assert _answers(conn.execute, "7 days")[0] == direct["7 days"][0]
-    assert _answers(conn.execute, "7 days")[2] == direct["7 days"][2]
+    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 29
+    for since in ("1 hour", "7 days"):
+        assert _answers(conn.execute, since, ranges[since])[0] == direct[since][0]
+        assert _answers(conn.execute, since, ranges[since])[2] == direct[since][2]
 
 
 def test_the_fold_deletes_minutes_older_than_8_days(tx):
@@ -217,14 +221,17 @@ def test_the_fold_deletes_minutes_older_than_8_days(tx):
         assert [r["recent"] for r in kept] == [True]
 
 
-def test_a_week_read_reads_only_the_tasks_ended_since_the_last_fold(conn):
+def test_a_week_or_an_hour_read_reads_only_the_tasks_ended_since_the_last_fold(conn):
     fill(conn, 300, "old", "completed", ago="3 days")
+    fill(conn, 300, "old", "completed", ago="30 minutes")
     conn.execute("SELECT pyscheduler._fold_task_minutes()")
     _finished(conn.execute, "new", [1.0, 2.0], "0 seconds")
     conn.execute("VACUUM pyscheduler.tasks")  # the index entries of the versions _finished replaced
-    for sql, n in (("SELECT * FROM pyscheduler.activity(since => '7 days', bucket => '1 hour')", 302),
+    for sql, n in (("SELECT * FROM pyscheduler.activity(since => '7 days', bucket => '1 hour')", 602),
                    ("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '1 hour')", 2),
-                   ("SELECT * FROM pyscheduler.queue_activity(since => '7 days')", 302)):
+                   ("SELECT * FROM pyscheduler.queue_activity(since => '7 days')", 602),
+                   ("SELECT * FROM pyscheduler.activity(since => '1 hour', bucket => '5 minutes')", 302),  # overview
+                   ("SELECT * FROM pyscheduler.activity_latency(since => '1 hour', bucket => '5 minutes')", 2)):
         rows, r = reads(conn, sql, tables=("tasks",))
         assert r.seq_scans("tasks") == 0
         assert r.entries("tasks_terminal_updated_idx") == 2, sql  # the 2 since the fold, not the 300
