@@ -170,25 +170,6 @@ BEGIN
 END
 $$;
 
--- _task_minutes_window(): for a read from v_from binned by `bucket`: the minutes the rollup
--- answers, [rfrom, upto); the tasks read live are [v_from, rfrom) (the first partial minute) and
--- [upto, now). A bucket that is not whole minutes (a minute would straddle two buckets), or
--- nothing folded yet, reads only live: rfrom = upto = v_from.
-CREATE OR REPLACE FUNCTION pyscheduler._task_minutes_window(v_from timestamptz, bucket interval,
-                                                            OUT rfrom timestamptz, OUT upto timestamptz)
-LANGUAGE plpgsql STABLE
-SET search_path = pyscheduler, pg_temp
-AS $$
-BEGIN
-    rfrom := date_bin('1 minute', v_from - interval '1 microsecond', timestamptz 'epoch') + interval '1 minute';
-    SELECT f.upto INTO upto FROM pyscheduler._task_minutes_folded f;
-    IF extract(epoch FROM bucket) % 60 <> 0 OR upto IS NULL OR upto <= rfrom THEN
-        rfrom := v_from;
-        upto := v_from;
-    END IF;
-END
-$$;
-
 CREATE OR REPLACE FUNCTION pyscheduler._cleanup_tasks(
     retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000, p_now timestamptz DEFAULT now())
 RETURNS integer
