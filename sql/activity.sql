@@ -14,13 +14,35 @@
 -- check_history_ended_idx, _delay_fired_minutes_idx), newest first, and stops after `max_rows` rows:
 -- proportional to what ended in the window, bounded by max_rows, never to
 -- what is stored. Where it stopped, `complete` is false (older buckets of
--- that capability are undercounted). Tasks over a range of a day or more: the
--- minutes _fold_task_minutes has folded are read from _task_minutes and
--- _task_latency_minutes (rows: minutes x statuses or buckets, never the tasks;
--- complete), only the tasks that ended since (and in the range's first partial
--- minute) from the index; the latency percentiles are then read from the
--- histogram (within a factor 2^(1/4): _latency_mid). A task the rollup has
--- counted stays counted when it is deleted.
+-- that capability are undercounted). Tasks and schedule executions binned by whole
+-- minutes (any bucket of 1, 2, 5 ... minutes: the dashboard's 1 h range with its 5 minute
+-- buckets too): the minutes _fold_task_minutes and _fold_schedule_minutes have folded are
+-- read from _task_minutes, _task_latency_minutes, _schedule_minutes and
+-- _schedule_latency_minutes (rows: minutes x outcomes or buckets, never the rows they
+-- count; complete), only what ended since (and in the range's first partial minute) from
+-- the index (_minutes_window); the latency percentiles are then read from the histogram
+-- (within a factor 2^(1/4): _latency_mid). A row the rollup has counted stays counted when
+-- it is deleted.
+
+-- _minutes_window(): for a read from v_from binned by `bucket`, of a rollup folded up to
+-- `folded` (_task_minutes_folded, _schedule_minutes_folded): the minutes the rollup answers,
+-- [rfrom, upto); the rows read live are [v_from, rfrom) (the first partial minute) and
+-- [upto, now). A bucket that is not whole minutes (a minute would straddle two buckets), or
+-- nothing folded yet, reads only live: rfrom = upto = v_from.
+CREATE OR REPLACE FUNCTION pyscheduler._minutes_window(v_from timestamptz, bucket interval, folded timestamptz,
+                                                       OUT rfrom timestamptz, OUT upto timestamptz)
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    rfrom := date_bin('1 minute', v_from - interval '1 microsecond', timestamptz 'epoch') + interval '1 minute';
+    upto := folded;
+    IF extract(epoch FROM bucket) % 60 <> 0 OR upto IS NULL OR upto <= rfrom THEN
+        rfrom := v_from;
+        upto := v_from;
+    END IF;
+END
+$$;
 
 -- The arguments activity() and activity_latency() share, checked once.
 CREATE OR REPLACE FUNCTION pyscheduler._activity_args(since interval, bucket interval, max_rows integer)
@@ -67,9 +89,14 @@ DECLARE
     v_from timestamptz := now() - since;
     v_rfrom timestamptz;
     v_upto timestamptz;
+    v_srfrom timestamptz;
+    v_supto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, bucket, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto
+      FROM pyscheduler._minutes_window(v_from, activity.bucket, (SELECT f.upto FROM _task_minutes_folded f)) w;
+    SELECT w.rfrom, w.upto INTO v_srfrom, v_supto
+      FROM pyscheduler._minutes_window(v_from, activity.bucket, (SELECT f.upto FROM _schedule_minutes_folded f)) w;
     RETURN QUERY
     WITH t AS (
         SELECT * FROM (
@@ -94,8 +121,12 @@ BEGIN
     s AS (
         SELECT e.outcome, e.fired_at AS at, e.lateness AS took
           FROM pyscheduler.schedule_executions e
-         WHERE e.fired_at >= v_from
+         WHERE e.fired_at >= v_supto OR (e.fired_at >= v_from AND e.fired_at < v_srfrom)
          LIMIT max_rows),
+    sm AS (
+        SELECT m.outcome, m.minute AS at, m.worst AS took, m.n
+          FROM pyscheduler._schedule_minutes m
+         WHERE m.minute >= v_srfrom AND m.minute < v_supto),
     c AS (
         SELECT h.outcome, h.ended AS at, h.last_took AS took
           FROM pyscheduler.check_history h
@@ -114,6 +145,8 @@ BEGIN
         SELECT 'tasks', tm.*, true FROM tm
         UNION ALL
         SELECT 'schedules', s.*, 1, (SELECT count(*) FROM s) < max_rows FROM s
+        UNION ALL
+        SELECT 'schedules', sm.*, true FROM sm
         UNION ALL
         SELECT 'checks', c.*, 1, (SELECT count(*) FROM c) < max_rows FROM c
         UNION ALL
@@ -150,7 +183,7 @@ AS $$
    lateness; 'checks': ended minus last check) and bucket of when it ended:
    n rows with a latency, its median and 95th percentile. Reads as activity()
    does (at most max_rows per capability, newest first; complete = false
-   where it stopped); tasks over a day or more from the minutes folded, their
+   where it stopped); tasks and schedules in whole-minute buckets from the minutes folded, their
    percentiles then from a histogram (within a factor 2^(1/4)).
    Errors: PS001 as activity(). */
 #variable_conflict use_column
@@ -158,9 +191,15 @@ DECLARE
     v_from timestamptz := now() - since;
     v_rfrom timestamptz;
     v_upto timestamptz;
+    v_srfrom timestamptz;
+    v_supto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, bucket, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto
+      FROM pyscheduler._minutes_window(v_from, activity_latency.bucket, (SELECT f.upto FROM _task_minutes_folded f)) w;
+    SELECT w.rfrom, w.upto INTO v_srfrom, v_supto
+      FROM pyscheduler._minutes_window(v_from, activity_latency.bucket,
+                                       (SELECT f.upto FROM _schedule_minutes_folded f)) w;
     RETURN QUERY
     WITH t AS (
         SELECT * FROM (
@@ -180,7 +219,7 @@ BEGIN
     s AS (
         SELECT e.fired_at AS at, e.lateness AS took
           FROM pyscheduler.schedule_executions e
-         WHERE e.fired_at >= v_from
+         WHERE e.fired_at >= v_supto OR (e.fired_at >= v_from AND e.fired_at < v_srfrom)
          LIMIT max_rows),
     c AS (
         SELECT h.ended AS at, greatest(h.ended - h.last_check_at, interval '0') AS took
@@ -194,37 +233,44 @@ BEGIN
         SELECT 'schedules', s.*, (SELECT count(*) FROM s) < max_rows FROM s
         UNION ALL
         SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c),
-    -- tasks over the rollup's minutes: a histogram of its buckets and of the live tasks'
+    -- tasks and schedules over their rollup's minutes: a histogram of its buckets and of the live rows'
+    rolled AS (
+        SELECT * FROM (VALUES ('tasks', v_upto > v_from), ('schedules', v_supto > v_from)) r (capability, yes)
+         WHERE r.yes),
     hist AS (
-        SELECT date_bin(activity_latency.bucket, h.at, timestamptz 'epoch') AS b, h.k, sum(h.n) AS n,
-               bool_and(h.complete) AS complete
-          FROM (SELECT m.minute AS at, m.k, m.n, true AS complete
+        SELECT h.capability, date_bin(activity_latency.bucket, h.at, timestamptz 'epoch') AS b, h.k,
+               sum(h.n) AS n, bool_and(h.complete) AS complete
+          FROM (SELECT 'tasks' AS capability, m.minute AS at, m.k, m.n, true AS complete
                   FROM pyscheduler._task_latency_minutes m
                  WHERE m.minute >= v_rfrom AND m.minute < v_upto
                 UNION ALL
-                SELECT a.at, pyscheduler._latency_k(a.took), 1, a.complete
+                SELECT 'schedules', m.minute, m.k, m.n, true
+                  FROM pyscheduler._schedule_latency_minutes m
+                 WHERE m.minute >= v_srfrom AND m.minute < v_supto
+                UNION ALL
+                SELECT a.capability, a.at, pyscheduler._latency_k(a.took), 1, a.complete
                   FROM every a
-                 WHERE a.capability = 'tasks' AND a.took IS NOT NULL) h
-         GROUP BY 1, 2),
+                 WHERE a.capability IN (SELECT r.capability FROM rolled r) AND a.took IS NOT NULL) h
+         GROUP BY 1, 2, 3),
     cum AS (
-        SELECT h.b, h.k, h.complete, sum(h.n) OVER (PARTITION BY h.b ORDER BY h.k) AS below,
-               sum(h.n) OVER (PARTITION BY h.b) AS total
+        SELECT h.capability, h.b, h.k, h.complete,
+               sum(h.n) OVER (PARTITION BY h.capability, h.b ORDER BY h.k) AS below,
+               sum(h.n) OVER (PARTITION BY h.capability, h.b) AS total
           FROM hist h)
     SELECT a.capability, date_bin(activity_latency.bucket, a.at, timestamptz 'epoch'), count(*),
            make_interval(secs => percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
            make_interval(secs => percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM a.took))),
            bool_and(a.complete)
       FROM every a
-     WHERE a.took IS NOT NULL AND (a.capability <> 'tasks' OR v_upto = v_from)
+     WHERE a.took IS NOT NULL AND a.capability NOT IN (SELECT r.capability FROM rolled r)
      GROUP BY 1, 2
     UNION ALL
-    SELECT 'tasks', c.b, max(c.total)::bigint,
+    SELECT c.capability, c.b, max(c.total)::bigint,
            pyscheduler._latency_mid(min(c.k) FILTER (WHERE c.below >= 0.5 * c.total)),
            pyscheduler._latency_mid(min(c.k) FILTER (WHERE c.below >= 0.95 * c.total)),
            bool_and(c.complete)
       FROM cum c
-     WHERE v_upto > v_from
-     GROUP BY 2
+     GROUP BY 1, 2
      ORDER BY 1, 2;
 END
 $$;
@@ -247,7 +293,8 @@ AS $$
    Tasks finished (completed, aborted, cancelled) in the last `since`, per
    queue and status: counts only (the monitor may read them). Reads
    tasks_terminal_updated_idx newest first, at most max_rows rows; complete =
-   false where it stopped there. Over a day or more: the hours folded
+   false where it stopped there. Over a day or more (not less: whole hours
+   would over-count a short range): the hours folded
    (_task_queue_hours, from the start of the hour `since` falls in) and the
    index only since. Errors: PS001 as activity(). */
 #variable_conflict use_column
@@ -257,8 +304,12 @@ DECLARE
     v_upto timestamptz;
 BEGIN
     PERFORM pyscheduler._activity_args(since, since, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto FROM pyscheduler._task_minutes_window(v_from, since) w;
-    IF v_upto > v_from THEN  -- the hours folded from the one v_from is in: no first partial minute
+    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto
+      FROM pyscheduler._minutes_window(v_from, since, (SELECT f.upto FROM _task_minutes_folded f)) w;
+    IF since < interval '1 day' THEN  -- the hours folded from the one v_from is in would over-count
+        v_rfrom := v_from;
+        v_upto := v_from;
+    ELSIF v_upto > v_from THEN  -- the hours folded from the one v_from is in: no first partial minute
         v_rfrom := v_from;
     END IF;
     RETURN QUERY
@@ -284,7 +335,8 @@ BEGIN
             UNION ALL
             SELECT h.queue, h.status, sum(h.n), true
               FROM pyscheduler._task_queue_hours h
-             WHERE h.hour >= date_bin('1 hour', v_from, timestamptz 'epoch') AND h.hour < v_upto
+             WHERE v_upto > v_from  -- else the hour v_from is in would be counted whole
+               AND h.hour >= date_bin('1 hour', v_from, timestamptz 'epoch') AND h.hour < v_upto
              GROUP BY 1, 2) q
      GROUP BY 1, 2
      ORDER BY 1, 2;

@@ -1,13 +1,13 @@
 """Page times of the dashboard with much stored work (docs/benchmarks.md, "Dashboard page times").
 
-    python -m pyscheduler.bench.dashboard_pages [--tasks 1000000 --schedules 100000 --checks 1000000]
-        [--messages 1000000] [--requests 30]
+    python -m pyscheduler.bench.dashboard_pages [--tasks 1000000 --schedules 100000 --checks 1000000 ...]
 
 Starts an embedded PostgreSQL (or uses --dsn: a database it may fill), stores the work with
 set-based SQL (fill: tasks over the last day, time-ordered ids, a few ready, scheduled,
 running and aborted; schedules with executions; checks over the next 30 days; delay messages
 waiting 1 hour to 30 days), then serves the dashboard on a monitor login (actions on, as the
-same login: the schedule editor's pages show) and times each page over HTTP (p50/p95/max).
+same login: the schedule editor's pages show) and times each page over HTTP (p50/p95/max),
+the overview also before the per-minute folds (the tasks monitor and schedules cleanup's).
 """
 
 from __future__ import annotations
@@ -49,6 +49,17 @@ def fill(dsn: str, tasks: int, schedules: int, checks: int, messages: int) -> No
         c.execute(sql.DELAY_COUNT_ALL)
         print(f"delay messages: {messages} in {time.monotonic() - t0:.0f}s", flush=True)
         c.execute("VACUUM ANALYZE")
+
+
+def _time(base: str, page: str, requests: int, label: str = "") -> None:
+    times = []
+    for _ in range(requests):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(base + page) as r:
+            r.read()
+        times.append((time.perf_counter() - t0) * 1000)
+    label = label or (page if len(page) <= 45 else page[:44] + "…")
+    print(f"{label:45} {percentile(times, 50):8.1f} {percentile(times, 95):8.1f} {max(times):8.1f}", flush=True)
 
 
 def main() -> None:
@@ -99,16 +110,12 @@ def main() -> None:
             nxt = re.search(r'<a href="([^"]+)" rel="next">', r.read().decode())
         pages += [html.unescape(nxt.group(1))] if nxt else []  # the second page of waiting messages
         print(f"{'page':45} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(sql.ACTIVITY_UNFOLD)
+            _time(base, "/", args.requests, "/ (nothing folded)")
+            c.execute(sql.ACTIVITY_FOLD)
         for page in pages:
-            times = []
-            for _ in range(args.requests):
-                t0 = time.perf_counter()
-                with urllib.request.urlopen(base + page) as r:
-                    r.read()
-                times.append((time.perf_counter() - t0) * 1000)
-            label = page if len(page) <= 45 else page[:44] + "…"
-            print(f"{label:45} {percentile(times, 50):8.1f} {percentile(times, 95):8.1f} {max(times):8.1f}",
-                  flush=True)
+            _time(base, page, args.requests)
     finally:
         server.close()
     app.close()

@@ -396,15 +396,31 @@ ACTIVITY_TASKS = Query("""
            e - interval '1 minute', e, '[]', NULL, '[]', 1,
            e - interval '1 minute' + (i %% 61) * interval '1 second', 'pyscheduler_client'
       FROM generate_series(1, %(n)s) i,
-           LATERAL (SELECT now() - interval '7 days' + i * (interval '7 days' / %(n)s) AS e) x""")
-# activity_ranges: forget every fold (the reads then read the tasks, as before the rollup)
+           LATERAL (SELECT now() - %(span)s::interval + i * (%(span)s::interval / %(n)s) AS e) x""")
+# activity_ranges: %(n)s schedule executions recorded evenly over the last %(span)s, a tenth failed
+ACTIVITY_EXECUTIONS = Query("""
+    INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, fired_at,
+                                                 lateness)
+    SELECT i %% 100000, f - (i %% 7) * interval '1 second', CASE WHEN i %% 10 = 0 THEN 'failed' ELSE 'fired' END,
+           false, 1, f, (i %% 7) * interval '1 second'
+      FROM generate_series(1, %(n)s) i,
+           LATERAL (SELECT now() - %(span)s::interval + i * (%(span)s::interval / %(n)s) AS f) x""")
+# activity_ranges: forget every fold (the reads then read the tasks and executions, as before the rollups)
 ACTIVITY_UNFOLD = Query("WITH a AS (DELETE FROM pyscheduler._task_minutes), "
-                        "b AS (DELETE FROM pyscheduler._task_latency_minutes) "
+                        "b AS (DELETE FROM pyscheduler._task_latency_minutes), "
+                        "c AS (DELETE FROM pyscheduler._schedule_minutes), "
+                        "d AS (DELETE FROM pyscheduler._schedule_latency_minutes), "
+                        "e AS (UPDATE pyscheduler._schedule_minutes_folded SET upto = NULL) "
                         "UPDATE pyscheduler._task_minutes_folded SET upto = NULL")
-ACTIVITY_FOLD = Query("SELECT pyscheduler._fold_task_minutes()")
+ACTIVITY_FOLD = Query("SELECT pyscheduler._fold_task_minutes(), pyscheduler._fold_schedule_minutes()")
 # activity_ranges: the dashboard's 7 d reads, as its overview and tasks page make them
 ACTIVITY_WEEK = {
     "activity": Query("SELECT * FROM pyscheduler.activity(since => '7 days', bucket => '6 hours')"),
     "activity_latency": Query("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '6 hours')"),
     "queue_activity": Query("SELECT * FROM pyscheduler.queue_activity(since => '7 days')"),
+}
+# activity_ranges: the overview's default 1 h reads (5 minute buckets)
+ACTIVITY_HOUR = {
+    "activity": Query("SELECT * FROM pyscheduler.activity(since => '1 hour', bucket => '5 minutes')"),
+    "activity_latency": Query("SELECT * FROM pyscheduler.activity_latency(since => '1 hour', bucket => '5 minutes')"),
 }

@@ -734,6 +734,47 @@ $$;
 COMMENT ON FUNCTION pyscheduler.claim_due_critical_shards(integer[], integer, integer, interval) IS
     'Scheduler, degraded mode of some index shards: claim due critical schedules of those shards (id mod count).';
 
+-- _fold_schedule_minutes(): add the executions recorded since _schedule_minutes_folded.upto, up
+-- to the minute before the last (a recording transaction has a minute to commit), to
+-- _schedule_minutes (per outcome, with the largest lateness) and _schedule_latency_minutes (a
+-- histogram of lateness: _latency_k); delete their rows older than 8 days. Reads the executions'
+-- BRIN on fired_at from upto on only (the first fold: the last 8 days). Called by
+-- _purge_executions (the schedules cleanup daemon, every minute) before it deletes; a
+-- concurrent fold skips (returns 0). Returns the minutes folded. As _fold_task_minutes.
+CREATE OR REPLACE FUNCTION pyscheduler._fold_schedule_minutes(p_now timestamptz DEFAULT now())
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pyscheduler, pg_temp
+AS $$
+DECLARE
+    v_from timestamptz;
+    v_to timestamptz := date_bin('1 minute', p_now - interval '1 minute', timestamptz 'epoch');
+BEGIN
+    SELECT f.upto INTO v_from FROM pyscheduler._schedule_minutes_folded f FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    v_from := coalesce(v_from, date_bin('1 minute', p_now - interval '8 days', timestamptz 'epoch'));
+    IF v_from >= v_to THEN
+        RETURN 0;
+    END IF;
+    INSERT INTO pyscheduler._schedule_minutes (minute, outcome, n, worst)
+    SELECT date_bin('1 minute', e.fired_at, timestamptz 'epoch'), e.outcome, count(*), max(e.lateness)
+      FROM pyscheduler.schedule_executions e
+     WHERE e.fired_at >= v_from AND e.fired_at < v_to
+     GROUP BY 1, 2;
+    INSERT INTO pyscheduler._schedule_latency_minutes (minute, k, n)
+    SELECT date_bin('1 minute', e.fired_at, timestamptz 'epoch'), pyscheduler._latency_k(e.lateness), count(*)
+      FROM pyscheduler.schedule_executions e
+     WHERE e.fired_at >= v_from AND e.fired_at < v_to AND e.lateness IS NOT NULL
+     GROUP BY 1, 2;
+    DELETE FROM pyscheduler._schedule_minutes m WHERE m.minute < p_now - interval '8 days';
+    DELETE FROM pyscheduler._schedule_latency_minutes m WHERE m.minute < p_now - interval '8 days';
+    UPDATE pyscheduler._schedule_minutes_folded SET upto = v_to;
+    RETURN extract(epoch FROM v_to - v_from)::integer / 60;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._purge_executions(p_batch integer, p_now timestamptz)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -746,6 +787,7 @@ BEGIN
         PERFORM _schedule_error('PS312', format('max_executions must be in 1..1000000, got %s',
                                                 coalesce(p_batch::text, 'NULL')));
     END IF;
+    PERFORM _fold_schedule_minutes(p_now);  -- before the executions it counts are deleted
     DELETE FROM schedule_executions e
      WHERE e.ctid = ANY (ARRAY(
         SELECT x.ctid FROM schedule_executions x
@@ -766,7 +808,9 @@ AS $$
    Delete up to max_executions executions recorded before now minus the
    retention setting (schedules_execution_retention, default 30 days);
    returns how many. The cleanup daemon calls it while it returns
-   max_executions. Counts in the schedule rows are kept.
+   max_executions. Counts in the schedule rows are kept. First it folds
+   the executions recorded since into the dashboard's per-minute counts
+   (_fold_schedule_minutes).
    Errors: PS312 max_executions outside 1..1000000. */
 BEGIN
     RETURN _purge_executions(purge_executions.max_executions, now());

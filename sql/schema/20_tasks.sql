@@ -259,7 +259,8 @@ ON CONFLICT (name) DO NOTHING;
 -- _fold_task_minutes (called by cleanup_tasks, the tasks monitor's minutely job) from
 -- tasks_terminal_updated_idx, up to _task_minutes_folded.upto; minutes older than 8 days
 -- are deleted by the fold. activity(), activity_latency() and queue_activity() read it for
--- ranges of a day or more and the index for what ended since.
+-- any whole-minute bucket (queue_activity: ranges of a day or more) and the index for what
+-- ended since.
 CREATE TABLE pyscheduler._task_minutes (
     minute timestamptz NOT NULL,
     status text        NOT NULL,

@@ -154,3 +154,27 @@ CREATE TABLE pyscheduler._schedule_resync_leases (
     until    timestamptz NOT NULL,
     CONSTRAINT _schedule_resync_leases_pkey PRIMARY KEY (sync_id, critical, after_id)
 );
+
+-- migrations/0043_schedule_minutes.sql: per minute, the schedule executions recorded per
+-- outcome (with the largest lateness) and a histogram of their lateness, folded by
+-- _fold_schedule_minutes (called by purge_executions) up to _schedule_minutes_folded.upto;
+-- minutes older than 8 days are deleted by the fold. activity() and activity_latency() read
+-- them for any whole-minute bucket and the executions only since.
+CREATE TABLE pyscheduler._schedule_minutes (
+    minute  timestamptz NOT NULL,
+    outcome text        NOT NULL,
+    n       bigint      NOT NULL,
+    worst   interval,
+    PRIMARY KEY (minute, outcome)
+);
+CREATE TABLE pyscheduler._schedule_latency_minutes (
+    minute timestamptz NOT NULL,
+    k      smallint    NOT NULL,
+    n      bigint      NOT NULL,
+    PRIMARY KEY (minute, k)
+);
+CREATE TABLE pyscheduler._schedule_minutes_folded (
+    one  boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    upto timestamptz
+);
+INSERT INTO pyscheduler._schedule_minutes_folded (upto) VALUES (NULL);

@@ -98,7 +98,7 @@ COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
 
 -- The dashboard's long ranges (issue 30, migrations/0042_activity_minutes.sql): per minute, the
 -- tasks finished per status (per queue and status: by the hour) and a histogram of their due-to-started latency, so a
--- range of a day or more reads minutes, not tasks (activity.sql).
+-- range binned by whole minutes reads minutes, not tasks (activity.sql).
 --
 -- _latency_k(): a latency's histogram bucket: 0 below 1 ms, else k (1..63) for
 -- [1 ms * 2^((k-1)/2), 1 ms * 2^(k/2)): log-spaced, a factor sqrt(2) wide.
@@ -167,24 +167,6 @@ BEGIN
     DELETE FROM pyscheduler._task_queue_hours h WHERE h.hour < p_now - interval '8 days';
     UPDATE pyscheduler._task_minutes_folded SET upto = v_to;
     RETURN extract(epoch FROM v_to - v_from)::integer / 60;
-END
-$$;
-
--- _task_minutes_window(): for a read of the last `since` from v_from: the minutes the rollup
--- answers, [rfrom, upto); the tasks read live are [v_from, rfrom) and [upto, now). Ranges under
--- a day (or nothing folded yet) read only live: rfrom = upto = v_from.
-CREATE OR REPLACE FUNCTION pyscheduler._task_minutes_window(v_from timestamptz, since interval,
-                                                            OUT rfrom timestamptz, OUT upto timestamptz)
-LANGUAGE plpgsql STABLE
-SET search_path = pyscheduler, pg_temp
-AS $$
-BEGIN
-    rfrom := date_bin('1 minute', v_from - interval '1 microsecond', timestamptz 'epoch') + interval '1 minute';
-    SELECT f.upto INTO upto FROM pyscheduler._task_minutes_folded f;
-    IF since < interval '1 day' OR upto IS NULL OR upto <= rfrom THEN
-        rfrom := v_from;
-        upto := v_from;
-    END IF;
 END
 $$;
 

@@ -163,12 +163,12 @@ def test_the_overview_shows_delay_messages_fired_over_the_range(conn, login):
     assert any(t.endswith("Z: 2 ok, 0 failed") for t in _titles(card)), _titles(card)
 
 
-def _answers(x, since: str) -> tuple[list, list, list]:
-    """The tasks' rows of activity(), activity_latency() (hourly) and queue_activity() over ``since``."""
-    act = x("SELECT outcome, bucket_start, n, complete FROM pyscheduler.activity(since => %s, bucket => '1 hour') "
-            "WHERE capability = 'tasks'", (since,)).fetchall()
+def _answers(x, since: str, bucket: str = "1 hour") -> tuple[list, list, list]:
+    """The tasks' rows of activity(), activity_latency() (by ``bucket``) and queue_activity() over ``since``."""
+    act = x("SELECT outcome, bucket_start, n, complete FROM pyscheduler.activity(since => %s, bucket => %s) "
+            "WHERE capability = 'tasks'", (since, bucket)).fetchall()
     lat = x("SELECT bucket_start, n, p50, p95, complete FROM pyscheduler.activity_latency(since => %s, "
-            "bucket => '1 hour') WHERE capability = 'tasks'", (since,)).fetchall()
+            "bucket => %s) WHERE capability = 'tasks'", (since, bucket)).fetchall()
     return act, lat, x("SELECT * FROM pyscheduler.queue_activity(since => %s)", (since,)).fetchall()
 
 
@@ -181,15 +181,18 @@ def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
     _finished(conn.execute, "b", [2.1, 2.7], "5 hours")
     _finished(conn.execute, "a", [0.9], "23 hours 59 minutes 40 seconds")  # in the range's first minute
     _finished(conn.execute, "b", [1.0], "1 day 2 hours")  # before the 1 day range (and its first hour)
+    _finished(conn.execute, "a", [1.5, 1.6, 1.65], "30 minutes")  # one histogram bucket (k 22)
+    _finished(conn.execute, "b", [1.55], "59 minutes 40 seconds")  # in the 1 h range's first minute
     conn.execute("SELECT pyscheduler.cancel_task(rn => (pyscheduler.submit_task(queue => 'b', spec => '{}') "
-                 "->> 'rn')::uuid)")
-    direct = {since: _answers(conn.execute, since) for since in ("1 day", "7 days")}
+                 "->> 'rn')::uuid)")  # ended now: not folded yet, read live
+    ranges = {"1 hour": "5 minutes", "6 hours": "15 minutes", "1 day": "1 hour", "7 days": "1 hour"}  # the pages'
+    direct = {since: _answers(conn.execute, since, bucket) for since, bucket in ranges.items()}
     assert conn.execute("SELECT pyscheduler.cleanup_tasks()").fetchone()  # the monitor's minutely call folds
     upto = conn.execute("SELECT upto FROM pyscheduler._task_minutes_folded").fetchone()["upto"]
     assert upto is not None
-    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 24  # not the cancel
+    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 28  # not the cancel
     for since, (act, lat, queues) in direct.items():
-        r_act, r_lat, r_queues = _answers(conn.execute, since)
+        r_act, r_lat, r_queues = _answers(conn.execute, since, ranges[since])
         assert r_act == act and r_queues == queues  # counts: exactly
         assert [(r["bucket_start"], r["n"], r["complete"]) for r in r_lat] == [
             (r["bucket_start"], r["n"], r["complete"]) for r in lat]
@@ -199,9 +202,10 @@ def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
     # a second fold (and one a few minutes later) counts nothing twice
     assert conn.execute("SELECT pyscheduler._fold_task_minutes() AS m").fetchone()["m"] == 0
     assert conn.execute("SELECT pyscheduler._fold_task_minutes(now() + interval '3 minutes') AS m").fetchone()["m"] > 0
-    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 25
-    assert _answers(conn.execute, "7 days")[0] == direct["7 days"][0]
-    assert _answers(conn.execute, "7 days")[2] == direct["7 days"][2]
+    assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 29
+    for since in ("1 hour", "7 days"):
+        assert _answers(conn.execute, since, ranges[since])[0] == direct[since][0]
+        assert _answers(conn.execute, since, ranges[since])[2] == direct[since][2]
 
 
 def test_the_fold_deletes_minutes_older_than_8_days(tx):
@@ -217,15 +221,96 @@ def test_the_fold_deletes_minutes_older_than_8_days(tx):
         assert [r["recent"] for r in kept] == [True]
 
 
-def test_a_week_read_reads_only_the_tasks_ended_since_the_last_fold(conn):
+def test_a_week_or_an_hour_read_reads_only_the_tasks_ended_since_the_last_fold(conn):
     fill(conn, 300, "old", "completed", ago="3 days")
+    fill(conn, 300, "old", "completed", ago="30 minutes")
     conn.execute("SELECT pyscheduler._fold_task_minutes()")
     _finished(conn.execute, "new", [1.0, 2.0], "0 seconds")
     conn.execute("VACUUM pyscheduler.tasks")  # the index entries of the versions _finished replaced
-    for sql, n in (("SELECT * FROM pyscheduler.activity(since => '7 days', bucket => '1 hour')", 302),
+    for sql, n in (("SELECT * FROM pyscheduler.activity(since => '7 days', bucket => '1 hour')", 602),
                    ("SELECT * FROM pyscheduler.activity_latency(since => '7 days', bucket => '1 hour')", 2),
-                   ("SELECT * FROM pyscheduler.queue_activity(since => '7 days')", 302)):
+                   ("SELECT * FROM pyscheduler.queue_activity(since => '7 days')", 602),
+                   ("SELECT * FROM pyscheduler.activity(since => '1 hour', bucket => '5 minutes')", 302),  # overview
+                   ("SELECT * FROM pyscheduler.activity_latency(since => '1 hour', bucket => '5 minutes')", 2)):
         rows, r = reads(conn, sql, tables=("tasks",))
         assert r.seq_scans("tasks") == 0
         assert r.entries("tasks_terminal_updated_idx") == 2, sql  # the 2 since the fold, not the 300
         assert sum(x["n"] for x in rows if x.get("capability", "tasks") == "tasks") == n, sql
+
+
+def _executions(x, n: int, ago: str, late: float, outcome: str = "fired") -> None:
+    """n schedule executions recorded ``ago`` (one a millisecond apart), each ``late`` s late."""
+    x("INSERT INTO pyscheduler.schedule_executions (schedule_id, expected_at, outcome, triggered, attempts, "
+      "fired_at, lateness) SELECT i, f - make_interval(secs => %s), %s, false, 1, f, make_interval(secs => %s) "
+      "FROM generate_series(1, %s) i, LATERAL (SELECT clock_timestamp() - %s::interval "
+      "+ i * interval '1 millisecond' AS f) x", (late, outcome, late, n, ago))
+
+
+def _schedule_answers(x, since: str, bucket: str) -> tuple[list, list]:
+    """The schedules' rows of activity() and activity_latency() over ``since`` by ``bucket``."""
+    act = x("SELECT outcome, bucket_start, n, worst, complete FROM pyscheduler.activity(since => %s, bucket => %s) "
+            "WHERE capability = 'schedules'", (since, bucket)).fetchall()
+    lat = x("SELECT bucket_start, n, p50, p95, complete FROM pyscheduler.activity_latency(since => %s, "
+            "bucket => %s) WHERE capability = 'schedules'", (since, bucket)).fetchall()
+    return act, lat
+
+
+def test_schedule_executions_folded_answer_as_the_executions_do(conn):
+    x = conn.execute
+    _executions(x, 3, "3 days", 2.0)
+    _executions(x, 2, "5 hours", 0.5, "failed")
+    _executions(x, 1, "23 hours 59 minutes 40 seconds", 7.0, "missed")  # in the 1 day range's first minute
+    _executions(x, 3, "30 minutes", 1.5, "skipped_overlap")
+    _executions(x, 1, "59 minutes 40 seconds", 1.55)  # in the 1 h range's first minute
+    _executions(x, 1, "0 seconds", 1.6)  # recorded now: not folded yet, read live (the last hour: k 22)
+    ranges = {"1 hour": "5 minutes", "6 hours": "15 minutes", "1 day": "1 hour", "7 days": "1 hour"}  # the pages'
+    direct = {since: _schedule_answers(x, since, bucket) for since, bucket in ranges.items()}
+    assert x("SELECT pyscheduler.purge_executions() AS n").fetchone()["n"] == 0  # the cleanup's call folds
+    assert x("SELECT upto FROM pyscheduler._schedule_minutes_folded").fetchone()["upto"] is not None
+    assert x("SELECT sum(n) AS n FROM pyscheduler._schedule_minutes").fetchone()["n"] == 10  # not the last
+    for since, (act, lat) in direct.items():
+        r_act, r_lat = _schedule_answers(x, since, ranges[since])
+        assert r_act == act, since  # counts and the worst lateness: exactly
+        assert [(r["bucket_start"], r["n"], r["complete"]) for r in r_lat] == [
+            (r["bucket_start"], r["n"], r["complete"]) for r in lat], since
+        for rolled, exact in zip(r_lat, lat):  # percentiles: within a histogram bucket
+            assert _same_bucket(x, rolled["p50"], exact["p50"]) and _same_bucket(x, rolled["p95"], exact["p95"])
+    # a second fold (and one a few minutes later) counts nothing twice
+    assert x("SELECT pyscheduler._fold_schedule_minutes() AS m").fetchone()["m"] == 0
+    assert x("SELECT pyscheduler._fold_schedule_minutes(now() + interval '3 minutes') AS m").fetchone()["m"] > 0
+    assert x("SELECT sum(n) AS n FROM pyscheduler._schedule_minutes").fetchone()["n"] == 11
+    assert _schedule_answers(x, "7 days", "1 hour")[0] == direct["7 days"][0]
+    # purged past retention, the executions stay counted
+    x("UPDATE pyscheduler.settings SET value = '1 day' WHERE name = 'schedules_execution_retention'")
+    assert x("SELECT pyscheduler.purge_executions() AS n").fetchone()["n"] == 3
+    assert _schedule_answers(x, "7 days", "1 hour")[0] == direct["7 days"][0]
+
+
+def test_the_schedule_fold_deletes_minutes_older_than_8_days(tx):
+    for ago in ("9 days", "7 days"):
+        tx.execute("INSERT INTO pyscheduler._schedule_minutes VALUES (now() - %s::interval, 'fired', 1, '1 s')",
+                   (ago,))
+        tx.execute("INSERT INTO pyscheduler._schedule_latency_minutes VALUES (now() - %s::interval, 3, 1)", (ago,))
+    tx.execute("SELECT pyscheduler._fold_schedule_minutes()")
+    for table in ("_schedule_minutes", "_schedule_latency_minutes"):
+        kept = tx.execute(f"SELECT minute > now() - interval '8 days' AS recent FROM pyscheduler.{table}").fetchall()
+        assert [r["recent"] for r in kept] == [True]
+
+
+def test_a_folded_read_reads_only_the_executions_recorded_since_the_last_fold(conn):
+    _executions(conn.execute, 60000, "3 days", 1.0)  # a few BRIN ranges of 128 pages
+    _executions(conn.execute, 10000, "30 minutes", 1.0)
+    conn.execute("SELECT pyscheduler._fold_schedule_minutes()")
+    _executions(conn.execute, 2, "0 seconds", 2.0)
+    conn.execute("VACUUM ANALYZE pyscheduler.schedule_executions")
+    pages = conn.execute("SELECT relpages FROM pg_class WHERE oid = 'pyscheduler.schedule_executions'::regclass"
+                         ).fetchone()["relpages"]
+    assert pages > 5 * 128
+    for since, bucket, n in (("7 days", "1 hour", 70002), ("1 hour", "5 minutes", 10002)):
+        for fn in ("activity", "activity_latency"):
+            rows, r = reads(conn, f"SELECT * FROM pyscheduler.{fn}(since => %s, bucket => %s)", (since, bucket),
+                            tables=("schedule_executions",))
+            assert r.seq_scans("schedule_executions") == 0
+            # the BRIN ranges at the range's edges (its first minute, the fold's), not them all
+            assert r.blocks["schedule_executions"] <= 2 * 128 + 2, (fn, since)
+            assert sum(x["n"] for x in rows if x["capability"] == "schedules") == n, (fn, since)

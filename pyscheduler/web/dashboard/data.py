@@ -140,8 +140,8 @@ class Reader:
 
     def _windowed(self, fn: Any, since: timedelta, **args: Any) -> list[dict[str, Any]]:
         """``fn`` over the last ``since``; a range of a day or more is read again at most once a
-        minute (the tasks come from their per-minute rollup, but the schedules' executions and
-        the checks' history are read up to 100,000 rows each: a page's refresh would repeat it)."""
+        minute (the tasks and schedule executions come from their per-minute rollups, but the
+        checks' history is read up to 100,000 rows: a page's refresh would repeat it)."""
         if since < timedelta(days=1):
             return self.db.call(fn, since=since, **args)
         key = (fn, since, *args.values())
