@@ -1143,7 +1143,14 @@ BEGIN
         RAISE EXCEPTION 'task % is already %', _cancel_task.rn, v_task.status
             USING ERRCODE = 'PS209', HINT = 'Only waiting, scheduled, ready or running tasks can be cancelled.';
     END IF;
-    UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now, waiting_on = 0
+    -- the current lease's TaskAssignment goes into history before the cancellation (leased_at
+    -- NULL, as a yield does), so the entries read in the order they happened
+    UPDATE pyscheduler.tasks t SET status = 'cancelled', deadline = NULL, updated = p_now, waiting_on = 0,
+           leased_at = NULL,
+           history = pyscheduler._trim_history(
+                         pyscheduler._full_history(t.history, t.owner, t.leased_at) || jsonb_build_array(jsonb_build_object(
+                         '_typ', 'TaskCancelled', 'by', pyscheduler._caller(), 'time', pyscheduler._ts(p_now))),
+                                               pyscheduler._task_limit('task_max_history'))
      WHERE t.rn = _cancel_task.rn
     RETURNING t.* INTO v_task;
     PERFORM pyscheduler._task_tally(v_task.queue, v_was, 'cancelled', 1);
@@ -1169,7 +1176,8 @@ AS $$
    its dependents are cancelled too (unless on_parent_failure 'run'). A running
    task keeps its owner, who is told at once (NOTIFY
    pyscheduler_cancel:<owner>) and in any case by PS203 on its next heartbeat
-   or status write. Cancelling a cancelled task returns it unchanged. The
+   or status write. Its history ends with {"_typ": "TaskCancelled", "by":
+   the cancelling role, "time"}. Cancelling a cancelled task returns it unchanged. The
    task belongs to the role that submitted it: only that role, a member of
    it, or admin may cancel it (any client instance of that application, as in
    the seed; not another application's role).

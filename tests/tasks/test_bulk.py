@@ -54,3 +54,15 @@ def test_run_now_makes_scheduled_tasks_due_and_records_it(db, conn, login):
     worker = db.call_value("register_worker")
     leased = {db.call_value("lease_task", queue="later", worker=worker)["rn"] for _ in range(3)}
     assert set(later) | set(ready) == leased
+
+
+def test_a_cancel_is_recorded_in_the_history_with_its_role(db, login):
+    """A bulk cancel (one cancel_task a task) is recorded as the retry and the run now are: the
+    history ends with TaskCancelled and the role that cancelled; cancelling again adds nothing."""
+    name, dsn = login("pyscheduler_client")
+    with Database(dsn, max_size=1) as a:
+        rn = _tasks(a, "cx", 1)[0]
+        TaskClient(a).cancel(rn)
+        TaskClient(a).cancel(rn)
+    history = db.call_value("get_task", rn=rn)["history"]
+    assert [(h["_typ"], h.get("by")) for h in history] == [("TaskCancelled", name)]

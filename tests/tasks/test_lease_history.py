@@ -70,6 +70,8 @@ def test_history_reads_as_if_every_lease_appended_its_entry(tx):
     h = lease(tx, "w3", at(24))
     expected.append(entry("TaskAssignment", "w3", 24))
     cancelled = private(tx, "cancel_task", at(25), rn=rn)
+    expected.append({"_typ": "TaskCancelled", "by": tx.execute("SELECT current_user AS u").fetchone()["u"],
+                     "time": "2030-01-01T00:00:25.000000Z"})  # who cancelled it, after its lease
     assert cancelled["status"] == "cancelled" and cancelled["history"] == expected == seen(tx, rn)["history"]
     with pytest.raises(errors.TaskCancelled):
         tx.call("complete_task", **h)

@@ -480,6 +480,7 @@ def test_a_finished_task_s_history_ends_with_how_it_ended(work, conn, admin_dsn)
             rows = re.findall(r"<tr>(.*?)</tr>", c.get(f"/tasks/{rn}")[2].split('<table id="history">')[1]
                               .split("</table>")[0], re.S)
             assert re.findall(r"<td>(Task\w+)</td>", rows[-1]) == [last], (rn, rows)
+            assert re.findall(r"<td>(Task\w+)</td>", rows[-2]) != [last], (rn, rows)  # once
         updated = conn.execute("SELECT pyscheduler.get_task(rn => %s) ->> 'updated' AS u", (done,)).fetchone()["u"]
         assert updated[:19].replace("T", " ") in c.get(f"/tasks/{done}")[2].split("TaskCompleted")[0][-200:]
     app.close()

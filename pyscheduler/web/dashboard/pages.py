@@ -211,10 +211,11 @@ class Dashboard(Site):
             raise HTTPError("404 Not Found", f"task {rn}: {exc}") from None
         if task is None:
             raise HTTPError("404 Not Found", f"no task {rn}")
-        if task["status"] in ("completed", "aborted", "cancelled") and task.get("history") is not None:
-            # the history records leases; how the task ended is its status since its last update
-            task["history"] = [*task["history"], {"_typ": "Task" + task["status"].capitalize(),
-                                                  "time": task["updated"], "worker": task["owner"]}]
+        ended = "Task" + task["status"].capitalize()
+        if (task["status"] in ("completed", "aborted", "cancelled") and task.get("history") is not None
+                and (not task["history"] or task["history"][-1].get("_typ") != ended)):
+            # the history records leases (and a cancel); how the task ended is its status since its last update
+            task["history"] = [*task["history"], {"_typ": ended, "time": task["updated"], "worker": task["owner"]}]
         return self._render(req, "task.html", title=f"task {rn}", now=r.clock(), task=task, attempts=attempts(task),
                             family=r.task_family(rn), limits=r.queue_limits(task["queue"]))
 
