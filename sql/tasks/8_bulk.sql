@@ -2,6 +2,19 @@
 -- cancel_task (issue 30): delete_tasks, run_tasks_now. Each takes a bounded batch of ids and
 -- acts on those the caller may act on (its role's, every role's for admin), leaving the rest.
 
+-- _bulk_ids(rns, hint): PS208 unless rns is an array of at most 1000 task ids (a bulk call's batch).
+CREATE OR REPLACE FUNCTION pyscheduler._bulk_ids(p_rns uuid[], p_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_rns IS NULL OR cardinality(p_rns) > 1000 THEN
+        RAISE EXCEPTION 'rns must be an array of at most 1000 task ids, got %', coalesce(cardinality(p_rns)::text, 'NULL')
+            USING ERRCODE = 'PS208', HINT = p_hint;
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler.delete_tasks(rns uuid[])
 RETURNS TABLE (rn uuid)
 LANGUAGE plpgsql
@@ -17,20 +30,16 @@ AS $$
    Errors: PS208 rns NULL or more than 1000 ids. */
 #variable_conflict use_column
 DECLARE
-    v_admin boolean := pg_catalog.pg_has_role(_caller(), _role('admin'), 'MEMBER');
     v_gone text[];
     v_was task_status[];
     v_rns uuid[];
 BEGIN
-    IF rns IS NULL OR cardinality(rns) > 1000 THEN
-        RAISE EXCEPTION 'rns must be an array of at most 1000 task ids, got %', coalesce(cardinality(rns)::text, 'NULL')
-            USING ERRCODE = 'PS208', HINT = 'Delete in batches.';
-    END IF;
+    PERFORM _bulk_ids(rns, 'Delete in batches.');
     WITH gone AS (
         DELETE FROM tasks t
          WHERE t.rn IN (SELECT r.rn FROM tasks r
                          WHERE r.rn = ANY (rns) AND r.status IN ('completed', 'aborted', 'cancelled')
-                           AND (v_admin OR _may_act(r.submitted_by))
+                           AND _may_act(r.submitted_by)
                            FOR UPDATE)
            AND t.status IN ('completed', 'aborted', 'cancelled')
         RETURNING t.rn, t.queue, t.status)
@@ -58,15 +67,11 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_caller name := _caller();
-    v_admin boolean := pg_catalog.pg_has_role(v_caller, _role('admin'), 'MEMBER');
     v_now timestamptz := now();
     v_rns uuid[];
     v_queues text[];
 BEGIN
-    IF rns IS NULL OR cardinality(rns) > 1000 THEN
-        RAISE EXCEPTION 'rns must be an array of at most 1000 task ids, got %', coalesce(cardinality(rns)::text, 'NULL')
-            USING ERRCODE = 'PS208', HINT = 'Run them in batches.';
-    END IF;
+    PERFORM _bulk_ids(rns, 'Run them in batches.');
     WITH due AS (
         UPDATE tasks t
            SET run_at = v_now, updated = v_now,
@@ -74,7 +79,7 @@ BEGIN
                              '_typ', 'TaskRunNow', 'by', v_caller, 'time', _ts(v_now))),
                                        _task_limit('task_max_history'))
           FROM (SELECT r.rn FROM tasks r
-                 WHERE r.rn = ANY (rns) AND r.status = 'scheduled' AND (v_admin OR _may_act(r.submitted_by))
+                 WHERE r.rn = ANY (rns) AND r.status = 'scheduled' AND _may_act(r.submitted_by)
                  ORDER BY r.rn FOR UPDATE) AS s
          WHERE t.rn = s.rn AND t.status = 'scheduled'
         RETURNING t.rn, t.queue)
