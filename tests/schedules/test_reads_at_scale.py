@@ -95,11 +95,17 @@ def test_each_read_path_reads_its_index_in_order_and_stops_at_the_page(tx):
         ("SELECT * FROM pyscheduler.schedules_paused LIMIT 10", "schedules_paused_name_idx", 10),
         ("SELECT * FROM pyscheduler.schedules_failing LIMIT 10", "schedules_failing_idx", 10),
     ]
+    # planning a cursor at the low end of the names ('' before every name) probes the index for
+    # the actual smallest name (get_actual_variable_range), stepping over the dead entries that
+    # earlier tests' rolled-back schedules left in this shared database: the planner's reading,
+    # bounded by the dead entries, not the page's; measured on its own and allowed for
+    _, probe = reads(tx, "EXPLAIN SELECT 1 FROM pyscheduler.schedules WHERE name > '' ORDER BY name LIMIT 10",
+                     tables=("schedules",))
     for sql, index, n in checks:
         rows, r = reads(tx, sql, tables=("schedules",))
         assert len(rows) == n, sql
         assert r.seq_scans("schedules") == 0, sql
-        assert 0 < r.entries(index) <= n + 2, (sql, r.returned)
+        assert 0 < r.entries(index) <= n + 2 + probe.entries("schedules_name_key"), (sql, r.returned)
     # a pattern with a literal prefix reads the names with that prefix only (100 of 3,000 here)
     rows, r = reads(tx, "SELECT schedule ->> 'name' AS name FROM pyscheduler.list_schedules(name_like => 'c-15%%', "
                     "max_schedules => 10, after_name => 'c-1500')", tables=("schedules",))
