@@ -168,7 +168,8 @@ SELECT pyscheduler._grant('monitor', 'activity');
 -- the same history and the same bounded reads as activity(): tasks (due to
 -- started: the last lease minus run_at, else created, of tasks finished in
 -- the bucket; a retried task's run_at is its retry's), schedules (lateness of
--- each execution recorded) and checks (lag: ended minus the last check's slot).
+-- each execution recorded), checks (lag: ended minus the last check's slot) and
+-- the delay queue (lag: fired minus deadline, from _delay_lag_minutes).
 CREATE OR REPLACE FUNCTION pyscheduler.activity_latency(
     since interval DEFAULT '1 hour', bucket interval DEFAULT '5 minutes', max_rows integer DEFAULT 100000)
 RETURNS TABLE (capability text, bucket_start timestamptz, n bigint, p50 interval, p95 interval,
@@ -180,10 +181,12 @@ AS $$
 /* activity_latency(since => '1 hour', bucket => '5 minutes', max_rows => 100000)
        -> setof (capability, bucket_start, n, p50, p95, complete)
    Per capability ('tasks': due to started of tasks finished; 'schedules':
-   lateness; 'checks': ended minus last check) and bucket of when it ended:
+   lateness; 'checks': ended minus last check; 'delay': a message's fire lag,
+   deleted by delete_fired minus its deadline) and bucket of when it ended:
    n rows with a latency, its median and 95th percentile. Reads as activity()
    does (at most max_rows per capability, newest first; complete = false
-   where it stopped); tasks and schedules in whole-minute buckets from the minutes folded, their
+   where it stopped); tasks and schedules in whole-minute buckets from the minutes folded, the
+   delay queue always from its minutes (the bucket of a minute holds all of it), their
    percentiles then from a histogram (within a factor 2^(1/4)).
    Errors: PS001 as activity(). */
 #variable_conflict use_column
@@ -235,7 +238,8 @@ BEGIN
         SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c),
     -- tasks and schedules over their rollup's minutes: a histogram of its buckets and of the live rows'
     rolled AS (
-        SELECT * FROM (VALUES ('tasks', v_upto > v_from), ('schedules', v_supto > v_from)) r (capability, yes)
+        SELECT * FROM (VALUES ('tasks', v_upto > v_from), ('schedules', v_supto > v_from), ('delay', true))
+                      r (capability, yes)
          WHERE r.yes),
     hist AS (
         SELECT h.capability, date_bin(activity_latency.bucket, h.at, timestamptz 'epoch') AS b, h.k,
@@ -247,6 +251,10 @@ BEGIN
                 SELECT 'schedules', m.minute, m.k, m.n, true
                   FROM pyscheduler._schedule_latency_minutes m
                  WHERE m.minute >= v_srfrom AND m.minute < v_supto
+                UNION ALL
+                SELECT 'delay', m.minute, m.k, m.n, true
+                  FROM pyscheduler._delay_lag_minutes m
+                 WHERE m.minute >= date_trunc('minute', v_from)
                 UNION ALL
                 SELECT a.capability, a.at, pyscheduler._latency_k(a.took), 1, a.complete
                   FROM every a
@@ -275,7 +283,8 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION pyscheduler.activity_latency(interval, interval, integer) IS
-    'Dashboards: per capability and bucket, how long work waited (tasks due to started, schedule lateness, check lag): n, p50, p95.';
+    'Dashboards: per capability and bucket, how long work waited (tasks due to started, schedule lateness, check lag, '
+    'delay fire lag): n, p50, p95.';
 
 SELECT pyscheduler._grant('client', 'activity_latency');
 SELECT pyscheduler._grant('monitor', 'activity_latency');

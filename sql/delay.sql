@@ -404,6 +404,10 @@ BEGIN
     ), minutes AS (  -- see _delay_fired_minutes below
         INSERT INTO pyscheduler._delay_fired_minutes (minute, n, lag_sum_s, lag_max_s)
         SELECT date_trunc('minute', now()), count(*), sum(g.lag), max(g.lag) FROM gone g HAVING count(*) > 0
+    ), lags AS (  -- and _delay_lag_minutes
+        INSERT INTO pyscheduler._delay_lag_minutes (minute, k, n)
+        SELECT date_trunc('minute', now()), pyscheduler._latency_k(make_interval(secs => g.lag)), count(*)
+          FROM gone g GROUP BY 2
     )
     SELECT DISTINCT i::text FROM unnest(delete_fired.ids) i
      WHERE i IS NOT NULL AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = i);
@@ -602,8 +606,12 @@ COMMENT ON FUNCTION pyscheduler.waiting_messages(timestamptz, pyscheduler.messag
 -- messages leave in delay_messages_ready_idx until a vacuum of the whole table (200,000 at 10
 -- million stored); waiting = stored - ready. delete_fired also appends (this minute, messages
 -- deleted, the sum and the largest of their lags) to _delay_fired_minutes (migration 0041):
--- what activity() shows of the delay queue, which keeps nothing once a message is fired; the
--- fold keeps one row per minute and drops those older than 8 days.
+-- what activity() shows of the delay queue, which keeps nothing once a message is fired, and
+-- (this minute, lag bucket, messages) to _delay_lag_minutes (migration 0046), the histogram
+-- activity_latency() reads the lag's p50 and p95 from. The fold keeps one row per minute (and
+-- bucket) of the last 10 minutes, where the appends go, so it reads and rewrites those minutes
+-- only, not 8 days of them; a minute no fold reached within 10 minutes keeps its rows (the
+-- readers sum them). It drops the minutes older than 8 days, through the minute index.
 
 -- _delay_fold_counts(): replace the deltas no other transaction is folding by their sum.
 -- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
@@ -623,15 +631,24 @@ AS $$
         RETURNING c.node, c.readied_at, c.n)
     INSERT INTO pyscheduler._delay_ready_counts (node, readied_at, n)
     SELECT g.node, g.readied_at, sum(g.n) FROM gone g GROUP BY g.node, g.readied_at HAVING sum(g.n) <> 0;
-    -- the fired minutes: one row a minute, none older than 8 days (activity() reads 7)
+    -- the fired minutes and their lags: one row a minute (and bucket) of the last 10 minutes,
+    -- none older than 8 days (activity() and activity_latency() read 7)
     WITH gone AS (
         DELETE FROM pyscheduler._delay_fired_minutes c
-         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._delay_fired_minutes x FOR UPDATE SKIP LOCKED))
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._delay_fired_minutes x
+                                    WHERE x.minute >= now() - interval '10 minutes' FOR UPDATE SKIP LOCKED))
         RETURNING c.minute, c.n, c.lag_sum_s, c.lag_max_s)
     INSERT INTO pyscheduler._delay_fired_minutes (minute, n, lag_sum_s, lag_max_s)
-    SELECT g.minute, sum(g.n), sum(g.lag_sum_s), max(g.lag_max_s) FROM gone g
-     WHERE g.minute >= now() - interval '8 days'
-     GROUP BY g.minute;
+    SELECT g.minute, sum(g.n), sum(g.lag_sum_s), max(g.lag_max_s) FROM gone g GROUP BY g.minute;
+    DELETE FROM pyscheduler._delay_fired_minutes c WHERE c.minute < now() - interval '8 days';
+    WITH gone AS (
+        DELETE FROM pyscheduler._delay_lag_minutes c
+         WHERE c.ctid = ANY (ARRAY(SELECT x.ctid FROM pyscheduler._delay_lag_minutes x
+                                    WHERE x.minute >= now() - interval '10 minutes' FOR UPDATE SKIP LOCKED))
+        RETURNING c.minute, c.k, c.n)
+    INSERT INTO pyscheduler._delay_lag_minutes (minute, k, n)
+    SELECT g.minute, g.k, sum(g.n) FROM gone g GROUP BY g.minute, g.k;
+    DELETE FROM pyscheduler._delay_lag_minutes c WHERE c.minute < now() - interval '8 days';
 $$;
 
 -- _delay_count_all(): the counts from the table itself, once (a database from before

@@ -1,5 +1,6 @@
 -- Fresh install: the delay queue's tables (same DDL as migrations/0002_delay.sql, 0006_delay_hardening.sql,
--- 0018_flat_reads.sql, 0024_delay_fillfactor.sql, 0028_delay_ready_counts.sql and 0041_delay_fired_minutes.sql).
+-- 0018_flat_reads.sql, 0024_delay_fillfactor.sql, 0028_delay_ready_counts.sql, 0041_delay_fired_minutes.sql and
+-- 0046_delay_lag_minutes.sql).
 -- Delay queue (chronos.md): messages waiting for their deadline or readied for firing.
 -- waiting: readied_at IS NULL; ready: readied_at/readied_by set by the node that claimed it.
 CREATE TABLE pyscheduler.delay_messages (
@@ -52,3 +53,11 @@ CREATE TABLE pyscheduler._delay_fired_minutes (
     lag_max_s double precision NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 500);
 CREATE INDEX _delay_fired_minutes_idx ON pyscheduler._delay_fired_minutes (minute);
+-- activity_latency()'s delay queue (migrations/0046_delay_lag_minutes.sql): per minute, a
+-- histogram of the fired messages' lag (_latency_k buckets), appended and folded as above.
+CREATE TABLE pyscheduler._delay_lag_minutes (
+    minute timestamptz NOT NULL,
+    k      smallint    NOT NULL,
+    n      bigint      NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 500);
+CREATE INDEX _delay_lag_minutes_idx ON pyscheduler._delay_lag_minutes (minute);

@@ -101,11 +101,12 @@ COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
 -- range binned by whole minutes reads minutes, not tasks (activity.sql).
 --
 -- _latency_k(): a latency's histogram bucket: 0 below 1 ms, else k (1..63) for
--- [1 ms * 2^((k-1)/2), 1 ms * 2^(k/2)): log-spaced, a factor sqrt(2) wide.
+-- [1 ms * 2^((k-1)/2), 1 ms * 2^(k/2)): log-spaced, a factor sqrt(2) wide. No SET clause, so
+-- the planner inlines it (it names built-in functions only): delete_fired buckets each
+-- message it deletes, and a call per row cost 2.5 us a message there (docs/benchmarks.md).
 CREATE OR REPLACE FUNCTION pyscheduler._latency_k(took interval)
 RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pyscheduler, pg_temp
 AS $$
     SELECT CASE WHEN extract(epoch FROM took) < 0.001 THEN 0
                 ELSE least(63, 1 + floor(2 * ln(extract(epoch FROM took)::double precision / 0.001) / ln(2)))

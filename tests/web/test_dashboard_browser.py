@@ -84,7 +84,7 @@ def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
         page.locator("nav.range a", has_text="7d").click()
         assert page.url.endswith("/?range=7d")
         assert page.locator("#card-tasks svg.bars rect").count() == 2 * 28
-        assert page.locator("svg.latency").count() == 3
+        assert page.locator("svg.latency").count() == 4  # tasks, delay, schedules, checks
 
         # cancel a ready task: the link, the confirmation, the effect on the page and in the database
         page.goto(base + "/tasks?status=ready&queue=emails")

@@ -155,6 +155,32 @@ def test_activity_counts_delay_messages_fired_per_minute_kept_8_days(tx):
              "WHERE capability = 'delay'").fetchone()["n"] == 4
 
 
+def test_activity_latency_of_the_delay_queue_from_its_lag_per_minute(tx):
+    x = tx.execute
+    _fire_delayed(x, ["a", "b", "c"], "5 seconds")
+    _fire_delayed(x, ["d"], "2 seconds")
+    [row] = x("SELECT * FROM pyscheduler.activity_latency(since => '1 hour', bucket => '5 minutes') "
+              "WHERE capability = 'delay'").fetchall()
+    # the histogram's buckets are a factor sqrt(2) wide, each answered by its middle
+    assert row["n"] == 4 and row["complete"]
+    assert 5 / 2 ** 0.25 <= row["p50"].total_seconds() <= 5 * 2 ** 0.25, row
+    assert 5 / 2 ** 0.25 <= row["p95"].total_seconds() <= 5 * 2 ** 0.25, row
+    # the fold: this minute's rows become one a bucket; a minute 9 days back goes; one 30
+    # minutes back (past the minutes a fold rewrites) stays as it was, and is read
+    x("INSERT INTO pyscheduler._delay_lag_minutes VALUES (date_trunc('minute', now() - interval '9 days'), 20, 7), "
+      "(date_trunc('minute', now() - interval '30 minutes'), 30, 2), "
+      "(date_trunc('minute', now() - interval '30 minutes'), 30, 1)")
+    x("SELECT pyscheduler._delay_fold_counts()")
+    kept = x("SELECT minute = date_trunc('minute', now()) AS now, k, n FROM pyscheduler._delay_lag_minutes "
+             "ORDER BY minute, k, n").fetchall()
+    five, two = x("SELECT pyscheduler._latency_k(interval '5 seconds') AS a, "
+                  "pyscheduler._latency_k(interval '2 seconds') AS b").fetchone().values()
+    assert kept == [{"now": False, "k": 30, "n": 1}, {"now": False, "k": 30, "n": 2},
+                    *sorted([{"now": True, "k": five, "n": 3}, {"now": True, "k": two, "n": 1}], key=lambda r: r["k"])]
+    assert sum(r["n"] for r in x("SELECT n FROM pyscheduler.activity_latency(since => '1 hour', bucket => '1 hour') "
+                                 "WHERE capability = 'delay'").fetchall()) == 4 + 3
+
+
 def test_the_overview_shows_delay_messages_fired_over_the_range(conn, login):
     _fire_delayed(conn.execute, ["m1", "m2"], "3 seconds")
     app = make_app(login("pyscheduler_monitor")[1])
@@ -164,6 +190,9 @@ def test_the_overview_shows_delay_messages_fired_over_the_range(conn, login):
     card = page.split('id="card-delay"')[1].split("</section>")[0]
     assert "<dt>fired last 6h</dt><dd>2 " in card, card
     assert any(t.endswith("Z: 2 ok, 0 failed") for t in _titles(card)), _titles(card)
+    # its fire lag, p50 and p95 of the two, each within the histogram's factor 2^(1/4) of 3 s
+    [lag] = [m.groups() for t in _titles(card) if (m := re.search(r"Z: p50 ([0-9.]+) s, p95 ([0-9.]+) s \(2\)$", t))]
+    assert all(3 / 2 ** 0.25 <= float(v) <= 3 * 2 ** 0.25 for v in lag), lag
 
 
 def _answers(x, since: str, bucket: str = "1 hour") -> tuple[list, list, list]:

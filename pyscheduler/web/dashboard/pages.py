@@ -187,7 +187,7 @@ class Dashboard(Site):
             span=span, spans=list(charts.RANGES), per=per,
             charts={cap: Markup(charts.bars(hour[cap]["buckets"], hour["edges"], per)) for cap in charts.CAPABILITIES},
             latency={cap: Markup(charts.latency([x for x in latency if x["capability"] == cap], hour["edges"],
-                                                hour["index"])) for cap in ("tasks", "schedules", "checks")},
+                                                hour["index"])) for cap in charts.CAPABILITIES},
             delay_chart=Markup(charts.samples([(t, s) for _, t, s in r.delay_samples], now)))
 
     def tasks_page(self, req: Request) -> str:
