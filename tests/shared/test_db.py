@@ -4,6 +4,7 @@ import queue
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from pyscheduler import errors
 from pyscheduler.db import Database, Listener
@@ -52,6 +53,23 @@ def test_listener_delivers_notifications(dsn, db):
                              p_min_gap="1 hour") is False
     finally:
         listener.stop()
+
+
+def test_a_call_gives_its_connection_back_to_the_pool_itself(dsn, monkeypatch):
+    """Issue 31: a reset hook had the pool give every returned connection back from a worker
+    thread (a thread switch per call, on the single submit's path); the stamp that spares a
+    healthy connection its check is taken by the caller instead."""
+    from psycopg_pool import ConnectionPool
+
+    tasks: list[str] = []
+    run_task = ConnectionPool.run_task
+    monkeypatch.setattr(ConnectionPool, "run_task", lambda pool, task: tasks.append(type(task).__name__)
+                        or run_task(pool, task))
+    with Database(dsn, min_size=1, max_size=2) as database:
+        for _ in range(5):
+            assert database.call_value("version")
+        assert database.pool.get_stats()["pool_size"] == 1
+    assert "ReturnConnection" not in tasks
 
 
 def test_a_notification_the_callback_cannot_handle_does_not_end_the_listener(dsn, conn):
