@@ -337,7 +337,8 @@ $$;
 -- _submit_one(queue, spec, ...): _submit_lean of one spec without unique key or parents (the
 -- arguments checked as it checks them, the same errors, ownership, tally and NOTIFY), answering
 -- the new task's id: a single submit's path (submit_tasks_lean of one spec), one INSERT ... VALUES
--- and no set to expand, sort or aggregate. ~0.6x _submit_lean's server time for one spec (issue 31).
+-- and no set to expand, sort or aggregate: ~50 us of server CPU less than _submit_lean's for one
+-- spec, 216 against 267 us a call (issue 31; docs/benchmarks.md, "A single submit").
 CREATE OR REPLACE FUNCTION pyscheduler._submit_one(
     p_queue text, p_spec jsonb, p_priority bigint, p_run_at timestamptz, p_max_attempts integer, p_now timestamptz,
     p_concurrency_key text, p_on_parent_failure text)
