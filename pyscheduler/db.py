@@ -474,7 +474,6 @@ class Database(_Calls):
             kwargs={"autocommit": True, "row_factory": dict_row, **(connection or settings()).kwargs(dsn)},
             configure=functools.partial(_prepare, connection or settings()),
             check=self._check,
-            reset=self._returned,
         )
         # id(conn) -> when it came back to the pool healthy (see _check)
         self._back: dict[int, float] = {}
@@ -489,10 +488,9 @@ class Database(_Calls):
     # than ``fresh`` seconds ago, idle and not known broken, is handed out
     # without looking (the worker library). Only for callers that retry: a
     # connection that died meanwhile fails its first call with
-    # DatabaseUnavailable.
-    def _returned(self, conn: psycopg.Connection[Any]) -> None:
-        self._back[id(conn)] = time.monotonic()
-
+    # DatabaseUnavailable. "Came back healthy" is stamped by connection() as
+    # the caller leaves the connection idle, not by a reset hook: psycopg_pool
+    # runs that in a worker thread, a thread switch on every call (issue 31).
     def _check(self, conn: psycopg.Connection[Any]) -> None:
         back = self._back.pop(id(conn), None)
         if conn.broken or conn.closed:
@@ -527,7 +525,11 @@ class Database(_Calls):
     def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         """A pool connection: autocommit, dict rows, pyscheduler's settings."""
         with translating(), self.pool.connection() as conn:
-            yield conn
+            try:
+                yield conn
+            finally:
+                if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                    self._back[id(conn)] = time.monotonic()
 
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         """``SELECT * FROM pyscheduler.function(name => value, ...)``; rows as dicts."""

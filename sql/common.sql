@@ -29,6 +29,12 @@ $$;
 -- table, makes this function insert a slot's row again), and a slot
 -- remembers the last channel notified through it. Two channels sharing a slot
 -- only throttle each other less, never suppress a notification.
+-- 0. This session notified this channel within min_gap (the setting
+--    pyscheduler.notified: its microseconds since the epoch, 16 digits, and the
+--    channel), in a transaction that committed or in this one -> nothing to do,
+--    not even a read of the slot (a single submitter's every call, issue 31). A
+--    rolled-back transaction takes its notification and the setting with it; a
+--    setting of another shape matches nothing.
 -- 1. The slot's committed state, read without a lock: this channel notified
 --    within min_gap -> nothing to do (the common case under load).
 -- 2. Else lock the slot (SKIP LOCKED), record now, notify.
@@ -43,10 +49,16 @@ LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
-    v_slot integer := hashtext(p_channel) & 1023;
+    v_mine text := current_setting('pyscheduler.notified', true);
+    v_slot integer;
     v_channel text;
     v_last timestamptz;
 BEGIN
+    IF substr(v_mine, 18) = p_channel
+       AND left(v_mine, 16) > lpad((extract(epoch FROM clock_timestamp() - p_min_gap) * 1e6)::bigint::text, 16, '0') THEN
+        RETURN false;
+    END IF;
+    v_slot := hashtext(p_channel) & 1023;
     SELECT channel, last_at INTO v_channel, v_last FROM pyscheduler._notify_throttle WHERE slot = v_slot;
     IF v_channel = p_channel AND v_last > clock_timestamp() - p_min_gap THEN
         RETURN false;
@@ -63,6 +75,9 @@ BEGIN
         END IF;
     END IF;
     PERFORM pg_notify(p_channel, p_payload);
+    PERFORM set_config('pyscheduler.notified',
+                       lpad((extract(epoch FROM clock_timestamp()) * 1e6)::bigint::text, 16, '0') || ' ' || p_channel,
+                       false);
     RETURN true;
 END
 $$;

@@ -412,10 +412,11 @@ def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, ru
     if ckeys is not None and len(ckeys) != len(objects.obj):
         raise InvalidArgument(f"concurrency_keys must have one key per spec: "
                               f"{len(ckeys)} keys for {len(objects.obj)} specs")
-    return {"queue": _queue(queue), "specs": objects, "priority": _priority(priority), **_when(run_at),
+    args = {"queue": _queue(queue), "specs": objects, "priority": _priority(priority), **_when(run_at),
             "unique_keys": keys, "max_attempts": _max_attempts(max_attempts), "concurrency_keys": ckeys,
             "after": _after(after), "on_parent_failure": choice("on_parent_failure", on_parent_failure,
                                                                 ("cancel", "run"))}
+    return {name: value for name, value in args.items() if value is not None}
 
 
 def _submit_many(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 50, *,

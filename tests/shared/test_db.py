@@ -4,6 +4,7 @@ import queue
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from pyscheduler import errors
 from pyscheduler.db import Database, Listener
@@ -52,6 +53,58 @@ def test_listener_delivers_notifications(dsn, db):
                              p_min_gap="1 hour") is False
     finally:
         listener.stop()
+
+
+def test_a_call_gives_its_connection_back_to_the_pool_itself(dsn, monkeypatch):
+    """Issue 31: a reset hook had the pool give every returned connection back from a worker
+    thread (a thread switch per call, on the single submit's path); the stamp that spares a
+    healthy connection its check is taken by the caller instead."""
+    from psycopg_pool import ConnectionPool
+
+    tasks: list[str] = []
+    run_task = ConnectionPool.run_task
+    monkeypatch.setattr(ConnectionPool, "run_task", lambda pool, task: tasks.append(type(task).__name__)
+                        or run_task(pool, task))
+    with Database(dsn, min_size=1, max_size=2) as database:
+        for _ in range(5):
+            assert database.call_value("version")
+        assert database.pool.get_stats()["pool_size"] == 1
+    assert "ReturnConnection" not in tasks
+
+
+def throttled(conn, channel: str) -> bool:
+    """_notify_throttled(channel) with a gap no test outlives."""
+    return conn.execute("SELECT pyscheduler._notify_throttled(%s, '', '1 hour') AS sent", (channel,)).fetchone()["sent"]
+
+
+def forget_the_slots(conn) -> None:
+    conn.execute("UPDATE pyscheduler._notify_throttle SET channel = '', last_at = '-infinity'")
+
+
+def test_a_session_that_notified_a_channel_lately_skips_it_without_reading_the_slot(dsn, conn):
+    """Issue 31: a single submitter's every call read the throttle's slot; its own notification of
+    the channel within the gap (the setting pyscheduler.notified) answers first. Another session
+    still reads the slot, and another channel is not this one."""
+    assert throttled(conn, "pyscheduler_memo") is True
+    forget_the_slots(conn)
+    assert throttled(conn, "pyscheduler_memo") is False  # the slot says nothing; the session knows
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as other:
+        assert throttled(other, "pyscheduler_memo") is True
+    assert throttled(conn, "pyscheduler_other") is True
+
+
+def test_a_rolled_back_notification_is_not_remembered(conn):
+    """The notification of a transaction that rolled back was never sent: the next call sends one
+    (the setting is rolled back with it). A setting of another shape matches nothing."""
+    with pytest.raises(ZeroDivisionError), conn.transaction():
+        assert throttled(conn, "pyscheduler_memo") is True
+        raise ZeroDivisionError
+    forget_the_slots(conn)
+    assert throttled(conn, "pyscheduler_memo") is True
+    for odd in ("", "x", "9999999999999999 ", "nonsense pyscheduler_memo", "9999999999999999pyscheduler_memo"):
+        conn.execute("SELECT set_config('pyscheduler.notified', %s, false)", (odd,))
+        forget_the_slots(conn)
+        assert throttled(conn, "pyscheduler_memo") is True, odd
 
 
 def test_a_notification_the_callback_cannot_handle_does_not_end_the_listener(dsn, conn):

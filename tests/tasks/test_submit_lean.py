@@ -5,7 +5,7 @@ answering only (rn, deduplicated) per spec."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from enum import IntEnum
 from types import MappingProxyType
 from uuid import UUID
@@ -59,7 +59,14 @@ CASES = {
     "after a live parent": dict(specs=specs(2), after="live"),
     "after a cancelled parent": dict(specs=specs(2), after="cancelled"),
     "after a cancelled parent, run": dict(specs=specs(2), after="cancelled", on_parent_failure="run"),
+    # one spec without unique key or parents: the single path (_submit_one)
+    "one spec": dict(specs=specs(1)),
+    "one spec, delayed": dict(specs=specs(1), run_in=timedelta(hours=1), priority=7, max_attempts=3),
+    "one spec, due already": dict(specs=specs(1), run_at=datetime(2020, 1, 1, tzinfo=timezone.utc)),
+    "one spec, a concurrency key": dict(specs=specs(1), concurrency_keys=["k"], on_parent_failure="run"),
+    "one spec, a unique key": dict(specs=specs(1), unique_keys=["live"]),
 }
+SINGLE = [case for case in CASES if case.startswith("one spec") and "unique" not in case]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -80,6 +87,39 @@ def test_submit_tasks_lean_does_what_submit_tasks_does_answering_ids(tx, case):
         "distinct unique keys": [(2, False), (3, False), (4, False)]}
     if case in expected:
         assert got == expected[case]
+
+
+@pytest.mark.parametrize("case", SINGLE)
+def test_one_spec_takes_the_single_path(tx, case):
+    """submit_tasks_lean of one spec without unique key or parents is _submit_one's (the cases
+    above check it does what submit_tasks, through _submit_lean, does)."""
+    tx.execute("SET LOCAL track_functions = 'all'")
+    tx.call("submit_tasks_lean", queue="lean", **CASES[case])
+    calls = tx.execute("SELECT pg_stat_get_xact_function_calls('pyscheduler._submit_one'::regproc) AS one, "
+                       "pg_stat_get_xact_function_calls('pyscheduler._submit_lean'::regproc) AS lean").fetchone()
+    assert calls == {"one": 1, "lean": None}
+
+
+def test_a_single_submit_refuses_what_submit_tasks_refuses_with_the_same_error(tx):
+    """The single path's checks are the batch's: same SQLSTATE, same message (a spec named specs[0])."""
+    tx.execute("UPDATE pyscheduler.settings SET value = '40' WHERE name = 'task_max_spec_bytes'")
+    bad = [dict(specs=Jsonb([[1]])), dict(specs=Jsonb([{"long": "x" * 50}])), dict(specs=specs(1), priority=-1),
+           dict(specs=specs(1), max_attempts=1001), dict(specs=specs(1), run_in=timedelta(days=400)),
+           dict(specs=specs(1), run_at=datetime(9999, 6, 1, tzinfo=timezone.utc)),
+           dict(specs=specs(1), run_at=datetime(2030, 1, 1, tzinfo=timezone.utc), run_in=timedelta(hours=1)),
+           dict(specs=specs(1), concurrency_keys=[" padded"]), dict(specs=specs(1), on_parent_failure="never")]
+
+    def refusal(function: str, args: dict) -> tuple[str, str] | None:
+        try:
+            with tx.conn.transaction(force_rollback=True):
+                tx.call(function, queue="lean", **args)
+        except (errors.SchedulerError, psycopg.Error) as exc:
+            return exc.sqlstate, str(exc).splitlines()[0]
+        return None
+
+    refusals = [refusal("submit_tasks_lean", args) for args in bad]
+    assert refusals == [refusal("submit_tasks", args) for args in bad]
+    assert None not in refusals and "specs[0]" in refusals[0][1] and "specs[0]" in refusals[1][1]
 
 
 def test_submit_tasks_lean_refuses_what_submit_tasks_refuses(tx):
@@ -114,7 +154,8 @@ def test_submit_ids_answers_the_ids_in_the_order_of_specs(client):
         client.submit_ids("ids", [{}], unique_keys=["a", "b"])
 
 
-def test_a_lean_submit_is_leased_in_order_and_wakes_the_queue(db, dsn):
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_lean_submit_is_leased_in_order_and_wakes_the_queue(db, dsn, n):
     from pyscheduler.db import Listener, Wakeup
     from pyscheduler.tasks import TaskClient
     from pyscheduler.tasks import sqlapi as sql
@@ -123,7 +164,7 @@ def test_a_lean_submit_is_leased_in_order_and_wakes_the_queue(db, dsn):
     listener = Listener(dsn, [sql.task_channel("woken")], woken.poke).start()
     try:
         assert listener.ready.wait(30)
-        ids = TaskClient(db).submit_ids("woken", [{"i": i} for i in range(3)])
+        ids = TaskClient(db).submit_ids("woken", [{"i": i} for i in range(n)])
         assert woken.wait(10, jitter=0)
     finally:
         listener.stop()
