@@ -1,19 +1,13 @@
 """The runners of ``pyscheduler bench peers``' enqueue and end-to-end sections (flow.py) for
 pyscheduler and pgqueuer (graphile-worker's: bench/peers/graphile_flow.js). Given an EMPTY
-database, each prints one line of JSON:
+database, each prints one line of JSON (the producer: its process, SYSTEM produce DSN RATE SECONDS [BACKLOG]):
 
     python -m pyscheduler.bench.peers.flow_runner SYSTEM enqueue|e2e DSN BULK_JOBS|RATE SINGLE_JOBS|SECONDS N
     python -m pyscheduler.bench.peers.flow_runner SYSTEM capacity DSN BACKLOG SECONDS N
-    python -m pyscheduler.bench.peers.flow_runner SYSTEM produce DSN RATE SECONDS [BACKLOG]  (the producer process)
 
-e2e: the producer submits RATE jobs/s (open loop). capacity: as fast as it goes (calls of BULK)
-while at most BACKLOG jobs are submitted and not started (closed loop: the runner writes the
-count of jobs started to the producer's stdin, a line every FEED seconds), so the rate is what
-producer and workers sustain together; ``window_rate`` counts the jobs started from WARM_SECONDS
-after the first submit to the producer's end.
-
-Each system as its users call it: pyscheduler ``TaskClient(Database).submit_ids`` and ``Worker``;
-pgqueuer ``Queries.enqueue`` on asyncpg and ``QueueManager`` with its documented settings."""
+e2e: the producer submits RATE jobs/s; capacity: as fast as it goes while at most BACKLOG jobs wait
+(``Started``). Each system as its users call it (``TaskClient.submit_ids`` and ``Worker``; pgqueuer's
+``Queries.enqueue`` and ``QueueManager``)."""
 
 from __future__ import annotations
 
