@@ -2,10 +2,11 @@
 // protocol of pyscheduler/bench/peers/flow_runner.py (read its docstring), in JavaScript.
 //   node bench/peers/graphile_flow.js enqueue DSN BULK_JOBS SINGLE_JOBS CONCURRENCY
 //   node bench/peers/graphile_flow.js e2e DSN RATE SECONDS CONCURRENCY
-//   node bench/peers/graphile_flow.js produce DSN RATE SECONDS  (e2e's producer process)
+//   node bench/peers/graphile_flow.js capacity DSN BACKLOG SECONDS CONCURRENCY
+//   node bench/peers/graphile_flow.js produce DSN RATE SECONDS [BACKLOG]  (the producer process)
 // Jobs are added as users add them: WorkerUtils.addJobs (1,000 per call) and addJob; the
 // worker has graphile_worker.js's settings (worker.graphile.org/docs/performance).
-const { execFile } = require("node:child_process");
+const { spawn } = require("node:child_process");
 const { performance } = require("node:perf_hooks");
 const { Logger, run, makeWorkerUtils } = require("graphile-worker");
 const { sleep } = require("./common");
@@ -13,6 +14,8 @@ const { sleep } = require("./common");
 const BULK = 1000;
 const TICK_MS = 10;
 const DRAIN_MS = 60000; // flow_runner.py DRAIN_SECONDS
+const WARM_MS = 1000; // flow_runner.py WARM_SECONDS
+const FEED_MS = 2; // flow_runner.py FEED
 const LOCAL_QUEUE = 500;
 const quiet = new Logger(() => () => {});
 const version = require("graphile-worker/package.json").version;
@@ -43,25 +46,36 @@ async function enqueue(dsn, bulkJobs, singleJobs) {
            settings: "WorkerUtils.addJobs (node-postgres pool)" };
 }
 
-async function e2e(dsn, rate, seconds, concurrency) {
+async function e2e(dsn, rate, seconds, concurrency, backlog = 0) {
   const utils = await makeWorkerUtils({ connectionString: dsn, logger: quiet });
   await utils.migrate();
-  const seen = [], latencies = [];
+  const seen = [], latencies = [], starts = [];
   let last = null;
   const flow = async (payload) => {
     const t = now();
     seen.push(payload.i);
     latencies.push(t - payload.t);
+    starts.push(t);
     last = t;
   };
   const preset = { worker: { localQueue: { size: LOCAL_QUEUE }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } };
   const runner = await run({ connectionString: dsn, concurrency, noHandleSignals: true, preset, logger: quiet,
                              taskList: { flow } });
   await sleep(1000); // listening
-  // the producer, a process of its own (as an application's is)
-  const made = await new Promise((resolve, reject) => execFile(
-    process.execPath, [__filename, "produce", dsn, String(rate), String(seconds)], { maxBuffer: 1 << 20 },
-    (err, stdout) => (err ? reject(err) : resolve(JSON.parse(stdout.trim().split("\n").pop())))));
+  // the producer, a process of its own (as an application's is); with a backlog, fed the jobs started
+  const made = await new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [__filename, "produce", dsn, String(rate), String(seconds), String(backlog)],
+                        { stdio: [backlog ? "pipe" : "ignore", "pipe", "inherit"] });
+    let out = "";
+    child.stdout.on("data", (d) => { out += d; });
+    const feeder = backlog ? setInterval(() => child.stdin.write(`${seen.length}\n`), FEED_MS) : null;
+    if (backlog) child.stdin.on("error", () => {}); // the producer exited meanwhile
+    child.on("close", (code) => {
+      if (feeder) clearInterval(feeder);
+      if (code !== 0) reject(new Error(`the producer failed (exit ${code})`));
+      else resolve(JSON.parse(out.trim().split("\n").pop()));
+    });
+  });
   const sent = made.submitted;
   const cap = performance.now() + DRAIN_MS;
   while (seen.length < sent && performance.now() < cap) await sleep(5);
@@ -70,35 +84,51 @@ async function e2e(dsn, rate, seconds, concurrency) {
   const distinct = new Set(seen);
   let missing = 0;
   for (let i = 0; i < sent; i++) if (!distinct.has(i)) missing += 1;
+  const begin = made.started + WARM_MS;
+  const inWindow = starts.filter((t) => t >= begin && t < made.ended).length;
   return { submitted: sent, completed: seen.length, duplicates: seen.length - distinct.size, missing,
            exactly_once: missing === 0 && seen.length === sent, total_s: ((last ?? now()) - made.started) / 1000,
-           latency_ms: latencies,
+           latency_ms: latencies, window_rate: made.ended > begin ? inWindow / ((made.ended - begin) / 1000) : 0,
            settings: `concurrency ${concurrency}, localQueue ${LOCAL_QUEUE}, completeJobBatchDelay 0; ` +
                      "producer WorkerUtils.addJobs" };
 }
 
-async function produce(dsn, rate, seconds) {
+async function produce(dsn, rate, seconds, backlog) {
   const utils = await makeWorkerUtils({ connectionString: dsn, logger: quiet });
+  let ran = 0; // with a backlog: the jobs started, a line at a time on stdin
+  if (backlog) {
+    let buffered = "";
+    process.stdin.on("data", (d) => {
+      const lines = (buffered + d).split("\n");
+      buffered = lines.pop();
+      if (lines.length) ran = Number(lines[lines.length - 1]);
+    });
+  }
   const started = now();
   let sent = 0;
   for (;;) {
     const elapsed = (now() - started) / 1000;
     if (elapsed >= seconds) break;
-    const due = Math.floor(rate * elapsed) - sent;
+    const due = backlog ? Math.min(BULK, backlog - (sent - ran)) : Math.floor(rate * elapsed) - sent;
     if (due > 0) {
       const t = now(), specs = [];
       for (let i = sent; i < sent + due; i++) specs.push({ identifier: "flow", payload: { i, t } });
       await utils.addJobs(specs);
       sent += due;
     }
-    await sleep(Math.max(0, TICK_MS - (now() - started - elapsed * 1000)));
+    if (backlog) await (due > 0 ? new Promise(setImmediate) : sleep(FEED_MS / 2));
+    else await sleep(Math.max(0, TICK_MS - (now() - started - elapsed * 1000)));
   }
+  const ended = now();
+  if (backlog) process.stdin.destroy();
   await utils.release();
-  return { submitted: sent, started };
+  return { submitted: sent, started, ended };
 }
 
-const [mode, dsn, a, b, concurrency] = process.argv.slice(2);
-({ e2e: () => e2e(dsn, Number(a), Number(b), Number(concurrency)), produce: () => produce(dsn, Number(a), Number(b)),
+const [mode, dsn, a, b, extra] = process.argv.slice(2); // extra: CONCURRENCY, or produce's BACKLOG
+({ e2e: () => e2e(dsn, Number(a), Number(b), Number(extra)),
+   capacity: () => e2e(dsn, 0, Number(b), Number(extra), Number(a)),
+   produce: () => produce(dsn, Number(a), Number(b), Number(extra || 0)),
    enqueue: () => enqueue(dsn, Number(a), Number(b)) })[mode]()
   // one line, possibly MBs: exit only once it is written (console.log then exit cuts it at 64 KiB)
   .then((result) => process.stdout.write(JSON.stringify({ system: "graphile-worker", version, ...result }) + "\n",

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from pyscheduler.bench.peers import report
+from pyscheduler.bench.peers import flow, report
 from pyscheduler.bench.peers.tasks import SCENARIOS, SYSTEMS
 from pyscheduler.bench.stats import percentile, percentiles
 
@@ -150,3 +150,36 @@ def test_delay_rows_summarise_the_rounds_per_relay_and_load():
         if r["relay"] == "naive" and r["rate"] == 10000:
             r["sla"] = False
     assert report.delay_rows(runs)[3][8] == "misses"
+
+
+def test_capacity_rounds_set_the_rate_of_a_share_and_the_ratio_to_the_best_peer(monkeypatch):
+    """The end-to-end section (flow.py): capacity runs in each round; a rate given as a share
+    ("50%") runs at that share of pyscheduler's median capacity, rounded to 100 jobs/s, and is
+    labelled so; the capacity table gives pyscheduler / each system and names the best peer."""
+    capacity = {"pyscheduler": [20_000, 16_000, 18_000], "pgqueuer": [8_000, 9_000, 7_000],
+                "graphile-worker": [12_000, 15_000, 10_000]}
+    calls = []
+
+    def run_one(dsn, system, mode, a, b, concurrency):
+        calls.append((system.key, mode, a))
+        n = len([c for c in calls if c[:2] == (system.key, mode)]) - 1
+        rate = capacity[system.key][n % 3] if mode == "capacity" else a
+        return {"window_rate": rate, "submitted": 100, "total_s": 100 / rate, "latency_ms": [1.0, 2.0],
+                "exactly_once": True, "duplicates": 0, "missing": 0, "settings": "s", "version": "v"}
+
+    monkeypatch.setattr(flow, "run_one", run_one)
+    assert flow.parse_rates("1000, 50%") == [1000, 0.5]
+    out = flow.run_rounds("dsn", flow.SYSTEMS, 3, lambda _: None, bulk_jobs=0, single_jobs=0,
+                          rates=flow.parse_rates("1000,50%"), seconds=1, concurrency=10, backlog=5000, enqueue=False)
+    assert out["capacity_rate"] == 18_000 and out["shares"] == {9_000: 0.5}
+    assert list(out["e2e"]) == [1000, 9000]
+    assert [c for c in calls if c[1] == "e2e" and c[2] == 9000][0] == ("pyscheduler", "e2e", 9000)
+    assert calls.index(("pyscheduler", "e2e", 9000)) > max(i for i, c in enumerate(calls) if c[1] == "capacity")
+    section = flow.markdown(out, command="c", context="x", bulk_jobs=0, single_jobs=0, seconds=1, concurrency=10,
+                            rounds=3, elapsed=60, backlog=5000)
+    cap, e2e = _tables(section)
+    assert cap[1:] == [["pyscheduler", "18,000 (16,000–20,000)", "yes", "-"],
+                       ["pgqueuer", "8,000 (7,000–9,000)", "yes", "**2.50x** (1.78–2.57)"],
+                       ["graphile-worker", "12,000 (10,000–15,000)", "yes", "**1.67x** (1.07–1.80)"]]
+    assert "against the best peer (graphile-worker): **1.67x** (1.07–1.80)" in section
+    assert [r[0] for r in e2e[1:]] == ["1,000"] * 3 + ["9,000 (50% of pyscheduler's capacity)"] * 3

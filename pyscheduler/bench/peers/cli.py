@@ -28,10 +28,10 @@ from . import tasks as tasks_part
 ROOT = Path(__file__).resolve().parents[3]
 FULL = {"jobs": 100_000, "rounds": 3, "samples": 30, "max_work_seconds": 20.0, "loads": "1000,10000",
         "delay_duration": 6.0, "min_delay": 1.0, "max_delay": 5.0, "enqueue_jobs": 50_000, "single_jobs": 3000,
-        "e2e_rates": "1000,20000", "e2e_seconds": 10.0}
+        "e2e_rates": "1000,50%", "e2e_seconds": 10.0, "e2e_backlog": 5000}
 QUICK = {"jobs": 2000, "rounds": 1, "samples": 10, "max_work_seconds": 20.0, "loads": "500",
          "delay_duration": 4.0, "min_delay": 0.5, "max_delay": 1.5, "enqueue_jobs": 5000, "single_jobs": 300,
-         "e2e_rates": "500", "e2e_seconds": 3.0}
+         "e2e_rates": "500,50%", "e2e_seconds": 3.0, "e2e_backlog": 2000}
 
 
 @contextlib.contextmanager
@@ -125,8 +125,14 @@ def _command(ctx: click.Context) -> str:
               help=f"Enqueue section: jobs submitted 1,000 per call  [default: {FULL['enqueue_jobs']:,}]")
 @click.option("--single-jobs", type=click.IntRange(1), default=None,
               help=f"Enqueue section: calls of one job  [default: {FULL['single_jobs']:,}]")
+@click.option("--enqueue/--no-enqueue", "with_enqueue", default=True, show_default=True,
+              help="Run the enqueue section (with --flow).")
+@click.option("--e2e-backlog", type=click.IntRange(0), default=None,
+              help="Capacity section: the producer submits as fast as it goes while fewer than this many jobs wait "
+                   f"to start; 0: no capacity runs  [default: {FULL['e2e_backlog']:,}]")
 @click.option("--e2e-rates", default=None,
-              help=f"End-to-end section: offered loads in jobs/s, comma-separated  [default: {FULL['e2e_rates']}]")
+              help="End-to-end section: offered loads in jobs/s, or N% of pyscheduler's measured capacity, "
+                   f"comma-separated  [default: {FULL['e2e_rates']}]")
 @click.option("--e2e-seconds", type=click.FloatRange(1), default=None,
               help=f"End-to-end section: seconds of producing per run  [default: {FULL['e2e_seconds']:g}]")
 @click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path), default=ROOT / "docs" / "benchmarks.md",
@@ -137,23 +143,23 @@ def _command(ctx: click.Context) -> str:
 @click.pass_context
 def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, gap_ms, max_work_seconds, only,
           scenarios, loads, delay_duration, min_delay, max_delay, with_delay, with_tasks, with_flow, enqueue_jobs,
-          single_jobs, e2e_rates, e2e_seconds, markdown, img_dir, note) -> None:
+          single_jobs, with_enqueue, e2e_backlog, e2e_rates, e2e_seconds, markdown, img_dir, note) -> None:
     """pyscheduler side by side with procrastinate, graphile-worker and pg-boss (no-op jobs, same
     concurrency, same server), and its delay relay side by side with a naive one."""
     echo = click.echo
     defaults = QUICK if quick else FULL
     given = dict(jobs=jobs, rounds=rounds, samples=samples, max_work_seconds=max_work_seconds, loads=loads,
                  delay_duration=delay_duration, min_delay=min_delay, max_delay=max_delay, enqueue_jobs=enqueue_jobs,
-                 single_jobs=single_jobs, e2e_rates=e2e_rates, e2e_seconds=e2e_seconds)
+                 single_jobs=single_jobs, e2e_rates=e2e_rates, e2e_seconds=e2e_seconds, e2e_backlog=e2e_backlog)
     o = {k: (v if v is not None else defaults[k]) for k, v in given.items()}
     try:
         load_rates = [int(x) for x in str(o["loads"]).split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter(f"not a comma-separated list of msg/s: {o['loads']!r}", param_hint="--loads") from None
     try:
-        flow_rates = [int(x) for x in str(o["e2e_rates"]).split(",") if x.strip()]
+        flow_rates = flow_part.parse_rates(str(o["e2e_rates"]))
     except ValueError:
-        raise click.BadParameter(f"not a comma-separated list of jobs/s: {o['e2e_rates']!r}",
+        raise click.BadParameter(f"not a comma-separated list of jobs/s or N%: {o['e2e_rates']!r}",
                                  param_hint="--e2e-rates") from None
     if not 0 <= o["min_delay"] <= o["max_delay"]:
         raise click.BadParameter("need 0 <= --min-delay <= --max-delay", param_hint="--min-delay")
@@ -184,11 +190,11 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
             flow_started = time.monotonic()
             flow = flow_part.run_rounds(dsn, flow_systems, o["rounds"], echo, bulk_jobs=o["enqueue_jobs"],
                                         single_jobs=o["single_jobs"], rates=flow_rates, seconds=o["e2e_seconds"],
-                                        concurrency=concurrency)
+                                        concurrency=concurrency, backlog=o["e2e_backlog"], enqueue=with_enqueue)
             flow_section = flow_part.markdown(flow, command=_command(ctx), context=context,
                                               bulk_jobs=o["enqueue_jobs"], single_jobs=o["single_jobs"],
                                               seconds=o["e2e_seconds"], concurrency=concurrency, rounds=o["rounds"],
-                                              elapsed=time.monotonic() - flow_started)
+                                              elapsed=time.monotonic() - flow_started, backlog=o["e2e_backlog"])
             flow_part.write_markdown(markdown, flow_section)
             echo(flow_section)
         runs = tasks_part.run_rounds(dsn, systems, params, o["rounds"], echo, scenarios) if systems else {}

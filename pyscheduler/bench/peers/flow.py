@@ -3,8 +3,10 @@ runner (flow_runner.py, bench/peers/graphile_flow.js) in a fresh database of the
 the systems' order rotated each round.
 
 Enqueue: bulk (1,000 jobs per call) and single (one job per call) with each system's own client,
-per-call p50/p99. End to end: workers run while a producer submits at a fixed offered rate;
-throughput (jobs / time until every job has run), enqueue-to-start p50/p99, exactly once."""
+per-call p50/p99. Capacity: workers run while a producer submits as fast as it goes with at most a
+backlog waiting; jobs started per second after a warm-up. End to end: workers run while a producer
+submits at a fixed offered rate (or a share of pyscheduler's measured capacity, "50%"); throughput
+(jobs / time until every job has run), enqueue-to-start p50/p99; exactly once checked in both."""
 
 from __future__ import annotations
 
@@ -59,24 +61,60 @@ def run_one(dsn: str, system: FlowSystem, mode: str, a: float, b: float, concurr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _load() -> str:
+    """The machine's load averages (1, 5, 15 min), as uptime says them."""
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def parse_rates(text: str) -> list[int | float]:
+    """``--e2e-rates``: jobs/s (1000) or shares of pyscheduler's measured capacity (50%: 0.5)."""
+    return [float(x.strip()[:-1]) / 100 if x.strip().endswith("%") else int(x) for x in text.split(",") if x.strip()]
+
+
 def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_jobs: int, single_jobs: int,
-               rates: list[int], seconds: float, concurrency: int) -> dict:
-    """{"enqueue": {key: [result per round]}, "e2e": {rate: {key: [...]}}}, orders rotated per round."""
-    out: dict = {"enqueue": {s.key: [] for s in systems}, "e2e": {r: {s.key: [] for s in systems} for r in rates}}
+               rates: list[int | float], seconds: float, concurrency: int, backlog: int, enqueue: bool = True) -> dict:
+    """{"enqueue": {key: [result per round]}, "capacity": {key: [...]}, "e2e": {rate: {key: [...]}},
+    "shares": {rate: share of capacity}, "capacity_rate": pyscheduler's median}; the orders rotated
+    per round. The rates given as shares (floats) run after every capacity round, at that share
+    of pyscheduler's median capacity (rounded to 100 jobs/s)."""
+    out: dict = {"enqueue": {}, "capacity": {}, "e2e": {}, "shares": {}}
+
+    def order(r: int) -> list[FlowSystem]:
+        return systems[r % len(systems):] + systems[:r % len(systems)]
+
+    def e2e(r: int, rate: int) -> None:
+        for s in order(r):
+            res = run_one(dsn, s, "e2e", rate, seconds, concurrency)
+            out["e2e"].setdefault(rate, {}).setdefault(s.key, []).append(res)
+            echo(f"round {r + 1}/{rounds} end to end {rate:,}/s, {s.key}: {res['submitted'] / res['total_s']:,.0f}"
+                 f" jobs/s, start p50 {percentile(res['latency_ms'], 50):.1f} ms p99 "
+                 f"{percentile(res['latency_ms'], 99):.1f} ms, exactly once {res['exactly_once']}, load {_load()}")
+
     for r in range(rounds):
-        order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for s in order:
+        for s in order(r) if enqueue else []:
             res = run_one(dsn, s, "enqueue", bulk_jobs, single_jobs, concurrency)
-            out["enqueue"][s.key].append(res)
+            out["enqueue"].setdefault(s.key, []).append(res)
             echo(f"round {r + 1}/{rounds} enqueue, {s.key}: bulk {bulk_jobs / res['bulk_s']:,.0f} jobs/s, "
-                 f"single p50 {percentile(res['single_ms'], 50):.2f} ms")
+                 f"single p50 {percentile(res['single_ms'], 50):.2f} ms, load {_load()}")
+        for s in order(r) if backlog else []:
+            res = run_one(dsn, s, "capacity", backlog, seconds, concurrency)
+            out["capacity"].setdefault(s.key, []).append(res)
+            echo(f"round {r + 1}/{rounds} capacity, {s.key}: {res['window_rate']:,.0f} jobs/s, exactly once "
+                 f"{res['exactly_once']}, load {_load()}")
         for rate in rates:
-            for s in order:
-                res = run_one(dsn, s, "e2e", rate, seconds, concurrency)
-                out["e2e"][rate][s.key].append(res)
-                echo(f"round {r + 1}/{rounds} end to end {rate:,}/s, {s.key}: {res['submitted'] / res['total_s']:,.0f}"
-                     f" jobs/s, start p50 {percentile(res['latency_ms'], 50):.1f} ms p99 "
-                     f"{percentile(res['latency_ms'], 99):.1f} ms, exactly once {res['exactly_once']}")
+            if isinstance(rate, int):
+                e2e(r, rate)
+    ours = [res["window_rate"] for res in out["capacity"].get("pyscheduler", [])]
+    shares = [x for x in rates if isinstance(x, float)]
+    if shares and not ours:
+        raise click.ClickException("--e2e-rates in % need pyscheduler's capacity runs (--e2e-backlog > 0)")
+    if ours:
+        out["capacity_rate"] = median(ours)
+    for share in shares:
+        rate = max(100, round(share * out["capacity_rate"] / 100) * 100)
+        out["shares"][rate] = share
+        for r in range(rounds):
+            e2e(r, rate)
     return out
 
 
@@ -96,12 +134,22 @@ def _ratio(ours: list[float], theirs: list[float], higher_better: bool = True) -
 
 
 def markdown(results: dict, *, command: str, context: str, bulk_jobs: int, single_jobs: int, seconds: float,
-             concurrency: int, rounds: int, elapsed: float) -> str:
-    enq, keys = results["enqueue"], list(results["enqueue"])
+             concurrency: int, rounds: int, elapsed: float, backlog: int = 0) -> str:
+    lines = [BEGIN, "", f"Command: `{command}` ({elapsed / 60:.0f} min). {context}", ""]
+    if results["enqueue"]:
+        lines += _enqueue_lines(results["enqueue"], bulk_jobs=bulk_jobs, rounds=rounds, single_jobs=single_jobs)
+    if results["capacity"]:
+        lines += _capacity_lines(results, backlog=backlog, seconds=seconds, concurrency=concurrency)
+    if results["e2e"]:
+        lines += _e2e_lines(results, seconds=seconds, concurrency=concurrency)
+    return "\n".join(lines + [END])
+
+
+def _enqueue_lines(enq: dict, *, bulk_jobs: int, rounds: int, single_jobs: int) -> list[str]:
+    keys = list(enq)
     bulk = {k: [bulk_jobs / r["bulk_s"] for r in enq[k]] for k in keys}
     single = {k: [1000 * len(r["single_ms"]) / sum(r["single_ms"]) for r in enq[k]] for k in keys}
-    lines = [BEGIN, "", f"Command: `{command}` ({elapsed / 60:.0f} min). {context}", "",
-             f"**Enqueue**, each system's own client as its users call it, {rounds} rounds (order rotated): bulk "
+    lines = [f"**Enqueue**, each system's own client as its users call it, {rounds} rounds (order rotated): bulk "
              f"{bulk_jobs:,} jobs in calls of 1,000; single: {single_jobs:,} calls of one job. Ratios are "
              "pyscheduler / peer per round (median, range); per-call times are medians over rounds of each "
              "round's p50 and p99.", "",
@@ -120,26 +168,57 @@ def markdown(results: dict, *, command: str, context: str, bulk_jobs: int, singl
             slower = [r["variants_s"][variant] / r["bulk_s"] for r in ours]
             lines.append(f"| pyscheduler, {what} | {_cell(rates)} | | | | {_cell(slower, '{:.2f}')}x the plain "
                          "bulk's time | |")
-    lines += ["", "Settings: " + "; ".join(f"{k}: {enq[k][0]['settings']}" for k in keys) + ".", "",
-              f"**End to end**: workers (concurrency {concurrency}) run while a producer (a process of its own) "
-              f"submits at the offered rate for {seconds:g} s, a call every 10 ms with the jobs due; throughput = "
-              "jobs / time from the first submit until every job has run (the backlog drained); enqueue-to-start "
-              "over every job; exactly once: every job index ran, none twice, checked each run.", "",
-              "| offered jobs/s | system | throughput jobs/s | start p50 ms | start p99 ms | exactly once | "
-              "throughput ratio |", "|---|---|---|---|---|---|---|"]
+    return lines + ["", "Settings: " + "; ".join(f"{k}: {enq[k][0]['settings']}" for k in keys) + ".", ""]
+
+
+def _once(runs: list[dict]) -> str:
+    if all(r["exactly_once"] for r in runs):
+        return "yes"
+    dup, miss = sum(r["duplicates"] for r in runs), sum(r["missing"] for r in runs)
+    return f"{dup:,} twice, {miss:,} not run within {flow_runner.DRAIN_SECONDS} s of the end"
+
+
+def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency: int) -> list[str]:
+    by = results["capacity"]
+    rates = {k: [r["window_rate"] for r in by[k]] for k in by}
+    peers = [k for k in by if k != "pyscheduler"]
+    best = max(peers, key=lambda k: median(rates[k])) if peers else None
+    lines = [f"**Capacity** (sustained end to end): workers (concurrency {concurrency}) run while a producer (a "
+             f"process of its own) submits as fast as it goes, in calls of up to {flow_runner.BULK:,}, with at most "
+             f"{backlog:,} jobs submitted and not yet started (the runner tells it the count every "
+             f"{flow_runner.FEED * 1000:g} ms), for {seconds:g} s; capacity = jobs started per second from "
+             f"{flow_runner.WARM_SECONDS:g} s after the first submit to the producer's end; exactly once checked "
+             "after the backlog drained. Ratio: pyscheduler / system per round.", "",
+             "| system | capacity jobs/s | exactly once | pyscheduler / system |", "|---|---|---|---|"]
+    ours = rates.get("pyscheduler", [])
+    for k in by:
+        lines.append(f"| {k} | {_cell(rates[k])} | {_once(by[k])} | "
+                     + ("-" if k == "pyscheduler" else _ratio(ours, rates[k])) + " |")
+    if best and "pyscheduler" in rates:
+        lines += ["", f"pyscheduler's capacity: **{median(rates['pyscheduler']):,.0f} jobs/s**; against the best peer "
+                      f"({best}): {_ratio(rates['pyscheduler'], rates[best])}."]
+    return lines + ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", ""]
+
+
+def _e2e_lines(results: dict, *, seconds: float, concurrency: int) -> list[str]:
+    lines = [f"**End to end**: workers (concurrency {concurrency}) run while a producer (a process of its own) "
+             f"submits at the offered rate for {seconds:g} s, a call every 10 ms with the jobs due; throughput = "
+             "jobs / time from the first submit until every job has run (the backlog drained); enqueue-to-start "
+             "over every job; exactly once: every job index ran, none twice, checked each run.", "",
+             "| offered jobs/s | system | throughput jobs/s | start p50 ms | start p99 ms | exactly once | "
+             "throughput ratio |", "|---|---|---|---|---|---|---|"]
     for rate, by in results["e2e"].items():
+        share = results["shares"].get(rate)
+        offered = f"{rate:,}" + (f" ({share:.0%} of pyscheduler's capacity)" if share else "")
         rates = {k: [r["submitted"] / r["total_s"] for r in by[k]] for k in by}
         for k in by:
             p50 = [percentile(r["latency_ms"], 50) for r in by[k]]
             p99 = [percentile(r["latency_ms"], 99) for r in by[k]]
-            dup, miss = sum(r["duplicates"] for r in by[k]), sum(r["missing"] for r in by[k])
-            once = "yes" if all(r["exactly_once"] for r in by[k]) else \
-                f"{dup:,} twice, {miss:,} not run within {flow_runner.DRAIN_SECONDS} s of the end"
-            lines.append(f"| {rate:,} | {k} | {_cell(rates[k])} | {_cell(p50, '{:,.1f}')} | {_cell(p99, '{:,.1f}')} | "
-                         f"{once} | "
+            lines.append(f"| {offered} | {k} | {_cell(rates[k])} | {_cell(p50, '{:,.1f}')} | {_cell(p99, '{:,.1f}')} | "
+                         f"{_once(by[k])} | "
                          + ("-" if k == "pyscheduler" else _ratio(rates["pyscheduler"], rates[k])) + " |")
-    lines += ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", "", END]
-    return "\n".join(lines)
+    by = next(iter(results["e2e"].values()))
+    return lines + ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", ""]
 
 
 def write_markdown(doc: Path, section: str) -> None:

@@ -1,12 +1,13 @@
 """The runners of ``pyscheduler bench peers``' enqueue and end-to-end sections (flow.py) for
 pyscheduler and pgqueuer (graphile-worker's: bench/peers/graphile_flow.js). Given an EMPTY
-database, each prints one line of JSON:
+database, each prints one line of JSON (the producer: its process, SYSTEM produce DSN RATE SECONDS [BACKLOG]):
 
     python -m pyscheduler.bench.peers.flow_runner SYSTEM enqueue|e2e DSN BULK_JOBS|RATE SINGLE_JOBS|SECONDS N
-    python -m pyscheduler.bench.peers.flow_runner SYSTEM produce DSN RATE SECONDS  (e2e's producer process)
+    python -m pyscheduler.bench.peers.flow_runner SYSTEM capacity DSN BACKLOG SECONDS N
 
-Each system as its users call it: pyscheduler ``TaskClient(Database).submit_ids`` and ``Worker``;
-pgqueuer ``Queries.enqueue`` on asyncpg and ``QueueManager`` with its documented settings."""
+e2e: the producer submits RATE jobs/s; capacity: as fast as it goes while at most BACKLOG jobs wait
+(``Started``). Each system as its users call it (``TaskClient.submit_ids`` and ``Worker``; pgqueuer's
+``Queries.enqueue`` and ``QueueManager``)."""
 
 from __future__ import annotations
 
@@ -16,35 +17,75 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 BULK = 1000
 TICK = 0.01
 QUEUE = "flow"
 DRAIN_SECONDS = 60  # after producing, the cap on waiting for the backlog (a run past it: not exactly once)
+WARM_SECONDS = 1.0  # capacity: the window of window_rate starts this long after the first submit
+FEED = 0.002  # capacity: seconds between the runner's lines of jobs started to the producer
 
 
-def _done(seen: list[int], produced: dict, last: list[float], latencies: list[float]) -> dict:
+def _done(seen: list[int], produced: dict, last: list[float], latencies: list[float], starts: list[float]) -> dict:
     """The e2e result: throughput's parts, exactly once (every index ran once: none missing after
-    the drain cap, none twice), the enqueue-to-start latencies."""
+    the drain cap, none twice), the enqueue-to-start latencies, and the jobs started per second
+    in the steady window (``starts``: each job's start, perf_counter)."""
     submitted, distinct = produced["submitted"], set(seen)
+    begin, end = produced["started"] + WARM_SECONDS, produced["ended"]
     return dict(submitted=submitted, completed=len(seen), duplicates=len(seen) - len(distinct),
                 missing=len(set(range(submitted)) - distinct),
                 exactly_once=len(seen) == len(distinct) == submitted and distinct == set(range(submitted)),
-                total_s=(last[0] if last else time.perf_counter()) - produced["started"], latency_ms=latencies)
+                total_s=(last[0] if last else time.perf_counter()) - produced["started"], latency_ms=latencies,
+                window_rate=sum(begin <= t < end for t in starts) / (end - begin) if end > begin else 0.0)
 
 
-def producer(system: str, dsn: str, rate: float, seconds: float) -> subprocess.Popen[str]:
-    """The e2e producer, a process of its own (as an application's is): ``SYSTEM produce``."""
-    return subprocess.Popen([sys.executable, "-m", __spec__.name, system, "produce", dsn, f"{rate:g}", f"{seconds:g}"],
-                            stdout=subprocess.PIPE, text=True)
+def producer(system: str, dsn: str, rate: float, seconds: float, backlog: int,
+             count: Callable[[], int]) -> tuple[subprocess.Popen[str], threading.Thread | None]:
+    """The e2e producer, a process of its own (as an application's is): ``SYSTEM produce``; with
+    a backlog, a thread feeding it ``count()`` (the jobs started) until it exits."""
+    proc = subprocess.Popen([sys.executable, "-m", __spec__.name, system, "produce", dsn, f"{rate:g}", f"{seconds:g}",
+                             str(backlog)], stdout=subprocess.PIPE, stdin=subprocess.PIPE if backlog else None,
+                            text=True)
+    if not backlog:
+        return proc, None
+
+    def feed() -> None:
+        try:
+            while proc.poll() is None:
+                proc.stdin.write(f"{count()}\n")
+                proc.stdin.flush()
+                time.sleep(FEED)
+        except (BrokenPipeError, OSError):  # the producer exited meanwhile
+            pass
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    return proc, feeder
 
 
-def produced(proc: subprocess.Popen[str]) -> dict:
-    out, _ = proc.communicate(timeout=600)
+def produced(running: tuple[subprocess.Popen[str], threading.Thread | None]) -> dict:
+    proc, feeder = running
+    out = proc.stdout.read()
+    proc.wait(timeout=600)
+    if feeder is not None:
+        feeder.join()
     if proc.returncode != 0:
         raise RuntimeError(f"the producer failed (exit {proc.returncode})")
     return json.loads(out.strip().splitlines()[-1])
+
+
+class Started:
+    """The capacity producer's view of the jobs started, read from stdin by a thread (the runner
+    writes a count a line)."""
+
+    def __init__(self):
+        self.value = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            self.value = int(line)
 
 
 # -- pyscheduler ----------------------------------------------------------------------------------
@@ -82,13 +123,14 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
                 settings="TaskClient(Database(dsn)).submit_ids (submit_tasks_lean), pool of 2")
 
 
-def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> dict:
+def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0) -> dict:
     from ... import __version__, migrate
     from ...tasks import Worker
 
     migrate.migrate(dsn)
     seen: list[int] = []
     latencies: list[float] = []
+    starts: list[float] = []
     last: list[float] = []
     lock = threading.Lock()
 
@@ -97,42 +139,48 @@ def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> 
         with lock:
             seen.append(ctx.spec["i"])
             latencies.append((now - ctx.spec["t"]) * 1000)
+            starts.append(now)
             last[:] = [now]
 
     running = Worker(dsn, QUEUE, handle, capacity=concurrency, poll_interval=0.5).start()
     running.wait_idle(timeout=30)
     try:
-        made = produced(producer("pyscheduler", dsn, rate, seconds))
+        made = produced(producer("pyscheduler", dsn, rate, seconds, backlog, lambda: len(seen)))
         drain(lambda: len(seen), made["submitted"])
     finally:
         running.stop()
-    return dict(system="pyscheduler", version=__version__, **_done(seen, made, last, latencies),
+    return dict(system="pyscheduler", version=__version__, **_done(seen, made, last, latencies, starts),
                 settings=f"Worker capacity {concurrency}, poll 0.5 s; producer TaskClient.submit_ids")
 
 
-def pyscheduler_produce(dsn: str, rate: float, seconds: float, _: int = 0) -> dict:
+def pyscheduler_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) -> dict:
     from ...db import Database
     from ...tasks import TaskClient
 
     with Database(dsn, min_size=1, max_size=2) as db:
         client = TaskClient(db)
         client.submit_ids("warm", [{}])
-        return produce(lambda batch: client.submit_ids(QUEUE, batch), rate, seconds)
+        return produce(lambda batch: client.submit_ids(QUEUE, batch), rate, seconds, backlog)
 
 
-def produce(submit, rate: float, seconds: float) -> dict:
-    """Submit rate jobs/s for seconds, a call every TICK with the jobs due by then, each job with
+def produce(submit, rate: float, seconds: float, backlog: int = 0) -> dict:
+    """Submit for seconds: rate jobs/s, a call every TICK with the jobs due by then; or, with a
+    backlog, calls of up to BULK while fewer than backlog jobs wait (``Started``). Each job with
     its index i and t = perf_counter() (CLOCK_MONOTONIC: the same clock in every process)."""
+    ran = Started() if backlog else None
     started = time.perf_counter()
     sent = 0
     while (elapsed := time.perf_counter() - started) < seconds:
-        due = int(rate * elapsed) - sent
+        due = min(BULK, backlog - (sent - ran.value)) if ran else int(rate * elapsed) - sent
         if due > 0:
             t = time.perf_counter()
             submit([{"i": i, "t": t} for i in range(sent, sent + due)])
             sent += due
-        time.sleep(max(0.0, TICK - (time.perf_counter() - started - elapsed)))
-    return dict(submitted=sent, started=started)
+        if ran:
+            time.sleep(0 if due > 0 else FEED / 2)
+        else:
+            time.sleep(max(0.0, TICK - (time.perf_counter() - started - elapsed)))
+    return dict(submitted=sent, started=started, ended=time.perf_counter())
 
 
 def drain(count, submitted: int) -> None:
@@ -143,7 +191,13 @@ def drain(count, submitted: int) -> None:
 
 # -- pgqueuer -------------------------------------------------------------------------------------
 
-PGQ_BATCH = 10  # QueueManager.run's batch_size (its default, the documented benchmark's)
+# QueueManager.run's batch_size: pgqueuer's performance guide says to raise it for short jobs; of
+# 10 (its default), 50, 100, 200 and 500, and of 1 to 5 QueueManagers, one manager with 100 was
+# fastest here (docs/benchmarks.md, issue 31). No entrypoint concurrency_limit: the guide's tool
+# for a scarce resource, enforced in the database across the fleet (with one of 10 and completions
+# logged in batches, a worker ran about 10 jobs a NOTIFY, ~1,000 jobs/s); max_concurrent_tasks
+# (the per-process ceiling) left unlimited, its default, as in pgqueuer's own benchmark.
+PGQ_BATCH = 100
 
 
 async def _pgq(dsn: str):
@@ -184,63 +238,71 @@ def pgqueuer_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency: in
                 settings="Queries(AsyncpgDriver(conn)).enqueue, one asyncpg connection")
 
 
-def pgqueuer_e2e(dsn: str, rate: float, seconds: float, concurrency: int) -> dict:
+def pgqueuer_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0) -> dict:
     async def run() -> dict:
-        from pgqueuer import QueueManager
+        import asyncpg
+        from pgqueuer import AsyncpgDriver, Queries, QueueManager
 
-        conn, queries = await _pgq(dsn)
+        conn, _ = await _pgq(dsn)
         seen: list[int] = []
         latencies: list[float] = []
+        starts: list[float] = []
         last: list[float] = []
-        qm = QueueManager(queries)
+        qm = QueueManager(Queries(AsyncpgDriver(await asyncpg.connect(dsn))))  # a connection of its own
 
-        @qm.entrypoint("flow", concurrency_limit=concurrency)
+        @qm.entrypoint("flow")
         async def flow(job) -> None:
             now = time.perf_counter()
             spec = json.loads(job.payload)
             seen.append(spec["i"])
             latencies.append((now - spec["t"]) * 1000)
+            starts.append(now)
             last[:] = [now]
 
         worker = asyncio.create_task(qm.run(batch_size=PGQ_BATCH))
         await asyncio.sleep(1.0)  # listening
-        proc = producer("pgqueuer", dsn, rate, seconds)
-        made = await asyncio.to_thread(produced, proc)
+        made = await asyncio.to_thread(produced, producer("pgqueuer", dsn, rate, seconds, backlog, lambda: len(seen)))
         cap = time.perf_counter() + DRAIN_SECONDS
         while len(seen) < made["submitted"] and time.perf_counter() < cap:
             await asyncio.sleep(0.005)
         qm.shutdown.set()
         await asyncio.wait_for(worker, 30)
         await conn.close()
-        return _done(seen, made, last, latencies)
+        return _done(seen, made, last, latencies, starts)
 
     import pgqueuer
-    return dict(system="pgqueuer", version=getattr(pgqueuer, "__version__", "?"), **asyncio.run(run()),
-                settings=f"QueueManager.run(batch_size={PGQ_BATCH}), concurrency_limit {concurrency}, "
-                         "pgq autovac; producer Queries.enqueue")
+    import uvloop
+    return dict(system="pgqueuer", version=getattr(pgqueuer, "__version__", "?"), **uvloop.run(run()),
+                settings=f"QueueManager.run(batch_size={PGQ_BATCH}) on a connection of its own, no concurrency "
+                         "limits, pgq autovac, uvloop; producer Queries.enqueue")
 
 
-def pgqueuer_produce(dsn: str, rate: float, seconds: float, _: int = 0) -> dict:
+def pgqueuer_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) -> dict:
     async def run() -> dict:
         import asyncpg
         from pgqueuer import AsyncpgDriver, Queries
 
         conn = await asyncpg.connect(dsn)
         queries = Queries(AsyncpgDriver(conn))
+        ran = Started() if backlog else None
         started = time.perf_counter()
         sent = 0
         while (elapsed := time.perf_counter() - started) < seconds:
-            due = int(rate * elapsed) - sent
+            due = min(BULK, backlog - (sent - ran.value)) if ran else int(rate * elapsed) - sent
             if due > 0:
                 t = time.perf_counter()
                 await queries.enqueue(["flow"] * due, [json.dumps({"i": i, "t": t}).encode()
                                                        for i in range(sent, sent + due)], [0] * due)
                 sent += due
-            await asyncio.sleep(max(0.0, TICK - (time.perf_counter() - started - elapsed)))
+            if ran:
+                await asyncio.sleep(0 if due > 0 else FEED / 2)
+            else:
+                await asyncio.sleep(max(0.0, TICK - (time.perf_counter() - started - elapsed)))
         await conn.close()
-        return dict(submitted=sent, started=started)
+        return dict(submitted=sent, started=started, ended=time.perf_counter())
 
-    return asyncio.run(run())
+    import uvloop
+    return uvloop.run(run())
 
 
 RUNNERS = {("pyscheduler", "enqueue"): pyscheduler_enqueue, ("pyscheduler", "e2e"): pyscheduler_e2e,
@@ -250,10 +312,14 @@ RUNNERS = {("pyscheduler", "enqueue"): pyscheduler_enqueue, ("pyscheduler", "e2e
 
 def main(argv: list[str]) -> int:
     system, mode, dsn, a, b = argv[:5]
-    concurrency = int(argv[5]) if len(argv) > 5 else 0
-    timed = mode in ("e2e", "produce")
-    print(json.dumps(RUNNERS[system, mode](dsn, float(a) if timed else int(a), float(b) if timed else int(b),
-                                           concurrency)), flush=True)
+    extra = int(argv[5]) if len(argv) > 5 else 0  # N, or produce's BACKLOG
+    if mode == "capacity":
+        result = RUNNERS[system, "e2e"](dsn, 0.0, float(b), extra, int(a))
+    elif mode in ("e2e", "produce"):
+        result = RUNNERS[system, mode](dsn, float(a), float(b), extra)
+    else:
+        result = RUNNERS[system, mode](dsn, int(a), int(b), extra)
+    print(json.dumps(result), flush=True)
     return 0
 
 
