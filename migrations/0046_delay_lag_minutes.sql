@@ -1,4 +1,4 @@
--- depends: 0043_schedule_minutes
+-- depends: 0045_e2e
 -- The delay queue's lag for the dashboard's latency lines (issue 30): per minute, a histogram
 -- of the fired messages' lag (fired minus deadline, in _latency_k's buckets), appended by
 -- delete_fired and folded by _delay_fold_counts as _delay_fired_minutes is; activity_latency()
