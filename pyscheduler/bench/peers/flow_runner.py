@@ -234,8 +234,9 @@ def pgqueuer_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency: in
         return dict(bulk_s=bulk_s, bulk_ms=bulk_ms, single_ms=single_ms)
 
     import pgqueuer
-    return dict(system="pgqueuer", version=getattr(pgqueuer, "__version__", "?"), **asyncio.run(run()),
-                settings="Queries(AsyncpgDriver(conn)).enqueue, one asyncpg connection")
+    import uvloop  # as its end to end below: its dependency, and its own benchmark's loop
+    return dict(system="pgqueuer", version=getattr(pgqueuer, "__version__", "?"), **uvloop.run(run()),
+                settings="Queries(AsyncpgDriver(conn)).enqueue, one asyncpg connection, uvloop")
 
 
 def pgqueuer_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0) -> dict:
