@@ -109,6 +109,18 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
         assert f"(img/{name})" in section
     assert "wrote" in out.stdout
 
+    # enqueue, capacity and end to end (issue 31): every system, a rate in each, our variants
+    enqueue, capacity, e2e = _tables(text[text.index(flow.BEGIN):text.index(flow.END)])
+    systems = ["pyscheduler", "pgqueuer", "graphile-worker"]
+    assert [r[0].rsplit(" ", 1)[0] for r in enqueue[1:4]] == systems
+    assert [r[0] for r in enqueue[4:]] == ["pyscheduler, `run_at=timedelta(hours=1)`",
+                                           "pyscheduler, a new unique key each"]
+    assert all(re.fullmatch(r"[\d,]+", r[1]) and re.fullmatch(r"[\d,]+", r[3]) for r in enqueue[1:4]), enqueue
+    assert [r[0] for r in capacity[1:]] == systems
+    assert all(re.fullmatch(r"[\d,]+", r[1]) for r in capacity[1:]), capacity
+    assert [r[1] for r in e2e[1:]] == systems and all("50% of pyscheduler's capacity" in r[0] for r in e2e[1:])
+    assert all(re.fullmatch(r"[\d,]+", r[2]) and r[4] for r in e2e[1:]), e2e
+
 
 def test_rerun_replaces_the_section_in_place(tmp_path):
     doc = tmp_path / "benchmarks.md"
