@@ -44,10 +44,14 @@ BEGIN
 END
 $$;
 
--- The arguments activity() and activity_latency() share, checked once.
-CREATE OR REPLACE FUNCTION pyscheduler._activity_args(since interval, bucket interval, max_rows integer)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+-- _activity_windows(): the arguments activity(), activity_latency() and queue_activity() share,
+-- checked once, and what they read: from v_from = now() - since, binned by `bucket`, the
+-- minutes the tasks' rollup answers [rfrom, upto) and the schedules' [srfrom, supto)
+-- (_minutes_window).
+CREATE OR REPLACE FUNCTION pyscheduler._activity_windows(
+    since interval, bucket interval, max_rows integer, OUT v_from timestamptz, OUT rfrom timestamptz,
+    OUT upto timestamptz, OUT srfrom timestamptz, OUT supto timestamptz)
+LANGUAGE plpgsql STABLE
 SET search_path = pyscheduler, pg_temp
 AS $$
 BEGIN
@@ -63,6 +67,11 @@ BEGIN
         RAISE EXCEPTION 'max_rows must be 1..10000000, got %', coalesce(max_rows::text, 'NULL')
             USING ERRCODE = 'PS001';
     END IF;
+    v_from := now() - since;
+    SELECT w.rfrom, w.upto INTO rfrom, upto
+      FROM pyscheduler._minutes_window(v_from, bucket, (SELECT f.upto FROM _task_minutes_folded f)) w;
+    SELECT w.rfrom, w.upto INTO srfrom, supto
+      FROM pyscheduler._minutes_window(v_from, bucket, (SELECT f.upto FROM _schedule_minutes_folded f)) w;
 END
 $$;
 
@@ -86,17 +95,13 @@ AS $$
    max_rows outside 1..10000000. */
 #variable_conflict use_column
 DECLARE
-    v_from timestamptz := now() - since;
+    v_from timestamptz;
     v_rfrom timestamptz;
     v_upto timestamptz;
     v_srfrom timestamptz;
     v_supto timestamptz;
 BEGIN
-    PERFORM pyscheduler._activity_args(since, bucket, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto
-      FROM pyscheduler._minutes_window(v_from, activity.bucket, (SELECT f.upto FROM _task_minutes_folded f)) w;
-    SELECT w.rfrom, w.upto INTO v_srfrom, v_supto
-      FROM pyscheduler._minutes_window(v_from, activity.bucket, (SELECT f.upto FROM _schedule_minutes_folded f)) w;
+    SELECT * INTO v_from, v_rfrom, v_upto, v_srfrom, v_supto FROM pyscheduler._activity_windows(since, bucket, max_rows);
     RETURN QUERY
     WITH t AS (
         SELECT * FROM (
@@ -191,18 +196,13 @@ AS $$
    Errors: PS001 as activity(). */
 #variable_conflict use_column
 DECLARE
-    v_from timestamptz := now() - since;
+    v_from timestamptz;
     v_rfrom timestamptz;
     v_upto timestamptz;
     v_srfrom timestamptz;
     v_supto timestamptz;
 BEGIN
-    PERFORM pyscheduler._activity_args(since, bucket, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto
-      FROM pyscheduler._minutes_window(v_from, activity_latency.bucket, (SELECT f.upto FROM _task_minutes_folded f)) w;
-    SELECT w.rfrom, w.upto INTO v_srfrom, v_supto
-      FROM pyscheduler._minutes_window(v_from, activity_latency.bucket,
-                                       (SELECT f.upto FROM _schedule_minutes_folded f)) w;
+    SELECT * INTO v_from, v_rfrom, v_upto, v_srfrom, v_supto FROM pyscheduler._activity_windows(since, bucket, max_rows);
     RETURN QUERY
     WITH t AS (
         SELECT * FROM (
@@ -308,13 +308,11 @@ AS $$
    index only since. Errors: PS001 as activity(). */
 #variable_conflict use_column
 DECLARE
-    v_from timestamptz := now() - since;
+    v_from timestamptz;
     v_rfrom timestamptz;
     v_upto timestamptz;
 BEGIN
-    PERFORM pyscheduler._activity_args(since, since, max_rows);
-    SELECT w.rfrom, w.upto INTO v_rfrom, v_upto
-      FROM pyscheduler._minutes_window(v_from, since, (SELECT f.upto FROM _task_minutes_folded f)) w;
+    SELECT w.v_from, w.rfrom, w.upto INTO v_from, v_rfrom, v_upto FROM pyscheduler._activity_windows(since, since, max_rows) w;
     IF since < interval '1 day' THEN  -- the hours folded from the one v_from is in would over-count
         v_rfrom := v_from;
         v_upto := v_from;
