@@ -2,8 +2,8 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
--- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql and 0042_activity_minutes.sql
--- build (tests/ops/test_migrate.py checks).
+-- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql and
+-- 0048_spec_index_live.sql build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
 CREATE TYPE pyscheduler.task_status AS ENUM ('waiting', 'scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
@@ -137,8 +137,10 @@ CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, status, rn)
     WHERE status IN ('completed', 'aborted', 'cancelled');
 -- find_tasks (the dashboard's search, 0039): a spec fragment (jsonb @>), a unique key in any
 -- queue and status. The spec index's pending list is merged at 256 kB (0045_e2e), not 4 MB: the
--- write that fills it pays the merge.
-CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops) WITH (gin_pending_list_limit = 256);
+-- write that fills it pays the merge. Running tasks are left out (0048): a lease is never HOT,
+-- and would write the spec's entries again; find_tasks reads them by tasks_running_deadline_idx.
+CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops) WITH (gin_pending_list_limit = 256)
+    WHERE status <> 'running';
 CREATE INDEX tasks_unique_key_idx ON pyscheduler.tasks (unique_key) WHERE unique_key IS NOT NULL;
 -- task_family (0039): a task's children, whatever their state; only tasks with parents.
 CREATE INDEX tasks_after_idx ON pyscheduler.tasks USING gin (after) WHERE after IS NOT NULL;

@@ -17,7 +17,8 @@ AS $$
    01a20000-0000-... to 01a2ffff-ffff-...), read backwards on the primary key;
    unique_key: the tasks of that key in any queue and status
    (tasks_unique_key_idx); spec: the tasks whose spec contains it (jsonb @>,
-   '{"to": "a@example.com"}'), from tasks_spec_idx. A key or a spec fragment
+   '{"to": "a@example.com"}'), from tasks_spec_idx (running tasks, which it
+   leaves out, from tasks_running_deadline_idx). A key or a spec fragment
    matches only the caller's own tasks (admin: every role's): it is their
    contents. A fragment that matches more than 10,000 tasks (of any role) is
    answered from 10,000 of them (not necessarily the newest), so the read is
@@ -49,7 +50,10 @@ BEGIN
     ELSE
         RETURN QUERY
         SELECT _task_seen_json(m, v_seen)
-          FROM (SELECT t FROM tasks t WHERE t.spec @> find_tasks.spec::jsonb LIMIT 10000) x(m)
+          FROM (SELECT t FROM tasks t WHERE t.status = 'running' AND t.spec @> find_tasks.spec::jsonb
+                UNION ALL
+                SELECT t FROM tasks t WHERE t.status <> 'running' AND t.spec @> find_tasks.spec::jsonb
+                LIMIT 10000) x(m)
          WHERE v_seen IS NULL OR (x.m).submitted_by = ANY (v_seen)
          ORDER BY (x.m).rn DESC LIMIT max_tasks;
     END IF;

@@ -17,3 +17,29 @@ def test_writes_leave_at_most_256_kb_in_the_spec_index_pending_list(tx):
     pending = tx.execute("SELECT gin_clean_pending_list('pyscheduler.tasks_spec_idx'::regclass) AS pages"
                          ).fetchone()["pages"]
     assert 0 < pending * PAGE <= 256 * 1024 + PAGE, pending
+
+
+def test_a_lease_writes_no_spec_entries_and_a_running_task_is_still_found_by_its_spec(tx):
+    """Running tasks are outside the spec index (migration 0048): a lease is never a HOT update,
+    so indexing them wrote each task's spec entries once more (the end-to-end capacity, issue
+    31). The search reads them from the running tasks instead; a completion is indexed again."""
+    clean = "SELECT gin_clean_pending_list('pyscheduler.tasks_spec_idx'::regclass) AS pages"
+    tx.execute(clean)
+    tx.execute("SELECT count(*) FROM pyscheduler.submit_tasks_lean(queue => 'spec-live', specs => "
+               "(SELECT jsonb_agg(jsonb_build_object('i', i, 'to', 'user' || i || '@example.com')) "
+               "FROM generate_series(1, 2000) i))")
+    assert tx.execute(clean).fetchone()["pages"] > 0  # the submits' entries
+    leased = tx.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean('spec-live', 'w1', n => 2000, "
+                        "timeout => '1 hour')").fetchall()
+    assert len(leased) == 2000
+    assert tx.execute(clean).fetchone()["pages"] == 0  # the leases wrote none
+
+    def found() -> list[str]:
+        rows = tx.execute("SELECT task FROM pyscheduler.find_tasks(spec => '{\"to\": \"user7@example.com\"}')")
+        return [r["task"]["status"] for r in rows if r["task"]["queue"] == "spec-live"]
+
+    assert found() == ["running"]
+    tx.execute("SELECT count(*) FROM pyscheduler.complete_tasks(%s, %s)",
+               ([r["rn"] for r in leased], [r["token"] for r in leased]))
+    assert tx.execute(clean).fetchone()["pages"] > 0  # completions are searchable again
+    assert found() == ["completed"]
