@@ -2,8 +2,8 @@
 -- Must equal what migrations/0003_tasks.sql, 0005_tasks_hardening.sql,
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
--- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql and
--- 0048_spec_index_live.sql build (tests/ops/test_migrate.py checks).
+-- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql,
+-- 0048_spec_index_live.sql and 0049_unique_key_first.sql build (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
 CREATE TYPE pyscheduler.task_status AS ENUM ('waiting', 'scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
@@ -107,7 +107,8 @@ CREATE INDEX tasks_scheduled_idx ON pyscheduler.tasks (queue, run_at)
     WHERE status = 'scheduled';
 -- Unique tasks: at most one live task per (queue, submitting role, unique_key); the arbiter of
 -- submit's ON CONFLICT (concurrent submits of one key make one task; 0030: never another role's).
-CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (queue, submitted_by, unique_key)
+-- The key first (0049): find_tasks finds a key's live tasks here, across queues and roles.
+CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (unique_key, queue, submitted_by)
     WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running');
 -- Tasks waiting for their parents, and tasks scheduled for later, per queue newest first
 -- (list_tasks' pages; 0029).
@@ -141,7 +142,11 @@ CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, status, rn)
 -- and would write the spec's entries again; find_tasks reads them by tasks_running_deadline_idx.
 CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops) WITH (gin_pending_list_limit = 256)
     WHERE status <> 'running';
-CREATE INDEX tasks_unique_key_idx ON pyscheduler.tasks (unique_key) WHERE unique_key IS NOT NULL;
+-- A key's finished tasks (0049: live ones are in tasks_unique_idx; a key goes into one B-tree
+-- at submit, not two, and none at a lease). status >= 'completed': the finished statuses in
+-- task_status' order, so that no index of finished tasks with an IN list matches find_tasks' read.
+CREATE INDEX tasks_unique_key_idx ON pyscheduler.tasks (unique_key)
+    WHERE unique_key IS NOT NULL AND status >= 'completed';
 -- task_family (0039): a task's children, whatever their state; only tasks with parents.
 CREATE INDEX tasks_after_idx ON pyscheduler.tasks USING gin (after) WHERE after IS NOT NULL;
 -- The most common (queue, status) pairs of ANALYZE's sample (0021): without them the planner

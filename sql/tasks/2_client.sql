@@ -43,7 +43,7 @@ $$;
 -- _live_task(queue, by, unique_key): the live (waiting, scheduled, ready or running) task
 -- of role by holding unique_key in queue, as a deduplicated answer, or NULL. A unique key is
 -- its submitting role's: another role's task with the same key is not this one's answer
--- (tasks_unique_idx is (queue, submitted_by, unique_key), 0030).
+-- (tasks_unique_idx is (unique_key, queue, submitted_by), 0030, 0049).
 CREATE OR REPLACE FUNCTION pyscheduler._live_task(p_queue text, p_by name, p_key text)
 RETURNS jsonb
 LANGUAGE sql STABLE

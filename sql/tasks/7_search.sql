@@ -1,5 +1,6 @@
 -- pyscheduler: leased tasks, the dashboard's reads (issue 30): find_tasks (its search box, each
--- term read through an index: the primary key, tasks_unique_key_idx, tasks_spec_idx) and
+-- term read through an index: the primary key, tasks_unique_idx and tasks_unique_key_idx,
+-- tasks_spec_idx) and
 -- task_family (a task page's workflow: parents by the primary key, children by tasks_after_idx).
 
 CREATE OR REPLACE FUNCTION pyscheduler.find_tasks(
@@ -15,8 +16,8 @@ AS $$
    The tasks of one search term, newest first, at most max_tasks (give one of):
    rn_from and rn_to: the ids between them (an id prefix's range: '01a2' is
    01a20000-0000-... to 01a2ffff-ffff-...), read backwards on the primary key;
-   unique_key: the tasks of that key in any queue and status
-   (tasks_unique_key_idx); spec: the tasks whose spec contains it (jsonb @>,
+   unique_key: the tasks of that key in any queue and status (live ones from
+   tasks_unique_idx, finished ones from tasks_unique_key_idx); spec: the tasks whose spec contains it (jsonb @>,
    '{"to": "a@example.com"}'), from tasks_spec_idx (running tasks, which it
    leaves out, from tasks_running_deadline_idx). A key or a spec fragment
    matches only the caller's own tasks (admin: every role's): it is their
@@ -44,9 +45,16 @@ BEGIN
          WHERE t.rn BETWEEN rn_from AND rn_to ORDER BY t.rn DESC LIMIT max_tasks;
     ELSIF find_tasks.unique_key IS NOT NULL THEN
         RETURN QUERY
-        SELECT _task_seen_json(t, v_seen) FROM tasks t
-         WHERE t.unique_key = find_tasks.unique_key AND (v_seen IS NULL OR t.submitted_by = ANY (v_seen))
-         ORDER BY t.rn DESC LIMIT max_tasks;
+        SELECT _task_seen_json(m, v_seen)
+          FROM (SELECT t FROM tasks t
+                 WHERE t.unique_key = find_tasks.unique_key AND t.unique_key IS NOT NULL
+                   AND t.status IN ('waiting', 'scheduled', 'ready', 'running')
+                UNION ALL
+                SELECT t FROM tasks t
+                 WHERE t.unique_key = find_tasks.unique_key AND t.unique_key IS NOT NULL
+                   AND t.status >= 'completed') x(m)  -- finished (task_status' order): tasks_unique_key_idx
+         WHERE v_seen IS NULL OR (x.m).submitted_by = ANY (v_seen)
+         ORDER BY (x.m).rn DESC LIMIT max_tasks;
     ELSE
         RETURN QUERY
         SELECT _task_seen_json(m, v_seen)
