@@ -10,6 +10,7 @@ RETURNS TABLE (task jsonb)
 LANGUAGE plpgsql STABLE
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
+SET enable_seqscan = off  -- the running tasks' branch: by tasks_running_deadline_idx, however many the statistics say
 AS $$
 /* find_tasks(rn_from => NULL, rn_to => NULL, unique_key => NULL, spec => NULL, max_tasks => 20)
        -> setof (task jsonb)
