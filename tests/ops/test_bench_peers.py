@@ -195,3 +195,22 @@ def test_capacity_rounds_set_the_rate_of_a_share_and_the_ratio_to_the_best_peer(
                        ["graphile-worker", "12,000 (10,000–15,000)", "yes", "**1.67x** (1.07–1.80)"]]
     assert "against the best peer (graphile-worker): **1.67x** (1.07–1.80)" in section
     assert [r[0] for r in e2e[1:]] == ["1,000"] * 3 + ["9,000 (50% of pyscheduler's capacity)"] * 3
+
+
+def test_a_round_that_did_not_run_every_job_once_is_said_and_left_out_of_the_ratio():
+    """A peer that stalled in two rounds of three (jobs not run 60 s after the producer's end, as
+    graphile-worker did at 15,700/s on 2026-11-28) is no throughput to compare: its cell says in
+    how many rounds and what, and the ratio is of the clean round only, saying what it left out."""
+    def run(rate: float, once: bool = True, missing: int = 0) -> dict:
+        return {"submitted": 1000, "total_s": 1000 / rate, "latency_ms": [1.0, 2.0], "exactly_once": once,
+                "duplicates": 0, "missing": missing, "settings": "s", "version": "v"}
+
+    results = {"enqueue": {}, "capacity": {}, "shares": {},
+               "e2e": {15_700: {"pyscheduler": [run(15_700), run(15_700), run(15_700)],
+                                "graphile-worker": [run(1_900, False, 86_000), run(15_600), run(1_900, False, 800)]}}}
+    section = flow.markdown(results, command="c", context="x", bulk_jobs=0, single_jobs=0, seconds=8,
+                            concurrency=10, rounds=3, elapsed=60)
+    (e2e,) = _tables(section)
+    assert e2e[2][5:] == ["no in 2 of 3 rounds: 0 twice, 86,800 not run within 60 s of the end",
+                          "**1.01x**; 2 of 3 rounds left out (not exactly once)"]
+    assert e2e[1][5:] == ["yes", "-"]

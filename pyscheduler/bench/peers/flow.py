@@ -126,11 +126,21 @@ def _cell(values: list[float], fmt: str = "{:,.0f}") -> str:
     return f"{fmt.format(median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
 
-def _ratio(ours: list[float], theirs: list[float], higher_better: bool = True) -> str:
+def _ratio(ours: list[float], theirs: list[float], higher_better: bool = True, ok: list[bool] | None = None) -> str:
+    """Median (range) of ours / theirs per round; with ``ok`` (per round: did both run every job
+    exactly once), only those rounds: a run that lost or stalled jobs is no rate to compare."""
     if not ours or not theirs:
         return "-"
-    pairs = [(o / t if higher_better else t / o) for o, t in zip(ours, theirs)]
-    return f"**{median(pairs):.2f}x**" + (f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "")
+    rounds = list(zip(ours, theirs, ok or [True] * len(ours)))
+    pairs = [(o / t if higher_better else t / o) for o, t, good in rounds if good]
+    left = len(rounds) - len(pairs)
+    out = "; ".join(([f"**{median(pairs):.2f}x**" + (f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "")]
+                     if pairs else []) + ([f"{left} of {len(rounds)} rounds left out (not exactly once)"] if left else []))
+    return out or "-"
+
+
+def _both_once(ours: list[dict], theirs: list[dict]) -> list[bool]:
+    return [a["exactly_once"] and b["exactly_once"] for a, b in zip(ours, theirs)]
 
 
 def markdown(results: dict, *, command: str, context: str, bulk_jobs: int, single_jobs: int, seconds: float,
@@ -172,10 +182,12 @@ def _enqueue_lines(enq: dict, *, bulk_jobs: int, rounds: int, single_jobs: int) 
 
 
 def _once(runs: list[dict]) -> str:
-    if all(r["exactly_once"] for r in runs):
+    bad = [r for r in runs if not r["exactly_once"]]
+    if not bad:
         return "yes"
-    dup, miss = sum(r["duplicates"] for r in runs), sum(r["missing"] for r in runs)
-    return f"{dup:,} twice, {miss:,} not run within {flow_runner.DRAIN_SECONDS} s of the end"
+    dup, miss = sum(r["duplicates"] for r in bad), sum(r["missing"] for r in bad)
+    return (f"no in {len(bad)} of {len(runs)} rounds: {dup:,} twice, {miss:,} not run within "
+            f"{flow_runner.DRAIN_SECONDS} s of the end")
 
 
 def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency: int) -> list[str]:
@@ -193,10 +205,11 @@ def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency:
     ours = rates.get("pyscheduler", [])
     for k in by:
         lines.append(f"| {k} | {_cell(rates[k])} | {_once(by[k])} | "
-                     + ("-" if k == "pyscheduler" else _ratio(ours, rates[k])) + " |")
+                     + ("-" if k == "pyscheduler" else _ratio(ours, rates[k], ok=_both_once(by["pyscheduler"], by[k])))
+                     + " |")
     if best and "pyscheduler" in rates:
         lines += ["", f"pyscheduler's capacity: **{median(rates['pyscheduler']):,.0f} jobs/s**; against the best peer "
-                      f"({best}): {_ratio(rates['pyscheduler'], rates[best])}."]
+                      f"({best}): {_ratio(ours, rates[best], ok=_both_once(by['pyscheduler'], by[best]))}."]
     return lines + ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", ""]
 
 
@@ -204,7 +217,8 @@ def _e2e_lines(results: dict, *, seconds: float, concurrency: int) -> list[str]:
     lines = [f"**End to end**: workers (concurrency {concurrency}) run while a producer (a process of its own) "
              f"submits at the offered rate for {seconds:g} s, a call every 10 ms with the jobs due; throughput = "
              "jobs / time from the first submit until every job has run (the backlog drained); enqueue-to-start "
-             "over every job; exactly once: every job index ran, none twice, checked each run.", "",
+             "over every job; exactly once: every job index ran, none twice, checked each run; a ratio is of the "
+             "rounds in which both systems ran every job exactly once.", "",
              "| offered jobs/s | system | throughput jobs/s | start p50 ms | start p99 ms | exactly once | "
              "throughput ratio |", "|---|---|---|---|---|---|---|"]
     for rate, by in results["e2e"].items():
@@ -216,7 +230,9 @@ def _e2e_lines(results: dict, *, seconds: float, concurrency: int) -> list[str]:
             p99 = [percentile(r["latency_ms"], 99) for r in by[k]]
             lines.append(f"| {offered} | {k} | {_cell(rates[k])} | {_cell(p50, '{:,.1f}')} | {_cell(p99, '{:,.1f}')} | "
                          f"{_once(by[k])} | "
-                         + ("-" if k == "pyscheduler" else _ratio(rates["pyscheduler"], rates[k])) + " |")
+                         + ("-" if k == "pyscheduler"
+                            else _ratio(rates["pyscheduler"], rates[k], ok=_both_once(by["pyscheduler"], by[k])))
+                         + " |")
     by = next(iter(results["e2e"].values()))
     return lines + ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", ""]
 
