@@ -134,9 +134,11 @@ def _ratio(ours: list[float], theirs: list[float], higher_better: bool = True, o
     rounds = list(zip(ours, theirs, ok or [True] * len(ours)))
     pairs = [(o / t if higher_better else t / o) for o, t, good in rounds if good]
     left = len(rounds) - len(pairs)
-    out = "; ".join(([f"**{median(pairs):.2f}x**" + (f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "")]
-                     if pairs else []) + ([f"{left} of {len(rounds)} rounds left out (not exactly once)"] if left else []))
-    return out or "-"
+    said = [f"**{median(pairs):.2f}x**" + (f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "")] \
+        if pairs else []
+    if left:
+        said.append(f"{left} of {len(rounds)} rounds left out (not exactly once)")
+    return "; ".join(said) or "-"
 
 
 def _both_once(ours: list[dict], theirs: list[dict]) -> list[bool]:
