@@ -399,8 +399,20 @@ def _json_fine(value: Any, depth: int = 0) -> bool:
         return math.isfinite(value)
     if depth >= MAX_JSON_DEPTH:
         return json_problem(value, "", depth) is None
-    if kind is dict:
-        return all(type(k) is str and _json_fine(k) and _json_fine(v, depth + 1) for k, v in value.items())
+    if kind is dict:  # its scalars checked here, without a call each (a batch's specs are mostly flat)
+        for k, v in value.items():
+            if type(k) is not str or "\x00" in k or not (k.isascii() or json_problem(k, "") is None):
+                return False
+            t = type(v)
+            if t is str:
+                if "\x00" in v or not (v.isascii() or json_problem(v, "") is None):
+                    return False
+            elif t is float:
+                if not math.isfinite(v):
+                    return False
+            elif not (v is None or t is bool or t is int) and not _json_fine(v, depth + 1):
+                return False
+        return True
     if kind is list:
         return all(_json_fine(v, depth + 1) for v in value)
     return json_problem(value, "", depth) is None
@@ -410,7 +422,7 @@ def json_objects(name: str, raw: Iterable[Any]) -> Jsonb:
     """JSON objects (Mappings) as one jsonb array, each checked as json_object checks it (a
     refusal names ``name[i]``): one pass that builds no paths, and one serialisation (sent as
     is), when all of them are fine."""
-    objects = [dict(o) if isinstance(o, Mapping) else o for o in raw]
+    objects = [o if type(o) is dict else dict(o) if isinstance(o, Mapping) else o for o in raw]
     if all(type(o) is dict and _json_fine(o) for o in objects):
         try:
             text = json.dumps(objects, allow_nan=False)
