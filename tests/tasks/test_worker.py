@@ -80,10 +80,15 @@ def test_idle_worker_is_woken_by_notify_not_polling(dsn, client):
         running.stop()
 
 
-def test_a_submit_whose_notify_was_throttled_is_leased_without_waiting_for_the_poll(dsn, conn, client):
+@pytest.mark.parametrize("queue, late, within", [("throttled", 0.04, 1.0), ("late", 0.15, 0.5)])
+def test_a_submit_whose_notify_was_throttled_is_leased_without_waiting_for_the_poll(dsn, conn, client, queue,
+                                                                                    late, within):
     """A queue's NOTIFY is throttled (10 ms): a submit right after another sends none, and its
-    commit may come tens of ms later on a busy server. The worker that was woken looks again
-    after the throttle and after 100 ms, so such a task starts then, not at the next poll."""
+    commit may come tens of ms later on a busy server, or 150 ms later (a loaded server's WAL
+    flush). The worker that was woken looks again after the throttle, the rechecks doubling up
+    to 320 ms, so such a task starts then, not at the next poll (60 s here). Before, they
+    stopped at 100 ms and a commit 150 ms late waited for the poll (0.5 s in the end-to-end
+    bench: a start p99 of 0.6-0.8 s at 10,000 tasks/s)."""
     started: dict[str, float] = {}
     first = threading.Event()
 
@@ -91,49 +96,20 @@ def test_a_submit_whose_notify_was_throttled_is_leased_without_waiting_for_the_p
         started[ctx.spec["name"]] = time.monotonic()
         first.set()
 
-    running = Worker(dsn, "throttled", handle, capacity=2, poll_interval=60).start()
+    running = Worker(dsn, queue, handle, capacity=2, poll_interval=60).start()
     try:
         running.wait_idle()
-        client.submit("throttled", {"name": "a"})  # notifies
+        client.submit(queue, {"name": "a"})  # notifies: the wake-up
         assert first.wait(20), "an idle worker was not woken by the submit's NOTIFY"
         # from now on the queue's channel is throttled: the next submit sends no NOTIFY
-        conn.execute("UPDATE pyscheduler._notify_throttle SET channel = pyscheduler._task_channel('throttled'), "
+        conn.execute("UPDATE pyscheduler._notify_throttle SET channel = pyscheduler._task_channel(%s), "
                      "last_at = clock_timestamp() + interval '1 hour' "
-                     "WHERE slot = hashtext(pyscheduler._task_channel('throttled')) & 1023")
-        time.sleep(0.04)  # the throttled submit commits 40 ms after the first one started (a slow commit)
+                     "WHERE slot = hashtext(pyscheduler._task_channel(%s)) & 1023", (queue, queue))
+        time.sleep(late)  # the scenario, not a wait for an event: the throttled submit commits late
         submitted = time.monotonic()
-        client.submit("throttled", {"name": "b"})
-        assert wait_for(lambda: "b" in started, timeout=20), "the throttled submit waited for the poll (60 s)"
-        assert started["b"] - submitted < 1.0
-    finally:
-        running.stop()
-
-
-def test_a_throttled_submit_committed_150_ms_late_is_leased_without_waiting_for_the_poll(dsn, conn, client):
-    """As above, with a commit 150 ms after the wake-up (a loaded server's WAL flush): the
-    rechecks after a wake-up double up to 320 ms, so it starts within them. Before, they
-    stopped at 100 ms and such a task waited for the poll (0.5 s in the end-to-end bench: a
-    start p99 of 0.6-0.8 s at 10,000 tasks/s; 60 s here)."""
-    started: dict[str, float] = {}
-    first = threading.Event()
-
-    def handle(ctx):
-        started[ctx.spec["name"]] = time.monotonic()
-        first.set()
-
-    running = Worker(dsn, "late", handle, capacity=2, poll_interval=60).start()
-    try:
-        running.wait_idle()
-        client.submit("late", {"name": "a"})  # notifies: the wake-up
-        assert first.wait(20), "an idle worker was not woken by the submit's NOTIFY"
-        conn.execute("UPDATE pyscheduler._notify_throttle SET channel = pyscheduler._task_channel('late'), "
-                     "last_at = clock_timestamp() + interval '1 hour' "
-                     "WHERE slot = hashtext(pyscheduler._task_channel('late')) & 1023")
-        time.sleep(0.15)  # the scenario, not a wait for an event: the throttled submit commits late
-        submitted = time.monotonic()
-        client.submit("late", {"name": "b"})
-        assert wait_for(lambda: "b" in started, timeout=5), "the late throttled submit waited for the poll (60 s)"
-        assert started["b"] - submitted < 0.5
+        client.submit(queue, {"name": "b"})
+        assert wait_for(lambda: "b" in started, timeout=5), "the throttled submit waited for the poll (60 s)"
+        assert started["b"] - submitted < within
     finally:
         running.stop()
 
