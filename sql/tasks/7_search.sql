@@ -47,13 +47,11 @@ BEGIN
     ELSIF find_tasks.unique_key IS NOT NULL THEN
         RETURN QUERY
         SELECT _task_seen_json(m, v_seen)
-          FROM (SELECT t FROM tasks t
-                 WHERE t.unique_key = find_tasks.unique_key AND t.unique_key IS NOT NULL
-                   AND t.status IN ('waiting', 'scheduled', 'ready', 'running')
+          FROM (SELECT t FROM tasks t  -- live: tasks_unique_idx
+                 WHERE t.unique_key = find_tasks.unique_key AND t.status IN ('waiting', 'scheduled', 'ready', 'running')
                 UNION ALL
-                SELECT t FROM tasks t
-                 WHERE t.unique_key = find_tasks.unique_key AND t.unique_key IS NOT NULL
-                   AND t.status >= 'completed') x(m)  -- finished (task_status' order): tasks_unique_key_idx
+                SELECT t FROM tasks t  -- finished (task_status' order): tasks_unique_key_idx
+                 WHERE t.unique_key = find_tasks.unique_key AND t.status >= 'completed') x(m)
          WHERE v_seen IS NULL OR (x.m).submitted_by = ANY (v_seen)
          ORDER BY (x.m).rn DESC LIMIT max_tasks;
     ELSE
