@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
-                     interval, json_object, json_objects, required_instant, sync, text, value)
+                     interval, json_object, json_objects, required_instant, sync, text, texts, value)
 from ..db import AsyncSession, Database, Jsonb, Session, connect, settings
 from ..errors import InvalidArgument, SchedulerError
 from . import sqlapi as sql
@@ -402,13 +402,11 @@ def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, ru
                on_parent_failure: Literal["cancel", "run"]) -> dict[str, Any]:
     """The arguments of submit_tasks and submit_tasks_lean, checked."""
     objects = json_objects("specs", specs)
-    keys = None if unique_keys is None else [text(f"unique_keys[{i}]", k, optional=True)
-                                             for i, k in enumerate(unique_keys)]
+    keys = None if unique_keys is None else texts("unique_keys", unique_keys)
     if keys is not None and len(keys) != len(objects.obj):
         raise InvalidArgument(f"unique_keys must have one key per spec: "
                               f"{len(keys)} keys for {len(objects.obj)} specs")
-    ckeys = None if concurrency_keys is None else [text(f"concurrency_keys[{i}]", k, optional=True)
-                                                   for i, k in enumerate(concurrency_keys)]
+    ckeys = None if concurrency_keys is None else texts("concurrency_keys", concurrency_keys)
     if ckeys is not None and len(ckeys) != len(objects.obj):
         raise InvalidArgument(f"concurrency_keys must have one key per spec: "
                               f"{len(ckeys)} keys for {len(objects.obj)} specs")
@@ -442,8 +440,9 @@ def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 
     deduplicated spec: the id of the live task holding its key): no task is built, on the server
     or here, so a batch goes in about twice as fast (submit_tasks_lean). One spec is the fastest
     single submit."""
-    return Call(sql.SUBMIT_TASKS_LEAN, _many_args(queue, specs, priority, run_at, unique_keys, max_attempts,
-                                                  concurrency_keys, after, on_parent_failure), each(task_id, "rn"))
+    args = _many_args(queue, specs, priority, run_at, unique_keys, max_attempts, concurrency_keys, after,
+                      on_parent_failure)
+    return Call(sql.SUBMIT_TASKS_LEAN, args, each(task_id, 0), tuples=True)
 
 
 def _submit_workflow_call(workflow: Workflow) -> Call[dict[str, Task]]:

@@ -154,6 +154,15 @@ def test_submit_ids_answers_the_ids_in_the_order_of_specs(client):
         client.submit_ids("ids", [{}], unique_keys=["a", "b"])
 
 
+@pytest.mark.parametrize("key, why", [(5, "must be a str"), ("a\x00b", "NUL"), ("\ud800", "lone surrogate")])
+@pytest.mark.parametrize("keys", ["unique_keys", "concurrency_keys"])
+def test_a_bulk_submit_refuses_a_bad_key_naming_it_and_submits_nothing(client, keys, key, why):
+    with pytest.raises(InvalidArgument, match=rf"{keys}\[2\] .*{why}"):
+        client.submit_ids("badkey", [{}, {}, {}], **{keys: ["é", None, key]})
+    assert client.list("badkey") == []
+    assert len(client.submit_ids("badkey", [{}, {}], **{keys: ["é", None]})) == 2  # not ASCII, fine
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_lean_submit_is_leased_in_order_and_wakes_the_queue(db, dsn, n):
     from pyscheduler.db import Listener, Wakeup
