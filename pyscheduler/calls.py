@@ -61,10 +61,10 @@ class Call(Generic[T]):
 
     function: str
     args: dict[str, Any]
-    result: Callable[[Rows], T]
-    # rows as tuples in the function's column order (call_tuples), not dicts: for results of
-    # many rows read once (submit_ids: a dict a row was a quarter of a bulk submit's client CPU)
-    tuples: bool = False
+    result: Callable[[Any], T]  # the rows (dicts), or the column's values with ``column``
+    # the result gets this column of every row as one list (call_column), not the rows: for
+    # many rows of which one column is read (submit_ids)
+    column: str | None = None
 
 
 class SyncClient:
@@ -77,8 +77,8 @@ class SyncClient:
         self.db: Database | Session = db if isinstance(db, (Database, Session)) else Session.borrow(db)
 
     def _run(self, call: Call[T]) -> T:
-        if call.tuples:
-            return call.result(self.db.call_tuples(call.function, **call.args))  # type: ignore[arg-type]
+        if call.column:
+            return call.result(self.db.call_column(call.function, call.column, **call.args))
         return call.result(self.db.call_binary(call.function, **call.args))
 
 
@@ -90,8 +90,8 @@ class AsyncClient:
         self.db: AsyncSession = conn if isinstance(conn, AsyncSession) else AsyncSession.borrow(conn)
 
     async def _run(self, call: Call[T]) -> T:
-        if call.tuples:
-            return call.result(await self.db.call_tuples(call.function, **call.args))  # type: ignore[arg-type]
+        if call.column:
+            return call.result(await self.db.call_column(call.function, call.column, **call.args))
         return call.result(await self.db.call_binary(call.function, **call.args))
 
 
@@ -149,8 +149,8 @@ def one(convert: Callable[[dict[str, Any]], T]) -> Callable[[Rows], T]:
     return result
 
 
-def each(convert: Callable[[Any], T], column: str | int | None = None) -> Callable[[Rows], list[T]]:
-    """Every row (or one column of it: a name, or a position for a call with ``tuples``), converted."""
+def each(convert: Callable[[Any], T], column: str | None = None) -> Callable[[Rows], list[T]]:
+    """Every row (or one column of it), converted."""
 
     def result(rows: Rows) -> list[T]:
         return [convert(row if column is None else row[column]) for row in rows]

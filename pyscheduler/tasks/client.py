@@ -442,7 +442,7 @@ def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 
     single submit."""
     args = _many_args(queue, specs, priority, run_at, unique_keys, max_attempts, concurrency_keys, after,
                       on_parent_failure)
-    return Call(sql.SUBMIT_TASKS_LEAN, args, each(task_id, 0), tuples=True)
+    return Call(sql.SUBMIT_TASKS_LEAN, args, each(task_id), column="rn")
 
 
 def _submit_workflow_call(workflow: Workflow) -> Call[dict[str, Task]]:

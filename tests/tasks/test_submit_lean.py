@@ -152,6 +152,10 @@ def test_submit_ids_answers_the_ids_in_the_order_of_specs(client):
         client.submit_ids("ids", [{}, [1]])
     with pytest.raises(InvalidArgument, match="unique_keys"):
         client.submit_ids("ids", [{}], unique_keys=["a", "b"])
+    with pytest.raises(InvalidArgument, match="no such task") as refused:  # the server's refusal, mapped
+        client.submit_ids("ids", [{}, {}], after=[UUID(int=7)])
+    assert refused.value.sqlstate == "PS219"
+    assert [t.rn for t in client.list("ids", limit=10)] == sorted({first.rn, *ids}, reverse=True)
 
 
 @pytest.mark.parametrize("key, why", [(5, "must be a str"), ("a\x00b", "NUL"), ("\ud800", "lone surrogate")])
