@@ -165,6 +165,15 @@ BEGIN
     IF FOUND THEN
         PERFORM pyscheduler._check_spec(v_bad.e, format('specs[%s]', v_bad.i - 1), v_max);
     END IF;
+    -- the keys are zipped with the specs in array order (ROWS FROM ... unnest: subscripting a
+    -- text array walks it from its start, so a key a spec cost O(n)); the conflict path below
+    -- subscripts from 1: an array of other bounds or dimensions is read as its elements in order
+    IF array_ndims(unique_keys) > 1 OR array_lower(unique_keys, 1) <> 1 THEN
+        unique_keys := ARRAY(SELECT unnest(unique_keys));
+    END IF;
+    IF array_ndims(concurrency_keys) > 1 OR array_lower(concurrency_keys, 1) <> 1 THEN
+        concurrency_keys := ARRAY(SELECT unnest(concurrency_keys));
+    END IF;
     IF concurrency_keys IS NOT NULL THEN
         IF cardinality(concurrency_keys) <> jsonb_array_length(specs) THEN
             RAISE EXCEPTION 'concurrency_keys must be NULL or as long as specs, got % and %',
@@ -200,9 +209,9 @@ BEGIN
                                                 after, waiting_on, on_parent_failure)
             SELECT pyscheduler._task_rn(v_prefix, a.seq), a.seq, _submit_lean.queue, a.e, _submit_lean.priority,
                    v_status, 0, p_now, p_now, '[]', v_history, _submit_lean.run_at, _submit_lean.max_attempts, v_by,
-                   concurrency_keys[a.i], after, v_waiting, v_failure
-              FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e, i  -- after the sort: seq follows the order of specs
-                      FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
+                   a.ck, after, v_waiting, v_failure
+              FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e, ck, i  -- after the sort: seq follows the order of specs
+                      FROM ROWS FROM (jsonb_array_elements(specs), unnest(concurrency_keys)) WITH ORDINALITY AS a(e, ck, i)
                      ORDER BY a.i) AS a
             RETURNING t.seq, t.rn)
         SELECT coalesce(array_agg(ins.rn ORDER BY ins.seq), '{}') INTO v_children FROM ins;
@@ -229,11 +238,12 @@ BEGIN
                                                     concurrency_key, after, waiting_on, on_parent_failure)
                 SELECT pyscheduler._task_rn(v_prefix, a.seq), a.seq, _submit_lean.queue, a.e, _submit_lean.priority,
                        v_status, 0, p_now, p_now, '[]', v_history, _submit_lean.run_at, _submit_lean.max_attempts,
-                       v_by, unique_keys[a.i], concurrency_keys[a.i], after, v_waiting, v_failure
-                  FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e, i  -- after the sort: in the order of specs
-                          FROM jsonb_array_elements(specs) WITH ORDINALITY AS a(e, i)
+                       v_by, a.k, a.ck, after, v_waiting, v_failure
+                  FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e, k, ck, i  -- after the sort: in the order of specs
+                          FROM ROWS FROM (jsonb_array_elements(specs), unnest(unique_keys), unnest(concurrency_keys))
+                               WITH ORDINALITY AS a(e, k, ck, i)
                          ORDER BY a.i) AS a
-                 ORDER BY unique_keys[a.i] COLLATE "C" NULLS FIRST, a.i
+                 ORDER BY a.k COLLATE "C" NULLS FIRST, a.i
                 RETURNING t.seq, t.rn)
             SELECT coalesce(array_agg(ins.rn ORDER BY ins.seq), '{}') INTO v_children FROM ins;
             v_answers := v_children;

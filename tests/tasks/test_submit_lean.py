@@ -89,6 +89,28 @@ def test_submit_tasks_lean_does_what_submit_tasks_does_answering_ids(tx, case):
         assert got == expected[case]
 
 
+@pytest.mark.parametrize("keys, ckeys, dedup", [
+    ("[0:2]={a,b,c}", "[5:7]={x,y,z}", [False, False, False]),  # fresh keys: the plain insert
+    ("[0:2]={a,live,c}", "[5:7]={x,y,z}", [False, True, False]),  # a live one: the conflict path
+    ("{{a,b},{c,live}}", "{{x,y},{z,w}}", [False, False, False, True]),
+])
+def test_keys_of_other_bounds_or_dimensions_go_to_the_specs_in_array_order(tx, keys, ckeys, dedup):
+    live = submit(tx, queue="lean", spec={"live": 1}, unique_key="live")["rn"]
+    n = len(dedup)
+    got = tx.execute("SELECT rn, deduplicated FROM pyscheduler.submit_tasks_lean(queue => 'lean', specs => %s, "
+                     "unique_keys => %s, concurrency_keys => %s)", (specs(n), keys, ckeys)).fetchall()
+    assert [r["deduplicated"] for r in got] == dedup
+    flat = keys.split("=")[-1].replace("{", "").replace("}", "").split(",")
+    cflat = ckeys.split("=")[-1].replace("{", "").replace("}", "").split(",")
+    for i, r in enumerate(got):
+        task = tx.execute("SELECT unique_key, concurrency_key, spec FROM pyscheduler.tasks WHERE rn = %s",
+                          (r["rn"],)).fetchone()
+        if r["deduplicated"]:
+            assert (str(r["rn"]), flat[i]) == (live, "live")
+        else:
+            assert (task["unique_key"], task["concurrency_key"], task["spec"]) == (flat[i], cflat[i], {"i": i})
+
+
 @pytest.mark.parametrize("case", SINGLE)
 def test_one_spec_takes_the_single_path(tx, case):
     """submit_tasks_lean of one spec without unique key or parents is _submit_one's (the cases
