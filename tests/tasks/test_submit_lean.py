@@ -111,6 +111,20 @@ def test_keys_of_other_bounds_or_dimensions_go_to_the_specs_in_array_order(tx, k
             assert (task["unique_key"], task["concurrency_key"], task["spec"]) == (flat[i], cflat[i], {"i": i})
 
 
+@pytest.mark.parametrize("keys", [None, ["a", "b", "c", "d"], ["a", "a", "c", "d"], ["d", "c", "b", "a"]],
+                         ids=["plain", "fresh keys", "a key twice", "keys in reverse"])
+def test_a_batch_with_bad_specs_is_refused_naming_the_first_one(tx, keys):
+    """Whichever path takes the batch (the keys' order is the insert's), the error names the first
+    refused spec, and nothing is submitted."""
+    bad = [{"i": 0}, {"x": "y" * 2_000_000}, 1, {"i": 3}]
+    with pytest.raises(psycopg.Error, match=r"specs\[1\] is \d+ bytes, more than task_max_spec_bytes") as refused:
+        with tx.conn.transaction():
+            tx.execute("SELECT * FROM pyscheduler.submit_tasks_lean(queue => 'badspec', specs => %s, unique_keys => %s)",
+                       (Jsonb(bad), keys))
+    assert refused.value.sqlstate == "PS206"
+    assert tx.execute("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'badspec'").fetchone()["n"] == 0
+
+
 @pytest.mark.parametrize("case", SINGLE)
 def test_one_spec_takes_the_single_path(tx, case):
     """submit_tasks_lean of one spec without unique key or parents is _submit_one's (the cases
