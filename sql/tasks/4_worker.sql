@@ -667,7 +667,10 @@ AS $$ SELECT l.rn, l.token FROM unnest(p_rns, p_tokens) AS l(rn, token) ORDER BY
 
 -- _refused(rns, tokens, done): (rn, sqlstate) of each lease (rns[i], tokens[i])
 -- not in done, with _refusal's code: why a batch write did not touch it.
--- Nothing is read when done has them all (the common case).
+-- Nothing is read when done has them all (the common case), and its callers do not run it then:
+-- the plan cache kept choosing a custom plan for that statement (folded to nothing when all were
+-- written, its cost far below the generic plan's), so it was planned on every call: ~200 us a
+-- batch write, two fifths of a completion of 10 (issue 31).
 CREATE OR REPLACE FUNCTION pyscheduler._refused(p_rns uuid[], p_tokens uuid[], p_done uuid[])
 RETURNS TABLE (rn uuid, sqlstate text)
 LANGUAGE sql STABLE
@@ -712,7 +715,9 @@ BEGIN
         RETURNING t.rn)
     SELECT coalesce(array_agg(b.rn), '{}') INTO v_done FROM beat b;
     -- the rest were not touched by the update above: the state machine says why
-    RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+    IF cardinality(v_done) < cardinality(rns) THEN  -- some were refused: see _refused
+        RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+    END IF;
 END
 $$;
 
@@ -856,7 +861,9 @@ BEGIN
         END IF;
     END IF;
     -- the rest were not touched by the update above: the state machine says why
-    RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+    IF cardinality(v_done) < cardinality(rns) THEN  -- some were refused: see _refused
+        RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+    END IF;
 END
 $$;
 
@@ -1151,9 +1158,15 @@ COMMENT ON FUNCTION pyscheduler.fail_task(uuid, uuid, pyscheduler.task_error, in
 CREATE OR REPLACE FUNCTION pyscheduler._fail_tasks(
     rns uuid[], tokens uuid[], errors jsonb, retry_in interval[] DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS TABLE (rn uuid, sqlstate text)
-LANGUAGE sql
+LANGUAGE plpgsql  -- as a SQL function, _refused was not inlined (its argument _fail_leases is volatile): ~250 us a call
 AS $$
-    SELECT * FROM pyscheduler._refused(rns, tokens, pyscheduler._fail_leases(rns, tokens, errors, retry_in, p_now));
+DECLARE
+    v_done uuid[] := pyscheduler._fail_leases(rns, tokens, errors, retry_in, p_now);
+BEGIN
+    IF cardinality(v_done) < cardinality(rns) THEN  -- some were refused: see _refused
+        RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+    END IF;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.fail_tasks(
@@ -1378,7 +1391,9 @@ BEGIN
     v_done := ARRAY(SELECT y.rn FROM pyscheduler._yield_leases(rns, tokens, NULL, p_now) AS y);
     -- the rest were not yielded: the state machine says why, in a statement of its own (its
     -- snapshot after the yield, which may have waited for a transaction holding a lease)
-    RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+    IF cardinality(v_done) < cardinality(rns) THEN  -- some were refused: see _refused
+        RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
+    END IF;
 END
 $$;
 
