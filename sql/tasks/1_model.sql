@@ -308,14 +308,19 @@ AS $$
 $$;
 
 -- _trim_history(history, max): the last max entries.
+-- PL/pgSQL: as a SQL function with a sub-SELECT it was not inlined, and the UPDATEs calling it a
+-- row each planned it on every call (issue 31).
 CREATE OR REPLACE FUNCTION pyscheduler._trim_history(p_history jsonb, p_max integer)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE
+LANGUAGE plpgsql IMMUTABLE
 AS $$
-    SELECT CASE WHEN jsonb_array_length(p_history) <= p_max THEN p_history
-                ELSE coalesce((SELECT jsonb_agg(e ORDER BY i) FROM jsonb_array_elements(p_history)
-                                 WITH ORDINALITY AS a(e, i)
-                                WHERE i > jsonb_array_length(p_history) - p_max), '[]') END;
+BEGIN
+    IF jsonb_array_length(p_history) <= p_max THEN
+        RETURN p_history;
+    END IF;
+    RETURN coalesce((SELECT jsonb_agg(e ORDER BY i) FROM jsonb_array_elements(p_history) WITH ORDINALITY AS a(e, i)
+                      WHERE i > jsonb_array_length(p_history) - p_max), '[]');
+END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._task_channel(p_queue text)
@@ -455,7 +460,7 @@ $$;
 -- _error_entry(e): an error entry in its stored shape ({} and "" where left out).
 CREATE OR REPLACE FUNCTION pyscheduler._error_entry(e jsonb)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql STABLE  -- as jsonb_build_object: declared IMMUTABLE it was not inlined, but planned on every call
 AS $$
     SELECT jsonb_build_object('code', e -> 'code', 'args', coalesce(e -> 'args', '{}'),
                               'description', coalesce(e -> 'description', '""'));

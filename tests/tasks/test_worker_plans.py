@@ -7,6 +7,7 @@ entries and never scan the table (design.md: "pin the plan"; issue 31)."""
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from tests.support.reads import reads
 
@@ -33,7 +34,11 @@ def submit(conn, n: int) -> None:
 
 
 def leases(conn) -> dict:
-    rows = conn.execute(LEASE).fetchall()
+    return leases_of(conn, LEASE)
+
+
+def leases_of(conn, lease: str) -> dict:
+    rows = conn.execute(lease).fetchall()
     return {"rns": [r["rn"] for r in rows], "tokens": [r["token"] for r in rows],
             "rn": rows[0]["rn"], "token": rows[0]["token"],
             "results": "[" + ", ".join(["1"] * len(rows)) + "]",
@@ -60,3 +65,41 @@ def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn):
         assert {name: read.seq_scans("tasks") for name, read in scans.items()} == dict.fromkeys(scans, 0)
         entries = {name: sum(read.returned.values()) for name, read in scans.items()}
         assert {name: n for name, n in entries.items() if n > 100} == {}
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_the_hot_paths_are_not_planned_on_every_call(conn, n):
+    """A call's statements keep their cached plans: after a warm-up, a lease or a batch write of n
+    leases plans nothing (log_planner_stats reports each planning). A SQL function that is not
+    inlined (a volatile one, one with a sub-SELECT, an IMMUTABLE one calling a STABLE function)
+    is planned on every call, and a statement whose custom plan folds away (_refused's when every
+    lease was written) keeps the plan cache choosing custom plans: ~40-250 us a call each (issue
+    31). Batches of one still plan their UPDATE: its custom plan knows the array's length."""
+    lease = LEASE.replace("n => 10", f"n => {n}")
+    calls = {"lease": lease, **WRITES}
+
+    def run(name: str) -> None:
+        submit(conn, n)
+        held = leases_of(conn, lease)
+        if name != "lease":
+            conn.execute(calls[name], held).fetchall()
+
+    for _ in range(12):  # past psycopg's prepare threshold and the plan cache's five custom plans
+        for name in calls:
+            run(name)
+    try:
+        conn.execute("SET log_planner_stats = on")
+    except psycopg.errors.InsufficientPrivilege:
+        pytest.skip("log_planner_stats needs a superuser (the embedded server's role is one)")
+    notes: list[str] = []
+    conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+    plannings = {}
+    for name, call in calls.items():
+        submit(conn, n)
+        args = None if name == "lease" else leases_of(conn, lease)
+        conn.execute("SET client_min_messages = log")
+        notes.clear()
+        conn.execute(call, args).fetchall()
+        conn.execute("SET client_min_messages = notice")
+        plannings[name] = sum("PLANNER STATISTICS" in m for m in notes)
+    assert plannings == dict.fromkeys(calls, 0)
