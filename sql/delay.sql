@@ -214,7 +214,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.enqueue_messages(
     wake_within  interval                      DEFAULT '100 milliseconds',
     store_late   boolean                       DEFAULT false)
 RETURNS TABLE (ord integer, id text, outcome text)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -247,8 +247,11 @@ AS $$
    Errors: PS101 bad id, PS102 NULL deadline, PS103 array lengths differ,
            PS104 bad headers, PS105 bad advance or NULL store_late,
            PS106 deadline out of range. */
-    SELECT * FROM pyscheduler._enqueue_messages(ids, deadlines, keys, vals, header_lists, advance,
-                                                 wake_within, store_late, clock_timestamp());
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._enqueue_messages(ids, deadlines, keys, vals, header_lists, advance,
+                                                     wake_within, store_late, clock_timestamp());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.enqueue_messages(pyscheduler.message_id[], timestamptz[], bytea[], bytea[],
     pyscheduler.message_headers[], interval, interval, boolean) IS
@@ -263,7 +266,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.enqueue_message(
     advance     interval                    DEFAULT '50 milliseconds',
     wake_within interval                    DEFAULT '100 milliseconds')
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -276,11 +279,14 @@ AS $$
                   stored; the caller publishes it at once
    headers: a JSON array of single-pair objects, [{"name": "value"}, ...].
    See enqueue_messages for the other parameters and the errors. */
-    SELECT e.outcome
-      FROM pyscheduler._enqueue_messages(
-               ARRAY[enqueue_message.id], ARRAY[enqueue_message.deadline], ARRAY[enqueue_message.key],
-               ARRAY[enqueue_message.value], ARRAY[enqueue_message.headers], enqueue_message.advance,
-               enqueue_message.wake_within, false, clock_timestamp()) e;
+BEGIN
+    RETURN (
+        SELECT e.outcome
+          FROM pyscheduler._enqueue_messages(
+                   ARRAY[enqueue_message.id], ARRAY[enqueue_message.deadline], ARRAY[enqueue_message.key],
+                   ARRAY[enqueue_message.value], ARRAY[enqueue_message.headers], enqueue_message.advance,
+                   enqueue_message.wake_within, false, clock_timestamp()) e);
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.enqueue_message(pyscheduler.message_id, timestamptz, bytea, bytea,
     pyscheduler.message_headers, interval, interval) IS
@@ -345,7 +351,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.ready_and_claim(
     max_count integer     DEFAULT 1000,
     after     timestamptz DEFAULT NULL)
 RETURNS TABLE (id text, deadline timestamptz, headers jsonb, key bytea, value bytea, readied_at timestamptz)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -368,7 +374,10 @@ AS $$
               a message stored with an earlier deadline waits for a peer.
 
    Errors: PS105 NULL node, advance outside 0..1 minute or max_count < 1. */
-    SELECT * FROM pyscheduler._ready_and_claim(node, advance, max_count, clock_timestamp(), after);
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._ready_and_claim(node, advance, max_count, clock_timestamp(), after);
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.ready_and_claim(uuid, interval, integer, timestamptz) IS
     'Delay queue: claim a batch of due messages for this node (SKIP LOCKED) and return them for firing.';
@@ -461,7 +470,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.reset_stuck(
     hold      interval    DEFAULT '5 seconds',
     max_count integer     DEFAULT 10000)
 RETURNS TABLE (id text, suspected_node uuid, readied_at timestamptz)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -478,7 +487,10 @@ AS $$
    max_count  most rows reset per call (default 10000)
 
    Errors: PS105 hold not in (0, 100 years] or max_count < 1. */
-    SELECT * FROM pyscheduler._reset_stuck(hold, max_count, clock_timestamp());
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._reset_stuck(hold, max_count, clock_timestamp());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.reset_stuck(interval, integer) IS
     'Delay queue: reset messages held ready longer than the hold time; returns (id, suspected node) per reset.';
@@ -507,7 +519,7 @@ COMMENT ON FUNCTION pyscheduler.next_deadline(timestamptz) IS
 
 CREATE OR REPLACE FUNCTION pyscheduler.cancel_message(id pyscheduler.message_id)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
@@ -517,6 +529,9 @@ AS $$
    Remove a waiting message so it never fires. True when it was waiting;
    false when there is no such message or it is already ready (being fired:
    too late to cancel). */
+DECLARE
+    v_gone boolean;
+BEGIN
     WITH gone AS (
         DELETE FROM pyscheduler.delay_messages m
          WHERE m.id = cancel_message.id AND m.readied_at IS NULL
@@ -524,7 +539,9 @@ AS $$
     ), counted AS (  -- see _delay_counts below
         INSERT INTO pyscheduler._delay_counts (n) SELECT -count(*) FROM gone HAVING count(*) > 0
     )
-    SELECT EXISTS (SELECT 1 FROM gone);
+    SELECT EXISTS (SELECT 1 FROM gone) INTO v_gone;
+    RETURN v_gone;
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.cancel_message(pyscheduler.message_id) IS
     'Delay queue: cancel a waiting message; false when absent or already being fired.';

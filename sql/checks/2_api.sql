@@ -279,7 +279,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.add_check(
     payload pyscheduler.check_payload DEFAULT NULL, kind pyscheduler.check_kind DEFAULT 'sql',
     max_checks integer DEFAULT NULL, horizon interval DEFAULT NULL)
 RETURNS TABLE (id bigint, next_check_at timestamptz, added boolean)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -304,8 +304,11 @@ AS $$
    Errors: PS400, PS401 entity, PS402 job or kind, PS403 check time, PS408,
    PS409 payload, PS410 pending with another kind, 42501 a job the caller may
    not execute or a pending check of another role. */
-    SELECT * FROM pyscheduler._add_check(entity_name, entity_key, job, kind, check_at, check_after, payload,
-                                         max_checks, horizon, clock_timestamp());
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._add_check(entity_name, entity_key, job, kind, check_at, check_after, payload,
+                                             max_checks, horizon, clock_timestamp());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.add_check(pyscheduler.entity_name, pyscheduler.entity_key, pyscheduler.job_name,
     timestamptz, interval, pyscheduler.check_payload, pyscheduler.check_kind, integer, interval) IS

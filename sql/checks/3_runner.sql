@@ -124,7 +124,7 @@ COMMENT ON FUNCTION pyscheduler.due_checks(timestamptz, integer, integer, intege
 CREATE OR REPLACE FUNCTION pyscheduler.catch_up_checks(
     shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000)
 RETURNS SETOF pyscheduler.future_check
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -138,7 +138,10 @@ AS $$
    whose task did not report back within task_timeout, and applies what
    clients asked (delete_checks, add_check) of checks while runners held
    them, if no runner did. Errors: PS406. */
-    SELECT * FROM pyscheduler._take_undeleted(NULL, shard, shards, max, clock_timestamp());
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._take_undeleted(NULL, shard, shards, max, clock_timestamp());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.catch_up_checks(integer, integer, integer) IS
     'Take and lock (SKIP LOCKED) checks of slots before the current one (the catch-up pass); expire lost task jobs.';
@@ -286,7 +289,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.run_check_jobs(ids bigint[])
 RETURNS TABLE (id bigint, next_check_at timestamptz, error text, took interval)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -305,7 +308,10 @@ AS $$
    statement_timeout inside a savepoint; on a timeout roll back to the
    savepoint and run the ids one per statement to find the slow one (what
    pyscheduler checks run does). */
-    SELECT * FROM pyscheduler._run_sql_jobs(pyscheduler._held_checks(ids, 'sql'));
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._run_sql_jobs(pyscheduler._held_checks(ids, 'sql'));
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.run_check_jobs(bigint[]) IS
     'Run the SQL jobs of checks this transaction took, each in its own subtransaction; returns next times and errors.';
@@ -353,7 +359,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.submit_check_tasks(ids bigint[])
 RETURNS TABLE (id bigint, task_rn uuid)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -367,7 +373,10 @@ AS $$
    (catch_up_checks). A check whose task cannot be submitted (its spec larger
    than task_max_spec_bytes, say) ends as 'error' and comes back with task_rn
    NULL; the others are unaffected. Other ids are ignored. */
-    SELECT * FROM pyscheduler._submit_check_tasks(pyscheduler._held_checks(ids, 'task'));
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._submit_check_tasks(pyscheduler._held_checks(ids, 'task'));
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_check_tasks(bigint[]) IS
     'Hand the task-job checks this transaction took to leased tasks in their queues (claim token in the spec).';
@@ -466,7 +475,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.finish_checks(
     ids bigint[], next_check_ats timestamptz[] DEFAULT NULL, errors pyscheduler.check_error[] DEFAULT NULL,
     timed_out boolean[] DEFAULT NULL, took interval[] DEFAULT NULL, claims uuid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, outcome text, next_check_at timestamptz)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -488,7 +497,10 @@ AS $$
    deleted, taken by another runner) changes nothing and comes back as
    'not_taken'. One row per element of ids, in order. Errors: PS408 arrays of
    different lengths. */
-    SELECT * FROM pyscheduler._finish_checks(ids, next_check_ats, errors, timed_out, took, claims, clock_timestamp());
+BEGIN
+    RETURN QUERY
+        SELECT * FROM pyscheduler._finish_checks(ids, next_check_ats, errors, timed_out, took, claims, clock_timestamp());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.finish_checks(bigint[], timestamptz[], pyscheduler.check_error[], boolean[],
     interval[], uuid[]) IS
@@ -621,7 +633,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.run_due_checks(
     slot timestamptz DEFAULT NULL, shard integer DEFAULT 0, shards integer DEFAULT 1, max integer DEFAULT 1000,
     after bigint DEFAULT NULL, OUT taken integer, OUT last_id bigint, OUT outcomes jsonb, OUT checks jsonb,
     OUT job_outcomes jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -648,7 +660,10 @@ AS $$
    entries until VACUUM); a check another runner held meanwhile can sit
    below after, so end a slot with a call without after.
    Errors: PS404, PS405, PS406. */
-    SELECT * FROM pyscheduler._run_due_checks(slot, shard, shards, max, after, clock_timestamp());
+BEGIN
+    SELECT * INTO taken, last_id, outcomes, checks, job_outcomes
+      FROM pyscheduler._run_due_checks(slot, shard, shards, max, after, clock_timestamp());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.run_due_checks(timestamptz, integer, integer, integer, bigint) IS
     'A runner''s batch in one statement: take (slot or catch-up), run SQL jobs, hand task jobs, return Python ones.';

@@ -471,7 +471,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.submit_task(
     concurrency_key pyscheduler.concurrency_key DEFAULT NULL, after uuid[] DEFAULT NULL,
     on_parent_failure pyscheduler.parent_failure DEFAULT 'cancel')
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -507,8 +507,10 @@ AS $$
    Errors: PS204 priority, PS206 spec, PS208 queue, max_attempts, PS212 run_at or
    run_in, PS213 unique_key, PS215 concurrency_key, PS219 after or
    on_parent_failure. */
-    SELECT pyscheduler._submit_task(queue, spec, priority, pyscheduler._run_at(run_at, run_in, now()), unique_key,
+BEGIN
+    RETURN pyscheduler._submit_task(queue, spec, priority, pyscheduler._run_at(run_at, run_in, now()), unique_key,
                                     max_attempts, now(), NULL, concurrency_key, after, on_parent_failure);
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_task(pyscheduler.queue_name, pyscheduler.task_spec, bigint, timestamptz,
     pyscheduler.unique_key, integer, interval, pyscheduler.concurrency_key, uuid[], pyscheduler.parent_failure) IS
@@ -521,7 +523,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.submit_tasks(
     concurrency_keys pyscheduler.concurrency_key[] DEFAULT NULL, after uuid[] DEFAULT NULL,
     on_parent_failure pyscheduler.parent_failure DEFAULT 'cancel')
 RETURNS TABLE (task jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -541,9 +543,12 @@ AS $$
    not as long as specs, PS212 run_at or run_in, PS213 a unique key (named),
    PS215 a concurrency key (named) or concurrency_keys not as long as specs,
    PS219 after or on_parent_failure. */
-    SELECT t.task FROM pyscheduler._submit_tasks(queue, specs, priority, pyscheduler._run_at(run_at, run_in, now()),
-                                                 unique_keys, max_attempts, now(), NULL, concurrency_keys, after,
-                                                 on_parent_failure) AS t;
+BEGIN
+    RETURN QUERY
+        SELECT t.task FROM pyscheduler._submit_tasks(queue, specs, priority, pyscheduler._run_at(run_at, run_in, now()),
+                                                     unique_keys, max_attempts, now(), NULL, concurrency_keys, after,
+                                                     on_parent_failure) AS t;
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_tasks(pyscheduler.queue_name, pyscheduler.task_specs, bigint, timestamptz,
     pyscheduler.unique_key[], integer, interval, pyscheduler.concurrency_key[], uuid[],
@@ -981,7 +986,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.submit_workflow(workflow pyscheduler.task_workflow)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -1003,7 +1008,9 @@ AS $$
    (PS208 queue, max_attempts, PS206 spec, PS204 priority, PS213 unique_key,
    PS215 concurrency_key, PS212 run_in, PS219 on_parent_failure, too many
    parents). */
-    SELECT pyscheduler._submit_workflow(workflow, now());
+BEGIN
+    RETURN pyscheduler._submit_workflow(workflow, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.submit_workflow(pyscheduler.task_workflow) IS
     'Submit a graph of tasks (nodes naming the nodes they run after) in one transaction; refuses cycles and unknown names.';
@@ -1227,7 +1234,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.cancel_task(rn uuid)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -1243,7 +1250,9 @@ AS $$
    the seed; not another application's role).
    Errors: PS200 unknown task, PS209 already completed or aborted, 42501 the
    task belongs to another role. */
-    SELECT pyscheduler._cancel_task(rn, now());
+BEGIN
+    RETURN pyscheduler._cancel_task(rn, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.cancel_task(uuid) IS
     'Cancel a waiting, scheduled, ready or running task of the caller''s role (terminal); the owner of a running task learns at once via NOTIFY.';
@@ -1337,7 +1346,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.retry_task(rn uuid)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -1354,7 +1363,9 @@ AS $$
    aborted or cancelled (requeue it first; not with on_parent_failure 'run'),
    PS214 another live task of its queue holds its unique_key, 42501 another
    role's task. */
-    SELECT pyscheduler._retry_task(rn, now());
+BEGIN
+    RETURN pyscheduler._retry_task(rn, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.retry_task(uuid) IS
     'Requeue an aborted or cancelled task of the caller''s role: ready again with attempts reset, errors kept (TaskRequeued).';
@@ -1409,7 +1420,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.retry_tasks(
     queue pyscheduler.queue_name, status pyscheduler.status_word DEFAULT 'aborted', max_tasks integer DEFAULT 100)
 RETURNS TABLE (task jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -1422,7 +1433,10 @@ AS $$
    parent is aborted or cancelled, is left as it is. Call again while it
    returns max_tasks tasks.
    Errors: PS208 queue, status, max_tasks (1..10000). */
-    SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;
+BEGIN
+    RETURN QUERY
+        SELECT t.task FROM pyscheduler._retry_tasks(queue, status, max_tasks, now()) AS t;
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.retry_tasks(pyscheduler.queue_name, pyscheduler.status_word, integer) IS
     'Requeue up to max_tasks aborted (or cancelled) tasks of a queue that belong to the caller''s role, oldest first.';

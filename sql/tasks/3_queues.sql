@@ -84,7 +84,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.pause_queue(
     queue pyscheduler.queue_name, note pyscheduler.queue_note DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -96,7 +96,9 @@ AS $$
    first submitted to it, or set_queue_owner's), a member of it, or admin
    may pause it; a new queue becomes the caller's.
    Errors: PS208 queue or note, 42501 another role's queue. */
-    SELECT pyscheduler._pause_queue(queue, note, now());
+BEGIN
+    RETURN pyscheduler._pause_queue(queue, note, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.pause_queue(pyscheduler.queue_name, pyscheduler.queue_note) IS
     'Pause a queue: its workers lease nothing from the next lease call on, until resume_queue.';
@@ -126,7 +128,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.resume_queue(queue pyscheduler.queue_name)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -135,7 +137,9 @@ AS $$
    paused is answered unchanged. Only the queue's owner, a member of it, or
    admin may resume it, whoever paused it.
    Errors: PS208 queue, 42501 another role's queue. */
-    SELECT pyscheduler._resume_queue(queue, now());
+BEGIN
+    RETURN pyscheduler._resume_queue(queue, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.resume_queue(pyscheduler.queue_name) IS
     'Resume a paused queue (its owner, or admin) and wake its workers.';
@@ -208,7 +212,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.set_queue_limits(
     queue pyscheduler.queue_name, running_per_key integer DEFAULT NULL, running_total integer DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -227,7 +231,9 @@ AS $$
    may change its limits; a new queue becomes the caller's.
    Errors: PS208 queue, PS216 a limit outside 1..1000000, 42501 another
    role's queue. */
-    SELECT pyscheduler._set_queue_limits(queue, running_per_key, running_total, now());
+BEGIN
+    RETURN pyscheduler._set_queue_limits(queue, running_per_key, running_total, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.set_queue_limits(pyscheduler.queue_name, integer, integer) IS
     'Limit how many tasks of a queue run at once, per concurrency key and in total (NULL: no limit), across every worker.';
@@ -274,7 +280,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.set_rate_limit(
     queue pyscheduler.queue_name, starts integer, per interval DEFAULT '1 second', by_key boolean DEFAULT false)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -291,7 +297,9 @@ AS $$
    the queue's owner, a member of it, or admin may set it, as
    set_queue_limits.
    Errors: PS208 queue, PS216 starts or per, 42501 another role's queue. */
-    SELECT pyscheduler._set_rate_limit(queue, starts, per, by_key, now());
+BEGIN
+    RETURN pyscheduler._set_rate_limit(queue, starts, per, by_key, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.set_rate_limit(pyscheduler.queue_name, integer, interval, boolean) IS
     'Limit how many leases of a queue begin per interval (a token bucket), for the queue or per concurrency key; NULL starts: none.';

@@ -18,7 +18,7 @@
 
 CREATE OR REPLACE FUNCTION pyscheduler.register_worker()
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -26,7 +26,9 @@ AS $$
        A new unique worker id ('worker-27') from a database sequence. Ids do
        not survive the process: a restarted worker registers again. The id
        names the owner of the worker's leases; the lease token proves them. */
-    SELECT 'worker-' || nextval('pyscheduler.worker_id_seq');
+BEGIN
+    RETURN 'worker-' || nextval('pyscheduler.worker_id_seq');
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.register_worker() IS
     'A new unique worker id (worker-<n>) from a database sequence; register once per process.';
@@ -115,15 +117,19 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler._bucket_tokens_many(
     p_queue text, p_keys text[], p_starts integer, p_rate double precision, p_now timestamptz)
 RETURNS TABLE (key text, tokens double precision)
-LANGUAGE sql
+LANGUAGE plpgsql  -- keeps its plan (a volatile SQL function is planned on every call)
 AS $$
-    INSERT INTO pyscheduler.task_rate_buckets AS b (queue, key, tokens, at)
-    SELECT p_queue, k, p_starts, p_now FROM unnest(p_keys) AS k ORDER BY k
-    ON CONFLICT (queue, key) DO UPDATE
-       SET tokens = least(p_starts::double precision,
-                          b.tokens + p_rate * greatest(0, extract(epoch FROM p_now - b.at))),
-           at = greatest(b.at, p_now)
-    RETURNING b.key, b.tokens;
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        INSERT INTO pyscheduler.task_rate_buckets AS b (queue, key, tokens, at)
+        SELECT p_queue, k, p_starts, p_now FROM unnest(p_keys) AS k ORDER BY k
+        ON CONFLICT (queue, key) DO UPDATE
+           SET tokens = least(p_starts::double precision,
+                              b.tokens + p_rate * greatest(0, extract(epoch FROM p_now - b.at))),
+               at = greatest(b.at, p_now)
+        RETURNING b.key, b.tokens;
+END
 $$;
 
 -- _claim_limited: the claim of a queue with limits (_lease_gate answered 2):
@@ -435,10 +441,13 @@ CREATE OR REPLACE FUNCTION pyscheduler._lease_tasks(
     queue text, worker text, n integer DEFAULT 1, timeout interval DEFAULT '10 seconds',
     aging_rate double precision DEFAULT 0, aging_cap bigint DEFAULT 4294967295, p_now timestamptz DEFAULT now())
 RETURNS TABLE (task jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql  -- keeps its plan (a volatile SQL function is planned on every call)
 AS $$
-    SELECT pyscheduler._leased_json(u) FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
-     ORDER BY u.priority DESC, u.created, u.seq;
+BEGIN
+    RETURN QUERY
+        SELECT pyscheduler._leased_json(u) FROM pyscheduler._claim_tasks($1, $2, $3, $4, $5, $6, $7) AS u
+         ORDER BY u.priority DESC, u.created, u.seq;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.lease_tasks(
@@ -992,7 +1001,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.abort_task(rn uuid, token uuid, errors pyscheduler.task_errors)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -1005,7 +1014,9 @@ AS $$
    at most task_max_errors entries and task_max_errors_bytes bytes.
    Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
    PS203 cancelled (the task stays cancelled), PS207 errors, PS210 yielded. */
-    SELECT pyscheduler._abort_task(rn, token, errors, now());
+BEGIN
+    RETURN pyscheduler._abort_task(rn, token, errors, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.abort_task(uuid, uuid, pyscheduler.task_errors) IS
     'The lease holder (token) aborts a running task with errors [{code, args, description}]; terminal, never retried.';
@@ -1137,7 +1148,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.fail_task(
     rn uuid, token uuid, error pyscheduler.task_error, retry_in interval DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -1157,7 +1168,9 @@ AS $$
    Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
    PS203 cancelled (the task stays cancelled), PS207 error, PS210 yielded,
    PS212 retry_in outside 0..365 days. */
-    SELECT pyscheduler._fail_task(rn, token, error, retry_in, now());
+BEGIN
+    RETURN pyscheduler._fail_task(rn, token, error, retry_in, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.fail_task(uuid, uuid, pyscheduler.task_error, interval) IS
     'The lease holder (token) fails this attempt: error appended, retried after retry_in or the backoff; aborted after max_attempts.';
@@ -1283,7 +1296,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.yield_task(rn uuid, token uuid, run_in interval DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -1300,7 +1313,9 @@ AS $$
    on what it left (a task completed there: PS202).
    Errors: PS200 unknown, PS201 another lease holds it, PS202 not running,
    PS203 cancelled, PS210 already yielded, PS212 run_in. */
-    SELECT pyscheduler._yield_task(rn, token, run_in, now());
+BEGIN
+    RETURN pyscheduler._yield_task(rn, token, run_in, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.yield_task(uuid, uuid, interval) IS
     'The lease holder (token) yields a running task (the monitor makes it ready again), or snoozes it: scheduled again after run_in, no attempt used.';

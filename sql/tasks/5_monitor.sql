@@ -76,7 +76,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler.reset_expired_tasks(max_tasks integer DEFAULT 1000)
 RETURNS TABLE (task jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -91,7 +91,10 @@ AS $$
    task_max_history entries. At most max_tasks per call (call again while it
    returns max_tasks); wakes the workers of each queue touched. Returns the
    tasks reset or aborted. Errors: PS208 max_tasks < 1. */
-    SELECT t.task FROM pyscheduler._reset_expired_tasks(max_tasks, now()) AS t;
+BEGIN
+    RETURN QUERY
+        SELECT t.task FROM pyscheduler._reset_expired_tasks(max_tasks, now()) AS t;
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.reset_expired_tasks(integer) IS
     'Monitor: running tasks past their deadline become ready (TaskTimeout unless yielded) or, after their last attempt, aborted.';
@@ -214,7 +217,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.cleanup_tasks(
     retention interval DEFAULT '7 days', max_tasks integer DEFAULT 10000)
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -226,7 +229,9 @@ AS $$
    tasks finished since into the dashboard's per-minute counts
    (_fold_task_minutes). Call again while it returns max_tasks.
    Errors: PS208 retention < 0 or max_tasks < 1. */
-    SELECT pyscheduler._cleanup_tasks(retention, max_tasks, now());
+BEGIN
+    RETURN pyscheduler._cleanup_tasks(retention, max_tasks, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.cleanup_tasks(interval, integer) IS
     'Monitor: delete terminal tasks not updated within retention; returns how many were deleted.';

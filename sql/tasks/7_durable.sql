@@ -103,7 +103,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.record_step(rn uuid, token uuid, step pyscheduler.step_name,
                                                    result pyscheduler.task_result DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -116,7 +116,9 @@ AS $$
    lost before it commits; a rollback records nothing and the step runs again.
    Errors: PS200, PS201 (a stale lease: the task was leased again), PS202, PS203, PS210 as
    complete_task; PS217 result, PS230 step name. */
-    SELECT pyscheduler._record_step(rn, token, step, result, now());
+BEGIN
+    RETURN pyscheduler._record_step(rn, token, step, result, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.record_step(uuid, uuid, pyscheduler.step_name, pyscheduler.task_result) IS
     'The lease holder (token) checkpoints a step''s result, once per task (a step recorded already keeps and returns its first result).';
@@ -216,7 +218,7 @@ CREATE OR REPLACE FUNCTION pyscheduler.sleep_task(rn uuid, token uuid, until tim
                                                   duration interval DEFAULT NULL,
                                                   step pyscheduler.step_name DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -229,7 +231,9 @@ AS $$
    passed ({"asleep": false}: go on, the lease is kept). Without step, nothing is recorded.
    Errors: PS200, PS201, PS202, PS203, PS210 as complete_task; PS212 until or duration,
    PS230 step name. */
-    SELECT pyscheduler._sleep_task(rn, token, until, duration, step, now());
+BEGIN
+    RETURN pyscheduler._sleep_task(rn, token, until, duration, step, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.sleep_task(uuid, uuid, timestamptz, interval, pyscheduler.step_name) IS
     'The lease holder (token) ends its lease and the task sleeps (scheduled) until an instant or for a duration; a named sleep is not repeated by a re-run.';
@@ -281,7 +285,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.await_event(rn uuid, token uuid, name pyscheduler.event_name,
                                                    timeout interval DEFAULT '365 days')
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -296,7 +300,9 @@ AS $$
    Received and timeout are recorded once per task (as a step of kind 'event'): every later
    call answers the same, so a payload is delivered once per waiting task.
    Errors: PS200, PS201, PS202, PS203, PS210 as complete_task; PS212 timeout, PS231 name. */
-    SELECT pyscheduler._await_event(rn, token, name, timeout, now());
+BEGIN
+    RETURN pyscheduler._await_event(rn, token, name, timeout, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.await_event(uuid, uuid, pyscheduler.event_name, interval) IS
     'The lease holder (token) waits for an event: received (payload), timeout, or suspended (lease ended) until emitted or timed out.';
@@ -351,7 +357,7 @@ $$;
 CREATE OR REPLACE FUNCTION pyscheduler.emit_event(name pyscheduler.event_name,
                                                   payload pyscheduler.event_payload DEFAULT NULL)
 RETURNS integer
-LANGUAGE sql
+LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
@@ -363,7 +369,9 @@ AS $$
    role), so a task that waits for it later receives it at once, until cleanup_tasks purges it
    after its retention. Returns how many waiting tasks it woke.
    Errors: PS231 name, PS232 payload. */
-    SELECT pyscheduler._emit_event(name, payload, now());
+BEGIN
+    RETURN pyscheduler._emit_event(name, payload, now());
+END
 $$;
 COMMENT ON FUNCTION pyscheduler.emit_event(pyscheduler.event_name, pyscheduler.event_payload) IS
     'Emit an event: the caller''s tasks waiting for it become ready with its payload; stored for tasks that wait for it later.';

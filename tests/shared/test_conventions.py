@@ -387,3 +387,18 @@ def test_a_check_job_acts_as_its_functions_owner_not_as_the_runner_that_runs_it(
         paused = db.call_value("get_schedule", name="bobs")["paused"]
     assert not paused
     assert ended["outcome"] == "error" and "belongs to another role" in ended["error"], ended
+
+
+# -- plans kept --------------------------------------------------------------------------------
+
+def test_no_write_function_is_planned_on_every_call(tx):
+    """A SQL-language function that is not inlined is planned on every call (PostgreSQL 16 keeps
+    no plan for it): a SECURITY DEFINER one (every API function) never is, nor a volatile
+    set-returning one. Every such function that writes (volatile) is PL/pgSQL, which keeps its
+    plans for the session: the SQL wrappers cost 40-250 us a call (issue 31: submit_task 221 ->
+    174 us). Read-only ones (STABLE) may stay SQL: a read is not on a hot path."""
+    planned = tx.execute(
+        "SELECT p.proname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+        "WHERE p.pronamespace = 'pyscheduler'::regnamespace AND l.lanname = 'sql' AND p.provolatile = 'v' "
+        "  AND (p.prosecdef OR p.proretset) ORDER BY 1").fetchall()
+    assert [r["proname"] for r in planned] == []

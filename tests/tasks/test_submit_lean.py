@@ -119,8 +119,8 @@ def test_a_batch_with_bad_specs_is_refused_naming_the_first_one(tx, keys):
     bad = [{"i": 0}, {"x": "y" * 2_000_000}, 1, {"i": 3}]
     with pytest.raises(psycopg.Error, match=r"specs\[1\] is \d+ bytes, more than task_max_spec_bytes") as refused:
         with tx.conn.transaction():
-            tx.execute("SELECT * FROM pyscheduler.submit_tasks_lean(queue => 'badspec', specs => %s, unique_keys => %s)",
-                       (Jsonb(bad), keys))
+            tx.execute("SELECT * FROM pyscheduler.submit_tasks_lean(queue => 'badspec', specs => %s, "
+                       "unique_keys => %s)", (Jsonb(bad), keys))
     assert refused.value.sqlstate == "PS206"
     assert tx.execute("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'badspec'").fetchone()["n"] == 0
 
