@@ -30,20 +30,6 @@
 -- set on too, so a session that turned it off does not change these plans either. The
 -- views' functions (_delay_queue, _delay_ready_by_node) likewise.
 
--- _delay_headers_ok(headers): NULL, or a JSON array of objects with exactly one
--- key each (the seed's [{"k1": "v1"}, {"k2": "v2"}]). A plain SQL function (no SET
--- clause, built-ins only) so the planner inlines it into the batch check of
--- _enqueue_messages: a function call per message cost ~10 us.
-CREATE OR REPLACE FUNCTION pyscheduler._delay_headers_ok(p_headers jsonb)
-RETURNS boolean
-LANGUAGE sql IMMUTABLE
-AS $$
-    SELECT p_headers IS NULL OR p_headers = '[]'::jsonb
-        OR (jsonb_typeof(p_headers) = 'array' AND NOT EXISTS (
-                SELECT 1 FROM jsonb_array_elements(p_headers) h
-                 WHERE jsonb_typeof(h) <> 'object' OR (SELECT count(*) FROM jsonb_object_keys(h)) <> 1))
-$$;
-
 -- _delay_check_interval(name, value, allow_zero, max): PS105 for a NULL or
 -- negative (or zero, unless allowed) interval argument, or one above max.
 CREATE OR REPLACE FUNCTION pyscheduler._delay_check_interval(p_name text, p_value interval, p_allow_zero boolean,
@@ -119,6 +105,8 @@ RETURNS TABLE (ord integer, id text, outcome text)
 LANGUAGE plpgsql
 SET search_path = pyscheduler, pg_temp
 SET enable_seqscan = off SET enable_bitmapscan = off SET enable_indexscan = on  -- see _delay_plans below
+SET plan_cache_mode = force_generic_plan  -- the batch's statement: its custom plans (the arrays' lengths known)
+                                          -- kept the cache from its generic plan, so it was planned every call
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -150,8 +138,15 @@ BEGIN
                   HINT = 'The id is the chronosMessageId header: a label (one line, not padded), unique per message.';
     END IF;
     PERFORM pyscheduler._delay_check_deadlines(_enqueue_messages.ids, _enqueue_messages.deadlines);
+    -- headers: NULL, or a JSON array of objects with exactly one key each (the seed's
+    -- [{"k1": "v1"}, {"k2": "v2"}]), tested here in the statement: a SQL function with a
+    -- sub-SELECT is never inlined, and called a message each it was planned on every call
     SELECT h INTO v_h FROM unnest(_enqueue_messages.header_lists) h
-     WHERE NOT pyscheduler._delay_headers_ok(h) LIMIT 1;
+     WHERE h IS NOT NULL AND h <> '[]'::jsonb
+       AND (jsonb_typeof(h) <> 'array'
+            OR EXISTS (SELECT 1 FROM jsonb_array_elements(h) e
+                        WHERE jsonb_typeof(e) <> 'object' OR (SELECT count(*) FROM jsonb_object_keys(e)) <> 1))
+     LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION 'headers must be a JSON array of single-pair objects, got %', left(v_h::text, 200)
             USING ERRCODE = 'PS104',
