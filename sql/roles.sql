@@ -18,10 +18,12 @@
 
 CREATE OR REPLACE FUNCTION pyscheduler._role(p_audience text)
 RETURNS name
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE  -- as a SQL function with a SET clause it was not inlined, but planned on every call
 SET search_path = pyscheduler, pg_temp
 AS $$
-    SELECT pyscheduler._setting(p_audience || '_role')::name;
+BEGIN
+    RETURN pyscheduler._setting(p_audience || '_role')::name;
+END
 $$;
 
 -- _may_act_as(actor, owner): _may_act's rule for role actor instead of the caller (also an
@@ -73,14 +75,19 @@ $$;
 -- reader cannot read the settings it needs). Granted to the audiences whose views call it.
 CREATE OR REPLACE FUNCTION pyscheduler._seen_owners()
 RETURNS name[]
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE  -- keeps its plans: a SECURITY DEFINER SQL function is planned on every call
 SECURITY DEFINER
 SET search_path = pyscheduler, pg_temp
 AS $$
-    SELECT CASE WHEN pg_catalog.pg_has_role(c.caller, pyscheduler._role('admin'), 'MEMBER') THEN NULL
-                ELSE ARRAY[c.caller] || ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
-                                               WHERE pg_catalog.pg_has_role(c.caller, r.oid, 'MEMBER')) END
-      FROM (SELECT pyscheduler._caller() AS caller) c;
+DECLARE
+    v_caller name := pyscheduler._caller();
+BEGIN
+    IF pg_catalog.pg_has_role(v_caller, pyscheduler._role('admin'), 'MEMBER') THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY[v_caller] || ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
+                                     WHERE pg_catalog.pg_has_role(v_caller, r.oid, 'MEMBER'));
+END
 $$;
 
 DO $roles$

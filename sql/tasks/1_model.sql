@@ -253,12 +253,15 @@ $$;
 -- unique_key, concurrency_key) are null and "redacted" is true.
 CREATE OR REPLACE FUNCTION pyscheduler._task_seen_json(t pyscheduler.tasks, p_seen name[])
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE  -- as a SQL function it was not inlined, but planned on every call
 AS $$
-    SELECT CASE WHEN p_seen IS NULL OR t.submitted_by = ANY (p_seen) THEN pyscheduler._task_json(t)
-                ELSE pyscheduler._task_json(t) || '{"spec": null, "result": null, "errors": null, "history": null,
-                                                    "unique_key": null, "concurrency_key": null, "redacted": true}'
-           END;
+BEGIN
+    IF p_seen IS NULL OR t.submitted_by = ANY (p_seen) THEN
+        RETURN pyscheduler._task_json(t);
+    END IF;
+    RETURN pyscheduler._task_json(t) || '{"spec": null, "result": null, "errors": null, "history": null,
+                                          "unique_key": null, "concurrency_key": null, "redacted": true}';
+END
 $$;
 
 -- _rn_prefix(time) and _task_rn(prefix, seq): a new task's id, time-ordered
