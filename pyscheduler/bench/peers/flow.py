@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +54,23 @@ SYSTEMS = [
 
 
 def run_one(dsn: str, system: FlowSystem, mode: str, a: float, b: float, concurrency: int) -> dict:
-    with scratch_database(dsn, f"pyscheduler_flow_{system.key.replace('-', '_')}_{os.getpid()}") as uri:
+    """One run of a system's runner; its result is the JSON it writes to the file named by
+    PYSCHEDULER_FLOW_RESULT (the Python runner: its stdout came back corrupted at a 32 KiB
+    boundary twice in CI, 2026-11-28, cause not found), or the last line of its stdout."""
+    with tempfile.TemporaryDirectory() as tmp, \
+            scratch_database(dsn, f"pyscheduler_flow_{system.key.replace('-', '_')}_{os.getpid()}") as uri:
+        result = Path(tmp) / "result.json"
         out = subprocess.run(system.argv() + [mode, uri, f"{a:g}", f"{b:g}", str(concurrency)], capture_output=True,
-                             text=True, timeout=600, cwd=PEERS_DIR, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if out.returncode != 0:
-        raise click.ClickException(f"{system.key} {mode} failed: {out.stderr.strip()[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+                             text=True, timeout=600, cwd=PEERS_DIR,
+                             env={**os.environ, "PYTHONWARNINGS": "ignore", "PYSCHEDULER_FLOW_RESULT": str(result)})
+        if out.returncode != 0:
+            raise click.ClickException(f"{system.key} {mode} failed: {out.stderr.strip()[-2000:]}")
+        text = result.read_text() if result.exists() else out.stdout.strip().splitlines()[-1]
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise click.ClickException(f"{system.key} {mode}: its result is not JSON ({e}; {len(text)} characters, "
+                                   f"around the error: {text[max(0, e.pos - 80):e.pos + 80]!r})") from None
 
 
 def _load() -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -47,7 +48,7 @@ def producer(system: str, dsn: str, rate: float, seconds: float, backlog: int,
     a backlog, a thread feeding it ``count()`` (the jobs started) until it exits."""
     proc = subprocess.Popen([sys.executable, "-m", __spec__.name, system, "produce", dsn, f"{rate:g}", f"{seconds:g}",
                              str(backlog)], stdout=subprocess.PIPE, stdin=subprocess.PIPE if backlog else None,
-                            text=True)
+                            text=True, env={k: v for k, v in os.environ.items() if k != "PYSCHEDULER_FLOW_RESULT"})
     if not backlog:
         return proc, None
 
@@ -320,7 +321,12 @@ def main(argv: list[str]) -> int:
         result = RUNNERS[system, mode](dsn, float(a), float(b), extra)
     else:
         result = RUNNERS[system, mode](dsn, int(a), int(b), extra)
-    print(json.dumps(result), flush=True)
+    text = json.dumps(result)
+    if os.environ.get("PYSCHEDULER_FLOW_RESULT"):  # flow.run_one's file (see there)
+        with open(os.environ["PYSCHEDULER_FLOW_RESULT"], "w") as f:
+            f.write(text)
+    else:
+        print(text, flush=True)
     return 0
 
 
