@@ -192,3 +192,30 @@ def test_a_claim_keeps_each_message_on_its_page(tx):
     after = {r["id"]: r["page"] for r in tx.execute(page).fetchall()}
     moved = [i for i in claimed if after[i] != before[i]]
     assert not moved, f"{len(moved)} of {len(claimed)} claimed messages moved to another page"
+
+
+def test_the_enqueue_keeps_index_plans_made_on_an_empty_table(conn, dsn):
+    """_enqueue_messages keeps its generic plans (plan_cache_mode, issue 31). Made while
+    delay_messages is empty and analysed, they still read only index entries once 20,000 messages
+    wait (no ANALYZE since): the head of the waiting index, and the batch's own ids."""
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("ALTER TABLE pyscheduler.delay_messages SET (autovacuum_enabled = false)")
+        other.execute("ANALYZE pyscheduler.delay_messages")
+    batch = "SELECT * FROM pyscheduler.enqueue_messages(ids => %s, deadlines => %s, header_lists => %s)"
+    one = "SELECT pyscheduler.enqueue_message(id => %s, deadline => %s, value => 'v')"
+    far = datetime(2090, 1, 1, tzinfo=timezone.utc)
+    for i in range(8):  # past the plan cache's five custom plans, on the empty table
+        conn.execute(batch, ([f"w{i}-{k}" for k in range(3)], [far] * 3, ['[{"a": "b"}]'] * 3)).fetchall()
+        conn.execute(one, (f"w{i}", far)).fetchall()
+        conn.execute("DELETE FROM pyscheduler.delay_messages")
+    with psycopg.connect(dsn, autocommit=True) as other:
+        enqueue(other, [f"f{i}" for i in range(20_000)], [far + i * S for i in range(20_000)],
+                datetime.now(timezone.utc))
+    rows, batch_read = reads(conn, batch, ([f"b{k}" for k in range(10)], [far - S] * 10, ['[{"a": "b"}]'] * 10),
+                             tables=("delay_messages",))
+    assert [r["outcome"] for r in rows] == ["enqueued"] * 10
+    (row,), one_read = reads(conn, one, ("o1", far - S), tables=("delay_messages",))
+    assert row["enqueue_message"] == "enqueued"
+    for read in (batch_read, one_read):
+        assert read.seq_scans("delay_messages") == 0
+        assert sum(read.returned.values()) <= 30, read.returned
