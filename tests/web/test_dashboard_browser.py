@@ -8,6 +8,7 @@ PYSCHEDULER_DASHBOARD_SCREENSHOTS=docs/img to write the README's screenshots (da
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -17,6 +18,10 @@ import pytest
 from pyscheduler.dashboard import make_app
 from pyscheduler.tasks import Worker
 from tests.support.dashboard import SECRET, populate, served
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+# web-first assertions: each waits (up to 5 s) for the page an action loads or the script it runs
+expect = sync_api.expect
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -29,8 +34,6 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright is not installed (pip install -e '.[test]')")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         yield b
@@ -57,16 +60,16 @@ def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         # the access token: nothing without it
         page.goto(base + "/tasks")
-        assert page.locator("h1").inner_text() == "Access token"
+        expect(page.locator("h1")).to_have_text("Access token")
         assert work["running"][:8] not in page.content()
         page.fill("input[name=token]", "wrong")
         page.click("button[type=submit]")
-        assert page.locator(".flash.bad").inner_text() == "wrong token"
+        expect(page.locator(".flash.bad")).to_have_text("wrong token")
         page.fill("input[name=token]", "t0ken-for-the-test")
         page.click("button[type=submit]")
-        assert page.url == base + "/tasks"
+        expect(page).to_have_url(base + "/tasks")
 
-        for path, name, expect in (("/", "overview", "Leased tasks"), ("/tasks?status=running", "tasks", "Queues"),
+        for path, name, shows in (("/", "overview", "Leased tasks"), ("/tasks?status=running", "tasks", "Queues"),
                                    (f"/tasks/{work['aborted']}", "task", "bank_refused"),
                                    ("/delay", "delay", "Relay nodes"), ("/delay/messages", "delay-messages", "order-2"),
                                    ("/schedules", "schedules", "Failing"),
@@ -74,45 +77,45 @@ def test_every_page_and_an_action_in_a_browser(browser, conn, login, tmp_path):
                                    ("/checks", "checks", "missed slot")):
             response = page.goto(base + path)
             assert response.status == 200, path
-            assert expect in page.locator("main").inner_text(), path
+            assert shows in page.locator("main").inner_text(), path
             assert SECRET not in page.content()
             page.screenshot(path=str(out / f"dashboard-{name}.png"), full_page=True)
         # charts are drawn (inline SVG with bars)
         page.goto(base + "/")
-        assert page.locator("#card-tasks svg.bars rect").count() == 24
+        expect(page.locator("#card-tasks svg.bars rect")).to_have_count(24)
         # the range picker: 7 days in 6-hour buckets, and each card's latency lines
         page.locator("nav.range a", has_text="7d").click()
-        assert page.url.endswith("/?range=7d")
-        assert page.locator("#card-tasks svg.bars rect").count() == 2 * 28
-        assert page.locator("svg.latency").count() == 4  # tasks, delay, schedules, checks
+        expect(page).to_have_url(base + "/?range=7d")
+        expect(page.locator("#card-tasks svg.bars rect")).to_have_count(2 * 28)
+        expect(page.locator("svg.latency")).to_have_count(4)  # tasks, delay, schedules, checks
 
         # cancel a ready task: the link, the confirmation, the effect on the page and in the database
         page.goto(base + "/tasks?status=ready&queue=emails")
         row = page.locator("#tasks tr", has=page.locator(f"a[href='/tasks/{work['ready']}']"))
         row.locator("a.act", has_text="cancel").click()
-        assert "Cancel task " + work["ready"] in page.locator("form.confirm").inner_text()
+        expect(page.locator("form.confirm")).to_contain_text("Cancel task " + work["ready"])
         assert _status(conn, work["ready"]) == "ready"  # nothing happens before the confirmation
         page.click("#confirm")
-        assert "done: Cancel task" in page.locator(".flash").inner_text()
+        expect(page.locator(".flash")).to_contain_text("done: Cancel task")
         assert _status(conn, work["ready"]) == "cancelled"
-        assert page.locator(f"#tasks a[href='/tasks/{work['ready']}']").count() == 0
+        expect(page.locator(f"#tasks a[href='/tasks/{work['ready']}']")).to_have_count(0)
         page.goto(base + "/tasks?status=cancelled")
-        assert page.locator(f"#tasks a[href='/tasks/{work['ready']}']").count() == 1
+        expect(page.locator(f"#tasks a[href='/tasks/{work['ready']}']")).to_have_count(1)
 
         # pause a schedule with a note
         page.goto(base + "/schedules?name_like=billing%25")
         page.locator("#schedules a.act", has_text="pause").click()
         page.fill("input[name=note]", "quarter close")
         page.click("#confirm")
-        assert "done: Pause schedule billing-report" in page.locator(".flash").inner_text()
-        assert "quarter close" in page.locator("#paused").inner_text()
+        expect(page.locator(".flash")).to_contain_text("done: Pause schedule billing-report")
+        expect(page.locator("#paused")).to_contain_text("quarter close")
         s = conn.execute("SELECT pyscheduler.get_schedule(name => 'billing-report') AS s").fetchone()["s"]
         assert s["paused"] and s["paused_note"] == "quarter close"
 
         # a cross-site post: another origin's page submits a form to the dashboard
         page.goto(evil + "/?target=" + base)
         page.click("#go")
-        assert "cross-site request refused" in page.locator("main").inner_text()
+        expect(page.locator("main")).to_contain_text("cross-site request refused")
         assert _status(conn, work["running"]) == "running"
         assert not errors, errors  # no CSP violation or script error on any page
         page.close()
@@ -174,28 +177,29 @@ def test_search_retry_bulk_retry_and_workers_in_a_browser(browser, conn, dsn, lo
             page.goto(base + "/")
             page.fill("#q", work["aborted"][:23])
             page.press("#q", "Enter")
-            assert page.locator("h1").inner_text() == "Search"
+            expect(page.locator("h1")).to_have_text("Search")
             page.screenshot(path=str(out / "dashboard-search.png"), full_page=True)
             page.click(f"#results a[href='/tasks/{work['aborted']}']")
-            assert page.locator("h1").inner_text() == f"Task {work['aborted']}"
+            expect(page.locator("h1")).to_have_text(f"Task {work['aborted']}")
             page.click("a.act:has-text('retry')")
             page.click("#confirm")
-            assert "done: Requeue task" in page.locator(".flash").inner_text()
+            expect(page.locator(".flash")).to_contain_text("done: Requeue task")
             assert _status(conn, work["aborted"]) == "ready"
             # tick 3 failed tasks -> bulk retry
             page.goto(base + "/tasks?status=aborted&queue=refunds")
             for rn in failed[:3]:
                 page.check(f"#tasks input[value='{rn}']")
             page.click("#bulk-actions button[value=retry]")
-            assert page.locator("form.confirm").inner_text().startswith("Requeue 3 selected tasks")
+            expect(page.locator("form.confirm")).to_have_text(re.compile("^Requeue 3 selected tasks"),
+                                                              use_inner_text=True)
             page.click("#confirm")
-            assert "done: requeued 3 of 3 tasks" in page.locator(".flash").inner_text()
+            expect(page.locator(".flash")).to_contain_text("done: requeued 3 of 3 tasks")
             assert [_status(conn, rn) for rn in failed] == ["ready"] * 3 + ["aborted"]
             # the workers page: the running Worker, and the queue nobody works
             page.goto(base + "/workers")
             row = page.locator("#workers tr", has=page.locator(f"a:text-is('{running.worker.worker_id}')"))
             assert "served" in row.inner_text()
-            assert "invoices: 2 ready" in page.locator("#no-worker").inner_text()
+            expect(page.locator("#no-worker")).to_contain_text("invoices: 2 ready")
             page.screenshot(path=str(out / "dashboard-workers.png"), full_page=True)
             assert not errors, errors
             page.close()
@@ -256,27 +260,27 @@ def test_create_edit_and_delete_a_schedule_in_a_browser(browser, conn, login, tm
         page.fill("#f-tz", "Europe/Berlni")
         page.fill("#f-target", "reports")
         page.click("#preview")
-        assert page.locator("#error").inner_text().startswith("tz:")
+        expect(page.locator("#error")).to_have_text(re.compile("^tz:"), use_inner_text=True)
         page.fill("#f-tz", "Europe/Berlin")
         page.click("#preview")
-        assert page.locator("#preview-runs li").count() == 10
+        expect(page.locator("#preview-runs li")).to_have_count(10)
         assert page.locator("#f-cron").input_value() == "30 2 * * *"  # what was typed is kept
         page.screenshot(path=str(out / "dashboard-schedule-edit.png"), full_page=True)
         page.click("#save")
-        assert "done: created schedule nightly-report" in page.locator(".flash").inner_text()
-        assert page.locator("h1").inner_text() == "Schedule nightly-report"
+        expect(page.locator(".flash")).to_contain_text("done: created schedule nightly-report")
+        expect(page.locator("h1")).to_have_text("Schedule nightly-report")
         s = conn.execute("SELECT pyscheduler.get_schedule(name => 'nightly-report') AS s").fetchone()["s"]
         assert (s["owner"], s["tz"], s["target"]) == (role, "Europe/Berlin", "reports")
         page.click("#edit")
         page.fill("#f-target", "reports-v2")
         page.click("#save")
-        assert "done: updated schedule nightly-report" in page.locator(".flash").inner_text()
-        assert "reports-v2" in page.locator("#schedule-fields").inner_text()
+        expect(page.locator(".flash")).to_contain_text("done: updated schedule nightly-report")
+        expect(page.locator("#schedule-fields")).to_contain_text("reports-v2")
         page.click("#delete")
-        assert "Delete schedule nightly-report" in page.locator("form.confirm").inner_text()
+        expect(page.locator("form.confirm")).to_contain_text("Delete schedule nightly-report")
         page.click("#confirm")
-        assert "done: Delete schedule nightly-report" in page.locator(".flash").inner_text()
-        assert page.url.startswith(base + "/schedules?")
+        expect(page.locator(".flash")).to_contain_text("done: Delete schedule nightly-report")
+        expect(page).to_have_url(re.compile(re.escape(base + "/schedules?")))
         assert conn.execute("SELECT count(*) AS n FROM pyscheduler.list_schedules()").fetchone()["n"] == 0
         assert not errors, errors
         page.close()
