@@ -3,7 +3,9 @@
 Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it
 calls ``reset_expired_tasks`` until nothing is left, which makes running tasks
 past their deadline ready again (or aborts those whose timed-out lease was
-their last attempt); every ``cleanup_interval`` it deletes
+their last attempt), and merges the spec search index's pending list
+(``merge_task_search_index``: so that no submit, lease or completion pays
+for it); every ``cleanup_interval`` it deletes
 terminal tasks older than ``retention`` with ``cleanup_tasks``. Replicas are
 safe: both functions skip rows another monitor is working on.
 """
@@ -61,6 +63,7 @@ class Monitor:
         self.batch = batch
         self.resets = 0
         self.deleted = 0
+        self.merged = 0  # pending pages of the spec search index merged
 
     def fresh(self) -> "Monitor":
         """A new monitor with these settings (run_daemons' restart after a crash)."""
@@ -78,6 +81,7 @@ class Monitor:
             while not stop.is_set():
                 try:
                     self.reset_once(db)
+                    self.merge_once(db)
                     if time.monotonic() >= next_cleanup:
                         self.cleanup_once(db)
                         next_cleanup = time.monotonic() + self.cleanup_interval
@@ -115,6 +119,12 @@ class Monitor:
                 break
         self.resets += total
         return total
+
+    def merge_once(self, db: Database) -> int:
+        """Merge the spec search index's pending list now; the pages merged."""
+        pages: int = db.call_value(sql.MERGE_TASK_SEARCH_INDEX)
+        self.merged += pages
+        return pages
 
     def cleanup_once(self, db: Database) -> int:
         """Delete every terminal task past retention now; how many."""

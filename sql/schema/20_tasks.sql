@@ -137,10 +137,12 @@ CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN 
 CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, status, rn)
     WHERE status IN ('completed', 'aborted', 'cancelled');
 -- find_tasks (the dashboard's search, 0039): a spec fragment (jsonb @>), a unique key in any
--- queue and status. The spec index's pending list is merged at 256 kB (0045_e2e), not 4 MB: the
--- write that fills it pays the merge. Running tasks are left out (0048): a lease is never HOT,
--- and would write the spec's entries again; find_tasks reads them by tasks_running_deadline_idx.
-CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops) WITH (gin_pending_list_limit = 256)
+-- queue and status. New entries go to the index's pending list; the tasks monitor merges it every
+-- reset_interval (merge_task_search_index, 0051), and the write that fills 4 MB merges it when no
+-- monitor has (0045 had 256 kB: the submits paid every merge). Running tasks are left out (0048):
+-- a lease is never HOT, and would write the spec's entries again; find_tasks reads them by
+-- tasks_running_deadline_idx.
+CREATE INDEX tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops) WITH (gin_pending_list_limit = 4096)
     WHERE status <> 'running';
 -- A key's finished tasks (0049: live ones are in tasks_unique_idx; a key goes into one B-tree
 -- at submit, not two, and none at a lease). status >= 'completed': the finished statuses in

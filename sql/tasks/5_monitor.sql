@@ -235,3 +235,28 @@ END
 $$;
 COMMENT ON FUNCTION pyscheduler.cleanup_tasks(interval, integer) IS
     'Monitor: delete terminal tasks not updated within retention; returns how many were deleted.';
+
+-- merge_task_search_index(): the spec search index (tasks_spec_idx, GIN) takes a task's entries
+-- into its pending list, and whoever merges the list into the index pays for all of it: the
+-- write that fills the list (gin_pending_list_limit, 4 MB since 0051), autovacuum, or this
+-- call, which the tasks monitor makes every reset_interval (issue 31: merged by the submits
+-- themselves it was ~1.4 us of a bulk submit's ~11 us a task; the merge is moved, not removed).
+-- A merge already under way makes a second one wait for it. SECURITY DEFINER: only the index's
+-- owner may merge it.
+CREATE OR REPLACE FUNCTION pyscheduler.merge_task_search_index()
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* merge_task_search_index() -> bigint
+   Monitor: merge the spec search index's pending list (the entries of the
+   tasks written since the last merge) into the index, so that no submit,
+   lease or completion pays for it; returns the pending pages merged (0:
+   none waited). */
+BEGIN
+    RETURN gin_clean_pending_list('pyscheduler.tasks_spec_idx'::regclass);
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.merge_task_search_index() IS
+    'Monitor: merge the spec search index''s pending list into the index; returns the pages merged.';

@@ -12,6 +12,7 @@ e2e: the producer submits RATE jobs/s; capacity: as fast as it goes while at mos
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -91,13 +92,30 @@ class Started:
 
 # -- pyscheduler ----------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def monitored(dsn: str):
+    """The tasks monitor beside the run, with its defaults, as pyscheduler is deployed (`pyscheduler
+    run`, `pyscheduler tasks monitor`): among its jobs it merges the spec search index's pending
+    list, which the writes merge themselves when no monitor runs."""
+    from ...tasks import Monitor
+
+    stop = threading.Event()
+    thread = threading.Thread(target=Monitor(dsn).run, args=(stop,), daemon=True, name="tasks-monitor")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency: int) -> dict:
     from ... import migrate
     from ...db import Database
     from ...tasks import TaskClient
 
     migrate.migrate(dsn)
-    with Database(dsn, min_size=1, max_size=2) as db:
+    with Database(dsn, min_size=1, max_size=2) as db, monitored(dsn):
         client = TaskClient(db)
         client.submit_ids(QUEUE, [{"i": -1}])  # warm: the pool, the plans
         bulk_ms, single_ms = [], []
@@ -121,7 +139,7 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
     from ... import __version__
     return dict(system="pyscheduler", version=__version__, bulk_s=bulk_s, bulk_ms=bulk_ms, single_ms=single_ms,
                 variants_s=seconds,
-                settings="TaskClient(Database(dsn)).submit_ids (submit_tasks_lean), pool of 2")
+                settings="TaskClient(Database(dsn)).submit_ids (submit_tasks_lean), pool of 2; a tasks Monitor")
 
 
 def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0) -> dict:
@@ -146,12 +164,14 @@ def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, bac
     running = Worker(dsn, QUEUE, handle, capacity=concurrency, poll_interval=0.5).start()
     running.wait_idle(timeout=30)
     try:
-        made = produced(producer("pyscheduler", dsn, rate, seconds, backlog, lambda: len(seen)))
-        drain(lambda: len(seen), made["submitted"])
+        with monitored(dsn):
+            made = produced(producer("pyscheduler", dsn, rate, seconds, backlog, lambda: len(seen)))
+            drain(lambda: len(seen), made["submitted"])
     finally:
         running.stop()
     return dict(system="pyscheduler", version=__version__, **_done(seen, made, last, latencies, starts),
-                settings=f"Worker capacity {concurrency}, poll 0.5 s; producer TaskClient.submit_ids")
+                settings=f"Worker capacity {concurrency}, poll 0.5 s; a tasks Monitor; producer "
+                         "TaskClient.submit_ids")
 
 
 def pyscheduler_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) -> dict:
