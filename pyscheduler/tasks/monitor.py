@@ -7,7 +7,8 @@ their last attempt), and merges the spec search index's pending list
 (``merge_task_search_index``: so that no submit, lease or completion pays
 for it); every ``cleanup_interval`` it deletes
 terminal tasks older than ``retention`` with ``cleanup_tasks``. Replicas are
-safe: both functions skip rows another monitor is working on.
+safe: the reset and the cleanup skip rows another monitor is working on, and a
+merge waits for another's.
 """
 
 from __future__ import annotations
