@@ -1,14 +1,12 @@
 """The monitor of leased tasks: failure detector and cleanup (seeds/scylla.md).
 
-Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it
-calls ``reset_expired_tasks`` until nothing is left, which makes running tasks
-past their deadline ready again (or aborts those whose timed-out lease was
-their last attempt), and merges the spec search index's pending list
-(``merge_task_search_index``: so that no submit, lease or completion pays
-for it); every ``cleanup_interval`` it deletes
-terminal tasks older than ``retention`` with ``cleanup_tasks``. Replicas are
-safe: the reset and the cleanup skip rows another monitor is working on, and a
-merge waits for another's.
+Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it calls
+``reset_expired_tasks`` until nothing is left, which makes running tasks past their
+deadline ready again (or aborts those whose timed-out lease was their last attempt),
+and merges the spec search index's pending list (``merge_task_search_index``, so that
+no write pays for it); every ``cleanup_interval`` it deletes terminal tasks older
+than ``retention`` with ``cleanup_tasks``. Replicas are safe: the reset and the
+cleanup skip rows another monitor is working on; a merge waits for another's.
 """
 
 from __future__ import annotations
