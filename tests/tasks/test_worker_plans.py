@@ -67,6 +67,14 @@ def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn):
         assert {name: n for name, n in entries.items() if n > 100} == {}
 
 
+def retry_due(conn) -> None:
+    """A delayed task due by the next call: every lease then promotes one, as leases do while
+    delayed tasks and retries wait (else a retry's backoff ending mid-test would make the lease's
+    promotion run for its first times there, with the plan cache's first five custom plans)."""
+    conn.execute("SELECT count(*) FROM pyscheduler.submit_tasks_lean(queue => 'q', specs => '[{}]', "
+                 "run_in => '1 microsecond')")
+
+
 @pytest.mark.parametrize("n", [10, 100])
 def test_the_hot_paths_are_not_planned_on_every_call(conn, n):
     """A call's statements keep their cached plans: after a warm-up, a lease or a batch write of n
@@ -80,6 +88,7 @@ def test_the_hot_paths_are_not_planned_on_every_call(conn, n):
 
     def run(name: str) -> None:
         submit(conn, n)
+        retry_due(conn)
         held = leases_of(conn, lease)
         if name != "lease":
             conn.execute(calls[name], held).fetchall()
@@ -93,13 +102,20 @@ def test_the_hot_paths_are_not_planned_on_every_call(conn, n):
         pytest.skip("log_planner_stats needs a superuser (the embedded server's role is one)")
     notes: list[str] = []
     conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+    # Three calls each, the fewest plannings counted: a statement planned on every call plans in
+    # all three; a branch a session reaches for the first time (the 2 % of writes that fold the
+    # tallies) or an invalidation (autovacuum's ANALYZE of a table a plan reads) plans once, in one.
     plannings = {}
     for name, call in calls.items():
-        submit(conn, n)
-        args = None if name == "lease" else leases_of(conn, lease)
-        conn.execute("SET client_min_messages = log")
-        notes.clear()
-        conn.execute(call, args).fetchall()
-        conn.execute("SET client_min_messages = notice")
-        plannings[name] = sum("PLANNER STATISTICS" in m for m in notes)
+        counts = []
+        for _ in range(3):
+            submit(conn, n)
+            retry_due(conn)
+            args = None if name == "lease" else leases_of(conn, lease)
+            conn.execute("SET client_min_messages = log")
+            notes.clear()
+            conn.execute(call, args).fetchall()
+            conn.execute("SET client_min_messages = notice")
+            counts.append(sum("PLANNER STATISTICS" in m for m in notes))
+        plannings[name] = min(counts)
     assert plannings == dict.fromkeys(calls, 0)
