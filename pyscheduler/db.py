@@ -318,7 +318,7 @@ def _execute_column(conn: psycopg.Connection[Any], function: str, column: str, a
                     pinned: bool = True) -> list[Any]:
     """``call_column`` on ``conn`` (binary)."""
     query = _column_query(function, tuple(args), _formats(args), column)
-    with conn.cursor(row_factory=tuple_row) if pinned else _cursor(conn, tuple_row) as cur:
+    with _cursor(conn, tuple_row, pinned) as cur:
         row = cur.execute(query, args, binary=True).fetchone()
     return (row[0] if row else None) or []
 
@@ -330,9 +330,12 @@ def _execute_binary(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], functio
     return rows
 
 
-def _cursor(conn: psycopg.Connection[Any], row_factory: RowFactory[Any]) -> psycopg.Cursor[Any]:
-    """A cursor of pyscheduler's own, loading JSON with load_json on any connection (one of the
-    application's too)."""
+def _cursor(conn: psycopg.Connection[Any], row_factory: RowFactory[Any], pinned: bool = False) -> psycopg.Cursor[Any]:
+    """A cursor loading JSON with load_json on any connection (one of the application's too). A
+    pinned connection (pyscheduler's own) loads it so already: its cursor shares its loaders (a
+    copy of them cost ~15 us, a tenth of a single submit's client CPU)."""
+    if pinned:
+        return conn.cursor(row_factory=row_factory)
     cur = psycopg.Cursor(conn, row_factory=row_factory)
     use_load_json(cur)
     return cur
@@ -340,10 +343,8 @@ def _cursor(conn: psycopg.Connection[Any], row_factory: RowFactory[Any]) -> psyc
 
 def _execute_tuples(conn: psycopg.Connection[Any], function: str, args: dict[str, Any],
                     as_text: tuple[str, ...], pinned: bool = True) -> list[tuple[Any, ...]]:
-    """``call_tuples`` on ``conn``: binary, or text with the ``as_text`` types left unparsed. A
-    pinned connection loads JSON with load_json already: its cursor shares its loaders (a copy
-    of them cost ~15 us, a tenth of a single submit's client CPU)."""
-    with conn.cursor(row_factory=tuple_row) if pinned and not as_text else _cursor(conn, tuple_row) as cur:
+    """``call_tuples`` on ``conn``: binary, or text with the ``as_text`` types left unparsed."""
+    with _cursor(conn, tuple_row, pinned and not as_text) as cur:
         if not as_text:
             return cur.execute(_function_call(function, args, binary=True), args, binary=True).fetchall()
         for name in as_text:

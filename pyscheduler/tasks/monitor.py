@@ -74,13 +74,15 @@ class Monitor:
         poke_on(stop, wakeup.poke)
         listener = Listener(self.dsn, [sql.MONITOR_CHANNEL], wakeup.poke, on_reconnect=wakeup.poke, logger=log).start()
         outage = Outage("tasks monitor", log)
-        next_cleanup = 0.0
+        next_cleanup = next_merge = 0.0
         db = Database.for_daemon(self.dsn, name="pyscheduler-tasks-monitor", max_size=1)
         try:
             while not stop.is_set():
                 try:
                     self.reset_once(db)
-                    self.merge_once(db)
+                    if time.monotonic() >= next_merge:  # not on every wakeup: workers that yield poke it
+                        self.merge_once(db)
+                        next_merge = time.monotonic() + self.reset_interval
                     if time.monotonic() >= next_cleanup:
                         self.cleanup_once(db)
                         next_cleanup = time.monotonic() + self.cleanup_interval
