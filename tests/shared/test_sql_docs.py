@@ -182,8 +182,10 @@ def test_the_readme_commands_table_names_every_command():
         if command:
             rows.setdefault(command[1], []).append(line)
     missing = []
-    for name, cmd in main.commands.items():
-        subs = cmd.commands if isinstance(cmd, click.Group) else {}
+    ctx = click.Context(main)
+    for name in main.list_commands(ctx):  # the lazy ones (cliroot.LazyGroup) loaded by name
+        cmd = main.get_command(ctx, name)
+        subs = cmd.list_commands(click.Context(cmd)) if isinstance(cmd, click.Group) else []
         if not subs:
             if name not in rows:
                 missing.append(name)
