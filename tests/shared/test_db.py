@@ -55,6 +55,21 @@ def test_listener_delivers_notifications(dsn, db):
         listener.stop()
 
 
+def test_a_stop_wakes_the_listener_instead_of_waiting_out_its_poll(dsn, conn):
+    """The listener's wait is woken by stop() (it waited out a 0.5 s poll: every Worker's stop,
+    every daemon's, paid it). Stopped just after it listens, at the start of a wait, its thread
+    has ended within 0.25 s; it delivered what came before, and its sockets are closed."""
+    got: queue.Queue = queue.Queue()
+    listener = Listener(dsn, ["pyscheduler_test"], lambda ch, payload: got.put(payload)).start()
+    assert listener.ready.wait(10)
+    conn.execute("SELECT pg_notify('pyscheduler_test', 'before')")
+    assert got.get(timeout=10) == "before"
+    listener.stop(timeout=0.25)
+    assert not listener._thread.is_alive()
+    assert listener._wake_w.fileno() == -1
+    listener.stop()  # a second stop does nothing
+
+
 def test_a_call_gives_its_connection_back_to_the_pool_itself(dsn, monkeypatch):
     """Issue 31: a reset hook had the pool give every returned connection back from a worker
     thread (a thread switch per call, on the single submit's path); the stamp that spares a

@@ -162,6 +162,9 @@ class Worker:
             for name, wait in (("lease", 10), ("complete", 30), ("heartbeat", 5)):
                 thread, thread_stop = self._threads[name]
                 thread_stop.set()  # the recorder records what is queued, then returns
+                if name == "complete":
+                    with self.recorder.recordable:  # woken now, not at its next 0.1 s look
+                        self.recorder.recordable.notify_all()
                 thread.join(wait)
             if self.listener is not None:
                 self.listener.stop()
