@@ -1,9 +1,10 @@
 """``pyscheduler bench peers``: the command works and its output is complete (not its speed).
 
-One run of ``--quick`` against the test servers checks every system and every
-column of the markdown it writes (the no-op runs, the failure and delay runs),
-the two charts, and that a rerun replaces the section in place instead of
-adding another. The percentiles of its tables are every bench's (bench/stats.py).
+A run of ``--quick`` per part (job queues, delay relays, enqueue and end to end; three
+tests that run side by side) against the test servers checks every system and every
+column of the markdown it writes (the no-op runs, the failure and delay runs), the
+two charts, and that a rerun replaces the section in place instead of adding
+another. The percentiles of its tables are every bench's (bench/stats.py).
 """
 
 from __future__ import annotations
@@ -52,25 +53,38 @@ def _section(text: str) -> str:
     return text[start:end]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
+HEAD = "# Benchmarks\n\n## Before\n\nkept\n"
+
+
+def _quick(pg, kafka, tmp_path, *part: str) -> tuple[str, str]:
+    """``pyscheduler bench peers --quick`` with one part's flags (smaller sizes than --quick's:
+    the test checks the output, not the speed) into a document that has a section of its own;
+    (the document, the command's stdout). The document keeps what came before the section, and
+    names the command without the servers' addresses."""
     doc = tmp_path / "benchmarks.md"
-    doc.write_text("# Benchmarks\n\n## Before\n\nkept\n")
-    img = tmp_path / "img"
+    doc.write_text(HEAD)
     out = subprocess.run(
-        [sys.executable, "-m", "pyscheduler", "--log-level", "WARNING", "bench", "peers", "--quick",
-         "--dsn", pg.base_dsn, "--bootstrap-servers", kafka, "--markdown", str(doc), "--img-dir", str(img)],
+        [sys.executable, "-m", "pyscheduler", "--log-level", "WARNING", "bench", "peers", "--quick", *part,
+         "--dsn", pg.base_dsn, "--bootstrap-servers", kafka, "--markdown", str(doc),
+         "--img-dir", str(tmp_path / "img")],
         capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-
     text = doc.read_text()
-    assert text.startswith("# Benchmarks\n\n## Before\n\nkept\n")  # the rest of the document is kept
+    assert text.startswith(HEAD)  # the rest of the document is kept
+    assert "`pyscheduler bench peers --quick" in text
+    assert pg.base_dsn not in text and kafka not in text
+    assert "wrote" in out.stdout
+    return text, out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_quick_job_queue_part_reports_every_system_and_column(pg, kafka, tmp_path):
+    text, _ = _quick(pg, kafka, tmp_path, "--no-flow", "--no-delay", "--jobs", "500", "--samples", "3")
     assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
     section = _section(text)
-    assert "`pyscheduler bench peers --quick`" in section  # the command, without server addresses
-    assert pg.base_dsn not in section and kafka not in section
-    tasks, ratios, scenarios, delay = _tables(section)
+    tasks, ratios, scenarios = _tables(section)
+    assert "**Delay queue.**" not in section and flow.BEGIN not in text  # the parts not run: nothing
 
     assert tasks[0] == report.TASKS_HEADER
     assert [r[0] for r in tasks[1:]] == OURS + PEERS
@@ -95,6 +109,18 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
         assert re.fullmatch(r"[\d,]+", row[3].split(" ")[0]), row  # a completion rate, not capped away
         assert re.fullmatch(r"\d+\.\d\dx", row[4]) if row[1] in OURS else row[4] == "—", row
 
+    assert (tmp_path / "img" / report.TASKS_CHART).read_bytes().startswith(PNG)
+    assert f"(img/{report.TASKS_CHART})" in section and report.JITTER_CHART not in section
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_quick_delay_part_reports_both_relays_lost_nothing(pg, kafka, tmp_path):
+    text, _ = _quick(pg, kafka, tmp_path, "--no-flow", "--no-tasks", "--delay-duration", "2",
+                     "--min-delay", "0.2", "--max-delay", "0.6")
+    section = _section(text)
+    [delay] = _tables(section)  # the job-queue part, not run, has no paragraph nor table
+    assert "**Job queues.**" not in section and flow.BEGIN not in text
     assert delay[0] == report.DELAY_HEADER
     assert sorted(r[0] for r in delay[1:]) == sorted(RELAYS)
     for row in delay[1:]:
@@ -103,13 +129,17 @@ def test_quick_run_reports_every_system_and_column(pg, kafka, tmp_path):
         # a delivered rate for each relay, the naive one (late, in bursts) included
         assert re.fullmatch(r"[\d,]+( \([\d,]+–[\d,]+\))?", row[2]), row
         assert re.fullmatch(r"meets|misses|meets in \d+ of \d+ rounds", row[8]), row
+    assert (tmp_path / "img" / report.JITTER_CHART).read_bytes().startswith(PNG)
+    assert f"(img/{report.JITTER_CHART})" in section and report.TASKS_CHART not in section
 
-    for name in (report.TASKS_CHART, report.JITTER_CHART):
-        assert (img / name).read_bytes().startswith(PNG)
-        assert f"(img/{name})" in section
-    assert "wrote" in out.stdout
 
-    # enqueue, capacity and end to end (issue 31): every system, a rate in each, our variants
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_quick_enqueue_and_end_to_end_part_reports_every_system(pg, kafka, tmp_path):
+    """Enqueue, capacity and end to end (issue 31): every system, a rate in each, our variants."""
+    text, _ = _quick(pg, kafka, tmp_path, "--no-tasks", "--no-delay", "--single-jobs", "50",
+                     "--enqueue-jobs", "1000", "--e2e-backlog", "1000")
+    assert report.BEGIN not in text  # the job-queue and delay parts, not run, write no section
     enqueue, capacity, e2e = _tables(text[text.index(flow.BEGIN):text.index(flow.END)])
     systems = ["pyscheduler", "pgqueuer", "graphile-worker"]
     assert [r[0].rsplit(" ", 1)[0] for r in enqueue[1:4]] == systems
@@ -214,3 +244,21 @@ def test_a_round_that_did_not_run_every_job_once_is_said_and_left_out_of_the_rat
     assert e2e[2][5:] == ["no in 2 of 3 rounds: 0 twice, 86,800 not run within 60 s of the end",
                           "**1.01x**; 2 of 3 rounds left out (not exactly once)"]
     assert e2e[1][5:] == ["yes", "-"]
+
+
+def test_a_round_with_a_rate_of_zero_is_left_out_of_the_ratio_not_divided_by():
+    """A capacity run whose counting window held no start (graphile-worker's, with --e2e-seconds
+    at 1 and the window starting 1 s in: a ZeroDivisionError ended the whole command) is said
+    and left out of the ratio; --e2e-seconds now starts at 2."""
+    def run(rate: float) -> dict:
+        return {"window_rate": rate, "exactly_once": True, "settings": "s", "version": "v"}
+
+    capacity = {"pyscheduler": [run(600.0), run(600.0)], "graphile-worker": [run(0.0), run(300.0)]}
+    section = flow.markdown({"enqueue": {}, "capacity": capacity, "shares": {}, "e2e": {}}, command="c",
+                            context="x", bulk_jobs=0, single_jobs=0, seconds=2, concurrency=10, rounds=2,
+                            elapsed=9, backlog=1000)
+    (cap,) = _tables(section)
+    assert cap[2][3] == "**2.00x**; 1 of 2 rounds left out (a rate of 0)"
+    out = subprocess.run([sys.executable, "-m", "pyscheduler", "bench", "peers", "--e2e-seconds", "1"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--e2e-seconds" in out.stderr

@@ -144,12 +144,14 @@ def _ratio(ours: list[float], theirs: list[float], higher_better: bool = True, o
     if not ours or not theirs:
         return "-"
     rounds = list(zip(ours, theirs, ok or [True] * len(ours)))
-    pairs = [(o / t if higher_better else t / o) for o, t, good in rounds if good]
-    left = len(rounds) - len(pairs)
+    good = [(o, t) for o, t, once in rounds if once]
+    pairs = [(o / t if higher_better else t / o) for o, t in good if (t if higher_better else o)]
     said = [f"**{median(pairs):.2f}x**" + (f" ({min(pairs):.2f}–{max(pairs):.2f})" if len(pairs) > 1 else "")] \
         if pairs else []
-    if left:
-        said.append(f"{left} of {len(rounds)} rounds left out (not exactly once)")
+    if len(good) < len(rounds):
+        said.append(f"{len(rounds) - len(good)} of {len(rounds)} rounds left out (not exactly once)")
+    if len(pairs) < len(good):
+        said.append(f"{len(good) - len(pairs)} of {len(rounds)} rounds left out (a rate of 0)")
     return "; ".join(said) or "-"
 
 

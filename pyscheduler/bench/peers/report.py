@@ -115,22 +115,24 @@ def markdown(*, command: str, context: str, systems: list[System], skipped: dict
     """``results``: the no-op runs {system key: rounds}; ``scenarios``: every run {scenario:
     {system key: rounds}} (the failure and delay runs get a table of their own)."""
     rel = Path(os.path.relpath(charts, doc.parent)).as_posix()
-    out = [BEGIN, "", f"`{command}` — {context}", "",
-           f"**Job queues.** {jobs:,} no-op jobs per system and round (procrastinate a twentieth: it completes a few "
-           f"hundred a second), the same concurrency ({concurrency}), a fresh database per system per round, "
-           f"{rounds} round{'s' if rounds != 1 else ''}, systems in a rotating order. "
-           "Medians over the rounds, min–max in brackets; "
-           f"the work is capped at {max_seconds:g} s (a capped run counts what was done by then). "
-           f"Enqueue-to-start latency: {samples} jobs per round enqueued one at a time to idle workers, "
-           "percentiles over all rounds' samples.", ""]
-    out += _table(TASKS_HEADER, tasks_rows(systems, results))
+    out = [BEGIN, "", f"`{command}` — {context}"]
+    others = scenario_rows(scenarios or {})
+    if systems or others:  # the job-queue part ran (not --no-tasks)
+        out += ["", f"**Job queues.** {jobs:,} no-op jobs per system and round (procrastinate a twentieth: it "
+                f"completes a few hundred a second), the same concurrency ({concurrency}), a fresh database per "
+                f"system per round, {rounds} round{'s' if rounds != 1 else ''}, systems in a rotating order. "
+                "Medians over the rounds, min–max in brackets; "
+                f"the work is capped at {max_seconds:g} s (a capped run counts what was done by then). "
+                f"Enqueue-to-start latency: {samples} jobs per round enqueued one at a time to idle workers, "
+                "percentiles over all rounds' samples."]
+    if systems:
+        out += [""] + _table(TASKS_HEADER, tasks_rows(systems, results))
     for name, why in skipped.items():
         out.append(f"\n{name}: {why}.")
     peers, rows = ratio_rows(systems, results)
     if peers and rows:
         out += ["", "Completion rate, pyscheduler / peer (computed per round; median, min–max):", ""]
         out += _table(["pyscheduler"] + peers, rows)
-    others = scenario_rows(scenarios or {})
     if others:
         out += ["", f"**Failures and delays.** The same protocol and settings, each system against {REFERENCE} "
                     f"in the same rounds. *{SCENARIOS['fail']}*: every {FAIL_EVERY}th job fails its first attempt "
@@ -141,9 +143,10 @@ def markdown(*, command: str, context: str, systems: list[System], skipped: dict
                     f"other job is submitted with run_at = its enqueue time + {DELAY_SECONDS:g} s; the workers "
                     "start right after the enqueue, so the last delayed jobs come due while they work.", ""]
         out += _table(SCENARIO_HEADER, others)
-    out += ["", f"**Delay queue.** {delay_note} The seed's SLA: {SLA_RATE:,} msg/s with p99.9 jitter "
-                f"<= {SLA_P999_MS:.0f} ms; the SLA column applies the same bound at every load.", ""]
-    out += _table(DELAY_HEADER, delay_rows(delay))
+    if delay:  # the delay part ran (not --no-delay)
+        out += ["", f"**Delay queue.** {delay_note} The seed's SLA: {SLA_RATE:,} msg/s with p99.9 jitter "
+                    f"<= {SLA_P999_MS:.0f} ms; the SLA column applies the same bound at every load.", ""]
+        out += _table(DELAY_HEADER, delay_rows(delay))
     out.append("")
     if systems:
         out += [f"![completion rates]({rel}/{TASKS_CHART})", ""]
