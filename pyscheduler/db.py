@@ -779,7 +779,7 @@ class Listener:
                         while not self._stop.is_set():
                             for note in conn.notifies(timeout=0):  # what arrived (or was kept by an execute)
                                 self._deliver(note.channel, note.payload)
-                            select.select([conn.fileno(), self._wake_r], [], [], 0.5)
+                            select.select([conn.fileno(), self._wake_r.fileno()], [], [], 0.5)
                 except psycopg.Error as exc:
                     failed = True
                     self.tried.set()
