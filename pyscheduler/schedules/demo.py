@@ -77,7 +77,7 @@ def demo(ctx: RunContext, echo) -> None:
     if not ctx.redis_url:
         echo("no Redis configured: schedules demo skipped")
         return
-    from ..delay.output import OutputReader
+    from ..delay.output import fresh_read
     from ..embedded import create_topics
 
     suffix = uuid.uuid4().hex[:6]
@@ -115,14 +115,16 @@ def demo(ctx: RunContext, echo) -> None:
         for t in threads:
             t.join(30)
         echo("execution counts (execution_count):")
+        executions = {}
         for kind, name in names.items():
             if kind == "kafka" and not ctx.kafka_bootstrap:
                 continue
-            echo(f"  {name}: {db.call_value(sql.EXECUTION_COUNT, name=name)}")
+            executions[kind] = db.call_value(sql.EXECUTION_COUNT, name=name)
+            echo(f"  {name}: {executions[kind]}")
         if ctx.kafka_bootstrap:
-            reader = OutputReader(ctx.kafka_bootstrap, topic, ctx.kafka_settings)
-            got = reader.messages(1000, 3)
-            reader.close()
+            # every execution's message, then 0.5 s more for any duplicate (it waited 3 s for 1,000)
+            got = fresh_read(ctx.kafka_bootstrap, topic, executions["kafka"], idle=0.5, timeout=10,
+                             settings=ctx.kafka_settings)
             keys = {dict(m.headers())["pyscheduler-idempotency-key"] for m in got}
             echo(f"Kafka topic {topic}: {len(got)} messages, {len(keys)} distinct idempotency keys")
         keys = receiver.received()
