@@ -720,8 +720,7 @@ class Listener:
     open); it reconnects with backoff after an outage (one at start too) and
     then calls ``on_reconnect`` so sleepers can poll once for anything they
     missed. ``ready`` is set once it listens, ``tried`` after its first try
-    (answered or not). ``stop()`` wakes its wait at once (a socket pair): it
-    waited out a 0.5 s poll, which every Worker's stop paid.
+    (answered or not). ``stop()`` wakes its wait at once (a socket pair).
     """
 
     def __init__(self, dsn: str, channels: Iterable[str], callback: Callable[[str, str], None],

@@ -58,16 +58,15 @@ def test_a_lease_writes_no_spec_entries_and_a_running_task_is_still_found_by_its
     """Running tasks are outside the spec index (migration 0048): a lease is never a HOT update,
     so indexing them wrote each task's spec entries once more (the end-to-end capacity, issue
     31). The search reads them from the running tasks instead; a completion is indexed again."""
-    clean = CLEAN
-    tx.execute(clean)
+    tx.execute(CLEAN)
     tx.execute("SELECT count(*) FROM pyscheduler.submit_tasks_lean(queue => 'spec-live', specs => "
                "(SELECT jsonb_agg(jsonb_build_object('i', i, 'to', 'user' || i || '@example.com')) "
                "FROM generate_series(1, 2000) i))")
-    assert tx.execute(clean).fetchone()["pages"] > 0  # the submits' entries
+    assert tx.execute(CLEAN).fetchone()["pages"] > 0  # the submits' entries
     leased = tx.execute("SELECT rn, token FROM pyscheduler.lease_tasks_lean('spec-live', 'w1', n => 2000, "
                         "timeout => '1 hour')").fetchall()
     assert len(leased) == 2000
-    assert tx.execute(clean).fetchone()["pages"] == 0  # the leases wrote none
+    assert tx.execute(CLEAN).fetchone()["pages"] == 0  # the leases wrote none
 
     def found() -> list[str]:
         rows = tx.execute("SELECT task FROM pyscheduler.find_tasks(spec => '{\"to\": \"user7@example.com\"}')")
@@ -76,7 +75,7 @@ def test_a_lease_writes_no_spec_entries_and_a_running_task_is_still_found_by_its
     assert found() == ["running"]
     tx.execute("SELECT count(*) FROM pyscheduler.complete_tasks(%s, %s)",
                ([r["rn"] for r in leased], [r["token"] for r in leased]))
-    assert tx.execute(clean).fetchone()["pages"] > 0  # completions are searchable again
+    assert tx.execute(CLEAN).fetchone()["pages"] > 0  # completions are searchable again
     assert found() == ["completed"]
 
 

@@ -163,8 +163,7 @@ class Worker:
                 thread, thread_stop = self._threads[name]
                 thread_stop.set()  # the recorder records what is queued, then returns
                 if name == "complete":
-                    with self.recorder.recordable:  # woken now, not at its next 0.1 s look
-                        self.recorder.recordable.notify_all()
+                    self.recorder.wake()
                 thread.join(wait)
             if self.listener is not None:
                 self.listener.stop()

@@ -127,6 +127,11 @@ class Recorder:
             if self.held.get(ctx.rn) is ctx:  # not a newer lease of the same task
                 del self.held[ctx.rn]
 
+    def wake(self) -> None:
+        """Have the recorder thread look now (its stop was set): it looks every 0.1 s otherwise."""
+        with self.recordable:
+            self.recordable.notify_all()
+
     # -- the recorder thread: one complete_tasks call for all that finished meanwhile, one
     # fail_tasks call for the failures; a task counts as done once that call committed
 
