@@ -108,9 +108,12 @@ COMMENT ON FUNCTION pyscheduler.version() IS
 -- otherwise the session's current role (SET ROLE, else the login role). A SECURITY
 -- DEFINER function changes current_user to its owner but neither of these, and a caller
 -- cannot forge them (SET ROLE needs membership; user code cannot write _user_code).
--- On a standby (reads with target_session_attrs=prefer-standby) no user code runs, and
--- an unlogged table cannot be read there: _user_code is not looked at (plpgsql, so the
--- query is not even planned).
+-- _user_code is looked at only once the transaction has written (has an xid): its row is
+-- written by _begin_user_code in the transaction that runs the code and never outlives it,
+-- so a transaction that wrote nothing yet (every API call's first _caller()) has none to
+-- find (~9 us of a single submit's ~290 us of server time, issue 31). On a standby (reads
+-- with target_session_attrs=prefer-standby) no user code runs, and an unlogged table cannot
+-- be read there: it is not looked at either (plpgsql, so the query is not even planned).
 CREATE OR REPLACE FUNCTION pyscheduler._caller()
 RETURNS name
 LANGUAGE plpgsql STABLE
@@ -118,7 +121,7 @@ AS $$
 DECLARE
     v_role name;
 BEGIN
-    IF NOT pg_catalog.pg_is_in_recovery() THEN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL AND NOT pg_catalog.pg_is_in_recovery() THEN
         SELECT u.role INTO v_role FROM pyscheduler._user_code u WHERE u.pid = pg_catalog.pg_backend_pid();
     END IF;
     RETURN coalesce(v_role, nullif(pg_catalog.current_setting('role'), 'none')::name, session_user);

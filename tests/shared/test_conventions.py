@@ -171,6 +171,30 @@ def test_the_caller_is_the_calling_role_even_inside_security_definer_functions(c
         assert c.execute("SELECT public.who()").fetchone()[0] == "pyscheduler_client"
 
 
+def test_the_caller_is_user_codes_role_from_its_begin_to_its_end_in_one_transaction(conn, login):
+    """_caller() looks at _user_code only once the transaction has written (issue 31): the row
+    _begin_user_code writes is the transaction's first write when nothing else wrote before it,
+    and a caller that wrote first (a client's own transaction) still sees it."""
+    alice, _ = login("pyscheduler_client")
+    me = conn.execute("SELECT session_user AS me").fetchone()["me"]
+
+    def who() -> tuple[str, bool]:
+        row = conn.execute("SELECT pyscheduler._caller() AS caller, "
+                           "pg_current_xact_id_if_assigned() IS NOT NULL AS wrote").fetchone()
+        return row["caller"], row["wrote"]
+
+    for wrote_first in (False, True):
+        with conn.transaction():
+            if wrote_first:
+                conn.execute("CREATE TEMP TABLE scratch (x int) ON COMMIT DROP")
+            assert who() == (me, wrote_first)
+            conn.execute("SELECT pyscheduler._begin_user_code(%s)", (alice,))
+            assert who() == (alice, True)
+            conn.execute("SELECT pyscheduler._end_user_code()")
+            assert who() == (me, True)
+        assert who() == (me, False)
+
+
 def test_work_may_be_acted_on_by_its_owner_a_member_or_an_admin_only(conn, login):
     conn.execute("CREATE FUNCTION public.may(o name) RETURNS boolean LANGUAGE sql SECURITY DEFINER "
                  "SET search_path = pg_catalog, pg_temp AS $$ SELECT pyscheduler._may_act(o) $$; "
