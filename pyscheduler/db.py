@@ -30,9 +30,9 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg import sql
+from psycopg import generators, pq, sql
 from psycopg.abc import AdaptContext
-from psycopg.adapt import Dumper
+from psycopg.adapt import Dumper, PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 from psycopg.rows import AsyncRowFactory, RowFactory, dict_row, tuple_row
@@ -324,6 +324,65 @@ def _execute_column(conn: psycopg.Connection[Any], function: str, column: str, a
     return (row[0] if row else None) or []
 
 
+@functools.lru_cache(maxsize=64)
+def _column_statement(function: str, names: tuple[str, ...], fmts: str, column: str) -> bytes:
+    """_column_query with libpq's $n placeholders (_execute_column_pooled prepares it itself)."""
+    query = _column_query(function, names, fmts, column).decode()
+    for i, (name, fmt) in enumerate(zip(names, fmts)):
+        query = query.replace(f"%({name}){fmt}", f"${i + 1}", 1)
+    return query.encode()
+
+
+_PY_FORMATS = {"b": PyFormat.BINARY, "s": PyFormat.TEXT}
+
+
+def _execute_column_pooled(conn: psycopg.Connection[Any], function: str, column: str,
+                           args: dict[str, Any]) -> list[Any]:
+    """``call_column`` on one of the pool's own connections (autocommit, idle between calls),
+    below psycopg's cursor: the same statement, arguments dumped and the array loaded by the
+    connection's own adapters (a Transformer kept on the connection), prepared once per
+    connection and argument types, one round trip. psycopg's cursor spent ~35 us a call more (a
+    single submit through TaskClient: 476-497 -> 443-461 us p50; issue 31, docs/benchmarks.md).
+    Errors are psycopg's (error_from_result), translated by the caller's connection()."""
+    fmts = _formats(args)
+    statement = _column_statement(function, tuple(args), fmts, column)
+    # (psycopg.adapt.Transformer, {(statement, parameter types): prepared statement's name})
+    state: tuple[Any, dict[tuple[bytes, Any], bytes]] | None = conn.__dict__.get("_pys_lean")
+    if state is None:
+        state = conn.__dict__["_pys_lean"] = (Transformer.from_context(conn), {})
+    tx, prepared = state
+    params = tx.dump_sequence(list(args.values()), [_PY_FORMATS[f] for f in fmts])
+    key = (statement, tx.types)
+    pgconn = conn.pgconn
+    with conn.lock:
+        for again in (True, False):
+            name = prepared.get(key)
+            if name is None:
+                name = f"_pys_{len(prepared)}".encode()
+                pgconn.send_prepare(name, statement, param_types=tx.types)
+                _result(conn, pq.ExecStatus.COMMAND_OK)
+                prepared[key] = name
+            pgconn.send_query_prepared(name, params, param_formats=tx.formats, result_format=Format.BINARY)
+            try:
+                res = _result(conn, pq.ExecStatus.TUPLES_OK)
+                break
+            except psycopg.errors.InvalidSqlStatementName:  # DEALLOCATE ALL or DISCARD ALL ran on it
+                if not again:
+                    raise
+                prepared.clear()
+    tx.set_pgresult(res)
+    row = tx.load_row(0, tuple) if res.ntuples else None
+    return (row[0] if row else None) or []
+
+
+def _result(conn: psycopg.Connection[Any], ok: pq.ExecStatus) -> pq.abc.PGresult:
+    """(Under conn.lock.) The last result of what was sent on conn; its error raised as psycopg's."""
+    res: pq.abc.PGresult = conn.wait(generators.execute(conn.pgconn))[-1]
+    if res.status != ok:
+        raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
+    return res
+
+
 def _execute_binary(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], function: str,
                     args: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = conn.execute(_function_call(function, args, binary=True), args,
@@ -588,7 +647,7 @@ class Database(_Calls):
 
     def call_column(self, function: str, column: str, /, **args: Any) -> list[Any]:
         with self.connection() as conn:
-            return _execute_column(conn, function, column, args)
+            return _execute_column_pooled(conn, function, column, args)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:

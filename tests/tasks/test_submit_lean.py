@@ -266,3 +266,27 @@ def test_the_async_client_submits_ids_in_the_applications_transaction(dsn):
     assert len(ids) == 2 and all(isinstance(rn, UUID) for rn in ids)
     with psycopg.connect(dsn) as conn:  # rolled back with the application's transaction
         assert conn.execute("SELECT count(*) FROM pyscheduler.tasks WHERE rn = ANY (%s)", (ids,)).fetchone()[0] == 0
+
+
+def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_killed(dsn, conn):
+    """Database.call_column prepares its statement on each pool connection itself (below
+    psycopg's cursor, issue 31): DEALLOCATE ALL or DISCARD ALL run on that connection make it
+    prepare again, and a connection killed between two calls is replaced at checkout, its
+    prepared statements with it."""
+    from pyscheduler.db import Database
+    from pyscheduler.tasks import TaskClient
+
+    with Database(dsn, min_size=1, max_size=1) as db:
+        client = TaskClient(db)
+        ids = [*client.submit_ids("prep", [{"i": 0}])]
+        for command in ("DEALLOCATE ALL", "DISCARD ALL", None):
+            with db.connection() as c:
+                if command:
+                    c.execute(command)
+                else:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (c.info.backend_pid,))
+            ids += client.submit_ids("prep", [{"i": len(ids)}, {"i": len(ids) + 1}])
+        with db.connection() as c:
+            assert c.execute("SELECT count(*) AS n FROM pg_prepared_statements "
+                             "WHERE name LIKE '\\_pys\\_%'").fetchone()["n"] == 1
+        assert [client.get(rn).spec["i"] for rn in ids] == list(range(len(ids)))
