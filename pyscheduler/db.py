@@ -352,27 +352,30 @@ def _execute_column_pooled(conn: psycopg.Connection[Any], function: str, column:
         state = conn.__dict__["_pys_lean"] = (Transformer.from_context(conn), {})
     tx, prepared = state
     params = tx.dump_sequence(list(args.values()), [_PY_FORMATS[f] for f in fmts])
-    key = (statement, tx.types)
-    pgconn = conn.pgconn
     with conn.lock:
-        for again in (True, False):
-            name = prepared.get(key)
-            if name is None:
-                name = f"_pys_{len(prepared)}".encode()
-                pgconn.send_prepare(name, statement, param_types=tx.types)
-                _result(conn, pq.ExecStatus.COMMAND_OK)
-                prepared[key] = name
-            pgconn.send_query_prepared(name, params, param_formats=tx.formats, result_format=Format.BINARY)
-            try:
-                res = _result(conn, pq.ExecStatus.TUPLES_OK)
-                break
-            except psycopg.errors.InvalidSqlStatementName:  # DEALLOCATE ALL or DISCARD ALL ran on it
-                if not again:
-                    raise
-                prepared.clear()
+        try:
+            res = _run_prepared(conn, prepared, statement, tx.types, params, tx.formats)
+        except psycopg.errors.InvalidSqlStatementName:  # DEALLOCATE ALL or DISCARD ALL ran on it
+            prepared.clear()
+            res = _run_prepared(conn, prepared, statement, tx.types, params, tx.formats)
     tx.set_pgresult(res)
     row = tx.load_row(0, tuple) if res.ntuples else None
     return (row[0] if row else None) or []
+
+
+def _run_prepared(conn: psycopg.Connection[Any], prepared: dict[tuple[bytes, Any], bytes], statement: bytes,
+                  types: Any, params: Any, formats: Any) -> pq.abc.PGresult:
+    """(Under conn.lock.) ``statement`` run with ``params``, prepared first if ``prepared`` (the
+    connection's names by statement and parameter types) has no name for it."""
+    key = (statement, types)
+    name = prepared.get(key)
+    if name is None:
+        name = f"_pys_{len(prepared)}".encode()
+        conn.pgconn.send_prepare(name, statement, param_types=types)
+        _result(conn, pq.ExecStatus.COMMAND_OK)
+        prepared[key] = name
+    conn.pgconn.send_query_prepared(name, params, param_formats=formats, result_format=Format.BINARY)
+    return _result(conn, pq.ExecStatus.TUPLES_OK)
 
 
 def _result(conn: psycopg.Connection[Any], ok: pq.ExecStatus) -> pq.abc.PGresult:
