@@ -17,6 +17,7 @@ from pyscheduler import errors
 from pyscheduler.db import Jsonb
 from pyscheduler.errors import InvalidArgument
 
+from tests.support import wait_for
 from tests.support.tasks import held, lease, submit
 
 # the columns a submit decides (rn, seq, created and updated differ between two runs)
@@ -285,6 +286,9 @@ def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_
                     c.execute(command)
                 else:
                     conn.execute("SELECT pg_terminate_backend(%s)", (c.info.backend_pid,))
+                    # gone (its goodbye sent) before the next checkout looks at the socket
+                    wait_for(lambda pid=c.info.backend_pid: conn.execute(
+                        "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()["n"] == 0)
             ids += client.submit_ids("prep", [{"i": len(ids)}, {"i": len(ids) + 1}])
         with db.connection() as c:
             assert c.execute("SELECT count(*) AS n FROM pg_prepared_statements "
