@@ -38,10 +38,9 @@ from psycopg.pq import Format
 from psycopg.rows import AsyncRowFactory, RowFactory, dict_row, tuple_row
 from psycopg.types.json import JsonBinaryLoader, JsonbBinaryLoader, JsonbLoader, JsonLoader, Jsonb
 from psycopg.types.string import TextLoader
-import psycopg_pool
 from psycopg_pool import ConnectionPool
 
-from .errors import DatabaseUnavailable, is_retryable, translate
+from .errors import is_retryable, translate
 
 log = logging.getLogger(__name__)
 
@@ -213,18 +212,20 @@ def settings() -> ConnectionSettings:
     return _settings
 
 
-@contextlib.contextmanager
-def translating() -> Iterator[None]:
-    """Re-raise psycopg errors as pyscheduler exceptions."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        new = translate(exc)
-        if new is exc:
-            raise
-        raise new from exc
-    except psycopg_pool.PoolTimeout as exc:
-        raise DatabaseUnavailable(f"no database connection available: {exc}") from exc
+class translating:
+    """``with translating():`` re-raises psycopg errors (a pool's timeout too) as pyscheduler
+    exceptions. A class, not a generator: every call of every client enters one."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, psycopg.Error):
+            new = translate(exc)  # a PoolTimeout (an OperationalError without SQLSTATE): DatabaseUnavailable
+            if new is not exc:
+                raise new from exc
 
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection:
@@ -623,15 +624,9 @@ class Database(_Calls):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-        """A pool connection: autocommit, dict rows, pyscheduler's settings."""
-        with translating(), self.pool.connection() as conn:
-            try:
-                yield conn
-            finally:
-                if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-                    self._back[id(conn)] = time.monotonic()
+    def connection(self) -> "_Checkout":
+        """A pool connection, as a context manager: autocommit, dict rows, pyscheduler's settings."""
+        return _Checkout(self)
 
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         """``SELECT * FROM pyscheduler.function(name => value, ...)``; rows as dicts."""
@@ -662,6 +657,37 @@ class Database(_Calls):
         """A read-only query on views (admin and tests); functions go through call()."""
         with self.connection() as conn:
             return conn.execute(query, params).fetchall()
+
+
+class _Checkout:
+    """``Database.connection()``: the pool's ``connection()`` (``getconn``; on leaving, the
+    connection's own exit, which commits or rolls back, then ``putconn``) and ``translating()``,
+    in one class. Left idle, the connection is stamped as back healthy (``Database._check``);
+    then its exit, which has nothing to commit on an idle autocommit connection, is skipped.
+    The three generator context managers this replaces cost ~25 us of a single submit's
+    ~450 (issue 31, docs/benchmarks.md)."""
+
+    __slots__ = ("db", "conn")
+
+    def __init__(self, db: Database):
+        self.db = db
+
+    def __enter__(self) -> psycopg.Connection[dict[str, Any]]:
+        with translating():
+            self.conn: psycopg.Connection[dict[str, Any]] = self.db.pool.getconn()
+        return self.conn
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        conn, db = self.conn, self.db
+        with translating():
+            try:
+                if conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+                    db._back[id(conn)] = time.monotonic()
+                else:
+                    conn.__exit__(typ, exc, tb)
+            finally:
+                db.pool.putconn(conn)
+        translating().__exit__(typ, exc, tb)
 
 
 class HeldConnection:

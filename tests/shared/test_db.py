@@ -87,6 +87,28 @@ def test_a_call_gives_its_connection_back_to_the_pool_itself(dsn, monkeypatch):
     assert "ReturnConnection" not in tasks
 
 
+def test_a_checkout_translates_errors_and_ends_an_open_transaction_as_psycopg_does(dsn):
+    """Database.connection() is psycopg_pool's connection() and translating() in one class (issue
+    31): an error in the block comes out translated; a transaction left open is committed, or
+    rolled back when the block raised; an empty pool past its timeout is DatabaseUnavailable."""
+    with Database(dsn, min_size=1, max_size=1, timeout=0.3) as database:
+        with pytest.raises(errors.SchemaError), database.connection() as conn:
+            conn.execute("SELECT pyscheduler._setting('no_such_setting')")
+        with database.connection() as conn:
+            conn.execute("BEGIN")
+            conn.execute("SELECT set_config('pyscheduler_test.k', 'kept', false)")
+        with pytest.raises(ZeroDivisionError), database.connection() as conn:
+            conn.execute("BEGIN")
+            conn.execute("SELECT set_config('pyscheduler_test.k', 'dropped', false)")
+            raise ZeroDivisionError
+        with database.connection() as conn:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert conn.execute("SELECT current_setting('pyscheduler_test.k') AS k").fetchone()["k"] == "kept"
+            with pytest.raises(errors.DatabaseUnavailable):
+                database.call_value("version")  # the only connection is this one
+        assert database.call_value("version")
+
+
 def throttled(conn, channel: str) -> bool:
     """_notify_throttled(channel) with a gap no test outlives."""
     return conn.execute("SELECT pyscheduler._notify_throttled(%s, '', '1 hour') AS sent", (channel,)).fetchone()["sent"]
