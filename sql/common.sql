@@ -2,10 +2,12 @@
 -- Private helpers start with '_' and are not part of the API.
 
 -- _setting(name): a value of pyscheduler.settings; PS002 when it is missing.
+-- It and _notify_throttled (on every submit, lease and completion) pin no search_path: their
+-- tables are named with their schema, and they run inside the API function that called them,
+-- whose path is pinned (design.md); the pin's save and restore was ~5 us a call (issue 31).
 CREATE OR REPLACE FUNCTION pyscheduler._setting(p_name text)
 RETURNS text
 LANGUAGE plpgsql STABLE
-SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
     v text;
@@ -46,7 +48,6 @@ CREATE OR REPLACE FUNCTION pyscheduler._notify_throttled(
     p_channel text, p_payload text DEFAULT '', p_min_gap interval DEFAULT '10 milliseconds')
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pyscheduler, pg_temp
 AS $$
 DECLARE
     v_mine text := current_setting('pyscheduler.notified', true);
@@ -55,7 +56,7 @@ DECLARE
     v_last timestamptz;
 BEGIN
     IF substr(v_mine, 18) = p_channel
-       AND left(v_mine, 16) > lpad((extract(epoch FROM clock_timestamp() - p_min_gap) * 1e6)::bigint::text, 16, '0') THEN
+       AND left(v_mine, 16) > lpad((date_part('epoch', clock_timestamp() - p_min_gap) * 1000000)::bigint::text, 16, '0') THEN
         RETURN false;
     END IF;
     v_slot := hashtext(p_channel) & 1023;
@@ -76,7 +77,7 @@ BEGIN
     END IF;
     PERFORM pg_notify(p_channel, p_payload);
     PERFORM set_config('pyscheduler.notified',
-                       lpad((extract(epoch FROM clock_timestamp()) * 1e6)::bigint::text, 16, '0') || ' ' || p_channel,
+                       lpad((date_part('epoch', clock_timestamp()) * 1000000)::bigint::text, 16, '0') || ' ' || p_channel,
                        false);
     RETURN true;
 END

@@ -4,6 +4,19 @@
 
 -- ---------------------------------------------------------------- client
 
+-- _submit_args_ok(queue, priority, run_at, max_attempts): whether _check_submit has nothing to
+-- say, in one test. SQL, inlined into the caller's expression: a single submit tests it and
+-- calls _check_submit only when it fails (a PL/pgSQL call less, ~5 us of ~260, issue 31).
+CREATE OR REPLACE FUNCTION pyscheduler._submit_args_ok(
+    p_queue text, p_priority bigint, p_run_at timestamptz, p_max_attempts integer)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT coalesce(octet_length(p_queue) BETWEEN 1 AND 40 AND p_priority BETWEEN 0 AND 4294967295
+                    AND (p_run_at IS NULL OR pyscheduler._instant_ok(p_run_at))
+                    AND (p_max_attempts IS NULL OR p_max_attempts BETWEEN 1 AND 1000), false)
+$$;
+
 -- _check_submit(queue, priority, run_at, max_attempts, p_now): PS204, PS208 and
 -- PS212 for the arguments submit_task and submit_tasks share.
 CREATE OR REPLACE FUNCTION pyscheduler._check_submit(
@@ -12,9 +25,7 @@ RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-    IF octet_length(p_queue) BETWEEN 1 AND 40 AND p_priority BETWEEN 0 AND 4294967295
-       AND (p_run_at IS NULL OR pyscheduler._instant_ok(p_run_at))
-       AND (p_max_attempts IS NULL OR p_max_attempts BETWEEN 1 AND 1000) THEN
+    IF pyscheduler._submit_args_ok(p_queue, p_priority, p_run_at, p_max_attempts) THEN
         RETURN;  -- the usual arguments, in one test; the checks below name what is wrong
     END IF;
     PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true,
@@ -362,7 +373,9 @@ DECLARE
     v_seq bigint;
     v_rn uuid;
 BEGIN
-    PERFORM pyscheduler._check_submit(p_queue, p_priority, p_run_at, p_max_attempts);
+    IF NOT pyscheduler._submit_args_ok(p_queue, p_priority, p_run_at, p_max_attempts) THEN
+        PERFORM pyscheduler._check_submit(p_queue, p_priority, p_run_at, p_max_attempts);
+    END IF;
     IF jsonb_typeof(p_spec) <> 'object' OR pg_column_size(p_spec) > v_max THEN
         PERFORM pyscheduler._check_spec(p_spec, 'specs[0]', v_max);
     END IF;
