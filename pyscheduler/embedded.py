@@ -69,6 +69,7 @@ class Server:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self._chosen = not port  # the port is ours to change: another server may take it before we bind
         self.proc: subprocess.Popen | None = None
         self.logfile = self.workdir / f"{self.name}.log"
 
@@ -86,9 +87,28 @@ class Server:
         raise NotImplementedError
 
     def start(self) -> "Server":
+        """Start the server and wait until it answers. A port chosen here (none was given) that
+        another process takes before the server binds it (a test's other server, an outgoing
+        connection's ephemeral port) is replaced by a new free one, up to 5 times; a port given
+        that is in use is an error."""
         started = time.monotonic()
-        if port_in_use(self.port):  # else another server would answer for ours
-            raise EmbeddedError(f"{self.name}: port {self.port} on 127.0.0.1 is already in use")
+        for _ in range(5):
+            if port_in_use(self.port):  # else another server would answer for ours
+                if not self._chosen:
+                    raise EmbeddedError(f"{self.name}: port {self.port} on 127.0.0.1 is already in use")
+            elif self._launch(started):
+                break
+            self.port = free_port()  # taken since it was chosen, or bound by another first
+        else:
+            raise EmbeddedError(f"{self.name}: the free ports chosen were taken before it bound them, "
+                                f"5 times (the last {self.port})")
+        log.info("%s ready on 127.0.0.1:%s (pid %s) in %.2fs", self.name, self.port, self.pid,
+                 time.monotonic() - started)
+        return self
+
+    def _launch(self, started: float) -> bool:
+        """Run the server's process and wait until it answers: True; False when it exited and
+        someone else now holds its port (a port we chose: the caller picks another)."""
         with open(self.logfile, "ab") as out:
             self.proc = subprocess.Popen(
                 self.command(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -96,6 +116,8 @@ class Server:
             )
         while not self.answers():
             if self.proc.poll() is not None:
+                if self._chosen and port_in_use(self.port):
+                    return False
                 raise EmbeddedError(f"{self.name} exited with code {self.proc.returncode}; "
                                     f"log {self.logfile}:\n{self._log_tail()}")
             if time.monotonic() - started > START_TIMEOUT:
@@ -103,9 +125,7 @@ class Server:
                 raise EmbeddedError(f"{self.name} did not answer within {START_TIMEOUT:.0f}s; "
                                     f"log {self.logfile}:\n{self._log_tail()}")
             time.sleep(0.05)
-        log.info("%s ready on 127.0.0.1:%s (pid %s) in %.2fs", self.name, self.port, self.pid,
-                 time.monotonic() - started)
-        return self
+        return True
 
     def stop(self, timeout: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -42,6 +43,24 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path):
             embedded.Redis(tmp_path / "b", port=taken.port).start()
     finally:
         taken.stop()
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(tmp_path):
+    """Between choosing a free port and binding it, another process may take it (a test's other
+    server, an outgoing connection's ephemeral port): it raised "already in use" in a test run
+    with two workers. A port chosen by the server is replaced; a port given is not (above)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        server = embedded.Redis(tmp_path / "r")
+        server.port = taken  # as if another process took it after it was chosen
+        server.start()
+        try:
+            assert server.port != taken
+            assert redis.Redis.from_url(server.url).ping()
+        finally:
+            server.stop()
 
 
 @pytest.mark.slow
