@@ -664,8 +664,8 @@ class _Checkout:
     connection's own exit, which commits or rolls back, then ``putconn``) and ``translating()``,
     in one class. Left idle, the connection is stamped as back healthy (``Database._check``);
     then its exit, which has nothing to commit on an idle autocommit connection, is skipped.
-    The three generator context managers this replaces cost ~25 us of a single submit's
-    ~450 (issue 31, docs/benchmarks.md)."""
+    The three generator context managers this replaces cost ~18 us of a single submit's
+    ~440 (issue 31, docs/benchmarks.md)."""
 
     __slots__ = ("db", "conn")
 
