@@ -136,11 +136,15 @@ def test_quick_delay_part_reports_both_relays_lost_nothing(pg, kafka, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_quick_enqueue_and_end_to_end_part_reports_every_system(pg, kafka, tmp_path):
-    """Enqueue, capacity and end to end (issue 31): every system, a rate in each, our variants."""
+    """Enqueue, capacity and end to end (issue 31): every system, a rate in each, our variants, and
+    the section's chart."""
     text = _quick(pg, kafka, tmp_path, "--no-tasks", "--no-delay", "--single-jobs", "50",
                      "--enqueue-jobs", "1000", "--e2e-backlog", "1000")
     assert report.BEGIN not in text  # the job-queue and delay parts, not run, write no section
-    enqueue, capacity, e2e = _tables(text[text.index(flow.BEGIN):text.index(flow.END)])
+    section = text[text.index(flow.BEGIN):text.index(flow.END)]
+    assert f"![enqueue and end to end](img/{flow.CHART})" in section  # the issue's chart, drawn
+    assert (tmp_path / "img" / flow.CHART).read_bytes().startswith(b"\x89PNG")
+    enqueue, capacity, e2e = _tables(section)
     systems = ["pyscheduler", "pgqueuer", "graphile-worker"]
     assert [r[0].rsplit(" ", 1)[0] for r in enqueue[1:4]] == systems
     assert [r[0] for r in enqueue[4:]] == ["pyscheduler, `run_at=timedelta(hours=1)`",

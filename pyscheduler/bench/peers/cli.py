@@ -10,6 +10,7 @@ marker comments) and PNG charts into docs/img/.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -192,10 +193,12 @@ def bench(ctx, dsn, kafka_bootstrap, quick, jobs, concurrency, rounds, samples, 
             flow = flow_part.run_rounds(dsn, flow_systems, o["rounds"], echo, bulk_jobs=o["enqueue_jobs"],
                                         single_jobs=o["single_jobs"], rates=flow_rates, seconds=o["e2e_seconds"],
                                         concurrency=concurrency, backlog=o["e2e_backlog"], enqueue=with_enqueue)
+            flow_chart = flow_part.chart(img_dir / flow_part.CHART, flow, bulk_jobs=o["enqueue_jobs"])
             flow_section = flow_part.markdown(flow, command=_command(ctx), context=context,
                                               bulk_jobs=o["enqueue_jobs"], single_jobs=o["single_jobs"],
                                               seconds=o["e2e_seconds"], concurrency=concurrency, rounds=o["rounds"],
-                                              elapsed=time.monotonic() - flow_started, backlog=o["e2e_backlog"])
+                                              elapsed=time.monotonic() - flow_started, backlog=o["e2e_backlog"],
+                                              chart=Path(os.path.relpath(flow_chart, markdown.parent)).as_posix())
             flow_part.write_markdown(markdown, flow_section)
             echo(flow_section)
         runs = tasks_part.run_rounds(dsn, systems, params, o["rounds"], echo, scenarios) if systems else {}

@@ -30,6 +30,7 @@ from . import flow_runner
 from .tasks import PEERS_DIR, scratch_database
 
 BEGIN, END = "<!-- flow:begin -->", "<!-- flow:end -->"
+CHART = "peers-flow.png"
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,11 @@ def _both_once(ours: list[dict], theirs: list[dict]) -> list[bool]:
 
 
 def markdown(results: dict, *, command: str, context: str, bulk_jobs: int, single_jobs: int, seconds: float,
-             concurrency: int, rounds: int, elapsed: float, backlog: int = 0) -> str:
+             concurrency: int, rounds: int, elapsed: float, backlog: int = 0, chart: str | None = None) -> str:
+    """The section; ``chart``: the chart's path from the document (``chart()`` draws it)."""
     lines = [BEGIN, "", f"Command: `{command}` ({elapsed / 60:.0f} min). {context}", ""]
+    if chart:
+        lines += [f"![enqueue and end to end]({chart})", ""]
     if results["enqueue"]:
         lines += _enqueue_lines(results["enqueue"], bulk_jobs=bulk_jobs, rounds=rounds, single_jobs=single_jobs)
     if results["capacity"]:
@@ -251,6 +255,55 @@ def _e2e_lines(results: dict, *, seconds: float, concurrency: int) -> list[str]:
                          + " |")
     by = next(iter(results["e2e"].values()))
     return lines + ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", ""]
+
+
+def chart(path: Path, results: dict, *, bulk_jobs: int) -> Path:
+    """The section's figures as one PNG, a panel each: bulk and single submits, capacity, and the
+    start p99 at each offered rate, per system (medians over the rounds, min-max as error bars;
+    times on a log scale: an overloaded system's seconds beside milliseconds)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    enq, cap, e2e = results["enqueue"], results["capacity"], results["e2e"]
+    panels = [(f"bulk submit, jobs/s ({bulk_jobs:,} in calls of 1,000; higher is better)", False,
+               {k: [bulk_jobs / r["bulk_s"] for r in v] for k, v in enq.items()}),
+              ("single submit, call p50 ms (lower is better)", False,
+               {k: [percentile(r["single_ms"], 50) for r in v] for k, v in enq.items()}),
+              ("capacity, jobs started/s (higher is better)", False,
+               {k: [r["window_rate"] for r in v] for k, v in cap.items()})]
+    panels += [(f"enqueue-to-start p99 ms at {rate:,} jobs/s offered (lower is better; log scale)", True,
+                {k: [percentile(r["latency_ms"], 99) for r in v] for k, v in by.items()}) for rate, by in e2e.items()]
+    panels = [p for p in panels if p[2]]
+    rows = math.ceil(len(panels) / 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 2.4 * rows), squeeze=False)
+    for ax, (title, log, values) in zip(axes.flat, panels):
+        names = list(values)[::-1]
+        med = [median(values[k]) for k in names]
+        err = [[m - min(values[k]) for m, k in zip(med, names)], [max(values[k]) - m for m, k in zip(med, names)]]
+        ax.barh(names, med, xerr=err, capsize=4, color=["#1f77b4" if k == "pyscheduler" else "#999999" for k in names])
+        for y, (m, k) in enumerate(zip(med, names)):
+            ax.text(max(values[k]), y, f"  {m:,.2f}" if m < 10 else f"  {m:,.0f}", va="center", fontsize=9)
+        top = max(max(v) for v in values.values())
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(min(min(v) for v in values.values()) / 2, top * 8)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        else:
+            ax.set_xlim(0, top * 1.3)
+        ax.set_title(title, fontsize=9)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def write_markdown(doc: Path, section: str) -> None:
