@@ -287,7 +287,8 @@ def chart(path: Path, results: dict, *, bulk_jobs: int) -> Path:
         err = [[m - min(values[k]) for m, k in zip(med, names)], [max(values[k]) - m for m, k in zip(med, names)]]
         ax.barh(names, med, xerr=err, capsize=4, color=["#1f77b4" if k == "pyscheduler" else "#999999" for k in names])
         for y, (m, k) in enumerate(zip(med, names)):
-            ax.text(max(values[k]), y, f"  {m:,.2f}" if m < 10 else f"  {m:,.0f}", va="center", fontsize=9)
+            label = f"{m:,.2f}" if m < 10 else f"{m:,.1f}" if m < 1000 else f"{m:,.0f}"
+            ax.text(max(values[k]), y, f"  {label}", va="center", fontsize=9)
         top = max(max(v) for v in values.values())
         if log:
             ax.set_xscale("log")
