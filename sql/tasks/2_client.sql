@@ -28,8 +28,11 @@ BEGIN
     IF pyscheduler._submit_args_ok(p_queue, p_priority, p_run_at, p_max_attempts) THEN
         RETURN;  -- the usual arguments, in one test; the checks below name what is wrong
     END IF;
-    PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true,
-                                         p_priority => coalesce(p_priority, -1));
+    IF p_priority IS NULL THEN  -- _check_task_args takes a NULL priority as not given
+        RAISE EXCEPTION 'priority must be an integer in 0..4294967295, got NULL'
+            USING ERRCODE = 'PS204', HINT = 'Higher numbers are leased first; the default is 50.';
+    END IF;
+    PERFORM pyscheduler._check_task_args(p_queue => p_queue, p_queue_given => true, p_priority => p_priority);
     IF p_run_at IS NOT NULL AND NOT pyscheduler._instant_ok(p_run_at) THEN
         PERFORM pyscheduler._require_instant('run_at', p_run_at, 'PS212');
     END IF;

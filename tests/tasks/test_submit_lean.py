@@ -144,7 +144,8 @@ def test_a_single_submit_refuses_what_submit_tasks_refuses_with_the_same_error(t
            dict(specs=specs(1), max_attempts=1001), dict(specs=specs(1), run_in=timedelta(days=400)),
            dict(specs=specs(1), run_at=datetime(9999, 6, 1, tzinfo=timezone.utc)),
            dict(specs=specs(1), run_at=datetime(2030, 1, 1, tzinfo=timezone.utc), run_in=timedelta(hours=1)),
-           dict(specs=specs(1), concurrency_keys=[" padded"]), dict(specs=specs(1), on_parent_failure="never")]
+           dict(specs=specs(1), concurrency_keys=[" padded"]), dict(specs=specs(1), on_parent_failure="never"),
+           dict(specs=specs(1), priority=None)]
 
     def refusal(function: str, args: dict) -> tuple[str, str] | None:
         try:
@@ -157,6 +158,7 @@ def test_a_single_submit_refuses_what_submit_tasks_refuses_with_the_same_error(t
     refusals = [refusal("submit_tasks_lean", args) for args in bad]
     assert refusals == [refusal("submit_tasks", args) for args in bad]
     assert None not in refusals and "specs[0]" in refusals[0][1] and "specs[0]" in refusals[1][1]
+    assert refusals[-1] == ("PS204", "priority must be an integer in 0..4294967295, got NULL")  # it said -1
 
 
 def test_submit_tasks_lean_refuses_what_submit_tasks_refuses(tx):
