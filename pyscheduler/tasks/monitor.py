@@ -2,11 +2,14 @@
 
 Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it calls
 ``reset_expired_tasks`` until nothing is left, which makes running tasks past their
-deadline ready again (or aborts those whose timed-out lease was their last attempt),
-and merges the spec search index's pending list (``merge_task_search_index``, so that
-no write pays for it); every ``cleanup_interval`` it deletes terminal tasks older
-than ``retention`` with ``cleanup_tasks``. Replicas are safe: the reset and the
-cleanup skip rows another monitor is working on; a merge waits for another's.
+deadline ready again (or aborts those whose timed-out lease was their last attempt).
+Every ``merge_interval`` (0.25 s) it merges the spec search index's pending list
+(``merge_task_search_index``, so that no write pays for it): a merge is a burst of work
+on a core of the database server, and behind one merge a second the tasks of a busy
+queue started up to 30 ms late (issue 31; an empty list is one page read). Every
+``cleanup_interval`` it deletes terminal tasks older than ``retention`` with
+``cleanup_tasks``. Replicas are safe: the reset and the cleanup skip rows another
+monitor is working on; a merge waits for another's.
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ class Monitor:
     series = MONITOR_SERIES  # the class's; an instance adds its Reads (queue gauges)
 
     def __init__(self, dsn: str, *, reset_interval: float = 1.0, retention: timedelta = timedelta(days=7),
-                 cleanup_interval: float = 60.0, batch: int = 1000):
+                 cleanup_interval: float = 60.0, batch: int = 1000, merge_interval: float = 0.25):
         self.dsn = dsn
         self.series = (*MONITOR_SERIES, Reads(dsn, "tasks", queue_gauges))
         self.reset_interval = reset_interval
+        self.merge_interval = min(merge_interval, reset_interval)
         self.retention = retention
         self.cleanup_interval = cleanup_interval
         self.batch = batch
@@ -67,30 +71,34 @@ class Monitor:
     def fresh(self) -> "Monitor":
         """A new monitor with these settings (run_daemons' restart after a crash)."""
         return Monitor(self.dsn, reset_interval=self.reset_interval, retention=self.retention,
-                       cleanup_interval=self.cleanup_interval, batch=self.batch)
+                       cleanup_interval=self.cleanup_interval, batch=self.batch, merge_interval=self.merge_interval)
 
     def run(self, stop: threading.Event) -> None:
         wakeup = Wakeup()
         poke_on(stop, wakeup.poke)
         listener = Listener(self.dsn, [sql.MONITOR_CHANNEL], wakeup.poke, on_reconnect=wakeup.poke, logger=log).start()
         outage = Outage("tasks monitor", log)
-        next_cleanup = next_merge = 0.0
+        next_reset = next_cleanup = next_merge = 0.0
+        poked = False
         db = Database.for_daemon(self.dsn, name="pyscheduler-tasks-monitor", max_size=1)
         try:
             while not stop.is_set():
                 try:
-                    self.reset_once(db)
-                    if time.monotonic() >= next_merge:  # not on every wakeup: workers that yield poke it
+                    if poked or time.monotonic() >= next_reset:  # workers that yield poke it
+                        self.reset_once(db)
+                        next_reset = time.monotonic() + self.reset_interval
+                    if time.monotonic() >= next_merge:
                         self.merge_once(db)
-                        next_merge = time.monotonic() + self.reset_interval
+                        next_merge = time.monotonic() + self.merge_interval
                     if time.monotonic() >= next_cleanup:
                         self.cleanup_once(db)
                         next_cleanup = time.monotonic() + self.cleanup_interval
                     outage.ok()
                 except RETRYABLE as exc:  # an outage (also read-only mode, timeouts): wait, retry
                     stop.wait(outage.failed(exc))
+                    poked = True  # whatever was due is still due
                     continue
-                wakeup.wait(self.reset_interval)
+                poked = wakeup.wait(max(0.0, min(next_reset, next_merge) - time.monotonic()), jitter=0.1)
         finally:
             db.close()
             listener.stop()
