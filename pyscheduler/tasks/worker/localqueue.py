@@ -25,11 +25,11 @@ log = logging.getLogger(__package__)
 
 MAX_PREFETCH = 10_000  # leased tasks a worker may hold in its local queue, at most
 SEEN_EVERY = 10.0  # seconds between a worker's worker_seen reports (the workers view)
-# s after a wake-up that the lease loop looks again: past the NOTIFY throttle (10 ms) and the
+# s after a wake-up that the lease loop looks again: past the NOTIFY throttle (5 ms) and the
 # commit of a submit it throttled (a WAL flush, longer on a loaded server), doubling: a commit c s
 # late is leased by 2c s at most, up to 0.32 s (then the poll). With (0.02, 0.1), a commit later
 # than 100 ms waited for the poll: a p99 of 0.6-0.8 s at 10,000 tasks/s (docs/benchmarks.md, issue 31).
-RECHECKS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
+RECHECKS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
 
 
 class Taken(enum.Enum):
@@ -53,7 +53,7 @@ class LocalQueue:
                 worker never hoards them while another idles).
     RECHECKING  a call after a wake-up returned some tasks but fewer than asked: the NOTIFY
                 that woke it may stand for submits committed later (it is throttled per queue,
-                10 ms), so leases start after each of RECHECKS (10 ms doubling to 320 ms)
+                5 ms), so leases start after each of RECHECKS (5 ms doubling to 320 ms)
                 before it sleeps long.
     SLEEPING    nothing more is ready: until a NOTIFY of the queue, a handler's poke (the
                 queue fell to its low watermark), the queue's next delayed task or retry is
