@@ -1,15 +1,12 @@
 """The monitor of leased tasks: failure detector and cleanup (seeds/scylla.md).
 
 Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it calls
-``reset_expired_tasks`` until nothing is left, which makes running tasks past their
-deadline ready again (or aborts those whose timed-out lease was their last attempt).
-Every ``merge_interval`` (0.25 s) it merges the spec search index's pending list
-(``merge_task_search_index``, so that no write pays for it): a merge is a burst of work
-on a core of the database server, and behind one merge a second the tasks of a busy
-queue started up to 30 ms late (issue 31; an empty list is one page read). Every
-``cleanup_interval`` it deletes terminal tasks older than ``retention`` with
-``cleanup_tasks``. Replicas are safe: the reset and the cleanup skip rows another
-monitor is working on; a merge waits for another's.
+``reset_expired_tasks`` until nothing is left (running tasks past their deadline become
+ready, or aborted after their last attempt); every ``merge_interval`` it merges the spec
+search index's pending list (``merge_task_search_index``: no write pays for it, and no
+merge is a long burst; docs/sql-api.md); every ``cleanup_interval`` it deletes terminal
+tasks older than ``retention`` (``cleanup_tasks``). Replicas are safe: the reset and
+the cleanup skip rows another monitor is working on; a merge waits for another's.
 """
 
 from __future__ import annotations
