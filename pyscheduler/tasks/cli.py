@@ -41,6 +41,9 @@ def _monitor_options(f):
                envvar=env("tasks_cleanup_interval"), help="How often terminal tasks past retention are deleted.")(f)
     f = option("--retention", type=DURATION, default="7d", show_default=True, envvar=env("tasks_retention"),
                help="How long completed, aborted and cancelled tasks are kept.")(f)
+    f = option("--merge-interval", type=POSITIVE_DURATION, default="250ms", show_default=True,
+               envvar=env("tasks_merge_interval"),
+               help="How often the spec search index's pending list is merged (at most --reset-interval).")(f)
     f = option("--reset-interval", type=POSITIVE_DURATION, default="1s", show_default=True,
                envvar=env("tasks_reset_interval"),
                help="How often expired leases are looked for (a yield wakes the monitor at once).")(f)
@@ -48,9 +51,10 @@ def _monitor_options(f):
 
 
 def _monitor(dsn: str, reset_interval: timedelta, retention: timedelta, cleanup_interval: timedelta,
-             batch: int) -> Monitor:
+             batch: int, merge_interval: timedelta) -> Monitor:
     return Monitor(dsn, reset_interval=reset_interval.total_seconds(), retention=retention,
-                   cleanup_interval=cleanup_interval.total_seconds(), batch=batch)
+                   cleanup_interval=cleanup_interval.total_seconds(), batch=batch,
+                   merge_interval=merge_interval.total_seconds())
 
 
 class _Tasks(HintedGroup):
@@ -95,15 +99,16 @@ def group() -> None:
 @dsn_option
 @_monitor_options
 @http_options()
-def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch, http_port, http_host) -> None:
-    """Run the monitor: reset expired leases, delete old finished tasks."""
+def monitor_cmd(dsn, reset_interval, retention, cleanup_interval, batch, merge_interval, http_port,
+                http_host) -> None:
+    """Run the monitor: reset expired leases, merge the spec search index, delete old finished tasks."""
     from ..web.endpoint import run_serving
 
     wait_for_database(dsn, http_host, http_port)
     stop = threading.Event()
     install_signal_handlers(stop)
-    sys.exit(run_serving([_monitor(dsn, reset_interval, retention, cleanup_interval, batch)], stop, http_host,
-                         http_port, dsn=dsn))
+    sys.exit(run_serving([_monitor(dsn, reset_interval, retention, cleanup_interval, batch, merge_interval)], stop,
+                         http_host, http_port, dsn=dsn))
 
 
 @group.command("submit")
@@ -435,7 +440,7 @@ def daemons(ctx: RunContext) -> list:
     """The monitor, configured from the same environment variables as ``tasks monitor``."""
     values = {}
     for p in monitor_cmd.params:
-        if p.name in ("reset_interval", "retention", "cleanup_interval", "batch"):
+        if p.name in ("reset_interval", "retention", "cleanup_interval", "batch", "merge_interval"):
             raw = os.environ.get(p.envvar) or p.default
             values[p.name] = p.type.convert(raw, p, None) if not isinstance(raw, int) else raw
     return [_monitor(ctx.dsn, **values)]

@@ -288,8 +288,10 @@ def test_cli_submit_get_list_cancel(dsn):
 def test_monitor_flags_and_environment(dsn, monkeypatch):
     monkeypatch.setenv("PYSCHEDULER_TASKS_RETENTION", "2h")
     monkeypatch.setenv("PYSCHEDULER_TASKS_RESET_INTERVAL", "500ms")
+    monkeypatch.setenv("PYSCHEDULER_TASKS_MERGE_INTERVAL", "100ms")
     [mon] = daemons(RunContext(dsn=dsn))
     assert (mon.retention, mon.reset_interval, mon.cleanup_interval) == (timedelta(hours=2), 0.5, 60.0)
+    assert mon.merge_interval == 0.1
     out = CliRunner().invoke(main, ["tasks", "monitor", "--dsn", dsn, "--retention", "soon"])
     assert out.exit_code == 2 and "--retention" in out.output
 
