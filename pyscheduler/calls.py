@@ -22,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 from uuid import UUID
 
+import orjson
 import psycopg
 
 from .db import MAX_JSON_DEPTH, AsyncSession, Database, Jsonb, Session
@@ -437,17 +438,31 @@ def _json_fine(value: Any, depth: int = 0) -> bool:
     return json_problem(value, "", depth) is None
 
 
+def _dumps(fine: Any) -> bytes | str | None:
+    """``json.dumps(fine, allow_nan=False)`` of a value ``_json_fine`` accepted, or None when it
+    refuses: orjson's text (~15x faster: ~1 us a spec of a bulk submit, issue 31) when it is
+    ASCII, which every client encoding reads alike; else json.dumps, which writes escapes."""
+    try:
+        text = orjson.dumps(fine)
+    except TypeError:  # orjson.JSONEncodeError: an integer past 64 bits, a float subclass, ...
+        pass
+    else:
+        if text.isascii():
+            return text
+    try:
+        return json.dumps(fine, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
 def json_objects(name: str, raw: Iterable[Any]) -> Jsonb:
     """JSON objects (Mappings) as one jsonb array, each checked as json_object checks it (a
     refusal names ``name[i]``): one pass that builds no paths, and one serialisation (sent as
     is), when all of them are fine."""
     objects = [o if type(o) is dict else dict(o) if isinstance(o, Mapping) else o for o in raw]
     if all(type(o) is dict and _json_fine(o) for o in objects):
-        try:
-            text = json.dumps(objects, allow_nan=False)
-        except (TypeError, ValueError, RecursionError):
-            pass
-        else:
+        text = _dumps(objects)
+        if text is not None:
             return Jsonb(objects, dumps=lambda _: text)
     for i, o in enumerate(objects):
         json_object(f"{name}[{i}]", o)
