@@ -44,7 +44,7 @@ def measure(mode: str, result: dict) -> tuple[float, str]:
         return result["window_rate"], f"start p99 {percentile(result['latency_ms'], 99):.1f} ms"
     if mode == "e2e":
         return percentile(result["latency_ms"], 99), f"{result['window_rate']:,.0f} jobs/s"
-    bulk, single = 50000 / result["bulk_s"], percentile(result["single_ms"], 50) * 1000
+    bulk, single = int(MODES["enqueue"][0][0]) / result["bulk_s"], percentile(result["single_ms"], 50) * 1000
     if mode == "single":
         return single, f"bulk {bulk:,.0f} jobs/s"
     return bulk, f"single p50 {single:.0f} us"

@@ -12,6 +12,7 @@ the cleanup skip rows another monitor is working on; a merge waits for another's
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from datetime import timedelta
@@ -19,7 +20,7 @@ from datetime import timedelta
 from prometheus_client.core import GaugeMetricFamily
 
 from ..db import Database, Listener, Outage, Wakeup, poke_on
-from ..errors import RETRYABLE
+from ..errors import RETRYABLE, InvalidArgument
 from ..metrics import Reads, counter
 from . import sqlapi as sql
 
@@ -54,10 +55,18 @@ class Monitor:
 
     def __init__(self, dsn: str, *, reset_interval: float = 1.0, retention: timedelta = timedelta(days=7),
                  cleanup_interval: float = 60.0, batch: int = 1000, merge_interval: float = 0.25):
+        for name, seconds in (("reset_interval", reset_interval), ("merge_interval", merge_interval),
+                              ("cleanup_interval", cleanup_interval)):
+            if not (isinstance(seconds, (int, float)) and 0 < seconds < math.inf):  # 0 or NaN: a busy loop
+                raise InvalidArgument(f"{name} must be a finite number of seconds more than 0, got {seconds!r}")
+        if not (isinstance(retention, timedelta) and retention >= timedelta(0)):
+            raise InvalidArgument(f"retention must be a timedelta of 0 or more, got {retention!r}")
+        if not (isinstance(batch, int) and batch >= 1):
+            raise InvalidArgument(f"batch must be an integer of at least 1, got {batch!r}")
         self.dsn = dsn
         self.series = (*MONITOR_SERIES, Reads(dsn, "tasks", queue_gauges))
         self.reset_interval = reset_interval
-        self.merge_interval = min(merge_interval, reset_interval)
+        self.merge_interval = merge_interval
         self.retention = retention
         self.cleanup_interval = cleanup_interval
         self.batch = batch

@@ -296,6 +296,17 @@ def test_monitor_flags_and_environment(dsn, monkeypatch):
     assert out.exit_code == 2 and "--retention" in out.output
 
 
+@pytest.mark.parametrize("field, value", [
+    ("merge_interval", 0), ("merge_interval", float("nan")), ("reset_interval", -1.0),
+    ("reset_interval", float("inf")), ("cleanup_interval", "60"), ("retention", timedelta(seconds=-1)),
+    ("batch", 0)])
+def test_a_monitor_refuses_settings_it_could_not_run_on_naming_them(dsn, field, value):
+    """An interval of 0 or NaN would make the monitor's loop spin against the database; infinity
+    cannot be waited; a negative retention is refused by cleanup_tasks on every pass."""
+    with pytest.raises(errors.InvalidArgument, match=field):
+        Monitor(dsn, **{field: value})
+
+
 def test_worker_survives_its_connections_being_terminated(dsn, db, client):
     done = threading.Event()
     running = Worker(dsn, "r", lambda ctx: done.set(), poll_interval=0.2).start()
