@@ -231,8 +231,10 @@ def test_long_ranges_read_the_minutes_folded_and_answer_as_the_tasks_do(conn):
         for rolled, exact in zip(r_lat, lat):  # percentiles: within a histogram bucket
             assert _same_bucket(conn.execute, rolled["p50"], exact["p50"])
             assert _same_bucket(conn.execute, rolled["p95"], exact["p95"])
-    # a second fold (and one a few minutes later) counts nothing twice
-    assert conn.execute("SELECT pyscheduler._fold_task_minutes() AS m").fetchone()["m"] == 0
+    # a second fold at the first one's time (now(): a minute may have ended since) and one a few
+    # minutes later count nothing twice
+    assert conn.execute("SELECT pyscheduler._fold_task_minutes(%s::timestamptz + interval '1 minute') AS m",
+                        (upto,)).fetchone()["m"] == 0
     assert conn.execute("SELECT pyscheduler._fold_task_minutes(now() + interval '3 minutes') AS m").fetchone()["m"] > 0
     assert conn.execute("SELECT sum(n) AS n FROM pyscheduler._task_minutes").fetchone()["n"] == 29
     for since in ("1 hour", "7 days"):
@@ -298,7 +300,8 @@ def test_schedule_executions_folded_answer_as_the_executions_do(conn):
     ranges = {"1 hour": "5 minutes", "6 hours": "15 minutes", "1 day": "1 hour", "7 days": "1 hour"}  # the pages'
     direct = {since: _schedule_answers(x, since, bucket) for since, bucket in ranges.items()}
     assert x("SELECT pyscheduler.purge_executions() AS n").fetchone()["n"] == 0  # the cleanup's call folds
-    assert x("SELECT upto FROM pyscheduler._schedule_minutes_folded").fetchone()["upto"] is not None
+    upto = x("SELECT upto FROM pyscheduler._schedule_minutes_folded").fetchone()["upto"]
+    assert upto is not None
     assert x("SELECT sum(n) AS n FROM pyscheduler._schedule_minutes").fetchone()["n"] == 10  # not the last
     for since, (act, lat) in direct.items():
         r_act, r_lat = _schedule_answers(x, since, ranges[since])
@@ -307,8 +310,10 @@ def test_schedule_executions_folded_answer_as_the_executions_do(conn):
             (r["bucket_start"], r["n"], r["complete"]) for r in lat], since
         for rolled, exact in zip(r_lat, lat):  # percentiles: within a histogram bucket
             assert _same_bucket(x, rolled["p50"], exact["p50"]) and _same_bucket(x, rolled["p95"], exact["p95"])
-    # a second fold (and one a few minutes later) counts nothing twice
-    assert x("SELECT pyscheduler._fold_schedule_minutes() AS m").fetchone()["m"] == 0
+    # a second fold at the first one's time (now(): a minute may have ended since) and one a few
+    # minutes later count nothing twice
+    assert x("SELECT pyscheduler._fold_schedule_minutes(%s::timestamptz + interval '1 minute') AS m",
+             (upto,)).fetchone()["m"] == 0
     assert x("SELECT pyscheduler._fold_schedule_minutes(now() + interval '3 minutes') AS m").fetchone()["m"] > 0
     assert x("SELECT sum(n) AS n FROM pyscheduler._schedule_minutes").fetchone()["n"] == 11
     assert _schedule_answers(x, "7 days", "1 hour")[0] == direct["7 days"][0]
