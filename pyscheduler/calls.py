@@ -66,6 +66,8 @@ class Call(Generic[T]):
     # the result gets this column of every row as one list (call_column), not the rows: for
     # many rows of which one column is read (submit_ids)
     column: str | None = None
+    # the result gets the scalar function's value (call_scalar), not the rows: a hot single call
+    scalar: bool = False
 
 
 class SyncClient:
@@ -80,6 +82,8 @@ class SyncClient:
     def _run(self, call: Call[T]) -> T:
         if call.column:
             return call.result(self.db.call_column(call.function, call.column, **call.args))
+        if call.scalar:
+            return call.result(self.db.call_scalar(call.function, **call.args))
         return call.result(self.db.call_binary(call.function, **call.args))
 
 
@@ -93,6 +97,8 @@ class AsyncClient:
     async def _run(self, call: Call[T]) -> T:
         if call.column:
             return call.result(await self.db.call_column(call.function, call.column, **call.args))
+        if call.scalar:
+            return call.result(await self.db.call_scalar(call.function, **call.args))
         return call.result(await self.db.call_binary(call.function, **call.args))
 
 

@@ -326,27 +326,33 @@ def _execute_column(conn: psycopg.Connection[Any], function: str, column: str, a
 
 
 @functools.lru_cache(maxsize=64)
-def _column_statement(function: str, names: tuple[str, ...], fmts: str, column: str) -> bytes:
-    """_column_query with libpq's $n placeholders (_execute_column_pooled prepares it itself)."""
-    query = _column_query(function, names, fmts, column).decode()
+def _scalar_query(function: str, names: tuple[str, ...], fmts: str) -> bytes:
+    """``SELECT pyscheduler.function(...)``: a scalar function's value, not a set's row (no
+    FunctionScan storing it and reading it back: ~20 us of a single submit's server CPU)."""
+    return _function_query(function, names, fmts).replace(b"SELECT * FROM ", b"SELECT ", 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _numbered(query: bytes, names: tuple[str, ...], fmts: str) -> bytes:
+    """``query`` with libpq's $n placeholders (_execute_pooled prepares it itself)."""
+    text = query.decode()
     for i, (name, fmt) in enumerate(zip(names, fmts)):
-        query = query.replace(f"%({name}){fmt}", f"${i + 1}", 1)
-    return query.encode()
+        text = text.replace(f"%({name}){fmt}", f"${i + 1}", 1)
+    return text.encode()
 
 
 _PY_FORMATS = {"b": PyFormat.BINARY, "s": PyFormat.TEXT}
 
 
-def _execute_column_pooled(conn: psycopg.Connection[Any], function: str, column: str,
-                           args: dict[str, Any]) -> list[Any]:
-    """``call_column`` on one of the pool's own connections (autocommit, idle between calls),
-    below psycopg's cursor: the same statement, arguments dumped and the array loaded by the
-    connection's own adapters (a Transformer kept on the connection), prepared once per
-    connection and argument types, one round trip. psycopg's cursor spent ~35 us a call more (a
-    single submit through TaskClient: 476-497 -> 443-461 us p50; issue 31, docs/benchmarks.md).
-    Errors are psycopg's (error_from_result), translated by the caller's connection()."""
-    fmts = _formats(args)
-    statement = _column_statement(function, tuple(args), fmts, column)
+def _execute_pooled(conn: psycopg.Connection[Any], query: bytes, args: dict[str, Any], fmts: str) -> Any:
+    """The first value of ``query``'s first row (None: no row), on one of the pool's own
+    connections (autocommit, idle between calls), below psycopg's cursor: arguments dumped and
+    the value loaded by the connection's own adapters (a Transformer kept on the connection),
+    prepared once per connection and argument types, one round trip. psycopg's cursor spent ~35
+    us a call more (a single submit through TaskClient: 476-497 -> 443-461 us p50; issue 31,
+    docs/benchmarks.md). Errors are psycopg's (error_from_result), translated by the caller's
+    connection(). ``call_column`` and ``call_scalar`` on a Database."""
+    statement = _numbered(query, tuple(args), fmts)
     # (psycopg.adapt.Transformer, {(statement, parameter types): prepared statement's name})
     state: tuple[Any, dict[tuple[bytes, Any], bytes]] | None = conn.__dict__.get("_pys_lean")
     if state is None:
@@ -361,7 +367,7 @@ def _execute_column_pooled(conn: psycopg.Connection[Any], function: str, column:
             res = _run_prepared(conn, prepared, statement, tx.types, params, tx.formats)
     tx.set_pgresult(res)
     row = tx.load_row(0, tuple) if res.ntuples else None
-    return (row[0] if row else None) or []
+    return row[0] if row else None
 
 
 def _run_prepared(conn: psycopg.Connection[Any], prepared: dict[tuple[bytes, Any], bytes], statement: bytes,
@@ -453,6 +459,12 @@ class _Calls:
         row = self.call_one(function, **args)
         return None if row is None else next(iter(row.values()))
 
+    def call_scalar(self, function: str, /, **args: Any) -> Any:
+        """``call_value`` as ``SELECT pyscheduler.function(...)`` in binary: for a scalar
+        function on a hot path (a single submit's id), which the server then answers without
+        storing a set's row and reading it back."""
+        raise NotImplementedError
+
 
 class Session(_Calls):
     """``call`` on one connection. Held from the pool (``Database.session()``): no pool
@@ -508,6 +520,11 @@ class Session(_Calls):
         with translating():
             return _execute_column(self.conn, function, column, args, self.pinned)
 
+    def call_scalar(self, function: str, /, **args: Any) -> Any:
+        with translating(), _cursor(self.conn, tuple_row, self.pinned) as cur:
+            row = cur.execute(_scalar_query(function, tuple(args), _formats(args)), args, binary=True).fetchone()
+        return row[0] if row else None
+
 
 class AsyncSession:
     """``Session.borrow`` for asyncio: calls on the application's own ``AsyncConnection``
@@ -541,6 +558,10 @@ class AsyncSession:
     async def call_column(self, function: str, column: str, /, **args: Any) -> list[Any]:
         rows = await self._execute(_column_query(function, tuple(args), _formats(args), column), args, tuple_row)
         return (rows[0][0] if rows else None) or []
+
+    async def call_scalar(self, function: str, /, **args: Any) -> Any:
+        rows = await self._execute(_scalar_query(function, tuple(args), _formats(args)), args, tuple_row)
+        return rows[0][0] if rows else None
 
     async def call_one(self, function: str, /, **args: Any) -> dict[str, Any] | None:
         rows = await self.call(function, **args)
@@ -644,8 +665,14 @@ class Database(_Calls):
             return _execute_tuples(conn, function, args, as_text)
 
     def call_column(self, function: str, column: str, /, **args: Any) -> list[Any]:
+        fmts = _formats(args)
         with self.connection() as conn:
-            return _execute_column_pooled(conn, function, column, args)
+            return _execute_pooled(conn, _column_query(function, tuple(args), fmts, column), args, fmts) or []
+
+    def call_scalar(self, function: str, /, **args: Any) -> Any:
+        fmts = _formats(args)
+        with self.connection() as conn:
+            return _execute_pooled(conn, _scalar_query(function, tuple(args), fmts), args, fmts)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:

@@ -16,6 +16,7 @@ from ..sqlapi import Fn, View
 
 _SUBMIT = ("queue", "priority", "run_at", "run_in", "max_attempts", "after", "on_parent_failure")
 SUBMIT_TASK = Fn("submit_task", ("spec", "unique_key", "concurrency_key") + _SUBMIT)
+SUBMIT_TASK_LEAN = Fn("submit_task_lean", ("spec", "unique_key", "concurrency_key") + _SUBMIT)  # the id only
 SUBMIT_TASKS = Fn("submit_tasks", ("specs", "unique_keys", "concurrency_keys") + _SUBMIT, ("task",))
 SUBMIT_TASKS_LEAN = Fn("submit_tasks_lean", ("specs", "unique_keys", "concurrency_keys") + _SUBMIT,
                        ("rn", "deduplicated"))  # submit_tasks answering ids only

@@ -358,14 +358,15 @@ BEGIN
 END
 $$;
 
--- _submit_one(queue, spec, ...): _submit_lean of one spec without unique key or parents (the
--- arguments checked as it checks them, the same errors, ownership, tally and NOTIFY), answering
--- the new task's id: a single submit's path (submit_tasks_lean of one spec), one INSERT ... VALUES
--- and no set to expand, sort or aggregate: ~50 us of server CPU less than _submit_lean's for one
--- spec, 216 against 267 us a call (issue 31; docs/benchmarks.md, "A single submit").
+-- _submit_one(queue, spec, ..., field): _submit_lean of one spec without unique key or parents
+-- (the arguments checked as it checks them, the same errors, a refused spec named field,
+-- ownership, tally and NOTIFY), answering the new task's id: a single submit's path
+-- (submit_task_lean, and submit_tasks_lean of one spec), one INSERT ... VALUES and no set to
+-- expand, sort or aggregate: ~50 us of server CPU less than _submit_lean's for one spec, 216
+-- against 267 us a call (issue 31; docs/benchmarks.md, "A single submit").
 CREATE OR REPLACE FUNCTION pyscheduler._submit_one(
     p_queue text, p_spec jsonb, p_priority bigint, p_run_at timestamptz, p_max_attempts integer, p_now timestamptz,
-    p_concurrency_key text, p_on_parent_failure text)
+    p_concurrency_key text, p_on_parent_failure text, p_field text)
 RETURNS uuid
 LANGUAGE plpgsql
 AS $$
@@ -380,7 +381,7 @@ BEGIN
         PERFORM pyscheduler._check_submit(p_queue, p_priority, p_run_at, p_max_attempts);
     END IF;
     IF jsonb_typeof(p_spec) <> 'object' OR pg_column_size(p_spec) > v_max THEN
-        PERFORM pyscheduler._check_spec(p_spec, 'specs[0]', v_max);
+        PERFORM pyscheduler._check_spec(p_spec, p_field, v_max);
     END IF;
     PERFORM pyscheduler._claim_queue(p_queue, v_by, p_now);
     v_seq := nextval('pyscheduler.task_seq');
@@ -600,7 +601,8 @@ AS $$
 BEGIN
     IF $5 IS NULL AND $9 IS NULL AND jsonb_typeof($2) = 'array' AND jsonb_array_length($2) = 1
        AND ($8 IS NULL OR cardinality($8) = 1) AND $10 IN ('cancel', 'run') THEN
-        rn := pyscheduler._submit_one($1, $2 -> 0, $3, pyscheduler._run_at($4, $7, now()), $6, now(), $8[1], $10);
+        rn := pyscheduler._submit_one($1, $2 -> 0, $3, pyscheduler._run_at($4, $7, now()), $6, now(), $8[1], $10,
+                                       'specs[0]');
         deduplicated := false;
         RETURN NEXT;
         RETURN;
@@ -615,6 +617,40 @@ COMMENT ON FUNCTION pyscheduler.submit_tasks_lean(pyscheduler.queue_name, pysche
     pyscheduler.unique_key[], integer, interval, pyscheduler.concurrency_key[], uuid[],
     pyscheduler.parent_failure) IS
     'submit_tasks answering only (rn, deduplicated) per spec, in the order of specs: no task JSON built.';
+
+CREATE OR REPLACE FUNCTION pyscheduler.submit_task_lean(
+    queue pyscheduler.queue_name, spec pyscheduler.task_spec, priority bigint DEFAULT 50,
+    run_at timestamptz DEFAULT NULL, unique_key pyscheduler.unique_key DEFAULT NULL,
+    max_attempts integer DEFAULT NULL, run_in interval DEFAULT NULL,
+    concurrency_key pyscheduler.concurrency_key DEFAULT NULL, after uuid[] DEFAULT NULL,
+    on_parent_failure pyscheduler.parent_failure DEFAULT 'cancel')
+RETURNS uuid
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* submit_task_lean(queue, spec, priority => 50, run_at => NULL, unique_key => NULL,
+                    max_attempts => NULL, run_in => NULL, concurrency_key => NULL,
+                    after => NULL, on_parent_failure => 'cancel') -> rn uuid
+   submit_task (same arguments, checks, errors, ownership, NOTIFY), answering
+   only the id: of the task the spec became, or of the live task holding its
+   unique_key. A scalar, not a set: no rows to store and read back, ~35 us of
+   server CPU less than submit_tasks_lean of one spec (issue 31). Without
+   unique_key or after it takes _submit_one; else _submit_lean. */
+BEGIN
+    IF $5 IS NULL AND $9 IS NULL AND $10 IN ('cancel', 'run') THEN
+        RETURN pyscheduler._submit_one($1, $2, $3, pyscheduler._run_at($4, $7, now()), $6, now(), $8, $10, 'spec');
+    END IF;
+    PERFORM pyscheduler._check_spec($2, 'spec', pyscheduler._task_limit('task_max_spec_bytes'));
+    RETURN (SELECT s.rn
+              FROM pyscheduler._submit_lean($1, jsonb_build_array($2), $3, pyscheduler._run_at($4, $7, now()),
+                                            CASE WHEN $5 IS NOT NULL THEN ARRAY[$5::text] END, $6, now(), NULL,
+                                            CASE WHEN $8 IS NOT NULL THEN ARRAY[$8::text] END, $9, $10) AS s);
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.submit_task_lean(pyscheduler.queue_name, pyscheduler.task_spec, bigint, timestamptz,
+    pyscheduler.unique_key, integer, interval, pyscheduler.concurrency_key, uuid[], pyscheduler.parent_failure) IS
+    'submit_task answering only the id (of the task made, or of the live task holding unique_key): no task JSON built.';
 
 -- _json_integer_in(value, lo, hi): whether value (a JSON value; NULL: absent) is absent, JSON
 -- null, or an integral JSON number in lo..hi.

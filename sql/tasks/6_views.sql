@@ -36,8 +36,8 @@ COMMENT ON VIEW pyscheduler.queue_status IS
 
 -- ---------------------------------------------------------------- grants
 
-SELECT pyscheduler._grant('client', 'submit_task', 'submit_tasks', 'submit_tasks_lean', 'submit_workflow', 'get_task',
-                         'list_tasks', 'cancel_task', 'retry_task', 'retry_tasks', 'pause_queue', 'resume_queue', 'next_task_due',
+SELECT pyscheduler._grant('client', 'submit_task', 'submit_task_lean', 'submit_tasks', 'submit_tasks_lean',
+                         'submit_workflow', 'get_task', 'list_tasks', 'cancel_task', 'retry_task', 'retry_tasks', 'pause_queue', 'resume_queue', 'next_task_due',
                          'watch_task', 'set_queue_limits', 'set_rate_limit',
                          'task_counts', 'expired_leases', 'oldest_ready_tasks', 'queue_status', 'queue_limits');
 SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_tasks', 'lease_tasks_lean',

@@ -161,6 +161,77 @@ def test_a_single_submit_refuses_what_submit_tasks_refuses_with_the_same_error(t
     assert refusals[-1] == ("PS204", "priority must be an integer in 0..4294967295, got NULL")  # it said -1
 
 
+def singular(args: dict) -> dict:
+    """submit_tasks' arguments of one spec as submit_task's."""
+    names = {"specs": "spec", "unique_keys": "unique_key", "concurrency_keys": "concurrency_key"}
+    one = {names.get(k, k): v for k, v in args.items()}
+    one["spec"] = Jsonb(one["spec"].obj[0])
+    return {k: v[0] if k in ("unique_key", "concurrency_key") else v for k, v in one.items()}
+
+
+ONE = [case for case in CASES if case.startswith("one spec")] + ["after a live parent", "after a cancelled parent, run"]
+
+
+@pytest.mark.parametrize("case", ONE)
+def test_submit_task_lean_does_what_submit_task_does_answering_the_id(tx, case):
+    """The same task, tallies and answer (the id of the task made, or of the live task holding the
+    key) as submit_task, for every path: _submit_one, and _submit_lean with a key or parents."""
+    live = submit(tx, queue="lean", spec={"live": 1}, unique_key="live")["rn"]
+    cancelled = submit(tx, queue="lean", spec={"gone": 1})["rn"]
+    tx.call("cancel_task", rn=cancelled)
+    args = singular(dict(CASES[case], queue="lean", specs=specs(1)))  # the "after" cases' one spec
+    if "after" in args:
+        args["after"] = [{"live": live, "cancelled": cancelled}[args["after"]]]
+
+    def made(function: str) -> tuple:
+        with tx.conn.transaction(force_rollback=True):
+            answer = tx.call(function, **args)[0][function]
+            rn = str(answer) if function == "submit_task_lean" else answer["rn"]
+            rows = tx.execute(f"SELECT rn::text, {', '.join(COLUMNS)} FROM pyscheduler.tasks "
+                              "WHERE queue = 'lean' ORDER BY seq").fetchall()
+            counts = tx.execute("SELECT status, tasks FROM pyscheduler.task_counts WHERE queue = 'lean' "
+                                "ORDER BY status").fetchall()
+        position = {r.pop("rn"): i for i, r in enumerate(rows)}
+        return position[rn], rows, counts
+
+    lean = made("submit_task_lean")
+    assert lean == made("submit_task")
+    assert (lean[0] == 0) == (case == "one spec, a unique key")  # the live task's id, deduplicated
+
+
+def test_submit_task_lean_takes_the_single_path_without_a_key_or_parents(tx):
+    tx.execute("SET LOCAL track_functions = 'all'")
+    for case in SINGLE:
+        tx.call("submit_task_lean", **singular(dict(CASES[case], queue="lean")))
+    tx.call("submit_task_lean", queue="lean", spec=Jsonb({}), unique_key="u")
+    calls = tx.execute("SELECT pg_stat_get_xact_function_calls('pyscheduler._submit_one'::regproc) AS one, "
+                       "pg_stat_get_xact_function_calls('pyscheduler._submit_lean'::regproc) AS lean").fetchone()
+    assert calls == {"one": len(SINGLE), "lean": 1}
+
+
+@pytest.mark.parametrize("key", [None, "u"], ids=["single path", "with a unique key"])
+def test_submit_task_lean_refuses_what_submit_task_refuses_with_the_same_error(tx, key):
+    """Same SQLSTATE, same message (a refused spec named spec), on either path."""
+    tx.execute("UPDATE pyscheduler.settings SET value = '40' WHERE name = 'task_max_spec_bytes'")
+    bad = [dict(spec=Jsonb([1])), dict(spec=Jsonb({"long": "x" * 50})), dict(spec=Jsonb({}), priority=-1),
+           dict(spec=Jsonb({}), max_attempts=1001), dict(spec=Jsonb({}), run_in=timedelta(days=400)),
+           dict(spec=Jsonb({}), run_at=datetime(2030, 1, 1, tzinfo=timezone.utc), run_in=timedelta(hours=1)),
+           dict(spec=Jsonb({}), concurrency_key=" padded"), dict(spec=Jsonb({}), on_parent_failure="never"),
+           dict(spec=Jsonb({}), priority=None), dict(spec=Jsonb({}), after=[UUID(int=1)])]
+
+    def refusal(function: str, args: dict) -> tuple[str, str] | None:
+        try:
+            with tx.conn.transaction(force_rollback=True):
+                tx.call(function, queue="lean", unique_key=key, **args)
+        except (errors.SchedulerError, psycopg.Error) as exc:
+            return exc.sqlstate, str(exc).splitlines()[0]
+        return None
+
+    refusals = [refusal("submit_task_lean", args) for args in bad]
+    assert refusals == [refusal("submit_task", args) for args in bad]
+    assert None not in refusals and refusals[0][1].startswith("spec ") and refusals[1][1].startswith("spec ")
+
+
 def test_submit_tasks_lean_refuses_what_submit_tasks_refuses(tx):
     bad = [dict(specs=Jsonb([{}, 1])), dict(specs=Jsonb({"a": 1})), dict(specs=specs(2), unique_keys=["x"]),
            dict(specs=specs(2), unique_keys=["ok", " padded"]), dict(specs=specs(1), concurrency_keys=["a", "b"]),
@@ -187,6 +258,11 @@ def test_submit_ids_answers_the_ids_in_the_order_of_specs(client):
     assert [client.get(rn).spec for rn in ids] == [{"i": 0}, {"first": 1}, {"i": 2}]
     assert [t.rn for t in client.list("ids", limit=10)] == sorted({first.rn, *ids}, reverse=True)
     assert client.submit_ids("ids", []) == []
+    assert client.submit_ids("ids", [{"again": 1}], unique_keys=["k"]) == [first.rn]  # one spec: submit_task_lean
+    [alone] = client.submit_ids("ids", [{"i": 3}], run_at=timedelta(hours=1), concurrency_keys=["c"], priority=4)
+    assert (client.get(alone).status, client.get(alone).concurrency_key, client.get(alone).priority) == \
+        ("scheduled", "c", 4)
+    ids.append(alone)
     with pytest.raises(InvalidArgument, match=r"specs\[1\]"):
         client.submit_ids("ids", [{}, [1]])
     with pytest.raises(InvalidArgument, match="unique_keys"):
@@ -266,21 +342,37 @@ def test_the_async_client_submits_ids_in_the_applications_transaction(dsn):
 
     async def run() -> list[UUID]:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            ids = await AsyncTaskClient(conn).submit_ids("async", [{"i": 0}, {"i": 1}])
+            client = AsyncTaskClient(conn)
+            ids = await client.submit_ids("async", [{"i": 0}, {"i": 1}]) + await client.submit_ids("async", [{"i": 2}])
+            assert [(await client.get(rn)).spec["i"] for rn in ids] == [0, 1, 2]  # in its transaction
             await conn.rollback()
             return ids
 
     ids = asyncio.run(run())
-    assert len(ids) == 2 and all(isinstance(rn, UUID) for rn in ids)
+    assert len(ids) == 3 and all(isinstance(rn, UUID) for rn in ids)
     with psycopg.connect(dsn) as conn:  # rolled back with the application's transaction
         assert conn.execute("SELECT count(*) FROM pyscheduler.tasks WHERE rn = ANY (%s)", (ids,)).fetchone()[0] == 0
 
 
+def test_a_single_submit_on_the_applications_connection_is_in_its_transaction(dsn):
+    """submit_ids of one spec (call_scalar) on the application's own connection, whatever its row
+    factory: the task exists in its transaction only until it commits."""
+    from psycopg.rows import namedtuple_row
+
+    from pyscheduler.tasks import TaskClient
+
+    with psycopg.connect(dsn, row_factory=namedtuple_row) as app:
+        [rn] = TaskClient(app).submit_ids("mine", [{"i": 1}], priority=3)
+        assert app.execute("SELECT priority FROM pyscheduler.tasks WHERE rn = %s", (rn,)).fetchone().priority == 3
+        app.rollback()
+        assert app.execute("SELECT count(*) AS n FROM pyscheduler.tasks WHERE rn = %s", (rn,)).fetchone().n == 0
+
+
 def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_killed(dsn, conn):
-    """Database.call_column prepares its statement on each pool connection itself (below
-    psycopg's cursor, issue 31): DEALLOCATE ALL or DISCARD ALL run on that connection make it
-    prepare again, and a connection killed between two calls is replaced at checkout, its
-    prepared statements with it."""
+    """Database.call_column and call_scalar (submit_ids of many specs and of one) prepare their
+    statements on each pool connection themselves (below psycopg's cursor, issue 31): DEALLOCATE
+    ALL or DISCARD ALL run on that connection make them prepare again, and a connection killed
+    between two calls is replaced at checkout, its prepared statements with it."""
     from pyscheduler.db import Database
     from pyscheduler.tasks import TaskClient
 
@@ -297,7 +389,8 @@ def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_
                     wait_for(lambda pid=c.info.backend_pid: conn.execute(
                         "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()["n"] == 0)
             ids += client.submit_ids("prep", [{"i": len(ids)}, {"i": len(ids) + 1}])
+            ids += client.submit_ids("prep", [{"i": len(ids)}])
         with db.connection() as c:
             assert c.execute("SELECT count(*) AS n FROM pg_prepared_statements "
-                             "WHERE name LIKE '\\_pys\\_%'").fetchone()["n"] == 1
+                             "WHERE name LIKE '\\_pys\\_%'").fetchone()["n"] == 2
         assert [client.get(rn).spec["i"] for rn in ids] == list(range(len(ids)))
