@@ -93,8 +93,8 @@ NOT_READS = {
                                                                            "queue_activity"],
     "a write": [
         "abort_task", "add_check", "await_event", "delete_tasks", "emit_event", "record_step", "run_tasks_now",
-        "sleep_task", "submit_tasks_lean", "worker_seen", "cancel_message", "cancel_task", "catch_up_checks",
-        "claim_due_critical",
+        "sleep_task", "submit_task_lean", "submit_tasks_lean", "worker_seen", "cancel_message", "cancel_task",
+        "catch_up_checks", "claim_due_critical",
         "claim_due_critical_shards", "cleanup_tasks", "complete_and_lease", "complete_task", "complete_tasks",
         "create_schedule", "delete_checks", "delete_fired", "delete_schedule", "due_checks", "end_deleted_checks",
         "enqueue_message", "enqueue_messages", "fail_task", "fail_tasks", "finish_check", "finish_checks",
