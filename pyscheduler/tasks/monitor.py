@@ -3,10 +3,10 @@
 Every ``reset_interval`` (and at once when a worker yields, by NOTIFY) it calls
 ``reset_expired_tasks`` until nothing is left (running tasks past their deadline become
 ready, or aborted after their last attempt); every ``merge_interval`` it merges the spec
-search index's pending list (``merge_task_search_index``: no write pays for it, and no
-merge is a long burst; docs/sql-api.md); every ``cleanup_interval`` it deletes terminal
-tasks older than ``retention`` (``cleanup_tasks``). Replicas are safe: the reset and
-the cleanup skip rows another monitor is working on; a merge waits for another's.
+search index's pending list and folds the count tallies (``merge_task_search_index``,
+``fold_task_tallies``: writes need not; docs/sql-api.md); every ``cleanup_interval`` it
+deletes terminal tasks older than ``retention`` (``cleanup_tasks``). Replicas are safe: the
+reset, the fold and the cleanup skip rows another monitor is working on; a merge waits.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class Monitor:
                         next_reset = time.monotonic() + self.reset_interval
                     if time.monotonic() >= next_merge:
                         self.merge_once(db)
+                        self.fold_once(db)
                         next_merge = time.monotonic() + self.merge_interval
                     if time.monotonic() >= next_cleanup:
                         self.cleanup_once(db)
@@ -140,6 +141,10 @@ class Monitor:
         pages: int = db.call_value(sql.MERGE_TASK_SEARCH_INDEX)
         self.merged += pages
         return pages
+
+    def fold_once(self, db: Database) -> None:
+        """Fold the count tallies now (task_counts and queue_status answer the same)."""
+        db.call(sql.FOLD_TASK_TALLIES)
 
     def cleanup_once(self, db: Database) -> int:
         """Delete every terminal task past retention now; how many."""

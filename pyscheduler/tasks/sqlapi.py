@@ -79,6 +79,7 @@ AWAIT_EVENT = Fn("await_event", ("rn", "token", "name", "timeout"))  # {"status"
 RESET_EXPIRED_TASKS = Fn("reset_expired_tasks", ("max_tasks",), ("task",))
 CLEANUP_TASKS = Fn("cleanup_tasks", ("retention", "max_tasks"))
 MERGE_TASK_SEARCH_INDEX = Fn("merge_task_search_index")
+FOLD_TASK_TALLIES = Fn("fold_task_tallies")
 
 # -- one task per lease (pyscheduler bench tasks; the Worker leases in batches) ---------------------
 

@@ -78,8 +78,9 @@
 -- task_counts and queue_status are exact and read a few hundred rows whatever is stored. A
 -- delta is appended, never a shared counter row updated: a writer never waits for another
 -- (a client's transaction that cancels a task would hold the row until it commits). One writing
--- call in 50 folds the rows no other transaction is folding into one per pair
--- (_task_fold_tallies). The Worker's lease and completion add one small INSERT per batch.
+-- call in 50 (a single submit: one in 1,000) folds the rows no other transaction is folding into
+-- one per pair (_task_fold_tallies), and the tasks monitor every merge_interval (fold_task_tallies).
+-- The Worker's lease and completion add one small INSERT per batch.
 -- Rows written by hand (INSERT/UPDATE/DELETE outside these functions) are not counted: call
 -- pyscheduler._task_count_all() to count the table again.
 

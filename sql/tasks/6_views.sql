@@ -47,7 +47,7 @@ SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_task
 SELECT pyscheduler._grant('monitor', 'get_task', 'list_tasks', 'next_task_due', 'task_counts', 'expired_leases',
                          'oldest_ready_tasks', 'queue_status', 'queue_limits');
 SELECT pyscheduler._grant('admin', 'reset_expired_tasks', 'cleanup_tasks', 'merge_task_search_index',
-                         'set_queue_owner');
+                         'fold_task_tallies', 'set_queue_owner');
 -- the views call them for their readers
 SELECT pyscheduler._grant(audience, '_task_counts', '_queue_status', '_oldest_ready_tasks')
   FROM unnest(ARRAY['client', 'monitor']) AS audience;

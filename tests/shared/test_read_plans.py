@@ -98,7 +98,7 @@ NOT_READS = {
         "claim_due_critical_shards", "cleanup_tasks", "complete_and_lease", "complete_task", "complete_tasks",
         "create_schedule", "delete_checks", "delete_fired", "delete_schedule", "due_checks", "end_deleted_checks",
         "enqueue_message", "enqueue_messages", "fail_task", "fail_tasks", "finish_check", "finish_checks",
-        "merge_task_search_index",
+        "merge_task_search_index", "fold_task_tallies",
         "fire_task_schedules", "heartbeat_task", "heartbeat_tasks", "lease_task", "lease_tasks", "lease_tasks_lean",
         "pause_queue", "pause_schedule", "purge_check_history", "purge_executions", "ready_and_claim",
         "record_executions", "register_worker", "reset_expired_tasks", "reset_stuck", "resume_queue",

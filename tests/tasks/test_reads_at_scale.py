@@ -263,6 +263,37 @@ def test_counts_stay_right_with_concurrent_writers_and_folds(dsn, conn):
     assert {s for _, s, _ in real(conn)} >= {"completed", "cancelled", "scheduled"}
 
 
+def test_the_monitor_folds_the_tallies_single_submits_append(dsn, conn):
+    """A single submit appends a tally row a call and folds one call in 1,000, since a fold reads
+    the whole tally table (issue 31); the tasks monitor folds every merge_interval, and the counts
+    read stay those of the tasks."""
+    import threading
+
+    from pyscheduler.db import Database
+    from pyscheduler.tasks import Monitor, TaskClient
+    from tests.support import wait_for
+
+    def rows() -> int:
+        return conn.execute("SELECT count(*) AS n FROM pyscheduler._task_tallies "
+                            "WHERE queue = 'folded'").fetchone()["n"]
+
+    with Database(dsn, max_size=1) as db:
+        client = TaskClient(db)
+        for i in range(200):
+            client.submit_ids("folded", [{"i": i}])
+    before = rows()
+    stop = threading.Event()
+    monitor = Monitor(dsn, reset_interval=600, merge_interval=0.05)
+    thread = threading.Thread(target=monitor.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: rows() == 1, timeout=30, what=f"the monitor's fold ({before} rows before)")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert shown(conn) == real(conn) and ("folded", "ready", 200) in shown(conn)
+
+
 def test_migrate_counts_tasks_stored_before_the_tallies(dsn, conn):
     """A database from before migration 0027: the post-apply step counts its tasks once, under a
     lock, in the transaction that loads the functions that keep the tallies; migration 0032

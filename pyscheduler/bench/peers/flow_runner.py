@@ -139,7 +139,8 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
     from ... import __version__
     return dict(system="pyscheduler", version=__version__, bulk_s=bulk_s, bulk_ms=bulk_ms, single_ms=single_ms,
                 variants_s=seconds,
-                settings="TaskClient(Database(dsn)).submit_ids (submit_tasks_lean), pool of 2; a tasks Monitor")
+                settings="TaskClient(Database(dsn)).submit_ids (submit_tasks_lean; one spec: submit_task_lean), "
+                         "pool of 2; a tasks Monitor")
 
 
 def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0) -> dict:
