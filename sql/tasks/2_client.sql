@@ -635,7 +635,7 @@ AS $$
                     after => NULL, on_parent_failure => 'cancel') -> rn uuid
    submit_task (same arguments, checks, errors, ownership, NOTIFY), answering
    only the id: of the task the spec became, or of the live task holding its
-   unique_key. A scalar, not a set: no rows to store and read back, ~35 us of
+   unique_key. A scalar, not a set: no rows to store and read back, ~25 us of
    server CPU less than submit_tasks_lean of one spec (issue 31). Without
    unique_key or after it takes _submit_one; else _submit_lean. */
 BEGIN
