@@ -43,7 +43,7 @@ def _monitor_options(f):
                help="How long completed, aborted and cancelled tasks are kept.")(f)
     f = option("--merge-interval", type=POSITIVE_DURATION, default="250ms", show_default=True,
                envvar=env("tasks_merge_interval"),
-               help="How often the spec search index's pending list is merged.")(f)
+               help="How often the spec search index's pending list is merged and the count tallies folded.")(f)
     f = option("--reset-interval", type=POSITIVE_DURATION, default="1s", show_default=True,
                envvar=env("tasks_reset_interval"),
                help="How often expired leases are looked for (a yield wakes the monitor at once).")(f)
