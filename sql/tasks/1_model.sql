@@ -77,12 +77,23 @@
 -- _task_tally_many (a submit: +n; a lease: ready -n, running +n; a cleanup: completed -n), so
 -- task_counts and queue_status are exact and read a few hundred rows whatever is stored. A
 -- delta is appended, never a shared counter row updated: a writer never waits for another
--- (a client's transaction that cancels a task would hold the row until it commits). One writing
--- call in 50 (a single submit: one in 1,000) folds the rows no other transaction is folding into
--- one per pair (_task_fold_tallies), and the tasks monitor every merge_interval (fold_task_tallies).
--- The Worker's lease and completion add one small INSERT per batch.
+-- (a client's transaction that cancels a task would hold the row until it commits). The tasks
+-- monitor folds the rows no other transaction is folding into one per pair every merge_interval
+-- (fold_task_tallies), and a writing call too, one in _task_fold_chance(): the fallback without a
+-- monitor. The Worker's lease and completion add one small INSERT per batch.
 -- Rows written by hand (INSERT/UPDATE/DELETE outside these functions) are not counted: call
 -- pyscheduler._task_count_all() to count the table again.
+
+-- _task_fold_chance(): the share of writing calls that fold the tallies (_task_fold_tallies),
+-- one in 1,000 (one in 50 before the tasks monitor folded them: issue 31). A fold reads the whole
+-- tally table, the rows deleted since its last vacuum too (up to a minute of them at autovacuum's
+-- pace): a single-task call (a submit, lease_task, complete_task) that folded one call in 50 paid
+-- ~33 us a call for it. Without a monitor, the views then sum up to a few thousand rows. SQL and
+-- IMMUTABLE: inlined, a constant, in the callers' cached plans.
+CREATE OR REPLACE FUNCTION pyscheduler._task_fold_chance()
+RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 0.001;
 
 -- _task_fold_tallies(): replace the tally rows no other transaction is folding by their sums.
 -- Its own, not one fold for all delta tables: that needs dynamic SQL, +28 % a fold (docs/benchmarks.md).
@@ -116,7 +127,7 @@ BEGIN
     INSERT INTO pyscheduler._task_tallies (queue, status, n)
     SELECT p_queue, s.status, s.n FROM (VALUES (p_from, -p_n), (p_to, p_n)) AS s(status, n)
      WHERE s.status IS NOT NULL;
-    IF random() < 0.02 THEN
+    IF random() < pyscheduler._task_fold_chance() THEN
         PERFORM pyscheduler._task_fold_tallies();
     END IF;
 END
@@ -144,7 +155,7 @@ BEGIN
            LATERAL (VALUES (g.f, -1), (g.t, 1)) AS v(status, n)
      WHERE v.status IS NOT NULL AND g.f IS DISTINCT FROM g.t
      GROUP BY g.queue, v.status HAVING sum(v.n * g.c) <> 0;
-    IF random() < 0.02 THEN
+    IF random() < pyscheduler._task_fold_chance() THEN
         PERFORM pyscheduler._task_fold_tallies();
     END IF;
 END

@@ -391,10 +391,9 @@ BEGIN
             p_now, p_now, '[]', '[]', p_run_at, p_max_attempts, v_by, p_concurrency_key,
             nullif(p_on_parent_failure, 'cancel'))
     RETURNING t.rn INTO v_rn;
-    -- _task_tally(p_queue, NULL, v_status, 1) written out, without its call; its fold one call in
-    -- 1,000, not 50: the tasks monitor folds (fold_task_tallies), and a fold reads the whole table
+    -- _task_tally(p_queue, NULL, v_status, 1) written out: its row and its fold, without its call
     INSERT INTO pyscheduler._task_tallies (queue, status, n) VALUES (p_queue, v_status, 1);
-    IF random() < 0.001 THEN
+    IF random() < pyscheduler._task_fold_chance() THEN
         PERFORM pyscheduler._task_fold_tallies();
     END IF;
     PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(p_queue));

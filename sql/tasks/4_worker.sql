@@ -864,7 +864,7 @@ BEGIN
                    LATERAL (VALUES ('running'::pyscheduler.task_status, -1), ('completed', 1)) AS v(status, n))
         SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
     END IF;
-    IF random() < 0.02 THEN
+    IF random() < pyscheduler._task_fold_chance() THEN
         PERFORM pyscheduler._task_fold_tallies();
     END IF;
     IF v_more IS NOT NULL THEN  -- the rare tasks someone waits for, or with children

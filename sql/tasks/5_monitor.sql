@@ -262,10 +262,8 @@ COMMENT ON FUNCTION pyscheduler.merge_task_search_index() IS
     'Monitor: merge the spec search index''s pending list into the index; returns the pages merged.';
 
 -- fold_task_tallies(): the count tallies (_task_tallies, 1_model.sql "Counts") folded into one
--- row per (queue, status), which the tasks monitor does every merge_interval. A fold reads the
--- whole tally table, the rows deleted since its last vacuum too (appended at every write, a
--- single submit's one a call: up to a minute of them at autovacuum's pace): at one call in 50
--- it was ~33 us of a single submit's server time, which now folds one call in 1,000 (issue 31).
+-- row per (queue, status), which the tasks monitor does every merge_interval, so that a writing
+-- call folds only one in _task_fold_chance() (issue 31).
 CREATE OR REPLACE FUNCTION pyscheduler.fold_task_tallies()
 RETURNS void
 LANGUAGE plpgsql
