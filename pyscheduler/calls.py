@@ -461,6 +461,12 @@ def _dumps(fine: Any) -> bytes | str | None:
         return None
 
 
+def only_object(objects: Jsonb) -> Jsonb:
+    """The one object of a ``json_objects`` answer as jsonb of its own, serialised as it
+    serialises them (orjson, ~0.2 us, where psycopg's json.dumps took ~4): a single submit's."""
+    return Jsonb(objects.obj[0], dumps=_dumps)
+
+
 def json_objects(name: str, raw: Iterable[Any]) -> Jsonb:
     """JSON objects (Mappings) as one jsonb array, each checked as json_object checks it (a
     refusal names ``name[i]``): one pass that builds no paths, and one serialisation (sent as

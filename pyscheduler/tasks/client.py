@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
-                     interval, json_object, json_objects, required_instant, sync, text, texts, value)
+                     interval, json_object, json_objects, only_object, required_instant, sync, text, texts, value)
 from ..db import AsyncSession, Database, Jsonb, Session, connect, settings
 from ..errors import InvalidArgument, SchedulerError
 from . import sqlapi as sql
@@ -444,7 +444,7 @@ def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 
                       on_parent_failure)
     if len(args["specs"].obj) == 1:
         one = {_SINGULAR.get(name, name): value for name, value in args.items()}
-        one["spec"] = Jsonb(one["spec"].obj[0])
+        one["spec"] = only_object(one["spec"])
         for name in ("unique_key", "concurrency_key"):
             if name in one:
                 one[name] = one[name][0]

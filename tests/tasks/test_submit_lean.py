@@ -329,8 +329,9 @@ def test_a_bulk_submit_stores_unusual_but_storable_json_as_submit_does(client):
 
     specs = [{"t": (1, 2)}, OrderedDict(b=1, a=2), {"c": Colour.RED, "é": "ünïcode", "n": None, "f": 1.5},
              MappingProxyType({"m": True}), {"e": 1e22, "z": -0.0, "tiny": 5e-324, "s": Name("x")}, {"big": 2 ** 70}]
-    # orjson writes the ASCII batches; json.dumps the others and what orjson refuses (an int past 64 bits)
-    for batch in (specs, specs[:2], specs[4:5], specs[5:]):
+    # orjson writes the ASCII batches; json.dumps the others and what orjson refuses (an int past 64
+    # bits); a batch of one is a single submit (only_object)
+    for batch in (specs, specs[:2], specs[4:5], specs[5:], *([s] for s in specs)):
         ids = client.submit_ids("q", batch)
         assert [client.get(rn).spec for rn in ids] == [client.submit("q", s).spec for s in batch]
 
