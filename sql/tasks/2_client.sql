@@ -380,7 +380,7 @@ BEGIN
     IF NOT pyscheduler._submit_args_ok(p_queue, p_priority, p_run_at, p_max_attempts) THEN
         PERFORM pyscheduler._check_submit(p_queue, p_priority, p_run_at, p_max_attempts);
     END IF;
-    IF jsonb_typeof(p_spec) <> 'object' OR pg_column_size(p_spec) > v_max THEN
+    IF jsonb_typeof(p_spec) IS DISTINCT FROM 'object' OR pg_column_size(p_spec) > v_max THEN  -- NULL: refused
         PERFORM pyscheduler._check_spec(p_spec, p_field, v_max);
     END IF;
     PERFORM pyscheduler._claim_queue(p_queue, v_by, p_now);

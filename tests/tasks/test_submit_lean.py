@@ -213,8 +213,9 @@ def test_submit_task_lean_takes_the_single_path_without_a_key_or_parents(tx):
 def test_submit_task_lean_refuses_what_submit_task_refuses_with_the_same_error(tx, key):
     """Same SQLSTATE, same message (a refused spec named spec), on either path."""
     tx.execute("UPDATE pyscheduler.settings SET value = '40' WHERE name = 'task_max_spec_bytes'")
-    bad = [dict(spec=Jsonb([1])), dict(spec=Jsonb({"long": "x" * 50})), dict(spec=Jsonb({}), priority=-1),
-           dict(spec=Jsonb({}), max_attempts=1001), dict(spec=Jsonb({}), run_in=timedelta(days=400)),
+    bad = [dict(spec=Jsonb([1])), dict(spec=Jsonb({"long": "x" * 50})), dict(spec=None),
+           dict(spec=Jsonb({}), priority=-1), dict(spec=Jsonb({}), max_attempts=1001),
+           dict(spec=Jsonb({}), run_in=timedelta(days=400)),
            dict(spec=Jsonb({}), run_at=datetime(2030, 1, 1, tzinfo=timezone.utc), run_in=timedelta(hours=1)),
            dict(spec=Jsonb({}), concurrency_key=" padded"), dict(spec=Jsonb({}), on_parent_failure="never"),
            dict(spec=Jsonb({}), priority=None), dict(spec=Jsonb({}), after=[UUID(int=1)])]
