@@ -22,7 +22,9 @@
 -- count; complete), only what ended since (and in the range's first partial minute) from
 -- the index (_minutes_window); the latency percentiles are then read from the histogram
 -- (within a factor 2^(1/4): _latency_mid). A row the rollup has counted stays counted when
--- it is deleted.
+-- it is deleted. The tasks of a queue that keeps no completed tasks (0053) are deleted as they
+-- complete: the reads of rows above read _task_done instead (their latency then from the
+-- histogram).
 
 -- _minutes_window(): for a read from v_from binned by `bucket`, of a rollup folded up to
 -- `folded` (_task_minutes_folded, _schedule_minutes_folded): the minutes the rollup answers,
@@ -42,6 +44,28 @@ BEGIN
         upto := v_from;
     END IF;
 END
+$$;
+
+-- _task_done(v_from, rfrom, upto, max_rows): the tasks deleted as they completed (queues that
+-- keep no completed tasks, 0053) in the windows read live, [v_from, rfrom) and [upto, now):
+-- (at, queue, k, n), n tasks of latency bucket k (_latency_k) completed at `at`, newest first,
+-- at most max_rows rows. Read from _task_done_log (a row per completing call, queue and bucket)
+-- and, once folded, from _task_done_minutes (by the minute: at = the minute's start, so a
+-- range's first partial minute does not count them, and a bucket shorter than a minute counts
+-- a folded minute in its first bucket).
+CREATE OR REPLACE FUNCTION pyscheduler._task_done(v_from timestamptz, v_rfrom timestamptz, v_upto timestamptz,
+                                                  max_rows integer)
+RETURNS TABLE (at timestamptz, queue text, k smallint, n bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT * FROM (
+        SELECT l.at, l.queue, l.k, l.n FROM pyscheduler._task_done_log l
+         WHERE l.at >= v_upto OR (l.at >= v_from AND l.at < v_rfrom)
+        UNION ALL
+        SELECT m.minute, m.queue, m.k, m.n FROM pyscheduler._task_done_minutes m
+         WHERE m.minute >= v_upto OR (m.minute >= v_from AND m.minute < v_rfrom)) d
+     ORDER BY d.at DESC
+     LIMIT max_rows;
 $$;
 
 -- _activity_windows(): the arguments activity(), activity_latency() and queue_activity() share,
@@ -118,6 +142,9 @@ BEGIN
               ORDER BY x.updated DESC
               LIMIT max_rows)) l
          LIMIT max_rows),
+    tl AS (  -- the tasks deleted as they completed (queues that keep none)
+        SELECT 'completed'::text AS outcome, d.at, NULL::interval AS took, d.n
+          FROM pyscheduler._task_done(v_from, v_rfrom, v_upto, max_rows) d),
     tm AS (
         SELECT m.status AS outcome, m.minute AS at, NULL::interval AS took, sum(m.n)::bigint AS n
           FROM pyscheduler._task_minutes m
@@ -148,6 +175,8 @@ BEGIN
         SELECT 'tasks' AS capability, t.*, 1::bigint AS n, (SELECT count(*) FROM t) < max_rows AS complete FROM t
         UNION ALL
         SELECT 'tasks', tm.*, true FROM tm
+        UNION ALL
+        SELECT 'tasks', tl.*, (SELECT count(*) FROM tl) < max_rows FROM tl
         UNION ALL
         SELECT 'schedules', s.*, 1, (SELECT count(*) FROM s) < max_rows FROM s
         UNION ALL
@@ -219,6 +248,8 @@ BEGIN
               ORDER BY x.updated DESC
               LIMIT max_rows)) l
          LIMIT max_rows),
+    tl AS (  -- the tasks deleted as they completed: their latency's bucket only
+        SELECT d.at, d.k, d.n FROM pyscheduler._task_done(v_from, v_rfrom, v_upto, max_rows) d),
     s AS (
         SELECT e.fired_at AS at, e.lateness AS took
           FROM pyscheduler.schedule_executions e
@@ -238,7 +269,8 @@ BEGIN
         SELECT 'checks', c.*, (SELECT count(*) FROM c) < max_rows FROM c),
     -- tasks and schedules over their rollup's minutes: a histogram of its buckets and of the live rows'
     rolled AS (
-        SELECT * FROM (VALUES ('tasks', v_upto > v_from), ('schedules', v_supto > v_from), ('delay', true))
+        SELECT * FROM (VALUES ('tasks', v_upto > v_from OR EXISTS (SELECT FROM tl)), ('schedules', v_supto > v_from),
+                              ('delay', true))
                       r (capability, yes)
          WHERE r.yes),
     hist AS (
@@ -255,6 +287,9 @@ BEGIN
                 SELECT 'delay', m.minute, m.k, m.n, true
                   FROM pyscheduler._delay_lag_minutes m
                  WHERE m.minute >= date_trunc('minute', v_from)
+                UNION ALL
+                SELECT 'tasks', tl.at, tl.k, tl.n, (SELECT count(*) FROM tl) < max_rows
+                  FROM tl
                 UNION ALL
                 SELECT a.capability, a.at, pyscheduler._latency_k(a.took), 1, a.complete
                   FROM every a
@@ -334,11 +369,17 @@ BEGIN
                 AND x.updated < v_rfrom
               ORDER BY x.updated DESC
               LIMIT max_rows)) l
-         LIMIT max_rows)
+         LIMIT max_rows),
+    tl AS (  -- the tasks deleted as they completed (queues that keep none)
+        SELECT d.queue, d.n FROM pyscheduler._task_done(v_from, v_rfrom, v_upto, max_rows) d)
     SELECT q.queue, q.status, sum(q.n)::bigint, bool_and(q.complete)
       FROM (SELECT t.queue, t.status, count(*) AS n, (SELECT count(*) FROM t) < max_rows AS complete
               FROM t
              GROUP BY 1, 2
+            UNION ALL
+            SELECT tl.queue, 'completed', sum(tl.n), (SELECT count(*) FROM tl) < max_rows
+              FROM tl
+             GROUP BY 1
             UNION ALL
             SELECT h.queue, h.status, sum(h.n), true
               FROM pyscheduler._task_queue_hours h

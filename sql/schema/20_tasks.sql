@@ -3,7 +3,8 @@
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
 -- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql,
--- 0048_spec_index_live.sql and 0049_unique_key_first.sql build (tests/ops/test_migrate.py checks).
+-- 0048_spec_index_live.sql, 0049_unique_key_first.sql and 0053_keep_completed.sql build
+-- (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
 CREATE TYPE pyscheduler.task_status AS ENUM ('waiting', 'scheduled', 'ready', 'running', 'completed', 'aborted', 'cancelled');
@@ -170,7 +171,8 @@ CREATE TABLE pyscheduler._task_tallies (
 -- is (the first to submit to it, pause or limit it; set_queue_owner): only it,
 -- its members and admin change its settings. Limits (issue 20, set_queue_limits,
 -- set_rate_limit; NULL: none): running_per_key, running_total, rate_starts
--- per rate_per (per queue, or per concurrency key with rate_by_key).
+-- per rate_per (per queue, or per concurrency key with rate_by_key). keep_completed (0053,
+-- set_queue_keep_completed): false, a completion deletes the task.
 CREATE TABLE pyscheduler.task_queues (
     queue     text NOT NULL,
     paused    boolean NOT NULL DEFAULT false,
@@ -185,9 +187,11 @@ CREATE TABLE pyscheduler.task_queues (
     limits_by name,
     limits_updated timestamptz,
     owner name,
+    keep_completed boolean NOT NULL DEFAULT true,
     CONSTRAINT task_queues_pkey PRIMARY KEY (queue),
     CONSTRAINT task_queues_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40)
 );
+CREATE INDEX task_queues_discarding_idx ON pyscheduler.task_queues (queue) WHERE NOT keep_completed;
 
 -- The workers that report (worker_seen, 0039): one row per worker and queue, seen_at renewed
 -- about every 10 s; rows not seen for a day are deleted by the reports of others.
@@ -290,6 +294,23 @@ CREATE TABLE pyscheduler._task_latency_minutes (
     k      smallint    NOT NULL,
     n      bigint      NOT NULL,
     PRIMARY KEY (minute, k)
+);
+-- 0053: the tasks a queue that keeps no completed tasks deleted as they completed, a row per
+-- completing call, queue and latency bucket (k as in _task_latency_minutes), until folded.
+CREATE TABLE pyscheduler._task_done_log (
+    at    timestamptz NOT NULL,
+    queue text        NOT NULL,
+    k     smallint    NOT NULL,
+    n     bigint      NOT NULL
+);
+CREATE INDEX _task_done_log_at_idx ON pyscheduler._task_done_log (at);
+-- what _fold_task_minutes folded of it, by the minute, kept 8 days (activity's live reads)
+CREATE TABLE pyscheduler._task_done_minutes (
+    minute timestamptz NOT NULL,
+    queue  text        NOT NULL,
+    k      smallint    NOT NULL,
+    n      bigint      NOT NULL,
+    PRIMARY KEY (minute, queue, k)
 );
 CREATE TABLE pyscheduler._task_minutes_folded (
     one  boolean     PRIMARY KEY DEFAULT true CHECK (one),

@@ -61,7 +61,8 @@ RETURNS jsonb
 LANGUAGE sql STABLE
 AS $$
     SELECT jsonb_build_object('queue', q.queue, 'paused', q.paused, 'note', q.note, 'paused_by', q.paused_by,
-                              'updated', pyscheduler._ts(q.updated), 'owner', q.owner);
+                              'updated', pyscheduler._ts(q.updated), 'owner', q.owner,
+                              'keep_completed', q.keep_completed);
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._pause_queue(queue text, note text DEFAULT NULL, p_now timestamptz DEFAULT now())
@@ -334,6 +335,53 @@ END
 $$;
 COMMENT ON FUNCTION pyscheduler.set_queue_owner(pyscheduler.queue_name, pyscheduler.role_name) IS
     'Admin: hand a queue over to a role, which (with its members and admin) alone changes its pause, limits and rate limits.';
+
+-- set_queue_keep_completed(queue, keep): whether a completion keeps the task (completed, read
+-- by get_task, list_tasks, find_tasks until cleanup_tasks deletes it) or deletes it (issue 31:
+-- a completion that deletes writes no index entry; capacity +19 %, docs/benchmarks.md).
+CREATE OR REPLACE FUNCTION pyscheduler._set_queue_keep_completed(queue text, keep boolean, p_now timestamptz)
+RETURNS jsonb
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue pyscheduler.task_queues;
+BEGIN
+    IF keep IS NULL THEN
+        RAISE EXCEPTION 'keep must be true or false' USING ERRCODE = 'PS208';
+    END IF;
+    PERFORM pyscheduler._owned_queue(_set_queue_keep_completed.queue, p_now);
+    UPDATE pyscheduler.task_queues q SET keep_completed = keep, updated = p_now
+     WHERE q.queue = _set_queue_keep_completed.queue
+    RETURNING q.* INTO v_queue;
+    RETURN pyscheduler._queue_json(v_queue);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pyscheduler.set_queue_keep_completed(queue pyscheduler.queue_name, keep boolean)
+RETURNS jsonb
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pyscheduler, pg_temp
+AS $$
+/* set_queue_keep_completed(queue, keep) -> {"queue", "paused", ..., "owner", "keep_completed"}
+   keep true (every queue's default): a completed task is kept, completed,
+   until cleanup_tasks deletes it. keep false: from the next completion on,
+   a task that completes is deleted with what it recorded (its result, steps
+   and waits), unless someone watches it (watch_task) or it has children
+   (dependencies): those are kept. get_task, list_tasks and find_tasks then
+   know nothing of it, and task_counts counts no completed task of the
+   queue; activity(), activity_latency() and queue_activity() still count it.
+   Aborted and cancelled tasks are always kept. The completion then writes no
+   index entry (capacity +19 %, docs/benchmarks.md). Only the queue's owner,
+   a member of it, or admin may set it; a new queue becomes the caller's.
+   Errors: PS208 queue or keep NULL, 42501 another role's queue. */
+BEGIN
+    RETURN pyscheduler._set_queue_keep_completed(queue, keep, now());
+END
+$$;
+COMMENT ON FUNCTION pyscheduler.set_queue_keep_completed(pyscheduler.queue_name, boolean) IS
+    'Whether a queue keeps its completed tasks (the default) or a completion deletes the task.';
 
 CREATE OR REPLACE VIEW pyscheduler.queue_limits AS
     SELECT q.queue, q.running_per_key, q.running_total, q.rate_starts, q.rate_per, q.rate_by_key,

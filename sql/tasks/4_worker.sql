@@ -759,6 +759,80 @@ $$;
 COMMENT ON FUNCTION pyscheduler.heartbeat_tasks(uuid[], uuid[], double precision[], interval) IS
     'Extend many leases (rns[i] with token tokens[i]) in one statement; returns (rn, sqlstate) for each refused.';
 
+-- Queues that keep no completed tasks (set_queue_keep_completed, 0053): a completion deletes the
+-- task unless someone watches it or it has children (those are kept: _finished needs them).
+-- _task_gone(queues, ks, rns, from, now): what follows the DELETE: a row per queue and latency
+-- bucket in _task_done_log (what activity() would have read from the rows), the tallies (from
+-- status `from` to none), and what the durable task functions recorded for them.
+CREATE OR REPLACE FUNCTION pyscheduler._task_gone(
+    p_queues text[], p_ks smallint[], p_rns uuid[], p_from pyscheduler.task_status, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO pyscheduler._task_done_log (at, queue, k, n)
+    SELECT p_now, g.queue, g.k, count(*) FROM unnest(p_queues, p_ks) AS g(queue, k) GROUP BY 2, 3;
+    PERFORM pyscheduler._task_tally_many(p_queues, p_from, NULL);
+    DELETE FROM pyscheduler.task_checkpoints c WHERE c.rn = ANY (p_rns);
+    DELETE FROM pyscheduler.task_waits w WHERE w.rn = ANY (p_rns);
+END
+$$;
+
+-- _complete_deleting(rns, tokens, now): a batch completion's first step: of the leases (rns[i],
+-- tokens[i]) held on running tasks of such queues, the tasks deleted instead of completed
+-- (nothing is read but the queues' partial index when every queue keeps them); returns their
+-- rns. The UPDATE that follows completes the rest (it no longer sees these).
+CREATE OR REPLACE FUNCTION pyscheduler._complete_deleting(p_rns uuid[], p_tokens uuid[], p_now timestamptz)
+RETURNS uuid[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_queues text[];
+    v_gone record;
+BEGIN
+    SELECT array_agg(q.queue) INTO v_queues FROM pyscheduler.task_queues q WHERE NOT q.keep_completed;
+    IF v_queues IS NULL THEN
+        RETURN '{}';
+    END IF;
+    WITH gone AS (
+        DELETE FROM pyscheduler.tasks t
+         USING pyscheduler._leases(p_rns, p_tokens) AS l
+         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
+           AND t.queue = ANY (v_queues) AND NOT t.watched AND NOT t.has_children
+        RETURNING t.rn, t.queue,
+                  pyscheduler._latency_k(greatest(t.leased_at - coalesce(t.run_at, t.created), interval '0')) AS k)
+    SELECT array_agg(g.rn) AS rns, array_agg(g.queue) AS queues, array_agg(g.k) AS ks INTO v_gone FROM gone g;
+    IF v_gone.rns IS NULL THEN
+        RETURN '{}';
+    END IF;
+    PERFORM pyscheduler._task_gone(v_gone.queues, v_gone.ks, v_gone.rns, 'running', p_now);
+    RETURN v_gone.rns;
+END
+$$;
+
+-- _completed_deleted(rn, queue, now): a single completion's last step (complete_task,
+-- complete_and_lease; the task is completed and its answer made): the task deleted if its queue
+-- keeps no completed tasks and it is neither watched nor a parent.
+CREATE OR REPLACE FUNCTION pyscheduler._completed_deleted(p_rn uuid, p_queue text, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_k smallint;
+BEGIN
+    PERFORM 1 FROM pyscheduler.task_queues q WHERE q.queue = p_queue AND NOT q.keep_completed;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    DELETE FROM pyscheduler.tasks t
+     WHERE t.rn = p_rn AND t.status::text = 'completed' AND NOT t.watched AND NOT t.has_children
+    RETURNING pyscheduler._latency_k(greatest(t.leased_at - coalesce(t.run_at, t.created), interval '0')) INTO v_k;
+    IF FOUND THEN
+        PERFORM pyscheduler._task_gone(ARRAY[p_queue], ARRAY[v_k], ARRAY[p_rn], 'completed', p_now);
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pyscheduler._complete_task(
     rn uuid, token uuid, result jsonb DEFAULT NULL, p_now timestamptz DEFAULT now())
 RETURNS jsonb
@@ -782,6 +856,8 @@ BEGIN
     PERFORM pyscheduler._task_tally(v_task ->> 'queue', 'running', 'completed', 1);
     IF v_more THEN
         PERFORM pyscheduler._finished(ARRAY[_complete_task.rn], p_now);
+    ELSE
+        PERFORM pyscheduler._completed_deleted(_complete_task.rn, v_task ->> 'queue', p_now);
     END IF;
     RETURN v_task;
 END
@@ -821,6 +897,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_done uuid[];
+    v_gone uuid[];
     v_more uuid[];
     v_bad record;
 BEGIN
@@ -837,6 +914,7 @@ BEGIN
             PERFORM pyscheduler._check_result(v_bad.e, format('results[%s]', v_bad.i - 1));
         END IF;
     END IF;
+    v_gone := pyscheduler._complete_deleting(rns, tokens, p_now);
     IF results IS NULL THEN
         WITH done AS (
             UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
@@ -874,6 +952,7 @@ BEGIN
             PERFORM pyscheduler._finished(v_more, p_now);
         END IF;
     END IF;
+    v_done := v_gone || v_done;
     -- the rest were not touched by the update above: the state machine says why
     IF cardinality(v_done) < cardinality(rns) THEN  -- some were refused: see _refused
         RETURN QUERY SELECT * FROM pyscheduler._refused(rns, tokens, v_done);
@@ -930,6 +1009,8 @@ BEGIN
         PERFORM pyscheduler._task_tally(v_queue, 'running', 'completed', 1);
         IF v_more THEN
             PERFORM pyscheduler._finished(ARRAY[_complete_and_lease.rn], p_now);
+        ELSE
+            PERFORM pyscheduler._completed_deleted(_complete_and_lease.rn, v_queue, p_now);
         END IF;
     END IF;
     RETURN pyscheduler._lease_task(_complete_and_lease.queue, _complete_and_lease.worker,

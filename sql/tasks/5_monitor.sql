@@ -130,7 +130,9 @@ $$;
 -- minute before the last (a finishing transaction has a minute to commit), to _task_minutes,
 -- _task_latency_minutes and _task_queue_hours; delete their rows older than 8 days. Reads tasks_terminal_updated_idx
 -- from upto on only (the first fold: the last 8 days). Called by _cleanup_tasks (the tasks
--- monitor, every minute); a concurrent fold skips (returns 0). Returns the minutes folded.
+-- monitor, every minute); a concurrent fold skips (returns 0). Returns the minutes folded. The
+-- tasks deleted as they completed (queues that keep none, 0053) are read from _task_done_log,
+-- whose rows it then moves to _task_done_minutes (by the minute, for activity's live reads).
 CREATE OR REPLACE FUNCTION pyscheduler._fold_task_minutes(p_now timestamptz DEFAULT now())
 RETURNS integer
 LANGUAGE plpgsql
@@ -148,24 +150,40 @@ BEGIN
     IF v_from >= v_to THEN
         RETURN 0;
     END IF;
+    -- the tasks kept, and those deleted as they completed (_task_done_log, 0053), folded from it
     INSERT INTO pyscheduler._task_minutes (minute, status, n)
-    SELECT date_bin('1 minute', t.updated, timestamptz 'epoch'), t.status::text, count(*)
-      FROM pyscheduler.tasks t
-     WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+    SELECT date_bin('1 minute', f.at, timestamptz 'epoch'), f.status, sum(f.n)
+      FROM (SELECT t.updated AS at, t.status::text AS status, 1 AS n
+              FROM pyscheduler.tasks t
+             WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+            UNION ALL
+            SELECT l.at, 'completed', l.n FROM pyscheduler._task_done_log l WHERE l.at >= v_from AND l.at < v_to) f
      GROUP BY 1, 2;
     INSERT INTO pyscheduler._task_queue_hours AS h (hour, queue, status, n)
-    SELECT date_bin('1 hour', t.updated, timestamptz 'epoch'), t.queue, t.status::text, count(*)
-      FROM pyscheduler.tasks t
-     WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+    SELECT date_bin('1 hour', f.at, timestamptz 'epoch'), f.queue, f.status, sum(f.n)
+      FROM (SELECT t.updated AS at, t.queue, t.status::text AS status, 1 AS n
+              FROM pyscheduler.tasks t
+             WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+            UNION ALL
+            SELECT l.at, l.queue, 'completed', l.n
+              FROM pyscheduler._task_done_log l WHERE l.at >= v_from AND l.at < v_to) f
      GROUP BY 1, 2, 3
     ON CONFLICT (hour, queue, status) DO UPDATE SET n = h.n + EXCLUDED.n;  -- an hour is folded minute by minute
     INSERT INTO pyscheduler._task_latency_minutes (minute, k, n)
-    SELECT date_bin('1 minute', t.updated, timestamptz 'epoch'),
-           pyscheduler._latency_k(greatest(t.leased_at - coalesce(t.run_at, t.created), interval '0')), count(*)
-      FROM pyscheduler.tasks t
-     WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
-       AND t.leased_at IS NOT NULL
+    SELECT date_bin('1 minute', f.at, timestamptz 'epoch'), f.k, sum(f.n)
+      FROM (SELECT t.updated AS at, 1 AS n,
+                   pyscheduler._latency_k(greatest(t.leased_at - coalesce(t.run_at, t.created), interval '0')) AS k
+              FROM pyscheduler.tasks t
+             WHERE t.status IN ('completed', 'aborted', 'cancelled') AND t.updated >= v_from AND t.updated < v_to
+               AND t.leased_at IS NOT NULL
+            UNION ALL
+            SELECT l.at, l.n, l.k FROM pyscheduler._task_done_log l WHERE l.at >= v_from AND l.at < v_to) f
      GROUP BY 1, 2;
+    WITH moved AS (DELETE FROM pyscheduler._task_done_log l WHERE l.at < v_to RETURNING l.*)
+    INSERT INTO pyscheduler._task_done_minutes AS m (minute, queue, k, n)
+    SELECT date_bin('1 minute', d.at, timestamptz 'epoch'), d.queue, d.k, sum(d.n) FROM moved d GROUP BY 1, 2, 3
+    ON CONFLICT (minute, queue, k) DO UPDATE SET n = m.n + EXCLUDED.n;
+    DELETE FROM pyscheduler._task_done_minutes m WHERE m.minute < p_now - interval '8 days';
     DELETE FROM pyscheduler._task_minutes m WHERE m.minute < p_now - interval '8 days';
     DELETE FROM pyscheduler._task_latency_minutes m WHERE m.minute < p_now - interval '8 days';
     DELETE FROM pyscheduler._task_queue_hours h WHERE h.hour < p_now - interval '8 days';

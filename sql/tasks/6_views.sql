@@ -38,7 +38,7 @@ COMMENT ON VIEW pyscheduler.queue_status IS
 
 SELECT pyscheduler._grant('client', 'submit_task', 'submit_task_lean', 'submit_tasks', 'submit_tasks_lean',
                          'submit_workflow', 'get_task', 'list_tasks', 'cancel_task', 'retry_task', 'retry_tasks', 'pause_queue', 'resume_queue', 'next_task_due',
-                         'watch_task', 'set_queue_limits', 'set_rate_limit',
+                         'watch_task', 'set_queue_limits', 'set_rate_limit', 'set_queue_keep_completed',
                          'task_counts', 'expired_leases', 'oldest_ready_tasks', 'queue_status', 'queue_limits');
 SELECT pyscheduler._grant('worker', 'register_worker', 'lease_task', 'lease_tasks', 'lease_tasks_lean',
                          'heartbeat_task', 'heartbeat_tasks', 'complete_task', 'complete_tasks', 'complete_and_lease',
