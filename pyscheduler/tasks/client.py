@@ -146,18 +146,20 @@ class Task:
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
-    """Whether a queue is paused (``pause_queue``), why (``note``), by which role, since when."""
+    """Whether a queue is paused (``pause_queue``), why (``note``), by which role, since when;
+    whether it keeps its completed tasks (``set_queue_keep_completed``)."""
 
     queue: str
     paused: bool
     note: str | None
     paused_by: str | None
     updated: datetime | None
+    keep_completed: bool = True
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> QueueState:
         return cls(obj["queue"], bool(obj["paused"]), obj.get("note"), obj.get("paused_by"),
-                   instant(obj.get("updated")))
+                   instant(obj.get("updated")), bool(obj.get("keep_completed", True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,6 +555,15 @@ def _resume_queue(queue: str) -> Call[QueueState]:
     return Call(sql.RESUME_QUEUE, {"queue": _queue(queue)}, value(QueueState.from_json))
 
 
+def _set_queue_keep_completed(queue: str, keep: bool) -> Call[QueueState]:
+    """``keep`` False: from the next completion on, a task of ``queue`` that completes is deleted
+    (unless watched or a parent), not kept as completed; the completion is then cheaper
+    (docs/sql-api.md, set_queue_keep_completed). True (the default) keeps them."""
+    if not isinstance(keep, bool):
+        raise InvalidArgument(f"keep must be True or False, got {keep!r}")
+    return Call(sql.SET_QUEUE_KEEP_COMPLETED, {"queue": _queue(queue), "keep": keep}, value(QueueState.from_json))
+
+
 class TaskClient(SyncClient):
     """Submit, view, cancel and requeue tasks, pause and resume queues (role pyscheduler_client):
     ``TaskClient(db)`` on a ``Database``, or ``TaskClient(conn)`` on the application's psycopg
@@ -597,6 +608,7 @@ class TaskClient(SyncClient):
     submit_ids = sync(_submit_ids)
     set_queue_limits = sync(_set_queue_limits)
     set_rate_limit = sync(_set_rate_limit)
+    set_queue_keep_completed = sync(_set_queue_keep_completed)
     get = sync(_get)
     list = sync(_list)
     cancel = sync(_cancel)
@@ -634,6 +646,7 @@ class AsyncTaskClient(AsyncClient):
     submit_ids = asynchronous(_submit_ids)
     set_queue_limits = asynchronous(_set_queue_limits)
     set_rate_limit = asynchronous(_set_rate_limit)
+    set_queue_keep_completed = asynchronous(_set_queue_keep_completed)
     get = asynchronous(_get)
     list = asynchronous(_list)
     cancel = asynchronous(_cancel)

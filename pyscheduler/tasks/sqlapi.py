@@ -35,6 +35,7 @@ PAUSE_QUEUE = Fn("pause_queue", ("queue", "note"))
 RESUME_QUEUE = Fn("resume_queue", ("queue",))
 SET_QUEUE_LIMITS = Fn("set_queue_limits", ("queue", "running_per_key", "running_total"))
 SET_RATE_LIMIT = Fn("set_rate_limit", ("queue", "starts", "per", "by_key"))
+SET_QUEUE_KEEP_COMPLETED = Fn("set_queue_keep_completed", ("queue", "keep"))
 EMIT_EVENT = Fn("emit_event", ("name", "payload"))  # app.emit_event: how many waiting tasks it woke
 TASK_STEPS = Fn("task_steps", ("rn",), ("kind", "step", "result", "recorded"))  # the dashboard's timeline
 WATCH_TASK = Fn("watch_task", ("rn",))  # a handle's wait: the task, and NOTIFY watch_channel(rn) when it ends
