@@ -327,6 +327,7 @@ VALID = {
     ("id", "bigint"): "{check}", ("id", "text"): "'walk-1'",
     ("ids", "bigint[]"): "ARRAY[{check}::bigint]", ("ids", "text[]"): "ARRAY['walk-1']",
     ("job", "text"): "'count'", ("name", "text"): "'walk'", ("node", "uuid"): "gen_random_uuid()",
+    ("keep", "boolean"): "false",
     ("attempts", "integer[]"): "ARRAY[1]", ("errors", "text[]"): "ARRAY['boom']",
     ("expected", "timestamp with time zone[]"): "ARRAY[now()]",
     ("outcomes", "text[]"): "ARRAY['failed']", ("owner", "text"): "'walker'",

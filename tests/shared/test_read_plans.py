@@ -104,7 +104,8 @@ NOT_READS = {
         "record_executions", "register_worker", "reset_expired_tasks", "reset_stuck", "resume_queue",
         "resume_schedule", "resync_take", "retry_task", "retry_tasks", "run_check_jobs", "run_checks",
         "run_due_checks", "set_check_settings", "set_http_allow", "set_queue_limits", "set_queue_owner",
-        "set_rate_limit", "stop_schedules", "submit_check_tasks", "submit_task", "submit_tasks", "submit_workflow",
+        "set_queue_keep_completed", "set_rate_limit", "stop_schedules", "submit_check_tasks", "submit_task",
+        "submit_tasks", "submit_workflow",
         "trigger_schedule", "update_schedule", "watch_task", "yield_task", "yield_tasks"],
 }
 

@@ -248,7 +248,7 @@ def owned_work(dsn: str, app_dsn: str) -> dict[tuple[str, ...], str]:
         ("spec", "jsonb"): "'{}'", ("specs", "jsonb"): "'[{}]'",
         ("workflow", "jsonb"): """'[{"name": "a", "queue": "walk-q", "spec": {}}]'""",
         ("error", "jsonb"): f"'{errors}'::jsonb -> 0", ("errors", "jsonb"): f"'{errors}'",
-        ("starts", "integer"): "10",
+        ("starts", "integer"): "10", ("keep", "boolean"): "true",
         ("name", "text"): "'walk-s'",
         ("expected", "timestamp with time zone[]"): "ARRAY[now()]", ("outcomes", "text[]"): "ARRAY['ok']",
         ("attempts", "integer[]"): "ARRAY[1]", ("errors", "text[]"): "ARRAY[NULL::text]",
