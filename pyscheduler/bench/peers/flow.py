@@ -44,6 +44,11 @@ def _python(key: str) -> Callable[[], list[str]]:
     return lambda: [sys.executable, "-m", "pyscheduler.bench.peers.flow_runner", key]
 
 
+# pyscheduler's capacity again, on a queue that keeps no completed tasks (set_queue_keep_completed):
+# a row of its own in the capacity table, run in each capacity round beside pyscheduler's
+NOKEEP = FlowSystem("pyscheduler-nokeep", _python("pyscheduler-nokeep"))
+NOKEEP_LABEL = "pyscheduler, completed tasks not kept"
+
 SYSTEMS = [
     FlowSystem("pyscheduler", _python("pyscheduler")),
     FlowSystem("pgqueuer", _python("pgqueuer"),
@@ -109,7 +114,8 @@ def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_j
             out["enqueue"].setdefault(s.key, []).append(res)
             echo(f"round {r + 1}/{rounds} enqueue, {s.key}: bulk {bulk_jobs / res['bulk_s']:,.0f} jobs/s, "
                  f"single p50 {percentile(res['single_ms'], 50):.2f} ms, load {_load()}")
-        for s in order(r) if backlog else []:
+        ours_too = [NOKEEP] if any(s.key == "pyscheduler" for s in systems) else []
+        for s in (order(r) + ours_too if r % 2 else ours_too + order(r)) if backlog else []:
             res = run_one(dsn, s, "capacity", backlog, seconds, concurrency)
             out["capacity"].setdefault(s.key, []).append(res)
             echo(f"round {r + 1}/{rounds} capacity, {s.key}: {res['window_rate']:,.0f} jobs/s, exactly once "
@@ -211,7 +217,8 @@ def _once(runs: list[dict]) -> str:
 
 
 def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency: int) -> list[str]:
-    by = results["capacity"]
+    by = {k: v for k, v in results["capacity"].items() if k != NOKEEP.key}
+    nokeep = results["capacity"].get(NOKEEP.key)
     rates = {k: [r["window_rate"] for r in by[k]] for k in by}
     peers = [k for k in by if k != "pyscheduler"]
     best = max(peers, key=lambda k: median(rates[k])) if peers else None
@@ -227,10 +234,21 @@ def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency:
         lines.append(f"| {k} | {_cell(rates[k])} | {_once(by[k])} | "
                      + ("-" if k == "pyscheduler" else _ratio(ours, rates[k], ok=_both_once(by["pyscheduler"], by[k])))
                      + " |")
+    if nokeep:
+        lean = [r["window_rate"] for r in nokeep]
+        lines.append(f"| {NOKEEP_LABEL} | {_cell(lean)} | {_once(nokeep)} | "
+                     f"{_ratio(ours, lean, ok=_both_once(by['pyscheduler'], nokeep)) if ours else '-'} |")
     if best and "pyscheduler" in rates:
         lines += ["", f"pyscheduler's capacity: **{median(rates['pyscheduler']):,.0f} jobs/s**; against the best peer "
                       f"({best}): {_ratio(ours, rates[best], ok=_both_once(by['pyscheduler'], by[best]))}."]
-    return lines + ["", "Settings: " + "; ".join(f"{k}: {by[k][0]['settings']}" for k in by) + ".", ""]
+        if nokeep:
+            lines[-1] += (f" On a queue that keeps no completed tasks (`set_queue_keep_completed`): "
+                          f"**{median(lean):,.0f} jobs/s**, against {best}: "
+                          f"{_ratio(lean, rates[best], ok=_both_once(nokeep, by[best]))}.")
+    settings = [f"{k}: {by[k][0]['settings']}" for k in by]
+    if nokeep:
+        settings.append(f"{NOKEEP_LABEL}: as pyscheduler, with set_queue_keep_completed(queue, False)")
+    return lines + ["", "Settings: " + "; ".join(settings) + ".", ""]
 
 
 def _e2e_lines(results: dict, *, seconds: float, concurrency: int) -> list[str]:
@@ -275,7 +293,7 @@ def chart(path: Path, results: dict, *, bulk_jobs: int) -> Path:
               ("single submit, call p50 ms (lower is better)", False,
                {k: [percentile(r["single_ms"], 50) for r in v] for k, v in enq.items()}),
               ("capacity, jobs started/s (higher is better)", False,
-               {k: [r["window_rate"] for r in v] for k, v in cap.items()})]
+               {NOKEEP_LABEL if k == NOKEEP.key else k: [r["window_rate"] for r in v] for k, v in cap.items()})]
     panels += [(f"enqueue-to-start p99 ms at {rate:,} jobs/s offered (lower is better; log scale)", True,
                 {k: [percentile(r["latency_ms"], 99) for r in v] for k, v in by.items()}) for rate, by in e2e.items()]
     panels = [p for p in panels if p[2]]
@@ -285,7 +303,8 @@ def chart(path: Path, results: dict, *, bulk_jobs: int) -> Path:
         names = list(values)[::-1]
         med = [median(values[k]) for k in names]
         err = [[m - min(values[k]) for m, k in zip(med, names)], [max(values[k]) - m for m, k in zip(med, names)]]
-        ax.barh(names, med, xerr=err, capsize=4, color=["#1f77b4" if k == "pyscheduler" else "#999999" for k in names])
+        ax.barh(names, med, xerr=err, capsize=4,
+                color=["#1f77b4" if k.startswith("pyscheduler") else "#999999" for k in names])
         for y, (m, k) in enumerate(zip(med, names)):
             label = f"{m:,.2f}" if m < 10 else f"{m:,.1f}" if m < 1000 else f"{m:,.0f}"
             ax.text(max(values[k]), y, f"  {label}", va="center", fontsize=9)

@@ -143,11 +143,16 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
                          "pool of 2; a tasks Monitor")
 
 
-def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0) -> dict:
+def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0,
+                    keep_completed: bool = True) -> dict:
     from ... import __version__, migrate
-    from ...tasks import Worker
+    from ...db import Database
+    from ...tasks import TaskClient, Worker
 
     migrate.migrate(dsn)
+    if not keep_completed:
+        with Database(dsn, min_size=1, max_size=1) as db:
+            TaskClient(db).set_queue_keep_completed(QUEUE, False)
     seen: list[int] = []
     latencies: list[float] = []
     starts: list[float] = []
@@ -172,7 +177,8 @@ def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, bac
         running.stop()
     return dict(system="pyscheduler", version=__version__, **_done(seen, made, last, latencies, starts),
                 settings=f"Worker capacity {concurrency}, poll 0.5 s; a tasks Monitor; producer "
-                         "TaskClient.submit_ids")
+                         "TaskClient.submit_ids" + ("" if keep_completed else "; set_queue_keep_completed(queue, "
+                                                   "False): a completion deletes the task"))
 
 
 def pyscheduler_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) -> dict:
@@ -329,6 +335,7 @@ def pgqueuer_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) ->
 
 
 RUNNERS = {("pyscheduler", "enqueue"): pyscheduler_enqueue, ("pyscheduler", "e2e"): pyscheduler_e2e,
+           ("pyscheduler-nokeep", "e2e"): lambda *a: pyscheduler_e2e(*a, keep_completed=False),
            ("pyscheduler", "produce"): pyscheduler_produce, ("pgqueuer", "enqueue"): pgqueuer_enqueue,
            ("pgqueuer", "e2e"): pgqueuer_e2e, ("pgqueuer", "produce"): pgqueuer_produce}
 
