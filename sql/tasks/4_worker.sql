@@ -915,7 +915,9 @@ BEGIN
         END IF;
     END IF;
     v_gone := pyscheduler._complete_deleting(rns, tokens, p_now);
-    IF results IS NULL THEN
+    IF cardinality(v_gone) = cardinality(rns) THEN  -- all deleted: nothing left to update
+        v_done := '{}';
+    ELSIF results IS NULL THEN
         WITH done AS (
             UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
               FROM pyscheduler._leases(rns, tokens) AS l

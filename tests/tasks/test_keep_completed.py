@@ -90,15 +90,16 @@ def test_the_default_keeps_them_and_a_queue_may_keep_them_again(tx):
 
 def test_a_watched_task_a_parent_and_a_failure_are_kept(tx):
     tx.call("set_queue_keep_completed", queue="gone", keep=False)
-    watched, parent, failing = (submit(tx, "gone", {"i": i}) for i in range(3))
+    watched, parent, failing, plain = (submit(tx, "gone", {"i": i}) for i in range(4))
     child = submit(tx, "gone", {"child": 1}, after=[parent["rn"]])
     tx.call("watch_task", rn=watched["rn"])
     by_spec = {}
-    for _ in range(3):
+    for _ in range(4):
         t = lease(tx, "gone")
         by_spec[t["spec"]["i"]] = t
-    tx.call("complete_tasks", rns=[by_spec[0]["rn"], by_spec[1]["rn"]],
-            tokens=[by_spec[0]["token"], by_spec[1]["token"]])
+    batch = [by_spec[0], by_spec[1], by_spec[3]]  # one batch: two kept, one deleted
+    assert tx.call("complete_tasks", rns=[t["rn"] for t in batch], tokens=[t["token"] for t in batch]) == []
+    assert gone(tx, plain["rn"])
     tx.call("abort_task", **held(by_spec[2]), errors=Jsonb([{"code": "bug"}]))
     assert tx.call_value("get_task", rn=watched["rn"])["status"] == "completed"  # its watcher reads it
     assert tx.call_value("get_task", rn=parent["rn"])["status"] == "completed"
