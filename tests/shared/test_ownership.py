@@ -9,19 +9,12 @@ import json
 import psycopg
 import pytest
 
-from pyscheduler import errors
 from pyscheduler.db import Database, Jsonb
 from pyscheduler.tasks.client import TaskClient
 
+from tests.support import code
+
 SECRET = "4111-1111-1111-1111"  # a card number in the first application's work
-
-
-def code(fn) -> str | None:
-    try:
-        fn()
-    except (errors.SchedulerError, psycopg.Error) as exc:
-        return exc.sqlstate
-    return None
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from pyscheduler import errors
 from pyscheduler.db import Database, Jsonb
 
+from tests.support import code
 from tests.support.tasks import T0, at, call, held, lease, submit, types_of, value
 
 ERROR = {"code": "upstream", "args": {"status": 503}, "description": "upstream 503"}
@@ -29,14 +29,6 @@ def fail(db, h, now=None, error=None, **kw):
 
 def get(db, rn):
     return db.call_value("get_task", rn=rn)
-
-
-def code(fn) -> str | None:
-    try:
-        fn()
-    except (errors.SchedulerError, psycopg.Error) as exc:
-        return exc.sqlstate
-    return None
 
 
 def set_setting(conn, name: str, value: str) -> None:

@@ -14,16 +14,8 @@ from pyscheduler import errors
 from pyscheduler.db import Jsonb
 from pyscheduler.tasks import TaskClient, Worker
 
-from tests.support import wait_for
+from tests.support import code, wait_for
 from tests.support.tasks import held, lease, submit
-
-
-def code(fn) -> str | None:
-    try:
-        fn()
-    except (errors.SchedulerError, psycopg.Error) as exc:
-        return exc.sqlstate
-    return None
 
 
 def counts(tx, queue: str) -> dict[str, int]:
