@@ -228,6 +228,17 @@ def resume_cmd(dsn, queue) -> None:
     _echo_json(_with_client(dsn, lambda client: client.resume_queue(queue)))
 
 
+@group.command("keep-completed")
+@dsn_option
+@click.argument("queue")
+@click.argument("keep", type=click.Choice(["yes", "no"]))
+def keep_completed_cmd(dsn, queue, keep) -> None:
+    """Whether QUEUE keeps its completed tasks (yes: every queue's default) or deletes each task as
+    it completes (no: failures, watched tasks and parents stay; set_queue_keep_completed)."""
+    require_text(queue, "QUEUE")
+    _echo_json(_with_client(dsn, lambda client: client.set_queue_keep_completed(queue, keep == "yes")))
+
+
 @group.command("queues")
 @dsn_option
 @click.option("--watch", type=click.FloatRange(0.5, 3600), default=None, metavar="SECONDS",

@@ -93,6 +93,17 @@ def test_pause_resume_and_queues(dsn, db):
         assert result.exit_code in (1, 2) and ("--note" in result.output or "queue" in result.output), bad
 
 
+def test_keep_completed_sets_whether_a_queue_keeps_its_completed_tasks(dsn, db):
+    assert answer(run(dsn, "keep-completed", "kq", "no"))["keep_completed"] is False
+    db.call("submit_task", queue="kq", spec=Jsonb({}))
+    task = db.call_value("lease_task", queue="kq", worker="w")
+    db.call("complete_task", rn=task["rn"], token=task["token"])
+    assert db.query("SELECT count(*) AS n FROM pyscheduler.tasks WHERE queue = 'kq'")[0]["n"] == 0
+    assert answer(run(dsn, "keep-completed", "kq", "yes"))["keep_completed"] is True
+    result = run(dsn, "keep-completed", "kq", "maybe")
+    assert result.exit_code == 2 and "'maybe' is not one of 'yes', 'no'" in result.output
+
+
 def test_queues_watch_redraws_a_table_and_flags_a_queue_nobody_works(dsn, db):
     """Issue 30 (`pyscheduler top`): `tasks queues --watch SECONDS` redraws the queues with a
     header row, when a worker of each was last seen, and NO WORKER where tasks are ready and no
