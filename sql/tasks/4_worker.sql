@@ -810,9 +810,9 @@ BEGIN
 END
 $$;
 
--- _completed_deleted(rn, queue, now): a single completion's last step (complete_task,
--- complete_and_lease; the task is completed and its answer made): the task deleted if its queue
--- keeps no completed tasks and it is neither watched nor a parent.
+-- _completed_deleted(rn, queue, now): complete_task's last step (its answer is the completed
+-- task, so it updates first): the task deleted if its queue keeps no completed tasks and it is
+-- neither watched nor a parent. complete_tasks and complete_and_lease delete first instead.
 CREATE OR REPLACE FUNCTION pyscheduler._completed_deleted(p_rn uuid, p_queue text, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql
@@ -1000,19 +1000,22 @@ DECLARE
 BEGIN
     IF _complete_and_lease.rn IS NOT NULL THEN
         PERFORM pyscheduler._check_result(_complete_and_lease.result);
-        UPDATE pyscheduler.tasks t
-           SET status = 'completed', progress = 1, deadline = NULL, updated = p_now, result = _complete_and_lease.result
-         WHERE t.rn = _complete_and_lease.rn AND t.lease_token = _complete_and_lease.token
-           AND t.status::text = 'running'
-        RETURNING t.watched OR t.has_children, t.limited, t.queue INTO v_more, v_limited, v_queue;
-        IF NOT FOUND THEN
-            PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
-        END IF;
-        PERFORM pyscheduler._task_tally(v_queue, 'running', 'completed', 1);
-        IF v_more THEN
-            PERFORM pyscheduler._finished(ARRAY[_complete_and_lease.rn], p_now);
-        ELSE
-            PERFORM pyscheduler._completed_deleted(_complete_and_lease.rn, v_queue, p_now);
+        -- deleted, not updated, on a queue that keeps no completed tasks (as complete_tasks)
+        IF cardinality(pyscheduler._complete_deleting(ARRAY[_complete_and_lease.rn],
+                                                      ARRAY[_complete_and_lease.token], p_now)) = 0 THEN
+            UPDATE pyscheduler.tasks t
+               SET status = 'completed', progress = 1, deadline = NULL, updated = p_now,
+                   result = _complete_and_lease.result
+             WHERE t.rn = _complete_and_lease.rn AND t.lease_token = _complete_and_lease.token
+               AND t.status::text = 'running'
+            RETURNING t.watched OR t.has_children, t.limited, t.queue INTO v_more, v_limited, v_queue;
+            IF NOT FOUND THEN
+                PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
+            END IF;
+            PERFORM pyscheduler._task_tally(v_queue, 'running', 'completed', 1);
+            IF v_more THEN
+                PERFORM pyscheduler._finished(ARRAY[_complete_and_lease.rn], p_now);
+            END IF;
         END IF;
     END IF;
     RETURN pyscheduler._lease_task(_complete_and_lease.queue, _complete_and_lease.worker,
