@@ -71,13 +71,11 @@ CREATE TABLE pyscheduler.tasks (
     has_children boolean NOT NULL DEFAULT false,
     on_parent_failure text,
     CONSTRAINT tasks_pkey PRIMARY KEY (rn),
-    CONSTRAINT tasks_queue_check CHECK (octet_length(queue) BETWEEN 1 AND 40),
-    CONSTRAINT tasks_priority_check CHECK (priority BETWEEN 0 AND 4294967295),
-    CONSTRAINT tasks_progress_check CHECK (progress BETWEEN 0 AND 1),
-    CONSTRAINT tasks_attempts_check CHECK (attempts >= 0),
+    -- the states' rules only: the input rules (queue, priority, max_attempts, progress) are the
+    -- functions' (domains, _check_task_args), and each CHECK here is re-read and planned at the
+    -- start of every INSERT or UPDATE statement (migration 0054)
     CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL)),
     CONSTRAINT tasks_scheduled_check CHECK (status <> 'scheduled' OR run_at IS NOT NULL),
-    CONSTRAINT tasks_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000),
     CONSTRAINT tasks_waiting_check CHECK (status <> 'waiting' OR waiting_on > 0)
 )
 -- Autovacuum by counts, not by a fraction of the table: a lease leaves the
