@@ -186,9 +186,9 @@ def _enqueue_lines(enq: dict, *, bulk_jobs: int, rounds: int, single_jobs: int) 
     bulk = {k: [bulk_jobs / r["bulk_s"] for r in enq[k]] for k in keys}
     single = {k: [1000 * len(r["single_ms"]) / sum(r["single_ms"]) for r in enq[k]] for k in keys}
     lines = [f"**Enqueue**, each system's own client as its users call it, {rounds} rounds (order rotated): bulk "
-             f"{bulk_jobs:,} jobs in calls of 1,000; single: {single_jobs:,} calls of one job. Ratios are "
-             "pyscheduler / peer per round (median, range); per-call times are medians over rounds of each "
-             "round's p50 and p99.", "",
+             f"{bulk_jobs:,} jobs in calls of 1,000; single: {single_jobs:,} calls of one job, right after the "
+             "plain bulk (pyscheduler's variants after them). Ratios are pyscheduler / peer per round "
+             "(median, range); per-call times are medians over rounds of each round's p50 and p99.", "",
              "| system | bulk jobs/s | bulk call p50 / p99 ms | single calls/s | single call p50 / p99 ms "
              "| bulk ratio | single ratio |", "|---|---|---|---|---|---|---|"]
     for k in keys:
