@@ -148,24 +148,24 @@ def _durable(db) -> Callable[[], int]:
 
 
 def _enqueue(db, jobs: int, scenario: str = "noop", chunk: int = 5000) -> float:
-    """JOBS jobs of the scenario, ``chunk`` per submit_tasks call (a delayed half in a call of
-    its own: one run_at per call); seconds taken, then ANALYZE."""
-    from ...db import Jsonb
-    from ...tasks import sqlapi as sql
+    """JOBS jobs of the scenario, ``chunk`` per call of ``TaskClient.submit_ids`` (the bulk
+    submit users call: submit_tasks_lean; a delayed half in a call of its own: one run_at per
+    call); seconds taken, then ANALYZE."""
+    from ...tasks import TaskClient
 
+    client = TaskClient(db)
     started = time.perf_counter()
     for first in range(0, jobs, chunk):
         ids = range(first, min(first + chunk, jobs))
         if scenario == "fail":
-            db.call(sql.SUBMIT_TASKS, queue=QUEUE, max_attempts=MAX_ATTEMPTS,
-                    specs=Jsonb([{"i": i, "f": True} if i % FAIL_EVERY == 0 else {"i": i} for i in ids]))
+            client.submit_ids(QUEUE, [{"i": i, "f": True} if i % FAIL_EVERY == 0 else {"i": i} for i in ids],
+                              max_attempts=MAX_ATTEMPTS)
         elif scenario == "delay":
-            db.call(sql.SUBMIT_TASKS, queue=QUEUE, specs=Jsonb([{"i": i} for i in ids if i % DELAY_EVERY != 1]))
-            later = datetime.now(timezone.utc) + timedelta(seconds=DELAY_SECONDS)
-            db.call(sql.SUBMIT_TASKS, queue=QUEUE, run_at=later,
-                    specs=Jsonb([{"i": i} for i in ids if i % DELAY_EVERY == 1]))
+            client.submit_ids(QUEUE, [{"i": i} for i in ids if i % DELAY_EVERY != 1])
+            client.submit_ids(QUEUE, [{"i": i} for i in ids if i % DELAY_EVERY == 1],
+                              run_at=datetime.now(timezone.utc) + timedelta(seconds=DELAY_SECONDS))
         else:
-            db.call(sql.SUBMIT_TASKS, queue=QUEUE, specs=Jsonb([{"i": i} for i in ids]))
+            client.submit_ids(QUEUE, [{"i": i} for i in ids])
     secs = time.perf_counter() - started
     with db.connection() as conn:
         conn.execute("ANALYZE")
