@@ -398,9 +398,19 @@ def hostile(base: str) -> list[str]:
             + [f"ARRAY[{v}]" for v in HOSTILE[elem]])
 
 
+# The rules a table no longer checks itself because every value is refused where it enters, by a
+# function's domain or check (migration 0054: a CHECK is re-planned by every statement that writes
+# the table): the walk checks every row written under them.
+ROW_RULES = {
+    "tasks": "octet_length(queue) BETWEEN 1 AND 40 AND priority BETWEEN 0 AND 4294967295 AND progress BETWEEN 0 AND 1"
+             " AND attempts >= 0 AND coalesce(max_attempts BETWEEN 1 AND 1000, true)",
+}
+
+
 def stored_values(conn, since_xid: int) -> list[str]:
     """What a reader cannot load among the rows written since since_xid (this transaction's):
-    every jsonb column through json and orjson, every timestamptz through psycopg, in range."""
+    every jsonb column through json and orjson, every timestamptz through psycopg, in range; and
+    a row outside its table's ROW_RULES."""
     columns = conn.execute(
         "SELECT c.relname, array_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.atttypid = 'jsonb'::regtype) AS j,"
         "       array_agg(a.attname ORDER BY a.attnum) FILTER (WHERE a.atttypid = 'timestamptz'::regtype) AS t"
@@ -430,6 +440,11 @@ def stored_values(conn, since_xid: int) -> list[str]:
                 if at is not None and not datetime(1970, 1, 1, tzinfo=timezone.utc) <= at < datetime(
                         9999, 1, 1, tzinfo=timezone.utc):
                     bad.append(f"{table['relname']}.{c}: {at}")
+    for table, rule in ROW_RULES.items():
+        n = conn.execute(f"SELECT count(*) AS n FROM pyscheduler.{table} WHERE xmin::text::bigint >= %s"
+                         f" AND NOT coalesce({rule}, false)", (since_xid,)).fetchone()["n"]
+        if n:
+            bad.append(f"{table}: {n} rows outside its rules")
     return bad
 
 
@@ -476,7 +491,7 @@ def test_poison_walk_every_parameter_of_every_public_function_gets_hostile_value
     number for an object; instants and intervals: infinite, negative, beyond year 9999; numbers:
     negative, huge, NaN; uuids: zero, random; arrays: a NULL element, 10^6 elements, a hostile
     element), the other parameters valid: a documented error or an answer, within 10 s, and
-    nothing stored that Python cannot load."""
+    nothing stored that Python cannot load, nor a row outside ROW_RULES."""
     functions = parameters(tx)
     missing = sorted({(p["name"], p["base"]) for params in functions.values() for p in params
                       if not p["optional"] and (p["name"], p["base"]) not in VALID})
@@ -490,7 +505,8 @@ def test_poison_walk_every_parameter_of_every_public_function_gets_hostile_value
 
 def test_the_poison_walk_fails_a_function_that_stores_poison_or_never_answers(tx):
     """The walk can fail: a public function that stores an instant or a payload readers cannot
-    load, or that does not answer within the time bound, is reported."""
+    load, a task outside the rules its table no longer checks (ROW_RULES), or that does not answer
+    within the time bound, is reported."""
     with tx.transaction(force_rollback=True):
         tx.execute("CREATE TABLE pyscheduler.throwaway_sink (at timestamptz, j jsonb)")
         tx.execute("CREATE FUNCTION pyscheduler.throwaway_store(at timestamptz DEFAULT now(), j jsonb DEFAULT '{}')"
@@ -499,8 +515,13 @@ def test_the_poison_walk_fails_a_function_that_stores_poison_or_never_answers(tx
                      " AS 'INSERT INTO pyscheduler.throwaway_sink VALUES (at, j)'")
         tx.execute("CREATE FUNCTION pyscheduler.throwaway_sleep(seconds integer DEFAULT 0) RETURNS void"
                      " LANGUAGE sql AS 'SELECT pg_sleep(seconds)'")
-        tx.execute("GRANT EXECUTE ON FUNCTION pyscheduler.throwaway_store, pyscheduler.throwaway_sleep"
-                     " TO pyscheduler_admin")
+        tx.execute("CREATE FUNCTION pyscheduler.throwaway_task(priority bigint DEFAULT 50) RETURNS void"
+                     " LANGUAGE sql SECURITY DEFINER SET search_path = pyscheduler, pg_temp"
+                     " AS $$INSERT INTO pyscheduler.tasks (rn, queue, spec, priority, status, progress, created,"
+                     " updated, errors, history, submitted_by) VALUES (gen_random_uuid(), 'q', '{}', priority,"
+                     " 'ready', 0, now(), now(), '[]', '[]', 'x')$$")
+        tx.execute("GRANT EXECUTE ON FUNCTION pyscheduler.throwaway_store, pyscheduler.throwaway_sleep,"
+                     " pyscheduler.throwaway_task TO pyscheduler_admin")
         walked = {f: params for f, params in parameters(tx).items() if f.startswith("throwaway")}
         failures, _ = poison_walk(tx, walked, timeout="1s")
     text = "\n".join(failures)
@@ -508,3 +529,5 @@ def test_the_poison_walk_fails_a_function_that_stores_poison_or_never_answers(tx
     assert "throwaway_store(at => '0001-01-01 00:00:00+00'::timestamptz) stored ['throwaway_sink.at: 0001" in text
     assert "throwaway_store(j => (repeat('[', 10000)" in text and "throwaway_sink.j: RecursionError" in text
     assert "throwaway_sleep(seconds => 2147483647): 57014" in text
+    assert "throwaway_task(priority => -1::bigint) stored ['tasks: 1 rows outside its rules']" in text
+    assert "throwaway_task(priority => 9223372036854775807) stored" in text
