@@ -4,6 +4,7 @@
 //   node bench/peers/graphile_flow.js e2e DSN RATE SECONDS CONCURRENCY
 //   node bench/peers/graphile_flow.js capacity DSN BACKLOG SECONDS CONCURRENCY
 //   node bench/peers/graphile_flow.js produce DSN RATE SECONDS [BACKLOG]  (the producer process)
+//   node bench/peers/graphile_flow.js single DSN 0 0 CONCURRENCY  (slices of single adds on stdin's cue)
 // Jobs are added as users add them: WorkerUtils.addJobs (1,000 per call) and addJob; the
 // worker has graphile_worker.js's settings (worker.graphile.org/docs/performance).
 const { spawn } = require("node:child_process");
@@ -125,11 +126,34 @@ async function produce(dsn, rate, seconds, backlog) {
   return { submitted: sent, started, ended };
 }
 
+// single: flow_runner.py's slices (its docstring): "ready", then per line of stdin that many addJobs
+// of one job and a line of their times (ms); stdin's end ends it
+async function single(dsn) {
+  const utils = await makeWorkerUtils({ connectionString: dsn, logger: quiet });
+  await utils.migrate();
+  await utils.addJobs([{ identifier: "flow", payload: { i: -1 } }]);
+  const lines = require("node:readline").createInterface({ input: process.stdin });
+  process.stdout.write("ready\n");
+  let i = 0;
+  for await (const line of lines) {
+    const ms = [];
+    for (let k = 0; k < Number(line); k++, i++) {
+      const t = performance.now();
+      await utils.addJobs([{ identifier: "flow", payload: { i } }]);
+      ms.push(performance.now() - t);
+    }
+    process.stdout.write(JSON.stringify(ms) + "\n");
+  }
+  await utils.release();
+  return {};
+}
+
 const [mode, dsn, a, b, extra] = process.argv.slice(2); // extra: CONCURRENCY, or produce's BACKLOG
 ({ e2e: () => e2e(dsn, Number(a), Number(b), Number(extra)),
    capacity: () => e2e(dsn, 0, Number(b), Number(extra), Number(a)),
    produce: () => produce(dsn, Number(a), Number(b), Number(extra || 0)),
-   enqueue: () => enqueue(dsn, Number(a), Number(b)) })[mode]()
+   enqueue: () => enqueue(dsn, Number(a), Number(b)),
+   single: () => single(dsn) })[mode]()
   // one line, possibly MBs: exit only once it is written (console.log then exit cuts it at 64 KiB)
   .then((result) => process.stdout.write(JSON.stringify({ system: "graphile-worker", version, ...result }) + "\n",
                                          () => process.exit(0)),

@@ -150,6 +150,7 @@ def test_quick_enqueue_and_end_to_end_part_reports_every_system(pg, kafka, tmp_p
     assert [r[0] for r in enqueue[4:]] == ["pyscheduler, `run_at=timedelta(hours=1)`",
                                            "pyscheduler, a new unique key each"]
     assert all(re.fullmatch(r"[\d,]+", r[1]) and re.fullmatch(r"[\d,]+", r[3]) for r in enqueue[1:4]), enqueue
+    assert f"in {flow.SLICES} slices the systems take in turn" in section  # single: runners alive together
     assert [r[0] for r in capacity[1:]] == systems + [flow.NOKEEP_LABEL]
     assert all(re.fullmatch(r"[\d,]+", r[1]) and r[2] == "yes" for r in capacity[1:]), capacity
     assert "On a queue that keeps no completed tasks" in section

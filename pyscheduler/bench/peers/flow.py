@@ -10,6 +10,7 @@ submits at a fixed offered rate (or a share of pyscheduler's measured capacity, 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -79,6 +80,58 @@ def run_one(dsn: str, system: FlowSystem, mode: str, a: float, b: float, concurr
                                    f"around the error: {text[max(0, e.pos - 80):e.pos + 80]!r})") from None
 
 
+SLICES = 4  # the single calls of a round: each system's in this many slices, the systems taking turns
+
+
+def run_single(dsn: str, systems: list[FlowSystem], calls: int, concurrency: int) -> dict[str, list[float]]:
+    """Each system's ``calls`` single submits (ms each), in SLICES slices taken in turn, the order
+    reversed every slice: a runner process per system (``single`` mode, flow_runner.py), each in a
+    fresh database of its own and alive throughout, so a slow stretch of the machine falls on every
+    system alike (2,000 calls of one system after another's moved a round's ratio 0.5x-1.4x)."""
+    sizes = [calls // SLICES + (j < calls % SLICES) for j in range(SLICES)]
+    ms: dict[str, list[float]] = {s.key: [] for s in systems}
+    with contextlib.ExitStack() as stack:
+        procs = {}
+        for s in systems:
+            uri = stack.enter_context(
+                scratch_database(dsn, f"pyscheduler_single_{s.key.replace('-', '_')}_{os.getpid()}"))
+            err = stack.enter_context(tempfile.TemporaryFile("w+"))
+            proc = subprocess.Popen(s.argv() + ["single", uri, "0", "0", str(concurrency)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=err, text=True, cwd=PEERS_DIR,
+                                    env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            stack.callback(_ended, proc)
+            procs[s.key] = (proc, err)
+
+        def line(key: str) -> str:
+            proc, err = procs[key]
+            text = proc.stdout.readline()
+            if not text:
+                err.seek(0)
+                raise click.ClickException(f"{key} single failed: {err.read().strip()[-2000:]}")
+            return text
+
+        for key in procs:
+            if line(key).strip() != "ready":
+                raise click.ClickException(f"{key} single: its first line is not 'ready'")
+        for j, size in enumerate(sizes):
+            for key in (list(procs) if j % 2 == 0 else list(procs)[::-1]):
+                procs[key][0].stdin.write(f"{size}\n")
+                procs[key][0].stdin.flush()
+                ms[key] += json.loads(line(key))
+    return ms
+
+
+def _ended(proc: subprocess.Popen[str]) -> None:
+    """A single runner's end: stdin closed (its cue to stop), then waited for; killed if it hangs."""
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _load() -> str:
     """The machine's load averages (1, 5, 15 min), as uptime says them."""
     return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -110,10 +163,14 @@ def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_j
 
     for r in range(rounds):
         for s in order(r) if enqueue else []:
-            res = run_one(dsn, s, "enqueue", bulk_jobs, single_jobs, concurrency)
+            res = run_one(dsn, s, "enqueue", bulk_jobs, 0, concurrency)
             out["enqueue"].setdefault(s.key, []).append(res)
             echo(f"round {r + 1}/{rounds} enqueue, {s.key}: bulk {bulk_jobs / res['bulk_s']:,.0f} jobs/s, "
-                 f"single p50 {percentile(res['single_ms'], 50):.2f} ms, load {_load()}")
+                 f"load {_load()}")
+        if enqueue:
+            for key, ms in run_single(dsn, order(r), single_jobs, concurrency).items():
+                out["enqueue"][key][-1]["single_ms"] = ms
+                echo(f"round {r + 1}/{rounds} single, {key}: p50 {percentile(ms, 50):.2f} ms, load {_load()}")
         ours_too = [NOKEEP] if any(s.key == "pyscheduler" for s in systems) else []
         for s in (order(r) + ours_too if r % 2 else ours_too + order(r)) if backlog else []:
             res = run_one(dsn, s, "capacity", backlog, seconds, concurrency)
@@ -186,9 +243,10 @@ def _enqueue_lines(enq: dict, *, bulk_jobs: int, rounds: int, single_jobs: int) 
     bulk = {k: [bulk_jobs / r["bulk_s"] for r in enq[k]] for k in keys}
     single = {k: [1000 * len(r["single_ms"]) / sum(r["single_ms"]) for r in enq[k]] for k in keys}
     lines = [f"**Enqueue**, each system's own client as its users call it, {rounds} rounds (order rotated): bulk "
-             f"{bulk_jobs:,} jobs in calls of 1,000; single: {single_jobs:,} calls of one job, right after the "
-             "plain bulk (pyscheduler's variants after them). Ratios are pyscheduler / peer per round "
-             "(median, range); per-call times are medians over rounds of each round's p50 and p99.", "",
+             f"{bulk_jobs:,} jobs in calls of 1,000; single: {single_jobs:,} calls of one job a system, in "
+             f"{SLICES} slices the systems take in turn (each in a fresh database, the order reversed every "
+             "slice), so that a slow stretch of the machine falls on all alike. Ratios are pyscheduler / peer "
+             "per round (median, range); per-call times are medians over rounds of each round's p50 and p99.", "",
              "| system | bulk jobs/s | bulk call p50 / p99 ms | single calls/s | single call p50 / p99 ms "
              "| bulk ratio | single ratio |", "|---|---|---|---|---|---|---|"]
     for k in keys:

@@ -4,6 +4,10 @@ database, each prints one line of JSON (the producer: its process, SYSTEM produc
 
     python -m pyscheduler.bench.peers.flow_runner SYSTEM enqueue|e2e DSN BULK_JOBS|RATE SINGLE_JOBS|SECONDS N
     python -m pyscheduler.bench.peers.flow_runner SYSTEM capacity DSN BACKLOG SECONDS N
+    python -m pyscheduler.bench.peers.flow_runner SYSTEM single DSN 0 0 N
+
+single: one job a call, in slices: "ready" once set up, then for each line of stdin (a number of
+calls) that many calls and a line of their JSON times (ms); stdin's end ends it (flow.run_single).
 
 e2e: the producer submits RATE jobs/s; capacity: as fast as it goes while at most BACKLOG jobs wait
 (``Started``). Each system as its users call it (``TaskClient.submit_ids`` and ``Worker``; pgqueuer's
@@ -19,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 BULK = 1000
@@ -143,6 +147,37 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
                 variants_s=seconds,
                 settings="TaskClient(Database(dsn)).submit_ids (submit_tasks_lean; one spec: submit_task_lean), "
                          "pool of 2; a tasks Monitor")
+
+
+async def slices(one: Callable[[int], Awaitable[object]]) -> None:
+    """The single mode's protocol (module docstring) around ``await one(i)``, one call of job i."""
+    loop = asyncio.get_running_loop()
+    print("ready", flush=True)
+    i = 0
+    while line := await loop.run_in_executor(None, sys.stdin.readline):  # between slices: not timed
+        ms = []
+        for _ in range(int(line)):
+            t = time.perf_counter()
+            await one(i)
+            ms.append((time.perf_counter() - t) * 1000)
+            i += 1
+        print(json.dumps(ms), flush=True)
+
+
+def pyscheduler_single(dsn: str, a: int, b: int, concurrency: int) -> dict:
+    from ... import migrate
+    from ...db import Database
+    from ...tasks import TaskClient
+
+    migrate.migrate(dsn)
+    with Database(dsn, min_size=1, max_size=2) as db, monitored(dsn):
+        client = TaskClient(db)
+        client.submit_ids(QUEUE, [{"i": -1}])  # warm: the pool, the plans
+
+        async def one(i: int) -> None:  # the client's blocking call, as an application makes it
+            client.submit_ids(QUEUE, [{"i": i}])
+        asyncio.run(slices(one))
+    return dict(system="pyscheduler")
 
 
 def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0,
@@ -269,6 +304,18 @@ def pgqueuer_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency: in
                 settings="Queries(AsyncpgDriver(conn)).enqueue, one asyncpg connection, uvloop")
 
 
+def pgqueuer_single(dsn: str, a: int, b: int, concurrency: int) -> dict:
+    async def run() -> None:
+        conn, queries = await _pgq(dsn)
+        await queries.enqueue("flow", b"{}")
+        await slices(lambda i: queries.enqueue("flow", json.dumps({"i": i}).encode()))
+        await conn.close()
+
+    import uvloop
+    uvloop.run(run())
+    return dict(system="pgqueuer")
+
+
 def pgqueuer_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0) -> dict:
     async def run() -> dict:
         import asyncpg
@@ -339,7 +386,8 @@ def pgqueuer_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) ->
 RUNNERS = {("pyscheduler", "enqueue"): pyscheduler_enqueue, ("pyscheduler", "e2e"): pyscheduler_e2e,
            ("pyscheduler-nokeep", "e2e"): lambda *a: pyscheduler_e2e(*a, keep_completed=False),
            ("pyscheduler", "produce"): pyscheduler_produce, ("pgqueuer", "enqueue"): pgqueuer_enqueue,
-           ("pgqueuer", "e2e"): pgqueuer_e2e, ("pgqueuer", "produce"): pgqueuer_produce}
+           ("pgqueuer", "e2e"): pgqueuer_e2e, ("pgqueuer", "produce"): pgqueuer_produce,
+           ("pyscheduler", "single"): pyscheduler_single, ("pgqueuer", "single"): pgqueuer_single}
 
 
 def main(argv: list[str]) -> int:
