@@ -2,16 +2,12 @@
 pyscheduler and pgqueuer (graphile-worker's: bench/peers/graphile_flow.js). Given an EMPTY
 database, each prints one line of JSON (the producer: its process, SYSTEM produce DSN RATE SECONDS [BACKLOG]):
 
-    python -m pyscheduler.bench.peers.flow_runner SYSTEM enqueue|e2e DSN BULK_JOBS|RATE SINGLE_JOBS|SECONDS N
-    python -m pyscheduler.bench.peers.flow_runner SYSTEM capacity DSN BACKLOG SECONDS N
-    python -m pyscheduler.bench.peers.flow_runner SYSTEM single DSN 0 0 N
+    python -m pyscheduler.bench.peers.flow_runner SYSTEM enqueue|e2e|capacity|single DSN A B N
 
-single: one job a call, in slices: "ready" once set up, then for each line of stdin (a number of
-calls) that many calls and a line of their JSON times (ms); stdin's end ends it (flow.run_single).
-
-e2e: the producer submits RATE jobs/s; capacity: as fast as it goes while at most BACKLOG jobs wait
-(``Started``). Each system as its users call it (``TaskClient.submit_ids`` and ``Worker``; pgqueuer's
-``Queries.enqueue`` and ``QueueManager``)."""
+A B: BULK_JOBS SINGLE_JOBS, RATE SECONDS, BACKLOG SECONDS, 0 0. e2e: the producer submits RATE jobs/s;
+capacity: as fast as it goes while at most BACKLOG jobs wait (``Started``); single: "ready", then per
+line of stdin that many single submits and a line of their times (``slices``). Each system as its
+users call it (``TaskClient.submit_ids`` and ``Worker``; pgqueuer's ``Queries.enqueue`` and ``QueueManager``)."""
 
 from __future__ import annotations
 
