@@ -995,7 +995,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_more boolean;
-    v_limited boolean;
     v_queue text;
 BEGIN
     IF _complete_and_lease.rn IS NOT NULL THEN
@@ -1008,7 +1007,7 @@ BEGIN
                    result = _complete_and_lease.result
              WHERE t.rn = _complete_and_lease.rn AND t.lease_token = _complete_and_lease.token
                AND t.status::text = 'running'
-            RETURNING t.watched OR t.has_children, t.limited, t.queue INTO v_more, v_limited, v_queue;
+            RETURNING t.watched OR t.has_children, t.queue INTO v_more, v_queue;
             IF NOT FOUND THEN
                 PERFORM pyscheduler._task_refused(_complete_and_lease.rn, _complete_and_lease.token);
             END IF;

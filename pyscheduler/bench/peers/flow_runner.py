@@ -131,8 +131,8 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
                 if not name:
                     bulk_ms.append((time.perf_counter() - t) * 1000)
             seconds[name] = time.perf_counter() - t0
-            if not name:  # the single calls after the plain bulk only, as the peers' runners make theirs:
-                # after the variants' 100,000 more rows they measured 28 % slower (issue 31, docs/benchmarks.md)
+            if not name:  # single calls (trees_ab --mode single; bench peers makes them with run_single)
+                # after the plain bulk: after the variants' 100,000 more rows they measured 28 % slower
                 for i in range(single_jobs):
                     t = time.perf_counter()
                     client.submit_ids(QUEUE, [{"i": i}])
