@@ -3,7 +3,8 @@
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
 -- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql,
--- 0048_spec_index_live.sql, 0049_unique_key_first.sql and 0053_keep_completed.sql build
+-- 0048_spec_index_live.sql, 0049_unique_key_first.sql, 0053_keep_completed.sql and
+-- 0055_tasks_state_rules_index.sql build
 -- (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -70,13 +71,9 @@ CREATE TABLE pyscheduler.tasks (
     waiting_on integer NOT NULL DEFAULT 0,
     has_children boolean NOT NULL DEFAULT false,
     on_parent_failure text,
-    CONSTRAINT tasks_pkey PRIMARY KEY (rn),
-    -- the states' rules only: the input rules (queue, priority, max_attempts, progress) are the
-    -- functions' (domains, _check_task_args), and each CHECK here is re-read and planned at the
-    -- start of every INSERT or UPDATE statement (migration 0054)
-    CONSTRAINT tasks_running_check CHECK (status <> 'running' OR (owner IS NOT NULL AND deadline IS NOT NULL)),
-    CONSTRAINT tasks_scheduled_check CHECK (status <> 'scheduled' OR run_at IS NOT NULL),
-    CONSTRAINT tasks_waiting_check CHECK (status <> 'waiting' OR waiting_on > 0)
+    -- no CHECK: the input rules (queue, priority, max_attempts, progress) are the functions'
+    -- (domains, _check_task_args; 0054), the states' rules tasks_state_rules_idx's (0055)
+    CONSTRAINT tasks_pkey PRIMARY KEY (rn)
 )
 -- Autovacuum by counts, not by a fraction of the table: a lease leaves the
 -- task's entry in tasks_ready_idx until VACUUM, and every later claim steps
@@ -86,6 +83,31 @@ CREATE TABLE pyscheduler.tasks (
 WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000,
       autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 20000,
       autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05);
+
+-- The states' rules: running has an owner and a deadline, scheduled a run_at, waiting
+-- waiting_on > 0. Not CHECKs, which PostgreSQL re-reads and plans at the start of every INSERT
+-- or UPDATE statement (~30 us of a one-row statement; 0054, 0055): a partial index holding no
+-- row, whose predicate (kept parsed in the relation cache) matches a row breaking a rule, and
+-- whose expression then refuses it: 23514 naming the task and the rule.
+CREATE FUNCTION pyscheduler._task_state_refused(p_rn uuid, p_status pyscheduler.task_status)
+RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pyscheduler, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'task % breaks the rule of its state: %', p_rn,
+                    CASE p_status WHEN 'running' THEN 'a running task has an owner and a deadline'
+                                  WHEN 'scheduled' THEN 'a scheduled task has a run_at'
+                                  ELSE 'a waiting task waits for at least one parent (waiting_on > 0)' END
+        USING ERRCODE = '23514', HINT = 'A bug in the pyscheduler function that wrote it: please report it.';
+END
+$$;
+
+CREATE INDEX tasks_state_rules_idx ON pyscheduler.tasks ((pyscheduler._task_state_refused(rn, status)))
+    WHERE CASE status WHEN 'running' THEN owner IS NULL OR deadline IS NULL
+                      WHEN 'scheduled' THEN run_at IS NULL
+                      WHEN 'waiting' THEN waiting_on <= 0
+                      ELSE false END;
 
 -- The claim scans exactly this: ready rows of one queue in claim order.
 CREATE INDEX tasks_ready_idx ON pyscheduler.tasks (queue, priority DESC, created, seq)
