@@ -363,7 +363,9 @@ $$;
 -- ownership, tally and NOTIFY), answering the new task's id: a single submit's path
 -- (submit_task_lean, and submit_tasks_lean of one spec), one INSERT ... VALUES and no set to
 -- expand, sort or aggregate: ~50 us of server CPU less than _submit_lean's for one spec, 216
--- against 267 us a call (issue 31; docs/benchmarks.md, "A single submit").
+-- against 267 us a call (issue 31; docs/benchmarks.md, "A single submit"). One read for what it
+-- needs to know (the spec limit, whether the queue has its owner) and no PERFORM (a statement
+-- each, ~22,000 and ~6,000 instructions of ~707,000 a call: callgrind).
 CREATE OR REPLACE FUNCTION pyscheduler._submit_one(
     p_queue text, p_spec jsonb, p_priority bigint, p_run_at timestamptz, p_max_attempts integer, p_now timestamptz,
     p_concurrency_key text, p_on_parent_failure text, p_field text)
@@ -372,18 +374,26 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     v_by name := pyscheduler._caller();
-    v_max integer := pyscheduler._task_limit('task_max_spec_bytes');
+    v_max integer;
+    v_claimed boolean;
     v_status pyscheduler.task_status := CASE WHEN p_run_at > p_now THEN 'scheduled' ELSE 'ready' END;
     v_seq bigint;
     v_rn uuid;
+    v_notified boolean;
 BEGIN
     IF NOT pyscheduler._submit_args_ok(p_queue, p_priority, p_run_at, p_max_attempts) THEN
         PERFORM pyscheduler._check_submit(p_queue, p_priority, p_run_at, p_max_attempts);
     END IF;
-    IF jsonb_typeof(p_spec) IS DISTINCT FROM 'object' OR pg_column_size(p_spec) > v_max THEN  -- NULL: refused
-        PERFORM pyscheduler._check_spec(p_spec, p_field, v_max);
+    SELECT (SELECT s.value::integer FROM pyscheduler.settings s WHERE s.name = 'task_max_spec_bytes'),
+           EXISTS (SELECT FROM pyscheduler.task_queues q WHERE q.queue = p_queue AND q.owner IS NOT NULL)
+      INTO v_max, v_claimed;
+    IF jsonb_typeof(p_spec) IS DISTINCT FROM 'object' OR pg_column_size(p_spec) > v_max OR v_max IS NULL THEN
+        -- NULL: refused; no setting: PS002
+        PERFORM pyscheduler._check_spec(p_spec, p_field, pyscheduler._task_limit('task_max_spec_bytes'));
     END IF;
-    PERFORM pyscheduler._claim_queue(p_queue, v_by, p_now);
+    IF NOT v_claimed THEN  -- _claim_queue's probe, made above
+        PERFORM pyscheduler._claim_queue(p_queue, v_by, p_now);
+    END IF;
     v_seq := nextval('pyscheduler.task_seq');
     INSERT INTO pyscheduler.tasks AS t (rn, seq, queue, spec, priority, status, progress, created, updated, errors,
                                         history, run_at, max_attempts, submitted_by, concurrency_key, on_parent_failure)
@@ -396,7 +406,7 @@ BEGIN
     IF random() < pyscheduler._task_fold_chance() THEN
         PERFORM pyscheduler._task_fold_tallies();
     END IF;
-    PERFORM pyscheduler._notify_throttled(pyscheduler._task_channel(p_queue));
+    v_notified := pyscheduler._notify_throttled(pyscheduler._task_channel(p_queue));
     RETURN v_rn;
 END
 $$;
