@@ -3,8 +3,8 @@
 -- 0010_tasks_lean.sql, 0016_tasks_queue.sql, 0017_tasks_queue_tables.sql,
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
 -- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql,
--- 0048_spec_index_live.sql, 0049_unique_key_first.sql, 0053_keep_completed.sql and
--- 0055_tasks_state_rules_index.sql build
+-- 0048_spec_index_live.sql, 0049_unique_key_first.sql, 0053_keep_completed.sql,
+-- 0055_tasks_state_rules_index.sql and 0056_tasks_queue_status_index.sql build
 -- (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -131,12 +131,6 @@ CREATE INDEX tasks_scheduled_idx ON pyscheduler.tasks (queue, run_at)
 -- The key first (0049): find_tasks finds a key's live tasks here, across queues and roles.
 CREATE UNIQUE INDEX tasks_unique_idx ON pyscheduler.tasks (unique_key, queue, submitted_by)
     WHERE unique_key IS NOT NULL AND status IN ('waiting', 'scheduled', 'ready', 'running');
--- Tasks waiting for their parents, and tasks scheduled for later, per queue newest first
--- (list_tasks' pages; 0029).
-CREATE INDEX tasks_waiting_idx ON pyscheduler.tasks (queue, rn)
-    WHERE status = 'waiting';
-CREATE INDEX tasks_scheduled_rn_idx ON pyscheduler.tasks (queue, rn)
-    WHERE status = 'scheduled';
 -- Ready tasks with a concurrency key, per key in claim order: a lease of a
 -- queue with per-key limits finds the best task of each key that has room
 -- (one probe per key), however many ready tasks of full keys come first.
@@ -152,11 +146,12 @@ CREATE INDEX tasks_requeue_idx ON pyscheduler.tasks (queue, status, updated)
 -- list_tasks(status => 'aborted' | 'cancelled'), newest first (0021): a task enters it when
 -- it fails for good or is cancelled, never on the way submit -> lease -> complete.
 CREATE INDEX tasks_failed_idx ON pyscheduler.tasks (status, rn) WHERE status IN ('aborted', 'cancelled');
--- list_tasks(queue => q) and list_tasks(queue => q, status => 'completed'): a queue's finished
--- tasks of one status newest first, however many other queues' and other statuses' are kept
--- (0025, 0036_flat_read_plans); a task enters it when it finishes.
-CREATE INDEX tasks_finished_queue_idx ON pyscheduler.tasks (queue, status, rn)
-    WHERE status IN ('completed', 'aborted', 'cancelled');
+-- list_tasks(queue => q) and list_tasks(queue => q, status => s): a queue's tasks of one
+-- status newest first, however many other queues' and other statuses' are kept (0025, 0029,
+-- 0036_flat_read_plans); ready and running tasks are read from their own indexes. One index
+-- for five statuses, not one each: every INSERT or UPDATE statement opens each index (0056).
+CREATE INDEX tasks_queue_status_rn_idx ON pyscheduler.tasks (queue, status, rn)
+    WHERE status IN ('waiting', 'scheduled', 'completed', 'aborted', 'cancelled');
 -- find_tasks (the dashboard's search, 0039): a spec fragment (jsonb @>), a unique key in any
 -- queue and status. New entries go to the index's pending list; the tasks monitor merges it every
 -- reset_interval (merge_task_search_index, 0051), and the write that fills 4 MB merges it when no

@@ -1151,9 +1151,8 @@ AS $$
    not all there, and with queue, it is read per queue (the one given, or
    each queue the tallies have with tasks of that status) and the pages
    merged: a queue's ready tasks per priority from tasks_ready_idx, at most a
-   page each (_ready_page), its waiting and scheduled tasks from
-   tasks_waiting_idx and tasks_scheduled_rn_idx, its completed, aborted or
-   cancelled tasks from tasks_finished_queue_idx (queue, status, rn), newest
+   page each (_ready_page), its waiting, scheduled, completed, aborted or
+   cancelled tasks from tasks_queue_status_rn_idx (queue, status, rn), newest
    first, never their whole backlog nor other queues' tasks: a quiet queue
    among busy ones reads its own tasks. With queue and without a status each
    status is read apart and the pages merged. An owner filter reads the tasks
