@@ -68,8 +68,8 @@ BEGIN
     END IF;
     IF v_due THEN
         UPDATE pyscheduler.tasks t SET status = 'ready', updated = p_now
-         WHERE t.rn = ANY (ARRAY(
-               SELECT r.rn FROM pyscheduler.tasks r
+         WHERE t.ctid = ANY (ARRAY(  -- the row versions locked below (a TID scan, as _claim_tasks)
+               SELECT r.ctid FROM pyscheduler.tasks r
                 WHERE r.queue = p_queue AND r.status = 'scheduled' AND r.run_at <= p_now
                 ORDER BY r.run_at
                 LIMIT greatest(p_n, 1000)
@@ -397,16 +397,22 @@ BEGIN
     -- single-task leases than locking the rows first and updating them after.
     IF aging_rate = 0 THEN
         -- The normal claim: an index scan of tasks_ready_idx in claim order,
-        -- then the rows by primary key. Written so that its generic plan is
-        -- the right one whatever n is (see the function's SET plan_cache_mode):
-        -- re-planning it on every call cost ~200 us, two thirds of a lease.
+        -- then the rows by their ctid (a TID scan: the row versions just
+        -- locked, which no one else can change before this statement ends;
+        -- by primary key each cost ~5,000 more instructions a task, issue 31).
+        -- A row another transaction changed after this statement began (and
+        -- still ready) is locked in its new version, which the statement's
+        -- snapshot does not see: it is not leased, and is left for the next.
+        -- Written so that its generic plan is the right one whatever n is
+        -- (see the function's SET plan_cache_mode): re-planning it on every
+        -- call cost ~200 us, two thirds of a lease.
         RETURN QUERY
         UPDATE pyscheduler.tasks t
            SET status = 'running', owner = _claim_tasks.worker, deadline = p_now + v_timeout,
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
                attempts = t.attempts + 1, leased_at = p_now
-         WHERE t.rn = ANY (ARRAY(
-               SELECT r.rn FROM pyscheduler.tasks r
+         WHERE t.ctid = ANY (ARRAY(
+               SELECT r.ctid FROM pyscheduler.tasks r
                 WHERE r.queue = _claim_tasks.queue AND r.status = 'ready'
                 ORDER BY r.priority DESC, r.created, r.seq
                 LIMIT n
@@ -416,7 +422,7 @@ BEGIN
     ELSE
         RETURN QUERY
         WITH c AS (
-            SELECT r.rn FROM pyscheduler.tasks r
+            SELECT r.ctid FROM pyscheduler.tasks r
              WHERE r.queue = _claim_tasks.queue AND r.status = 'ready'
              ORDER BY greatest(r.priority, least(
                           r.priority + aging_rate * greatest(0, extract(epoch FROM p_now - r.updated)),
@@ -429,7 +435,7 @@ BEGIN
                updated = p_now, lease_token = pyscheduler._lease_token(v_secret, t.rn),
                attempts = t.attempts + 1, leased_at = p_now
           FROM c
-         WHERE t.rn = c.rn
+         WHERE t.ctid = c.ctid
         RETURNING t.*;
         GET DIAGNOSTICS v_n = ROW_COUNT;
     END IF;
@@ -569,7 +575,7 @@ BEGIN
            deadline = p_now + make_interval(secs => extract(epoch FROM timeout)::double precision),
            lease_token = pyscheduler._lease_token(gen_random_uuid()::text, t.rn), attempts = t.attempts + 1,
            leased_at = p_now
-     WHERE t.rn = (SELECT r.rn FROM pyscheduler.tasks r
+     WHERE t.ctid = (SELECT r.ctid FROM pyscheduler.tasks r  -- the row version locked (as _claim_tasks)
                     WHERE r.queue = $1 AND r.status = 'ready'
                     ORDER BY r.priority DESC, r.created, r.seq
                     LIMIT 1
