@@ -12,10 +12,11 @@
 
 -- _claim_queue(queue, by, p_now): the queue's row, made and owned by role by when there is
 -- none (or claimed by it when its row has no owner). One probe by primary key when the
--- queue is known: what a submit pays (a single submit makes it in its own read, _submit_one). A queue's row made by a transaction still open (an
--- application's first submit to a new queue, or a pause) is not waited for: the claim is
--- left to that transaction (lock_timeout 0 for the insert; an open transaction must never
--- hold up other submitters), and a later submit claims the queue if it rolled back.
+-- queue is known: what a submit pays (a single submit makes that probe in its own read,
+-- _submit_one, and calls this only for a new queue). A queue's row made by a transaction
+-- still open (an application's first submit to a new queue, or a pause) is not waited for:
+-- the claim is left to that transaction (lock_timeout 0 for the insert; an open transaction
+-- must never hold up other submitters), and a later submit claims the queue if it rolled back.
 CREATE OR REPLACE FUNCTION pyscheduler._claim_queue(p_queue text, p_by name, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql
