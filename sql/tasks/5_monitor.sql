@@ -271,8 +271,11 @@ AS $$
    Monitor: merge the spec search index's pending list (the entries of the
    tasks written since the last merge) into the index, so that no submit,
    lease or completion pays for it; returns the pending pages merged (0:
-   none waited). */
+   none waited, or the index is turned off: `pyscheduler tasks spec-index`). */
 BEGIN
+    IF NOT _spec_index_on() THEN
+        RETURN 0;
+    END IF;
     RETURN gin_clean_pending_list('pyscheduler.tasks_spec_idx'::regclass);
 END
 $$;

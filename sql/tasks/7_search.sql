@@ -3,6 +3,17 @@
 -- tasks_spec_idx) and
 -- task_family (a task page's workflow: parents by the primary key, children by tasks_after_idx).
 
+-- _spec_index_on(): whether the spec search index (tasks_spec_idx) is there and valid. An
+-- operator may turn it off (`pyscheduler tasks spec-index off`, pyscheduler/tasks/spec_index.py):
+-- it costs every task two sets of entries, as submitted and as finished, and the monitor's merge
+-- of them (issue 31: 10-18 % of a Worker's capacity on 2 cores). Off, or left invalid by a build
+-- that failed, find_tasks(spec) reads the newest tasks instead and the monitor merges nothing.
+CREATE OR REPLACE FUNCTION pyscheduler._spec_index_on()
+RETURNS boolean
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT i.indisvalid FROM pg_catalog.pg_index i
+                  WHERE i.indexrelid = pg_catalog.to_regclass('pyscheduler.tasks_spec_idx')), false);
+
 CREATE OR REPLACE FUNCTION pyscheduler.find_tasks(
     rn_from uuid DEFAULT NULL, rn_to uuid DEFAULT NULL, unique_key pyscheduler.unique_key DEFAULT NULL,
     spec pyscheduler.task_spec DEFAULT NULL, max_tasks integer DEFAULT 20)
@@ -24,7 +35,9 @@ AS $$
    matches only the caller's own tasks (admin: every role's): it is their
    contents. A fragment that matches more than 10,000 tasks (of any role) is
    answered from 10,000 of them (not necessarily the newest), so the read is
-   bounded whoever asks. Tasks of other roles show
+   bounded whoever asks. With the spec index turned off (`pyscheduler tasks
+   spec-index off`), a fragment is looked for in the newest 100,000 tasks
+   only (of any role, by the primary key). Tasks of other roles show
    their metadata only, as get_task's.
    Errors: PS208 no term, two terms, or max_tasks < 1. */
 #variable_conflict use_column
@@ -54,6 +67,15 @@ BEGIN
                  WHERE t.unique_key = find_tasks.unique_key AND t.status >= 'completed') x(m)
          WHERE v_seen IS NULL OR (x.m).submitted_by = ANY (v_seen)
          ORDER BY (x.m).rn DESC LIMIT max_tasks;
+    ELSIF NOT _spec_index_on() THEN  -- turned off: the newest 100,000 tasks, by the primary key
+        RETURN QUERY
+        SELECT _task_seen_json(t, v_seen) FROM tasks t
+         WHERE t.rn = ANY (ARRAY(SELECT w.rn FROM (SELECT n.rn, n.spec, n.submitted_by FROM tasks n
+                                                    ORDER BY n.rn DESC LIMIT 100000) w
+                                  WHERE w.spec @> find_tasks.spec::jsonb
+                                    AND (v_seen IS NULL OR w.submitted_by = ANY (v_seen))
+                                  ORDER BY w.rn DESC LIMIT max_tasks))
+         ORDER BY t.rn DESC;
     ELSE
         RETURN QUERY
         SELECT _task_seen_json(m, v_seen)

@@ -1,0 +1,79 @@
+"""The spec search index turned off and on (`pyscheduler tasks spec-index`, issue 31): off, no task
+pays for its entries, find_tasks(spec) looks in the newest 100,000 tasks and the monitor merges
+nothing; on, the index is the one the migrations build; an index a failed build left invalid reads
+as off until built again; only the schema's owner may do either."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from psycopg.types.json import Jsonb
+
+from pyscheduler import errors
+from pyscheduler.cli import main
+from pyscheduler.db import Database
+from pyscheduler.tasks import TaskClient
+from pyscheduler.tasks.spec_index import set_spec_index, spec_index
+
+DEF = "SELECT pg_get_indexdef(to_regclass('pyscheduler.tasks_spec_idx')) AS d"
+
+
+def _found(db: Database, spec: dict) -> list:
+    return [r["task"]["spec"] for r in db.call("find_tasks", spec=Jsonb(spec))]
+
+
+def test_off_then_on_again_is_the_migrations_index_and_the_monitor_merges_nothing_meanwhile(dsn, db):
+    built = db.query(DEF)[0]["d"]
+    assert built and spec_index(dsn) == "on"
+    assert set_spec_index(dsn, False) == "off" and db.query(DEF)[0]["d"] is None
+    assert set_spec_index(dsn, False) == "off"  # again: nothing to do
+    TaskClient(db).submit_ids("si", [{"to": "a@example.com"}, {"to": "b@example.com"}])
+    assert db.call_value("merge_task_search_index") == 0
+    assert _found(db, {"to": "b@example.com"}) == [{"to": "b@example.com"}]
+    assert set_spec_index(dsn, True) == "on" and db.query(DEF)[0]["d"] == built
+    assert _found(db, {"to": "a@example.com"}) == [{"to": "a@example.com"}]
+
+
+def test_off_a_fragment_is_looked_for_in_the_newest_100000_tasks_and_only_among_the_callers(dsn, db, login):
+    mine, theirs = {"old": True}, {"old": True, "theirs": True}
+    client = TaskClient(db)
+    client.submit_ids("si", [mine])
+    _, other = login("pyscheduler_client")
+    with Database(other, max_size=1) as their_db:
+        TaskClient(their_db).submit_ids("si", [theirs])
+        db.query("SELECT count(*) FROM pyscheduler.submit_tasks_lean('si', "
+                 "(SELECT jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, 99998) i))")
+        set_spec_index(dsn, False)
+        assert _found(db, {"old": True}) == [theirs, mine]  # mine: the 100,000th newest task
+        assert _found(their_db, {"old": True}) == [theirs]  # a fragment matches the caller's own tasks
+    client.submit_ids("si", [{"new": True}])
+    assert _found(db, {"old": True}) == [theirs] and _found(db, {"new": True}) == [{"new": True}]
+    set_spec_index(dsn, True)  # the index finds every task again
+    assert _found(db, {"old": True}) == [theirs, mine]
+
+
+def test_an_index_left_invalid_reads_as_off_until_built_again(dsn, db, conn):
+    """What a CREATE INDEX CONCURRENTLY that failed (or is under way) leaves: an invalid index,
+    which the planner does not read; the search and the monitor act as if it were off."""
+    TaskClient(db).submit_ids("si", [{"to": "c@example.com"}])
+    conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'pyscheduler.tasks_spec_idx'::regclass")
+    assert spec_index(dsn) == "invalid"
+    assert db.call_value("merge_task_search_index") == 0
+    assert _found(db, {"to": "c@example.com"}) == [{"to": "c@example.com"}]
+    assert set_spec_index(dsn, True) == "on"
+    assert _found(db, {"to": "c@example.com"}) == [{"to": "c@example.com"}]
+
+
+def test_only_the_schemas_owner_turns_it_off_or_on(dsn, login):
+    _, admin = login("pyscheduler_admin")
+    with pytest.raises(errors.PermissionDenied):
+        set_spec_index(admin, False)
+    assert spec_index(dsn) == "on"
+
+
+def test_the_command_prints_the_state_and_refuses_another_one(dsn):
+    def run(*args):
+        return CliRunner().invoke(main, ["tasks", "spec-index", "--dsn", dsn, *args])
+    assert [run(*a).output for a in ((), ("off",), (), ("on",))] == ["on\n", "off\n", "off\n", "on\n"]
+    result = run("maybe")
+    assert result.exit_code == 2 and "'maybe' is not one of 'on', 'off'" in result.output
