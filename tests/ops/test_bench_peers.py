@@ -151,9 +151,9 @@ def test_quick_enqueue_and_end_to_end_part_reports_every_system(pg, kafka, tmp_p
                                            "pyscheduler, a new unique key each"]
     assert all(re.fullmatch(r"[\d,]+", r[1]) and re.fullmatch(r"[\d,]+", r[3]) for r in enqueue[1:4]), enqueue
     assert f"in {flow.SLICES} slices the systems take in turn" in section  # single: runners alive together
-    assert [r[0] for r in capacity[1:]] == systems + [flow.NOKEEP_LABEL]
+    assert [r[0] for r in capacity[1:]] == systems + [v.label for v in flow.VARIANTS]
     assert all(re.fullmatch(r"[\d,]+", r[1]) and r[2] == "yes" for r in capacity[1:]), capacity
-    assert "On a queue that keeps no completed tasks" in section
+    assert "On a queue that keeps no completed tasks" in section and "With the spec search index off" in section
     assert [r[1] for r in e2e[1:]] == systems and all("50% of pyscheduler's capacity" in r[0] for r in e2e[1:])
     assert all(re.fullmatch(r"[\d,]+", r[2]) and r[4] for r in e2e[1:]), e2e
 
@@ -205,7 +205,8 @@ def test_capacity_rounds_set_the_rate_of_a_share_and_the_ratio_to_the_best_peer(
     ("50%") runs at that share of pyscheduler's median capacity, rounded to 100 jobs/s, and is
     labelled so; the capacity table gives pyscheduler / each system and names the best peer."""
     capacity = {"pyscheduler": [20_000, 16_000, 18_000], "pgqueuer": [8_000, 9_000, 7_000],
-                "graphile-worker": [12_000, 15_000, 10_000], flow.NOKEEP.key: [24_000, 20_000, 22_000]}
+                "graphile-worker": [12_000, 15_000, 10_000], flow.VARIANTS[0].system.key: [24_000, 20_000, 22_000],
+                flow.VARIANTS[1].system.key: [21_000, 19_000, 20_000]}
     calls = []
 
     def run_one(dsn, system, mode, a, b, concurrency):
@@ -229,12 +230,15 @@ def test_capacity_rounds_set_the_rate_of_a_share_and_the_ratio_to_the_best_peer(
     assert cap[1:] == [["pyscheduler", "18,000 (16,000–20,000)", "yes", "-"],
                        ["pgqueuer", "8,000 (7,000–9,000)", "yes", "**2.50x** (1.78–2.57)"],
                        ["graphile-worker", "12,000 (10,000–15,000)", "yes", "**1.67x** (1.07–1.80)"],
-                       [flow.NOKEEP_LABEL, "22,000 (20,000–24,000)", "yes", "**0.82x** (0.80–0.83)"]]
+                       [flow.VARIANTS[0].label, "22,000 (20,000–24,000)", "yes", "**0.82x** (0.80–0.83)"],
+                       [flow.VARIANTS[1].label, "20,000 (19,000–21,000)", "yes", "**0.90x** (0.84–0.95)"]]
     assert "against the best peer (graphile-worker): **1.67x** (1.07–1.80)" in section
     # pyscheduler's capacity on a queue that keeps no completed tasks: against the best peer too,
     # and it is not a peer (the rate of a share is pyscheduler's own, kept, capacity)
     assert "keeps no completed tasks (`set_queue_keep_completed`): **22,000 jobs/s**, against graphile-worker: " \
            "**2.00x** (1.33–2.20)" in section
+    assert "With the spec search index off (`pyscheduler tasks spec-index off`): **20,000 jobs/s**, against " \
+           "graphile-worker: **1.75x** (1.27–2.00)" in section
     assert [r[0] for r in e2e[1:]] == ["1,000"] * 3 + ["9,000 (50% of pyscheduler's capacity)"] * 3
 
 

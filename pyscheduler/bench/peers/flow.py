@@ -45,10 +45,23 @@ def _python(key: str) -> Callable[[], list[str]]:
     return lambda: [sys.executable, "-m", "pyscheduler.bench.peers.flow_runner", key]
 
 
-# pyscheduler's capacity again, on a queue that keeps no completed tasks (set_queue_keep_completed):
-# a row of its own in the capacity table, run in each capacity round beside pyscheduler's
-NOKEEP = FlowSystem("pyscheduler-nokeep", _python("pyscheduler-nokeep"))
-NOKEEP_LABEL = "pyscheduler, completed tasks not kept"
+@dataclass(frozen=True)
+class Variant:
+    """pyscheduler's capacity again with one setting changed: a row of its own in the capacity
+    table, run in each capacity round beside pyscheduler's, and a sentence against the best peer."""
+    system: FlowSystem
+    label: str  # the row's
+    when: str  # the sentence's: "On a queue that ..."
+    setting: str  # the settings line's
+
+
+VARIANTS = [
+    Variant(FlowSystem("pyscheduler-nokeep", _python("pyscheduler-nokeep")), "pyscheduler, completed tasks not kept",
+            "On a queue that keeps no completed tasks (`set_queue_keep_completed`)",
+            "set_queue_keep_completed(queue, False)"),
+    Variant(FlowSystem("pyscheduler-nosearch", _python("pyscheduler-nosearch")), "pyscheduler, spec index off",
+            "With the spec search index off (`pyscheduler tasks spec-index off`)", "pyscheduler tasks spec-index off"),
+]
 
 SYSTEMS = [
     FlowSystem("pyscheduler", _python("pyscheduler")),
@@ -171,7 +184,7 @@ def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_j
             for key, ms in run_single(dsn, order(r), single_jobs, concurrency).items():
                 out["enqueue"][key][-1]["single_ms"] = ms
                 echo(f"round {r + 1}/{rounds} single, {key}: p50 {percentile(ms, 50):.2f} ms, load {_load()}")
-        ours_too = [NOKEEP] if any(s.key == "pyscheduler" for s in systems) else []
+        ours_too = [v.system for v in VARIANTS] if any(s.key == "pyscheduler" for s in systems) else []
         for s in (order(r) + ours_too if r % 2 else ours_too + order(r)) if backlog else []:
             res = run_one(dsn, s, "capacity", backlog, seconds, concurrency)
             out["capacity"].setdefault(s.key, []).append(res)
@@ -275,8 +288,8 @@ def _once(runs: list[dict]) -> str:
 
 
 def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency: int) -> list[str]:
-    by = {k: v for k, v in results["capacity"].items() if k != NOKEEP.key}
-    nokeep = results["capacity"].get(NOKEEP.key)
+    variants = [(v, results["capacity"][v.system.key]) for v in VARIANTS if v.system.key in results["capacity"]]
+    by = {k: v for k, v in results["capacity"].items() if k not in {v.system.key for v, _ in variants}}
     rates = {k: [r["window_rate"] for r in by[k]] for k in by}
     peers = [k for k in by if k != "pyscheduler"]
     best = max(peers, key=lambda k: median(rates[k])) if peers else None
@@ -292,20 +305,19 @@ def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency:
         lines.append(f"| {k} | {_cell(rates[k])} | {_once(by[k])} | "
                      + ("-" if k == "pyscheduler" else _ratio(ours, rates[k], ok=_both_once(by["pyscheduler"], by[k])))
                      + " |")
-    if nokeep:
-        lean = [r["window_rate"] for r in nokeep]
-        lines.append(f"| {NOKEEP_LABEL} | {_cell(lean)} | {_once(nokeep)} | "
-                     f"{_ratio(ours, lean, ok=_both_once(by['pyscheduler'], nokeep)) if ours else '-'} |")
+    for v, runs in variants:
+        lean = [r["window_rate"] for r in runs]
+        lines.append(f"| {v.label} | {_cell(lean)} | {_once(runs)} | "
+                     f"{_ratio(ours, lean, ok=_both_once(by['pyscheduler'], runs)) if ours else '-'} |")
     if best and "pyscheduler" in rates:
         lines += ["", f"pyscheduler's capacity: **{median(rates['pyscheduler']):,.0f} jobs/s**; against the best peer "
                       f"({best}): {_ratio(ours, rates[best], ok=_both_once(by['pyscheduler'], by[best]))}."]
-        if nokeep:
-            lines[-1] += (f" On a queue that keeps no completed tasks (`set_queue_keep_completed`): "
-                          f"**{median(lean):,.0f} jobs/s**, against {best}: "
-                          f"{_ratio(lean, rates[best], ok=_both_once(nokeep, by[best]))}.")
+        for v, runs in variants:
+            lean = [r["window_rate"] for r in runs]
+            lines[-1] += (f" {v.when}: **{median(lean):,.0f} jobs/s**, against {best}: "
+                          f"{_ratio(lean, rates[best], ok=_both_once(runs, by[best]))}.")
     settings = [f"{k}: {by[k][0]['settings']}" for k in by]
-    if nokeep:
-        settings.append(f"{NOKEEP_LABEL}: as pyscheduler, with set_queue_keep_completed(queue, False)")
+    settings += [f"{v.label}: as pyscheduler, with {v.setting}" for v, _ in variants]
     return lines + ["", "Settings: " + "; ".join(settings) + ".", ""]
 
 
@@ -346,12 +358,13 @@ def chart(path: Path, results: dict, *, bulk_jobs: int) -> Path:
     import matplotlib.ticker
 
     enq, cap, e2e = results["enqueue"], results["capacity"], results["e2e"]
+    labels = {v.system.key: v.label for v in VARIANTS}
     panels = [(f"bulk submit, jobs/s ({bulk_jobs:,} in calls of 1,000; higher is better)", False,
                {k: [bulk_jobs / r["bulk_s"] for r in v] for k, v in enq.items()}),
               ("single submit, call p50 ms (lower is better)", False,
                {k: [percentile(r["single_ms"], 50) for r in v] for k, v in enq.items()}),
               ("capacity, jobs started/s (higher is better)", False,
-               {NOKEEP_LABEL if k == NOKEEP.key else k: [r["window_rate"] for r in v] for k, v in cap.items()})]
+               {labels.get(k, k): [r["window_rate"] for r in v] for k, v in cap.items()})]
     panels += [(f"enqueue-to-start p99 ms at {rate:,} jobs/s offered (lower is better; log scale)", True,
                 {k: [percentile(r["latency_ms"], 99) for r in v] for k, v in by.items()}) for rate, by in e2e.items()]
     panels = [p for p in panels if p[2]]

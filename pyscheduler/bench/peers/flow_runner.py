@@ -177,12 +177,15 @@ def pyscheduler_single(dsn: str, a: int, b: int, concurrency: int) -> dict:
 
 
 def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, backlog: int = 0,
-                    keep_completed: bool = True) -> dict:
+                    keep_completed: bool = True, spec_index: bool = True) -> dict:
     from ... import __version__, migrate
     from ...db import Database
     from ...tasks import TaskClient, Worker
+    from ...tasks.spec_index import set_spec_index
 
     migrate.migrate(dsn)
+    if not spec_index:
+        set_spec_index(dsn, False)
     if not keep_completed:
         with Database(dsn, min_size=1, max_size=1) as db:
             TaskClient(db).set_queue_keep_completed(QUEUE, False)
@@ -211,7 +214,8 @@ def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, bac
     return dict(system="pyscheduler", version=__version__, **_done(seen, made, last, latencies, starts),
                 settings=f"Worker capacity {concurrency}, poll 0.5 s; a tasks Monitor; producer "
                          "TaskClient.submit_ids" + ("" if keep_completed else "; set_queue_keep_completed(queue, "
-                                                   "False): a completion deletes the task"))
+                                                   "False): a completion deletes the task")
+                         + ("" if spec_index else "; the spec search index off"))
 
 
 def pyscheduler_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) -> dict:
@@ -381,6 +385,7 @@ def pgqueuer_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) ->
 
 RUNNERS = {("pyscheduler", "enqueue"): pyscheduler_enqueue, ("pyscheduler", "e2e"): pyscheduler_e2e,
            ("pyscheduler-nokeep", "e2e"): lambda *a: pyscheduler_e2e(*a, keep_completed=False),
+           ("pyscheduler-nosearch", "e2e"): lambda *a: pyscheduler_e2e(*a, spec_index=False),
            ("pyscheduler", "produce"): pyscheduler_produce, ("pgqueuer", "enqueue"): pgqueuer_enqueue,
            ("pgqueuer", "e2e"): pgqueuer_e2e, ("pgqueuer", "produce"): pgqueuer_produce,
            ("pyscheduler", "single"): pyscheduler_single, ("pgqueuer", "single"): pgqueuer_single}
