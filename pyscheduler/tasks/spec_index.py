@@ -25,6 +25,7 @@ def spec_index(dsn: str) -> str:
 def set_spec_index(dsn: str, on: bool) -> str:
     """Build the index (``on``; an invalid one is dropped first) or drop it; the state after."""
     with translating(), connect(dsn) as conn:
+        conn.execute("SET statement_timeout = 0")  # a build at 10 million tasks takes minutes
         state = conn.execute(STATE, (NAME,)).fetchone()["state"]
         if state == "invalid" or (state == "on" and not on):
             conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {NAME}")

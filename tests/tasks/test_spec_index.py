@@ -11,7 +11,8 @@ from psycopg.types.json import Jsonb
 
 from pyscheduler import errors
 from pyscheduler.cli import main
-from pyscheduler.db import Database
+from pyscheduler.db import Database, configure
+from pyscheduler.db import settings as db_settings
 from pyscheduler.tasks import TaskClient
 from pyscheduler.tasks.spec_index import set_spec_index, spec_index
 
@@ -62,6 +63,19 @@ def test_an_index_left_invalid_reads_as_off_until_built_again(dsn, db, conn):
     assert _found(db, {"to": "c@example.com"}) == [{"to": "c@example.com"}]
     assert set_spec_index(dsn, True) == "on"
     assert _found(db, {"to": "c@example.com"}) == [{"to": "c@example.com"}]
+
+
+def test_a_build_is_not_cut_short_by_the_statement_timeout_of_pyscheduler_connections(dsn, db):
+    """Building the index at 10 million tasks takes minutes; pyscheduler's connections cancel a
+    statement after 60 s by default (here 1 ms, on 20,000 tasks): the build runs without one."""
+    TaskClient(db).submit_ids("si", [{"to": f"u{i}@example.com"} for i in range(20000)])
+    set_spec_index(dsn, False)
+    before = db_settings()
+    configure(statement_timeout=1)
+    try:
+        assert set_spec_index(dsn, True) == "on"
+    finally:
+        configure(statement_timeout=before.statement_timeout)
 
 
 def test_only_the_schemas_owner_turns_it_off_or_on(dsn, login):
