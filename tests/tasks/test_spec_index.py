@@ -5,6 +5,8 @@ as off until built again; only the schema's owner may do either."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from click.testing import CliRunner
 from psycopg.types.json import Jsonb
@@ -13,8 +15,9 @@ from pyscheduler import errors
 from pyscheduler.cli import main
 from pyscheduler.db import Database, configure
 from pyscheduler.db import settings as db_settings
-from pyscheduler.tasks import TaskClient
+from pyscheduler.tasks import TaskClient, Worker
 from pyscheduler.tasks.spec_index import set_spec_index, spec_index
+from tests.support import wait_for
 
 DEF = "SELECT pg_get_indexdef(to_regclass('pyscheduler.tasks_spec_idx')) AS d"
 
@@ -76,6 +79,40 @@ def test_a_build_is_not_cut_short_by_the_statement_timeout_of_pyscheduler_connec
         assert set_spec_index(dsn, True) == "on"
     finally:
         configure(statement_timeout=before.statement_timeout)
+
+
+def test_switched_while_a_worker_runs_and_a_producer_submits_every_task_runs_once(dsn, db):
+    """Both switches run CONCURRENTLY beside the hot path, a producer submitting until both are
+    done: the Worker's prepared lease and completion are planned again, nothing is lost or run
+    twice, and the rebuilt index finds the tasks submitted while it was off."""
+    seen, lock, made = [], threading.Lock(), [0]
+
+    def handle(ctx) -> None:
+        with lock:
+            seen.append(ctx.spec["i"])
+    client, stop = TaskClient(db), threading.Event()
+
+    def produce() -> None:
+        while not stop.wait(0.01):
+            client.submit_ids("live", [{"i": i} for i in range(made[0], made[0] + 50)])
+            made[0] += 50
+    running = Worker(dsn, "live", handle, capacity=4).start()
+    producer = threading.Thread(target=produce)
+    try:
+        producer.start()
+        wait_for(lambda: len(seen) > 200, what="the first tasks run")
+        assert set_spec_index(dsn, False) == "off"
+        off = made[0]
+        wait_for(lambda: made[0] > off + 200, what="tasks submitted with the index off")
+        assert set_spec_index(dsn, True) == "on"
+        stop.set()
+        producer.join(30)
+        wait_for(lambda: len(seen) >= made[0], timeout=60, what="every task run")
+    finally:
+        stop.set()
+        running.stop()
+    assert sorted(seen) == list(range(made[0])) and running.worker.fatal is None
+    assert _found(db, {"i": off + 100}) == [{"i": off + 100}]
 
 
 def test_only_the_schemas_owner_turns_it_off_or_on(dsn, login):
