@@ -206,3 +206,32 @@ def _set_roles(conn: psycopg.Connection, roles: dict[str, str]) -> None:
         if key not in ROLE_SETTINGS:
             raise ValueError(f"unknown role setting {key!r}")
         conn.execute("UPDATE pyscheduler.settings SET value = %s WHERE name = %s", (value, key))
+
+
+# -- the spec search index (tasks_spec_idx), which a deployment may drop and build again ----------
+# (`pyscheduler tasks spec-index`, issue 31). DDL run CONCURRENTLY, which no SQL function may run:
+# by the role that owns the schema, under the migrations' lock (a migration or a second switch
+# waits), without a statement timeout (a build at 10 million tasks takes minutes). The definition
+# is migrations 0048 and 0051's (tests/tasks/test_spec_index.py compares the two).
+SPEC_INDEX = "pyscheduler.tasks_spec_idx"
+CREATE_SPEC_INDEX = ("CREATE INDEX CONCURRENTLY tasks_spec_idx ON pyscheduler.tasks USING gin (spec jsonb_path_ops) "
+                     "WITH (gin_pending_list_limit = 4096) WHERE status <> 'running'")
+SPEC_INDEX_STATE = "SELECT pyscheduler._spec_index_state() AS state"
+
+
+def spec_index(dsn: str) -> str:
+    """'on', 'off', or 'invalid' (a build that failed or is under way: find_tasks reads as if off)."""
+    with translating(), psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        return conn.execute(SPEC_INDEX_STATE).fetchone()[0]
+
+
+def set_spec_index(dsn: str, on: bool) -> str:
+    """Build the spec search index (``on``; an invalid one is dropped first) or drop it; the state after."""
+    with _locked(dsn) as conn:
+        conn.execute("SET statement_timeout = 0")
+        state = conn.execute(SPEC_INDEX_STATE).fetchone()[0]
+        if state == "invalid" or (state == "on" and not on):
+            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {SPEC_INDEX}")
+        if on and state != "on":
+            conn.execute(CREATE_SPEC_INDEX)
+        return conn.execute(SPEC_INDEX_STATE).fetchone()[0]

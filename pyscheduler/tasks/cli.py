@@ -24,8 +24,8 @@ from ..clihints import HintedGroup
 from ..config import (DURATION, INSTANT, POSITIVE_DURATION, dsn_option, env, http_options,
                       option, require_dsn, require_text, wait_for_database)
 from ..daemon import RunContext, install_signal_handlers, wait_for
+from .. import migrate
 from ..db import Database, Jsonb
-from . import spec_index
 from . import sqlapi as sql
 from .app import TaskApp
 from .client import STATUSES, Task, TaskClient
@@ -249,7 +249,7 @@ def spec_index_cmd(dsn, state) -> None:
     search to the newest 100,000 tasks. Built or dropped CONCURRENTLY, by the schema's owner.
     Without STATE: prints on, off or invalid (a build that failed: run on again)."""
     url = require_dsn(dsn)
-    now = spec_index.spec_index(url) if state is None else spec_index.set_spec_index(url, state == "on")
+    now = migrate.spec_index(url) if state is None else migrate.set_spec_index(url, state == "on")
     click.echo(now)
 
 

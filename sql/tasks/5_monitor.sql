@@ -273,7 +273,7 @@ AS $$
    lease or completion pays for it; returns the pending pages merged (0:
    none waited, or the index is turned off: `pyscheduler tasks spec-index`). */
 BEGIN
-    IF NOT _spec_index_on() THEN
+    IF _spec_index_state() <> 'on' THEN
         RETURN 0;
     END IF;
     RETURN gin_clean_pending_list('pyscheduler.tasks_spec_idx'::regclass);

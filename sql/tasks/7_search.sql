@@ -3,16 +3,18 @@
 -- tasks_spec_idx) and
 -- task_family (a task page's workflow: parents by the primary key, children by tasks_after_idx).
 
--- _spec_index_on(): whether the spec search index (tasks_spec_idx) is there and valid. An
--- operator may turn it off (`pyscheduler tasks spec-index off`, pyscheduler/tasks/spec_index.py):
--- it costs every task two sets of entries, as submitted and as finished, and the monitor's merge
--- of them (issue 31: 10-18 % of a Worker's capacity on 2 cores). Off, or left invalid by a build
--- that failed, find_tasks(spec) reads the newest tasks instead and the monitor merges nothing.
-CREATE OR REPLACE FUNCTION pyscheduler._spec_index_on()
-RETURNS boolean
+-- _spec_index_state(): 'on', 'off' or 'invalid' (left by a build that failed or is under way,
+-- which the planner does not read): the spec search index, tasks_spec_idx. An operator may turn it
+-- off (`pyscheduler tasks spec-index off`, migrate.set_spec_index): it costs every task two sets of
+-- entries, as submitted and as finished, and the monitor's merge of them (issue 31: 10-18 % of a
+-- Worker's capacity on 2 cores). Not on, find_tasks(spec) reads the newest tasks instead and the
+-- monitor merges nothing.
+CREATE OR REPLACE FUNCTION pyscheduler._spec_index_state()
+RETURNS text
 LANGUAGE sql STABLE
-RETURN coalesce((SELECT i.indisvalid FROM pg_catalog.pg_index i
-                  WHERE i.indexrelid = pg_catalog.to_regclass('pyscheduler.tasks_spec_idx')), false);
+RETURN (SELECT CASE WHEN i.indexrelid IS NULL THEN 'off' WHEN i.indisvalid THEN 'on' ELSE 'invalid' END
+          FROM (SELECT pg_catalog.to_regclass('pyscheduler.tasks_spec_idx') AS oid) r
+          LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = r.oid);
 
 CREATE OR REPLACE FUNCTION pyscheduler.find_tasks(
     rn_from uuid DEFAULT NULL, rn_to uuid DEFAULT NULL, unique_key pyscheduler.unique_key DEFAULT NULL,
@@ -67,7 +69,7 @@ BEGIN
                  WHERE t.unique_key = find_tasks.unique_key AND t.status >= 'completed') x(m)
          WHERE v_seen IS NULL OR (x.m).submitted_by = ANY (v_seen)
          ORDER BY (x.m).rn DESC LIMIT max_tasks;
-    ELSIF NOT _spec_index_on() THEN  -- turned off: the newest 100,000 tasks, by the primary key
+    ELSIF _spec_index_state() <> 'on' THEN  -- turned off: the newest 100,000 tasks, by the primary key
         RETURN QUERY
         SELECT _task_seen_json(t, v_seen) FROM tasks t
          WHERE t.rn = ANY (ARRAY(SELECT w.rn FROM (SELECT n.rn, n.spec, n.submitted_by FROM tasks n

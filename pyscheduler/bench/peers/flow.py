@@ -288,8 +288,9 @@ def _once(runs: list[dict]) -> str:
 
 
 def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency: int) -> list[str]:
-    variants = [(v, results["capacity"][v.system.key]) for v in VARIANTS if v.system.key in results["capacity"]]
-    by = {k: v for k, v in results["capacity"].items() if k not in {v.system.key for v, _ in variants}}
+    variants = [(v, results["capacity"][v.system.key], [r["window_rate"] for r in results["capacity"][v.system.key]])
+                for v in VARIANTS if v.system.key in results["capacity"]]
+    by = {k: v for k, v in results["capacity"].items() if k not in {v.system.key for v, _, _ in variants}}
     rates = {k: [r["window_rate"] for r in by[k]] for k in by}
     peers = [k for k in by if k != "pyscheduler"]
     best = max(peers, key=lambda k: median(rates[k])) if peers else None
@@ -305,19 +306,17 @@ def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency:
         lines.append(f"| {k} | {_cell(rates[k])} | {_once(by[k])} | "
                      + ("-" if k == "pyscheduler" else _ratio(ours, rates[k], ok=_both_once(by["pyscheduler"], by[k])))
                      + " |")
-    for v, runs in variants:
-        lean = [r["window_rate"] for r in runs]
+    for v, runs, lean in variants:
         lines.append(f"| {v.label} | {_cell(lean)} | {_once(runs)} | "
                      f"{_ratio(ours, lean, ok=_both_once(by['pyscheduler'], runs)) if ours else '-'} |")
     if best and "pyscheduler" in rates:
         lines += ["", f"pyscheduler's capacity: **{median(rates['pyscheduler']):,.0f} jobs/s**; against the best peer "
                       f"({best}): {_ratio(ours, rates[best], ok=_both_once(by['pyscheduler'], by[best]))}."]
-        for v, runs in variants:
-            lean = [r["window_rate"] for r in runs]
+        for v, runs, lean in variants:
             lines[-1] += (f" {v.when}: **{median(lean):,.0f} jobs/s**, against {best}: "
                           f"{_ratio(lean, rates[best], ok=_both_once(runs, by[best]))}.")
     settings = [f"{k}: {by[k][0]['settings']}" for k in by]
-    settings += [f"{v.label}: as pyscheduler, with {v.setting}" for v, _ in variants]
+    settings += [f"{v.label}: as pyscheduler, with {v.setting}" for v, _, _ in variants]
     return lines + ["", "Settings: " + "; ".join(settings) + ".", ""]
 
 

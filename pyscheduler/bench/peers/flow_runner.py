@@ -188,11 +188,10 @@ def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, bac
     from ... import __version__, migrate
     from ...db import Database
     from ...tasks import TaskClient, Worker
-    from ...tasks.spec_index import set_spec_index
 
     migrate.migrate(dsn)
     if not spec_index:
-        set_spec_index(dsn, False)
+        migrate.set_spec_index(dsn, False)
     if not keep_completed:
         with Database(dsn, min_size=1, max_size=1) as db:
             TaskClient(db).set_queue_keep_completed(QUEUE, False)
@@ -220,9 +219,7 @@ def pyscheduler_e2e(dsn: str, rate: float, seconds: float, concurrency: int, bac
         running.stop()
     return dict(system="pyscheduler", version=__version__, **_done(seen, made, last, latencies, starts),
                 settings=f"Worker capacity {concurrency}, poll 0.5 s; a tasks Monitor; producer "
-                         "TaskClient.submit_ids" + ("" if keep_completed else "; set_queue_keep_completed(queue, "
-                                                   "False): a completion deletes the task")
-                         + ("" if spec_index else "; the spec search index off"))
+                         "TaskClient.submit_ids")  # a variant's (flow.VARIANTS) says what it changes
 
 
 def pyscheduler_produce(dsn: str, rate: float, seconds: float, backlog: int = 0) -> dict:
