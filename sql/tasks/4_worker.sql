@@ -6,7 +6,8 @@
 -- holder's writes (_complete_task(s), _complete_and_lease, _heartbeat_tasks, _fail_leases,
 -- _yield_leases) run with seq scans, bitmap scans, hash and merge joins off (the function's SET
 -- lines), so whatever the statistics of the moment, tasks are reached through tasks_ready_idx in
--- claim order or by primary key, a nested loop driven by the leases given. Their writes test
+-- claim order or by primary key: the batch writes join nothing (t.rn = ANY (the rns sorted),
+-- _by_rn), so no join order can put a scan of tasks first. Their writes test
 -- `t.status::text = 'running'`: a condition tasks_running_deadline_idx's predicate cannot be
 -- proved from, so the planner cannot read that whole index (dead entries too) instead of the
 -- primary key, as it did when the statistics said no task was running. A Worker's session
@@ -674,14 +675,22 @@ BEGIN
 END
 $$;
 
--- _leases(rns, tokens): the leases (rns[i], tokens[i]) in rn order. The
--- batch writes (complete_tasks, heartbeat_tasks, yield_tasks) join the tasks
--- to this (a nested loop driven by it), so they lock rows in rn order: two of
--- them running at once wait for each other, they never deadlock.
-CREATE OR REPLACE FUNCTION pyscheduler._leases(p_rns uuid[], p_tokens uuid[])
-RETURNS TABLE (rn uuid, token uuid)
-LANGUAGE sql IMMUTABLE
-AS $$ SELECT l.rn, l.token FROM unnest(p_rns, p_tokens) AS l(rn, token) ORDER BY l.rn $$;
+-- _by_rn(rns): a batch write's leases in rn order: sorted (rns sorted) and pos (pos[k] the
+-- position of sorted[k] in the caller's arrays). The batch writes (complete_tasks, heartbeat_tasks,
+-- fail_tasks, yield_tasks) update WHERE t.rn = ANY (sorted) and find a row's lease at
+-- pos[width_bucket(t.rn, sorted)] (a binary search), joining nothing: the primary key is the only
+-- way to the rows, whatever estimates a plan was cached with (joined to the leases, a plan made on
+-- a near-empty table read the whole primary key: 21,000 entries a call at 20,000 tasks;
+-- tests/tasks/test_worker_plans.py). The primary key's scan of the sorted array locks the rows in
+-- rn order, so two batch writes running at once wait for each other and never deadlock.
+CREATE OR REPLACE FUNCTION pyscheduler._by_rn(p_rns uuid[], OUT sorted uuid[], OUT pos integer[])
+LANGUAGE plpgsql IMMUTABLE  -- keeps its plan: a SQL function is planned on every call
+AS $$
+BEGIN
+    SELECT array_agg(u.rn ORDER BY u.rn, u.i), array_agg(u.i::integer ORDER BY u.rn, u.i) INTO sorted, pos
+      FROM unnest(p_rns) WITH ORDINALITY AS u(rn, i);
+END
+$$;
 
 -- _refused(rns, tokens, done): (rn, sqlstate) of each lease (rns[i], tokens[i])
 -- not in done, with _refusal's code: why a batch write did not touch it.
@@ -711,6 +720,8 @@ DECLARE
     v_deadline timestamptz := p_now + pyscheduler._timeout(_heartbeat_tasks.timeout);
     v_done uuid[];
     v_bad double precision;
+    v_rns uuid[];
+    v_pos integer[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     IF _heartbeat_tasks.progress IS NOT NULL THEN
@@ -722,14 +733,13 @@ BEGIN
         SELECT p INTO v_bad FROM unnest(_heartbeat_tasks.progress) p WHERE NOT (p >= 0 AND p <= 1) LIMIT 1;
         PERFORM pyscheduler._check_progress(v_bad);
     END IF;
+    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(rns) AS b;  -- see _by_rn
     WITH beat AS (
         UPDATE pyscheduler.tasks t
-           SET deadline = v_deadline, updated = p_now, progress = coalesce(l.progress, t.progress)
-          FROM (SELECT * FROM unnest(rns, tokens, coalesce(_heartbeat_tasks.progress,
-                                 array_fill(NULL::double precision, ARRAY[cardinality(rns)])))
-                                 AS u(rn, token, progress)
-                 ORDER BY u.rn) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
+           SET deadline = v_deadline, updated = p_now,
+               progress = coalesce(_heartbeat_tasks.progress[v_pos[width_bucket(t.rn, v_rns)]], t.progress)
+         WHERE t.rn = ANY (v_rns) AND t.lease_token = tokens[v_pos[width_bucket(t.rn, v_rns)]]
+           AND t.status::text = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(b.rn), '{}') INTO v_done FROM beat b;
     -- the rest were not touched by the update above: the state machine says why
@@ -795,15 +805,18 @@ AS $$
 DECLARE
     v_queues text[];
     v_gone record;
+    v_rns uuid[];
+    v_pos integer[];
 BEGIN
     SELECT array_agg(q.queue) INTO v_queues FROM pyscheduler.task_queues q WHERE NOT q.keep_completed;
     IF v_queues IS NULL THEN
         RETURN '{}';
     END IF;
+    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(p_rns) AS b;  -- see _by_rn
     WITH gone AS (
         DELETE FROM pyscheduler.tasks t
-         USING pyscheduler._leases(p_rns, p_tokens) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
+         WHERE t.rn = ANY (v_rns) AND t.lease_token = p_tokens[v_pos[width_bucket(t.rn, v_rns)]]
+           AND t.status::text = 'running'
            AND t.queue = ANY (v_queues) AND NOT t.watched AND NOT t.has_children
         RETURNING t.rn, t.queue,
                   pyscheduler._latency_k(greatest(t.leased_at - coalesce(t.run_at, t.created), interval '0')) AS k)
@@ -906,6 +919,8 @@ DECLARE
     v_gone uuid[];
     v_more uuid[];
     v_bad record;
+    v_rns uuid[];
+    v_pos integer[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     IF results IS NOT NULL THEN
@@ -923,27 +938,17 @@ BEGIN
     v_gone := pyscheduler._complete_deleting(rns, tokens, p_now);
     IF cardinality(v_gone) = cardinality(rns) THEN  -- all deleted: nothing left to update
         v_done := '{}';
-    ELSIF results IS NULL THEN
-        WITH done AS (
-            UPDATE pyscheduler.tasks t SET status = 'completed', progress = 1, deadline = NULL, updated = p_now
-              FROM pyscheduler._leases(rns, tokens) AS l
-             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
-            RETURNING t.rn, t.queue, t.watched OR t.has_children AS more),
-        counted AS (  -- the tallies (1_model.sql, "Counts"), in this statement: the Worker's path
-            INSERT INTO pyscheduler._task_tallies (queue, status, n)
-            SELECT c.queue, v.status, v.n * c.c
-              FROM (SELECT d.queue, count(*) AS c FROM done d GROUP BY d.queue) AS c,
-                   LATERAL (VALUES ('running'::pyscheduler.task_status, -1), ('completed', 1)) AS v(status, n))
-        SELECT coalesce(array_agg(d.rn), '{}'), array_agg(d.rn) FILTER (WHERE d.more) INTO v_done, v_more FROM done d;
     ELSE
+        SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(rns) AS b;  -- see _by_rn
         WITH done AS (
             UPDATE pyscheduler.tasks t
-               SET status = 'completed', progress = 1, deadline = NULL, updated = p_now, result = results -> (l.i - 1)::integer
-              FROM (SELECT u.rn, u.token, u.i FROM unnest(rns, tokens) WITH ORDINALITY AS u(rn, token, i)
-                     ORDER BY u.rn) AS l  -- rows locked in rn order (as _leases)
-             WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
+               SET status = 'completed', progress = 1, deadline = NULL, updated = p_now,
+                   result = CASE WHEN results IS NULL THEN t.result
+                                 ELSE results -> (v_pos[width_bucket(t.rn, v_rns)] - 1) END
+             WHERE t.rn = ANY (v_rns) AND t.lease_token = tokens[v_pos[width_bucket(t.rn, v_rns)]]
+               AND t.status::text = 'running'
             RETURNING t.rn, t.queue, t.watched OR t.has_children AS more),
-        counted AS (
+        counted AS (  -- the tallies (1_model.sql, "Counts"), in this statement: the Worker's path
             INSERT INTO pyscheduler._task_tallies (queue, status, n)
             SELECT c.queue, v.status, v.n * c.c
               FROM (SELECT d.queue, count(*) AS c FROM done d GROUP BY d.queue) AS c,
@@ -1116,7 +1121,7 @@ COMMENT ON FUNCTION pyscheduler.abort_task(uuid, uuid, pyscheduler.task_errors) 
 -- (rns[i], tokens[i]) whose task is running under that token gets errors[i]
 -- appended and is retried after retry_in[i] (NULL: the default backoff), or
 -- is aborted when it has used its max_attempts. Rows are locked in rn order
--- (as _leases). Returns the rns it failed.
+-- (see _by_rn). Returns the rns it failed.
 CREATE OR REPLACE FUNCTION pyscheduler._fail_leases(
     rns uuid[], tokens uuid[], errors jsonb, retry_in interval[], p_now timestamptz)
 RETURNS uuid[]
@@ -1137,6 +1142,10 @@ DECLARE
     v_more uuid[];
     v_moved text[];
     v_to pyscheduler.task_status[];
+    v_rns uuid[];
+    v_pos integer[];
+    v_delays interval[];  -- per lease, as the caller's arrays: retry_in in seconds, and a jitter
+    v_jitters double precision[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     IF errors IS NULL OR jsonb_typeof(errors) <> 'array' OR jsonb_array_length(errors) <> cardinality(rns) THEN
@@ -1160,14 +1169,20 @@ BEGIN
     IF FOUND THEN
         PERFORM pyscheduler._check_errors(jsonb_build_array(v_bad.e), format('errors[%s]', v_bad.i - 1));
     END IF;
+    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(rns) AS b;  -- see _by_rn
+    SELECT array_agg(make_interval(secs => extract(epoch FROM u.delay)::double precision) ORDER BY u.i),
+           array_agg(0.5 + random() ORDER BY u.i)
+      INTO v_delays, v_jitters
+      FROM unnest(coalesce(retry_in, array_fill(NULL::interval, ARRAY[cardinality(rns)]))) WITH ORDINALITY AS u(delay, i);
     WITH u AS (
         UPDATE pyscheduler.tasks t
            SET status = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN 'aborted'
-                             WHEN pyscheduler._retry_at(t.attempts, l.delay, l.jitter, v_base, v_cap, p_now) > p_now
+                             WHEN pyscheduler._retry_at(t.attempts, v_delays[v_pos[width_bucket(t.rn, v_rns)]], v_jitters[v_pos[width_bucket(t.rn, v_rns)]], v_base, v_cap, p_now) > p_now
                                  THEN 'scheduled'
                              ELSE 'ready' END::pyscheduler.task_status,
                errors = pyscheduler._capped_errors(
-                            t.errors || pyscheduler._error_entry(l.error)
+                            t.errors
+                            || pyscheduler._error_entry(_fail_leases.errors -> (v_pos[width_bucket(t.rn, v_rns)] - 1))
                             || CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN jsonb_build_object(
                                    'code', 'TaskMaxAttempts',
                                    'args', jsonb_build_object('attempts', t.attempts,
@@ -1180,7 +1195,7 @@ BEGIN
                -- aborted: as abort_task. Retried: back in the queue without an owner
                -- or a lease; history += the lease's TaskAssignment, TaskRetry.
                run_at = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.run_at
-                             ELSE pyscheduler._retry_at(t.attempts, l.delay, l.jitter, v_base, v_cap, p_now) END,
+                             ELSE pyscheduler._retry_at(t.attempts, v_delays[v_pos[width_bucket(t.rn, v_rns)]], v_jitters[v_pos[width_bucket(t.rn, v_rns)]], v_base, v_cap, p_now) END,
                owner = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.owner END,
                progress = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.progress ELSE 0 END,
                lease_token = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.lease_token END,
@@ -1191,17 +1206,12 @@ BEGIN
                              || jsonb_build_array(jsonb_build_object(
                                     '_typ', 'TaskRetry', 'worker', t.owner, 'progress', t.progress,
                                     'attempt', t.attempts,
-                                    'run_at', pyscheduler._ts(pyscheduler._retry_at(t.attempts, l.delay, l.jitter,
+                                    'run_at', pyscheduler._ts(pyscheduler._retry_at(t.attempts, v_delays[v_pos[width_bucket(t.rn, v_rns)]], v_jitters[v_pos[width_bucket(t.rn, v_rns)]],
                                                                                      v_base, v_cap, p_now)),
                                     'time', pyscheduler._ts(p_now))),
                              v_history) END
-          FROM (SELECT u.rn, u.token, e.e AS error, 0.5 + random() AS jitter,
-                       make_interval(secs => extract(epoch FROM u.delay)::double precision) AS delay
-                  FROM unnest(rns, tokens, coalesce(retry_in, array_fill(NULL::interval, ARRAY[cardinality(rns)])))
-                           WITH ORDINALITY AS u(rn, token, delay, i)
-                  JOIN jsonb_array_elements(errors) WITH ORDINALITY AS e(e, i) ON e.i = u.i
-                 ORDER BY u.rn) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
+         WHERE t.rn = ANY (v_rns) AND t.lease_token = tokens[v_pos[width_bucket(t.rn, v_rns)]]
+           AND t.status::text = 'running'
         RETURNING t.rn, t.queue, t.status, t.watched OR t.has_children AS more, t.limited)
     SELECT coalesce(array_agg(u.rn), '{}'),
            coalesce(array_agg(DISTINCT u.queue) FILTER (WHERE u.status <> 'aborted' OR u.limited), '{}'),
@@ -1309,7 +1319,7 @@ COMMENT ON FUNCTION pyscheduler.fail_tasks(uuid[], uuid[], pyscheduler.task_erro
 -- token, for the monitor to make it ready (NOTIFY pyscheduler_tasks_monitor); else (a snooze) the
 -- task is back in its queue at once without owner, scheduled until run_at (ready when that is
 -- not later than now). Returns the tasks yielded.
--- The tasks are locked FOR UPDATE first, in rn order (as _leases). That lock is what makes a
+-- The tasks are locked FOR UPDATE first, in rn order (see _by_rn). That lock is what makes a
 -- yield wait for an application's transaction that holds the lease with holds_lease (FOR KEY
 -- SHARE) and see what it did once it ends (completed: refused): the UPDATE alone would take FOR
 -- NO KEY UPDATE, which FOR KEY SHARE lets through, and the lease would end under that
@@ -1323,9 +1333,13 @@ SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off S
 AS $$
 DECLARE
     v_yielded pyscheduler.tasks[];
+    v_rns uuid[];
+    v_pos integer[];
 BEGIN
-    PERFORM FROM pyscheduler.tasks t JOIN pyscheduler._leases(p_rns, p_tokens) AS l ON t.rn = l.rn
-     WHERE t.lease_token = l.token AND t.status::text = 'running'
+    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(p_rns) AS b;  -- see _by_rn
+    PERFORM FROM pyscheduler.tasks t
+     WHERE t.rn = ANY (v_rns) AND t.lease_token = p_tokens[v_pos[width_bucket(t.rn, v_rns)]]
+       AND t.status::text = 'running'
      ORDER BY t.rn
        FOR UPDATE OF t;
     WITH y AS (
@@ -1348,8 +1362,8 @@ BEGIN
                                                                 'progress', t.progress, 'run_at', pyscheduler._ts(p_run_at),
                                                                 'time', pyscheduler._ts(p_now))),
                         pyscheduler._task_limit('task_max_history')) END
-          FROM pyscheduler._leases(p_rns, p_tokens) AS l
-         WHERE t.rn = l.rn AND t.lease_token = l.token AND t.status::text = 'running'
+         WHERE t.rn = ANY (v_rns) AND t.lease_token = p_tokens[v_pos[width_bucket(t.rn, v_rns)]]
+           AND t.status::text = 'running'
         RETURNING t AS task)
     SELECT coalesce(array_agg(y.task), '{}') INTO v_yielded FROM y;
     IF cardinality(v_yielded) > 0 THEN
