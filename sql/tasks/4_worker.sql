@@ -6,8 +6,8 @@
 -- holder's writes (_complete_task(s), _complete_and_lease, _heartbeat_tasks, _fail_leases,
 -- _yield_leases) run with seq scans, bitmap scans, hash and merge joins off (the function's SET
 -- lines), so whatever the statistics of the moment, tasks are reached through tasks_ready_idx in
--- claim order or by primary key: the batch writes join nothing (t.rn = ANY (the rns sorted),
--- _by_rn), so no join order can put a scan of tasks first. Their writes test
+-- claim order or by primary key: the batch writes join tasks to one row only (_by_rn: the rns
+-- sorted, read as t.rn = ANY), so no join order can put a scan of tasks first. Their writes test
 -- `t.status::text = 'running'`: a condition tasks_running_deadline_idx's predicate cannot be
 -- proved from, so the planner cannot read that whole index (dead entries too) instead of the
 -- primary key, as it did when the statistics said no task was running. A Worker's session
@@ -675,14 +675,19 @@ BEGIN
 END
 $$;
 
--- _by_rn(rns): a batch write's leases in rn order: sorted (rns sorted) and pos (pos[k] the
+-- _by_rn(rns): a batch write's leases in rn order, one row: sorted (rns sorted) and pos (pos[k] the
 -- position of sorted[k] in the caller's arrays). The batch writes (complete_tasks, heartbeat_tasks,
--- fail_tasks, yield_tasks) update WHERE t.rn = ANY (sorted) and find a row's lease at
--- pos[width_bucket(t.rn, sorted)] (a binary search), joining nothing: the primary key is the only
--- way to the rows, whatever estimates a plan was cached with (joined to the leases, a plan made on
--- a near-empty table read the whole primary key: 21,000 entries a call at 20,000 tasks;
--- tests/tasks/test_worker_plans.py). The primary key's scan of the sorted array locks the rows in
--- rn order, so two batch writes running at once wait for each other and never deadlock.
+-- fail_tasks, yield_tasks) update tasks FROM this row WHERE t.rn = ANY (b.sorted) and find a row's
+-- lease at b.pos[width_bucket(t.rn, b.sorted)] (a binary search). t.rn = ANY is no equality
+-- between the two, so the planner has no order of rn to want and no full scan of an index to
+-- choose: the primary key's scan of the array is the only way to the rows, whatever estimates a
+-- plan was cached with (joined to the leases row by row, a plan made on a near-empty table read
+-- the whole primary key: 20,432 entries a call at 20,000 tasks; tests/tasks/test_worker_plans.py).
+-- That scan locks the rows in rn order, so two batch writes wait for each other and never
+-- deadlock (no ORDER BY t.rn: wanting that order would make a full scan of the primary key a plan
+-- again). The arrays are read from the row, not from PL/pgSQL variables, which hold arrays
+-- expanded: each width_bucket call would flatten a copy of the whole array (+4,800 instructions a
+-- completed task of a batch of 800; callgrind).
 CREATE OR REPLACE FUNCTION pyscheduler._by_rn(p_rns uuid[], OUT sorted uuid[], OUT pos integer[])
 LANGUAGE plpgsql IMMUTABLE  -- keeps its plan: a SQL function is planned on every call
 AS $$
@@ -720,8 +725,6 @@ DECLARE
     v_deadline timestamptz := p_now + pyscheduler._timeout(_heartbeat_tasks.timeout);
     v_done uuid[];
     v_bad double precision;
-    v_rns uuid[];
-    v_pos integer[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     IF _heartbeat_tasks.progress IS NOT NULL THEN
@@ -733,12 +736,12 @@ BEGIN
         SELECT p INTO v_bad FROM unnest(_heartbeat_tasks.progress) p WHERE NOT (p >= 0 AND p <= 1) LIMIT 1;
         PERFORM pyscheduler._check_progress(v_bad);
     END IF;
-    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(rns) AS b;  -- see _by_rn
     WITH beat AS (
         UPDATE pyscheduler.tasks t
            SET deadline = v_deadline, updated = p_now,
-               progress = coalesce(_heartbeat_tasks.progress[v_pos[width_bucket(t.rn, v_rns)]], t.progress)
-         WHERE t.rn = ANY (v_rns) AND t.lease_token = tokens[v_pos[width_bucket(t.rn, v_rns)]]
+               progress = coalesce(_heartbeat_tasks.progress[b.pos[width_bucket(t.rn, b.sorted)]], t.progress)
+          FROM pyscheduler._by_rn(rns) AS b  -- see _by_rn
+         WHERE t.rn = ANY (b.sorted) AND t.lease_token = tokens[b.pos[width_bucket(t.rn, b.sorted)]]
            AND t.status::text = 'running'
         RETURNING t.rn)
     SELECT coalesce(array_agg(b.rn), '{}') INTO v_done FROM beat b;
@@ -805,17 +808,15 @@ AS $$
 DECLARE
     v_queues text[];
     v_gone record;
-    v_rns uuid[];
-    v_pos integer[];
 BEGIN
     SELECT array_agg(q.queue) INTO v_queues FROM pyscheduler.task_queues q WHERE NOT q.keep_completed;
     IF v_queues IS NULL THEN
         RETURN '{}';
     END IF;
-    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(p_rns) AS b;  -- see _by_rn
     WITH gone AS (
         DELETE FROM pyscheduler.tasks t
-         WHERE t.rn = ANY (v_rns) AND t.lease_token = p_tokens[v_pos[width_bucket(t.rn, v_rns)]]
+         USING pyscheduler._by_rn(p_rns) AS b  -- see _by_rn
+         WHERE t.rn = ANY (b.sorted) AND t.lease_token = p_tokens[b.pos[width_bucket(t.rn, b.sorted)]]
            AND t.status::text = 'running'
            AND t.queue = ANY (v_queues) AND NOT t.watched AND NOT t.has_children
         RETURNING t.rn, t.queue,
@@ -919,8 +920,6 @@ DECLARE
     v_gone uuid[];
     v_more uuid[];
     v_bad record;
-    v_rns uuid[];
-    v_pos integer[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
     IF results IS NOT NULL THEN
@@ -939,13 +938,13 @@ BEGIN
     IF cardinality(v_gone) = cardinality(rns) THEN  -- all deleted: nothing left to update
         v_done := '{}';
     ELSE
-        SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(rns) AS b;  -- see _by_rn
         WITH done AS (
             UPDATE pyscheduler.tasks t
                SET status = 'completed', progress = 1, deadline = NULL, updated = p_now,
                    result = CASE WHEN results IS NULL THEN t.result
-                                 ELSE results -> (v_pos[width_bucket(t.rn, v_rns)] - 1) END
-             WHERE t.rn = ANY (v_rns) AND t.lease_token = tokens[v_pos[width_bucket(t.rn, v_rns)]]
+                                 ELSE results -> (b.pos[width_bucket(t.rn, b.sorted)] - 1) END
+              FROM pyscheduler._by_rn(rns) AS b  -- see _by_rn
+             WHERE t.rn = ANY (b.sorted) AND t.lease_token = tokens[b.pos[width_bucket(t.rn, b.sorted)]]
                AND t.status::text = 'running'
             RETURNING t.rn, t.queue, t.watched OR t.has_children AS more),
         counted AS (  -- the tallies (1_model.sql, "Counts"), in this statement: the Worker's path
@@ -1142,9 +1141,7 @@ DECLARE
     v_more uuid[];
     v_moved text[];
     v_to pyscheduler.task_status[];
-    v_rns uuid[];
-    v_pos integer[];
-    v_delays interval[];  -- per lease, as the caller's arrays: retry_in in seconds, and a jitter
+    v_delays interval[];  -- per lease in rn order (as _by_rn's sorted): retry_in in seconds, and a jitter
     v_jitters double precision[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
@@ -1169,20 +1166,19 @@ BEGIN
     IF FOUND THEN
         PERFORM pyscheduler._check_errors(jsonb_build_array(v_bad.e), format('errors[%s]', v_bad.i - 1));
     END IF;
-    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(rns) AS b;  -- see _by_rn
-    SELECT array_agg(make_interval(secs => extract(epoch FROM u.delay)::double precision) ORDER BY u.i),
-           array_agg(0.5 + random() ORDER BY u.i)
-      INTO v_delays, v_jitters
-      FROM unnest(coalesce(retry_in, array_fill(NULL::interval, ARRAY[cardinality(rns)]))) WITH ORDINALITY AS u(delay, i);
+    SELECT array_agg(make_interval(secs => extract(epoch FROM retry_in[x.p])::double precision) ORDER BY x.k),
+           array_agg(0.5 + random() ORDER BY x.k)
+      INTO v_delays, v_jitters FROM pyscheduler._by_rn(rns) AS b, unnest(b.pos) WITH ORDINALITY AS x(p, k);
     WITH u AS (
         UPDATE pyscheduler.tasks t
            SET status = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN 'aborted'
-                             WHEN pyscheduler._retry_at(t.attempts, v_delays[v_pos[width_bucket(t.rn, v_rns)]], v_jitters[v_pos[width_bucket(t.rn, v_rns)]], v_base, v_cap, p_now) > p_now
+                             WHEN pyscheduler._retry_at(t.attempts, v_delays[width_bucket(t.rn, b.sorted)],
+                                                        v_jitters[width_bucket(t.rn, b.sorted)], v_base, v_cap, p_now) > p_now
                                  THEN 'scheduled'
                              ELSE 'ready' END::pyscheduler.task_status,
                errors = pyscheduler._capped_errors(
                             t.errors
-                            || pyscheduler._error_entry(_fail_leases.errors -> (v_pos[width_bucket(t.rn, v_rns)] - 1))
+                            || pyscheduler._error_entry(_fail_leases.errors -> (b.pos[width_bucket(t.rn, b.sorted)] - 1))
                             || CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN jsonb_build_object(
                                    'code', 'TaskMaxAttempts',
                                    'args', jsonb_build_object('attempts', t.attempts,
@@ -1195,7 +1191,8 @@ BEGIN
                -- aborted: as abort_task. Retried: back in the queue without an owner
                -- or a lease; history += the lease's TaskAssignment, TaskRetry.
                run_at = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.run_at
-                             ELSE pyscheduler._retry_at(t.attempts, v_delays[v_pos[width_bucket(t.rn, v_rns)]], v_jitters[v_pos[width_bucket(t.rn, v_rns)]], v_base, v_cap, p_now) END,
+                             ELSE pyscheduler._retry_at(t.attempts, v_delays[width_bucket(t.rn, b.sorted)],
+                                                        v_jitters[width_bucket(t.rn, b.sorted)], v_base, v_cap, p_now) END,
                owner = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.owner END,
                progress = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.progress ELSE 0 END,
                lease_token = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.lease_token END,
@@ -1206,11 +1203,13 @@ BEGIN
                              || jsonb_build_array(jsonb_build_object(
                                     '_typ', 'TaskRetry', 'worker', t.owner, 'progress', t.progress,
                                     'attempt', t.attempts,
-                                    'run_at', pyscheduler._ts(pyscheduler._retry_at(t.attempts, v_delays[v_pos[width_bucket(t.rn, v_rns)]], v_jitters[v_pos[width_bucket(t.rn, v_rns)]],
-                                                                                     v_base, v_cap, p_now)),
+                                    'run_at', pyscheduler._ts(pyscheduler._retry_at(
+                                        t.attempts, v_delays[width_bucket(t.rn, b.sorted)],
+                                        v_jitters[width_bucket(t.rn, b.sorted)], v_base, v_cap, p_now)),
                                     'time', pyscheduler._ts(p_now))),
                              v_history) END
-         WHERE t.rn = ANY (v_rns) AND t.lease_token = tokens[v_pos[width_bucket(t.rn, v_rns)]]
+          FROM pyscheduler._by_rn(rns) AS b  -- see _by_rn
+         WHERE t.rn = ANY (b.sorted) AND t.lease_token = tokens[b.pos[width_bucket(t.rn, b.sorted)]]
            AND t.status::text = 'running'
         RETURNING t.rn, t.queue, t.status, t.watched OR t.has_children AS more, t.limited)
     SELECT coalesce(array_agg(u.rn), '{}'),
@@ -1333,14 +1332,10 @@ SET enable_seqscan = off SET enable_bitmapscan = off SET enable_hashjoin = off S
 AS $$
 DECLARE
     v_yielded pyscheduler.tasks[];
-    v_rns uuid[];
-    v_pos integer[];
 BEGIN
-    SELECT b.sorted, b.pos INTO v_rns, v_pos FROM pyscheduler._by_rn(p_rns) AS b;  -- see _by_rn
-    PERFORM FROM pyscheduler.tasks t
-     WHERE t.rn = ANY (v_rns) AND t.lease_token = p_tokens[v_pos[width_bucket(t.rn, v_rns)]]
+    PERFORM FROM pyscheduler.tasks t, pyscheduler._by_rn(p_rns) AS b  -- in rn order: see _by_rn
+     WHERE t.rn = ANY (b.sorted) AND t.lease_token = p_tokens[b.pos[width_bucket(t.rn, b.sorted)]]
        AND t.status::text = 'running'
-     ORDER BY t.rn
        FOR UPDATE OF t;
     WITH y AS (
         UPDATE pyscheduler.tasks t
@@ -1362,7 +1357,8 @@ BEGIN
                                                                 'progress', t.progress, 'run_at', pyscheduler._ts(p_run_at),
                                                                 'time', pyscheduler._ts(p_now))),
                         pyscheduler._task_limit('task_max_history')) END
-         WHERE t.rn = ANY (v_rns) AND t.lease_token = p_tokens[v_pos[width_bucket(t.rn, v_rns)]]
+          FROM pyscheduler._by_rn(p_rns) AS b
+         WHERE t.rn = ANY (b.sorted) AND t.lease_token = p_tokens[b.pos[width_bucket(t.rn, b.sorted)]]
            AND t.status::text = 'running'
         RETURNING t AS task)
     SELECT coalesce(array_agg(y.task), '{}') INTO v_yielded FROM y;
