@@ -688,14 +688,11 @@ $$;
 -- again). The arrays are read from the row, not from PL/pgSQL variables, which hold arrays
 -- expanded: each width_bucket call would flatten a copy of the whole array (+4,800 instructions a
 -- completed task of a batch of 800; callgrind).
-CREATE OR REPLACE FUNCTION pyscheduler._by_rn(p_rns uuid[], OUT sorted uuid[], OUT pos integer[])
-LANGUAGE plpgsql IMMUTABLE  -- keeps its plan: a SQL function is planned on every call
-AS $$
-BEGIN
-    SELECT array_agg(u.rn ORDER BY u.rn, u.i), array_agg(u.i::integer ORDER BY u.rn, u.i) INTO sorted, pos
-      FROM unnest(p_rns) WITH ORDINALITY AS u(rn, i);
-END
-$$;
+CREATE OR REPLACE FUNCTION pyscheduler._by_rn(p_rns uuid[])
+RETURNS TABLE (sorted uuid[], pos integer[])
+LANGUAGE sql IMMUTABLE  -- inlined into the caller's statement, planned with it (one sort for both)
+AS $$ SELECT array_agg(u.rn ORDER BY u.rn, u.i), array_agg(u.i::integer ORDER BY u.rn, u.i)
+        FROM unnest(p_rns) WITH ORDINALITY AS u(rn, i) $$;
 
 -- _refused(rns, tokens, done): (rn, sqlstate) of each lease (rns[i], tokens[i])
 -- not in done, with _refusal's code: why a batch write did not touch it.
