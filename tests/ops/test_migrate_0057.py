@@ -1,21 +1,25 @@
 """Migration 0057 rewrites tasks with its columns in a new order: an installed database keeps every
 task and every column of it, its functions, views, grants and trigger exist again when the migration
-commits (before the reload of sql/), leases survive, the sequence goes on; the migration is all or
-nothing when its backend dies mid-way; an object of the user's that depends on tasks stops it
-before anything changed."""
+commits (before the reload of sql/), leases survive, the sequence goes on; a Worker and a producer
+working through it lose nothing and run nothing twice; the migration is all or nothing when its
+backend dies mid-way; an object of the user's that depends on tasks stops it before anything
+changed."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 
 import psycopg
 import pytest
 
 from pyscheduler import errors, migrate
-from pyscheduler.db import Jsonb, Session, connect
+from pyscheduler.db import Database, Jsonb, Session, connect
+from pyscheduler.tasks import TaskClient, Worker
 
 from tests.ops.test_migrate import pyscheduler, schema_dump
+from tests.support import wait_for
 from tests.support.tasks import held
 
 MIGRATION = "0057_tasks_column_order"
@@ -177,3 +181,36 @@ def test_0057_killed_mid_way_leaves_the_database_as_it_was(empty_dsn):
     assert migrate.migrate(empty_dsn).applied == [MIGRATION]
     with connect(empty_dsn) as c:
         assert rows_of(Session(c), "SELECT count(*) AS n, sum(seq) AS s FROM pyscheduler.tasks") == rows
+
+
+def test_a_worker_and_a_producer_working_through_0057_lose_nothing_and_run_nothing_twice(empty_dsn):
+    """Their calls wait for the migration's lock, then find the new table and the functions made
+    again (their prepared statements and cached plans are planned again): every task runs once."""
+    install_before(empty_dsn)
+    seen, lock, made = [], threading.Lock(), [0]
+
+    def handle(ctx) -> None:
+        with lock:
+            seen.append(ctx.spec["i"])
+    stop = threading.Event()
+
+    def produce(client: TaskClient) -> None:
+        while not stop.wait(0.01):
+            client.submit_ids("through", [{"i": i} for i in range(made[0], made[0] + 50)])
+            made[0] += 50
+    with Database(empty_dsn, max_size=2) as db:
+        running = Worker(empty_dsn, "through", handle, capacity=4).start()
+        producer = threading.Thread(target=produce, args=(TaskClient(db),))
+        try:
+            producer.start()
+            wait_for(lambda: len(seen) > 200, what="the first tasks run")
+            assert migrate.migrate(empty_dsn).applied == [MIGRATION]
+            after = made[0]
+            wait_for(lambda: made[0] > after + 200, what="tasks submitted after the migration")
+            stop.set()
+            producer.join(30)
+            wait_for(lambda: len(seen) >= made[0], timeout=60, what="every task run")
+        finally:
+            stop.set()
+            running.stop()
+    assert sorted(seen) == list(range(made[0])) and running.worker.fatal is None
