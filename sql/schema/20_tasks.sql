@@ -4,8 +4,7 @@
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
 -- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql,
 -- 0048_spec_index_live.sql, 0049_unique_key_first.sql, 0053_keep_completed.sql,
--- 0055_tasks_state_rules_index.sql, 0056_tasks_queue_status_index.sql and
--- 0057_tasks_column_order.sql build
+-- 0055_tasks_state_rules_index.sql and 0056_tasks_queue_status_index.sql build
 -- (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -44,38 +43,33 @@ CREATE SEQUENCE pyscheduler.task_seq;
 -- waiting_on (parents not finished yet), has_children (task_edges has its
 -- children), on_parent_failure (NULL: cancel; 'run').
 CREATE TABLE pyscheduler.tasks (
-    -- The column order is for speed (0057): an UPDATE compares the old and new row's 17 indexed
-    -- columns, and PostgreSQL finds a column at a fixed offset only while every column before it
-    -- is fixed-width and not NULL; after the first NULL or variable-width one it walks the row
-    -- from its start. So: the fixed-width NOT NULL columns, then queue, spec and the indexed
-    -- nullable ones, then what no index reads. A new column goes last (ALTER TABLE ADD COLUMN).
     rn       uuid NOT NULL,
-    priority bigint NOT NULL,
-    created  timestamptz NOT NULL,
-    updated  timestamptz NOT NULL,
-    seq      bigint NOT NULL DEFAULT nextval('pyscheduler.task_seq'),
-    progress double precision NOT NULL,
-    status   pyscheduler.task_status NOT NULL,
-    waiting_on integer NOT NULL DEFAULT 0,
-    attempts integer NOT NULL DEFAULT 0,
-    limited boolean NOT NULL DEFAULT false,
-    watched boolean NOT NULL DEFAULT false,
-    has_children boolean NOT NULL DEFAULT false,
-    submitted_by name NOT NULL,
     queue    text NOT NULL,
     spec     jsonb NOT NULL,
-    deadline timestamptz,
-    run_at   timestamptz,
-    owner    text,
-    unique_key text,
-    concurrency_key text,
-    after uuid[],
+    priority bigint NOT NULL,
+    status   pyscheduler.task_status NOT NULL,
+    progress double precision NOT NULL,
+    created  timestamptz NOT NULL,
+    updated  timestamptz NOT NULL,
     errors   jsonb NOT NULL,
+    owner    text,
+    deadline timestamptz,
     history  jsonb NOT NULL,
-    result jsonb,
-    leased_at timestamptz,
+    seq      bigint NOT NULL DEFAULT nextval('pyscheduler.task_seq'),
     lease_token uuid,
+    attempts integer NOT NULL DEFAULT 0,
+    leased_at timestamptz,
+    run_at   timestamptz,
+    unique_key text,
     max_attempts integer,
+    submitted_by name NOT NULL,
+    concurrency_key text,
+    limited boolean NOT NULL DEFAULT false,
+    result jsonb,
+    watched boolean NOT NULL DEFAULT false,
+    after uuid[],
+    waiting_on integer NOT NULL DEFAULT 0,
+    has_children boolean NOT NULL DEFAULT false,
     on_parent_failure text,
     -- no CHECK: the input rules (queue, priority, max_attempts, progress) are the functions'
     -- (domains, _check_task_args; 0054), the states' rules tasks_state_rules_idx's (0055)
