@@ -45,13 +45,14 @@ def leases_of(conn, lease: str) -> dict:
             "errors": "[" + ", ".join([ERROR] * len(rows)) + "]"}
 
 
-def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn):
+@pytest.mark.parametrize("per_round", [1, 2])  # the plans made on a table of 64 or 128 tasks
+def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn, per_round):
     with psycopg.connect(dsn, autocommit=True) as producer:
         producer.execute("ALTER TABLE pyscheduler.tasks SET (autovacuum_enabled = false)")  # no ANALYZE meanwhile
         producer.execute("ANALYZE pyscheduler.tasks")  # empty and analysed: what a fresh Worker's session sees
         for _ in range(8):  # past plpgsql's five custom plans: the cached ones are the generic plans
             for write in WRITES.values():
-                submit(producer, 2)
+                submit(producer, per_round)
                 conn.execute(write, leases(conn)).fetchall()
         submit(producer, 20_000)
         producer.execute("SELECT count(*) FROM pyscheduler.lease_tasks_lean(queue => 'q', worker => 'w2', n => 1000)")
