@@ -113,7 +113,7 @@ def test_functions_are_reloaded_on_every_migrate(dsn):
 # private helpers of earlier versions, which sql/ dropped on every migrate before migration 0033
 OLD_HELPERS = ("_delay_check_headers(jsonb)", "_due_checks(timestamptz, integer, integer, integer, timestamptz)",
                "_catch_up_checks(integer, integer, integer, timestamptz)", "_check_take(integer, integer, integer)",
-               "_sql_job(text)", "_check_job(text, text)")
+               "_sql_job(text)", "_check_job(text, text)", "_leases(uuid[], uuid[])")
 
 
 def test_an_upgrade_drops_the_private_helpers_of_earlier_versions(empty_dsn):
