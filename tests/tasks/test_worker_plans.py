@@ -6,6 +6,8 @@ entries and never scan the table (design.md: "pin the plan"; issue 31)."""
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 import pytest
 
@@ -28,6 +30,10 @@ WRITES = {  # the Worker's batch writes of the leases (rns, tokens) it holds, an
 }
 
 
+# a batch whose first token is wrong: its answer read by _refused (planned per call, a rare path)
+REFUSED = {"complete, one refused": "SELECT * FROM pyscheduler.complete_tasks(rns => %(rns)s, tokens => %(wrong)s)"}
+
+
 def submit(conn, n: int) -> None:
     conn.execute("SELECT count(*) FROM pyscheduler.submit_tasks_lean(queue => 'q', "
                  "specs => (SELECT jsonb_agg(jsonb_build_object('i', i)) FROM generate_series(1, %s) i))", (n,))
@@ -41,6 +47,7 @@ def leases_of(conn, lease: str) -> dict:
     rows = conn.execute(lease).fetchall()
     return {"rns": [r["rn"] for r in rows], "tokens": [r["token"] for r in rows],
             "rn": rows[0]["rn"], "token": rows[0]["token"],
+            "wrong": [uuid.UUID(int=0)] + [r["token"] for r in rows[1:]],
             "results": "[" + ", ".join(["1"] * len(rows)) + "]",
             "errors": "[" + ", ".join([ERROR] * len(rows)) + "]"}
 
@@ -51,7 +58,7 @@ def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn, per
         producer.execute("ALTER TABLE pyscheduler.tasks SET (autovacuum_enabled = false)")  # no ANALYZE meanwhile
         producer.execute("ANALYZE pyscheduler.tasks")  # empty and analysed: what a fresh Worker's session sees
         for _ in range(8):  # past plpgsql's five custom plans: the cached ones are the generic plans
-            for write in WRITES.values():
+            for write in {**WRITES, **REFUSED}.values():
                 submit(producer, per_round)
                 conn.execute(write, leases(conn)).fetchall()
         submit(producer, 20_000)
@@ -60,9 +67,10 @@ def test_plans_made_on_an_empty_queue_read_by_index_once_it_fills(conn, dsn, per
         assert len(held["rns"]) == 10
         _, read = reads(conn, LEASE, tables=("tasks",))
         scans = {"lease": read}
-        for name, write in WRITES.items():
+        for name, write in {**WRITES, **REFUSED}.items():
             rows, scans[name] = reads(conn, write, held, tables=("tasks",))
-            assert all("sqlstate" not in r for r in rows), (name, rows)  # none refused
+            refused = [r["rn"] for r in rows if "sqlstate" in r]
+            assert refused == ([held["rn"]] if name in REFUSED else []), (name, rows)
         assert {name: read.seq_scans("tasks") for name, read in scans.items()} == dict.fromkeys(scans, 0)
         entries = {name: sum(read.returned.values()) for name, read in scans.items()}
         assert {name: n for name, n in entries.items() if n > 100} == {}
