@@ -692,10 +692,11 @@ CREATE OR REPLACE FUNCTION pyscheduler._by_rn(p_rns uuid[])
 RETURNS TABLE (sorted uuid[], pos integer[])
 LANGUAGE sql IMMUTABLE  -- inlined into the caller's statement, planned with it (one sort for both)
 AS $$ SELECT array_agg(u.rn ORDER BY u.rn, u.i), array_agg(u.i::integer ORDER BY u.rn, u.i)
-        FROM unnest(p_rns) WITH ORDINALITY AS u(rn, i) $$;
+        FROM unnest(p_rns) WITH ORDINALITY AS u(rn, i)
+       WHERE u.rn IS NOT NULL $$;  -- width_bucket refuses a NULL in its array; a NULL rn is refused (PS200)
 
 -- _refused(rns, tokens, done): (rn, sqlstate) of each lease (rns[i], tokens[i])
--- not in done, with _refusal's code: why a batch write did not touch it.
+-- not in done, with _refusal's code: why a batch write did not touch it (a NULL rn: PS200).
 -- Nothing is read when done has them all (the common case), and its callers do not run it then:
 -- the plan cache kept choosing a custom plan for that statement (folded to nothing when all were
 -- written, its cost far below the generic plan's), so it was planned on every call: ~200 us a
@@ -707,7 +708,7 @@ AS $$
     SELECT l.rn, pyscheduler._refusal(t.status, t.lease_token, l.token)
       FROM unnest(p_rns, p_tokens) AS l(rn, token)
       LEFT JOIN pyscheduler.tasks t ON t.rn = l.rn
-     WHERE cardinality(p_done) < cardinality(p_rns) AND l.rn <> ALL (p_done);
+     WHERE cardinality(p_done) < cardinality(p_rns) AND (l.rn IS NULL OR l.rn <> ALL (p_done));
 $$;
 
 CREATE OR REPLACE FUNCTION pyscheduler._heartbeat_tasks(
@@ -1138,7 +1139,7 @@ DECLARE
     v_more uuid[];
     v_moved text[];
     v_to pyscheduler.task_status[];
-    v_delays interval[];  -- per lease in rn order (as _by_rn's sorted): retry_in in seconds, and a jitter
+    v_delays interval[];  -- per lease, as the caller's arrays: retry_in in seconds, and a jitter
     v_jitters double precision[];
 BEGIN
     PERFORM pyscheduler._check_leases(rns, tokens);
@@ -1163,14 +1164,15 @@ BEGIN
     IF FOUND THEN
         PERFORM pyscheduler._check_errors(jsonb_build_array(v_bad.e), format('errors[%s]', v_bad.i - 1));
     END IF;
-    SELECT array_agg(make_interval(secs => extract(epoch FROM retry_in[x.p])::double precision) ORDER BY x.k),
-           array_agg(0.5 + random() ORDER BY x.k)
-      INTO v_delays, v_jitters FROM pyscheduler._by_rn(rns) AS b, unnest(b.pos) WITH ORDINALITY AS x(p, k);
+    SELECT array_agg(make_interval(secs => extract(epoch FROM retry_in[u.i])::double precision) ORDER BY u.i),
+           array_agg(0.5 + random() ORDER BY u.i)
+      INTO v_delays, v_jitters FROM unnest(rns) WITH ORDINALITY AS u(rn, i);
     WITH u AS (
         UPDATE pyscheduler.tasks t
            SET status = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN 'aborted'
-                             WHEN pyscheduler._retry_at(t.attempts, v_delays[width_bucket(t.rn, b.sorted)],
-                                                        v_jitters[width_bucket(t.rn, b.sorted)], v_base, v_cap, p_now) > p_now
+                             WHEN pyscheduler._retry_at(t.attempts, v_delays[b.pos[width_bucket(t.rn, b.sorted)]],
+                                                        v_jitters[b.pos[width_bucket(t.rn, b.sorted)]],
+                                                        v_base, v_cap, p_now) > p_now
                                  THEN 'scheduled'
                              ELSE 'ready' END::pyscheduler.task_status,
                errors = pyscheduler._capped_errors(
@@ -1188,8 +1190,9 @@ BEGIN
                -- aborted: as abort_task. Retried: back in the queue without an owner
                -- or a lease; history += the lease's TaskAssignment, TaskRetry.
                run_at = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.run_at
-                             ELSE pyscheduler._retry_at(t.attempts, v_delays[width_bucket(t.rn, b.sorted)],
-                                                        v_jitters[width_bucket(t.rn, b.sorted)], v_base, v_cap, p_now) END,
+                             ELSE pyscheduler._retry_at(t.attempts, v_delays[b.pos[width_bucket(t.rn, b.sorted)]],
+                                                        v_jitters[b.pos[width_bucket(t.rn, b.sorted)]],
+                                                        v_base, v_cap, p_now) END,
                owner = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.owner END,
                progress = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.progress ELSE 0 END,
                lease_token = CASE WHEN t.attempts >= coalesce(t.max_attempts, v_max_attempts) THEN t.lease_token END,
@@ -1201,8 +1204,8 @@ BEGIN
                                     '_typ', 'TaskRetry', 'worker', t.owner, 'progress', t.progress,
                                     'attempt', t.attempts,
                                     'run_at', pyscheduler._ts(pyscheduler._retry_at(
-                                        t.attempts, v_delays[width_bucket(t.rn, b.sorted)],
-                                        v_jitters[width_bucket(t.rn, b.sorted)], v_base, v_cap, p_now)),
+                                        t.attempts, v_delays[b.pos[width_bucket(t.rn, b.sorted)]],
+                                        v_jitters[b.pos[width_bucket(t.rn, b.sorted)]], v_base, v_cap, p_now)),
                                     'time', pyscheduler._ts(p_now))),
                              v_history) END
           FROM pyscheduler._by_rn(rns) AS b  -- see _by_rn

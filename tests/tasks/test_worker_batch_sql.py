@@ -66,6 +66,24 @@ def test_heartbeat_tasks_extends_every_lease_and_returns_only_the_refused(tx):
     assert info.value.sqlstate == "PS208"
 
 
+@pytest.mark.parametrize("write", ["complete_tasks", "heartbeat_tasks", "fail_tasks", "yield_tasks"])
+def test_a_null_or_repeated_rn_in_a_batch_is_refused_and_the_others_are_written(tx, write):
+    """A careless batch: a NULL rn (with a NULL token) and a lease given twice. The leases are
+    written once each, the NULL is refused as unknown (PS200), nothing else fails."""
+    for i in range(2):
+        submit(tx, spec={"i": i})
+    leases = [(str(r["rn"]), str(r["token"])) for r in lean(tx, n=2)]
+    rns, tokens = [leases[0][0], None, leases[1][0], leases[0][0]], [leases[0][1], None, leases[1][1], leases[0][1]]
+    extra = {"errors": Jsonb([{"code": "e", "args": {}, "description": "d"}] * 4)} if write == "fail_tasks" else {}
+    refused = tx.call(write, rns=rns, tokens=tokens, **extra)
+    assert [(r["rn"], r["sqlstate"]) for r in refused] == [(None, "PS200")]
+    after = {"complete_tasks": "completed", "heartbeat_tasks": "running", "fail_tasks": "scheduled",
+             "yield_tasks": "running"}[write]  # failed: retried after the backoff; yielded: the monitor makes it ready
+    assert [tx.call_value("get_task", rn=rn)["status"] for rn, _ in leases] == [after, after]
+    history = ["TaskAssignment"] + {"fail_tasks": ["TaskRetry"], "yield_tasks": ["TaskYield"]}.get(write, [])
+    assert [types_of(tx.call_value("get_task", rn=rn)) for rn, _ in leases] == [history, history]  # written once
+
+
 def test_yield_tasks_hands_leases_back_in_one_call(tx):
     for i in range(3):
         submit(tx, spec={"i": i})
