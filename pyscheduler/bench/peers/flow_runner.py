@@ -139,7 +139,7 @@ def pyscheduler_enqueue(dsn: str, bulk_jobs: int, single_jobs: int, concurrency:
         names, seconds = list(variants), dict.fromkeys(variants, 0.0)
         for b, first in enumerate(range(0, bulk_jobs, BULK)):
             ids = range(first, min(first + BULK, bulk_jobs))
-            for name in names[b % 3:] + names[:b % 3]:
+            for name in names[b % len(names):] + names[:b % len(names)]:
                 keys = {"unique_keys": [f"k{i}" for i in ids]} if name == "unique" else {}
                 t = time.perf_counter()
                 client.submit_ids(QUEUE, [{"i": i} for i in ids], **variants[name], **keys)
