@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 SCHEMA = "pyscheduler"
 DAEMON_WAIT = 5.0  # s: the longest a daemon's call waits for a connection (Database.for_daemon)
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+T = TypeVar("T")
 
 __all__ = ["AsyncSession", "Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "ConnectionSettings",
            "HeldConnection", "MAX_JSON_DEPTH", "TOO_DEEP", "Untyped", "UuidArray", "configure", "connect",
@@ -393,6 +394,31 @@ def _result(conn: psycopg.Connection[Any], ok: pq.ExecStatus) -> pq.abc.PGresult
     return res
 
 
+# A migration can change what a plan cached on a connection was made for: a table's columns
+# (a function bound to its row type, in flight when the change commits: 42804) or a function's
+# result columns (a prepared statement: 0A000, "cached plan must not change result type", on
+# every later call, psycopg's own prepared statements too). The call failed whole (autocommit:
+# nothing written), so on one of pyscheduler's own connections, idle after it, the call runs once
+# more with the connection's prepared statements forgotten and the plans made again. A second
+# failure is raised as it is (a bug, never retried again). docs/contributing.md, "Changing the
+# schema".
+_REPLANNED = (psycopg.errors.DatatypeMismatch, psycopg.errors.FeatureNotSupported)
+
+
+def _replanned(conn: psycopg.Connection[Any], run: Callable[[], T]) -> T:
+    """``run()``, a call on ``conn`` (autocommit, pyscheduler's), once more if a schema change
+    made a plan cached on ``conn`` wrong (``_REPLANNED``)."""
+    try:
+        return run()
+    except _REPLANNED:
+        if not conn.autocommit or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise  # in a transaction: what ran before in it is gone, not ours to run again
+        log.warning("a plan cached on a connection was made before a schema change: made again")
+        conn.__dict__.pop("_pys_lean", None)
+        conn.execute("DEALLOCATE ALL")  # psycopg forgets its prepared statements on seeing it
+    return run()
+
+
 def _execute_binary(conn: psycopg.Connection[Any] | psycopg.Cursor[Any], function: str,
                     args: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = conn.execute(_function_call(function, args, binary=True), args,
@@ -497,7 +523,8 @@ class Session(_Calls):
     def call(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         with translating():
             if self.pinned:
-                rows: list[dict[str, Any]] = self.conn.execute(_function_call(function, args), args).fetchall()
+                query, conn = _function_call(function, args), self.conn
+                rows: list[dict[str, Any]] = _replanned(conn, lambda: conn.execute(query, args).fetchall())
                 return rows
             with self._cursor() as cur:  # results in binary: the caller's settings do not matter
                 return cur.execute(_function_call(function, args), args, binary=True).fetchall()
@@ -505,7 +532,7 @@ class Session(_Calls):
     def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         with translating():
             if self.pinned:
-                return _execute_binary(self.conn, function, args)
+                return _replanned(self.conn, lambda: _execute_binary(self.conn, function, args))
             with self._cursor() as cur:
                 return _execute_binary(cur, function, args)
 
@@ -514,16 +541,25 @@ class Session(_Calls):
         if as_text and not self.pinned:  # text results would depend on the caller's DateStyle
             raise ValueError("as_text needs a connection with pyscheduler's settings (a pool connection)")
         with translating():
-            return _execute_tuples(self.conn, function, args, as_text, self.pinned)
+            if self.pinned:
+                return _replanned(self.conn, lambda: _execute_tuples(self.conn, function, args, as_text))
+            return _execute_tuples(self.conn, function, args, as_text, False)
 
     def call_column(self, function: str, column: str, /, **args: Any) -> list[Any]:
         with translating():
-            return _execute_column(self.conn, function, column, args, self.pinned)
+            if self.pinned:
+                return _replanned(self.conn, lambda: _execute_column(self.conn, function, column, args))
+            return _execute_column(self.conn, function, column, args, False)
 
     def call_scalar(self, function: str, /, **args: Any) -> Any:
-        with translating(), _cursor(self.conn, tuple_row, self.pinned) as cur:
-            row = cur.execute(_scalar_query(function, tuple(args), _formats(args)), args, binary=True).fetchone()
-        return row[0] if row else None
+        query = _scalar_query(function, tuple(args), _formats(args))
+
+        def run() -> Any:
+            with _cursor(self.conn, tuple_row, self.pinned) as cur:
+                row = cur.execute(query, args, binary=True).fetchone()
+            return row[0] if row else None
+        with translating():
+            return _replanned(self.conn, run) if self.pinned else run()
 
 
 class AsyncSession:
@@ -653,26 +689,28 @@ class Database(_Calls):
         """``SELECT * FROM pyscheduler.function(name => value, ...)``; rows as dicts."""
         query = _function_call(function, args)
         with self.connection() as conn:
-            return conn.execute(query, args).fetchall()
+            return _replanned(conn, lambda: conn.execute(query, args).fetchall())
 
     def call_binary(self, function: str, /, **args: Any) -> list[dict[str, Any]]:
         with self.connection() as conn:
-            return _execute_binary(conn, function, args)
+            return _replanned(conn, lambda: _execute_binary(conn, function, args))
 
     def call_tuples(self, function: str, /, *, as_text: tuple[str, ...] = (),
                     **args: Any) -> list[tuple[Any, ...]]:
         with self.connection() as conn:
-            return _execute_tuples(conn, function, args, as_text)
+            return _replanned(conn, lambda: _execute_tuples(conn, function, args, as_text))
 
     def call_column(self, function: str, column: str, /, **args: Any) -> list[Any]:
         fmts = _formats(args)
+        query = _column_query(function, tuple(args), fmts, column)
         with self.connection() as conn:
-            return _execute_pooled(conn, _column_query(function, tuple(args), fmts, column), args, fmts) or []
+            return _replanned(conn, lambda: _execute_pooled(conn, query, args, fmts)) or []
 
     def call_scalar(self, function: str, /, **args: Any) -> Any:
         fmts = _formats(args)
+        query = _scalar_query(function, tuple(args), fmts)
         with self.connection() as conn:
-            return _execute_pooled(conn, _scalar_query(function, tuple(args), fmts), args, fmts)
+            return _replanned(conn, lambda: _execute_pooled(conn, query, args, fmts))
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
@@ -683,7 +721,7 @@ class Database(_Calls):
     def query(self, query: str | sql.SQL | sql.Composed, params: Any = None) -> list[dict[str, Any]]:
         """A read-only query on views (admin and tests); functions go through call()."""
         with self.connection() as conn:
-            return conn.execute(query, params).fetchall()
+            return _replanned(conn, lambda: conn.execute(query, params).fetchall())
 
 
 class _Checkout:
