@@ -238,6 +238,8 @@ def _first_line(text: str) -> str:
 # load or dump) belongs to the item that caused it and is never retried; any other
 # error (a missing function or privilege: 42xxx, a bug: XX000) is not retried either,
 # and a daemon that meets one crashes and is restarted with backoff by run_daemons.
+# (One exception, below the classification: db.py's _replanned runs a call once more when a
+# migration made a plan cached on the connection wrong, 42804 or 0A000.)
 # SQLSTATE classes and codes of an outage (psycopg's exception classes follow the DB-API,
 # not the SQLSTATE classes: QueryCanceled is no subclass of OperatorIntervention).
 OUTAGE_CLASSES = ("08", "53", "58")  # connection, insufficient resources, I/O
