@@ -56,6 +56,7 @@ CASES = {
     "unique keys": dict(specs=specs(6), unique_keys=["live", "b", None, "b", "c", "live"]),
     "distinct unique keys, one live": dict(specs=specs(4), unique_keys=["x", "live", None, "y"]),
     "distinct unique keys": dict(specs=specs(3), unique_keys=["z", "x", None]),
+    "a key repeated, none live": dict(specs=specs(3), unique_keys=["r", None, "r"]),  # refused by the index
     "concurrency keys": dict(specs=specs(3), concurrency_keys=["k", None, "k"]),
     "after a live parent": dict(specs=specs(2), after="live"),
     "after a cancelled parent": dict(specs=specs(2), after="cancelled"),
@@ -85,7 +86,8 @@ def test_submit_tasks_lean_does_what_submit_tasks_does_answering_ids(tx, case):
     expected = {  # the live task is position 0 (the cancelled one 1); the first of equal keys in the array wins
         "unique keys": [(0, True), (2, False), (3, False), (2, True), (4, False), (0, True)],
         "distinct unique keys, one live": [(2, False), (0, True), (3, False), (4, False)],
-        "distinct unique keys": [(2, False), (3, False), (4, False)]}
+        "distinct unique keys": [(2, False), (3, False), (4, False)],
+        "a key repeated, none live": [(2, False), (3, False), (2, True)]}
     if case in expected:
         assert got == expected[case]
 
