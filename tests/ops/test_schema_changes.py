@@ -75,6 +75,25 @@ def test_a_prepared_call_whose_result_columns_changed_runs_again(dsn, caplog):
     assert sum(REPLANNED in r.getMessage() for r in caplog.records) >= 1
 
 
+def test_a_call_in_a_transaction_fails_once_and_the_next_transaction_is_planned_again(dsn):
+    """In a transaction (the schedules recorder's, the checks runner's) a stale plan's call is not
+    run again; the rollback makes psycopg forget the connection's prepared statements, so the
+    caller's next transaction works on the same connection instead of failing forever."""
+    with psycopg.connect(dsn, autocommit=True) as admin, Database(dsn, max_size=1) as db:
+        admin.execute("CREATE FUNCTION pyscheduler.t_shape(x integer) RETURNS TABLE (a integer) "
+                      "LANGUAGE sql AS 'SELECT x'")
+        for _ in range(6):
+            with db.session() as s, s.conn.transaction():
+                assert s.call("t_shape", x=1) == [{"a": 1}]
+        admin.execute("DROP FUNCTION pyscheduler.t_shape(integer); CREATE FUNCTION pyscheduler.t_shape(x integer) "
+                      "RETURNS TABLE (a integer, b text) LANGUAGE sql AS 'SELECT x, ''new'''")
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            with db.session() as s, s.conn.transaction():
+                s.call("t_shape", x=2)
+        with db.session() as s, s.conn.transaction():
+            assert s.call("t_shape", x=3) == [{"a": 3, "b": "new"}]
+
+
 def test_the_same_failure_twice_is_raised_and_not_retried_again(dsn):
     """A function that fails with 42804 every time (a bug, not a schema change) runs twice, then
     its error reaches the caller; in an application's transaction it runs once."""
