@@ -254,11 +254,14 @@ BEGIN
             SELECT pyscheduler._task_rn(v_prefix, a.seq), a.seq, _submit_lean.queue, a.e, _submit_lean.priority,
                    v_status, 0, p_now, p_now, '[]', v_history, _submit_lean.run_at, _submit_lean.max_attempts,
                    v_by, a.k, a.ck, after, v_waiting, v_failure
-              FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e, k, ck, i  -- after the sort: in the order of specs
-                      FROM ROWS FROM (jsonb_array_elements(specs), unnest(unique_keys), unnest(concurrency_keys))
-                           WITH ORDINALITY AS a(e, k, ck, i)
-                     ORDER BY a.i) AS a
-             ORDER BY a.k COLLATE "C" NULLS FIRST, a.i
+              -- sorted by key in a subquery of its own: the sort then holds these five columns, not
+              -- the task's row (~2,600 instructions a keyed task less, issue 31)
+              FROM (SELECT *
+                      FROM (SELECT nextval('pyscheduler.task_seq') AS seq, e, k, ck, i  -- in the order of specs
+                              FROM ROWS FROM (jsonb_array_elements(specs), unnest(unique_keys),
+                                              unnest(concurrency_keys)) WITH ORDINALITY AS a(e, k, ck, i)
+                             ORDER BY a.i) AS a
+                     ORDER BY a.k COLLATE "C" NULLS FIRST, a.i) AS a
             RETURNING t.seq, t.rn)
         SELECT coalesce(array_agg(ins.rn ORDER BY ins.seq), '{}') INTO v_children FROM ins;
         v_answers := v_children;
