@@ -50,7 +50,7 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 T = TypeVar("T")
 
 __all__ = ["AsyncSession", "Database", "Session", "Jsonb", "Listener", "Wakeup", "Outage", "ConnectionSettings",
-           "HeldConnection", "MAX_JSON_DEPTH", "TOO_DEEP", "Untyped", "UuidArray", "configure", "connect",
+           "HeldConnection", "MAX_JSON_DEPTH", "TOO_DEEP", "TextArray", "Untyped", "UuidArray", "configure", "connect",
            "load_json", "poke_on", "translating"]
 
 
@@ -279,6 +279,32 @@ class _UuidArrayDumper(Dumper):
 
 
 psycopg.adapters.register_dumper(UuidArray, _UuidArrayDumper)
+
+
+class TextArray(list[str | None]):
+    """A text[] parameter (a list of str and None) dumped in binary in one go: ~0.2 us an
+    element, against ~0.43 us through psycopg's list dumper (a bulk submit's 1,000 unique keys:
+    0.43 ms of a 20 ms call). Its items must be what ``calls.texts`` lets through (no NUL, valid
+    Unicode): they are not checked again. Where its dumper is not registered (a connection made
+    before pyscheduler.db was imported) it is a list, dumped as psycopg dumps one."""
+
+    __slots__ = ()
+
+
+class _TextArrayDumper(Dumper):
+    format = Format.BINARY
+    oid = 1009  # text[] (pg_type)
+    _LEN = struct.Struct("!i").pack
+
+    def dump(self, obj: TextArray) -> bytes:
+        if not obj:
+            return struct.pack("!iiI", 0, 0, 25)  # text (pg_type)
+        length = self._LEN
+        body = b"".join([b"\xff\xff\xff\xff" if v is None else length(len(e := v.encode())) + e for v in obj])
+        return UuidArray._HEADER.pack(1, int(None in obj), 25, len(obj), 1) + body
+
+
+psycopg.adapters.register_dumper(TextArray, _TextArrayDumper)
 
 
 def _function_call(function: str, args: dict[str, Any], binary: bool = False) -> bytes:

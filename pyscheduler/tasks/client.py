@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 
 from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
                      interval, json_object, json_objects, only_object, required_instant, sync, text, texts, value)
-from ..db import AsyncSession, Database, Jsonb, Session, connect, settings
+from ..db import AsyncSession, Database, Jsonb, Session, TextArray, connect, settings
 from ..errors import InvalidArgument, SchedulerError
 from . import sqlapi as sql
 from .sqlapi import MAX_PRIORITY
@@ -451,6 +451,9 @@ def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 
             if name in one:
                 one[name] = one[name][0]
         return Call(sql.SUBMIT_TASK_LEAN, one, lambda rn: [task_id(rn)], scalar=True)
+    for name in ("unique_keys", "concurrency_keys"):  # checked by texts(): sent in one go
+        if name in args:
+            args[name] = TextArray(args[name])
     return Call(sql.SUBMIT_TASKS_LEAN, args, each(task_id), column="rn")
 
 

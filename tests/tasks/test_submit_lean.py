@@ -398,3 +398,15 @@ def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_
             assert c.execute("SELECT count(*) AS n FROM pg_prepared_statements "
                              "WHERE name LIKE '\\_pys\\_%'").fetchone()["n"] == 2
         assert [client.get(rn).spec["i"] for rn in ids] == list(range(len(ids)))
+
+
+def test_a_bulk_submits_keys_arrive_as_sent(client):
+    """The keys go as one binary text[] built by pyscheduler (db.TextArray): what is stored is
+    what was given, NULLs, multibyte characters and array syntax characters included."""
+    keys = ["é€😀", None, '"{a,b}\\', "plain", "x y"]
+    ids = client.submit_ids("sent", [{"i": i} for i in range(5)], unique_keys=keys,
+                            concurrency_keys=list(reversed(keys)))
+    tasks = [client.get(rn) for rn in ids]
+    assert [t.spec for t in tasks] == [{"i": i} for i in range(5)]
+    assert [t.unique_key for t in tasks] == keys
+    assert [t.concurrency_key for t in tasks] == list(reversed(keys))
