@@ -4,6 +4,7 @@ answering only (rn, deduplicated) per spec."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from enum import IntEnum
@@ -16,6 +17,7 @@ import pytest
 from pyscheduler import errors
 from pyscheduler.db import Jsonb
 from pyscheduler.errors import InvalidArgument
+from pyscheduler.tasks import AsyncTaskClient, TaskClient
 
 from tests.support import wait_for
 from tests.support.tasks import held, lease, submit
@@ -400,13 +402,27 @@ def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_
         assert [client.get(rn).spec["i"] for rn in ids] == list(range(len(ids)))
 
 
-def test_a_bulk_submits_keys_arrive_as_sent(client):
+def test_a_bulk_submits_keys_arrive_as_sent(client, dsn):
     """The keys go as one binary text[] built by pyscheduler (db.TextArray): what is stored is
-    what was given, NULLs, multibyte characters and array syntax characters included."""
+    what was given, NULLs, multibyte characters and array syntax characters included, from the
+    pool, the application's own connection and asyncio."""
     keys = ["é€😀", None, '"{a,b}\\', "plain", "x y"]
-    ids = client.submit_ids("sent", [{"i": i} for i in range(5)], unique_keys=keys,
-                            concurrency_keys=list(reversed(keys)))
-    tasks = [client.get(rn) for rn in ids]
-    assert [t.spec for t in tasks] == [{"i": i} for i in range(5)]
-    assert [t.unique_key for t in tasks] == keys
-    assert [t.concurrency_key for t in tasks] == list(reversed(keys))
+
+    def send(on) -> list:
+        return on.submit_ids("sent", [{"i": i} for i in range(5)], unique_keys=keys,
+                             concurrency_keys=list(reversed(keys)))
+
+    async def submit_async() -> list:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            return await AsyncTaskClient(aconn).submit_ids("sent", [{"i": i} for i in range(5)],
+                                                           unique_keys=[k and k + "!" for k in keys])
+
+    pool_ids = send(client)
+    with psycopg.connect(dsn, autocommit=True) as app:
+        app_ids = send(TaskClient(app))
+    async_ids = asyncio.run(submit_async())
+    assert [client.get(rn).spec for rn in pool_ids] == [{"i": i} for i in range(5)]
+    assert [client.get(rn).unique_key for rn in pool_ids] == keys
+    assert [client.get(rn).concurrency_key for rn in pool_ids] == list(reversed(keys))
+    assert [a == b for a, b in zip(app_ids, pool_ids)] == [k is not None for k in keys]  # keyed: the live task
+    assert [client.get(rn).unique_key for rn in async_ids] == [k and k + "!" for k in keys]
