@@ -11,12 +11,14 @@ a schema change: docs/contributing.md, "Changing the schema".
 from __future__ import annotations
 
 import contextlib
+import logging
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import psycopg.rows
 from psycopg import sql
 
 from . import __version__
@@ -24,6 +26,7 @@ from .db import translating
 from .errors import SchemaError
 
 _HERE = Path(__file__).resolve().parent
+log = logging.getLogger(__name__)
 LOCK_KEY = 0x7079736368  # 'pysch': pg_advisory_lock key of migrate
 MIGRATION_TABLE = "_yoyo_migration"
 FIRST_FILES = ("common.sql", "roles.sql")
@@ -61,14 +64,56 @@ def schema_files() -> list[Path]:
     return sorted((SQL_DIR / "schema").glob("*.sql"))
 
 
+# Every routine of the schema, with where its catalog row is: CREATE OR REPLACE writes the row
+# anew (another ctid) even when nothing changed, so a load tells what it defined from what it left.
+ROUTINES = ("SELECT p.oid, p.ctid::text AS ctid, p.proname, "
+            "format('pyscheduler.%I(%s)', p.proname, pg_get_function_identity_arguments(p.oid)) AS signature, "
+            "CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END AS kind "
+            "FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace")
+
+
+# the grants the files' _grant calls noted while the load deferred them (sql/roles.sql, _grant)
+DEFERRED_GRANTS = ("SELECT pyscheduler._grant(g ->> 0, VARIADIC ARRAY(SELECT jsonb_array_elements_text(g -> 1))) "
+                   "FROM jsonb_array_elements(coalesce(nullif(current_setting('pyscheduler.deferred_grants'), ''), "
+                   "'[]')::jsonb) AS g")
+
+
 def load_functions(conn: psycopg.Connection) -> None:
-    """Run every function file, then take PUBLIC's privileges away again."""
+    """Run every function file, drop the stale signatures of the routines they define, make the
+    grants the files asked for, then take PUBLIC's privileges away again."""
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        before = {r["oid"]: r["ctid"] for r in cur.execute(ROUTINES)}
+    conn.execute("SELECT set_config('pyscheduler.grants', 'deferred', false), "
+                 "set_config('pyscheduler.deferred_grants', '', false)")
     for path in function_files():
         try:
             conn.execute(path.read_text())
         except psycopg.Error as exc:
             raise SchemaError(f"{_name(path)}: {exc}") from exc
+    _drop_stale_signatures(conn, before)
+    conn.execute("SELECT set_config('pyscheduler.grants', '', false)")  # (a failure: the connection is closed)
+    conn.execute(DEFERRED_GRANTS)
     conn.execute("SELECT pyscheduler._finish_grants()")
+
+
+def _drop_stale_signatures(conn: psycopg.Connection, before: dict[int, str]) -> None:
+    """Drop every routine of the schema the load left as it was whose name the load defined: a
+    signature sql/ defines no more (a parameter added, removed or retyped makes a new overload
+    beside the old one, which would live on in every database migrated while it existed, with
+    its grants). A name sql/ no longer defines at all is a migration's DROP (docs/contributing.md).
+    Never CASCADE: a stale signature something still uses (a domain, an index, a view) stops the
+    migration, naming both."""
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        routines = cur.execute(ROUTINES).fetchall()
+    defined = {r["proname"] for r in routines if before.get(r["oid"]) != r["ctid"]}
+    for r in routines:
+        if r["proname"] in defined and before.get(r["oid"]) == r["ctid"]:
+            try:
+                conn.execute(sql.SQL("DROP {} {}").format(sql.SQL(r["kind"]), sql.SQL(r["signature"])))
+            except psycopg.errors.DependentObjectsStillExist as exc:
+                raise SchemaError(f"{r['signature']} is a signature sql/ no longer defines, but "
+                                  f"{exc.diag.message_detail}: drop or change that in a migration") from exc
+            log.info("dropped %s: a signature sql/ no longer defines", r["signature"])
     conn.execute(
         "INSERT INTO pyscheduler.settings (name, value) VALUES ('code_version', %s) "
         "ON CONFLICT (name) DO UPDATE SET value = excluded.value",

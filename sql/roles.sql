@@ -112,7 +112,12 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA pyscheduler REVOKE EXECUTE ON FUNCTIONS FROM 
 
 -- _grant(audience, VARIADIC names): EXECUTE on the functions, SELECT on the
 -- views of those names in schema pyscheduler, to the audience's role (and
--- always to the admin role).
+-- always to the admin role). While migrate loads the function files (the
+-- setting pyscheduler.grants is 'deferred'), it only notes the call in the
+-- setting pyscheduler.deferred_grants (a JSON array of [audience, names]):
+-- migrate makes the grants once every routine is defined and the signatures
+-- sql/ no longer defines are dropped (a grant rewrites the catalog row of
+-- every routine of the name, which would hide a stale one from that check).
 CREATE OR REPLACE FUNCTION pyscheduler._grant(p_audience text, VARIADIC p_names text[])
 RETURNS void
 LANGUAGE plpgsql
@@ -124,6 +129,12 @@ DECLARE
     v_fn regprocedure;
     v_found boolean;
 BEGIN
+    IF current_setting('pyscheduler.grants', true) = 'deferred' THEN
+        PERFORM set_config('pyscheduler.deferred_grants',
+                           (coalesce(nullif(current_setting('pyscheduler.deferred_grants', true), ''), '[]')::jsonb
+                            || jsonb_build_array(jsonb_build_array(p_audience, to_jsonb(p_names))))::text, false);
+        RETURN;
+    END IF;
     FOREACH v_role IN ARRAY ARRAY[pyscheduler._role(p_audience), pyscheduler._role('admin')] LOOP
         FOREACH v_name IN ARRAY p_names LOOP
             v_found := false;

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from pyscheduler import migrate
+from pyscheduler.errors import SchemaError
 from tests.support import REPO
 
 CLI = [sys.executable, "-m", "pyscheduler"]
@@ -154,6 +155,57 @@ def test_every_function_sql_stopped_defining_is_dropped_by_a_migration():
     left = sorted(name for name in ever - now
                   if not re.search(rf"DROP FUNCTION IF EXISTS pyscheduler\.{name}\(", drops))
     assert left == [], f"dropped from sql/ but never by a migration: {left}"
+
+
+# Signatures earlier versions defined beside today's, which upgraded databases kept until migrate
+# dropped them (found by migrating databases made at 944b400 and fa52deb): and a public one with
+# a grant, as a changed parameter list would leave behind.
+STALE = ("_check_spec(p_spec jsonb, p_what text)", "_live_task(p_queue text, p_key text)",
+         "submit_task(queue text, spec jsonb)")
+
+
+def test_migrate_drops_the_signatures_sql_no_longer_defines_and_nothing_else(dsn, caplog):
+    """A parameter list changed makes a second routine of the name (CREATE OR REPLACE matches on
+    the arguments), which would outlive the version that defined it in every upgraded database,
+    grants and all. Migrate drops each routine of a name sql/ defines that its load left as it
+    was; a routine of another name in the schema is not its to drop."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for signature in STALE:
+            c.execute(f"CREATE FUNCTION pyscheduler.{signature} RETURNS jsonb LANGUAGE sql AS 'SELECT NULL::jsonb'")
+        c.execute("GRANT EXECUTE ON FUNCTION pyscheduler.submit_task(text, jsonb) TO pyscheduler_client")
+        c.execute("CREATE FUNCTION pyscheduler.an_operators_own(integer) RETURNS integer LANGUAGE sql AS 'SELECT 1'")
+        current = c.execute("SELECT count(*) FROM pg_proc WHERE pronamespace = 'pyscheduler'::regnamespace "
+                            "AND proname IN ('_check_spec', '_live_task', 'submit_task')").fetchone()[0]
+        with caplog.at_level("INFO", logger="pyscheduler.migrate"):
+            migrate.migrate(dsn)
+        routines = {r[0] for r in c.execute(
+            "SELECT format('%s(%s)', proname, pg_get_function_identity_arguments(oid)) FROM pg_proc "
+            "WHERE pronamespace = 'pyscheduler'::regnamespace")}
+        assert routines & set(STALE) == set()
+        assert c.execute("SELECT count(*) FROM pg_proc WHERE pronamespace = 'pyscheduler'::regnamespace "
+                         "AND proname IN ('_check_spec', '_live_task', 'submit_task')").fetchone()[0] == current - 3
+        assert c.execute("SELECT to_regprocedure('pyscheduler.an_operators_own(integer)') IS NOT NULL").fetchone()[0]
+        dropped = sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("dropped "))
+        assert len(dropped) == 3 and all(m.endswith(": a signature sql/ no longer defines") for m in dropped), dropped
+        caplog.clear()
+        with caplog.at_level("INFO", logger="pyscheduler.migrate"):
+            migrate.migrate(dsn)  # the current signatures are all reloaded: nothing more to drop
+        assert not [r for r in caplog.records if r.getMessage().startswith("dropped ")]
+
+
+def test_a_stale_signature_something_uses_stops_migrate_naming_both(dsn):
+    """Never CASCADE: what uses a stale signature (here a view) is the operator's, so migrate stops
+    with an error naming the signature and the object, and goes through once that is gone."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE FUNCTION pyscheduler._live_rn(text, text) RETURNS uuid LANGUAGE sql AS 'SELECT NULL::uuid'")
+        c.execute("CREATE VIEW public.uses_stale AS SELECT pyscheduler._live_rn('q', 'k') AS rn")
+        with pytest.raises(SchemaError) as refused:
+            migrate.migrate(dsn)
+        assert "pyscheduler._live_rn(text, text) is a signature sql/ no longer defines" in str(refused.value)
+        assert "view public.uses_stale depends on" in str(refused.value)
+        c.execute("DROP VIEW public.uses_stale")
+        migrate.migrate(dsn)
+        assert c.execute("SELECT to_regprocedure('pyscheduler._live_rn(text, text)')").fetchone()[0] is None
 
 
 def one_line_error(result) -> str:
