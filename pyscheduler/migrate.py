@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -86,14 +87,43 @@ def load_functions(conn: psycopg.Connection) -> None:
     conn.execute("SELECT set_config('pyscheduler.grants', 'deferred', false), "
                  "set_config('pyscheduler.deferred_grants', '', false)")
     for path in function_files():
+        text = path.read_text()
         try:
-            conn.execute(path.read_text())
+            try:
+                with conn.transaction():  # a savepoint: the load runs in yoyo's transaction
+                    conn.execute(text)
+            except psycopg.errors.InvalidFunctionDefinition:
+                # 42P13: CREATE OR REPLACE cannot replace an earlier version's routine of the same
+                # arguments (another result type, renamed parameters, defaults removed)
+                with conn.transaction():
+                    _drop_routines_of(conn, text)
+                    conn.execute(text)
         except psycopg.Error as exc:
             raise SchemaError(f"{_name(path)}: {exc}") from exc
     _drop_stale_signatures(conn, before)
     conn.execute("SELECT set_config('pyscheduler.grants', '', false)")  # (a failure: the connection is closed)
     conn.execute(DEFERRED_GRANTS)
     conn.execute("SELECT pyscheduler._finish_grants()")
+
+
+DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE) pyscheduler\.([a-z_0-9]+)\(")
+
+
+def _drop_routines_of(conn: psycopg.Connection, text: str) -> None:
+    """Drop the routines of every name a function file defines that nothing uses, so that the file
+    defines them afresh: what a routine carries besides its definition comes back with the load
+    (its comment from the file, its grants after it). One something uses (a view, a domain, an
+    index) is left, and the file's error stands."""
+    names = sorted(set(DEFINES.findall(text)))
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        routines = [r for r in cur.execute(ROUTINES) if r["proname"] in names]
+    for r in routines:
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("DROP {} {}").format(sql.SQL(r["kind"]), sql.SQL(r["signature"])))
+        except psycopg.errors.DependentObjectsStillExist:
+            continue
+        log.info("dropped %s to define it afresh: CREATE OR REPLACE could not replace it", r["signature"])
 
 
 def _drop_stale_signatures(conn: psycopg.Connection, before: dict[int, str]) -> None:

@@ -208,6 +208,39 @@ def test_a_stale_signature_something_uses_stops_migrate_naming_both(dsn):
         assert c.execute("SELECT to_regprocedure('pyscheduler._live_rn(text, text)')").fetchone()[0] is None
 
 
+@pytest.mark.parametrize("earlier", [
+    "_live_rn(p_queue text, p_by name, p_key text) RETURNS SETOF uuid",  # another result type
+    "_live_rn(queue text, by name, key text) RETURNS uuid",  # renamed parameters
+], ids=["result type", "parameter names"])
+def test_a_routine_create_or_replace_cannot_replace_is_defined_afresh(dsn, earlier):
+    """An earlier version's routine of the same arguments that CREATE OR REPLACE refuses to replace
+    (42P13) stopped the upgrade of every database made while it existed (_lease_tasks_lean's result
+    columns, from ad0f1f4 and c15cf4c on): migrate drops the routines of that file's names that
+    nothing uses and loads the file again; their grants come back."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DROP FUNCTION pyscheduler._live_rn(text, name, text)")
+        c.execute(f"CREATE FUNCTION pyscheduler.{earlier} LANGUAGE sql AS 'SELECT NULL::uuid'")
+        migrate.migrate(dsn)
+        assert c.execute("SELECT pg_get_function_result('pyscheduler._live_rn(text, name, text)'::regprocedure), "
+                         "pg_get_function_identity_arguments('pyscheduler._live_rn(text, name, text)'::regprocedure)"
+                         ).fetchone() == ("uuid", "p_queue text, p_by name, p_key text")
+        # a public function of the same file kept its grants (made after the load)
+        assert c.execute("SELECT bool_and(has_function_privilege('pyscheduler_client', oid, 'EXECUTE')) FROM pg_proc "
+                         "WHERE proname IN ('submit_task', 'submit_tasks_lean')").fetchone()[0]
+
+
+def test_a_routine_create_or_replace_cannot_replace_and_something_uses_stops_migrate(dsn):
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DROP FUNCTION pyscheduler._live_rn(text, name, text)")
+        c.execute("CREATE FUNCTION pyscheduler._live_rn(p_queue text, p_by name, p_key text) RETURNS text "
+                  "LANGUAGE sql AS 'SELECT NULL'")
+        c.execute("CREATE VIEW public.uses_earlier AS SELECT pyscheduler._live_rn('q', 'r', 'k') AS rn")
+        with pytest.raises(SchemaError, match=r"tasks/2_client.sql: cannot change return type of existing function"):
+            migrate.migrate(dsn)
+        c.execute("DROP VIEW public.uses_earlier")
+        migrate.migrate(dsn)
+
+
 def one_line_error(result) -> str:
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
