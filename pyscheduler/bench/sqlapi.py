@@ -424,3 +424,39 @@ ACTIVITY_HOUR = {
     "activity": Query("SELECT * FROM pyscheduler.activity(since => '1 hour', bucket => '5 minutes')"),
     "activity_latency": Query("SELECT * FROM pyscheduler.activity_latency(since => '1 hour', bucket => '5 minutes')"),
 }
+
+# -- upgrade_walk ------------------------------------------------------------------------------------
+
+# What an upgraded database must hold as a fresh install does: a line per routine (with its grants),
+# relation, column, index, constraint, trigger, type and storage option of schema pyscheduler (run
+# with search_path pg_catalog, so every name is qualified the same way)
+SCHEMA_FINGERPRINT = Query("""
+SELECT 'routine ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
+       || pg_get_function_result(p.oid) || ' ' || coalesce((SELECT string_agg(x::text, ',' ORDER BY x::text)
+                                                                FROM unnest(p.proacl) x), '')
+  FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace
+UNION ALL
+SELECT 'relation ' || c.relkind::text || ' ' || c.relname || ' ' || coalesce(c.reloptions::text, '')
+       || ' ' || coalesce((SELECT string_agg(x::text, ',' ORDER BY x::text) FROM unnest(c.relacl) x), '')
+  FROM pg_class c WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relname NOT LIKE '\\_yoyo%'
+UNION ALL
+SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+       || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+       || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+ WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm') AND a.attnum > 0
+   AND NOT a.attisdropped AND c.relname NOT LIKE '\\_yoyo%'
+UNION ALL
+SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = 'pyscheduler'::regnamespace
+   AND c.relname NOT LIKE '\\_yoyo%'
+UNION ALL
+SELECT 'constraint ' || n.conrelid::regclass::text || ' ' || n.conname || ' ' || pg_get_constraintdef(n.oid)
+  FROM pg_constraint n WHERE n.connamespace = 'pyscheduler'::regnamespace
+UNION ALL
+SELECT 'trigger ' || t.tgrelid::regclass::text || ' ' || t.tgname
+  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE c.relnamespace = 'pyscheduler'::regnamespace AND NOT t.tgisinternal
+UNION ALL
+SELECT 'type ' || t.typname FROM pg_type t WHERE t.typnamespace = 'pyscheduler'::regnamespace""")
