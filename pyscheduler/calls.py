@@ -471,6 +471,16 @@ def only_object(objects: Jsonb) -> Jsonb:
     return Jsonb(one, dumps=lambda _: text)
 
 
+def plain_object(raw: Any) -> Jsonb | None:
+    """``raw`` as jsonb serialised once (orjson) when it is a dict ``json_object`` would take as it
+    is; None for anything else, which the caller then checks the slow way (naming the refusal):
+    a single submit's spec in ~2 us, where json_objects and only_object took ~8."""
+    if type(raw) is not dict or not _json_fine(raw):
+        return None
+    text = _dumps(raw)
+    return None if text is None else Jsonb(raw, dumps=lambda _: text)
+
+
 def json_objects(name: str, raw: Iterable[Any]) -> Jsonb:
     """JSON objects (Mappings) as one jsonb array, each checked as json_object checks it (a
     refusal names ``name[i]``): one pass that builds no paths, and one serialisation (sent as

@@ -22,7 +22,8 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
-                     interval, json_object, json_objects, only_object, required_instant, sync, text, texts, value)
+                     interval, json_object, json_objects, only_object, plain_object, required_instant, sync, text,
+                     texts, value)
 from ..db import AsyncSession, Database, Jsonb, Session, TextArray, connect, settings
 from ..errors import InvalidArgument, SchedulerError
 from . import sqlapi as sql
@@ -442,6 +443,18 @@ def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 
     deduplicated spec: the id of the live task holding its key): no task is built, on the server
     or here, so a batch goes in about twice as fast (submit_tasks_lean). One spec is the fastest
     single submit (submit_task_lean: a scalar, no set)."""
+    if (type(specs) is list and len(specs) == 1 and unique_keys is None and concurrency_keys is None
+            and after is None and on_parent_failure == "cancel" and (spec := plain_object(specs[0])) is not None):
+        # the hot single submit: one plain spec, serialised once, and only the arguments that
+        # differ from submit_task_lean's defaults (~10 us less a call than the general path)
+        one: dict[str, Any] = {"queue": _queue(queue), "spec": spec}
+        if not (type(priority) is int and priority == 50):
+            one["priority"] = _priority(priority)
+        if run_at is not None:
+            one.update(_when(run_at))
+        if max_attempts is not None:
+            one["max_attempts"] = _max_attempts(max_attempts)
+        return Call(sql.SUBMIT_TASK_LEAN, one, _one_id, scalar=True)
     args = _many_args(queue, specs, priority, run_at, unique_keys, max_attempts, concurrency_keys, after,
                       on_parent_failure)
     if len(args["specs"].obj) == 1:
@@ -450,11 +463,15 @@ def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 
         for name in ("unique_key", "concurrency_key"):
             if name in one:
                 one[name] = one[name][0]
-        return Call(sql.SUBMIT_TASK_LEAN, one, lambda rn: [task_id(rn)], scalar=True)
+        return Call(sql.SUBMIT_TASK_LEAN, one, _one_id, scalar=True)
     for name in ("unique_keys", "concurrency_keys"):  # checked by texts(): sent in one go
         if name in args:
             args[name] = TextArray(args[name])
     return Call(sql.SUBMIT_TASKS_LEAN, args, each(task_id), column="rn")
+
+
+def _one_id(rn: Any) -> list[UUID]:
+    return [task_id(rn)]
 
 
 # submit_tasks_lean's arguments that submit_task_lean takes one of

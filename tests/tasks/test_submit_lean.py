@@ -322,7 +322,24 @@ def test_a_bulk_submit_refuses_unstorable_json_naming_the_spec(client, spec, why
         with pytest.raises(InvalidArgument, match=r"specs\[1\]") as info:
             bulk("q", [{}, spec])
         assert why in str(info.value)
+    with pytest.raises(InvalidArgument, match=r"specs\[0\]") as info:  # one spec: the single submit's own check
+        client.submit_ids("q", [spec])
+    assert why in str(info.value)
     assert client.list() == []
+
+
+@pytest.mark.parametrize("priority, why", [(50.0, "integer"), (True, "integer"), ("50", "integer"), (-1, "0.."),
+                                           (2 ** 32, "0..")])
+def test_a_single_submit_checks_its_arguments_as_a_batch_does(client, priority, why):
+    """One plain spec takes submit_ids' fast path (its default arguments left out of the call):
+    a priority that only looks like the default (50.0, True, "50") is checked, not taken for it."""
+    for specs in ([{"i": 1}], [{"i": 1}, {"i": 2}]):
+        with pytest.raises(InvalidArgument, match=rf"priority .*{why}"):
+            client.submit_ids("q", specs, priority=priority)
+    [rn] = client.submit_ids("q", [{"i": 1}])
+    task = client.get(rn)
+    assert (task.priority, task.spec, task.status, task.on_parent_failure) == (50, {"i": 1}, "ready", "cancel")
+    assert client.list() == [task]
 
 
 def test_a_bulk_submit_stores_unusual_but_storable_json_as_submit_does(client):
