@@ -3,8 +3,8 @@
 ``migrate()`` serialises concurrent callers with an advisory lock; installs an empty database
 in one step from ``sql/schema/*.sql`` (every migration marked applied), else applies the pending
 ``migrations/``; records the configured role names in ``pyscheduler.settings``; and in yoyo's
-post-apply step reloads every function file (``function_files()``), so the functions always
-match the code. For operators: docs/operations.md, "Installing and upgrading the schema"; for
+post-apply step reloads every function file (``function_files()``) and drops the signatures
+they no longer define, so the functions always match the code. For operators: docs/operations.md, "Installing and upgrading the schema"; for
 a schema change: docs/contributing.md, "Changing the schema".
 """
 
@@ -73,6 +73,8 @@ ROUTINES = ("SELECT p.oid, p.ctid::text AS ctid, p.proname, "
             "FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace")
 
 
+# the names of the routines a function file defines
+DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE) pyscheduler\.([a-z_0-9]+)\(")
 # the grants the files' _grant calls noted while the load deferred them (sql/roles.sql, _grant)
 DEFERRED_GRANTS = ("SELECT pyscheduler._grant(g ->> 0, VARIADIC ARRAY(SELECT jsonb_array_elements_text(g -> 1))) "
                    "FROM jsonb_array_elements(coalesce(nullif(current_setting('pyscheduler.deferred_grants'), ''), "
@@ -104,9 +106,11 @@ def load_functions(conn: psycopg.Connection) -> None:
     conn.execute("SELECT set_config('pyscheduler.grants', '', false)")  # (a failure: the connection is closed)
     conn.execute(DEFERRED_GRANTS)
     conn.execute("SELECT pyscheduler._finish_grants()")
-
-
-DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE) pyscheduler\.([a-z_0-9]+)\(")
+    conn.execute(
+        "INSERT INTO pyscheduler.settings (name, value) VALUES ('code_version', %s) "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        (__version__,),
+    )
 
 
 def _drop_routines_of(conn: psycopg.Connection, text: str) -> None:
@@ -144,11 +148,6 @@ def _drop_stale_signatures(conn: psycopg.Connection, before: dict[int, str]) -> 
                 raise SchemaError(f"{r['signature']} is a signature sql/ no longer defines, but "
                                   f"{exc.diag.message_detail}: drop or change that in a migration") from exc
             log.info("dropped %s: a signature sql/ no longer defines", r["signature"])
-    conn.execute(
-        "INSERT INTO pyscheduler.settings (name, value) VALUES ('code_version', %s) "
-        "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-        (__version__,),
-    )
 
 
 def yoyo_uri(dsn: str) -> str:
