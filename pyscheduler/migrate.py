@@ -4,8 +4,9 @@
 in one step from ``sql/schema/*.sql`` (every migration marked applied), else applies the pending
 ``migrations/``; records the configured role names in ``pyscheduler.settings``; and in yoyo's
 post-apply step reloads every function file (``function_files()``) and drops the signatures
-they no longer define, so the functions always match the code. For operators: docs/operations.md, "Installing and upgrading the schema"; for
-a schema change: docs/contributing.md, "Changing the schema".
+they no longer define, so the functions always match the code. For operators:
+docs/operations.md, "Installing and upgrading the schema"; for a schema change:
+docs/contributing.md, "Changing the schema".
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def load_functions(conn: psycopg.Connection) -> None:
                 # 42P13: CREATE OR REPLACE cannot replace an earlier version's routine of the same
                 # arguments (another result type, renamed parameters, defaults removed)
                 with conn.transaction():
-                    _drop_routines_of(conn, text)
+                    _drop_routines_of(conn, text, before)
                     conn.execute(text)
         except psycopg.Error as exc:
             raise SchemaError(f"{_name(path)}: {exc}") from exc
@@ -113,14 +114,15 @@ def load_functions(conn: psycopg.Connection) -> None:
     )
 
 
-def _drop_routines_of(conn: psycopg.Connection, text: str) -> None:
-    """Drop the routines of every name a function file defines that nothing uses, so that the file
-    defines them afresh: what a routine carries besides its definition comes back with the load
-    (its comment from the file, its grants after it). One something uses (a view, a domain, an
-    index) is left, and the file's error stands."""
-    names = sorted(set(DEFINES.findall(text)))
+def _drop_routines_of(conn: psycopg.Connection, text: str, before: dict[int, str]) -> None:
+    """Drop the routines of every name a function file defines that the load has not defined yet
+    (another file's overload of the name, loaded before, stays) and that nothing uses, so that the
+    file defines them afresh: what a routine carries besides its definition comes back with the
+    load (its comment from the file, its grants after it). One something uses (a view, a domain,
+    an index) is left, and the file's error stands."""
+    names = set(DEFINES.findall(text))
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        routines = [r for r in cur.execute(ROUTINES) if r["proname"] in names]
+        routines = [r for r in cur.execute(ROUTINES) if r["proname"] in names and before.get(r["oid"]) == r["ctid"]]
     for r in routines:
         try:
             with conn.transaction():

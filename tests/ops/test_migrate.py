@@ -272,6 +272,20 @@ def test_a_routine_create_or_replace_cannot_replace_is_defined_afresh(dsn, earli
                          "WHERE proname IN ('submit_task', 'submit_tasks_lean')").fetchone()[0]
 
 
+def test_a_routine_defined_afresh_leaves_another_files_overload_of_its_name(dsn):
+    """_task_rn has an overload in sql/schedules (loaded before sql/tasks): when tasks/1_model.sql
+    meets an earlier _task_rn(bigint, bigint) it cannot replace, the one schedules defined in this
+    load stays."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("DROP FUNCTION pyscheduler._task_rn(bigint, bigint)")
+        c.execute("CREATE FUNCTION pyscheduler._task_rn(p_prefix bigint, p_seq bigint) RETURNS text "
+                  "LANGUAGE sql AS 'SELECT NULL::text'")
+        migrate.migrate(dsn)
+        got = c.execute("SELECT pg_get_function_identity_arguments(oid), pg_get_function_result(oid) FROM pg_proc "
+                        "WHERE proname = '_task_rn' ORDER BY 1").fetchall()
+        assert got == [("p_prefix bigint, p_seq bigint", "uuid"), ("p_result jsonb", "uuid")]
+
+
 def test_a_routine_create_or_replace_cannot_replace_and_something_uses_stops_migrate(dsn):
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("DROP FUNCTION pyscheduler._live_rn(text, name, text)")
