@@ -74,8 +74,8 @@ ROUTINES = ("SELECT p.oid, p.ctid::text AS ctid, p.proname, "
             "FROM pg_proc p WHERE p.pronamespace = 'pyscheduler'::regnamespace")
 
 
-# the names of the routines a function file defines
-DEFINES = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE) pyscheduler\.([a-z_0-9]+)\(")
+# what a function file defines: (FUNCTION | PROCEDURE | VIEW, name)
+DEFINES = re.compile(r"^CREATE (?:OR REPLACE )?(FUNCTION|PROCEDURE|VIEW) pyscheduler\.([a-z_0-9]+)\b", re.M)
 # the grants the files' _grant calls noted while the load deferred them (sql/roles.sql, _grant)
 DEFERRED_GRANTS = ("SELECT pyscheduler._grant(g ->> 0, VARIADIC ARRAY(SELECT jsonb_array_elements_text(g -> 1))) "
                    "FROM jsonb_array_elements(coalesce(nullif(current_setting('pyscheduler.deferred_grants'), ''), "
@@ -95,11 +95,12 @@ def load_functions(conn: psycopg.Connection) -> None:
             try:
                 with conn.transaction():  # a savepoint: the load runs in yoyo's transaction
                     conn.execute(text)
-            except psycopg.errors.InvalidFunctionDefinition:
-                # 42P13: CREATE OR REPLACE cannot replace an earlier version's routine of the same
-                # arguments (another result type, renamed parameters, defaults removed)
+            except (psycopg.errors.InvalidFunctionDefinition, psycopg.errors.InvalidTableDefinition):
+                # 42P13, 42P16: CREATE OR REPLACE cannot replace an earlier version's routine of the
+                # same arguments (another result type, renamed parameters, defaults removed) or
+                # view (a column renamed, dropped or retyped)
                 with conn.transaction():
-                    _drop_routines_of(conn, text, before)
+                    _drop_defined_by(conn, text, before)
                     conn.execute(text)
         except psycopg.Error as exc:
             raise SchemaError(f"{_name(path)}: {exc}") from exc
@@ -114,22 +115,27 @@ def load_functions(conn: psycopg.Connection) -> None:
     )
 
 
-def _drop_routines_of(conn: psycopg.Connection, text: str, before: dict[int, str]) -> None:
-    """Drop the routines of every name a function file defines that the load has not defined yet
-    (another file's overload of the name, loaded before, stays) and that nothing uses, so that the
-    file defines them afresh: what a routine carries besides its definition comes back with the
-    load (its comment from the file, its grants after it). One something uses (a view, a domain,
-    an index) is left, and the file's error stands."""
-    names = set(DEFINES.findall(text))
+def _drop_defined_by(conn: psycopg.Connection, text: str, before: dict[int, str]) -> None:
+    """Drop the views a function file defines, and the routines of every name it defines that the
+    load has not defined yet (another file's overload of the name, loaded before, stays), when
+    nothing uses them, so that the file defines them afresh: what they carry besides their
+    definition comes back with the load (comments from the file, grants after it). One something
+    uses (a view, a domain, an index) is left, and the file's error stands."""
+    defines = DEFINES.findall(text)
+    names = {name for kind, name in defines if kind != "VIEW"}
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         routines = [r for r in cur.execute(ROUTINES) if r["proname"] in names and before.get(r["oid"]) == r["ctid"]]
-    for r in routines:
+    drops = [(r["signature"], sql.SQL("DROP {} {}").format(sql.SQL(r["kind"]), sql.SQL(r["signature"])))
+             for r in routines]
+    drops += [(f"pyscheduler.{name}", sql.SQL("DROP VIEW IF EXISTS pyscheduler.{}").format(sql.Identifier(name)))
+              for name in sorted({name for kind, name in defines if kind == "VIEW"})]
+    for what, statement in drops:
         try:
             with conn.transaction():
-                conn.execute(sql.SQL("DROP {} {}").format(sql.SQL(r["kind"]), sql.SQL(r["signature"])))
+                conn.execute(statement)
         except psycopg.errors.DependentObjectsStillExist:
             continue
-        log.info("dropped %s to define it afresh: CREATE OR REPLACE could not replace it", r["signature"])
+        log.info("dropped %s to define it afresh: CREATE OR REPLACE could not replace it", what)
 
 
 def _drop_stale_signatures(conn: psycopg.Connection, before: dict[int, str]) -> None:

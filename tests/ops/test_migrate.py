@@ -290,6 +290,20 @@ def test_a_routine_defined_afresh_leaves_another_files_overload_of_its_name(dsn)
         assert got == [("p_prefix bigint, p_seq bigint", "uuid"), ("p_result jsonb", "uuid")]
 
 
+def test_a_view_create_or_replace_cannot_replace_is_defined_afresh(dsn):
+    """An earlier version's view with other columns (CREATE OR REPLACE VIEW refuses a renamed or
+    dropped column: 42P16) is dropped and defined again, its grants with it."""
+    columns = ("SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute "
+               "WHERE attrelid = 'pyscheduler.workers'::regclass AND attnum > 0")
+    acl = "SELECT relacl::text FROM pg_class WHERE oid = 'pyscheduler.workers'::regclass"
+    with psycopg.connect(dsn, autocommit=True) as c:
+        fresh = c.execute(columns).fetchone()[0], c.execute(acl).fetchone()[0]
+        c.execute("DROP VIEW pyscheduler.workers")
+        c.execute("CREATE VIEW pyscheduler.workers AS SELECT 'w' AS an_earlier_column")
+        migrate.migrate(dsn)
+        assert (c.execute(columns).fetchone()[0], c.execute(acl).fetchone()[0]) == fresh
+
+
 def test_a_routine_create_or_replace_cannot_replace_and_something_uses_stops_migrate(dsn):
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("DROP FUNCTION pyscheduler._live_rn(text, name, text)")
