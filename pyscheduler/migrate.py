@@ -18,6 +18,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import psycopg.rows
@@ -115,6 +116,11 @@ def load_functions(conn: psycopg.Connection) -> None:
     )
 
 
+def _drop_routine(routine: dict[str, Any]) -> sql.Composed:
+    """DROP of a ROUTINES row (never CASCADE)."""
+    return sql.SQL("DROP {} {}").format(sql.SQL(routine["kind"]), sql.SQL(routine["signature"]))
+
+
 def _drop_defined_by(conn: psycopg.Connection, text: str, before: dict[int, str]) -> None:
     """Drop the views a function file defines, and the routines of every name it defines that the
     load has not defined yet (another file's overload of the name, loaded before, stays), when
@@ -125,8 +131,7 @@ def _drop_defined_by(conn: psycopg.Connection, text: str, before: dict[int, str]
     names = {name for kind, name in defines if kind != "VIEW"}
     with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         routines = [r for r in cur.execute(ROUTINES) if r["proname"] in names and before.get(r["oid"]) == r["ctid"]]
-    drops = [(r["signature"], sql.SQL("DROP {} {}").format(sql.SQL(r["kind"]), sql.SQL(r["signature"])))
-             for r in routines]
+    drops = [(r["signature"], _drop_routine(r)) for r in routines]
     drops += [(f"pyscheduler.{name}", sql.SQL("DROP VIEW IF EXISTS pyscheduler.{}").format(sql.Identifier(name)))
               for name in sorted({name for kind, name in defines if kind == "VIEW"})]
     for what, statement in drops:
@@ -151,7 +156,7 @@ def _drop_stale_signatures(conn: psycopg.Connection, before: dict[int, str]) -> 
     for r in routines:
         if r["proname"] in defined and before.get(r["oid"]) == r["ctid"]:
             try:
-                conn.execute(sql.SQL("DROP {} {}").format(sql.SQL(r["kind"]), sql.SQL(r["signature"])))
+                conn.execute(_drop_routine(r))
             except psycopg.errors.DependentObjectsStillExist as exc:
                 raise SchemaError(f"{r['signature']} is a signature sql/ no longer defines, but "
                                   f"{exc.diag.message_detail}: drop or change that in a migration") from exc

@@ -68,7 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("commits", nargs="*", help="commits to upgrade from (default: see --every)")
     ap.add_argument("--every", type=int, default=10, help="every Nth commit that changed sql/ or migrations/")
     a = ap.parse_args(argv)
+    if a.every < 1:
+        ap.error(f"--every must be 1 or more, got {a.every}")
     commits = a.commits or git("rev-list", "HEAD~1", "--", "sql", "migrations").split()[::a.every]
+    resolved = [subprocess.run(["git", "rev-parse", "--verify", "--quiet", "--end-of-options", f"{c}^{{commit}}"],
+                               cwd=REPO, capture_output=True, text=True).stdout.strip() for c in commits]
+    if unknown := [c for c, r in zip(commits, resolved) if not r]:
+        ap.error(f"not a commit here: {', '.join(unknown)}")
+    commits = resolved
     with scratch_database(a.dsn, "upgrade_walk_fresh") as uri:
         if (error := migrate_with(REPO, uri)) is not None:
             raise SystemExit(f"this checkout's own migrate failed: {error}")
