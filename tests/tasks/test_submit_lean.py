@@ -5,6 +5,7 @@ answering only (rn, deduplicated) per spec."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from enum import IntEnum
@@ -419,11 +420,25 @@ def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_
         assert [client.get(rn).spec["i"] for rn in ids] == list(range(len(ids)))
 
 
+def test_a_bad_key_is_refused_in_python_naming_its_place(client):
+    """A key that is not a str, or holds a NUL, is refused before the call, naming its place in
+    unique_keys or concurrency_keys; nothing of the batch is stored."""
+    bad = {"unique_keys[1]": dict(unique_keys=["a", 7]), "unique_keys[0]": dict(unique_keys=["a\x00", None]),
+           "concurrency_keys[2]": dict(concurrency_keys=[None, "é", b"k"])}
+    for place, keys in bad.items():
+        with pytest.raises(errors.InvalidArgument, match=re.escape(place)):
+            client.submit_ids("badkey", [{}] * len(next(iter(keys.values()))), **keys)
+    assert client.list("badkey") == []
+
+
 def test_a_bulk_submits_keys_arrive_as_sent(client, dsn):
-    """The keys go as one binary text[] built by pyscheduler (db.TextArray): what is stored is
+    """The keys go as one text[] literal built by pyscheduler (db.TextArray): what is stored is
     what was given, NULLs, multibyte characters and array syntax characters included, from the
-    pool, the application's own connection and asyncio."""
+    pool, the application's own connection and asyncio; keys with no quote, backslash or None
+    (joined at once) too, "NULL" a key like any other."""
     keys = ["é€😀", None, '"{a,b}\\', "plain", "x y"]
+    joined = ["é€😀", "NULL", "{a,b}", "x y", "p,q"]
+    assert [client.get(rn).unique_key for rn in client.submit_ids("joined", [{}] * 5, unique_keys=joined)] == joined
 
     def send(on) -> list:
         return on.submit_ids("sent", [{"i": i} for i in range(5)], unique_keys=keys,
