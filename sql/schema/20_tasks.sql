@@ -4,7 +4,7 @@
 -- 0019_tasks_flow_status.sql, 0020_tasks_flow.sql, 0021_flat_reads_tasks.sql, 0025_tasks_finished_queue.sql, 0027_tasks_tallies.sql, 0029_tasks_live_rn.sql,
 -- 0030_ownership.sql, 0036_flat_read_plans.sql, 0038_durable.sql, 0039_dashboard.sql, 0042_activity_minutes.sql, 0045_e2e.sql,
 -- 0048_spec_index_live.sql, 0049_unique_key_first.sql, 0053_keep_completed.sql,
--- 0055_tasks_state_rules_index.sql and 0056_tasks_queue_status_index.sql build
+-- 0055_tasks_state_rules_index.sql, 0056_tasks_queue_status_index.sql and 0059_unique_key_bytes.sql build
 -- (tests/ops/test_migrate.py checks).
 -- waiting: for its parents to finish (dependencies, issue 20).
 -- scheduled: waiting for its run_at (delayed, or a failure waiting to be retried).
@@ -31,7 +31,7 @@ CREATE SEQUENCE pyscheduler.task_seq;
 -- the recent end of the primary key instead of a random page.
 -- run_at: a scheduled task is not leased before it (NULL: due at submission;
 -- kept once the task is ready). unique_key: at most one live task per (queue,
--- unique_key). max_attempts: NULL means the setting task_max_attempts.
+-- unique_key); compared byte by byte (COLLATE "C", 0059). max_attempts: NULL means the setting task_max_attempts.
 -- submitted_by: the role that submitted it (only it, its members or admin
 -- cancel or requeue it).
 -- Issue 20: concurrency_key (tasks of one key share the queue's
@@ -60,7 +60,7 @@ CREATE TABLE pyscheduler.tasks (
     attempts integer NOT NULL DEFAULT 0,
     leased_at timestamptz,
     run_at   timestamptz,
-    unique_key text,
+    unique_key text COLLATE "C",
     max_attempts integer,
     submitted_by name NOT NULL,
     concurrency_key text,
