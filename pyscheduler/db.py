@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import orjson
 import psycopg
@@ -298,12 +298,13 @@ class _TextArrayDumper(Dumper):
     oid = 1009  # text[] (pg_type)
 
     def dump(self, obj: TextArray) -> bytes:
+        keys = cast("list[str]", obj)  # None among them: join's TypeError
         try:
-            whole = "".join(obj)  # TypeError: a None among them
+            whole: str | None = "".join(keys)
         except TypeError:
             whole = None
         if whole is not None and '"' not in whole and "\\" not in whole:
-            return ('{"' + '","'.join(obj) + '"}').encode() if obj else b"{}"
+            return ('{"' + '","'.join(keys) + '"}').encode() if keys else b"{}"
         # quoted, each backslash and double quote escaped (array_in's rules), None as NULL
         return ("{" + ",".join("NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
                                for v in obj) + "}").encode()
