@@ -31,7 +31,8 @@ CREATE SEQUENCE pyscheduler.task_seq;
 -- the recent end of the primary key instead of a random page.
 -- run_at: a scheduled task is not leased before it (NULL: due at submission;
 -- kept once the task is ready). unique_key: at most one live task per (queue,
--- unique_key); compared byte by byte (COLLATE "C", 0059). max_attempts: NULL means the setting task_max_attempts.
+-- unique_key), keys compared byte by byte (COLLATE "C", 0059). max_attempts:
+-- NULL means the setting task_max_attempts.
 -- submitted_by: the role that submitted it (only it, its members or admin
 -- cancel or requeue it).
 -- Issue 20: concurrency_key (tasks of one key share the queue's
