@@ -271,17 +271,12 @@ def texts(name: str, raw: Iterable[Any]) -> list[Any]:
     """``text`` of each item, None allowed (a refusal names ``name[i]``): one pass that builds
     no names while the items are fine (a batch's keys: a name each cost ~0.3 us a key)."""
     items = list(raw)
-    try:
-        whole = "".join(items)  # TypeError: a None or a non-str among them
+    try:  # every one a str or None, the strs ASCII without NUL: in one go (~0.04 us a key)
+        whole = "".join([k for k in items if k is not None])  # TypeError: not a str
+        if whole.isascii() and "\x00" not in whole:
+            return items
     except TypeError:
-        whole = None
-    if whole is not None and whole.isascii() and "\x00" not in whole:
-        return items  # every one a str, ASCII, no NUL: in one go (~0.04 us a key; ~0.09 one by one)
-    for k in items:
-        if k is not None and not (isinstance(k, str) and "\x00" not in k and k.isascii()):
-            break
-    else:
-        return items
+        pass
     return [text(f"{name}[{i}]", k, optional=True) for i, k in enumerate(items)]
 
 

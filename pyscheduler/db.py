@@ -298,13 +298,11 @@ class _TextArrayDumper(Dumper):
     oid = 1009  # text[] (pg_type)
 
     def dump(self, obj: TextArray) -> bytes:
-        keys = cast("list[str]", obj)  # None among them: join's TypeError
-        try:
-            whole: str | None = "".join(keys)
-        except TypeError:
-            whole = None
-        if whole is not None and '"' not in whole and "\\" not in whole:
-            return ('{"' + '","'.join(keys) + '"}').encode() if keys else b"{}"
+        if None not in obj:
+            keys = cast("list[str]", obj)
+            whole = "".join(keys)
+            if '"' not in whole and "\\" not in whole:
+                return ('{"' + '","'.join(keys) + '"}').encode() if keys else b"{}"
         # quoted, each backslash and double quote escaped (array_in's rules), None as NULL
         return ("{" + ",".join("NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
                                for v in obj) + "}").encode()
