@@ -428,8 +428,9 @@ ACTIVITY_HOUR = {
 # -- upgrade_walk ------------------------------------------------------------------------------------
 
 # What an upgraded database must hold as a fresh install does: a line per routine (with its grants),
-# relation, column, index, constraint, trigger, type and storage option of schema pyscheduler (run
-# with search_path pg_catalog, so every name is qualified the same way)
+# relation, column (with a collation other than its type's), index, constraint, trigger, type and
+# storage option of schema pyscheduler (run with search_path pg_catalog, so every name is qualified
+# the same way)
 SCHEMA_FINGERPRINT = Query("""
 SELECT 'routine ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
        || pg_get_function_result(p.oid) || ' ' || coalesce((SELECT string_agg(x::text, ',' ORDER BY x::text)
@@ -441,9 +442,10 @@ SELECT 'relation ' || c.relkind::text || ' ' || c.relname || ' ' || coalesce(c.r
   FROM pg_class c WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relname NOT LIKE '\\_yoyo%'
 UNION ALL
 SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+       || CASE WHEN a.attcollation <> t.typcollation THEN ' collate ' || a.attcollation::regcollation::text ELSE '' END
        || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
        || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
-  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_type t ON t.oid = a.atttypid
   LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
  WHERE c.relnamespace = 'pyscheduler'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm') AND a.attnum > 0
    AND NOT a.attisdropped AND c.relname NOT LIKE '\\_yoyo%'
