@@ -145,6 +145,9 @@ class Task:
         return self.json[key]
 
 
+_TASK_FIELDS = tuple(f.name for f in fields(Task))  # what a handle copies from its task
+
+
 @dataclass(frozen=True, slots=True)
 class QueueState:
     """Whether a queue is paused (``pause_queue``), why (``note``), by which role, since when;
@@ -304,7 +307,7 @@ class AsyncTaskHandle(Task):
 
 
 def _handle(task: Task, client: Any, cls: type[TaskHandle] | type[AsyncTaskHandle] = TaskHandle) -> Any:
-    return cls(**{f.name: getattr(task, f.name) for f in fields(Task)}, client=client)
+    return cls(**{name: getattr(task, name) for name in _TASK_FIELDS}, client=client)
 
 
 class Workflow:
@@ -389,14 +392,15 @@ def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: 
     ``after``: task ids (of this role): the task is ``waiting`` until they all finished;
     ``on_parent_failure``: ``cancel`` it (default) or ``run`` it anyway when one of them is
     aborted or cancelled."""
-    return Call(sql.SUBMIT_TASK, {"queue": _queue(queue), "spec": json_object("spec", spec),
+    # the task as a scalar (below psycopg's cursor), its spec serialised once (plain_object)
+    return Call(sql.SUBMIT_TASK, {"queue": _queue(queue), "spec": plain_object(spec) or json_object("spec", spec),
                                 "priority": _priority(priority), **_when(run_at),
                                 "unique_key": text("unique_key", unique_key, optional=True),
                                 "max_attempts": _max_attempts(max_attempts),
                                 "concurrency_key": text("concurrency_key", concurrency_key, optional=True),
                                 "after": _after(after),
                                 "on_parent_failure": choice("on_parent_failure", on_parent_failure,
-                                                            ("cancel", "run"))}, value(Task.from_json))
+                                                            ("cancel", "run"))}, Task.from_json, scalar=True)
 
 
 def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, run_at: datetime | timedelta | None,
@@ -509,7 +513,7 @@ def _set_rate_limit(queue: str, starts: int | None, per: timedelta = timedelta(s
 
 def _get(rn: str | UUID) -> Call[Task]:
     """The task; TaskNotFound (PS200) when there is none."""
-    return Call(sql.GET_TASK, {"rn": task_id(rn)}, value(Task.from_json))
+    return Call(sql.GET_TASK, {"rn": task_id(rn)}, Task.from_json, scalar=True)
 
 
 def _list(queue: str | None = None, status: TaskStatus | None = None, owner: str | None = None,
@@ -528,7 +532,7 @@ def _list(queue: str | None = None, status: TaskStatus | None = None, owner: str
 def _cancel(rn: str | UUID) -> Call[Task]:
     """Cancel a scheduled, ready or running task; its worker is told at once. TaskFinished
     (PS209) when it is already completed or aborted."""
-    return Call(sql.CANCEL_TASK, {"rn": task_id(rn)}, value(Task.from_json))
+    return Call(sql.CANCEL_TASK, {"rn": task_id(rn)}, Task.from_json, scalar=True)
 
 
 def _retry(rn: str | UUID) -> Call[Task]:
@@ -536,7 +540,7 @@ def _retry(rn: str | UUID) -> Call[Task]:
     kept (waiting, with parents not all finished, for the live ones). TaskNotRequeueable (PS211)
     for any other status or when a parent is aborted or cancelled; UniqueKeyTaken (PS214) when
     another live task holds its unique key."""
-    return Call(sql.RETRY_TASK, {"rn": task_id(rn)}, value(Task.from_json))
+    return Call(sql.RETRY_TASK, {"rn": task_id(rn)}, Task.from_json, scalar=True)
 
 
 def _retry_many(queue: str, status: Literal["aborted", "cancelled"] = "aborted", limit: int = 100) -> Call[list[Task]]:
