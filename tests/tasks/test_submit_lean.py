@@ -204,14 +204,38 @@ def test_submit_task_lean_does_what_submit_task_does_answering_the_id(tx, case):
     assert (lean[0] == 0) == (case == "one spec, a unique key")  # the live task's id, deduplicated
 
 
-def test_submit_task_lean_takes_the_single_path_without_a_key_or_parents(tx):
+def test_submit_task_lean_and_submit_task_take_the_single_path_without_a_key_or_parents(tx):
     tx.execute("SET LOCAL track_functions = 'all'")
     for case in SINGLE:
         tx.call("submit_task_lean", **singular(dict(CASES[case], queue="lean")))
+        tx.call("submit_task", **singular(dict(CASES[case], queue="lean")))
     tx.call("submit_task_lean", queue="lean", spec=Jsonb({}), unique_key="u")
+    tx.call("submit_task", queue="lean", spec=Jsonb({}), unique_key="v")
     calls = tx.execute("SELECT pg_stat_get_xact_function_calls('pyscheduler._submit_one'::regproc) AS one, "
-                       "pg_stat_get_xact_function_calls('pyscheduler._submit_lean'::regproc) AS lean").fetchone()
-    assert calls == {"one": len(SINGLE), "lean": 1}
+                       "pg_stat_get_xact_function_calls('pyscheduler._submit_lean'::regproc) AS lean, "
+                       "pg_stat_get_xact_function_calls('pyscheduler._submit_task'::regproc) AS general").fetchone()
+    assert calls == {"one": 2 * len(SINGLE), "lean": 1, "general": 1}
+
+
+@pytest.mark.parametrize("case", SINGLE)
+def test_submit_task_on_the_single_path_answers_the_task_as_the_general_path_does(tx, case):
+    """submit_task without a key or parents (_submit_one, then the row read back as JSON) answers
+    every key with the value submit_tasks' general path answers for the same spec, but the id (one
+    transaction: the same now(), so the same instants)."""
+    args = dict(CASES[case], queue="lean")
+
+    def answer(function: str) -> dict:
+        with tx.conn.transaction(force_rollback=True):
+            if function == "submit_task":
+                task = tx.call(function, **singular(args))[0][function]
+            else:
+                task = tx.call(function, **args)[0]["task"]
+        assert UUID(task.pop("rn"))
+        return task
+
+    single = answer("submit_task")
+    assert single == answer("submit_tasks")
+    assert single["status"] == ("scheduled" if "delayed" in case else "ready") and "deduplicated" not in single
 
 
 @pytest.mark.parametrize("key", [None, "u"], ids=["single path", "with a unique key"])
