@@ -392,15 +392,18 @@ def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: 
     ``after``: task ids (of this role): the task is ``waiting`` until they all finished;
     ``on_parent_failure``: ``cancel`` it (default) or ``run`` it anyway when one of them is
     aborted or cancelled."""
-    # the task as a scalar (below psycopg's cursor), its spec serialised once (plain_object)
-    return Call(sql.SUBMIT_TASK, {"queue": _queue(queue), "spec": plain_object(spec) or json_object("spec", spec),
-                                "priority": _priority(priority), **_when(run_at),
-                                "unique_key": text("unique_key", unique_key, optional=True),
-                                "max_attempts": _max_attempts(max_attempts),
-                                "concurrency_key": text("concurrency_key", concurrency_key, optional=True),
-                                "after": _after(after),
-                                "on_parent_failure": choice("on_parent_failure", on_parent_failure,
-                                                            ("cancel", "run"))}, Task.from_json, scalar=True)
+    # the task as a scalar (below psycopg's cursor), its spec serialised once (plain_object), and
+    # only the arguments that differ from submit_task's defaults (as the single submit_ids)
+    args = {"queue": _queue(queue), "spec": plain_object(spec) or json_object("spec", spec),
+            "priority": _priority(priority), **_when(run_at),
+            "unique_key": text("unique_key", unique_key, optional=True), "max_attempts": _max_attempts(max_attempts),
+            "concurrency_key": text("concurrency_key", concurrency_key, optional=True), "after": _after(after),
+            "on_parent_failure": choice("on_parent_failure", on_parent_failure, ("cancel", "run"))}
+    given = {name: v for name, v in args.items() if v is not None and _SUBMIT_DEFAULTS.get(name) != v}
+    return Call(sql.SUBMIT_TASK, given, Task.from_json, scalar=True)
+
+
+_SUBMIT_DEFAULTS = {"priority": 50, "on_parent_failure": "cancel"}  # submit_task's own (None: every other's)
 
 
 def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, run_at: datetime | timedelta | None,
