@@ -54,7 +54,7 @@ class Call(Generic[T]):
 
         def _get(rn: str | UUID) -> Call[Task]:
             \"\"\"The task; TaskNotFound (PS200) when there is none.\"\"\"
-            return Call(sql.GET_TASK, {"rn": task_id(rn)}, value(Task.from_json))
+            return Call(sql.GET_TASK, {"rn": task_id(rn)}, Task.from_json, scalar=True)
 
         class TaskClient(SyncClient):
             get = sync(_get)
@@ -66,7 +66,8 @@ class Call(Generic[T]):
     # the result gets this column of every row as one list (call_column), not the rows: for
     # many rows of which one column is read (submit_ids)
     column: str | None = None
-    # the result gets the scalar function's value (call_scalar), not the rows: a hot single call
+    # the result gets the value of a function of one value (call_scalar: ``SELECT f(...)``, below
+    # psycopg's cursor), not the rows: a task, a schedule, a count
     scalar: bool = False
 
 
@@ -137,15 +138,6 @@ def asynchronous(op: Callable[P, Call[T]]) -> Callable[Concatenate[AsyncClient, 
 
 
 # -- results --------------------------------------------------------------------------------------
-
-def value(convert: Callable[[Any], T]) -> Callable[[Rows], T]:
-    """The single value a scalar function returns, converted."""
-
-    def result(rows: Rows) -> T:
-        return convert(next(iter(rows[0].values())) if rows else None)
-
-    return result
-
 
 def one(convert: Callable[[dict[str, Any]], T]) -> Callable[[Rows], T]:
     """The single row a function returns, converted."""

@@ -209,6 +209,14 @@ class Tx(Session):
         with self.conn.transaction():
             return super().call_tuples(function, **args)
 
+    def call_scalar(self, function: str, /, **args):
+        with self.conn.transaction():
+            return super().call_scalar(function, **args)
+
+    def call_column(self, function: str, column: str, /, **args):
+        with self.conn.transaction():
+            return super().call_column(function, column, **args)
+
     def execute(self, query, params=None, **kwargs):
         with self.conn.transaction():
             return self.conn.execute(query, params, **kwargs)

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from ..calls import (INT32, AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant,
-                     integer, interval, json_value, one, required_instant, required_interval, sync, text, value)
+                     integer, interval, json_value, one, required_instant, required_interval, sync, text)
 from ..errors import InvalidArgument
 from . import sqlapi as sql
 from .handlers import Check
@@ -118,7 +118,7 @@ def _delete(entity_name: str, entity_key: str, job: str | None = None) -> Call[i
     A check a runner holds right now is ended by that runner (never waited for)."""
     return Call(sql.DELETE_CHECKS, {"entity_name": text("entity_name", entity_name),
                                     "entity_key": text("entity_key", entity_key),
-                                    "job": text("job", job, optional=True)}, value(int))
+                                    "job": text("job", job, optional=True)}, int, scalar=True)
 
 
 def _cursor(name: str, row: Check | EndedCheck | None) -> tuple[datetime | None, int | None]:

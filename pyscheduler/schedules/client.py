@@ -20,7 +20,7 @@ from uuid import UUID
 
 from ..calls import (INT32, INT64, AsyncClient, Call, SyncClient, asynchronous, aware, boolean, choice, duration,
                      each, instant, integer, interval, json_value, required_instant, required_interval, sync, text,
-                     uuid_or_none, value)
+                     uuid_or_none)
 from ..db import Untyped
 from . import sqlapi as sql
 
@@ -206,7 +206,7 @@ def _create(name: str, target: str, *, every: timedelta | None = None, cron: str
         "max_runs": integer("max_runs", max_runs, -INT64, INT64, optional=True),
         "paused": boolean("paused", paused, optional=True),
         "paused_note": text("paused_note", paused_note, optional=True)}
-    return Call(sql.CREATE_SCHEDULE, _given(args), value(Schedule.from_json))
+    return Call(sql.CREATE_SCHEDULE, _given(args), Schedule.from_json, scalar=True)
 
 
 def _update(name: str, *, target: str | None = None, every: timedelta | None = None, cron: str | None = None,
@@ -227,33 +227,33 @@ def _update(name: str, *, target: str | None = None, every: timedelta | None = N
         catchup_window=catchup_window, overlap=overlap, task_options=task_options),
         "start_at": _bound("start_at", start_at, "-infinity"), "end_at": _bound("end_at", end_at, "infinity"),
         "max_runs": 0 if max_runs is UNBOUNDED else integer("max_runs", max_runs, 1, INT64, optional=True)}
-    return Call(sql.UPDATE_SCHEDULE, _given(args), value(Schedule.from_json))
+    return Call(sql.UPDATE_SCHEDULE, _given(args), Schedule.from_json, scalar=True)
 
 
 def _pause(name: str, note: str | None = None) -> Call[Schedule]:
     """Stop regular firing until ``resume`` (a pending trigger still fires); ``note`` says why."""
     return Call(sql.PAUSE_SCHEDULE, {"name": _name(name), "note": text("note", note, optional=True)},
-                value(Schedule.from_json))
+                Schedule.from_json, scalar=True)
 
 
 def _resume(name: str) -> Call[Schedule]:
     """Fire again from the first occurrence at or after now (the paused ones are skipped)."""
-    return Call(sql.RESUME_SCHEDULE, {"name": _name(name)}, value(Schedule.from_json))
+    return Call(sql.RESUME_SCHEDULE, {"name": _name(name)}, Schedule.from_json, scalar=True)
 
 
 def _trigger(name: str) -> Call[Schedule]:
     """Fire once now, out of band (also while paused or ended); the regular next run stays."""
-    return Call(sql.TRIGGER_SCHEDULE, {"name": _name(name)}, value(Schedule.from_json))
+    return Call(sql.TRIGGER_SCHEDULE, {"name": _name(name)}, Schedule.from_json, scalar=True)
 
 
 def _delete(name: str) -> Call[bool]:
     """Delete the schedule and its executions; False when there was none."""
-    return Call(sql.DELETE_SCHEDULE, {"name": _name(name)}, value(bool))
+    return Call(sql.DELETE_SCHEDULE, {"name": _name(name)}, bool, scalar=True)
 
 
 def _get(name: str) -> Call[Schedule]:
     """The schedule; ScheduleNotFound (PS300) when there is none."""
-    return Call(sql.GET_SCHEDULE, {"name": _name(name)}, value(Schedule.from_json))
+    return Call(sql.GET_SCHEDULE, {"name": _name(name)}, Schedule.from_json, scalar=True)
 
 
 def _list(name_like: str | None = None, target_kind: TargetKind | None = None, paused: bool | None = None,
@@ -289,7 +289,7 @@ def _count(name: str, outcome: RunOutcome | Literal["runs"] = "fired") -> Call[i
     """How many occurrences ended with ``outcome`` (``runs``: what ``max_runs`` counts); kept
     when old executions are purged."""
     return Call(sql.EXECUTION_COUNT, {"name": _name(name), "outcome": choice("outcome", outcome, (*OUTCOMES, "runs"))},
-                value(int))
+                int, scalar=True)
 
 
 class ScheduleClient(SyncClient):

@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 
 from ..calls import (AsyncClient, Call, SyncClient, asynchronous, aware, choice, duration, each, instant, integer,
                      interval, json_object, json_objects, only_object, plain_object, required_instant, sync, text,
-                     texts, value)
+                     texts)
 from ..db import AsyncSession, Database, Jsonb, Session, TextArray, connect, settings
 from ..errors import InvalidArgument, SchedulerError
 from . import sqlapi as sql
@@ -489,7 +489,7 @@ def _submit_workflow_call(workflow: Workflow) -> Call[dict[str, Task]]:
     if not isinstance(workflow, Workflow):
         raise InvalidArgument(f"workflow must be a Workflow, got {type(workflow).__name__}")
     return Call(sql.SUBMIT_WORKFLOW, {"workflow": Jsonb(workflow.nodes)},
-                value(lambda raw: {name: Task.from_json(t) for name, t in raw.items()}))
+                lambda raw: {name: Task.from_json(t) for name, t in raw.items()}, scalar=True)
 
 
 def _set_queue_limits(queue: str, *, running_per_key: int | None = None,
@@ -501,7 +501,7 @@ def _set_queue_limits(queue: str, *, running_per_key: int | None = None,
                 {"queue": _queue(queue),
                  "running_per_key": integer("running_per_key", running_per_key, 1, sql.MAX_QUEUE_LIMIT, optional=True),
                  "running_total": integer("running_total", running_total, 1, sql.MAX_QUEUE_LIMIT, optional=True)},
-                value(QueueLimits.from_json))
+                QueueLimits.from_json, scalar=True)
 
 
 def _set_rate_limit(queue: str, starts: int | None, per: timedelta = timedelta(seconds=1), *,
@@ -511,7 +511,7 @@ def _set_rate_limit(queue: str, starts: int | None, per: timedelta = timedelta(s
     return Call(sql.SET_RATE_LIMIT, {"queue": _queue(queue),
                                    "starts": integer("starts", starts, 1, sql.MAX_QUEUE_LIMIT, optional=True),
                                    "per": duration("per", per), "by_key": bool(by_key)},
-                value(QueueLimits.from_json))
+                QueueLimits.from_json, scalar=True)
 
 
 def _get(rn: str | UUID) -> Call[Task]:
@@ -574,12 +574,12 @@ def _pause_queue(queue: str, note: str | None = None) -> Call[QueueState]:
     """Pause ``queue``: its workers lease nothing from their next lease on (running tasks
     finish; submits go on). The pause belongs to this role."""
     return Call(sql.PAUSE_QUEUE, {"queue": _queue(queue), "note": text("note", note, optional=True)},
-                value(QueueState.from_json))
+                QueueState.from_json, scalar=True)
 
 
 def _resume_queue(queue: str) -> Call[QueueState]:
     """Resume ``queue`` (paused by this role, or as admin) and wake its workers."""
-    return Call(sql.RESUME_QUEUE, {"queue": _queue(queue)}, value(QueueState.from_json))
+    return Call(sql.RESUME_QUEUE, {"queue": _queue(queue)}, QueueState.from_json, scalar=True)
 
 
 def _set_queue_keep_completed(queue: str, keep: bool) -> Call[QueueState]:
@@ -588,7 +588,7 @@ def _set_queue_keep_completed(queue: str, keep: bool) -> Call[QueueState]:
     (docs/sql-api.md, set_queue_keep_completed). True (the default) keeps them."""
     if not isinstance(keep, bool):
         raise InvalidArgument(f"keep must be True or False, got {keep!r}")
-    return Call(sql.SET_QUEUE_KEEP_COMPLETED, {"queue": _queue(queue), "keep": keep}, value(QueueState.from_json))
+    return Call(sql.SET_QUEUE_KEEP_COMPLETED, {"queue": _queue(queue), "keep": keep}, QueueState.from_json, scalar=True)
 
 
 class TaskClient(SyncClient):
