@@ -399,11 +399,8 @@ def _submit(queue: str, spec: Mapping[str, Any], priority: int = 50, *, run_at: 
             "unique_key": text("unique_key", unique_key, optional=True), "max_attempts": _max_attempts(max_attempts),
             "concurrency_key": text("concurrency_key", concurrency_key, optional=True), "after": _after(after),
             "on_parent_failure": choice("on_parent_failure", on_parent_failure, ("cancel", "run"))}
-    given = {name: v for name, v in args.items() if v is not None and _SUBMIT_DEFAULTS.get(name) != v}
+    given = {name: v for name, v in args.items() if v is not None and sql.SUBMIT_DEFAULTS.get(name) != v}
     return Call(sql.SUBMIT_TASK, given, Task.from_json, scalar=True)
-
-
-_SUBMIT_DEFAULTS = {"priority": 50, "on_parent_failure": "cancel"}  # submit_task's own (None: every other's)
 
 
 def _many_args(queue: str, specs: Iterable[Mapping[str, Any]], priority: int, run_at: datetime | timedelta | None,
@@ -451,11 +448,12 @@ def _submit_ids(queue: str, specs: Iterable[Mapping[str, Any]], priority: int = 
     or here, so a batch goes in about twice as fast (submit_tasks_lean). One spec is the fastest
     single submit (submit_task_lean: a scalar, no set)."""
     if (type(specs) is list and len(specs) == 1 and unique_keys is None and concurrency_keys is None
-            and after is None and on_parent_failure == "cancel" and (spec := plain_object(specs[0])) is not None):
+            and after is None and on_parent_failure == sql.SUBMIT_DEFAULTS["on_parent_failure"]
+            and (spec := plain_object(specs[0])) is not None):
         # the hot single submit: one plain spec, serialised once, and only the arguments that
         # differ from submit_task_lean's defaults (~10 us less a call than the general path)
         one: dict[str, Any] = {"queue": _queue(queue), "spec": spec}
-        if not (type(priority) is int and priority == 50):
+        if not (type(priority) is int and priority == sql.SUBMIT_DEFAULTS["priority"]):
             one["priority"] = _priority(priority)
         if run_at is not None:
             one.update(_when(run_at))

@@ -15,6 +15,8 @@ from ..sqlapi import Fn, View
 # -- clients (TaskClient, AsyncTaskClient, the CLI) ------------------------------------------------
 
 _SUBMIT = ("queue", "priority", "run_at", "run_in", "max_attempts", "after", "on_parent_failure")
+# the submit functions' defaults that are not NULL: a single submit leaves out what equals them
+SUBMIT_DEFAULTS = {"priority": 50, "on_parent_failure": "cancel"}
 SUBMIT_TASK = Fn("submit_task", ("spec", "unique_key", "concurrency_key") + _SUBMIT)
 SUBMIT_TASK_LEAN = Fn("submit_task_lean", ("spec", "unique_key", "concurrency_key") + _SUBMIT)  # the id only
 SUBMIT_TASKS = Fn("submit_tasks", ("specs", "unique_keys", "concurrency_keys") + _SUBMIT, ("task",))

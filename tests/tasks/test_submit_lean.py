@@ -19,6 +19,7 @@ from pyscheduler import errors
 from pyscheduler.db import Jsonb
 from pyscheduler.errors import InvalidArgument
 from pyscheduler.tasks import AsyncTaskClient, TaskClient
+from pyscheduler.tasks import sqlapi as sql
 
 from tests.support import wait_for
 from tests.support.tasks import held, lease, submit
@@ -217,6 +218,17 @@ def test_submit_task_lean_and_submit_task_take_the_single_path_without_a_key_or_
     assert calls == {"one": 2 * len(SINGLE), "lean": 1, "general": 1}
 
 
+@pytest.mark.parametrize("function", ["submit_task", "submit_task_lean", "submit_tasks", "submit_tasks_lean"])
+def test_the_defaults_a_single_submit_leaves_out_are_the_functions_own(tx, function):
+    """TaskClient's single submits send neither priority nor on_parent_failure when they equal
+    sqlapi.SUBMIT_DEFAULTS: a task submitted without them gets exactly those."""
+    spec = {"specs": Jsonb([{}])} if function.startswith("submit_tasks") else {"spec": Jsonb({})}
+    tx.call(function, queue="defaults", **spec)
+    row = tx.execute("SELECT priority, coalesce(on_parent_failure, 'cancel') AS on_parent_failure "
+                     "FROM pyscheduler.tasks WHERE queue = 'defaults'").fetchone()
+    assert row == sql.SUBMIT_DEFAULTS
+
+
 @pytest.mark.parametrize("case", SINGLE)
 def test_submit_task_on_the_single_path_answers_the_task_as_the_general_path_does(tx, case):
     """submit_task without a key or parents (_submit_one, then the row read back as JSON) answers
@@ -315,8 +327,6 @@ def test_a_bulk_submit_refuses_a_bad_key_naming_it_and_submits_nothing(client, k
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_lean_submit_is_leased_in_order_and_wakes_the_queue(db, dsn, n):
     from pyscheduler.db import Listener, Wakeup
-    from pyscheduler.tasks import TaskClient
-    from pyscheduler.tasks import sqlapi as sql
 
     woken = Wakeup()
     listener = Listener(dsn, [sql.task_channel("woken")], woken.poke).start()
@@ -384,10 +394,6 @@ def test_a_bulk_submit_stores_unusual_but_storable_json_as_submit_does(client):
 
 
 def test_the_async_client_submits_ids_in_the_applications_transaction(dsn):
-    import asyncio
-
-    from pyscheduler.tasks import AsyncTaskClient
-
     async def run() -> list[UUID]:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             client = AsyncTaskClient(conn)
@@ -407,8 +413,6 @@ def test_a_single_submit_on_the_applications_connection_is_in_its_transaction(ds
     factory: the task exists in its transaction only until it commits."""
     from psycopg.rows import namedtuple_row
 
-    from pyscheduler.tasks import TaskClient
-
     with psycopg.connect(dsn, row_factory=namedtuple_row) as app:
         [rn] = TaskClient(app).submit_ids("mine", [{"i": 1}], priority=3)
         assert app.execute("SELECT priority FROM pyscheduler.tasks WHERE rn = %s", (rn,)).fetchone().priority == 3
@@ -422,7 +426,6 @@ def test_a_pooled_submit_survives_its_statements_deallocated_and_its_connection_
     ALL or DISCARD ALL run on that connection make them prepare again, and a connection killed
     between two calls is replaced at checkout, its prepared statements with it."""
     from pyscheduler.db import Database
-    from pyscheduler.tasks import TaskClient
 
     with Database(dsn, min_size=1, max_size=1) as db:
         client = TaskClient(db)
