@@ -47,6 +47,13 @@ async function enqueue(dsn, bulkJobs, singleJobs) {
            settings: "WorkerUtils.addJobs (node-postgres pool)" };
 }
 
+// nearest rank, as bench/stats.py: the smallest value that 99 % of the values are at or below
+function p99(values) {
+  if (!values.length) return null;
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.ceil(0.99 * sorted.length) - 1];
+}
+
 async function e2e(dsn, rate, seconds, concurrency, backlog = 0) {
   const utils = await makeWorkerUtils({ connectionString: dsn, logger: quiet });
   await utils.migrate();
@@ -89,7 +96,9 @@ async function e2e(dsn, rate, seconds, concurrency, backlog = 0) {
   const inWindow = starts.filter((t) => t >= begin && t < made.ended).length;
   return { submitted: sent, completed: seen.length, duplicates: seen.length - distinct.size, missing,
            exactly_once: missing === 0 && seen.length === sent, total_s: ((last ?? now()) - made.started) / 1000,
-           latency_ms: latencies, window_rate: made.ended > begin ? inWindow / ((made.ended - begin) / 1000) : 0,
+           // enqueue-to-start of the jobs submitted in the steady window (flow_runner.py _done), every job's p99
+           latency_ms: latencies.filter((ms, i) => starts[i] - ms >= begin), every_p99_ms: p99(latencies),
+           window_rate: made.ended > begin ? inWindow / ((made.ended - begin) / 1000) : 0,
            settings: `concurrency ${concurrency}, localQueue ${LOCAL_QUEUE}, completeJobBatchDelay 0; ` +
                      "producer WorkerUtils.addJobs" };
 }

@@ -214,7 +214,8 @@ def test_capacity_rounds_set_the_rate_of_a_share_and_the_ratio_to_the_best_peer(
         n = len([c for c in calls if c[:2] == (system.key, mode)]) - 1
         rate = capacity[system.key][n % 3] if mode == "capacity" else a
         return {"window_rate": rate, "submitted": 100, "total_s": 100 / rate, "latency_ms": [1.0, 2.0],
-                "exactly_once": True, "duplicates": 0, "missing": 0, "settings": "s", "version": "v"}
+                "every_p99_ms": 3.0, "exactly_once": True, "duplicates": 0, "missing": 0, "settings": "s",
+                "version": "v"}
 
     monkeypatch.setattr(flow, "run_one", run_one)
     assert flow.parse_rates("1000, 50%") == [1000, 0.5]
@@ -247,7 +248,8 @@ def test_a_round_that_did_not_run_every_job_once_is_said_and_left_out_of_the_rat
     graphile-worker did at 15,700/s on 2026-11-28) is no throughput to compare: its cell says in
     how many rounds and what, and the ratio is of the clean round only, saying what it left out."""
     def run(rate: float, once: bool = True, missing: int = 0) -> dict:
-        return {"submitted": 1000, "total_s": 1000 / rate, "latency_ms": [1.0, 2.0], "exactly_once": once,
+        return {"submitted": 1000, "total_s": 1000 / rate, "latency_ms": [1.0, 2.0], "every_p99_ms": 9.0,
+                "exactly_once": once,
                 "duplicates": 0, "missing": missing, "settings": "s", "version": "v"}
 
     results = {"enqueue": {}, "capacity": {}, "shares": {},
@@ -256,9 +258,9 @@ def test_a_round_that_did_not_run_every_job_once_is_said_and_left_out_of_the_rat
     section = flow.markdown(results, command="c", context="x", bulk_jobs=0, single_jobs=0, seconds=8,
                             concurrency=10, rounds=3, elapsed=60)
     (e2e,) = _tables(section)
-    assert e2e[2][5:] == ["no in 2 of 3 rounds: 0 twice, 86,800 not run within 60 s of the end",
+    assert e2e[2][5:] == ["9.0 (9.0–9.0)", "no in 2 of 3 rounds: 0 twice, 86,800 not run within 60 s of the end",
                           "**1.01x**; 2 of 3 rounds left out (not exactly once)"]
-    assert e2e[1][5:] == ["yes", "-"]
+    assert e2e[1][5:] == ["9.0 (9.0–9.0)", "yes", "-"]
 
 
 def test_a_round_with_a_rate_of_zero_is_left_out_of_the_ratio_not_divided_by():
@@ -277,3 +279,23 @@ def test_a_round_with_a_rate_of_zero_is_left_out_of_the_ratio_not_divided_by():
     out = subprocess.run([sys.executable, "-m", "pyscheduler", "bench", "peers", "--e2e-seconds", "1"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--e2e-seconds" in out.stderr
+
+
+def test_start_latencies_are_of_the_steady_window_and_every_jobs_p99_is_kept():
+    """The end-to-end runners (flow_runner._done; graphile_flow.js the same): the start percentiles
+    are of the jobs submitted from WARM_SECONDS after the first submit, as capacity counts starts
+    in that window (the issue's steady state); the cold start's jobs are in every_p99_ms only."""
+    from pyscheduler.bench.peers import flow_runner
+
+    warm = flow_runner.WARM_SECONDS
+    # (submitted, latency ms): three cold-start jobs, slow; 200 steady ones of 1-2 ms
+    jobs = [(0.0, 40.0), (0.1, 30.0), (warm - 0.001, 20.0)]
+    jobs += [(warm + 0.005 + i / 100, 1.0 + i % 2) for i in range(200)]
+    starts = [t + ms / 1000 for t, ms in jobs]
+    made = {"submitted": len(jobs), "started": 0.0, "ended": warm + 2.0}
+    out = flow_runner._done(list(range(len(jobs))), made, [max(starts)], [ms for _, ms in jobs], starts)
+    assert out["latency_ms"] == [ms for t, ms in jobs[3:]]
+    assert percentile(out["latency_ms"], 99) == 2.0
+    assert out["every_p99_ms"] == 20.0  # the 201st smallest of 203: the cold start's fastest
+    # capacity counts starts in the window: the last cold job started in it
+    assert out["exactly_once"] and out["window_rate"] == 201 / 2.0
