@@ -6,7 +6,8 @@ Enqueue: bulk (1,000 jobs per call) and single (one job per call) with each syst
 per-call p50/p99. Capacity: workers run while a producer submits as fast as it goes with at most a
 backlog waiting; jobs started per second after a warm-up. End to end: workers run while a producer
 submits at a fixed offered rate (or a share of pyscheduler's measured capacity, "50%"); throughput
-(jobs / time until every job has run), enqueue-to-start p50/p99; exactly once checked in both."""
+(jobs / time until every job has run), enqueue-to-start p50/p99 in the steady window (every job's
+p99 beside them); exactly once checked in both."""
 
 from __future__ import annotations
 
