@@ -299,3 +299,20 @@ def test_start_latencies_are_of_the_steady_window_and_every_jobs_p99_is_kept():
     assert out["every_p99_ms"] == 20.0  # the 201st smallest of 203: the cold start's fastest
     # capacity counts starts in the window: the last cold job started in it
     assert out["exactly_once"] and out["window_rate"] == 201 / 2.0
+
+
+def test_a_system_that_started_no_job_of_the_steady_window_is_shown_unbounded(tmp_path):
+    """A system that stalled after the first second started no job the start percentiles count
+    (and a runner with no job at all has no p99 of every job): its cells say inf, the chart
+    leaves it out of the start p99's panel, and the section and the chart are still written."""
+    def run(latency_ms: list[float], every: float | None) -> dict:
+        return {"submitted": 1000, "total_s": 10.0, "latency_ms": latency_ms, "every_p99_ms": every,
+                "exactly_once": False, "duplicates": 0, "missing": 900, "settings": "s", "version": "v"}
+
+    results = {"enqueue": {}, "capacity": {}, "shares": {},
+               "e2e": {1000: {"pyscheduler": [run([1.0, 2.0], 2.0)], "pgqueuer": [run([], 900.0)],
+                              "graphile-worker": [run([], None)]}}}
+    (e2e,) = _tables(flow.markdown(results, command="c", context="x", bulk_jobs=0, single_jobs=0, seconds=8,
+                                   concurrency=10, rounds=1, elapsed=60))
+    assert [r[3:6] for r in e2e[1:]] == [["1.0", "2.0", "2.0"], ["inf", "inf", "900.0"], ["inf", "inf", "inf"]]
+    assert flow.chart(tmp_path / "flow.png", results, bulk_jobs=0).read_bytes().startswith(PNG)

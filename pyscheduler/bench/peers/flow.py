@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -172,8 +173,8 @@ def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_j
             res = run_one(dsn, s, "e2e", rate, seconds, concurrency)
             out["e2e"].setdefault(rate, {}).setdefault(s.key, []).append(res)
             echo(f"round {r + 1}/{rounds} end to end {rate:,}/s, {s.key}: {res['submitted'] / res['total_s']:,.0f}"
-                 f" jobs/s, start p50 {percentile(res['latency_ms'], 50):.1f} ms p99 "
-                 f"{percentile(res['latency_ms'], 99):.1f} ms (every job's {res['every_p99_ms']:.1f}), exactly once "
+                 f" jobs/s, start p50 {_start(res, 50):.1f} ms p99 "
+                 f"{_start(res, 99):.1f} ms (every job's {_start(res, 99, every=True):.1f}), exactly once "
                  f"{res['exactly_once']}, load {_load()}")
 
     for r in range(rounds):
@@ -322,6 +323,14 @@ def _capacity_lines(results: dict, *, backlog: int, seconds: float, concurrency:
     return lines + ["", "Settings: " + "; ".join(settings) + ".", ""]
 
 
+def _start(result: dict, q: float, every: bool = False) -> float:
+    """An e2e run's start percentile in ms: of its steady window, or every job's p99; infinite
+    when no job it counts started (a system that stalled: no bound on its latency)."""
+    if every:
+        return result["every_p99_ms"] if result.get("every_p99_ms") is not None else math.inf
+    return percentile(result["latency_ms"], q) if result["latency_ms"] else math.inf
+
+
 def _e2e_lines(results: dict, *, seconds: float, concurrency: int) -> list[str]:
     lines = [f"**End to end**: workers (concurrency {concurrency}) run while a producer (a process of its own) "
              f"submits at the offered rate for {seconds:g} s, a call every 10 ms with the jobs due; throughput = "
@@ -337,9 +346,9 @@ def _e2e_lines(results: dict, *, seconds: float, concurrency: int) -> list[str]:
         offered = f"{rate:,}" + (f" ({share:.0%} of pyscheduler's capacity)" if share else "")
         rates = {k: [r["submitted"] / r["total_s"] for r in by[k]] for k in by}
         for k in by:
-            p50 = [percentile(r["latency_ms"], 50) for r in by[k]]
-            p99 = [percentile(r["latency_ms"], 99) for r in by[k]]
-            every = [r["every_p99_ms"] for r in by[k]]
+            p50 = [_start(r, 50) for r in by[k]]
+            p99 = [_start(r, 99) for r in by[k]]
+            every = [_start(r, 99, every=True) for r in by[k]]
             lines.append(f"| {offered} | {k} | {_cell(rates[k])} | {_cell(p50, '{:,.1f}')} | {_cell(p99, '{:,.1f}')} | "
                          f"{_cell(every, '{:,.1f}')} | {_once(by[k])} | "
                          + ("-" if k == "pyscheduler"
@@ -353,8 +362,6 @@ def chart(path: Path, results: dict, *, bulk_jobs: int) -> Path:
     """The section's figures as one PNG, a panel each: bulk and single submits, capacity, and the
     start p99 at each offered rate, per system (medians over the rounds, min-max as error bars;
     times on a log scale: an overloaded system's seconds beside milliseconds)."""
-    import math
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -370,7 +377,9 @@ def chart(path: Path, results: dict, *, bulk_jobs: int) -> Path:
               ("capacity, jobs started/s (higher is better)", False,
                {labels.get(k, k): [r["window_rate"] for r in v] for k, v in cap.items()})]
     panels += [(f"enqueue-to-start p99 ms at {rate:,} jobs/s offered (lower is better; log scale)", True,
-                {k: [percentile(r["latency_ms"], 99) for r in v] for k, v in by.items()}) for rate, by in e2e.items()]
+                {k: p99 for k, v in by.items()  # the rounds with a bound (none: the system left out)
+                 if (p99 := [x for x in (_start(r, 99) for r in v) if math.isfinite(x)])})
+               for rate, by in e2e.items()]
     panels = [p for p in panels if p[2]]
     rows = math.ceil(len(panels) / 2)
     fig, axes = plt.subplots(rows, 2, figsize=(13, 2.4 * rows), squeeze=False)
