@@ -186,7 +186,8 @@ def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_j
         if enqueue:
             for key, ms in run_single(dsn, order(r), single_jobs, concurrency).items():
                 out["enqueue"][key][-1]["single_ms"] = ms
-                echo(f"round {r + 1}/{rounds} single, {key}: p50 {percentile(ms, 50):.2f} ms, load {_load()}")
+                echo(f"round {r + 1}/{rounds} single, {key}: {1000 * len(ms) / sum(ms):,.0f} calls/s (the ratio's "
+                     f"measure), p50 {percentile(ms, 50):.2f} ms, load {_load()}")
         ours_too = [v.system for v in VARIANTS] if any(s.key == "pyscheduler" for s in systems) else []
         for s in (order(r) + ours_too if r % 2 else ours_too + order(r)) if backlog else []:
             res = run_one(dsn, s, "capacity", backlog, seconds, concurrency)
