@@ -186,7 +186,7 @@ def run_rounds(dsn: str, systems: list[FlowSystem], rounds: int, echo, *, bulk_j
         if enqueue:
             for key, ms in run_single(dsn, order(r), single_jobs, concurrency).items():
                 out["enqueue"][key][-1]["single_ms"] = ms
-                echo(f"round {r + 1}/{rounds} single, {key}: {1000 * len(ms) / sum(ms):,.0f} calls/s (the ratio's "
+                echo(f"round {r + 1}/{rounds} single, {key}: {_calls_per_s(ms):,.0f} calls/s (the ratio's "
                      f"measure), p50 {percentile(ms, 50):.2f} ms, load {_load()}")
         ours_too = [v.system for v in VARIANTS] if any(s.key == "pyscheduler" for s in systems) else []
         for s in (order(r) + ours_too if r % 2 else ours_too + order(r)) if backlog else []:
@@ -255,10 +255,15 @@ def markdown(results: dict, *, command: str, context: str, bulk_jobs: int, singl
     return "\n".join(lines + [END])
 
 
+def _calls_per_s(ms: list[float]) -> float:
+    """A single-submit round's calls a second (one after the other): the single ratio's measure."""
+    return 1000 * len(ms) / sum(ms)
+
+
 def _enqueue_lines(enq: dict, *, bulk_jobs: int, rounds: int, single_jobs: int) -> list[str]:
     keys = list(enq)
     bulk = {k: [bulk_jobs / r["bulk_s"] for r in enq[k]] for k in keys}
-    single = {k: [1000 * len(r["single_ms"]) / sum(r["single_ms"]) for r in enq[k]] for k in keys}
+    single = {k: [_calls_per_s(r["single_ms"]) for r in enq[k]] for k in keys}
     lines = [f"**Enqueue**, each system's own client as its users call it, {rounds} rounds (order rotated): bulk "
              f"{bulk_jobs:,} jobs in calls of 1,000; single: {single_jobs:,} calls of one job a system, in "
              f"{SLICES} slices the systems take in turn (each in a fresh database, the order reversed every "
